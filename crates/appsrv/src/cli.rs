@@ -1,0 +1,329 @@
+//! The standard command line that every appsrv program gets.
+//!
+//! ```text
+//! PROG [run] [OPTIONS]     run in the foreground (the default subcommand)
+//! ```
+//!
+//! Every option can also come from the environment, as `PROG_OPTION` with the program's
+//! name upper-cased and dashes turned into underscores (`HELLO_LISTEN`, `HELLO_WORKERS`),
+//! and from code (the [`Server`](crate::Server) builder). Precedence: code < environment <
+//! flags. `--help` shows each option's default and its variable.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use tracing::Level;
+
+use crate::listener::ListenAddr;
+
+/// The default `--backlog`, as nginx's.
+pub(crate) const DEFAULT_BACKLOG: u32 = 511;
+/// The default `--grace-period`.
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// The default `--read-timeout` and `--write-timeout`, as Apache's `Timeout`.
+pub(crate) const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Defaults set in code with the builder.
+#[derive(Debug, Clone)]
+pub(crate) struct Defaults {
+    pub(crate) listen: Vec<String>,
+    pub(crate) workers: Option<usize>,
+    pub(crate) user: Option<String>,
+    pub(crate) group: Option<String>,
+    pub(crate) allow_root_workers: bool,
+    pub(crate) backlog: u32,
+    pub(crate) grace_period: Duration,
+    pub(crate) read_timeout: Option<Duration>,
+    pub(crate) write_timeout: Option<Duration>,
+    pub(crate) log_level: Level,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults {
+            listen: Vec::new(),
+            workers: None,
+            user: None,
+            group: None,
+            allow_root_workers: false,
+            backlog: DEFAULT_BACKLOG,
+            grace_period: DEFAULT_GRACE,
+            read_timeout: Some(DEFAULT_IO_TIMEOUT),
+            write_timeout: Some(DEFAULT_IO_TIMEOUT),
+            log_level: Level::INFO,
+        }
+    }
+}
+
+/// The resolved settings of a `run`.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) listen: Vec<ListenAddr>,
+    pub(crate) workers: usize,
+    pub(crate) user: Option<String>,
+    pub(crate) group: Option<String>,
+    pub(crate) allow_root_workers: bool,
+    pub(crate) backlog: u32,
+    pub(crate) grace_period: Duration,
+    pub(crate) read_timeout: Option<Duration>,
+    pub(crate) write_timeout: Option<Duration>,
+    pub(crate) log_level: Level,
+}
+
+/// The default pool size: one worker per CPU, at least two (one busy worker must not
+/// make the server unavailable).
+pub(crate) fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
+}
+
+/// The prefix of the environment variables: `http-hello` → `HTTP_HELLO`.
+pub(crate) fn env_prefix(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+const SUBCOMMANDS: &[&str] = &["run", "help"];
+
+/// Inserts the default subcommand `run` when the command line names none, so that
+/// `hello -l 127.0.0.1:0` means `hello run -l 127.0.0.1:0` (and `hello --help` shows the
+/// options of `run`, which is what a user looking for options wants).
+pub(crate) fn with_default_subcommand(args: Vec<OsString>) -> Vec<OsString> {
+    let mut args = args;
+    let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
+    if !SUBCOMMANDS.contains(&first) {
+        args.insert(1.min(args.len()), "run".into());
+    }
+    args
+}
+
+fn secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(0.0..=31_536_000.0).contains(&v) {
+        return Err(format!("{s} is out of range (0 to one year)"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn fmt_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{}", s as u64)
+    } else {
+        format!("{s}")
+    }
+}
+
+/// The `run` subcommand with the standard options, defaults from `d`, and environment
+/// variables prefixed with `prefix`.
+pub(crate) fn run_command(prefix: &str, d: &Defaults) -> Command {
+    let env = |id: &str| format!("{prefix}_{}", id.to_ascii_uppercase().replace('-', "_"));
+    let opt = |id: &'static str, long: &'static str| Arg::new(id).long(long).env(env(long));
+    let timeout_default = |t: Option<Duration>| t.map_or_else(|| "0".to_owned(), fmt_secs);
+
+    let mut listen = opt("listen", "listen")
+        .short('l')
+        .value_name("ADDR")
+        .action(ArgAction::Append)
+        .value_delimiter(',')
+        .value_parser(|s: &str| s.parse::<ListenAddr>().map_err(|e| e.to_string()))
+        .help("Listen on ADDR: HOST:PORT, [IPV6]:PORT or unix:PATH, with options after '?' (unix:/run/x.sock?mode=0660); repeatable, or comma-separated. Port 0 picks a free port");
+    if !d.listen.is_empty() {
+        listen = listen.default_values(d.listen.clone());
+    } else {
+        listen = listen.required(true);
+    }
+
+    Command::new("run")
+        .about("Run the server in the foreground (the default subcommand)")
+        .arg(listen)
+        .arg(
+            opt("workers", "workers")
+                .short('w')
+                .value_name("N")
+                .value_parser(clap::value_parser!(u32).range(1..=65_536))
+                .default_value(d.workers.unwrap_or_else(default_workers).to_string())
+                .help("Number of worker processes (default: the number of CPUs, at least 2)"),
+        )
+        .arg(
+            opt("user", "user")
+                .short('u')
+                .value_name("USER")
+                .help("Run workers as USER, with USER's groups (the master must start as root). Started as root without --user, workers run as nobody"),
+        )
+        .arg(
+            opt("group", "group")
+                .short('g')
+                .value_name("GROUP")
+                .help("Run workers with GROUP as their only group (default: USER's primary and supplementary groups)"),
+        )
+        .arg(
+            opt("allow-root-workers", "allow-root-workers")
+                .action(ArgAction::SetTrue)
+                .help("Let workers keep root privileges when the master runs as root and no --user is given"),
+        )
+        .arg(
+            opt("backlog", "backlog")
+                .value_name("N")
+                .value_parser(clap::value_parser!(u32).range(1..))
+                .default_value(d.backlog.to_string())
+                .help("Listen backlog of each listener, clamped to net.core.somaxconn"),
+        )
+        .arg(
+            opt("grace-period", "grace-period")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(d.grace_period))
+                .help("On stop, how long connections in progress may take to finish before their workers are killed"),
+        )
+        .arg(
+            opt("read-timeout", "read-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.read_timeout))
+                .help("Timeout of each read from a client (0: none); an expired timeout is a TimedOut error in the handler"),
+        )
+        .arg(
+            opt("write-timeout", "write-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.write_timeout))
+                .help("Timeout of each write to a client (0: none)"),
+        )
+        .arg(
+            opt("log-level", "log-level")
+                .value_name("LEVEL")
+                .value_parser(PossibleValuesParser::new(["error", "warn", "info", "debug", "trace"]).map(|s| s.parse::<Level>().expect("listed levels parse")))
+                .default_value(d.log_level.as_str().to_ascii_lowercase())
+                .help("Log level"),
+        )
+}
+
+/// The whole command line.
+pub(crate) fn command(name: &str, about: Option<&str>, run: Command) -> Command {
+    let mut cmd = Command::new(name.to_owned())
+        .subcommand_required(true)
+        .subcommand(run)
+        .after_help("Signals: TERM, INT or QUIT stop gracefully (a second one stops at once).");
+    if let Some(about) = about {
+        cmd = cmd.about(about.to_owned());
+    }
+    cmd
+}
+
+fn timeout(m: &ArgMatches, id: &str) -> Option<Duration> {
+    m.get_one::<Duration>(id).copied().filter(|d| !d.is_zero())
+}
+
+/// Reads the standard options out of the `run` subcommand's matches.
+pub(crate) fn config(m: &ArgMatches) -> Config {
+    Config {
+        listen: m
+            .get_many::<ListenAddr>("listen")
+            .map(|v| v.cloned().collect())
+            .unwrap_or_default(),
+        workers: m
+            .get_one::<u32>("workers")
+            .map_or_else(default_workers, |n| *n as usize),
+        user: m.get_one::<String>("user").cloned(),
+        group: m.get_one::<String>("group").cloned(),
+        allow_root_workers: m.get_flag("allow-root-workers"),
+        backlog: *m.get_one::<u32>("backlog").expect("has a default"),
+        grace_period: *m.get_one::<Duration>("grace-period").expect("has a default"),
+        read_timeout: timeout(m, "read-timeout"),
+        write_timeout: timeout(m, "write-timeout"),
+        log_level: *m.get_one::<Level>("log-level").expect("has a default"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(defaults: &Defaults, args: &[&str]) -> Result<Config, clap::Error> {
+        let cmd = command("hello", None, run_command("HELLO", defaults));
+        let argv = with_default_subcommand(args.iter().map(OsString::from).collect());
+        let m = cmd.try_get_matches_from(argv)?;
+        Ok(config(m.subcommand_matches("run").unwrap()))
+    }
+
+    #[test]
+    fn run_is_the_default_subcommand() {
+        let d = Defaults {
+            listen: vec!["127.0.0.1:7000".into()],
+            ..Defaults::default()
+        };
+        let c = parse(&d, &["hello"]).unwrap();
+        assert_eq!(c.listen[0].as_str(), "127.0.0.1:7000");
+        assert_eq!(c.backlog, 511);
+        assert_eq!(c.grace_period, Duration::from_secs(30));
+        assert!(c.workers >= 2);
+        let c = parse(
+            &d,
+            &["hello", "run", "-w", "3", "-l", "unix:/tmp/a", "-l", "[::1]:0"],
+        )
+        .unwrap();
+        assert_eq!(c.workers, 3);
+        assert_eq!(c.listen.len(), 2);
+        let c = parse(
+            &d,
+            &["hello", "-l", "127.0.0.1:1,127.0.0.1:2", "--read-timeout", "0"],
+        )
+        .unwrap();
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.read_timeout, None);
+    }
+
+    #[test]
+    fn code_defaults_show_in_help() {
+        let d = Defaults {
+            listen: vec!["127.0.0.1:7000".into()],
+            workers: Some(5),
+            ..Defaults::default()
+        };
+        let help = run_command("HELLO", &d).render_long_help().to_string();
+        for needle in [
+            "[default: 127.0.0.1:7000]",
+            "[default: 5]",
+            "[env: HELLO_WORKERS=]",
+            "[env: HELLO_LISTEN=]",
+            "[default: 511]",
+            "[default: 30]",
+        ] {
+            assert!(help.contains(needle), "missing {needle} in\n{help}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_the_flag_named() {
+        let d = Defaults::default();
+        let e = parse(&d, &["hello", "-l", "nonsense"]).unwrap_err().to_string();
+        assert!(e.contains("--listen") && e.contains("nonsense"), "{e}");
+        let e = parse(&d, &["hello", "-l", "127.0.0.1:0", "-w", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--workers"), "{e}");
+        let e = parse(&d, &["hello"]).unwrap_err().to_string();
+        assert!(
+            e.contains("--listen"),
+            "a listen address is required without a code default: {e}"
+        );
+    }
+
+    #[test]
+    fn env_prefix_follows_the_program_name() {
+        assert_eq!(env_prefix("hello"), "HELLO");
+        assert_eq!(env_prefix("http-hello"), "HTTP_HELLO");
+        assert_eq!(env_prefix("http_hello"), "HTTP_HELLO");
+    }
+}

@@ -1,0 +1,299 @@
+//! The accepted connection a handler reads from and writes to.
+
+use std::io::{self, BufRead, IoSlice, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
+
+use socket2::Socket;
+
+use crate::listener::Addr;
+
+/// Size of each connection's read buffer and of its write buffer.
+pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
+
+/// The buffers a worker lends to each connection in turn, so that serving a connection
+/// allocates nothing.
+#[derive(Debug)]
+pub(crate) struct Buffers {
+    read: Box<[u8]>,
+    write: Vec<u8>,
+}
+
+impl Buffers {
+    pub(crate) fn new() -> Self {
+        Buffers {
+            read: vec![0; BUFFER_SIZE].into_boxed_slice(),
+            write: Vec::with_capacity(BUFFER_SIZE),
+        }
+    }
+}
+
+/// An accepted connection: `Read`, `BufRead` and `Write`, with buffered output.
+///
+/// Output is buffered and written to the socket:
+/// - when the buffer (16 KiB) is full (a large write goes out with the buffered bytes in a
+///   single `writev`);
+/// - before any read that has to wait for the peer, so a request/response dialogue needs
+///   no explicit `flush`: the answer is on its way before the next question is awaited;
+/// - on [`flush`](Write::flush) and [`close`](Client::close);
+/// - when the handler returns.
+///
+/// So a handler that writes a response in many small pieces costs one `write(2)`, not one
+/// per piece.
+///
+/// Reads are buffered too (16 KiB), so `read_line` and the other [`BufRead`] methods work
+/// directly on the client.
+///
+/// Timeouts: the read and write timeouts (`--read-timeout`, `--write-timeout`, 60 s by
+/// default) apply to each blocking read or write. An expired timeout is an error of kind
+/// [`io::ErrorKind::TimedOut`].
+///
+/// A stop request (TERM, INT, QUIT) does not interrupt a connection: reads and writes
+/// carry on until the handler returns, within the master's grace period.
+#[derive(Debug)]
+pub struct Client {
+    socket: Socket,
+    peer: Addr,
+    rbuf: Box<[u8]>,
+    rpos: usize,
+    rend: usize,
+    wbuf: Vec<u8>,
+    closed: bool,
+}
+
+impl Client {
+    pub(crate) fn new(socket: Socket, peer: Addr, buffers: Buffers) -> Self {
+        Client {
+            socket,
+            peer,
+            rbuf: buffers.read,
+            rpos: 0,
+            rend: 0,
+            wbuf: buffers.write,
+            closed: false,
+        }
+    }
+
+    /// Flushes what is left (unless closed), closes the socket and gives the buffers back.
+    pub(crate) fn finish(mut self) -> (io::Result<()>, Buffers) {
+        let flushed = if self.closed { Ok(()) } else { self.flush() };
+        self.wbuf.clear();
+        let buffers = Buffers {
+            read: std::mem::take(&mut self.rbuf),
+            write: std::mem::take(&mut self.wbuf),
+        };
+        (flushed, buffers)
+    }
+
+    /// The peer's address: IP and port for TCP, the peer's path (usually none) for Unix
+    /// sockets. Returned by value, so that `writeln!(client, "{}", client.peer_addr())`
+    /// works; it costs a copy (no allocation for TCP peers and unnamed Unix peers).
+    pub fn peer_addr(&self) -> Addr {
+        self.peer.clone()
+    }
+
+    /// The local address of this connection (the address the client connected to, which
+    /// for a listener on `0.0.0.0` or `[::]` is a specific address).
+    pub fn local_addr(&self) -> io::Result<Addr> {
+        Ok(Addr::from_sockaddr(&self.socket.local_addr()?))
+    }
+
+    /// Sets the timeout of each blocking read (`None`: wait forever). The default comes
+    /// from `--read-timeout` (60 s).
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.socket.set_read_timeout(timeout)
+    }
+
+    /// Sets the timeout of each blocking write (`None`: wait forever). The default comes
+    /// from `--write-timeout` (60 s).
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.socket.set_write_timeout(timeout)
+    }
+
+    /// The current read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        self.socket.read_timeout()
+    }
+
+    /// The current write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        self.socket.write_timeout()
+    }
+
+    /// Flushes buffered output and closes the connection in both directions. Later reads
+    /// return end of file; later writes fail with [`io::ErrorKind::NotConnected`].
+    pub fn close(&mut self) -> io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        let flushed = self.flush();
+        self.closed = true;
+        self.rpos = 0;
+        self.rend = 0;
+        self.wbuf.clear();
+        let shut = self.socket.shutdown(std::net::Shutdown::Both);
+        flushed.and(shut.or_else(|e| {
+            if e.kind() == io::ErrorKind::NotConnected {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }))
+    }
+
+    /// Whether [`close`](Client::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Bytes already received and buffered, not yet read by the handler.
+    pub fn buffered(&self) -> &[u8] {
+        &self.rbuf[self.rpos..self.rend]
+    }
+
+    /// Reads from the socket, after flushing pending output: the one place that waits.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.closed {
+            return Ok(0);
+        }
+        if !self.wbuf.is_empty() {
+            self.flush_buffer()?;
+        }
+        loop {
+            match (&self.socket).read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => return other.map_err(timed_out),
+            }
+        }
+    }
+
+    fn fill(&mut self) -> io::Result<()> {
+        let mut rbuf = std::mem::take(&mut self.rbuf);
+        let r = self.recv(&mut rbuf);
+        self.rbuf = rbuf;
+        self.rpos = 0;
+        self.rend = r?;
+        Ok(())
+    }
+
+    fn flush_buffer(&mut self) -> io::Result<()> {
+        let mut done = 0;
+        let result = loop {
+            if done == self.wbuf.len() {
+                break Ok(());
+            }
+            match (&self.socket).write(&self.wbuf[done..]) {
+                Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(timed_out(e)),
+            }
+        };
+        self.wbuf.drain(..done);
+        result
+    }
+
+    fn check_open(&self) -> io::Result<()> {
+        if self.closed {
+            Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the connection was closed",
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A blocking socket with SO_RCVTIMEO/SO_SNDTIMEO reports an expired timeout as EAGAIN.
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::TimedOut, "timed out waiting for the peer")
+    } else {
+        e
+    }
+}
+
+impl Read for Client {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.rpos == self.rend && buf.len() >= self.rbuf.len() {
+            // A large read bypasses the buffer.
+            return self.recv(buf);
+        }
+        let available = self.fill_buf()?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for Client {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        if self.rpos == self.rend {
+            self.fill()?;
+        }
+        Ok(&self.rbuf[self.rpos..self.rend])
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.rpos = (self.rpos + amt).min(self.rend);
+    }
+}
+
+impl Write for Client {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.check_open()?;
+        let capacity = self.wbuf.capacity().max(BUFFER_SIZE);
+        if self.wbuf.len() + data.len() <= capacity {
+            self.wbuf.extend_from_slice(data);
+            return Ok(data.len());
+        }
+        // The buffer would overflow: send buffered bytes and as much of `data` as the
+        // kernel takes in one writev, so a header and a large body cost one system call.
+        while !self.wbuf.is_empty() {
+            let n = loop {
+                let iov = [IoSlice::new(&self.wbuf), IoSlice::new(data)];
+                match (&self.socket).write_vectored(&iov) {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    other => break other.map_err(timed_out)?,
+                }
+            };
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            if n >= self.wbuf.len() {
+                let from_data = n - self.wbuf.len();
+                self.wbuf.clear();
+                if from_data > 0 {
+                    return Ok(from_data);
+                }
+            } else {
+                self.wbuf.drain(..n);
+            }
+        }
+        if data.len() < capacity {
+            self.wbuf.extend_from_slice(data);
+            return Ok(data.len());
+        }
+        loop {
+            match (&self.socket).write(data) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                other => return other.map_err(timed_out),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.check_open()?;
+        self.flush_buffer()
+    }
+}
+
+impl AsFd for Client {
+    /// The connection's socket, for options appsrv does not wrap. Reading or writing it
+    /// directly bypasses the buffers: flush first.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}

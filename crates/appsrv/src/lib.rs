@@ -1,0 +1,53 @@
+//! appsrv: write a preforking network server for your own protocol, don't configure one.
+//!
+//! You implement one method, [`Handler::handle_client`], and get a production daemon: the
+//! master process binds the listeners, forks a pool of worker processes that accept and
+//! serve connections with plain blocking code, drops the workers' privileges, replaces
+//! workers that crash, and stops gracefully on TERM, INT or QUIT.
+//!
+//! ```no_run
+//! use std::io::{self, Write};
+//!
+//! struct Hello;
+//!
+//! impl appsrv::Handler for Hello {
+//!     fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
+//!         writeln!(client, "Hello, Client! You are {}", client.peer_addr())
+//!     }
+//! }
+//!
+//! fn main() -> appsrv::Result<()> {
+//!     appsrv::Server::new("hello").listen("127.0.0.1:7000").run(|| Ok(Hello))
+//! }
+//! ```
+//!
+//! The program gets the standard command line (see [`cli`]): `hello --workers 8 -l
+//! '[::]:7000' --user nobody`, with `--help` documenting every default, and environment
+//! overrides (`HELLO_WORKERS=8`).
+//!
+//! The process model, the life of a worker and of a connection are described in
+//! `docs/ARCHITECTURE.md`.
+
+#![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
+
+pub mod cli;
+mod client;
+mod error;
+mod handler;
+pub mod listener;
+mod log;
+mod master;
+mod notify;
+mod pool;
+mod privilege;
+mod server;
+mod sys;
+mod worker;
+
+pub use clap;
+pub use client::Client;
+pub use error::{BoxError, Error, Result};
+pub use handler::{Handler, WorkerInfo};
+pub use listener::{Addr, ListenAddr};
+pub use server::Server;

@@ -1,0 +1,392 @@
+//! Listen addresses and the listening sockets the master binds before it forks.
+//!
+//! Grammar of a listen address (the `-l/--listen` flag, [`Server::listen`](crate::Server::listen)):
+//!
+//! ```text
+//! HOST:PORT          127.0.0.1:7000, localhost:7000 (every address the name resolves to)
+//! [V6]:PORT          [::1]:7000, [::]:7000 (IPV6_V6ONLY is set, so [::] and 0.0.0.0 coexist)
+//! unix:PATH          unix:/run/hello.sock
+//! ADDR?OPT=V&OPT=V   per-listener options:
+//!                      backlog=N   this listener's backlog (default: --backlog)
+//!                      mode=0660   permissions of a Unix socket's file (default: umask)
+//! ```
+//!
+//! Port 0 asks the kernel for a free port; the bound address (with the real port) is logged
+//! as `listening on ADDR` and reported by [`Addr`]'s `Display`.
+
+use std::fmt;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::error::Error;
+
+/// The address of one end of a connection, or of a listener.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Addr {
+    /// An IPv4 or IPv6 address and port.
+    Inet(SocketAddr),
+    /// A Unix-domain socket, with its path when it has one (clients usually have none).
+    Unix(Option<PathBuf>),
+}
+
+impl Addr {
+    /// The IP address, for TCP connections.
+    pub fn ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Addr::Inet(a) => Some(a.ip()),
+            Addr::Unix(_) => None,
+        }
+    }
+
+    pub(crate) fn from_sockaddr(sa: &SockAddr) -> Addr {
+        match sa.as_socket() {
+            Some(inet) => Addr::Inet(inet),
+            None => Addr::Unix(sa.as_pathname().map(Path::to_path_buf)),
+        }
+    }
+}
+
+impl fmt::Display for Addr {
+    /// `127.0.0.1:7000`, `[::1]:7000`, `unix:/run/x.sock`, or `unix:` for an unnamed peer.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Addr::Inet(a) => write!(f, "{a}"),
+            Addr::Unix(Some(p)) => write!(f, "unix:{}", p.display()),
+            Addr::Unix(None) => f.write_str("unix:"),
+        }
+    }
+}
+
+/// What a listen address names, before it is bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Endpoint {
+    /// `host:port`, resolved when bound.
+    Inet(String),
+    /// A filesystem path.
+    Unix(PathBuf),
+}
+
+/// A parsed listen address with its per-listener options; see the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddr {
+    text: String,
+    endpoint: Endpoint,
+    backlog: Option<u32>,
+    mode: Option<u32>,
+}
+
+impl ListenAddr {
+    /// The address as it was written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl FromStr for ListenAddr {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let bad = |reason: String| Error::ListenAddr {
+            addr: text.to_owned(),
+            reason,
+        };
+        let (addr, opts) = match text.split_once('?') {
+            Some((a, o)) => (a, Some(o)),
+            None => (text, None),
+        };
+        let endpoint = if let Some(path) = addr.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(bad("a Unix socket needs a path, as unix:/run/NAME.sock".into()));
+            }
+            Endpoint::Unix(PathBuf::from(path))
+        } else {
+            let Some((host, port)) = addr.rsplit_once(':') else {
+                return Err(bad("expected HOST:PORT, [IPV6]:PORT or unix:PATH".into()));
+            };
+            if host.is_empty() {
+                return Err(bad("missing host (use 0.0.0.0:PORT or [::]:PORT for any)".into()));
+            }
+            if port.parse::<u16>().is_err() {
+                return Err(bad(format!("{port:?} is not a port number (0 to 65535)")));
+            }
+            if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+                return Err(bad("write IPv6 addresses in brackets, as [::1]:7000".into()));
+            }
+            Endpoint::Inet(addr.to_owned())
+        };
+        let mut parsed = ListenAddr {
+            text: text.to_owned(),
+            endpoint,
+            backlog: None,
+            mode: None,
+        };
+        for opt in opts.into_iter().flat_map(|o| o.split('&')) {
+            let (key, value) = opt.split_once('=').unwrap_or((opt, ""));
+            match key {
+                "backlog" => {
+                    let n = value.parse::<u32>().ok().filter(|n| *n > 0);
+                    parsed.backlog =
+                        Some(n.ok_or_else(|| bad(format!("backlog={value:?}: expected a positive number")))?);
+                }
+                "mode" => {
+                    if !matches!(parsed.endpoint, Endpoint::Unix(_)) {
+                        return Err(bad("mode= applies to unix: listeners only".into()));
+                    }
+                    let m = u32::from_str_radix(value, 8).ok().filter(|m| *m <= 0o777);
+                    parsed.mode = Some(m.ok_or_else(|| {
+                        bad(format!("mode={value:?}: expected octal permissions such as 0660"))
+                    })?);
+                }
+                _ => return Err(bad(format!("unknown option {key:?} (known: backlog, mode)"))),
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+/// Socket options applied to every listener, inherited by the connections it accepts.
+#[derive(Debug, Clone)]
+pub(crate) struct BindOptions {
+    pub(crate) backlog: u32,
+    pub(crate) read_timeout: Option<Duration>,
+    pub(crate) write_timeout: Option<Duration>,
+}
+
+/// A bound, listening socket.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    socket: Socket,
+    local: Addr,
+    /// For a Unix socket: the (device, inode) of the file we created, so that a clean stop
+    /// removes our socket file and never one that another instance created since.
+    unix_file: Option<(u64, u64)>,
+}
+
+impl Listener {
+    /// The bound address (with the real port when port 0 was asked).
+    pub(crate) fn local_addr(&self) -> &Addr {
+        &self.local
+    }
+
+    pub(crate) fn socket(&self) -> &Socket {
+        &self.socket
+    }
+
+    /// Stops the listening socket for every process that shares it (master and workers):
+    /// new connection attempts are refused at once, connections still waiting in the
+    /// backlog are reset by the kernel, and workers blocked in `accept` wake up with
+    /// `EINVAL`. Closing the master's copy alone would not do that: the socket lives on in
+    /// each worker until every copy is closed.
+    pub(crate) fn shutdown(&self) {
+        // ENOTCONN and the like only mean there was nothing to shut down.
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Removes a Unix socket's file if it is still the one this listener created.
+    pub(crate) fn remove_file(&self) {
+        if let (Addr::Unix(Some(path)), Some(id)) = (&self.local, self.unix_file) {
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if (meta.dev(), meta.ino()) == id {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+    }
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+/// The backlog to ask for: `requested`, clamped to the kernel's `somaxconn` (the kernel
+/// would clamp silently; doing it here makes the logged figure the real one).
+pub(crate) fn effective_backlog(requested: u32) -> u32 {
+    match crate::sys::somaxconn() {
+        Some(max) if max > 0 => requested.min(max),
+        _ => requested,
+    }
+}
+
+/// Binds every address `addr` names (a host name may resolve to several).
+pub(crate) fn bind(addr: &ListenAddr, opts: &BindOptions) -> Result<Vec<Listener>, Error> {
+    let backlog = effective_backlog(addr.backlog.unwrap_or(opts.backlog));
+    let err = |source: io::Error| Error::Bind {
+        addr: addr.text.clone(),
+        source,
+    };
+    match &addr.endpoint {
+        Endpoint::Inet(hostport) => {
+            let resolved: Vec<SocketAddr> = hostport.to_socket_addrs().map_err(err)?.collect();
+            if resolved.is_empty() {
+                return Err(err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "the host name has no address",
+                )));
+            }
+            resolved
+                .into_iter()
+                .map(|sa| {
+                    bind_inet(sa, backlog, opts).map_err(|source| Error::Bind {
+                        addr: if hostport.parse::<SocketAddr>().is_ok() {
+                            addr.text.clone()
+                        } else {
+                            format!("{} ({sa})", addr.text)
+                        },
+                        source,
+                    })
+                })
+                .collect()
+        }
+        Endpoint::Unix(path) => Ok(vec![bind_unix(path, addr.mode, backlog, opts).map_err(err)?]),
+    }
+}
+
+fn bind_inet(sa: SocketAddr, backlog: u32, opts: &BindOptions) -> io::Result<Listener> {
+    // socket2 creates every socket with SOCK_CLOEXEC.
+    let socket = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if sa.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&sa.into())?;
+    socket.listen(backlog_int(backlog))?;
+    // Set once here, inherited by every accepted connection (Linux copies these options
+    // from the listener; tests/listener.rs checks it), so accepting costs no setsockopt.
+    // Nagle's algorithm only delays the responses that the client buffer already batches.
+    socket.set_tcp_nodelay(true)?;
+    set_timeouts(&socket, opts)?;
+    let local = socket
+        .local_addr()?
+        .as_socket()
+        .map(Addr::Inet)
+        .ok_or_else(|| io::Error::other("bound socket has no inet address"))?;
+    Ok(Listener {
+        socket,
+        local,
+        unix_file: None,
+    })
+}
+
+fn bind_unix(path: &Path, mode: Option<u32>, backlog: u32, opts: &BindOptions) -> io::Result<Listener> {
+    remove_stale_socket(path)?;
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    socket.bind(&SockAddr::unix(path)?)?;
+    // Before listen(), so that no client can connect while the file has the umask's mode.
+    if let Some(mode) = mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    socket.listen(backlog_int(backlog))?;
+    set_timeouts(&socket, opts)?;
+    let meta = std::fs::symlink_metadata(path)?;
+    Ok(Listener {
+        socket,
+        local: Addr::Unix(Some(path.to_path_buf())),
+        unix_file: Some((meta.dev(), meta.ino())),
+    })
+}
+
+/// A socket file left by a server that died is removed; one that a live server still
+/// accepts on is an "address in use" error, as for TCP; anything else is left alone.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the path exists and is not a socket",
+        ));
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another process is accepting connections on this socket",
+        )),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
+        Err(e) => Err(e),
+    }
+}
+
+fn set_timeouts(socket: &Socket, opts: &BindOptions) -> io::Result<()> {
+    socket.set_read_timeout(opts.read_timeout)?;
+    socket.set_write_timeout(opts.write_timeout)
+}
+
+fn backlog_int(backlog: u32) -> i32 {
+    i32::try_from(backlog).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<ListenAddr, Error> {
+        s.parse()
+    }
+
+    #[test]
+    fn parses_the_documented_forms() {
+        assert_eq!(
+            parse("127.0.0.1:7000").unwrap().endpoint,
+            Endpoint::Inet("127.0.0.1:7000".into())
+        );
+        assert_eq!(
+            parse("[::1]:0").unwrap().endpoint,
+            Endpoint::Inet("[::1]:0".into())
+        );
+        assert_eq!(
+            parse("localhost:80").unwrap().endpoint,
+            Endpoint::Inet("localhost:80".into())
+        );
+        let u = parse("unix:/run/x.sock?mode=0660&backlog=64").unwrap();
+        assert_eq!(u.endpoint, Endpoint::Unix("/run/x.sock".into()));
+        assert_eq!(u.mode, Some(0o660));
+        assert_eq!(u.backlog, Some(64));
+        assert_eq!(u.to_string(), "unix:/run/x.sock?mode=0660&backlog=64");
+    }
+
+    #[test]
+    fn rejects_bad_addresses_with_a_reason() {
+        for (text, needle) in [
+            ("7000", "expected HOST:PORT"),
+            (":7000", "missing host"),
+            ("127.0.0.1:70000", "not a port"),
+            ("::1:7000", "brackets"),
+            ("unix:", "needs a path"),
+            ("127.0.0.1:1?mode=0600", "unix: listeners only"),
+            ("unix:/x?mode=999", "octal"),
+            ("unix:/x?backlog=0", "positive"),
+            ("unix:/x?tls", "unknown option"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+            assert!(e.contains(text), "error names the address: {e}");
+        }
+    }
+
+    #[test]
+    fn backlog_is_clamped_to_somaxconn() {
+        if let Some(max) = crate::sys::somaxconn() {
+            assert_eq!(effective_backlog(u32::MAX), max);
+            assert_eq!(effective_backlog(1), 1);
+        }
+    }
+}

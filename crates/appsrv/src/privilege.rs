@@ -1,0 +1,201 @@
+//! Users, groups and the privilege drop of worker processes.
+//!
+//! Users and groups are resolved in the master, before any fork (name service lookups can
+//! block, open files and sockets, and will not work after a chroot). Each worker then drops
+//! to the resolved identity in the only safe order (supplementary groups, then the gid,
+//! then the uid: once the uid is gone, the right to change groups is gone too) and checks
+//! that root cannot be regained.
+
+use std::ffi::CString;
+
+use nix::unistd::{self, Gid, Group, Uid, User};
+
+use crate::error::Error;
+
+/// The user that workers run as when the master is root and no `--user` is given, as nginx
+/// does; `--allow-root-workers` keeps them root instead.
+pub(crate) const DEFAULT_USER: &str = "nobody";
+
+/// A resolved identity for the workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) uid: Uid,
+    pub(crate) gid: Gid,
+    /// The supplementary groups: the user's groups from the group database (as
+    /// `initgroups` would set them), or just `gid` when `--group` overrides the user's.
+    pub(crate) groups: Vec<Gid>,
+}
+
+/// What the master decided about the workers' identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Workers keep the master's identity (the master is not root, or root workers were
+    /// asked for on purpose).
+    Keep,
+    /// Workers switch to these credentials after fork.
+    Drop(Credentials),
+}
+
+/// Resolves `--user`/`--group` in the master.
+///
+/// Returns the plan and, when the master is root and no user was given, a warning to log.
+pub(crate) fn resolve(
+    user: Option<&str>,
+    group: Option<&str>,
+    allow_root_workers: bool,
+) -> Result<(Plan, Option<String>), Error> {
+    let euid = Uid::effective();
+    let mut warning = None;
+    let user = match user {
+        Some(u) => u.to_owned(),
+        None if !euid.is_root() || allow_root_workers => {
+            if group.is_some() {
+                return Err(Error::Config(
+                    "--group needs --user (or a master started as root, whose workers default to nobody)"
+                        .into(),
+                ));
+            }
+            return Ok((Plan::Keep, None));
+        }
+        None => {
+            warning = Some(format!(
+                "started as root without --user: workers run as {DEFAULT_USER} \
+                 (pass --user to choose, or --allow-root-workers to keep them root)"
+            ));
+            DEFAULT_USER.to_owned()
+        }
+    };
+    let pw = lookup_user(&user)?;
+    let gid = match group {
+        Some(g) => lookup_group(g)?,
+        None => pw.gid,
+    };
+    if !euid.is_root() {
+        // Not root: the only identity we can "switch" to is our own.
+        if pw.uid == euid && gid == Gid::effective() {
+            return Ok((Plan::Keep, warning));
+        }
+        return Err(Error::Privilege {
+            what: format!("cannot run workers as user {user:?}"),
+            reason: "the master is not running as root".into(),
+        });
+    }
+    let groups = if group.is_some() {
+        vec![gid]
+    } else {
+        let cname = CString::new(user.as_str()).map_err(|_| Error::Privilege {
+            what: format!("user {user:?}"),
+            reason: "the name contains a NUL byte".into(),
+        })?;
+        unistd::getgrouplist(&cname, gid).map_err(|e| Error::Privilege {
+            what: format!("groups of user {user:?}"),
+            reason: e.desc().into(),
+        })?
+    };
+    Ok((
+        Plan::Drop(Credentials {
+            user,
+            uid: pw.uid,
+            gid,
+            groups,
+        }),
+        warning,
+    ))
+}
+
+fn lookup_user(name: &str) -> Result<User, Error> {
+    let by_name = User::from_name(name).map_err(|e| Error::Privilege {
+        what: format!("user {name:?}"),
+        reason: format!("lookup failed: {}", e.desc()),
+    })?;
+    let found = match by_name {
+        Some(u) => Some(u),
+        None => match name.parse::<u32>() {
+            Ok(id) => User::from_uid(Uid::from_raw(id)).ok().flatten(),
+            Err(_) => None,
+        },
+    };
+    found.ok_or_else(|| Error::Privilege {
+        what: format!("user {name:?}"),
+        reason: "no such user".into(),
+    })
+}
+
+fn lookup_group(name: &str) -> Result<Gid, Error> {
+    let by_name = Group::from_name(name).map_err(|e| Error::Privilege {
+        what: format!("group {name:?}"),
+        reason: format!("lookup failed: {}", e.desc()),
+    })?;
+    if let Some(g) = by_name {
+        return Ok(g.gid);
+    }
+    match name.parse::<u32>() {
+        Ok(id) => Ok(Gid::from_raw(id)),
+        Err(_) => Err(Error::Privilege {
+            what: format!("group {name:?}"),
+            reason: "no such group".into(),
+        }),
+    }
+}
+
+/// Drops to `creds` irrevocably, in a worker: setgroups → setresgid → setresuid, then
+/// verifies the result and that root cannot be regained.
+pub(crate) fn drop_to(creds: &Credentials) -> Result<(), String> {
+    let step = |what: &str, e: nix::Error| format!("{what} failed: {}", e.desc());
+    unistd::setgroups(&creds.groups).map_err(|e| step("setgroups", e))?;
+    unistd::setresgid(creds.gid, creds.gid, creds.gid).map_err(|e| step("setresgid", e))?;
+    unistd::setresuid(creds.uid, creds.uid, creds.uid).map_err(|e| step("setresuid", e))?;
+
+    let r = unistd::getresuid().map_err(|e| step("getresuid", e))?;
+    let g = unistd::getresgid().map_err(|e| step("getresgid", e))?;
+    if [r.real, r.effective, r.saved] != [creds.uid; 3] || [g.real, g.effective, g.saved] != [creds.gid; 3] {
+        return Err(format!(
+            "credentials not as expected after the drop: uid {r:?}, gid {g:?}"
+        ));
+    }
+    if !creds.uid.is_root()
+        && (unistd::setuid(Uid::from_raw(0)).is_ok() || unistd::seteuid(Uid::from_raw(0)).is_ok())
+    {
+        return Err("root could be regained after dropping privileges".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_user_is_a_clear_error() {
+        let e = resolve(Some("no-such-user-appsrv"), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no-such-user-appsrv") && e.contains("no such user"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_group_is_a_clear_error() {
+        let e = resolve(Some("nobody"), Some("no-such-group-appsrv"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no-such-group-appsrv"), "{e}");
+    }
+
+    #[test]
+    fn root_without_user_defaults_to_nobody_with_a_warning() {
+        if !Uid::effective().is_root() {
+            return;
+        }
+        let (plan, warning) = resolve(None, None, false).unwrap();
+        let Plan::Drop(c) = plan else {
+            panic!("expected a drop")
+        };
+        assert_eq!(c.user, "nobody");
+        assert!(warning.unwrap().contains("nobody"));
+        assert_eq!(resolve(None, None, true).unwrap(), (Plan::Keep, None));
+    }
+}

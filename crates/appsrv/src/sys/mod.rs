@@ -1,0 +1,194 @@
+//! The raw system calls appsrv needs, behind safe functions.
+//!
+//! This is the one module that owns `fork` and the signal dispositions of worker processes;
+//! it is the only place in the crate with `unsafe` code. Everything else calls the safe
+//! functions below or the safe wrappers of `nix` and `socket2`.
+
+use std::convert::Infallible;
+use std::io;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::unistd::{ForkResult, Pid};
+
+use crate::error::Error;
+
+/// Exit statuses of worker processes, read by the master to say why a worker ended.
+pub(crate) mod exit {
+    /// The worker stopped on request, or finished normally.
+    pub(crate) const OK: i32 = 0;
+    /// A handler panicked; the worker closed that connection and exited to be replaced.
+    pub(crate) const PANIC: i32 = 70; // EX_SOFTWARE
+    /// The worker could not start: its factory failed or privileges could not be dropped.
+    pub(crate) const START_FAILED: i32 = 78; // EX_CONFIG
+    /// The worker found that its master had already gone.
+    pub(crate) const ORPHANED: i32 = 75; // EX_TEMPFAIL
+}
+
+/// How many threads this process has, from `/proc/self/task`.
+pub(crate) fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// Forks a child process that runs `child` and never returns into the caller.
+///
+/// The parent gets the child's pid. In the child, `child` runs inside `catch_unwind`; it
+/// must end the process itself (it returns `Infallible`, the stable spelling of `!`), and if it panics instead the child exits
+/// at once with [`exit::PANIC`] through `_exit`, so no destructor or `atexit` handler of
+/// the parent's objects ever runs in the child.
+///
+/// Refuses to fork with [`Error::Threads`] when the process has more than one thread:
+/// after `fork` only the calling thread exists in the child, and any lock another thread
+/// held (the allocator's, a logger's, stdio's) would stay locked forever.
+///
+/// # Safety
+///
+/// The caller must ensure that no other thread can be started between the thread check and
+/// the `fork` call (the master never starts threads), that buffered output it cares about
+/// (logs, stdout) has been flushed, so that the child does not write it a second time,
+/// and that `child` does not rely on any state of the parent that fork does not copy
+/// faithfully (other threads, file locks, timers).
+pub(crate) unsafe fn fork<F: FnOnce() -> Infallible>(child: F) -> Result<Pid, Error> {
+    let threads = thread_count().map_err(|e| Error::sys("counting threads", e))?;
+    if threads != 1 {
+        return Err(Error::Threads { threads });
+    }
+    // SAFETY: the process has a single thread (checked just above, and the caller promises
+    // none is started meanwhile), so the child inherits no lock held by another thread.
+    match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Parent { child }) => Ok(child),
+        Ok(ForkResult::Child) => {
+            // A panic must not unwind into the parent's stack frames, which the child
+            // shares by copy: it would run the parent's destructors and return into the
+            // master's loop inside a worker.
+            let _ = panic::catch_unwind(AssertUnwindSafe(child));
+            exit_now(exit::PANIC)
+        }
+        Err(errno) => Err(Error::sys("fork", errno)),
+    }
+}
+
+/// Ends the process at once with `code`, without running destructors or `atexit` handlers.
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: `_exit` is always safe to call; it does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// Closes descriptors that a freshly forked worker inherited from its master but must not
+/// hold (the master's signal pipe, the read end of the notification pipe).
+///
+/// # Safety
+///
+/// Only for a forked child, for descriptors whose owning objects (in the master's copied
+/// stack and statics) are never used or dropped again in this process.
+pub(crate) unsafe fn close_inherited(fds: &[std::os::fd::RawFd]) {
+    for &fd in fds {
+        // SAFETY: per this function's contract, nothing in this process uses `fd` again.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Set by the worker's handler for TERM, INT and QUIT.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+extern "C" fn on_ignored_signal(_: libc::c_int) {}
+
+/// Whether the worker was asked to stop (TERM, INT or QUIT arrived).
+pub(crate) fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Replaces the master's signal dispositions with the worker's, in a freshly forked worker.
+///
+/// - TERM, INT and QUIT set the stop flag. They are installed *without* `SA_RESTART`, so a
+///   worker blocked in `accept` or `read` gets `EINTR` and notices the stop.
+/// - HUP, USR1, USR2, WINCH, TTIN and TTOU are caught by a handler that does nothing
+///   (rather than ignored), so that a worker survives the signals meant for its master
+///   when they reach the whole process group, and commands the worker spawns still start
+///   with default dispositions (exec resets caught signals, not ignored ones).
+/// - CHLD goes back to its default; PIPE stays ignored, so a write to a closed connection
+///   is an `EPIPE` error rather than a silent death (std resets it for spawned commands).
+/// - The signal mask is emptied.
+pub(crate) fn install_worker_signals() -> io::Result<()> {
+    let stop = SigAction::new(
+        SigHandler::Handler(on_stop_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    let noop = SigAction::new(
+        SigHandler::Handler(on_ignored_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    let table = [
+        (Signal::SIGTERM, &stop),
+        (Signal::SIGINT, &stop),
+        (Signal::SIGQUIT, &stop),
+        (Signal::SIGHUP, &noop),
+        (Signal::SIGUSR1, &noop),
+        (Signal::SIGUSR2, &noop),
+        (Signal::SIGWINCH, &noop),
+        (Signal::SIGTTIN, &noop),
+        (Signal::SIGTTOU, &noop),
+        (Signal::SIGCHLD, &default),
+        (Signal::SIGALRM, &default),
+        (Signal::SIGPIPE, &ignore),
+    ];
+    for (sig, action) in table {
+        // SAFETY: the handlers installed here only store to an atomic or do nothing, both
+        // async-signal-safe; replacing the master's handlers is the purpose of this call.
+        unsafe { signal::sigaction(sig, action) }.map_err(io::Error::from)?;
+    }
+    signal::sigprocmask(signal::SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(io::Error::from)
+}
+
+/// Arranges for this process to be killed when its parent dies, then checks that the
+/// parent is still `parent` (it may have died before the request took effect).
+///
+/// Must be called after any credential change: the kernel clears the parent-death signal
+/// when the process's uid or gid changes.
+pub(crate) fn die_with_parent(parent: Pid) -> io::Result<bool> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+    Ok(nix::unistd::getppid() == parent)
+}
+
+/// The kernel's cap on listen backlogs (`net.core.somaxconn`), if it can be read.
+pub(crate) fn somaxconn() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_refuses_with_threads() {
+        // Keep a second thread alive across the call, whatever the test runner does.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let _ = rx.recv();
+        });
+        // SAFETY: the call must refuse before forking; if it did fork, the child exits at
+        // once without touching anything of the test process.
+        let r = unsafe { fork(|| exit_now(0)) };
+        drop(tx);
+        t.join().unwrap();
+        match r {
+            Err(Error::Threads { threads }) => assert!(threads >= 2),
+            other => panic!("expected Error::Threads, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Accepting connections in a worker, without a thundering herd and without busy loops.
+//!
+//! - One listener: a blocking `accept4` on the shared socket. The kernel queues sleeping
+//!   acceptors and wakes exactly one per connection.
+//! - Several listeners: the master made them non-blocking; each worker has its own epoll
+//!   instance with every listener registered `EPOLLEXCLUSIVE`, so a connection wakes one
+//!   (or a few) workers, not all; a worker that loses the race gets `EAGAIN` and waits again.
+//!
+//! Error handling follows accept(2): `EINTR` (a signal: check for a stop), `ECONNABORTED`,
+//! `EPROTO` and the network errors Linux passes up from the new connection are retried;
+//! `EMFILE`, `ENFILE`, `ENOBUFS` and `ENOMEM` back off for a moment and are logged once per
+//! episode; `EINVAL` means the master shut the listeners down: the worker stops.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use socket2::{SockAddr, Socket};
+
+use crate::listener::Listener;
+use crate::sys;
+
+/// How long to pause accepting when the process or system is out of descriptors or memory.
+const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The outcome of waiting for a connection.
+#[derive(Debug)]
+pub(crate) enum Accepted {
+    /// A new connection and its peer.
+    Connection(Socket, SockAddr),
+    /// The worker was asked to stop, or the listeners were shut down.
+    Stop,
+}
+
+#[derive(Debug)]
+pub(crate) struct Acceptor<'a> {
+    listeners: &'a [Listener],
+    epoll: Option<Epoll>,
+    /// An error episode is in progress (logged once, cleared by the next success).
+    episode: Option<Errno>,
+}
+
+impl<'a> Acceptor<'a> {
+    pub(crate) fn new(listeners: &'a [Listener]) -> io::Result<Self> {
+        let epoll = if listeners.len() > 1 {
+            let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+            for (i, l) in listeners.iter().enumerate() {
+                let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
+                ep.add(l.as_fd(), EpollEvent::new(flags, i as u64))?;
+            }
+            Some(ep)
+        } else {
+            None
+        };
+        Ok(Acceptor {
+            listeners,
+            epoll,
+            episode: None,
+        })
+    }
+
+    /// Waits for the next connection.
+    pub(crate) fn accept(&mut self) -> Accepted {
+        loop {
+            if sys::stop_requested() {
+                return Accepted::Stop;
+            }
+            let index = match &self.epoll {
+                None => 0,
+                Some(ep) => {
+                    let mut events = [EpollEvent::empty()];
+                    match ep.wait(&mut events, EpollTimeout::NONE) {
+                        Ok(0) => continue,
+                        Ok(_) => events[0].data() as usize,
+                        Err(Errno::EINTR) => continue,
+                        Err(e) => {
+                            self.trouble(e, "waiting for connections");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let listener = &self.listeners[index];
+            match listener.socket().accept() {
+                Ok((socket, peer)) => {
+                    if let Some(e) = self.episode.take() {
+                        tracing::info!("accepting again after {}", e.desc());
+                    }
+                    return Accepted::Connection(socket, peer);
+                }
+                Err(e) => {
+                    let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
+                    match errno {
+                        Errno::EINTR | Errno::EAGAIN => {}
+                        // The connection went away before we took it, or Linux passed up a
+                        // network error that belongs to it: take the next one.
+                        Errno::ECONNABORTED
+                        | Errno::EPROTO
+                        | Errno::ENETDOWN
+                        | Errno::ENOPROTOOPT
+                        | Errno::EHOSTDOWN
+                        | Errno::ENONET
+                        | Errno::EHOSTUNREACH
+                        | Errno::EOPNOTSUPP
+                        | Errno::ENETUNREACH
+                        | Errno::ETIMEDOUT => {}
+                        // shutdown(2) on the listener by the master: we are stopping.
+                        Errno::EINVAL => return Accepted::Stop,
+                        other => self.trouble(other, "accepting connections"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Logs an error once per episode and pauses, so that a persistent error (out of
+    /// descriptors) costs a few wake-ups per second, not a busy loop.
+    fn trouble(&mut self, errno: Errno, doing: &str) {
+        if self.episode.is_none() {
+            tracing::error!(
+                "{doing}: {} ({errno}); pausing {} ms between attempts until it clears",
+                errno.desc(),
+                RESOURCE_BACKOFF.as_millis()
+            );
+        }
+        self.episode = Some(errno);
+        // A signal ends the pause early, so a stop is not delayed.
+        let _ = nix::poll::poll(
+            &mut [],
+            nix::poll::PollTimeout::from(RESOURCE_BACKOFF.as_millis() as u16),
+        );
+    }
+}

@@ -1,0 +1,140 @@
+//! The life of a worker process, from fork to exit.
+//!
+//! In order, right after fork (see `docs/ARCHITECTURE.md`):
+//! 1. the log lines say `worker N` and the worker's pid;
+//! 2. the master's signal handlers are replaced by the worker's ([`sys::install_worker_signals`]);
+//! 3. descriptors that only the master needs are closed;
+//! 4. privileges are dropped (groups, gid, uid) and checked;
+//! 5. the parent-death signal is set (after the drop, which clears it) and the parent checked;
+//! 6. the `on_worker_start` hook, then the factory, run; a failure is reported to the
+//!    master with its reason and the worker exits;
+//! 7. the worker tells the master it is ready and serves connections until asked to stop.
+//!
+//! The worker never returns into the master's code: every path ends in `_exit`.
+
+mod accept;
+mod blocking;
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::os::fd::RawFd;
+use std::panic::{self, AssertUnwindSafe};
+
+use nix::unistd::Pid;
+
+use crate::error::BoxError;
+use crate::handler::{Handler, WorkerInfo};
+use crate::listener::Listener;
+use crate::notify::{Channel, Message};
+use crate::privilege::Plan;
+use crate::sys::{self, exit};
+
+/// What the master hands a worker at fork.
+#[derive(Debug)]
+pub(crate) struct Setup<'a> {
+    pub(crate) id: u32,
+    pub(crate) master: Pid,
+    pub(crate) listeners: &'a [Listener],
+    pub(crate) plan: &'a Plan,
+    pub(crate) channel: &'a Channel,
+    /// Descriptors of the master's own that the worker closes.
+    pub(crate) master_fds: &'a [RawFd],
+}
+
+/// The type of a start hook.
+pub(crate) type StartHook = Box<dyn FnMut(&WorkerInfo)>;
+
+/// Runs a worker to its end. Called in the child right after fork.
+pub(crate) fn run<H, F>(setup: Setup<'_>, start_hook: &mut Option<StartHook>, factory: &mut F) -> !
+where
+    H: Handler,
+    F: FnMut() -> Result<H, BoxError>,
+{
+    crate::log::set_worker(setup.id);
+    let pid = std::process::id();
+    let fail = |reason: String| -> ! {
+        tracing::error!("cannot start: {reason}");
+        let _ = setup.channel.send(pid, &Message::StartFailed(reason));
+        sys::exit_now(exit::START_FAILED)
+    };
+    if let Err(e) = sys::install_worker_signals() {
+        fail(format!("installing signal handlers: {e}"));
+    }
+    // SAFETY: these are the master's descriptors (signal pipe, notification read end);
+    // their owners live in the master's part of this copied address space, which the
+    // worker never returns to.
+    unsafe { sys::close_inherited(setup.master_fds) };
+    if let Plan::Drop(creds) = setup.plan {
+        if let Err(reason) = crate::privilege::drop_to(creds) {
+            fail(format!("dropping privileges to user {:?}: {reason}", creds.user));
+        }
+    }
+    match sys::die_with_parent(setup.master) {
+        Ok(true) => {}
+        Ok(false) => sys::exit_now(exit::ORPHANED),
+        Err(e) => fail(format!("setting the parent-death signal: {e}")),
+    }
+    panic::set_hook(Box::new(record_panic));
+
+    let info = WorkerInfo { id: setup.id, pid };
+    if let Some(hook) = start_hook.as_mut() {
+        if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| hook(&info))) {
+            fail(format!(
+                "the on_worker_start hook panicked: {}",
+                panic_message(&p)
+            ));
+        }
+    }
+    let mut handler = match panic::catch_unwind(AssertUnwindSafe(factory)) {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => fail(format!("the handler factory failed: {e}")),
+        Err(p) => fail(format!("the handler factory panicked: {}", panic_message(&p))),
+    };
+    if setup.channel.send(pid, &Message::Ready).is_err() {
+        // The master is gone or broken; the parent-death signal will follow.
+        sys::exit_now(exit::ORPHANED);
+    }
+    tracing::debug!("ready");
+
+    let code = blocking::serve(setup.listeners, &mut handler);
+    if code == exit::OK {
+        if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
+            tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
+        }
+        tracing::debug!("stopped");
+    }
+    sys::exit_now(code)
+}
+
+thread_local! {
+    /// The message and location of the last panic, taken by whoever catches it: the
+    /// default hook would print a multi-line report to stderr; appsrv logs one line with
+    /// the context (the peer) at the place the panic is caught instead.
+    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+fn record_panic(info: &panic::PanicHookInfo<'_>) {
+    let msg = payload_text(info.payload());
+    let text = match info.location() {
+        Some(l) => format!("{msg} at {}:{}", l.file(), l.line()),
+        None => msg,
+    };
+    LAST_PANIC.with(|p| *p.borrow_mut() = Some(text));
+}
+
+/// The panic's message with its location when the hook saw it.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    LAST_PANIC
+        .with(|p| p.borrow_mut().take())
+        .unwrap_or_else(|| payload_text(payload))
+}
+
+fn payload_text(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
+    }
+}

@@ -1,0 +1,316 @@
+//! The core process model, driven through real processes: the `hello` example and the
+//! `testbed` server (tests/support/testbed.rs), on ephemeral loopback ports.
+//!
+//! Regression tests for issue #2 ("appsrv core").
+
+mod util;
+
+use std::collections::HashSet;
+use std::io::ErrorKind;
+use std::net::{TcpListener, TcpStream};
+
+use util::*;
+
+fn testbed(workers: usize, extra: &[&str]) -> Server {
+    let w = workers.to_string();
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", w.as_str()];
+    args.extend_from_slice(extra);
+    Server::start("testbed", &args)
+}
+
+#[test]
+fn hello_greets_with_the_client_address() {
+    let server = Server::start("hello", &["-l", "127.0.0.1:0", "-w", "2"]);
+    let mut client = LineClient::tcp(server.tcp_addr());
+    let me = client.get_mut().local_addr().unwrap();
+    assert_eq!(client.line(), format!("Hello, Client! You are {me}"));
+    assert_eq!(
+        client.rest().unwrap(),
+        "",
+        "the connection closes after the greeting"
+    );
+}
+
+#[test]
+fn concurrent_slow_clients_are_served_by_distinct_workers() {
+    let server = testbed(4, &[]);
+    let mut clients: Vec<_> = (0..4).map(|_| LineClient::tcp(server.tcp_addr())).collect();
+    let pids: HashSet<i32> = clients.iter_mut().map(|c| c.testbed_pid()).collect();
+    assert_eq!(pids.len(), 4, "each connection holds its own worker");
+    assert_eq!(pids, server.worker_pids(), "and those are the master's workers");
+    for c in &mut clients {
+        assert_eq!(c.ask("still there?"), "still there?");
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_connection_is_replaced() {
+    let server = testbed(2, &[]);
+    let mut victim = LineClient::tcp(server.tcp_addr());
+    let pid = victim.testbed_pid();
+    // SAFETY: kill(2) on a worker of our server.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let line = server.wait_for_log(&format!("(pid {pid}) was killed by signal SIGKILL"));
+    assert!(line.contains("starting a replacement"), "{line}");
+    assert!(matches!(victim.rest(), Ok(s) if s.is_empty()) || victim.rest().is_err());
+    let workers = server.wait_for_workers(2);
+    assert!(!workers.contains(&pid));
+    let mut a = LineClient::tcp(server.tcp_addr());
+    let mut b = LineClient::tcp(server.tcp_addr());
+    let served: HashSet<i32> = [a.testbed_pid(), b.testbed_pid()].into();
+    assert_eq!(
+        served, workers,
+        "new clients are served by the pool, replacement included"
+    );
+}
+
+#[test]
+fn killing_the_master_leaves_no_worker() {
+    let server = testbed(3, &[]);
+    let workers = server.wait_for_workers(3);
+    server.signal(libc::SIGKILL);
+    let gone = wait_until(|| workers.iter().all(|p| !alive(*p)).then_some(()));
+    assert!(gone.is_some(), "workers outlived their master: {workers:?}");
+}
+
+#[test]
+fn a_handler_panic_only_ends_its_own_connection() {
+    let server = testbed(2, &[]);
+    let mut doomed = LineClient::tcp(server.tcp_addr());
+    let mut bystander = LineClient::tcp(server.tcp_addr());
+    let doomed_pid = doomed.testbed_pid();
+    let _ = bystander.testbed_pid();
+    let doomed_addr = doomed.get_mut().local_addr().unwrap();
+
+    doomed.send("panic");
+    assert!(
+        doomed.rest().map_or(true, |s| s.is_empty()),
+        "the panicking connection is closed"
+    );
+    let line = server.wait_for_log("handler panicked while serving");
+    assert!(line.contains(&doomed_addr.to_string()), "names the peer: {line}");
+    assert!(
+        line.contains("testbed: panic requested by the client"),
+        "names the panic: {line}"
+    );
+    assert_eq!(bystander.ask("unaffected"), "unaffected");
+    server.wait_for_log(&format!("(pid {doomed_pid}) exited with status 70 after a panic"));
+    let workers = server.wait_for_workers(2);
+    assert!(!workers.contains(&doomed_pid), "the worker was replaced");
+}
+
+#[test]
+fn a_failing_factory_stops_the_server_with_its_error() {
+    let mut server = Server::spawn(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2", "--fail-factory"],
+        &[],
+    );
+    let status = server.wait_exit();
+    assert!(!status.success(), "{status:?}");
+    server.wait_for_log_end();
+    let log = server.log_text();
+    assert!(
+        log.contains("Error: worker") && log.contains("database unavailable (testbed --fail-factory)"),
+        "the error reaches the terminal:\n{log}"
+    );
+    assert!(!group_alive(server.pid()), "nothing is left running");
+}
+
+#[test]
+fn term_lets_a_dialogue_finish_and_refuses_new_connections() {
+    let mut server = testbed(2, &[]);
+    let addr = server.tcp_addr();
+    let mut client = LineClient::tcp(addr);
+    client.testbed_pid();
+    server.signal(libc::SIGTERM);
+    server.wait_for_log("SIGTERM received");
+    let refused = wait_until(|| match TcpStream::connect(addr) {
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Some(()),
+        _ => None,
+    });
+    assert!(refused.is_some(), "new connections are refused while stopping");
+    for i in 0..5 {
+        let msg = format!("line {i}");
+        assert_eq!(client.ask(&msg), msg, "the connected client is still served");
+    }
+    assert!(
+        server.worker_pids().len() == 1,
+        "the idle worker has exited, the busy one not"
+    );
+    drop(client);
+    let status = server.wait_exit();
+    assert!(status.success(), "clean stop exits 0: {status:?}");
+    assert!(server.log_text().contains("stopped"));
+}
+
+#[test]
+fn the_grace_period_bounds_a_stop() {
+    let mut server = testbed(2, &["--grace-period", "1"]);
+    let mut client = LineClient::tcp(server.tcp_addr());
+    client.testbed_pid();
+    server.signal(libc::SIGQUIT);
+    server.wait_for_log("grace period of 1s over: killing 1 worker(s)");
+    assert!(server.wait_exit().success());
+    assert!(
+        client.rest().map_or(true, |s| s.is_empty()),
+        "the lingering connection is closed"
+    );
+}
+
+#[test]
+fn a_second_stop_signal_stops_at_once() {
+    let mut server = testbed(2, &[]);
+    let mut client = LineClient::tcp(server.tcp_addr());
+    client.testbed_pid();
+    server.signal(libc::SIGINT);
+    server.wait_for_log("SIGINT received: stopping");
+    // A repeat within a second counts as the same request; keep asking until one counts.
+    let stopped = wait_until(|| {
+        server.signal(libc::SIGINT);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        server
+            .log_text()
+            .contains("received again: stopping now")
+            .then_some(())
+    });
+    assert!(stopped.is_some(), "log:\n{}", server.log_text());
+    assert!(server.wait_exit().success());
+}
+
+#[test]
+fn binding_an_address_in_use_fails_clearly() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut server = Server::spawn("testbed", &["-l", &addr, "-w", "2"], &[]);
+    let status = server.wait_exit();
+    assert!(!status.success());
+    server.wait_for_log_end();
+    let log = server.log_text();
+    assert!(
+        log.contains(&format!("cannot listen on {addr}")) && log.contains("Address already in use"),
+        "names the address and the cause:\n{log}"
+    );
+    assert!(!group_alive(server.pid()), "no process is left behind");
+}
+
+#[test]
+fn tcp_and_unix_listeners_are_both_served() {
+    let path = socket_path("both");
+    let unix = format!("unix:{path}?mode=0600");
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-l", &unix, "-w", "2"]);
+    assert_eq!(server.listening().len(), 2);
+    let mut t = LineClient::tcp(server.tcp_addr());
+    let mut u = LineClient::unix(&path);
+    t.testbed_pid();
+    u.testbed_pid();
+    assert_eq!(u.ask("over unix"), "over unix");
+    assert_eq!(t.ask("over tcp"), "over tcp");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+#[test]
+fn the_unix_socket_file_is_removed_on_a_clean_stop() {
+    let path = socket_path("cleanup");
+    let mut server = Server::start("testbed", &["-l", &format!("unix:{path}"), "-w", "2"]);
+    assert!(std::path::Path::new(&path).exists());
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().success());
+    assert!(!std::path::Path::new(&path).exists());
+}
+
+#[test]
+fn an_ipv6_listener_on_loopback_is_served() {
+    if TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback on this machine");
+        return;
+    }
+    let server = Server::start("testbed", &["-l", "[::1]:0", "-w", "2"]);
+    let addr = server.tcp_addr();
+    assert!(addr.is_ipv6());
+    let mut c = LineClient::tcp(addr);
+    c.testbed_pid();
+    assert_eq!(c.ask("v6"), "v6");
+}
+
+#[test]
+fn environment_overrides_code_and_flags_override_environment() {
+    let env = [("HELLO_LISTEN", "127.0.0.1:0"), ("HELLO_WORKERS", "3")];
+    let server = Server::start_with_env("hello", &[], &env);
+    assert!(
+        server.tcp_addr().port() != 7000,
+        "the environment replaced the code default"
+    );
+    server.wait_for_workers(3);
+    drop(server);
+    let server = Server::start_with_env("hello", &["--workers", "2"], &env);
+    server.wait_for_workers(2);
+}
+
+#[test]
+fn crash_looping_workers_back_off_and_recover() {
+    let marker = std::env::temp_dir().join(format!("appsrv-crash-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let server = testbed(2, &["--crash-if-exists", marker.to_str().unwrap()]);
+    std::fs::write(&marker, b"").unwrap();
+    let victim = *server.worker_pids().iter().next().unwrap();
+    // SAFETY: kill(2) on a worker of our server.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let line = server.wait_for_log("workers keep dying right after start");
+    assert!(line.contains("exponential back-off"), "{line}");
+    assert!(line.contains("exited with status 3"), "names the cause: {line}");
+    std::fs::remove_file(&marker).unwrap();
+    server.wait_for_log("workers are starting normally again");
+    server.wait_for_workers(2);
+    let errors = server
+        .log_text()
+        .matches("workers keep dying right after start")
+        .count();
+    assert_eq!(errors, 1, "one clear error line per episode, not one per death");
+}
+
+#[test]
+fn every_descriptor_is_close_on_exec_and_workers_hold_only_theirs() {
+    let path = socket_path("fds");
+    let server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-l", &format!("unix:{path}"), "-w", "2"],
+    );
+    let fds = |pid: i32| -> Vec<(u32, u64)> {
+        std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let fd: u32 = e.file_name().to_str()?.parse().ok()?;
+                let info = std::fs::read_to_string(e.path()).ok()?;
+                let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim();
+                Some((fd, u64::from_str_radix(flags, 8).ok()?))
+            })
+            .collect()
+    };
+    const O_CLOEXEC: u64 = 0o2000000;
+    for pid in std::iter::once(server.pid()).chain(server.worker_pids()) {
+        for (fd, flags) in fds(pid) {
+            if fd > 2 {
+                assert!(
+                    flags & O_CLOEXEC != 0,
+                    "fd {fd} of pid {pid} is not close-on-exec"
+                );
+            }
+        }
+    }
+    for pid in server.worker_pids() {
+        // stdio, two listeners, the notification pipe, the epoll instance.
+        let n = fds(pid).len();
+        assert_eq!(
+            n,
+            3 + 2 + 1 + 1,
+            "worker {pid} holds unexpected descriptors: {:?}",
+            fds(pid)
+        );
+    }
+}

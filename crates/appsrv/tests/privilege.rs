@@ -1,0 +1,113 @@
+//! Privilege drop of the workers. These tests need root and are skipped otherwise (CI runs
+//! as root).
+//!
+//! Regression tests for issue #2 ("appsrv core").
+
+mod util;
+
+use util::*;
+
+/// `nobody`'s uid, primary gid and groups, from the user database.
+fn nobody() -> (u32, u32, Vec<u32>) {
+    let name = std::ffi::CString::new("nobody").unwrap();
+    // SAFETY: getpwnam with a valid C string; the result is read before any other call.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    assert!(!pw.is_null(), "no user nobody");
+    // SAFETY: pw is non-null and points to libc's static passwd entry.
+    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    let mut groups = vec![0 as libc::gid_t; 64];
+    let mut n = groups.len() as libc::c_int;
+    // SAFETY: the buffer holds n entries; getgrouplist writes at most n and updates n.
+    let r = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+    assert!(r >= 0);
+    groups.truncate(n as usize);
+    groups.sort();
+    (uid, gid, groups)
+}
+
+fn assert_runs_as(pid: i32, uid: u32, gid: u32, groups: &[u32]) {
+    assert_eq!(
+        proc_ids(pid, "Uid:")[..3],
+        [uid; 3],
+        "real, effective, saved uid of {pid}"
+    );
+    assert_eq!(
+        proc_ids(pid, "Gid:")[..3],
+        [gid; 3],
+        "real, effective, saved gid of {pid}"
+    );
+    let mut g = proc_ids(pid, "Groups:");
+    g.sort();
+    assert_eq!(g, groups, "supplementary groups of {pid}");
+}
+
+#[test]
+fn workers_run_as_the_given_user_and_the_master_keeps_serving() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let (uid, gid, groups) = nobody();
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2", "--user", "nobody"]);
+    for pid in server.wait_for_workers(2) {
+        assert_runs_as(pid, uid, gid, &groups);
+    }
+    assert_eq!(
+        proc_ids(server.pid(), "Uid:")[..3],
+        [0; 3],
+        "the master stays root"
+    );
+    let mut c = LineClient::tcp(server.tcp_addr());
+    c.testbed_pid();
+    assert_eq!(c.ask("as nobody"), "as nobody");
+    assert!(!server.log_text().contains("started as root without --user"));
+}
+
+#[test]
+fn root_without_user_runs_workers_as_nobody_with_a_warning() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let (uid, gid, groups) = nobody();
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2"]);
+    server.wait_for_log("started as root without --user: workers run as nobody");
+    for pid in server.wait_for_workers(2) {
+        assert_runs_as(pid, uid, gid, &groups);
+    }
+}
+
+#[test]
+fn allow_root_workers_keeps_them_root() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2", "--allow-root-workers"],
+    );
+    for pid in server.wait_for_workers(2) {
+        assert_eq!(proc_ids(pid, "Uid:")[..3], [0; 3]);
+    }
+    assert!(!server.log_text().contains("without --user"));
+}
+
+#[test]
+fn an_unknown_user_is_refused_before_anything_starts() {
+    let mut server = Server::spawn(
+        "testbed",
+        &["-l", "127.0.0.1:0", "--user", "no-such-user-appsrv"],
+        &[],
+    );
+    assert!(!server.wait_exit().success());
+    server.wait_for_log_end();
+    assert!(
+        server
+            .log_text()
+            .contains("user \"no-such-user-appsrv\": no such user"),
+        "{}",
+        server.log_text()
+    );
+    assert!(!group_alive(server.pid()));
+}

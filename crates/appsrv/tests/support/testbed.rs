@@ -1,0 +1,60 @@
+//! A test server for appsrv's integration tests (not an example for users).
+//!
+//! Each connection gets one line `pid PID` (the worker's pid), then every line the client
+//! sends is echoed back, except:
+//! - `panic`: the handler panics;
+//! - `sleep SECS`: the handler waits SECS seconds, then answers `slept`.
+//!
+//! `--fail-factory` makes every worker's factory fail; `--crash-if-exists PATH` makes a
+//! starting worker exit with status 3 while PATH exists.
+
+use std::io::{self, BufRead, Write};
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+struct Opts {
+    /// Make the handler factory fail in every worker.
+    #[arg(long)]
+    fail_factory: bool,
+    /// Make a worker exit with status 3 right after start while PATH exists.
+    #[arg(long, value_name = "PATH")]
+    crash_if_exists: Option<std::path::PathBuf>,
+}
+
+struct Testbed;
+
+impl appsrv::Handler for Testbed {
+    fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
+        writeln!(client, "pid {}", std::process::id())?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if client.read_line(&mut line)? == 0 {
+                return Ok(());
+            }
+            match line.trim_end() {
+                "panic" => panic!("testbed: panic requested by the client"),
+                cmd if cmd.starts_with("sleep ") => {
+                    let secs: f64 = cmd[6..].parse().unwrap_or(1.0);
+                    std::thread::sleep(Duration::from_secs_f64(secs));
+                    writeln!(client, "slept")?;
+                }
+                _ => client.write_all(line.as_bytes())?,
+            }
+        }
+    }
+}
+
+fn main() -> appsrv::Result<()> {
+    let mut server = appsrv::Server::new("testbed");
+    let opts: Opts = server.args();
+    server.run(move || {
+        if opts.crash_if_exists.as_ref().is_some_and(|p| p.exists()) {
+            std::process::exit(3);
+        }
+        if opts.fail_factory {
+            return Err("database unavailable (testbed --fail-factory)".into());
+        }
+        Ok(Testbed)
+    })
+}

@@ -1,0 +1,371 @@
+//! Test utilities: run an example binary as a real server process, wait for its log lines,
+//! talk to it, and make sure nothing it started outlives the test.
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+#![allow(unreachable_pub)] // shared by several test crates through `mod util`
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long any single wait in a test may take before the test fails. Generous: tests run
+/// on a loaded two-core machine.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The path of an example binary built by `cargo test` (`target/<profile>/examples/NAME`).
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test binary>
+    let profile_dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} not built (cargo test builds examples)",
+        path.display()
+    );
+    path
+}
+
+#[derive(Default)]
+struct Log {
+    lines: Vec<String>,
+    closed: bool,
+}
+
+/// A server process started by a test. Dropping it kills its whole process group (master
+/// and workers) and reaps the master, so a failing test leaves nothing behind.
+pub struct Server {
+    child: Option<Child>,
+    pid: i32,
+    log: Arc<(Mutex<Log>, Condvar)>,
+    /// The addresses from the `listening on ADDR` lines.
+    pub addrs: Vec<String>,
+}
+
+impl Server {
+    /// Starts `example` with `args` and waits for it to be `ready`.
+    pub fn start(example_name: &str, args: &[&str]) -> Server {
+        Self::start_with_env(example_name, args, &[])
+    }
+
+    pub fn start_with_env(example_name: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let server = Self::spawn(example_name, args, env);
+        server.wait_for_log(" ready");
+        server
+    }
+
+    /// Starts `example` without waiting for anything.
+    pub fn spawn(example_name: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(example(example_name));
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Its own process group, so that Drop can kill workers too.
+            .process_group(0);
+        // Start the server with only stdio, as a service manager would, so that the
+        // descriptor checks see what appsrv opens and not what the test runner leaked.
+        // CLOSE_RANGE_CLOEXEC marks them close-on-exec rather than closing them now, which
+        // keeps the pipe std uses to report a failed exec.
+        // SAFETY: close_range is async-signal-safe and touches only the child's table.
+        unsafe {
+            cmd.pre_exec(|| {
+                const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+                if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        let mut child = cmd.spawn().expect("spawn server");
+        let pid = child.id() as i32;
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new((Mutex::new(Log::default()), Condvar::new()));
+        let log2 = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if std::env::var_os("APPSRV_TEST_VERBOSE").is_some() {
+                    eprintln!("[server {pid}] {line}");
+                }
+                let (m, cv) = &*log2;
+                m.lock().unwrap().lines.push(line);
+                cv.notify_all();
+            }
+            let (m, cv) = &*log2;
+            m.lock().unwrap().closed = true;
+            cv.notify_all();
+        });
+        let mut server = Server {
+            child: Some(child),
+            pid,
+            log,
+            addrs: Vec::new(),
+        };
+        server.addrs = Vec::new();
+        server
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Waits for a log line containing `needle` (searching from the start of the log) and
+    /// returns it. Panics with the whole log if it does not come.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        self.wait_for_nth_log(needle, 1)
+    }
+
+    /// Waits until `n` log lines contain `needle`; returns the n-th.
+    pub fn wait_for_nth_log(&self, needle: &str, n: usize) -> String {
+        let (m, cv) = &*self.log;
+        let deadline = Instant::now() + PATIENCE;
+        let mut log = m.lock().unwrap();
+        loop {
+            if let Some(line) = log.lines.iter().filter(|l| l.contains(needle)).nth(n - 1) {
+                return line.clone();
+            }
+            let now = Instant::now();
+            if log.closed || now >= deadline {
+                panic!(
+                    "no log line #{n} containing {needle:?} (stream {}); log:\n{}",
+                    if log.closed { "closed" } else { "timed out" },
+                    log.lines.join("\n")
+                );
+            }
+            log = cv.wait_timeout(log, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Waits until the server's stderr is closed (every process holding it exited).
+    pub fn wait_for_log_end(&self) {
+        let (m, cv) = &*self.log;
+        let deadline = Instant::now() + PATIENCE;
+        let mut log = m.lock().unwrap();
+        while !log.closed {
+            let now = Instant::now();
+            assert!(now < deadline, "log not closed; log:\n{}", log.lines.join("\n"));
+            log = cv.wait_timeout(log, deadline - now).unwrap().0;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.0.lock().unwrap().lines.join("\n")
+    }
+
+    /// The addresses of the `listening on` lines logged so far.
+    pub fn listening(&self) -> Vec<String> {
+        let log = self.log.0.lock().unwrap();
+        log.lines
+            .iter()
+            .filter_map(|l| l.split_once("listening on ").map(|(_, a)| a.trim().to_owned()))
+            .collect()
+    }
+
+    /// The first TCP address the server listens on.
+    pub fn tcp_addr(&self) -> SocketAddr {
+        self.listening()
+            .iter()
+            .find_map(|a| a.parse().ok())
+            .expect("a TCP listener")
+    }
+
+    /// Sends `sig` to the master.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0, "kill master");
+    }
+
+    /// Waits for the master to exit and returns its status.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let child = self.child.as_mut().expect("not yet reaped");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "master did not exit; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20)); // polling a condition, not synchronising
+        }
+    }
+
+    /// The pids of the master's live children (its workers).
+    pub fn worker_pids(&self) -> HashSet<i32> {
+        children_of(self.pid)
+    }
+
+    /// Waits until the master has exactly `n` children and returns their pids.
+    pub fn wait_for_workers(&self, n: usize) -> HashSet<i32> {
+        wait_until(|| {
+            let w = self.worker_pids();
+            (w.len() == n).then_some(w)
+        })
+        .unwrap_or_else(|| panic!("master never had {n} workers; log:\n{}", self.log_text()))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on the process group we created for the server.
+            unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+            let _ = child.wait();
+        }
+        // Workers die with their master (PR_SET_PDEATHSIG) and share its group; make sure.
+        // SAFETY: as above.
+        unsafe { libc::kill(-self.pid, libc::SIGKILL) };
+    }
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, for at most [`PATIENCE`].
+pub fn wait_until<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Field `n` (1-based, after the command name) of `/proc/PID/stat`.
+fn stat_field(pid: i32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(n - 1).map(str::to_owned)
+}
+
+/// Whether `pid` is alive (not gone, not a zombie).
+pub fn alive(pid: i32) -> bool {
+    matches!(stat_field(pid, 1).as_deref(), Some(s) if s != "Z" && s != "X")
+}
+
+/// Live children of `parent`.
+pub fn children_of(parent: i32) -> HashSet<i32> {
+    let mut out = HashSet::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if stat_field(pid, 2).and_then(|p| p.parse::<i32>().ok()) == Some(parent) && alive(pid) {
+            out.insert(pid);
+        }
+    }
+    out
+}
+
+/// Whether any process of process group `pgid` is still alive.
+pub fn group_alive(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        e.file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+            .is_some_and(|pid| stat_field(pid, 3).and_then(|g| g.parse().ok()) == Some(pgid) && alive(pid))
+    })
+}
+
+/// A line-oriented client with a timeout on every read.
+pub struct LineClient<S: Read + Write> {
+    reader: BufReader<S>,
+}
+
+impl LineClient<TcpStream> {
+    pub fn tcp(addr: SocketAddr) -> Self {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        LineClient {
+            reader: BufReader::new(s),
+        }
+    }
+}
+
+impl LineClient<UnixStream> {
+    pub fn unix(path: &str) -> Self {
+        let s = UnixStream::connect(path).expect("connect unix");
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        LineClient {
+            reader: BufReader::new(s),
+        }
+    }
+}
+
+impl<S: Read + Write> LineClient<S> {
+    pub fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.reader.read_line(&mut l).expect("read line");
+        l.trim_end().to_owned()
+    }
+
+    pub fn send(&mut self, line: &str) {
+        let s = self.reader.get_mut();
+        s.write_all(line.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+    }
+
+    /// Sends `line` and returns the answer.
+    pub fn ask(&mut self, line: &str) -> String {
+        self.send(line);
+        self.line()
+    }
+
+    /// Reads the testbed's greeting and returns the worker pid it names.
+    pub fn testbed_pid(&mut self) -> i32 {
+        let l = self.line();
+        l.strip_prefix("pid ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("bad greeting {l:?}"))
+    }
+
+    /// Reads until end of file and returns everything read.
+    pub fn rest(&mut self) -> std::io::Result<String> {
+        let mut s = String::new();
+        self.reader.read_to_string(&mut s)?;
+        Ok(s)
+    }
+
+    pub fn get_mut(&mut self) -> &mut S {
+        self.reader.get_mut()
+    }
+}
+
+/// `(real, effective, saved, fs)` uids or gids from a `/proc/PID/status` line.
+pub fn proc_ids(pid: i32, key: &str) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in status of {pid}"))
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect()
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A fresh path for a Unix socket, unique to this test process and call.
+pub fn socket_path(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir();
+    dir.join(format!("appsrv-test-{}-{tag}-{n}.sock", std::process::id()))
+        .to_string_lossy()
+        .into_owned()
+}
