@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! PROG [run] [OPTIONS]     run in the foreground (the default subcommand)
+//! PROG start [OPTIONS]     run as a daemon (≡ run --daemon); returns once ready
+//! PROG stop [--now]        stop the daemon named by the pid file, and wait
 //! ```
 //!
 //! Every option can also come from the environment, as `PROG_OPTION` with the program's
@@ -10,6 +12,7 @@
 //! flags. `--help` shows each option's default and its variable.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
@@ -22,6 +25,8 @@ use crate::listener::ListenAddr;
 pub(crate) const DEFAULT_BACKLOG: u32 = 511;
 /// The default `--grace-period`.
 pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// The default `--start-timeout`.
+pub(crate) const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default `--read-timeout` and `--write-timeout`, as Apache's `Timeout`.
 pub(crate) const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -70,6 +75,10 @@ pub(crate) struct Config {
     pub(crate) read_timeout: Option<Duration>,
     pub(crate) write_timeout: Option<Duration>,
     pub(crate) log_level: Level,
+    pub(crate) daemon: bool,
+    pub(crate) pid_file: Option<PathBuf>,
+    pub(crate) log_file: Option<PathBuf>,
+    pub(crate) start_timeout: Duration,
 }
 
 /// The default pool size: one worker per CPU, at least two (one busy worker must not
@@ -91,7 +100,7 @@ pub(crate) fn env_prefix(name: &str) -> String {
         .collect()
 }
 
-const SUBCOMMANDS: &[&str] = &["run", "help"];
+const SUBCOMMANDS: &[&str] = &["run", "start", "stop", "help"];
 
 /// Inserts the default subcommand `run` when the command line names none, so that
 /// `hello -l 127.0.0.1:0` means `hello run -l 127.0.0.1:0` (and `hello --help` shows the
@@ -124,14 +133,65 @@ fn fmt_secs(d: Duration) -> String {
     }
 }
 
+fn env_opt(prefix: &str, id: &'static str) -> Arg {
+    Arg::new(id)
+        .long(id)
+        .env(format!("{prefix}_{}", id.to_ascii_uppercase().replace('-', "_")))
+}
+
+fn pid_file_arg(prefix: &str) -> Arg {
+    env_opt(prefix, "pid-file")
+        .value_name("PATH")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("Pid file, locked while the master runs (default with start: /run/NAME.pid as root, $XDG_RUNTIME_DIR/NAME.pid otherwise; none for a foreground run)")
+}
+
+fn grace_arg(prefix: &str, d: &Defaults) -> Arg {
+    env_opt(prefix, "grace-period")
+        .value_name("SECS")
+        .value_parser(secs)
+        .default_value(fmt_secs(d.grace_period))
+        .help("On stop, how long connections in progress may take to finish before their workers are killed")
+}
+
 /// The `run` subcommand with the standard options, defaults from `d`, and environment
 /// variables prefixed with `prefix`.
 pub(crate) fn run_command(prefix: &str, d: &Defaults) -> Command {
-    let env = |id: &str| format!("{prefix}_{}", id.to_ascii_uppercase().replace('-', "_"));
-    let opt = |id: &'static str, long: &'static str| Arg::new(id).long(long).env(env(long));
+    serve_args(Command::new("run"), prefix, d)
+        .about("Run the server in the foreground (the default subcommand)")
+        .arg(
+            Arg::new("daemon")
+                .short('d')
+                .long("daemon")
+                .action(ArgAction::SetTrue)
+                .help("Detach and run as a daemon, as `start` does"),
+        )
+}
+
+/// The `start` subcommand: `run --daemon`.
+pub(crate) fn start_command(prefix: &str, d: &Defaults) -> Command {
+    serve_args(Command::new("start"), prefix, d)
+        .about("Start the server as a daemon; returns 0 once it is ready, non-zero with the reason otherwise")
+}
+
+/// The `stop` subcommand.
+pub(crate) fn stop_command(prefix: &str, d: &Defaults) -> Command {
+    Command::new("stop")
+        .about("Stop the daemon named by the pid file and wait until it is gone (exit 0, also when it was not running)")
+        .arg(pid_file_arg(prefix))
+        .arg(
+            Arg::new("now")
+                .long("now")
+                .action(ArgAction::SetTrue)
+                .help("Stop at once: connections in progress are cut (a second stop signal)"),
+        )
+        .arg(grace_arg(prefix, d).help("The server's grace period: stop waits for it plus 10 s"))
+}
+
+fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
     let timeout_default = |t: Option<Duration>| t.map_or_else(|| "0".to_owned(), fmt_secs);
 
-    let mut listen = opt("listen", "listen")
+    let mut listen = env_opt(prefix, "listen")
         .short('l')
         .value_name("ADDR")
         .action(ArgAction::Append)
@@ -144,11 +204,9 @@ pub(crate) fn run_command(prefix: &str, d: &Defaults) -> Command {
         listen = listen.required(true);
     }
 
-    Command::new("run")
-        .about("Run the server in the foreground (the default subcommand)")
-        .arg(listen)
+    cmd.arg(listen)
         .arg(
-            opt("workers", "workers")
+            env_opt(prefix, "workers")
                 .short('w')
                 .value_name("N")
                 .value_parser(clap::value_parser!(u32).range(1..=65_536))
@@ -156,65 +214,85 @@ pub(crate) fn run_command(prefix: &str, d: &Defaults) -> Command {
                 .help("Number of worker processes (default: the number of CPUs, at least 2)"),
         )
         .arg(
-            opt("user", "user")
+            env_opt(prefix, "user")
                 .short('u')
                 .value_name("USER")
                 .help("Run workers as USER, with USER's groups (the master must start as root). Started as root without --user, workers run as nobody"),
         )
         .arg(
-            opt("group", "group")
+            env_opt(prefix, "group")
                 .short('g')
                 .value_name("GROUP")
                 .help("Run workers with GROUP as their only group (default: USER's primary and supplementary groups)"),
         )
         .arg(
-            opt("allow-root-workers", "allow-root-workers")
+            env_opt(prefix, "allow-root-workers")
                 .action(ArgAction::SetTrue)
                 .help("Let workers keep root privileges when the master runs as root and no --user is given"),
         )
         .arg(
-            opt("backlog", "backlog")
+            env_opt(prefix, "backlog")
                 .value_name("N")
                 .value_parser(clap::value_parser!(u32).range(1..))
                 .default_value(d.backlog.to_string())
                 .help("Listen backlog of each listener, clamped to net.core.somaxconn"),
         )
+        .arg(grace_arg(prefix, d))
         .arg(
-            opt("grace-period", "grace-period")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(fmt_secs(d.grace_period))
-                .help("On stop, how long connections in progress may take to finish before their workers are killed"),
-        )
-        .arg(
-            opt("read-timeout", "read-timeout")
+            env_opt(prefix, "read-timeout")
                 .value_name("SECS")
                 .value_parser(secs)
                 .default_value(timeout_default(d.read_timeout))
                 .help("Timeout of each read from a client (0: none); an expired timeout is a TimedOut error in the handler"),
         )
         .arg(
-            opt("write-timeout", "write-timeout")
+            env_opt(prefix, "write-timeout")
                 .value_name("SECS")
                 .value_parser(secs)
                 .default_value(timeout_default(d.write_timeout))
                 .help("Timeout of each write to a client (0: none)"),
         )
         .arg(
-            opt("log-level", "log-level")
+            env_opt(prefix, "log-level")
                 .value_name("LEVEL")
                 .value_parser(PossibleValuesParser::new(["error", "warn", "info", "debug", "trace"]).map(|s| s.parse::<Level>().expect("listed levels parse")))
                 .default_value(d.log_level.as_str().to_ascii_lowercase())
                 .help("Log level"),
         )
+        .arg(pid_file_arg(prefix))
+        .arg(
+            env_opt(prefix, "log-file")
+                .value_name("PATH")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("Write log lines to PATH (also in the foreground); USR1 reopens it (default with start: /var/log/NAME.log as root, $XDG_STATE_HOME/NAME.log otherwise; stderr for a foreground run)"),
+        )
+        .arg(
+            env_opt(prefix, "start-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(DEFAULT_START_TIMEOUT))
+                .help("With start: how long to wait for the server to be ready before giving up"),
+        )
 }
 
-/// The whole command line.
-pub(crate) fn command(name: &str, about: Option<&str>, run: Command) -> Command {
+/// The whole command line: `run` (with the program's own options merged in by `app`),
+/// `start` (likewise) and `stop`.
+pub(crate) fn command(
+    name: &str,
+    about: Option<&str>,
+    d: &Defaults,
+    app: impl Fn(Command) -> Command,
+) -> Command {
+    let prefix = env_prefix(name);
     let mut cmd = Command::new(name.to_owned())
         .subcommand_required(true)
-        .subcommand(run)
-        .after_help("Signals: TERM, INT or QUIT stop gracefully (a second one stops at once).");
+        .subcommand(app(run_command(&prefix, d)))
+        .subcommand(app(start_command(&prefix, d)))
+        .subcommand(stop_command(&prefix, d))
+        .after_help(
+            "Signals: TERM, INT or QUIT stop gracefully (a second one, a second later, stops at once); \
+             USR1 reopens the log file.",
+        );
     if let Some(about) = about {
         cmd = cmd.about(about.to_owned());
     }
@@ -243,6 +321,15 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         read_timeout: timeout(m, "read-timeout"),
         write_timeout: timeout(m, "write-timeout"),
         log_level: *m.get_one::<Level>("log-level").expect("has a default"),
+        daemon: m
+            .try_get_one::<bool>("daemon")
+            .ok()
+            .flatten()
+            .copied()
+            .unwrap_or(false),
+        pid_file: m.get_one::<PathBuf>("pid-file").cloned(),
+        log_file: m.get_one::<PathBuf>("log-file").cloned(),
+        start_timeout: *m.get_one::<Duration>("start-timeout").expect("has a default"),
     }
 }
 
@@ -251,7 +338,7 @@ mod tests {
     use super::*;
 
     fn parse(defaults: &Defaults, args: &[&str]) -> Result<Config, clap::Error> {
-        let cmd = command("hello", None, run_command("HELLO", defaults));
+        let cmd = command("hello", None, defaults, |c| c);
         let argv = with_default_subcommand(args.iter().map(OsString::from).collect());
         let m = cmd.try_get_matches_from(argv)?;
         Ok(config(m.subcommand_matches("run").unwrap()))
@@ -282,6 +369,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.listen.len(), 2);
         assert_eq!(c.read_timeout, None);
+        assert!(!c.daemon);
+        assert!(parse(&d, &["hello", "-d"]).unwrap().daemon);
     }
 
     #[test]

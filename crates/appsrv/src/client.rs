@@ -168,10 +168,13 @@ impl Client {
     }
 
     fn fill(&mut self) -> io::Result<()> {
+        // Empty the buffer first: if the read fails (a timeout the handler may retry), the
+        // bytes already consumed must not come back.
+        self.rpos = 0;
+        self.rend = 0;
         let mut rbuf = std::mem::take(&mut self.rbuf);
         let r = self.recv(&mut rbuf);
         self.rbuf = rbuf;
-        self.rpos = 0;
         self.rend = r?;
         Ok(())
     }

@@ -57,6 +57,30 @@ pub enum Error {
         /// Why it failed, as the worker reported it.
         reason: String,
     },
+    /// Another master holds the pid file.
+    #[error("already running as pid {pid} (pid file {})", pid_file.display())]
+    AlreadyRunning {
+        /// The running master's pid (0 if the file was still empty).
+        pid: i32,
+        /// The pid file.
+        pid_file: std::path::PathBuf,
+    },
+    /// The pid file could not be created, locked or written.
+    #[error("pid file {}: {source}", path.display())]
+    PidFile {
+        /// The pid file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The log file could not be opened.
+    #[error("log file {}: {source}", path.display())]
+    LogFile {
+        /// The log file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
     /// The master would have forked while other threads exist (see `docs/ARCHITECTURE.md`).
     #[error("refusing to fork: the process has {threads} threads, the master must have exactly one")]
     Threads {

@@ -33,6 +33,7 @@
 
 pub mod cli;
 mod client;
+mod daemon;
 mod error;
 mod handler;
 pub mod listener;

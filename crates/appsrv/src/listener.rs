@@ -174,6 +174,9 @@ pub(crate) struct Listener {
     /// For a Unix socket: the (device, inode) of the file we created, so that a clean stop
     /// removes our socket file and never one that another instance created since.
     unix_file: Option<(u64, u64)>,
+    /// Timeouts to set on each accepted connection, for listeners whose connections do not
+    /// inherit them (Unix sockets; TCP connections copy them from the listener).
+    per_connection: Option<(Option<Duration>, Option<Duration>)>,
 }
 
 impl Listener {
@@ -184,6 +187,15 @@ impl Listener {
 
     pub(crate) fn socket(&self) -> &Socket {
         &self.socket
+    }
+
+    /// Applies to a freshly accepted connection the options it did not inherit.
+    pub(crate) fn prepare(&self, conn: &Socket) -> io::Result<()> {
+        if let Some((read, write)) = self.per_connection {
+            conn.set_read_timeout(read)?;
+            conn.set_write_timeout(write)?;
+        }
+        Ok(())
     }
 
     /// Stops the listening socket for every process that shares it (master and workers):
@@ -280,6 +292,7 @@ fn bind_inet(sa: SocketAddr, backlog: u32, opts: &BindOptions) -> io::Result<Lis
         socket,
         local,
         unix_file: None,
+        per_connection: None,
     })
 }
 
@@ -292,12 +305,16 @@ fn bind_unix(path: &Path, mode: Option<u32>, backlog: u32, opts: &BindOptions) -
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     }
     socket.listen(backlog_int(backlog))?;
-    set_timeouts(&socket, opts)?;
     let meta = std::fs::symlink_metadata(path)?;
+    // Unlike TCP, an accepted Unix connection starts with default timeouts: they are set
+    // on each connection (tests/core.rs checks both kinds).
+    let per_connection = (opts.read_timeout.is_some() || opts.write_timeout.is_some())
+        .then_some((opts.read_timeout, opts.write_timeout));
     Ok(Listener {
         socket,
         local: Addr::Unix(Some(path.to_path_buf())),
         unix_file: Some((meta.dev(), meta.ino())),
+        per_connection,
     })
 }
 

@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{self, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
+use nix::unistd::{Gid, Pid};
 
 use crate::error::Error;
 use crate::listener::Listener;
@@ -38,6 +39,7 @@ pub(crate) struct Signals {
     int: Arc<AtomicBool>,
     quit: Arc<AtomicBool>,
     child: Arc<AtomicBool>,
+    reopen: Arc<AtomicBool>,
     other: Vec<(Signal, Arc<AtomicBool>)>,
 }
 
@@ -62,9 +64,9 @@ impl Signals {
         let int = flag(Signal::SIGINT)?;
         let quit = flag(Signal::SIGQUIT)?;
         let child = flag(Signal::SIGCHLD)?;
+        let reopen = flag(Signal::SIGUSR1)?;
         let other = [
             Signal::SIGHUP,
-            Signal::SIGUSR1,
             Signal::SIGUSR2,
             Signal::SIGTTIN,
             Signal::SIGTTOU,
@@ -80,6 +82,7 @@ impl Signals {
             int,
             quit,
             child,
+            reopen,
             other,
         })
     }
@@ -128,7 +131,7 @@ enum Phase {
 /// A stop signal that arrives within this time of the first counts as the same request: a
 /// signal sent to a pid and to its process group at once (as `timeout(1)` does, or a
 /// supervisor and a terminal together) reaches the master twice.
-const REPEAT_WINDOW: Duration = Duration::from_secs(1);
+pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct Worker {
@@ -144,6 +147,11 @@ struct Worker {
 pub(crate) struct Settings {
     pub(crate) policy: Policy,
     pub(crate) grace_period: Duration,
+    /// The log file to reopen on USR1, and the group to give the new file to (the
+    /// workers', so that they can reopen it too).
+    pub(crate) log_file: Option<(PathBuf, Option<Gid>)>,
+    /// Other descriptors of the master's that workers must close (pid file, readiness pipe).
+    pub(crate) master_fds: Vec<RawFd>,
 }
 
 /// The master's state.
@@ -184,9 +192,17 @@ impl<'a> Master<'a> {
 
     /// Runs the pool until it stops. Returns an error when the first workers cannot
     /// start; the pool is stopped before it returns.
-    pub(crate) fn run(mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
-        let result = self.run_loop(entry);
+    /// `on_ready` is called once, when the first workers have all reported ready.
+    pub(crate) fn run(mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<(), Error> {
+        let result = self.run_loop(entry, on_ready);
         if result.is_err() {
+            // From here on every exit is expected: no start-up error, no replacement.
+            let now = Instant::now();
+            self.phase = Phase::Stopping {
+                deadline: now,
+                killed: true,
+                since: now,
+            };
             self.kill_all(Signal::SIGKILL);
             while !self.workers.is_empty() {
                 if self.reap_blocking().is_err() {
@@ -200,7 +216,9 @@ impl<'a> Master<'a> {
         result
     }
 
-    fn run_loop(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
+    fn run_loop(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<(), Error> {
+        // At start-up a failed fork is fatal: better a clear error now than a server that
+        // limps along with part of its pool.
         for _ in 0..self.settings.policy.target() {
             self.spawn(entry)?;
         }
@@ -209,6 +227,9 @@ impl<'a> Master<'a> {
             self.signals.drain();
             if let Some(sig) = self.signals.take_stop() {
                 self.on_stop_signal(sig);
+            }
+            if self.signals.reopen.swap(false, Ordering::SeqCst) {
+                self.reopen_log();
             }
             for (sig, flag) in &self.signals.other {
                 if flag.swap(false, Ordering::SeqCst) {
@@ -226,10 +247,14 @@ impl<'a> Master<'a> {
             }
             match self.phase {
                 Phase::Starting => {
+                    // A worker that was ready and died meanwhile (a handler panic on the
+                    // very first connection) is replaced here too.
+                    self.maintain(entry)?;
                     let target = self.settings.policy.target();
                     if self.workers.values().filter(|w| w.ready).count() >= target {
                         self.phase = Phase::Running;
                         tracing::info!(workers = target, "ready");
+                        on_ready();
                     }
                 }
                 Phase::Running => self.maintain(entry)?,
@@ -269,15 +294,25 @@ impl<'a> Master<'a> {
                 killed: false,
                 ..
             } => Some(deadline),
-            Phase::Stopping { .. } | Phase::Starting => None,
-            Phase::Running => {
+            Phase::Stopping { .. } => None,
+            Phase::Starting | Phase::Running => {
                 let spawn_at = (self.workers.len() < self.settings.policy.target())
                     .then(|| self.backoff.not_before())
                     .flatten();
+                // While failures are counted, wake when a ready worker has survived its
+                // start, to reset the back-off. Only future times: a past one would make
+                // every poll return at once.
                 let survivor_check = self
                     .backoff
                     .active()
-                    .then(|| self.workers.values().map(|w| w.spawned + pool::EARLY_DEATH).min())
+                    .then(|| {
+                        self.workers
+                            .values()
+                            .filter(|w| w.ready)
+                            .map(|w| w.spawned + pool::EARLY_DEATH)
+                            .filter(|t| *t > now)
+                            .min()
+                    })
                     .flatten();
                 [spawn_at, survivor_check].into_iter().flatten().min()
             }
@@ -453,7 +488,13 @@ impl<'a> Master<'a> {
             tracing::info!("workers are starting normally again");
         }
         while self.workers.len() < self.settings.policy.target() && self.backoff.may_spawn(now) {
-            self.spawn(entry)?;
+            if let Err(e) = self.spawn(entry) {
+                // Out of processes or memory: keep serving with the workers we have and
+                // retry with the crash-loop back-off rather than give up the server.
+                let delay = self.backoff.spawn_failed(now);
+                tracing::error!("cannot start a worker: {e}; retrying in {delay:?}");
+                break;
+            }
             if self.backoff.active() {
                 break; // one at a time while failures are being counted
             }
@@ -471,12 +512,13 @@ impl<'a> Master<'a> {
             .iter()
             .copied()
             .chain([self.channel.read_fd()])
+            .chain(self.settings.master_fds.iter().copied())
             .collect();
         let _ = io::stdout().flush();
         // SAFETY: the master is single-threaded for its whole life (it starts no thread and
         // uses no crate that does; `sys::fork` checks); the log writer is unbuffered and
         // stdout was flushed above; the child runs `entry`, which ends in `_exit`.
-        let pid = unsafe { sys::fork(|| entry(id, &master_fds)) }?;
+        let pid = unsafe { sys::fork_child(|| entry(id, &master_fds)) }?;
         tracing::debug!("started worker {id} (pid {pid})");
         self.workers.insert(
             pid,
@@ -488,6 +530,26 @@ impl<'a> Master<'a> {
             },
         );
         Ok(())
+    }
+
+    /// USR1: reopens the log file (after logrotate moved it away), then asks the workers
+    /// to do the same; they reopen it by path between connections.
+    fn reopen_log(&mut self) {
+        let Some((path, gid)) = &self.settings.log_file else {
+            tracing::info!("SIGUSR1 received: no log file to reopen (logging to stderr)");
+            return;
+        };
+        match crate::daemon::open_log(path, *gid)
+            .and_then(|f| crate::daemon::redirect_stderr(&f).map_err(|e| Error::sys("redirecting stderr", e)))
+        {
+            Ok(()) => {
+                tracing::info!("SIGUSR1 received: reopened the log file {}", path.display());
+                self.kill_all(Signal::SIGUSR1);
+            }
+            Err(e) => tracing::error!(
+                "SIGUSR1 received: cannot reopen the log file: {e}; still logging to the old one"
+            ),
+        }
     }
 
     fn kill_all(&self, sig: Signal) {

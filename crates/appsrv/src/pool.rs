@@ -73,6 +73,15 @@ impl Backoff {
         }
     }
 
+    /// Records a failed fork: unlike a death, the next attempt always waits.
+    pub(crate) fn spawn_failed(&mut self, now: Instant) -> Duration {
+        self.consecutive = self.consecutive.max(1);
+        match self.record(true, now) {
+            Verdict::BackOffStarted { delay, .. } | Verdict::BackOff { delay, .. } => delay,
+            Verdict::Replace => FIRST_DELAY, // not reached: two failures in a row back off
+        }
+    }
+
     /// Forgets past failures: a worker survived its start.
     pub(crate) fn reset(&mut self) -> bool {
         let was = self.consecutive > 0;

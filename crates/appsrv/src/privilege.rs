@@ -154,6 +154,18 @@ pub(crate) fn drop_to(creds: &Credentials) -> Result<(), String> {
             "credentials not as expected after the drop: uid {r:?}, gid {g:?}"
         ));
     }
+    let raw = |g: &[Gid]| g.iter().map(|g| g.as_raw()).collect::<Vec<_>>();
+    let mut have = raw(&unistd::getgroups().map_err(|e| step("getgroups", e))?);
+    let mut want = raw(&creds.groups);
+    have.sort();
+    have.dedup();
+    want.sort();
+    want.dedup();
+    if have != want {
+        return Err(format!(
+            "supplementary groups not as expected after the drop: {have:?}"
+        ));
+    }
     if !creds.uid.is_root()
         && (unistd::setuid(Uid::from_raw(0)).is_ok() || unistd::seteuid(Uid::from_raw(0)).is_ok())
     {

@@ -9,7 +9,10 @@ use clap::{ArgMatches, FromArgMatches};
 use nix::unistd::Pid;
 use tracing::Level;
 
+use std::path::PathBuf;
+
 use crate::cli::{self, Config, Defaults};
+use crate::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, WorkerInfo};
 use crate::listener::{self, BindOptions, Listener};
@@ -172,18 +175,24 @@ impl Server {
     /// let mut server = appsrv::Server::new("files").listen("127.0.0.1:8080");
     /// let opts: Opts = server.args();
     /// ```
+    ///
+    /// The options belong to `run` and `start`; for `stop`, `A`'s defaults are returned.
     pub fn args<A: clap::Args + FromArgMatches>(&mut self) -> A {
         let cmd = self.command(A::augment_args);
         let matches = cmd.get_matches_from(cli::with_default_subcommand(self.args.clone()));
-        let run = matches.subcommand_matches("run").cloned().unwrap_or_default();
-        let parsed = A::from_arg_matches(&run).unwrap_or_else(|e| e.exit());
+        let parsed = match matches.subcommand() {
+            Some(("run" | "start", m)) => A::from_arg_matches(m),
+            _ => A::from_arg_matches(
+                &A::augment_args(clap::Command::new("defaults")).get_matches_from(["defaults"]),
+            ),
+        }
+        .unwrap_or_else(|e| e.exit());
         self.matches = Some(matches);
         parsed
     }
 
-    fn command(&self, app: impl FnOnce(clap::Command) -> clap::Command) -> clap::Command {
-        let run = app(cli::run_command(&cli::env_prefix(&self.name), &self.defaults));
-        cli::command(&self.name, self.about.as_deref(), run)
+    fn command(&self, app: impl Fn(clap::Command) -> clap::Command) -> clap::Command {
+        cli::command(&self.name, self.about.as_deref(), &self.defaults, app)
     }
 
     /// Runs the server: parses the command line (unless [`args`](Server::args) did),
@@ -205,11 +214,36 @@ impl Server {
                 .command(|c| c)
                 .get_matches_from(cli::with_default_subcommand(self.args.clone())),
         };
-        let run = matches
-            .subcommand_matches("run")
-            .ok_or_else(|| Error::Config("no subcommand".into()))?;
-        let config = cli::config(run);
+        let mut config = match matches.subcommand() {
+            Some(("run", m)) => cli::config(m),
+            Some(("start", m)) => {
+                let mut c = cli::config(m);
+                c.daemon = true;
+                c
+            }
+            Some(("stop", m)) => std::process::exit(daemon::stop_command(
+                &self.name,
+                m.get_one::<PathBuf>("pid-file").cloned(),
+                m.get_flag("now"),
+                *m.get_one::<Duration>("grace-period").expect("has a default"),
+            )),
+            _ => return Err(Error::Config("no subcommand".into())),
+        };
         crate::log::init(&self.name, config.log_level);
+        if config.daemon {
+            config.pid_file = config.pid_file.or_else(|| daemon::default_pid_file(&self.name));
+            if config.pid_file.is_none() {
+                return Err(Error::Config(
+                    "no default pid file location: set --pid-file or XDG_RUNTIME_DIR".into(),
+                ));
+            }
+            config.log_file = config.log_file.or_else(|| daemon::default_log_file(&self.name));
+            if config.log_file.is_none() {
+                return Err(Error::Config(
+                    "no default log file location: set --log-file or HOME".into(),
+                ));
+            }
+        }
         let mut start_hook = self.start_hook.take();
         start(&config, &mut |setup| {
             worker::run(setup, &mut start_hook, &mut factory)
@@ -217,21 +251,79 @@ impl Server {
     }
 }
 
-/// The master's start-up: resolve users, bind, install signal handlers, then supervise.
+/// The master's start-up: resolve users, claim the pid file, bind, open the log file (all
+/// of which report errors on the terminal), detach if asked, publish the pid, install
+/// signal handlers, then supervise.
 fn start(config: &Config, entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible) -> Result<()> {
     let (plan, warning) = privilege::resolve(
         config.user.as_deref(),
         config.group.as_deref(),
         config.allow_root_workers,
     )?;
+    let claim = config.pid_file.as_deref().map(PidClaim::acquire).transpose()?;
     let listeners = bind_all(config)?;
-    for l in &listeners {
+    let log_file = match &config.log_file {
+        Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
+        None => None,
+    };
+    let mut readiness = match (&log_file, config.daemon) {
+        (Some(log), true) => daemon::daemonize(log, config.start_timeout)?,
+        (Some(log), false) => {
+            daemon::redirect_stderr(log).map_err(|e| Error::sys("redirecting stderr to the log file", e))?;
+            Readiness::none()
+        }
+        (None, _) => Readiness::none(),
+    };
+    drop(log_file); // stderr holds it now
+    let result = serve(config, &plan, warning, claim, &listeners, &mut readiness, entry);
+    if let Err(e) = &result {
+        readiness.failed(&e.to_string());
+    }
+    result
+}
+
+/// The master's life once detached.
+fn serve(
+    config: &Config,
+    plan: &Plan,
+    warning: Option<String>,
+    claim: Option<PidClaim>,
+    listeners: &[Listener],
+    readiness: &mut Readiness,
+    entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
+) -> Result<()> {
+    let pid_file = claim.map(|c| c.commit(Pid::this())).transpose()?;
+    let result = supervise(
+        config,
+        plan,
+        warning,
+        listeners,
+        pid_file.as_ref(),
+        readiness,
+        entry,
+    );
+    if let Some(p) = &pid_file {
+        p.remove();
+    }
+    result
+}
+
+fn supervise(
+    config: &Config,
+    plan: &Plan,
+    warning: Option<String>,
+    listeners: &[Listener],
+    pid_file: Option<&PidFile>,
+    readiness: &mut Readiness,
+    entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
+) -> Result<()> {
+    for l in listeners {
         tracing::info!("listening on {}", l.local_addr());
     }
     if let Some(w) = warning {
         tracing::warn!("{w}");
     }
-    if let Plan::Drop(c) = &plan {
+    if let Plan::Drop(c) = plan {
         tracing::info!(
             "workers will run as user {} (uid {}, gid {})",
             c.user,
@@ -244,19 +336,34 @@ fn start(config: &Config, entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible
     let settings = Settings {
         policy: Policy::Static(config.workers),
         grace_period: config.grace_period,
+        log_file: config.log_file.clone().map(|p| (p, plan_gid(plan))),
+        master_fds: pid_file
+            .map(PidFile::raw_fd)
+            .into_iter()
+            .chain(readiness.raw_fd())
+            .collect(),
     };
     let master_pid = Pid::this();
+    let log_path = config.log_file.as_deref();
     let mut spawn = |id: u32, master_fds: &[RawFd]| -> Infallible {
         entry(worker::Setup {
             id,
             master: master_pid,
-            listeners: &listeners,
-            plan: &plan,
+            listeners,
+            plan,
             channel: &channel,
             master_fds,
+            log_path,
         })
     };
-    Master::new(settings, &listeners, &channel, signals).run(&mut spawn)
+    Master::new(settings, listeners, &channel, signals).run(&mut spawn, &mut || readiness.ready())
+}
+
+fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {
+    match plan {
+        Plan::Drop(c) => Some(c.gid),
+        Plan::Keep => None,
+    }
 }
 
 fn bind_all(config: &Config) -> Result<Vec<Listener>> {

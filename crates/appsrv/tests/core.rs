@@ -114,7 +114,68 @@ fn a_failing_factory_stops_the_server_with_its_error() {
         log.contains("Error: worker") && log.contains("database unavailable (testbed --fail-factory)"),
         "the error reaches the terminal:\n{log}"
     );
+    assert_eq!(
+        log.matches("; stopping").count(),
+        1,
+        "one error, not one per worker:\n{log}"
+    );
     assert!(!group_alive(server.pid()), "nothing is left running");
+}
+
+#[test]
+fn read_timeouts_apply_to_tcp_and_unix_connections() {
+    let path = socket_path("timeouts");
+    let unix = format!("unix:{path}");
+    let server = Server::start(
+        "testbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-l",
+            &unix,
+            "-w",
+            "2",
+            "--read-timeout",
+            "0.5",
+        ],
+    );
+    let mut t = LineClient::tcp(server.tcp_addr());
+    let mut u = LineClient::unix(&path);
+    t.testbed_pid();
+    u.testbed_pid();
+    // Both stay silent: the server must time them out (TCP connections inherit the
+    // listener's timeout, Unix ones get it set on accept), not wait for ever.
+    assert_eq!(t.rest().unwrap(), "", "idle TCP client closed");
+    assert_eq!(u.rest().unwrap(), "", "idle Unix client closed");
+    server.wait_for_nth_log("timed out waiting for the peer", 2);
+}
+
+#[test]
+fn a_read_that_timed_out_does_not_replay_old_input() {
+    let server = testbed(2, &["--read-timeout", "0.3"]);
+    let mut c = LineClient::tcp(server.tcp_addr());
+    c.testbed_pid();
+    assert_eq!(c.ask("tolerate-timeouts"), "ok");
+    assert_eq!(c.ask("first"), "first");
+    assert_eq!(c.line(), "timeout", "the handler saw the timeout");
+    assert_eq!(
+        c.ask("second"),
+        "second",
+        "and then new input, not \"first\" again"
+    );
+}
+
+#[test]
+fn a_server_with_several_listeners_stops_cleanly() {
+    let path = socket_path("multi-stop");
+    let mut server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-l", &format!("unix:{path}"), "-w", "2"],
+    );
+    let workers = server.worker_pids();
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().success());
+    assert!(wait_until(|| workers.iter().all(|p| !alive(*p)).then_some(())).is_some());
 }
 
 #[test]

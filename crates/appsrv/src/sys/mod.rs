@@ -6,6 +6,7 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -31,41 +32,86 @@ pub(crate) fn thread_count() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
-/// Forks a child process that runs `child` and never returns into the caller.
+/// Which side of a fork this process is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forked {
+    /// The original process; the child has this pid.
+    Parent(Pid),
+    /// The new process.
+    Child,
+}
+
+/// Forks the process. The one place in appsrv that calls `fork(2)`.
 ///
-/// The parent gets the child's pid. In the child, `child` runs inside `catch_unwind`; it
-/// must end the process itself (it returns `Infallible`, the stable spelling of `!`), and if it panics instead the child exits
-/// at once with [`exit::PANIC`] through `_exit`, so no destructor or `atexit` handler of
-/// the parent's objects ever runs in the child.
-///
-/// Refuses to fork with [`Error::Threads`] when the process has more than one thread:
-/// after `fork` only the calling thread exists in the child, and any lock another thread
-/// held (the allocator's, a logger's, stdio's) would stay locked forever.
+/// Refuses with [`Error::Threads`] when the process has more than one thread: after
+/// `fork` only the calling thread exists in the child, and any lock another thread held
+/// (the allocator's, a logger's, stdio's) would stay locked forever.
 ///
 /// # Safety
 ///
-/// The caller must ensure that no other thread can be started between the thread check and
-/// the `fork` call (the master never starts threads), that buffered output it cares about
-/// (logs, stdout) has been flushed, so that the child does not write it a second time,
-/// and that `child` does not rely on any state of the parent that fork does not copy
-/// faithfully (other threads, file locks, timers).
-pub(crate) unsafe fn fork<F: FnOnce() -> Infallible>(child: F) -> Result<Pid, Error> {
+/// The caller must ensure that:
+/// - no other thread can be started between the thread check and the `fork` call (the
+///   master never starts threads);
+/// - buffered output it cares about (logs, stdout) has been flushed, so that the child
+///   does not write it a second time;
+/// - in the child, it does not rely on state that fork does not copy faithfully (other
+///   threads, file locks taken with `fcntl`, timers), and, unless the child is meant to
+///   carry on as the program (the daemon's fork), it never returns into code that assumes
+///   it runs in the parent: it ends with [`exit_now`], so that no destructor of the
+///   parent's objects runs twice (see [`fork_child`]).
+pub(crate) unsafe fn fork() -> Result<Forked, Error> {
     let threads = thread_count().map_err(|e| Error::sys("counting threads", e))?;
     if threads != 1 {
         return Err(Error::Threads { threads });
     }
     // SAFETY: the process has a single thread (checked just above, and the caller promises
-    // none is started meanwhile), so the child inherits no lock held by another thread.
+    // none is started meanwhile), so the child inherits no lock held by another thread;
+    // the caller upholds the rest of the contract.
     match unsafe { nix::unistd::fork() } {
-        Ok(ForkResult::Parent { child }) => Ok(child),
-        Ok(ForkResult::Child) => {
+        Ok(ForkResult::Parent { child }) => Ok(Forked::Parent(child)),
+        Ok(ForkResult::Child) => Ok(Forked::Child),
+        Err(errno) => Err(Error::sys("fork", errno)),
+    }
+}
+
+/// Forks a child process that runs `child` and never returns into the caller; the parent
+/// gets the child's pid.
+///
+/// In the child, `child` runs inside `catch_unwind`; it must end the process itself (it
+/// returns `Infallible`, the stable spelling of `!`), and if it panics instead the child
+/// exits at once with [`exit::PANIC`] through `_exit`, so no destructor or `atexit`
+/// handler of the parent's objects ever runs in the child.
+///
+/// # Safety
+///
+/// As for [`fork`], except the last point, which this function guarantees. The child
+/// starts with every signal blocked; `child` must set its handlers and unblock them.
+pub(crate) unsafe fn fork_child<F: FnOnce() -> Infallible>(child: F) -> Result<Pid, Error> {
+    // Block every signal across the fork: until the child has installed its own handlers,
+    // a signal would run the parent's (the master's flag-and-pipe handlers) in the child
+    // and be lost to it. Blocked, it stays pending and reaches the child's handler when
+    // the child unblocks (see `install_worker_signals`); the parent restores its mask.
+    let mut old = SigSet::empty();
+    signal::sigprocmask(
+        signal::SigmaskHow::SIG_SETMASK,
+        Some(&SigSet::all()),
+        Some(&mut old),
+    )
+    .map_err(|e| Error::sys("blocking signals", e))?;
+    // SAFETY: the caller upholds `fork`'s contract; the child side never returns below.
+    let forked = unsafe { fork() };
+    if !matches!(forked, Ok(Forked::Child)) {
+        let _ = signal::sigprocmask(signal::SigmaskHow::SIG_SETMASK, Some(&old), None);
+    }
+    match forked? {
+        Forked::Parent(pid) => Ok(pid),
+        Forked::Child => {
             // A panic must not unwind into the parent's stack frames, which the child
             // shares by copy: it would run the parent's destructors and return into the
             // master's loop inside a worker.
             let _ = panic::catch_unwind(AssertUnwindSafe(child));
             exit_now(exit::PANIC)
         }
-        Err(errno) => Err(Error::sys("fork", errno)),
     }
 }
 
@@ -89,6 +135,29 @@ pub(crate) unsafe fn close_inherited(fds: &[std::os::fd::RawFd]) {
     }
 }
 
+/// Takes an advisory lock on the whole file, without waiting: `Ok(false)` when another
+/// open file description holds a conflicting lock.
+///
+/// A `flock` lock belongs to the open file description: it is shared by every process
+/// that inherited the descriptor and released only when the last copy is closed (never by
+/// a forked child closing its copy's duplicate alone), which is what lets the daemon's
+/// original process take the lock and the daemon keep it.
+pub(crate) fn try_lock(fd: BorrowedFd<'_>, exclusive: bool) -> io::Result<bool> {
+    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+    loop {
+        // SAFETY: flock(2) on a valid borrowed descriptor has no memory-safety requirements.
+        if unsafe { libc::flock(fd.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
 /// Set by the worker's handler for TERM, INT and QUIT.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -97,7 +166,19 @@ extern "C" fn on_stop_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
+/// Set by the worker's handler for USR1 (reopen the log file).
+static REOPEN: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_reopen_signal(_: libc::c_int) {
+    REOPEN.store(true, Ordering::SeqCst);
+}
+
 extern "C" fn on_ignored_signal(_: libc::c_int) {}
+
+/// Whether USR1 arrived since the last call (the flag is cleared).
+pub(crate) fn take_reopen_request() -> bool {
+    REOPEN.swap(false, Ordering::SeqCst)
+}
 
 /// Whether the worker was asked to stop (TERM, INT or QUIT arrived).
 pub(crate) fn stop_requested() -> bool {
@@ -108,13 +189,16 @@ pub(crate) fn stop_requested() -> bool {
 ///
 /// - TERM, INT and QUIT set the stop flag. They are installed *without* `SA_RESTART`, so a
 ///   worker blocked in `accept` or `read` gets `EINTR` and notices the stop.
-/// - HUP, USR1, USR2, WINCH, TTIN and TTOU are caught by a handler that does nothing
+/// - USR1 sets the reopen flag (the log file is reopened between connections), also
+///   without `SA_RESTART`, so that an idle worker reopens at once.
+/// - HUP, USR2, WINCH, TTIN and TTOU are caught by a handler that does nothing
 ///   (rather than ignored), so that a worker survives the signals meant for its master
 ///   when they reach the whole process group, and commands the worker spawns still start
 ///   with default dispositions (exec resets caught signals, not ignored ones).
 /// - CHLD goes back to its default; PIPE stays ignored, so a write to a closed connection
 ///   is an `EPIPE` error rather than a silent death (std resets it for spawned commands).
-/// - The signal mask is emptied.
+/// - The signal mask is emptied (the master blocked every signal across the fork), so a
+///   stop signal sent while the worker was starting is delivered now, to these handlers.
 pub(crate) fn install_worker_signals() -> io::Result<()> {
     let stop = SigAction::new(
         SigHandler::Handler(on_stop_signal),
@@ -126,6 +210,11 @@ pub(crate) fn install_worker_signals() -> io::Result<()> {
         SaFlags::SA_RESTART,
         SigSet::empty(),
     );
+    let reopen = SigAction::new(
+        SigHandler::Handler(on_reopen_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
     let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
     let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
     let table = [
@@ -133,7 +222,7 @@ pub(crate) fn install_worker_signals() -> io::Result<()> {
         (Signal::SIGINT, &stop),
         (Signal::SIGQUIT, &stop),
         (Signal::SIGHUP, &noop),
-        (Signal::SIGUSR1, &noop),
+        (Signal::SIGUSR1, &reopen),
         (Signal::SIGUSR2, &noop),
         (Signal::SIGWINCH, &noop),
         (Signal::SIGTTIN, &noop),
@@ -183,7 +272,7 @@ mod tests {
         });
         // SAFETY: the call must refuse before forking; if it did fork, the child exits at
         // once without touching anything of the test process.
-        let r = unsafe { fork(|| exit_now(0)) };
+        let r = unsafe { fork_child(|| exit_now(0)) };
         drop(tx);
         t.join().unwrap();
         match r {

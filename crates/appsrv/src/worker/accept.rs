@@ -32,6 +32,8 @@ pub(crate) enum Accepted {
     Connection(Socket, SockAddr),
     /// The worker was asked to stop, or the listeners were shut down.
     Stop,
+    /// USR1 arrived: reopen the log file, then wait again.
+    Reopen,
 }
 
 #[derive(Debug)]
@@ -67,12 +69,18 @@ impl<'a> Acceptor<'a> {
             if sys::stop_requested() {
                 return Accepted::Stop;
             }
+            if sys::take_reopen_request() {
+                return Accepted::Reopen;
+            }
             let index = match &self.epoll {
                 None => 0,
                 Some(ep) => {
                     let mut events = [EpollEvent::empty()];
                     match ep.wait(&mut events, EpollTimeout::NONE) {
                         Ok(0) => continue,
+                        // A listener shut down by the master (stop) reports HUP; a
+                        // non-blocking Unix listener would then answer EAGAIN forever.
+                        Ok(_) if events[0].events().contains(EpollFlags::EPOLLHUP) => return Accepted::Stop,
                         Ok(_) => events[0].data() as usize,
                         Err(Errno::EINTR) => continue,
                         Err(e) => {
@@ -87,6 +95,13 @@ impl<'a> Acceptor<'a> {
                 Ok((socket, peer)) => {
                     if let Some(e) = self.episode.take() {
                         tracing::info!("accepting again after {}", e.desc());
+                    }
+                    if let Err(e) = listener.prepare(&socket) {
+                        tracing::warn!(
+                            "setting up a connection on {}: {e}; closing it",
+                            listener.local_addr()
+                        );
+                        continue;
                     }
                     return Accepted::Connection(socket, peer);
                 }

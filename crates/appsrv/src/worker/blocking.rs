@@ -13,8 +13,13 @@ use crate::sys::{self, exit};
 
 use super::accept::{Accepted, Acceptor};
 
-/// Serves connections until a stop; returns the worker's exit status.
-pub(crate) fn serve<H: Handler>(listeners: &[Listener], handler: &mut H) -> i32 {
+/// Serves connections until a stop; returns the worker's exit status. `reopen_log` runs
+/// between connections after a USR1.
+pub(crate) fn serve<H: Handler>(
+    listeners: &[Listener],
+    handler: &mut H,
+    reopen_log: &mut dyn FnMut(),
+) -> i32 {
     let mut acceptor = match Acceptor::new(listeners) {
         Ok(a) => a,
         Err(e) => {
@@ -27,8 +32,16 @@ pub(crate) fn serve<H: Handler>(listeners: &[Listener], handler: &mut H) -> i32 
         let (socket, peer) = match acceptor.accept() {
             Accepted::Connection(s, p) => (s, p),
             Accepted::Stop => return exit::OK,
+            Accepted::Reopen => {
+                reopen_log();
+                continue;
+            }
         };
+        if sys::take_reopen_request() {
+            reopen_log();
+        }
         let peer = Addr::from_sockaddr(&peer);
+        tracing::debug!("serving {peer}");
         let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.handle_client(&mut client)));
         let peer = client.peer_addr();

@@ -19,6 +19,7 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::os::fd::RawFd;
 use std::panic::{self, AssertUnwindSafe};
+use std::path::Path;
 
 use nix::unistd::Pid;
 
@@ -39,6 +40,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) channel: &'a Channel,
     /// Descriptors of the master's own that the worker closes.
     pub(crate) master_fds: &'a [RawFd],
+    /// The log file to reopen on USR1.
+    pub(crate) log_path: Option<&'a Path>,
 }
 
 /// The type of a start hook.
@@ -96,7 +99,8 @@ where
     }
     tracing::debug!("ready");
 
-    let code = blocking::serve(setup.listeners, &mut handler);
+    let log_path = setup.log_path;
+    let code = blocking::serve(setup.listeners, &mut handler, &mut || reopen_log(log_path));
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
             tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
@@ -104,6 +108,18 @@ where
         tracing::debug!("stopped");
     }
     sys::exit_now(code)
+}
+
+/// Reopens the log file by path (after USR1), as the worker's stderr.
+fn reopen_log(path: Option<&Path>) {
+    let Some(path) = path else { return };
+    match crate::daemon::open_log(path, None) {
+        Ok(f) => match crate::daemon::redirect_stderr(&f) {
+            Ok(()) => tracing::info!("reopened the log file {}", path.display()),
+            Err(e) => tracing::error!("cannot reopen the log file: {e}"),
+        },
+        Err(e) => tracing::error!("cannot reopen the log file: {e}; still logging to the old one"),
+    }
 }
 
 thread_local! {

@@ -3,7 +3,9 @@
 //! Each connection gets one line `pid PID` (the worker's pid), then every line the client
 //! sends is echoed back, except:
 //! - `panic`: the handler panics;
-//! - `sleep SECS`: the handler waits SECS seconds, then answers `slept`.
+//! - `sleep SECS`: the handler waits SECS seconds, then answers `slept`;
+//! - `tolerate-timeouts`: answers `ok`; from then on a read timeout is answered with a
+//!   `timeout` line and the handler reads again, instead of ending the connection.
 //!
 //! `--fail-factory` makes every worker's factory fail; `--crash-if-exists PATH` makes a
 //! starting worker exit with status 3 while PATH exists.
@@ -27,13 +29,24 @@ impl appsrv::Handler for Testbed {
     fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
         writeln!(client, "pid {}", std::process::id())?;
         let mut line = String::new();
+        let mut tolerate_timeouts = false;
         loop {
             line.clear();
-            if client.read_line(&mut line)? == 0 {
-                return Ok(());
+            match client.read_line(&mut line) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(e) if tolerate_timeouts && e.kind() == io::ErrorKind::TimedOut => {
+                    writeln!(client, "timeout")?;
+                    continue;
+                }
+                Err(e) => return Err(e),
             }
             match line.trim_end() {
                 "panic" => panic!("testbed: panic requested by the client"),
+                "tolerate-timeouts" => {
+                    tolerate_timeouts = true;
+                    writeln!(client, "ok")?;
+                }
                 cmd if cmd.starts_with("sleep ") => {
                     let secs: f64 = cmd[6..].parse().unwrap_or(1.0);
                     std::thread::sleep(Duration::from_secs_f64(secs));

@@ -1,0 +1,482 @@
+//! Daemon mode: the pid file, the log file, and detaching from the terminal with a
+//! readiness pipe.
+//!
+//! `start` (≡ `run --daemon`) does, in the original process: take the pid file's lock (a
+//! second instance stops here, naming the running pid), bind the listeners, open the log
+//! file; then detaches (fork, `setsid`, fork, `umask`, `chdir /`, stdio to `/dev/null` and
+//! the log file) and waits on a pipe until the daemon reports `ready` (exit 0) or a failure
+//! (exit 1 with the reason on the terminal), or the start timeout passes.
+//!
+//! # The pid file
+//!
+//! The file holds the master's pid and a `flock` lock for the master's whole life. A
+//! reader that can take the lock knows the file is stale. The file is written atomically:
+//! the new master writes and locks a temporary file, then renames it over the path, so a
+//! reader sees either the old complete file or the new one, never an empty one. The rename
+//! is also the hand-over a binary upgrade needs: a new master can publish its pid while
+//! the old one still holds the lock on the old file, with no moment at which `stop` finds
+//! no live pid.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+use nix::unistd::{Gid, Pid};
+
+use crate::error::Error;
+use crate::sys::{self, Forked};
+
+/// The default pid file: `/run/NAME.pid` as root, `$XDG_RUNTIME_DIR/NAME.pid` otherwise.
+pub(crate) fn default_pid_file(name: &str) -> Option<PathBuf> {
+    if nix::unistd::Uid::effective().is_root() {
+        Some(PathBuf::from(format!("/run/{name}.pid")))
+    } else {
+        std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(&d).join(format!("{name}.pid")))
+    }
+}
+
+/// The default log file of a daemon started without `--log-file`: `/var/log/NAME.log` as
+/// root, `$XDG_STATE_HOME/NAME.log` (or `~/.local/state/NAME.log`) otherwise.
+pub(crate) fn default_log_file(name: &str) -> Option<PathBuf> {
+    if nix::unistd::Uid::effective().is_root() {
+        return Some(PathBuf::from(format!("/var/log/{name}.log")));
+    }
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/state")))?;
+    Some(state.join(format!("{name}.log")))
+}
+
+/// Reads the pid written in a pid file.
+fn read_pid(file: &mut File) -> Option<i32> {
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    text.trim().parse().ok().filter(|p| *p > 0)
+}
+
+/// A claim on the pid file's path, taken before the listeners are bound: the lock on the
+/// file currently at the path (a stale one, or a new empty one).
+#[derive(Debug)]
+pub(crate) struct PidClaim {
+    path: PathBuf,
+    current: File,
+}
+
+/// The pid file of a running master.
+#[derive(Debug)]
+pub(crate) struct PidFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl PidClaim {
+    /// Claims `path`, or fails with [`Error::AlreadyRunning`] naming the live master.
+    pub(crate) fn acquire(path: &Path) -> Result<PidClaim, Error> {
+        let err = |source: io::Error| Error::PidFile {
+            path: path.to_owned(),
+            source,
+        };
+        loop {
+            let mut current = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o644)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+                .map_err(err)?;
+            if !sys::try_lock(current.as_fd(), true).map_err(err)? {
+                let pid = read_pid(&mut current);
+                return Err(Error::AlreadyRunning {
+                    pid: pid.unwrap_or(0),
+                    pid_file: path.to_owned(),
+                });
+            }
+            // The file we locked may have been replaced between open and lock (another
+            // master published its own): then our lock protects nothing; try again.
+            let ours = current.metadata().map_err(err)?;
+            match std::fs::metadata(path) {
+                Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => {
+                    return Ok(PidClaim {
+                        path: path.to_owned(),
+                        current,
+                    });
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(err(e)),
+            }
+        }
+    }
+
+    /// Publishes `pid`: writes and locks a new file, renames it over the path, then lets
+    /// go of the old one.
+    pub(crate) fn commit(self, pid: Pid) -> Result<PidFile, Error> {
+        let err = |source: io::Error| Error::PidFile {
+            path: self.path.clone(),
+            source,
+        };
+        let tmp = self.path.with_extension(format!("pid.{pid}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(err)?;
+        let published = (|| {
+            if !sys::try_lock(file.as_fd(), true)? {
+                return Err(io::Error::other("the new pid file is locked by another process"));
+            }
+            writeln!(file, "{pid}")?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &self.path)
+        })();
+        if let Err(e) = published {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(err(e));
+        }
+        drop(self.current);
+        Ok(PidFile {
+            path: self.path,
+            file,
+        })
+    }
+}
+
+impl PidFile {
+    /// The descriptor holding the lock, for workers to close (they must not keep the lock
+    /// alive after their master is gone).
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Removes the file on a clean stop, if the path still names our file (an upgraded
+    /// master may have published its own since).
+    pub(crate) fn remove(&self) {
+        if let (Ok(ours), Ok(now)) = (self.file.metadata(), std::fs::metadata(&self.path)) {
+            if (ours.dev(), ours.ino()) == (now.dev(), now.ino()) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// What `stop` finds at a pid file.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Running {
+    /// No pid file.
+    No,
+    /// A pid file nobody holds (its master died without cleaning up).
+    Stale(Option<i32>),
+    /// A live master.
+    Yes(i32),
+}
+
+/// Looks at a pid file without taking it over.
+pub(crate) fn running(path: &Path) -> io::Result<Running> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Running::No),
+        Err(e) => return Err(e),
+    };
+    let pid = read_pid(&mut file);
+    // A shared lock conflicts with the master's exclusive one and is dropped with `file`.
+    if sys::try_lock(file.as_fd(), false)? {
+        return Ok(Running::Stale(pid));
+    }
+    match pid {
+        Some(p) => Ok(Running::Yes(p)),
+        // Locked but still empty: a master is publishing it right now.
+        None => Ok(Running::Stale(None)),
+    }
+}
+
+/// Opens (creating it if needed) the log file for appending. When workers run as another
+/// user, the file's group becomes theirs and gets write permission, so that workers can
+/// reopen it after a rotation (nginx gives the file to the worker user; this gives less).
+pub(crate) fn open_log(path: &Path, worker_gid: Option<Gid>) -> Result<File, Error> {
+    let err = |source: io::Error| Error::LogFile {
+        path: path.to_owned(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(err)?;
+    if let Some(gid) = worker_gid {
+        nix::unistd::fchown(&file, None, Some(gid)).map_err(|e| err(e.into()))?;
+        let mode = file.metadata().map_err(err)?.permissions().mode() & 0o7777;
+        if mode & 0o020 == 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(mode | 0o020))
+                .map_err(err)?;
+        }
+    }
+    Ok(file)
+}
+
+/// Points stderr (where log lines go) at `file`.
+pub(crate) fn redirect_stderr(file: &File) -> io::Result<()> {
+    nix::unistd::dup2_stderr(file).map_err(io::Error::from)
+}
+
+/// The daemon's end of the readiness pipe.
+#[derive(Debug)]
+pub(crate) struct Readiness {
+    pipe: Option<File>,
+}
+
+impl Readiness {
+    /// No one is waiting (foreground run).
+    pub(crate) fn none() -> Self {
+        Readiness { pipe: None }
+    }
+
+    pub(crate) fn raw_fd(&self) -> Option<RawFd> {
+        self.pipe.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Tells the waiting `start` command the server is ready.
+    pub(crate) fn ready(&mut self) {
+        if let Some(mut p) = self.pipe.take() {
+            let _ = p.write_all(b"R");
+        }
+    }
+
+    /// Tells the waiting `start` command why the server could not start.
+    pub(crate) fn failed(&mut self, reason: &str) {
+        if let Some(mut p) = self.pipe.take() {
+            let _ = p.write_all(format!("E{reason}").as_bytes());
+        }
+    }
+}
+
+/// Detaches from the terminal. Returns in the daemon (the grandchild) only; the original
+/// process waits for the daemon's readiness report and exits with 0 or 1, printing the
+/// reason of a failure, or a timeout after `timeout`.
+///
+/// `log` becomes the daemon's stderr; stdin and stdout read and write `/dev/null`.
+pub(crate) fn daemonize(log: &File, timeout: Duration) -> Result<Readiness, Error> {
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
+    let devnull = File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/null")
+        .map_err(|e| Error::sys("opening /dev/null", e))?;
+    flush_stdio();
+    // SAFETY: the master is still single-threaded (sys::fork checks), stdio was flushed,
+    // and each side below either carries on as the program (the daemon) or ends with
+    // `exit_now` / `process::exit` before returning into the caller.
+    match unsafe { sys::fork() }? {
+        Forked::Parent(child) => {
+            drop(write);
+            wait_for_daemon(read, child, timeout)
+        }
+        Forked::Child => {
+            drop(read);
+            if let Err(e) = nix::unistd::setsid() {
+                report_and_exit(&write, &format!("setsid failed: {}", e.desc()));
+            }
+            // SAFETY: as above; the intermediate process exits at once.
+            match unsafe { sys::fork() } {
+                Ok(Forked::Parent(_)) => sys::exit_now(0),
+                Err(e) => report_and_exit(&write, &e.to_string()),
+                Ok(Forked::Child) => {}
+            }
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o027));
+            let detached = (|| -> io::Result<()> {
+                std::env::set_current_dir("/")?;
+                nix::unistd::dup2_stdin(&devnull)?;
+                nix::unistd::dup2_stdout(&devnull)?;
+                redirect_stderr(log)
+            })();
+            if let Err(e) = detached {
+                report_and_exit(&write, &format!("detaching: {e}"));
+            }
+            crate::log::set_master();
+            Ok(Readiness {
+                pipe: Some(File::from(write)),
+            })
+        }
+    }
+}
+
+fn flush_stdio() {
+    let _ = io::stdout().flush();
+    let _ = io::stderr().flush();
+}
+
+fn report_and_exit(pipe: &OwnedFd, reason: &str) -> ! {
+    let _ = nix::unistd::write(pipe, format!("E{reason}").as_bytes());
+    sys::exit_now(1)
+}
+
+/// The original process: waits for `R` (ready) or `E<reason>` on the pipe, or EOF (the
+/// daemon died without a word), or the timeout. Never returns.
+fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
+    // The intermediate process exits at once; reap it so it does not linger as a zombie.
+    let _ = nix::sys::wait::waitpid(intermediate, None);
+    let mut file = File::from(read);
+    let deadline = Instant::now() + timeout;
+    let mut message = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        let mut fds = [nix::poll::PollFd::new(file.as_fd(), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(
+            &mut fds,
+            nix::poll::PollTimeout::try_from(ms).unwrap_or(nix::poll::PollTimeout::MAX),
+        ) {
+            Ok(0) => {
+                eprintln!(
+                    "error: the server did not report ready within {timeout:?}; it may still be starting \
+                     (see its log file)"
+                );
+                std::process::exit(1);
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                eprintln!("error: waiting for the server: {}", e.desc());
+                std::process::exit(1);
+            }
+        }
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => message.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("error: waiting for the server: {e}");
+                std::process::exit(1);
+            }
+        }
+        if message.first() == Some(&b'R') {
+            std::process::exit(0);
+        }
+    }
+    match message.split_first() {
+        Some((b'E', reason)) => eprintln!("Error: {}", String::from_utf8_lossy(reason)),
+        _ => eprintln!("Error: the server exited during start-up (see its log file)"),
+    }
+    std::process::exit(1)
+}
+
+/// How long `stop` waits beyond the grace period.
+const STOP_MARGIN: Duration = Duration::from_secs(10);
+
+/// The `stop` subcommand: signals the master named by the pid file and waits until it is
+/// gone. Returns the exit status, as LSB init scripts use them: 0 when stopped or not
+/// running, 1 when it did not stop in time or the pid file is unreadable, 4 without the
+/// permission to signal it.
+pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, grace: Duration) -> i32 {
+    let Some(path) = pid_file.or_else(|| default_pid_file(name)) else {
+        eprintln!("error: no default pid file location: set --pid-file or XDG_RUNTIME_DIR");
+        return 1;
+    };
+    let shown = path.display();
+    let pid = match running(&path) {
+        Ok(Running::No) => {
+            println!("{name}: not running (no pid file {shown})");
+            return 0;
+        }
+        Ok(Running::Stale(pid)) => {
+            let of = pid.map(|p| format!(" of pid {p}")).unwrap_or_default();
+            println!("{name}: not running (stale pid file {shown}{of})");
+            return 0;
+        }
+        Ok(Running::Yes(pid)) => Pid::from_raw(pid),
+        Err(e) => {
+            eprintln!("error: reading the pid file {shown}: {e}");
+            return if e.kind() == io::ErrorKind::PermissionDenied {
+                4
+            } else {
+                1
+            };
+        }
+    };
+    let term = || nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    match term() {
+        Ok(()) => {}
+        Err(nix::errno::Errno::ESRCH) => {
+            println!("{name}: not running (pid {pid} is gone)");
+            return 0;
+        }
+        Err(nix::errno::Errno::EPERM) => {
+            eprintln!("error: not allowed to signal pid {pid}");
+            return 4;
+        }
+        Err(e) => {
+            eprintln!("error: signalling pid {pid}: {}", e.desc());
+            return 1;
+        }
+    }
+    let started = Instant::now();
+    let deadline = started + grace + STOP_MARGIN;
+    let mut second_sent = !now;
+    loop {
+        // The master releases the lock (and removes the file) when it exits.
+        match running(&path) {
+            Ok(Running::Yes(p)) if p == pid.as_raw() => {}
+            _ => {
+                println!("{name}: stopped (pid {pid})");
+                return 0;
+            }
+        }
+        if !second_sent && started.elapsed() > crate::master::REPEAT_WINDOW {
+            // A second stop signal, past the window in which repeats count as one.
+            let _ = term();
+            second_sent = true;
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "error: {name} (pid {pid}) is still running after {:?}",
+                grace + STOP_MARGIN
+            );
+            return 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("appsrv-unit-{}-{tag}.pid", std::process::id()))
+    }
+
+    #[test]
+    fn a_claimed_pid_file_is_seen_as_running_then_stale() {
+        let path = tmp("claim");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(running(&path).unwrap(), Running::No);
+        let pid = Pid::this();
+        let file = PidClaim::acquire(&path).unwrap().commit(pid).unwrap();
+        assert_eq!(running(&path).unwrap(), Running::Yes(pid.as_raw()));
+        match PidClaim::acquire(&path) {
+            Err(Error::AlreadyRunning { pid: p, .. }) => assert_eq!(p, pid.as_raw()),
+            other => panic!("expected AlreadyRunning, got {other:?}"),
+        }
+        drop(file); // the lock goes with the last descriptor: now stale
+        assert_eq!(running(&path).unwrap(), Running::Stale(Some(pid.as_raw())));
+        let again = PidClaim::acquire(&path).unwrap().commit(pid).unwrap();
+        again.remove();
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,275 @@
+//! Daemon mode: `start` / `stop`, the locked pid file, readiness, the log file and its
+//! rotation, through the testbed server as a real daemon.
+//!
+//! Regression tests for issue #3 ("Daemon mode").
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use util::*;
+
+/// A directory for one daemon's socket, pid file and log; dropping it kills every process
+/// whose command line names the directory (the daemon and its workers), whatever happened.
+struct Daemon {
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn new(tag: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("appsrv-daemon-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Workers run as nobody when the tests run as root: let them reach the log file.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Daemon { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    fn sock(&self) -> String {
+        self.path("sock")
+    }
+    fn pid_file(&self) -> String {
+        self.path("pid")
+    }
+    fn log(&self) -> String {
+        self.path("log")
+    }
+
+    /// Runs `testbed SUBCOMMAND` with this daemon's files, and waits for it to exit.
+    fn cmd(&self, sub: &str, extra: &[&str]) -> Output {
+        let mut args = vec![sub.to_owned(), "--pid-file".into(), self.pid_file()];
+        if sub == "start" {
+            args.extend([
+                "-l".into(),
+                format!("unix:{}", self.sock()),
+                "-w".into(),
+                "2".into(),
+            ]);
+            args.extend([
+                "--log-file".into(),
+                self.log(),
+                "--log-level".into(),
+                "debug".into(),
+            ]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Command::new(example("testbed"))
+            .args(&args)
+            .output()
+            .expect("run testbed")
+    }
+
+    fn start(&self) -> i32 {
+        let out = self.cmd("start", &[]);
+        assert!(
+            out.status.success(),
+            "start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.pid()
+    }
+
+    fn pid(&self) -> i32 {
+        std::fs::read_to_string(self.pid_file())
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+
+    /// Waits until the log file has `n` lines containing `needle`.
+    fn wait_for_log(&self, needle: &str, n: usize) {
+        let found = wait_until(|| (self.log_text().matches(needle).count() >= n).then_some(()));
+        assert!(
+            found.is_some(),
+            "no {n}× {needle:?} in the log file:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// Processes whose command line names this directory.
+    fn processes(&self) -> Vec<i32> {
+        let needle = self.dir.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                alive(*pid)
+                    && std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        for pid in self.processes() {
+            // SAFETY: kill(2) on processes this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn start_serves_and_stop_waits_and_cleans_up() {
+    let d = Daemon::new("cycle");
+    let out = d.cmd("start", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // `start` returned, so the server is ready: no waiting needed before connecting.
+    let pid = d.pid();
+    assert!(alive(pid));
+    let mut c = LineClient::unix(&d.sock());
+    assert_eq!(children_of(pid).len(), 2);
+    c.testbed_pid();
+    assert_eq!(c.ask("daemonized"), "daemonized");
+    drop(c);
+
+    let log = d.log_text();
+    assert!(
+        log.contains(&format!("testbed[{pid}] master: listening on unix:{}", d.sock())),
+        "{log}"
+    );
+    assert!(log.contains(" ready"), "{log}");
+    assert!(
+        log.contains("] worker 1: ") && log.contains("] worker 2: "),
+        "worker lines:\n{log}"
+    );
+
+    let out = d.cmd("stop", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&format!("stopped (pid {pid})")));
+    assert!(!Path::new(&d.pid_file()).exists(), "the pid file is removed");
+    assert!(!Path::new(&d.sock()).exists(), "the socket file is removed");
+    assert!(!alive(pid));
+    assert!(d.processes().is_empty());
+
+    let out = d.cmd("stop", &[]);
+    assert!(out.status.success(), "stopping a stopped server succeeds");
+    assert!(text(&out.stdout).contains("not running"));
+}
+
+#[test]
+fn a_second_start_refuses_and_names_the_running_pid() {
+    let d = Daemon::new("second");
+    let pid = d.start();
+    let out = d.cmd("start", &[]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("already running as pid {pid}")), "{err}");
+    assert_eq!(d.pid(), pid, "the running server's pid file is untouched");
+    assert!(alive(pid));
+}
+
+#[test]
+fn a_stale_pid_file_is_taken_over() {
+    let d = Daemon::new("stale");
+    let old = d.start();
+    // SAFETY: kill(2) on the daemon this test started.
+    unsafe { libc::kill(old, libc::SIGKILL) };
+    assert!(wait_until(|| d.processes().is_empty().then_some(())).is_some());
+    assert!(
+        Path::new(&d.pid_file()).exists(),
+        "a killed master leaves its pid file"
+    );
+    let out = d.cmd("stop", &[]);
+    assert!(
+        out.status.success() && text(&out.stdout).contains("stale pid file"),
+        "{}",
+        text(&out.stdout)
+    );
+    let new = d.start();
+    assert_ne!(new, old);
+    LineClient::unix(&d.sock()).testbed_pid();
+}
+
+#[test]
+fn start_with_a_failing_factory_reports_the_error_and_leaves_nothing() {
+    let d = Daemon::new("factory");
+    let out = d.cmd("start", &["--fail-factory"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("database unavailable (testbed --fail-factory)"),
+        "on the terminal: {err}"
+    );
+    assert!(
+        wait_until(|| d.processes().is_empty().then_some(())).is_some(),
+        "nothing left running"
+    );
+    assert!(!Path::new(&d.pid_file()).exists());
+}
+
+#[test]
+fn start_reports_a_bind_error_on_the_terminal() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let d = Daemon::new("bind");
+    let out = d.cmd("start", &["-l", &addr]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    assert!(d.processes().is_empty());
+}
+
+#[test]
+fn usr1_reopens_the_log_file_in_master_and_workers() {
+    let d = Daemon::new("rotate");
+    let pid = d.start();
+    if is_root() {
+        for w in children_of(pid) {
+            assert_eq!(proc_ids(w, "Uid:")[0], 65534, "workers run as nobody");
+        }
+    }
+    let rotated = d.path("log.1");
+    std::fs::rename(d.log(), &rotated).unwrap();
+    // SAFETY: kill(2) on the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGUSR1) };
+    d.wait_for_log("master: SIGUSR1 received: reopened the log file", 1);
+    d.wait_for_log("reopened the log file", 3); // the master's line and one per worker
+    let log = d.log_text();
+    assert!(
+        log.contains("] worker 1: reopened") && log.contains("] worker 2: reopened"),
+        "{log}"
+    );
+    // New connections are logged (at debug level) by workers into the new file.
+    let mut c = LineClient::unix(&d.sock());
+    c.testbed_pid();
+    d.wait_for_log("serving unix:", 1);
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(
+        !old.contains("serving unix:"),
+        "nothing new goes to the rotated file"
+    );
+}
+
+#[test]
+fn stop_now_does_not_wait_for_connections() {
+    let d = Daemon::new("now");
+    let pid = d.start();
+    let mut busy = LineClient::unix(&d.sock());
+    busy.testbed_pid();
+    let out = d.cmd("stop", &["--now"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!alive(pid));
+    assert!(
+        busy.rest().map_or(true, |s| s.is_empty()),
+        "the busy connection was cut"
+    );
+}
