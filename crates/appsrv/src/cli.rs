@@ -43,7 +43,14 @@ pub(crate) struct Defaults {
     pub(crate) read_timeout: Option<Duration>,
     pub(crate) write_timeout: Option<Duration>,
     pub(crate) log_level: Level,
+    pub(crate) keepalive_timeout: Option<Duration>,
+    pub(crate) keepalive_requests: u32,
 }
+
+/// The default `--keepalive-timeout`, as Apache's `KeepAliveTimeout`.
+pub(crate) const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default `--keepalive-requests`, as nginx's `keepalive_requests`.
+pub(crate) const DEFAULT_KEEPALIVE_REQUESTS: u32 = 1000;
 
 impl Default for Defaults {
     fn default() -> Self {
@@ -58,6 +65,8 @@ impl Default for Defaults {
             read_timeout: Some(DEFAULT_IO_TIMEOUT),
             write_timeout: Some(DEFAULT_IO_TIMEOUT),
             log_level: Level::INFO,
+            keepalive_timeout: Some(DEFAULT_KEEPALIVE_TIMEOUT),
+            keepalive_requests: DEFAULT_KEEPALIVE_REQUESTS,
         }
     }
 }
@@ -75,6 +84,8 @@ pub(crate) struct Config {
     pub(crate) read_timeout: Option<Duration>,
     pub(crate) write_timeout: Option<Duration>,
     pub(crate) log_level: Level,
+    pub(crate) keepalive_timeout: Option<Duration>,
+    pub(crate) keepalive_requests: u32,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -209,7 +220,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             env_opt(prefix, "workers")
                 .short('w')
                 .value_name("N")
-                .value_parser(clap::value_parser!(u32).range(1..=65_536))
+                .value_parser(clap::value_parser!(u32).range(1..=crate::scoreboard::MAX_WORKERS as i64))
                 .default_value(d.workers.unwrap_or_else(default_workers).to_string())
                 .help("Number of worker processes (default: the number of CPUs, at least 2)"),
         )
@@ -251,6 +262,20 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .value_parser(secs)
                 .default_value(timeout_default(d.write_timeout))
                 .help("Timeout of each write to a client (0: none)"),
+        )
+        .arg(
+            env_opt(prefix, "keepalive-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.keepalive_timeout))
+                .help("Request-level servers: how long a connection may stay idle between requests (0: no limit)"),
+        )
+        .arg(
+            env_opt(prefix, "keepalive-requests")
+                .value_name("N")
+                .value_parser(clap::value_parser!(u32).range(1..))
+                .default_value(d.keepalive_requests.to_string())
+                .help("Request-level servers: requests per connection, for protocols that can announce a close (HTTP); the last response closes it"),
         )
         .arg(
             env_opt(prefix, "log-level")
@@ -306,6 +331,8 @@ fn timeout(m: &ArgMatches, id: &str) -> Option<Duration> {
 /// Reads the standard options out of the `run` subcommand's matches.
 pub(crate) fn config(m: &ArgMatches) -> Config {
     Config {
+        keepalive_timeout: timeout(m, "keepalive-timeout"),
+        keepalive_requests: *m.get_one::<u32>("keepalive-requests").expect("has a default"),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())

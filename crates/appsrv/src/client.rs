@@ -1,7 +1,10 @@
 //! The accepted connection a handler reads from and writes to.
 
+use std::fs::File;
 use std::io::{self, BufRead, IoSlice, Read, Write};
+use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
 use socket2::Socket;
@@ -15,15 +18,26 @@ pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
 /// allocates nothing.
 #[derive(Debug)]
 pub(crate) struct Buffers {
-    read: Box<[u8]>,
+    read: Vec<u8>,
     write: Vec<u8>,
 }
 
 impl Buffers {
     pub(crate) fn new() -> Self {
         Buffers {
-            read: vec![0; BUFFER_SIZE].into_boxed_slice(),
+            read: vec![0; BUFFER_SIZE],
             write: Vec::with_capacity(BUFFER_SIZE),
+        }
+    }
+
+    /// Buffers that grew for a large request go back to their normal size, so one large
+    /// request does not pin its memory in the worker for good.
+    fn trim(&mut self) {
+        if self.read.len() > 4 * BUFFER_SIZE {
+            self.read = vec![0; BUFFER_SIZE];
+        }
+        if self.write.capacity() > 4 * BUFFER_SIZE {
+            self.write = Vec::with_capacity(BUFFER_SIZE);
         }
     }
 }
@@ -54,7 +68,8 @@ impl Buffers {
 pub struct Client {
     socket: Socket,
     peer: Addr,
-    rbuf: Box<[u8]>,
+    /// The read buffer; bytes `rpos..rend` are received and not yet consumed.
+    rbuf: Vec<u8>,
     rpos: usize,
     rend: usize,
     wbuf: Vec<u8>,
@@ -78,10 +93,11 @@ impl Client {
     pub(crate) fn finish(mut self) -> (io::Result<()>, Buffers) {
         let flushed = if self.closed { Ok(()) } else { self.flush() };
         self.wbuf.clear();
-        let buffers = Buffers {
+        let mut buffers = Buffers {
             read: std::mem::take(&mut self.rbuf),
             write: std::mem::take(&mut self.wbuf),
         };
+        buffers.trim();
         (flushed, buffers)
     }
 
@@ -153,6 +169,12 @@ impl Client {
 
     /// Reads from the socket, after flushing pending output: the one place that waits.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv_from_socket(buf, false)
+    }
+
+    /// As `recv`; when `interruptible`, a signal ends the wait with `Interrupted` (the
+    /// request loop then checks for a stop at a request boundary).
+    fn recv_from_socket(&mut self, buf: &mut [u8], interruptible: bool) -> io::Result<usize> {
         if self.closed {
             return Ok(0);
         }
@@ -161,10 +183,140 @@ impl Client {
         }
         loop {
             match (&self.socket).read(buf) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => continue,
                 other => return other.map_err(timed_out),
             }
         }
+    }
+
+    /// For the request loop: reads more bytes after those not yet consumed, moving them to
+    /// the front and growing the buffer up to `max` bytes as needed. Pending output is
+    /// written first. Returns the number of bytes read (0 at end of file, or when the
+    /// buffer holds `max` bytes already).
+    pub(crate) fn read_more(&mut self, max: usize, interruptible: bool) -> io::Result<usize> {
+        if self.rpos > 0 {
+            self.rbuf.copy_within(self.rpos..self.rend, 0);
+            self.rend -= self.rpos;
+            self.rpos = 0;
+        }
+        if self.rend == self.rbuf.len() {
+            if self.rbuf.len() >= max {
+                return Ok(0);
+            }
+            let grown = (self.rbuf.len() * 2).clamp(BUFFER_SIZE, max);
+            self.rbuf.resize(grown, 0);
+        }
+        let mut rbuf = std::mem::take(&mut self.rbuf);
+        let r = self.recv_from_socket(&mut rbuf[self.rend..], interruptible);
+        self.rbuf = rbuf;
+        let n = r?;
+        self.rend += n;
+        Ok(n)
+    }
+
+    /// For the request loop: the received bytes not yet consumed.
+    pub(crate) fn unconsumed_mut(&mut self) -> &mut [u8] {
+        &mut self.rbuf[self.rpos..self.rend]
+    }
+
+    /// For the request loop: the unconsumed input and the output buffer, together.
+    pub(crate) fn split_buffers(&mut self) -> (&mut [u8], &mut Vec<u8>) {
+        (&mut self.rbuf[self.rpos..self.rend], &mut self.wbuf)
+    }
+
+    /// For the request loop: marks `n` received bytes as consumed.
+    pub(crate) fn consume_input(&mut self, n: usize) {
+        self.rpos = (self.rpos + n).min(self.rend);
+    }
+
+    /// For the request loop: writes the output buffer.
+    pub(crate) fn flush_output(&mut self) -> io::Result<()> {
+        self.flush_buffer()
+    }
+
+    /// For the request loop: shuts the connection for writing, then reads and discards
+    /// input until end of file, `max_wait` or `max_bytes`, so that closing it does not
+    /// reset a reply the client has not read yet. Best effort: errors end it quietly.
+    pub(crate) fn linger(&mut self, max_wait: Duration, max_bytes: usize) {
+        if self.closed || self.socket.shutdown(std::net::Shutdown::Write).is_err() {
+            return;
+        }
+        let _ = self
+            .socket
+            .set_read_timeout(Some(max_wait.min(Duration::from_millis(500))));
+        let deadline = std::time::Instant::now() + max_wait;
+        let mut discarded = 0;
+        let mut scratch = [0u8; 4096];
+        while discarded < max_bytes && std::time::Instant::now() < deadline {
+            match (&self.socket).read(&mut scratch) {
+                Ok(0) => break,
+                Ok(n) => discarded += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        self.closed = true;
+    }
+
+    /// For the request loop: the output buffer.
+    pub(crate) fn output(&mut self) -> &mut Vec<u8> {
+        &mut self.wbuf
+    }
+
+    /// For the request loop: the socket, to wait on it together with the listeners.
+    pub(crate) fn socket(&self) -> &Socket {
+        &self.socket
+    }
+
+    /// Sends `range` of `file` after the buffered output.
+    ///
+    /// A range that fits in the output buffer is copied into it (one `pread`), so it goes
+    /// out with the rest of the response in one write. A larger one costs one `send` of
+    /// the buffered bytes (with `MSG_MORE`, so that the kernel packs them with the file's
+    /// first bytes) and then `sendfile(2)` calls, which copy from the page cache to the
+    /// socket without passing through user space. The last segment is pushed at once
+    /// (`TCP_NODELAY`): no delayed-ACK stall at the end of a response.
+    ///
+    /// Returns an error of kind `UnexpectedEof` if the file is shorter than the range.
+    pub fn send_file(&mut self, file: &File, range: Range<u64>) -> io::Result<()> {
+        self.check_open()?;
+        let len = range.end.saturating_sub(range.start);
+        let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
+        let capacity = self.wbuf.capacity().max(BUFFER_SIZE);
+        if self.wbuf.len() + len_usize <= capacity {
+            let at = self.wbuf.len();
+            self.wbuf.resize(at + len_usize, 0);
+            let read = file.read_exact_at(&mut self.wbuf[at..], range.start);
+            if read.is_err() {
+                self.wbuf.truncate(at);
+            }
+            return read;
+        }
+        let mut done = 0;
+        while done < self.wbuf.len() {
+            match self.socket.send_with_flags(&self.wbuf[done..], libc::MSG_MORE) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.wbuf.drain(..done);
+                    return Err(timed_out(e));
+                }
+            }
+        }
+        self.wbuf.clear();
+        let mut offset =
+            i64::try_from(range.start).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut left = len;
+        while left > 0 {
+            let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
+            match nix::sys::sendfile::sendfile64(&self.socket, file, Some(&mut offset), chunk) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => left -= n as u64,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(timed_out(e.into())),
+            }
+        }
+        Ok(())
     }
 
     fn fill(&mut self) -> io::Result<()> {

@@ -45,7 +45,7 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
-    /// The configuration is inconsistent (for example `--workers 0`).
+    /// The configuration is inconsistent (for example `--group` without `--user`).
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A worker failed while the server was starting (its factory returned an error,

@@ -3,6 +3,7 @@
 use std::io;
 
 use crate::client::Client;
+use crate::codec::Codec;
 
 /// Serves connections, one at a time, inside a worker process.
 ///
@@ -30,8 +31,8 @@ pub trait Handler {
     /// Serves one connection, from accept to close.
     ///
     /// Buffered output is flushed and the connection closed when this returns. An error
-    /// is logged with the peer's address (timeouts and a peer that went away at debug
-    /// level, others as warnings) and ends only this connection. A panic is caught: the
+    /// is logged with the peer's address (timeouts at info level, a peer that went away at
+    /// debug level, others as warnings) and ends only this connection. A panic is caught: the
     /// connection is closed, the panic logged with the peer's address, and the worker
     /// exits and is replaced, so other clients never notice.
     fn handle_client(&mut self, client: &mut Client) -> io::Result<()>;
@@ -39,6 +40,57 @@ pub trait Handler {
     /// Called once when the worker stops in an orderly way (a stop signal, after the
     /// last connection), before the process exits. Not called after a panic or when the
     /// worker is killed. Does nothing by default.
+    fn on_worker_exit(&mut self) {}
+}
+
+/// Serves requests, one at a time, inside a worker process: the request level.
+///
+/// The framework reads, frames (with the handler's [`Codec`]), and writes; the handler
+/// only turns each decoded request into a response. Keep-alive, pipelining (several
+/// requests in one read, answered in order with their responses written together),
+/// limits, timeouts and protocol errors are handled by the framework.
+///
+/// ```no_run
+/// use std::io::{self, Write};
+/// use appsrv::codec::{Lines, LinesResponse};
+///
+/// struct Upper;
+///
+/// impl appsrv::RequestHandler for Upper {
+///     type Codec = Lines;
+///
+///     fn codec(&self) -> Lines {
+///         Lines::default()
+///     }
+///
+///     fn handle_request(&mut self, line: &&[u8], out: &mut LinesResponse<'_>) -> io::Result<()> {
+///         out.push(&line.to_ascii_uppercase());
+///         out.push(b"\r\n");
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() -> appsrv::Result<()> {
+///     appsrv::Server::new("upper").listen("127.0.0.1:7002").run_requests(|| Ok(Upper))
+/// }
+/// ```
+pub trait RequestHandler {
+    /// The protocol's framing.
+    type Codec: Codec;
+
+    /// Makes the worker's codec (once per worker; it is reset for each connection).
+    fn codec(&self) -> Self::Codec;
+
+    /// Handles one request: writes the response into `res`. An error ends the connection
+    /// (logged with the peer's address); a panic ends the connection and the worker, which
+    /// is replaced.
+    fn handle_request(
+        &mut self,
+        req: &<Self::Codec as Codec>::Request<'_>,
+        res: &mut <Self::Codec as Codec>::Response<'_>,
+    ) -> io::Result<()>;
+
+    /// Called once when the worker stops in an orderly way. Does nothing by default.
     fn on_worker_exit(&mut self) {}
 }
 

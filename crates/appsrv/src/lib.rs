@@ -33,6 +33,7 @@
 
 pub mod cli;
 mod client;
+pub mod codec;
 mod daemon;
 mod error;
 mod handler;
@@ -42,6 +43,8 @@ mod master;
 mod notify;
 mod pool;
 mod privilege;
+mod scoreboard;
+mod serve;
 mod server;
 mod sys;
 mod worker;
@@ -49,6 +52,6 @@ mod worker;
 pub use clap;
 pub use client::Client;
 pub use error::{BoxError, Error, Result};
-pub use handler::{Handler, WorkerInfo};
+pub use handler::{Handler, RequestHandler, WorkerInfo};
 pub use listener::{Addr, ListenAddr};
 pub use server::Server;

@@ -199,9 +199,10 @@ impl Listener {
     }
 
     /// Stops the listening socket for every process that shares it (master and workers):
-    /// new connection attempts are refused at once, connections still waiting in the
-    /// backlog are reset by the kernel, and workers blocked in `accept` wake up with
-    /// `EINVAL`. Closing the master's copy alone would not do that: the socket lives on in
+    /// new connection attempts are refused at once and workers blocked in `accept` wake
+    /// up with `EINVAL`. Connections still waiting in a TCP backlog are reset by the
+    /// kernel; on a Unix socket they stay queued, unserved, until the last copy of the
+    /// socket is closed, and are reset then. Closing the master's copy alone would not do that: the socket lives on in
     /// each worker until every copy is closed.
     pub(crate) fn shutdown(&self) {
         // ENOTCONN and the like only mean there was nothing to shut down.
@@ -279,7 +280,7 @@ fn bind_inet(sa: SocketAddr, backlog: u32, opts: &BindOptions) -> io::Result<Lis
     socket.bind(&sa.into())?;
     socket.listen(backlog_int(backlog))?;
     // Set once here, inherited by every accepted connection (Linux copies these options
-    // from the listener; tests/listener.rs checks it), so accepting costs no setsockopt.
+    // from the listener; tests/core.rs checks it), so accepting costs no setsockopt.
     // Nagle's algorithm only delays the responses that the client buffer already batches.
     socket.set_tcp_nodelay(true)?;
     set_timeouts(&socket, opts)?;

@@ -26,6 +26,7 @@ use crate::error::Error;
 use crate::listener::Listener;
 use crate::notify::{Channel, Message};
 use crate::pool::{self, Backoff, Policy, Verdict};
+use crate::scoreboard::Board;
 use crate::sys::{self, exit};
 
 /// The signals the master listens to.
@@ -146,6 +147,8 @@ struct Worker {
 #[derive(Debug)]
 pub(crate) struct Settings {
     pub(crate) policy: Policy,
+    /// The shared board; the master clears the slot of a worker that died.
+    pub(crate) board: &'static Board,
     pub(crate) grace_period: Duration,
     /// The log file to reopen on USR1, and the group to give the new file to (the
     /// workers', so that they can reopen it too).
@@ -308,7 +311,7 @@ impl<'a> Master<'a> {
                     .then(|| {
                         self.workers
                             .values()
-                            .filter(|w| w.ready)
+                            .filter(|w| w.ready && self.backoff.counts_as_survivor(w.spawned))
                             .map(|w| w.spawned + pool::EARLY_DEATH)
                             .filter(|t| *t > now)
                             .min()
@@ -431,6 +434,8 @@ impl<'a> Master<'a> {
         let Some(worker) = self.workers.remove(&pid) else {
             return Ok(());
         };
+        // A worker killed while waiting in accept must not count as idle any more.
+        self.settings.board.set_busy(worker.id);
         let lived = worker.spawned.elapsed();
         match self.phase {
             Phase::Starting if !worker.ready => {
@@ -479,10 +484,11 @@ impl<'a> Master<'a> {
     fn maintain(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
         let now = Instant::now();
         if self.backoff.active()
-            && self
-                .workers
-                .values()
-                .any(|w| w.ready && now.duration_since(w.spawned) >= pool::EARLY_DEATH)
+            && self.workers.values().any(|w| {
+                w.ready
+                    && self.backoff.counts_as_survivor(w.spawned)
+                    && now.duration_since(w.spawned) >= pool::EARLY_DEATH
+            })
             && self.backoff.reset()
         {
             tracing::info!("workers are starting normally again");

@@ -38,6 +38,9 @@ pub(crate) struct Backoff {
     consecutive: u32,
     not_before: Option<Instant>,
     announced: bool,
+    /// When the current run of failures began: only a worker started after it proves
+    /// that workers start normally again (one that was running before proves nothing).
+    since: Option<Instant>,
 }
 
 /// What the master should log about a worker's death.
@@ -59,6 +62,7 @@ impl Backoff {
             return Verdict::Replace;
         }
         self.consecutive += 1;
+        self.since.get_or_insert(now);
         if self.consecutive < 2 {
             return Verdict::Replace;
         }
@@ -92,6 +96,12 @@ impl Backoff {
     /// Whether failures are being counted (the master then watches for a survivor).
     pub(crate) fn active(&self) -> bool {
         self.consecutive > 0
+    }
+
+    /// Whether a worker started at `spawned` can prove recovery: it was started after the
+    /// current run of failures began.
+    pub(crate) fn counts_as_survivor(&self, spawned: Instant) -> bool {
+        self.since.is_some_and(|t| spawned >= t)
     }
 
     /// When the next spawn may happen, if it must wait.

@@ -14,12 +14,14 @@ use std::path::PathBuf;
 use crate::cli::{self, Config, Defaults};
 use crate::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::error::{BoxError, Error, Result};
-use crate::handler::{Handler, WorkerInfo};
+use crate::handler::{Handler, RequestHandler, WorkerInfo};
 use crate::listener::{self, BindOptions, Listener};
 use crate::master::{Master, Settings, Signals};
 use crate::notify::Channel;
 use crate::pool::Policy;
 use crate::privilege::{self, Plan};
+use crate::scoreboard::Board;
+use crate::serve::{ClientLevel, Connections, Limits, RequestLevel};
 use crate::worker::{self, StartHook};
 
 /// A server: its name, its defaults, and the command line it parses.
@@ -135,6 +137,20 @@ impl Server {
         self
     }
 
+    /// How long a connection may stay idle between requests at the request level
+    /// (`--keepalive-timeout`); default: 5 s, as Apache's `KeepAliveTimeout`.
+    pub fn keepalive_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.defaults.keepalive_timeout = timeout;
+        self
+    }
+
+    /// The default number of requests a connection may carry at the request level
+    /// (`--keepalive-requests`); default: 1000, as nginx's `keepalive_requests`.
+    pub fn keepalive_requests(mut self, n: u32) -> Self {
+        self.defaults.keepalive_requests = n;
+        self
+    }
+
     /// The default log level (`--log-level`); default: `INFO`.
     pub fn log_level(mut self, level: Level) -> Self {
         self.defaults.log_level = level;
@@ -203,10 +219,36 @@ impl Server {
     /// nothing left running, when a listener cannot be bound, the users cannot be resolved,
     /// or a first worker cannot start (its factory failed: the error names the reason).
     /// Never returns in a worker.
-    pub fn run<H, F>(mut self, mut factory: F) -> Result<()>
+    pub fn run<H, F>(self, mut factory: F) -> Result<()>
     where
         H: Handler,
         F: FnMut() -> std::result::Result<H, BoxError>,
+    {
+        self.launch(false, |_| move || factory().map(ClientLevel))
+    }
+
+    /// Runs the server at the request level: each worker's handler gets decoded requests
+    /// from its [`Codec`](crate::codec::Codec) and writes responses; the framework does the
+    /// reading, framing, keep-alive, pipelining and writing. Otherwise as [`run`](Server::run).
+    ///
+    /// Between requests, a connection may stay idle for `--keepalive-timeout` (5 s); a
+    /// request split across reads must complete within `--read-timeout`; a connection
+    /// serves at most `--keepalive-requests` (1000) requests.
+    pub fn run_requests<H, F>(self, mut factory: F) -> Result<()>
+    where
+        H: RequestHandler,
+        F: FnMut() -> std::result::Result<H, BoxError>,
+    {
+        self.launch(true, |limits: Limits| {
+            move || factory().map(|h| RequestLevel::new(h, limits.clone()))
+        })
+    }
+
+    fn launch<C, F, M>(mut self, request_level: bool, make_factory: M) -> Result<()>
+    where
+        C: Connections,
+        F: FnMut() -> std::result::Result<C, BoxError>,
+        M: FnOnce(Limits) -> F,
     {
         let matches = match self.matches.take() {
             Some(m) => m,
@@ -244,6 +286,18 @@ impl Server {
                 ));
             }
         }
+        let limits = Limits {
+            keepalive_timeout: config.keepalive_timeout,
+            read_timeout: config.read_timeout,
+            keepalive_requests: config.keepalive_requests,
+        };
+        if request_level {
+            // Connections inherit the listener's timeout: between requests, that is the
+            // keep-alive timeout (the loop switches to the read timeout only when a
+            // request arrives in pieces).
+            config.read_timeout = config.keepalive_timeout;
+        }
+        let mut factory = make_factory(limits);
         let mut start_hook = self.start_hook.take();
         start(&config, &mut |setup| {
             worker::run(setup, &mut start_hook, &mut factory)
@@ -333,8 +387,10 @@ fn supervise(
     }
     let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
+    let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
     let settings = Settings {
         policy: Policy::Static(config.workers),
+        board,
         grace_period: config.grace_period,
         log_file: config.log_file.clone().map(|p| (p, plan_gid(plan))),
         master_fds: pid_file
@@ -354,6 +410,8 @@ fn supervise(
             channel: &channel,
             master_fds,
             log_path,
+            board,
+            keepalive_timeout: config.keepalive_timeout,
         })
     };
     Master::new(settings, listeners, &channel, signals).run(&mut spawn, &mut || readiness.ready())

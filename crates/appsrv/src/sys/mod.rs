@@ -1,8 +1,10 @@
 //! The raw system calls appsrv needs, behind safe functions.
 //!
-//! This is the one module that owns `fork` and the signal dispositions of worker processes;
-//! it is the only place in the crate with `unsafe` code. Everything else calls the safe
-//! functions below or the safe wrappers of `nix` and `socket2`.
+//! This is the one module that owns `fork`, the signal dispositions of worker processes
+//! and shared memory: every `unsafe` primitive of the crate is defined here, with its
+//! contract in a `# Safety` section. Elsewhere, `unsafe` appears only as calls to these
+//! functions (forking a worker, the daemon's double fork, closing the master's descriptors
+//! in a new worker), each with a `// SAFETY:` comment saying why the contract holds.
 
 use std::convert::Infallible;
 use std::io;
@@ -158,6 +160,37 @@ pub(crate) fn try_lock(fd: BorrowedFd<'_>, exclusive: bool) -> io::Result<bool> 
     }
 }
 
+/// A type that can live in memory shared by the master and its workers.
+///
+/// # Safety
+///
+/// Implementors must be valid when every byte is zero, hold no pointers or heap data, and
+/// be safe to use through shared references from several processes at once: in practice,
+/// `#[repr(C)]` structs of atomics.
+pub(crate) unsafe trait SharedZeroed: Sync + 'static {}
+
+/// Maps a zeroed `T` in anonymous shared memory (`MAP_SHARED | MAP_ANONYMOUS`): the mapping
+/// is inherited by every process forked afterwards, and a store by one is seen by all.
+/// (A private mapping, like memmap2's `map_anon`, would give each child its own copy.)
+/// The mapping lives as long as the process.
+pub(crate) fn map_shared<T: SharedZeroed>() -> io::Result<&'static T> {
+    let len = std::num::NonZeroUsize::new(std::mem::size_of::<T>().max(1)).expect("non-zero");
+    // SAFETY: an anonymous mapping at an address of the kernel's choice touches no
+    // existing memory.
+    let ptr = unsafe {
+        nix::sys::mman::mmap_anonymous(
+            None,
+            len,
+            nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
+            nix::sys::mman::MapFlags::MAP_SHARED,
+        )
+    }?;
+    // SAFETY: the mapping is page-aligned (enough for any atomic), zero-filled by the kernel
+    // (valid for T per `SharedZeroed`), at least size_of::<T>() long, never unmapped, and
+    // only ever accessed through shared references.
+    Ok(unsafe { ptr.cast::<T>().as_ref() })
+}
+
 /// Set by the worker's handler for TERM, INT and QUIT.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -262,6 +295,33 @@ pub(crate) fn somaxconn() -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[repr(C)]
+    struct Cell(std::sync::atomic::AtomicU32);
+    // SAFETY: one atomic, valid when zero.
+    unsafe impl SharedZeroed for Cell {}
+
+    #[test]
+    fn shared_memory_writes_in_a_child_are_seen_by_the_parent() {
+        let cell = map_shared::<Cell>().unwrap();
+        // A raw fork, because the test runner is multi-threaded (sys::fork refuses): the
+        // child only does an atomic store and `_exit`, both async-signal-safe, so no lock
+        // another thread held can matter.
+        // SAFETY: see above; the child never returns into the test.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            cell.0.store(42, Ordering::SeqCst);
+            exit_now(0);
+        }
+        let status = nix::sys::wait::waitpid(Pid::from_raw(pid), None).unwrap();
+        assert_eq!(status, nix::sys::wait::WaitStatus::Exited(Pid::from_raw(pid), 0));
+        assert_eq!(
+            cell.0.load(Ordering::SeqCst),
+            42,
+            "MAP_SHARED: the parent sees the child's store"
+        );
+    }
 
     #[test]
     fn fork_refuses_with_threads() {

@@ -20,6 +20,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use socket2::{SockAddr, Socket};
 
 use crate::listener::Listener;
+use crate::scoreboard::Board;
 use crate::sys;
 
 /// How long to pause accepting when the process or system is out of descriptors or memory.
@@ -38,6 +39,8 @@ pub(crate) enum Accepted {
 
 #[derive(Debug)]
 pub(crate) struct Acceptor<'a> {
+    id: u32,
+    board: &'a Board,
     listeners: &'a [Listener],
     epoll: Option<Epoll>,
     /// An error episode is in progress (logged once, cleared by the next success).
@@ -45,7 +48,7 @@ pub(crate) struct Acceptor<'a> {
 }
 
 impl<'a> Acceptor<'a> {
-    pub(crate) fn new(listeners: &'a [Listener]) -> io::Result<Self> {
+    pub(crate) fn new(id: u32, listeners: &'a [Listener], board: &'a Board) -> io::Result<Self> {
         let epoll = if listeners.len() > 1 {
             let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
             for (i, l) in listeners.iter().enumerate() {
@@ -57,14 +60,23 @@ impl<'a> Acceptor<'a> {
             None
         };
         Ok(Acceptor {
+            id,
+            board,
             listeners,
             epoll,
             episode: None,
         })
     }
 
-    /// Waits for the next connection.
+    /// Waits for the next connection, marked idle on the board meanwhile.
     pub(crate) fn accept(&mut self) -> Accepted {
+        self.board.set_idle(self.id);
+        let accepted = self.wait();
+        self.board.set_busy(self.id);
+        accepted
+    }
+
+    fn wait(&mut self) -> Accepted {
         loop {
             if sys::stop_requested() {
                 return Accepted::Stop;

@@ -4,23 +4,102 @@
 //! many connections per process) can share everything else.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::panic::{self, AssertUnwindSafe};
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use socket2::Socket;
 
 use crate::client::{Buffers, Client};
-use crate::handler::Handler;
 use crate::listener::{Addr, Listener};
+use crate::scoreboard::Board;
+use crate::serve::{Boundary, Connections, Context};
 use crate::sys::{self, exit};
+
+/// The worker's answer at a request boundary (see [`Boundary`]).
+struct Guard<'a> {
+    listeners: &'a [Listener],
+    board: &'a Board,
+    keepalive_timeout: Option<Duration>,
+}
+
+impl Guard<'_> {
+    /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
+    fn clients_queued(&self) -> bool {
+        let mut fds: Vec<PollFd<'_>> = self
+            .listeners
+            .iter()
+            .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+            .collect();
+        matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+}
+
+impl Context for Guard<'_> {
+    /// One atomic load while some worker is idle; a zero-timeout `poll` of the listeners
+    /// only when none is.
+    fn saturated(&mut self) -> bool {
+        self.board.idle() == 0 && self.clients_queued()
+    }
+
+    /// While some worker is idle (one atomic load), the connection keeps this worker.
+    /// When none is, the worker waits on the connection *and* the listeners. If clients
+    /// are queued, the connection gets `grace` more to send its next request (a
+    /// pipelining or benchmarking client sends it within microseconds); a connection still
+    /// idle then is given up, so that the queued client is served instead of waiting for
+    /// the keep-alive timeout. This costs a `poll` or two per request only while the pool
+    /// is saturated.
+    fn at_boundary(&mut self, conn: &Socket, grace: Duration) -> Boundary {
+        if self.board.idle() > 0 {
+            return Boundary::Wait;
+        }
+        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(conn.as_fd(), PollFlags::POLLIN))
+            .chain(
+                self.listeners
+                    .iter()
+                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
+            )
+            .collect();
+        match nix::poll::poll(&mut fds, poll_timeout(self.keepalive_timeout)) {
+            Ok(0) => return Boundary::GiveUp, // idle for the whole keep-alive timeout
+            Ok(_) if fds[0].revents().is_some_and(|r| !r.is_empty()) => return Boundary::Wait,
+            Ok(_) => {}
+            Err(_) => return Boundary::Wait, // EINTR: the loop checks for a stop
+        }
+        // Clients are queued and this connection is quiet: a short grace, then give up.
+        let mut conn_only = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut conn_only, poll_timeout(Some(grace))) {
+            Ok(0) => Boundary::GiveUp,
+            _ => Boundary::Wait,
+        }
+    }
+}
+
+fn poll_timeout(t: Option<Duration>) -> PollTimeout {
+    t.map_or(PollTimeout::NONE, |t| {
+        PollTimeout::try_from(t.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX)
+    })
+}
 
 use super::accept::{Accepted, Acceptor};
 
 /// Serves connections until a stop; returns the worker's exit status. `reopen_log` runs
 /// between connections after a USR1.
-pub(crate) fn serve<H: Handler>(
+pub(crate) fn serve<C: Connections>(
+    id: u32,
     listeners: &[Listener],
-    handler: &mut H,
+    board: &Board,
+    keepalive_timeout: Option<Duration>,
+    handler: &mut C,
     reopen_log: &mut dyn FnMut(),
 ) -> i32 {
-    let mut acceptor = match Acceptor::new(listeners) {
+    let mut guard = Guard {
+        listeners,
+        board,
+        keepalive_timeout,
+    };
+    let mut acceptor = match Acceptor::new(id, listeners, board) {
         Ok(a) => a,
         Err(e) => {
             tracing::error!("cannot wait for connections: {e}");
@@ -43,7 +122,7 @@ pub(crate) fn serve<H: Handler>(
         let peer = Addr::from_sockaddr(&peer);
         tracing::debug!("serving {peer}");
         let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
-        let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.handle_client(&mut client)));
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, &mut guard)));
         let peer = client.peer_addr();
         match outcome {
             Ok(result) => {

@@ -20,11 +20,15 @@ use std::cell::RefCell;
 use std::os::fd::RawFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
+use std::time::Duration;
+
+use crate::scoreboard::Board;
+use crate::serve::Connections;
 
 use nix::unistd::Pid;
 
 use crate::error::BoxError;
-use crate::handler::{Handler, WorkerInfo};
+use crate::handler::WorkerInfo;
 use crate::listener::Listener;
 use crate::notify::{Channel, Message};
 use crate::privilege::Plan;
@@ -42,16 +46,20 @@ pub(crate) struct Setup<'a> {
     pub(crate) master_fds: &'a [RawFd],
     /// The log file to reopen on USR1.
     pub(crate) log_path: Option<&'a Path>,
+    /// The shared board (idle workers).
+    pub(crate) board: &'static Board,
+    /// The idle timeout between requests, for the keep-alive guard.
+    pub(crate) keepalive_timeout: Option<Duration>,
 }
 
 /// The type of a start hook.
 pub(crate) type StartHook = Box<dyn FnMut(&WorkerInfo)>;
 
 /// Runs a worker to its end. Called in the child right after fork.
-pub(crate) fn run<H, F>(setup: Setup<'_>, start_hook: &mut Option<StartHook>, factory: &mut F) -> !
+pub(crate) fn run<C, F>(setup: Setup<'_>, start_hook: &mut Option<StartHook>, factory: &mut F) -> !
 where
-    H: Handler,
-    F: FnMut() -> Result<H, BoxError>,
+    C: Connections,
+    F: FnMut() -> Result<C, BoxError>,
 {
     crate::log::set_worker(setup.id);
     let pid = std::process::id();
@@ -100,7 +108,14 @@ where
     tracing::debug!("ready");
 
     let log_path = setup.log_path;
-    let code = blocking::serve(setup.listeners, &mut handler, &mut || reopen_log(log_path));
+    let code = blocking::serve(
+        setup.id,
+        setup.listeners,
+        setup.board,
+        setup.keepalive_timeout,
+        &mut handler,
+        &mut || reopen_log(log_path),
+    );
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
             tracing::error!("on_worker_exit panicked: {}", panic_message(&p));

@@ -1,0 +1,395 @@
+//! Serving one connection: the client level (the user's `handle_client`) and the request
+//! level (the framework's read → decode → handle → encode → write loop).
+//!
+//! Both are driven by the worker's connection loop through [`Connections`]; neither knows
+//! how the connection was accepted.
+
+use std::io;
+use std::time::Duration;
+
+use socket2::Socket;
+
+use crate::client::Client;
+use crate::codec::{Codec, Decoded, Outcome, ProtocolError, Respond};
+use crate::handler::{Handler, RequestHandler};
+use crate::sys;
+
+/// What the request loop asks at a request boundary before it waits for the next request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Boundary {
+    /// Wait for the next request.
+    Wait,
+    /// Close the connection: clients wait in the listen queue and no worker is idle, so
+    /// an idle keep-alive connection must not hold this worker.
+    GiveUp,
+}
+
+/// How long a keep-alive connection may stay quiet, while clients wait in the listen
+/// queue and no worker is idle, before its worker gives it up: for protocols that can
+/// announce a close (an HTTP client reconnects and retries as a matter of course)...
+pub(crate) const IDLE_GRACE: Duration = Duration::from_millis(100);
+/// ... and for those that cannot, whose clients may take a close for a failure: only a
+/// connection that is really idle is given up.
+pub(crate) const IDLE_GRACE_SILENT: Duration = Duration::from_secs(1);
+
+/// Per-connection context from the worker.
+pub(crate) trait Context {
+    /// Called at a request boundary when the loop is about to wait on `conn`; `grace` is
+    /// how long the connection may stay quiet while others wait.
+    fn at_boundary(&mut self, conn: &Socket, grace: Duration) -> Boundary;
+
+    /// Whether clients wait in the listen queue while no worker is idle: a codec that can
+    /// announce a close then makes the current response the connection's last, so the
+    /// client reconnects cleanly (rather than finding its keep-alive connection dropped
+    /// with its next request in flight).
+    fn saturated(&mut self) -> bool;
+}
+
+/// What a worker does with each connection.
+pub(crate) trait Connections {
+    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context) -> io::Result<()>;
+    fn on_worker_exit(&mut self);
+}
+
+/// The client level.
+#[derive(Debug)]
+pub(crate) struct ClientLevel<H>(pub(crate) H);
+
+impl<H: Handler> Connections for ClientLevel<H> {
+    fn serve(&mut self, client: &mut Client, _: &mut dyn Context) -> io::Result<()> {
+        self.0.handle_client(client)
+    }
+
+    fn on_worker_exit(&mut self) {
+        self.0.on_worker_exit();
+    }
+}
+
+/// Limits of the request loop.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// How long an idle connection may wait for its next request (the socket's timeout
+    /// between requests, inherited from the listener).
+    pub(crate) keepalive_timeout: Option<Duration>,
+    /// How long the rest of a request may take to arrive once its first bytes came.
+    pub(crate) read_timeout: Option<Duration>,
+    /// Requests per connection; the last response closes it.
+    pub(crate) keepalive_requests: u32,
+}
+
+/// The request level.
+pub(crate) struct RequestLevel<H: RequestHandler> {
+    handler: H,
+    codec: H::Codec,
+    limits: Limits,
+}
+
+impl<H: RequestHandler> std::fmt::Debug for RequestLevel<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestLevel")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: RequestHandler> RequestLevel<H> {
+    pub(crate) fn new(handler: H, limits: Limits) -> Self {
+        let codec = handler.codec();
+        RequestLevel {
+            handler,
+            codec,
+            limits,
+        }
+    }
+}
+
+impl<H: RequestHandler> Connections for RequestLevel<H> {
+    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context) -> io::Result<()> {
+        self.codec.reset();
+        serve_requests(&mut self.handler, &mut self.codec, &self.limits, client, ctx)
+    }
+
+    fn on_worker_exit(&mut self) {
+        self.handler.on_worker_exit();
+    }
+}
+
+/// The request loop; returns when the connection should be closed (after flushing).
+///
+/// The syscall floor: a request that arrives in one read costs that `read` and one
+/// `write` of its response (the responses of pipelined requests share the write); no
+/// timer or poll call, no allocation (buffers are reused). The socket's timeout is the
+/// keep-alive timeout, set once on the listener; only a request split across reads makes
+/// the loop switch it to the read timeout, and back at the next boundary.
+fn serve_requests<H: RequestHandler>(
+    handler: &mut H,
+    codec: &mut H::Codec,
+    limits: &Limits,
+    client: &mut Client,
+    ctx: &mut dyn Context,
+) -> io::Result<()> {
+    let max = codec.max_request_size();
+    let announces_close = codec.announces_close();
+    let mut served: u32 = 0;
+    let mut mid_request_timeout = false;
+    loop {
+        // Answer every complete request already received, in order.
+        loop {
+            if client.unconsumed_mut().is_empty() {
+                break;
+            }
+            let last = sys::stop_requested()
+                || (announces_close && (served + 1 >= limits.keepalive_requests || ctx.saturated()));
+            // Decode and handle inside this block, which owns the borrow of the buffers;
+            // what the connection does next is decided after it.
+            let step = {
+                let (input, out) = client.split_buffers();
+                match codec.decode(input) {
+                    Ok(Decoded::Request { request, len }) => {
+                        let mark = out.len();
+                        let mut res = codec.respond(&request, out, last);
+                        let handled = handler.handle_request(&request, &mut res);
+                        Step::Handled {
+                            len,
+                            mark,
+                            handled,
+                            outcome: res.finish(),
+                        }
+                    }
+                    Ok(Decoded::Incomplete { interim }) => {
+                        if let Some(bytes) = interim {
+                            out.extend_from_slice(bytes);
+                        }
+                        Step::Incomplete
+                    }
+                    Err(e) => Step::Bad(e),
+                }
+            };
+            let (len, mark, handled, outcome) = match step {
+                Step::Handled {
+                    len,
+                    mark,
+                    handled,
+                    outcome,
+                } => (len, mark, handled, outcome),
+                Step::Incomplete => break,
+                Step::Bad(e) => return protocol_error(codec, client, &e),
+            };
+            served += 1;
+            if let Err(e) = handled {
+                client.output().truncate(mark);
+                return Err(e);
+            }
+            client.consume_input(len);
+            if let Some(body) = outcome.file {
+                client.send_file(&body.file, body.range)?;
+            }
+            if outcome.close || last {
+                return Ok(());
+            }
+        }
+
+        let pending = client.unconsumed_mut().len();
+        let at_boundary = pending == 0;
+        if at_boundary {
+            if sys::stop_requested() {
+                return Ok(());
+            }
+            if mid_request_timeout {
+                client.set_read_timeout(limits.keepalive_timeout)?;
+                mid_request_timeout = false;
+            }
+            if !client.output().is_empty() {
+                // Send the answers before asking whether to give the connection up: the
+                // check may wait.
+                client.flush_output()?;
+            }
+            let grace = if announces_close {
+                IDLE_GRACE
+            } else {
+                IDLE_GRACE_SILENT
+            };
+            if ctx.at_boundary(client.socket(), grace) == Boundary::GiveUp {
+                tracing::debug!(
+                    "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
+                    client.peer_addr()
+                );
+                return Ok(());
+            }
+            if sys::stop_requested() {
+                return Ok(());
+            }
+        } else {
+            if pending >= max {
+                return protocol_error(
+                    codec,
+                    client,
+                    &ProtocolError::TooLarge {
+                        what: "request",
+                        limit: max,
+                    },
+                );
+            }
+            if !mid_request_timeout && limits.read_timeout != limits.keepalive_timeout {
+                client.set_read_timeout(limits.read_timeout)?;
+                mid_request_timeout = true;
+            }
+        }
+        match client.read_more(max, at_boundary) {
+            Ok(0) if at_boundary => return Ok(()), // the client closed between requests
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the client closed the connection in the middle of a request",
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // An idle keep-alive connection timed out: close it quietly.
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && at_boundary => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                return protocol_error(codec, client, &ProtocolError::Timeout);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One turn of decoding.
+enum Step {
+    Handled {
+        len: usize,
+        mark: usize,
+        handled: io::Result<()>,
+        outcome: Outcome,
+    },
+    Incomplete,
+    Bad(ProtocolError),
+}
+
+/// How long, at most, the loop keeps reading and discarding after an error reply.
+const LINGER: Duration = Duration::from_secs(2);
+/// How much it reads at most meanwhile.
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// Sends the codec's error reply and ends the connection; the worker logs the event once.
+///
+/// The close lingers: the connection is shut for writing (the reply is followed by a FIN),
+/// then what the client still sends is read and discarded for a moment. Closing a socket
+/// with unread input makes the kernel send a reset, which can destroy the reply before the
+/// client reads it (a 413 sent while the client is still uploading its body).
+fn protocol_error<C: Codec>(codec: &mut C, client: &mut Client, e: &ProtocolError) -> io::Result<()> {
+    codec.encode_error(e, client.output());
+    let flushed = client.flush_output();
+    tracing::info!(
+        "bad request from {}: {e}; closing the connection",
+        client.peer_addr()
+    );
+    flushed?;
+    client.linger(LINGER, LINGER_BYTES);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+    use crate::client::Buffers;
+    use crate::codec::{Http, HttpRequest, HttpResponse, Lines, LinesResponse};
+    use crate::listener::Addr;
+
+    /// A worker context that reports a saturated pool, or not.
+    struct Fake {
+        saturated: bool,
+    }
+
+    impl Context for Fake {
+        fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
+            Boundary::Wait
+        }
+        fn saturated(&mut self) -> bool {
+            self.saturated
+        }
+    }
+
+    struct Hello;
+
+    impl RequestHandler for Hello {
+        type Codec = Http;
+        fn codec(&self) -> Http {
+            Http::default()
+        }
+        fn handle_request(&mut self, _: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+            res.write_all(b"hi")
+        }
+    }
+
+    struct Echo;
+
+    impl RequestHandler for Echo {
+        type Codec = Lines;
+        fn codec(&self) -> Lines {
+            Lines::default()
+        }
+        fn handle_request(&mut self, line: &&[u8], res: &mut LinesResponse<'_>) -> io::Result<()> {
+            res.push(line);
+            res.push(b"\n");
+            Ok(())
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        keepalive_timeout: Some(Duration::from_secs(5)),
+        read_timeout: Some(Duration::from_secs(5)),
+        keepalive_requests: 1000,
+    };
+
+    /// Serves `input` (then end of file) on one end of a socket pair; returns the output.
+    fn serve<H: RequestHandler>(handler: H, input: &[u8], saturated: bool) -> String {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut client = Client::new(
+            Socket::from(std::os::fd::OwnedFd::from(ours)),
+            Addr::Unix(None),
+            Buffers::new(),
+        );
+        let mut peer = theirs;
+        peer.write_all(input).unwrap();
+        peer.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut level = RequestLevel::new(handler, LIMITS.clone());
+        level.serve(&mut client, &mut Fake { saturated }).unwrap();
+        let _ = client.finish();
+        let mut out = String::new();
+        peer.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    const TWO_GETS: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    #[test]
+    fn http_keeps_connections_alive_while_workers_are_free() {
+        let out = serve(Hello, TWO_GETS, false);
+        assert_eq!(out.matches("200 OK").count(), 2, "{out}");
+        assert!(!out.contains("Connection: close"), "{out}");
+    }
+
+    #[test]
+    fn on_a_saturated_pool_http_announces_the_close() {
+        // Clients are queued and no worker is idle: the response says so, and the loop
+        // stops there, rather than dropping the connection after a keep-alive response.
+        let out = serve(Hello, TWO_GETS, true);
+        assert_eq!(
+            out.matches("200 OK").count(),
+            1,
+            "the second request is not answered: {out}"
+        );
+        assert!(out.contains("Connection: close"), "{out}");
+    }
+
+    #[test]
+    fn protocols_that_cannot_announce_a_close_keep_their_connection() {
+        let out = serve(Echo, b"a\nb\n", true);
+        assert_eq!(out, "a\nb\n");
+    }
+}
