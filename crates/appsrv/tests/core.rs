@@ -327,11 +327,16 @@ fn crash_looping_workers_back_off_and_recover() {
     std::fs::remove_file(&marker).unwrap();
     server.wait_for_log("workers are starting normally again");
     server.wait_for_workers(2);
-    let errors = server
-        .log_text()
-        .matches("workers keep dying right after start")
-        .count();
+    let log = server.log_text();
+    let errors = log.matches("workers keep dying right after start").count();
     assert_eq!(errors, 1, "one clear error line per episode, not one per death");
+    // The back-off must hold even though the other worker, started before the failures,
+    // stays alive the whole time (it proves nothing about new workers).
+    let deaths = log.matches("exited with status 3").count();
+    assert!(
+        deaths <= 12,
+        "{deaths} failed starts: the back-off did not slow them down"
+    );
 }
 
 #[test]

@@ -1,0 +1,185 @@
+//! A small HTTP/1.1 server on the request level: `Hello, World!` and static files.
+//!
+//! Run it:
+//!
+//! ```text
+//! cargo run --release --example http_hello                        # serves 127.0.0.1:8080
+//! cargo run --release --example http_hello -- --static-dir ./site # and ./site under /static/
+//! ```
+//!
+//! Then, from another terminal:
+//!
+//! ```text
+//! $ curl -i http://127.0.0.1:8080/
+//! HTTP/1.1 200 OK
+//! Content-Type: text/plain
+//! Content-Length: 13
+//! Date: Tue, 03 Jun 2025 10:00:00 GMT
+//!
+//! Hello, World!
+//! $ curl -I http://127.0.0.1:8080/static/index.html   # HEAD: the same head, no body
+//! $ ab -n 100000 -c 8 -k http://127.0.0.1:8080/      # or: wrk -c 8 -d 10 http://127.0.0.1:8080/
+//! ```
+//!
+//! Routes: `GET /` answers `Hello, World!` (text/plain); `GET /static/NAME` sends the file
+//! NAME of `--static-dir` with `sendfile(2)`, its `Content-Type` taken from the extension;
+//! a missing file is `404`, a name that tries to leave the directory (`..`, an absolute
+//! path, a NUL byte, a symbolic link to a file outside) is `400` or `404`; methods other
+//! than `GET` and `HEAD` get `405` with `Allow: GET, HEAD`.
+//!
+//! What to observe: a keep-alive client (`ab -k`, `wrk`, `curl` with several URLs) keeps
+//! its connection and its worker; pipelined requests are answered in order with their
+//! responses written together; a malformed request gets `400 Bad Request` with
+//! `Connection: close` and the worker goes on with the next client. A `--static-dir` that
+//! does not exist stops the server at start with a clear message.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use appsrv::codec::{Http, HttpRequest, HttpResponse};
+
+#[derive(clap::Args, Debug)]
+struct Args {
+    /// Serve the files of DIR under /static/ (without it, /static/ answers 404).
+    #[arg(long, value_name = "DIR")]
+    static_dir: Option<PathBuf>,
+}
+
+struct HttpHello {
+    /// The canonical static directory.
+    root: Option<PathBuf>,
+}
+
+impl appsrv::RequestHandler for HttpHello {
+    type Codec = Http;
+
+    fn codec(&self) -> Http {
+        Http::new()
+    }
+
+    fn handle_request(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+        if req.method() != "GET" && req.method() != "HEAD" {
+            res.header("Allow", "GET, HEAD");
+            return plain(res, 405, "method not allowed\n");
+        }
+        let path = req.path();
+        if path == "/" {
+            res.content_type("text/plain");
+            return res.write_all(b"Hello, World!");
+        }
+        match path.strip_prefix("/static/") {
+            Some(name) => self.static_file(name, res),
+            None => plain(res, 404, "not found\n"),
+        }
+    }
+}
+
+impl HttpHello {
+    /// Sends the file `name` (still percent-encoded, as in the request) of the static
+    /// directory.
+    fn static_file(&self, name: &str, res: &mut HttpResponse<'_>) -> io::Result<()> {
+        let Some(root) = &self.root else {
+            return plain(res, 404, "not found\n");
+        };
+        let Some(name) = percent_decode(name) else {
+            return plain(res, 400, "bad percent-encoding\n");
+        };
+        let Some(relative) = safe_relative_path(&name) else {
+            return plain(res, 400, "bad file name\n");
+        };
+        // Symbolic links are followed, but only to files inside the directory.
+        let file = match root.join(relative).canonicalize() {
+            Ok(full) if full.starts_with(root) => File::open(full),
+            Ok(_) => return plain(res, 404, "not found\n"),
+            Err(e) => Err(e),
+        };
+        let (file, len) = match file.and_then(|f| f.metadata().map(|m| (f, m))) {
+            Ok((f, meta)) if meta.is_file() => (f, meta.len()),
+            Ok(_) => return plain(res, 404, "not found\n"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return plain(res, 404, "not found\n"),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return plain(res, 403, "forbidden\n"),
+            Err(e) => return Err(e),
+        };
+        res.content_type(content_type(relative));
+        res.send_file(file, 0..len);
+        Ok(())
+    }
+}
+
+/// A short text/plain response.
+fn plain(res: &mut HttpResponse<'_>, status: u16, text: &str) -> io::Result<()> {
+    res.status(status).content_type("text/plain; charset=utf-8");
+    res.write_all(text.as_bytes())
+}
+
+/// Decodes `%XX` escapes; `None` for a malformed escape.
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hi = (bytes.next()? as char).to_digit(16)?;
+            let lo = (bytes.next()? as char).to_digit(16)?;
+            out.push((hi * 16 + lo) as u8);
+        } else {
+            out.push(b);
+        }
+    }
+    Some(out)
+}
+
+/// `name` as a path relative to the static directory, or `None` if it could leave it or
+/// is not a plain file name: empty, absolute, with a NUL, or with an empty, `.` or `..`
+/// component.
+fn safe_relative_path(name: &[u8]) -> Option<&Path> {
+    if name.is_empty() || name.contains(&0) {
+        return None;
+    }
+    let plain = name
+        .split(|b| *b == b'/')
+        .all(|part| !part.is_empty() && part != b"." && part != b"..");
+    plain.then(|| Path::new(OsStr::from_bytes(name)))
+}
+
+/// The `Content-Type` of a file, from its extension.
+fn content_type(path: &Path) -> &'static str {
+    let ext = path.extension().and_then(OsStr::to_str).unwrap_or("");
+    match ext.to_ascii_lowercase().as_str() {
+        "html" | "htm" => "text/html; charset=utf-8",
+        "txt" => "text/plain; charset=utf-8",
+        "css" => "text/css",
+        "js" => "text/javascript",
+        "json" => "application/json",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "svg" => "image/svg+xml",
+        "xml" => "application/xml",
+        _ => "application/octet-stream",
+    }
+}
+
+/// The canonical form of `--static-dir`, which must be a directory.
+fn static_root(dir: &Path) -> appsrv::Result<PathBuf> {
+    let root = dir
+        .canonicalize()
+        .map_err(|e| appsrv::Error::Config(format!("--static-dir {}: {e}", dir.display())))?;
+    if !root.is_dir() {
+        return Err(appsrv::Error::Config(format!(
+            "--static-dir {}: not a directory",
+            dir.display()
+        )));
+    }
+    Ok(root)
+}
+
+fn main() -> appsrv::Result<()> {
+    let mut server = appsrv::Server::new("http_hello")
+        .about("Answers Hello, World! over HTTP/1.1 and serves the files of --static-dir")
+        .listen("127.0.0.1:8080");
+    let args: Args = server.args();
+    let root = args.static_dir.as_deref().map(static_root).transpose()?;
+    server.run_requests(move || Ok(HttpHello { root: root.clone() }))
+}

@@ -1,0 +1,195 @@
+//! The request level: codecs driven by the framework's loop, through the `ping` (a codec of
+//! its own, RESP) and `kv` (the built-in `Lines` codec) examples as real processes.
+//!
+//! Regression tests for issue #4 ("Request handlers, protocol codecs").
+
+mod util;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use util::*;
+
+fn ping(args: &[&str]) -> Server {
+    let mut all = vec!["-l", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Server::start("ping", &all)
+}
+
+fn connect(server: &Server) -> TcpStream {
+    let s = TcpStream::connect(server.tcp_addr()).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s
+}
+
+/// Reads exactly `n` bytes.
+fn read_n(s: &mut TcpStream, n: usize) -> String {
+    let mut buf = vec![0; n];
+    s.read_exact(&mut buf).unwrap();
+    String::from_utf8(buf).unwrap()
+}
+
+fn read_to_end(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let server = ping(&["-w", "2"]);
+    let mut s = connect(&server);
+    // Inline and RESP array forms, several in one write, the last one split.
+    s.write_all(b"PING\r\n*1\r\n$4\r\nPING\r\nECHO x\r\n*1\r\n$4\r\nPI")
+        .unwrap();
+    s.write_all(b"NG\r\nQUIT\r\n").unwrap();
+    let all = read_to_end(&mut s);
+    assert_eq!(
+        all, "+PONG\r\n+PONG\r\n-ERR unknown command\r\n+PONG\r\n+OK\r\n",
+        "QUIT closes after +OK"
+    );
+}
+
+#[test]
+fn a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client() {
+    let server = ping(&["-w", "1"]);
+    let mut bad = connect(&server);
+    bad.write_all(b"*1\r\n%4\r\nPING\r\n").unwrap();
+    let reply = read_to_end(&mut bad);
+    assert!(
+        reply.starts_with("-ERR Protocol error: malformed request"),
+        "{reply:?}"
+    );
+    server.wait_for_log("bad request from 127.0.0.1:");
+    let mut next = connect(&server);
+    next.write_all(b"PING\r\n").unwrap();
+    assert_eq!(
+        read_n(&mut next, 7),
+        "+PONG\r\n",
+        "the single worker survived and serves"
+    );
+    assert_eq!(server.worker_pids().len(), 1);
+    assert!(!server.log_text().contains("exited"), "no worker was replaced");
+}
+
+#[test]
+fn an_oversized_line_is_refused_with_the_codec_error() {
+    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1"]);
+    let mut s = connect(&server);
+    let long = vec![b'x'; 70 * 1024];
+    let _ = s.write_all(&long); // the server may close before reading it all
+    let reply = read_to_end(&mut s);
+    assert!(
+        reply.starts_with("-ERR line too large (limit 65536 bytes)"),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn idle_connections_end_after_the_keepalive_timeout() {
+    let server = ping(&["-w", "2", "--keepalive-timeout", "0.3"]);
+    let mut s = connect(&server);
+    s.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_n(&mut s, 7), "+PONG\r\n");
+    let started = Instant::now();
+    assert_eq!(read_to_end(&mut s), "", "closed without a reply");
+    assert!(started.elapsed() < PATIENCE);
+}
+
+#[test]
+fn a_request_that_stops_half_way_times_out_with_the_codec_error() {
+    let server = ping(&["-w", "2", "--keepalive-timeout", "30", "--read-timeout", "0.3"]);
+    let mut s = connect(&server);
+    s.write_all(b"*1\r\n$4\r\nPI").unwrap();
+    let reply = read_to_end(&mut s);
+    assert!(
+        reply.contains("timed out waiting for the rest of the request"),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn an_idle_keepalive_connection_does_not_starve_waiting_clients() {
+    // One worker; a client that keeps its connection open but idle must not keep a second
+    // client waiting for the keep-alive timeout.
+    let server = ping(&["-w", "1", "--keepalive-timeout", "60"]);
+    let mut idle = connect(&server);
+    idle.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_n(&mut idle, 7), "+PONG\r\n");
+    let started = Instant::now();
+    let mut waiting = connect(&server);
+    waiting.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_n(&mut waiting, 7), "+PONG\r\n");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "served long before the keep-alive timeout"
+    );
+    assert_eq!(read_to_end(&mut idle), "", "the idle connection was given up");
+}
+
+#[test]
+fn stop_closes_idle_keepalive_connections_at_once() {
+    let mut server = ping(&["-w", "2", "--keepalive-timeout", "60"]);
+    let mut s = connect(&server);
+    s.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_n(&mut s, 7), "+PONG\r\n");
+    server.signal(libc::SIGTERM);
+    assert_eq!(read_to_end(&mut s), "", "closed at the request boundary");
+    assert!(server.wait_exit().success());
+    assert!(
+        !server.log_text().contains("grace period"),
+        "no need to wait for the grace period"
+    );
+}
+
+#[test]
+fn kv_keeps_state_per_worker() {
+    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1"]);
+    let mut a = LineClient::tcp(server.tcp_addr());
+    assert_eq!(a.ask("SET colour blue"), "OK");
+    assert_eq!(a.ask("GET colour"), "VALUE blue");
+    drop(a);
+    let mut b = LineClient::tcp(server.tcp_addr());
+    assert_eq!(b.ask("GET colour"), "VALUE blue", "one worker, one map");
+    assert_eq!(b.ask("DEL colour"), "DELETED");
+    assert_eq!(b.ask("GET colour"), "NOT_FOUND");
+    assert_eq!(b.ask("QUIT"), "BYE");
+    assert_eq!(b.rest().unwrap(), "");
+}
+
+#[test]
+fn ping_answers_redis_benchmark_without_errors() {
+    let Ok(out) = Command::new("redis-benchmark").arg("--version").output() else {
+        eprintln!("skipped: redis-benchmark is not installed (.ci/run installs redis-tools)");
+        return;
+    };
+    assert!(out.status.success());
+    let server = ping(&["-w", "4"]);
+    let port = server.tcp_addr().port().to_string();
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "ping_inline,ping_mbulk",
+            "-n",
+            "4000",
+            "-c",
+            "4",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("Error"), "{stderr}");
+    assert!(
+        stdout.contains("PING_INLINE:") && stdout.contains("PING_MBULK:"),
+        "{stdout}"
+    );
+}
