@@ -4,6 +4,9 @@
 //! PROG [run] [OPTIONS]     run in the foreground (the default subcommand)
 //! PROG start [OPTIONS]     run as a daemon (≡ run --daemon); returns once ready
 //! PROG stop [--now]        stop the daemon named by the pid file, and wait
+//! PROG status [--json]     the master's status, through the control socket
+//! PROG metrics             Prometheus/OpenMetrics text, through the control socket
+//! PROG workers +N|-N       grow or shrink the pool, through the control socket
 //! ```
 //!
 //! Every option can also come from the environment, as `PROG_OPTION` with the program's
@@ -45,7 +48,32 @@ pub(crate) struct Defaults {
     pub(crate) log_level: Level,
     pub(crate) keepalive_timeout: Option<Duration>,
     pub(crate) keepalive_requests: u32,
+    pub(crate) pool: PoolKind,
 }
+
+/// The pool policies of `--pool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PoolKind {
+    /// Always `--workers` workers.
+    Static,
+    /// Between `--min-spare` and `--max-spare` idle workers, at most `--max-workers`.
+    Dynamic,
+    /// No worker until a client comes; idle workers leave after `--worker-idle-timeout`.
+    Ondemand,
+}
+
+/// The default `--min-spare` (dynamic pool).
+pub(crate) const DEFAULT_MIN_SPARE: usize = 2;
+/// The default `--max-spare` (dynamic pool).
+pub(crate) const DEFAULT_MAX_SPARE: usize = 8;
+/// The default `--start-workers` (dynamic pool).
+pub(crate) const DEFAULT_START: usize = 4;
+/// The default `--max-workers` (dynamic and ondemand pools).
+pub(crate) const DEFAULT_MAX_WORKERS: usize = 128;
+/// The default `--worker-idle-timeout` (ondemand pool), as PHP-FPM's.
+pub(crate) const DEFAULT_WORKER_IDLE: Duration = Duration::from_secs(10);
+/// The default `--request-timeout` of request-level servers.
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The default `--keepalive-timeout`, as Apache's `KeepAliveTimeout`.
 pub(crate) const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -67,6 +95,7 @@ impl Default for Defaults {
             log_level: Level::INFO,
             keepalive_timeout: Some(DEFAULT_KEEPALIVE_TIMEOUT),
             keepalive_requests: DEFAULT_KEEPALIVE_REQUESTS,
+            pool: PoolKind::Static,
         }
     }
 }
@@ -86,6 +115,21 @@ pub(crate) struct Config {
     pub(crate) log_level: Level,
     pub(crate) keepalive_timeout: Option<Duration>,
     pub(crate) keepalive_requests: u32,
+    pub(crate) pool: PoolKind,
+    pub(crate) start_workers: usize,
+    pub(crate) min_spare: usize,
+    pub(crate) max_spare: usize,
+    pub(crate) max_workers: usize,
+    pub(crate) worker_idle_timeout: Duration,
+    pub(crate) max_requests: u64,
+    pub(crate) max_connections: u64,
+    pub(crate) max_jitter: u64,
+    pub(crate) max_worker_memory_mib: u64,
+    pub(crate) max_worker_age: Option<Duration>,
+    /// `None`: the default of the handler's level (60 s for requests, off for clients).
+    pub(crate) request_timeout: Option<Duration>,
+    pub(crate) control: Option<PathBuf>,
+    pub(crate) metrics_listen: Option<String>,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -111,7 +155,7 @@ pub(crate) fn env_prefix(name: &str) -> String {
         .collect()
 }
 
-const SUBCOMMANDS: &[&str] = &["run", "start", "stop", "help"];
+const SUBCOMMANDS: &[&str] = &["run", "start", "stop", "status", "metrics", "workers", "help"];
 
 /// Inserts the default subcommand `run` when the command line names none, so that
 /// `hello -l 127.0.0.1:0` means `hello run -l 127.0.0.1:0` (and `hello --help` shows the
@@ -163,6 +207,44 @@ fn grace_arg(prefix: &str, d: &Defaults) -> Arg {
         .value_parser(secs)
         .default_value(fmt_secs(d.grace_period))
         .help("On stop, how long connections in progress may take to finish before their workers are killed")
+}
+
+fn control_arg(prefix: &str) -> Arg {
+    env_opt(prefix, "control")
+        .value_name("PATH")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("The control socket (status, metrics, workers): /run/NAME/ctl.sock as root, $XDG_RUNTIME_DIR/NAME.sock otherwise. The server opens it when this is given or when it has a pid file (start, --pid-file)")
+}
+
+fn count(prefix: &str, id: &'static str, default: usize, help: &'static str) -> Arg {
+    env_opt(prefix, id)
+        .value_name("N")
+        .value_parser(clap::value_parser!(u64))
+        .default_value(default.to_string())
+        .help(help)
+}
+
+/// The control subcommands: `status`, `metrics`, `workers`.
+pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
+    vec![
+        Command::new("status")
+            .about("Print the server's status (uptime, totals, one row per worker, the scoreboard line); exit 3 if it is not running")
+            .arg(control_arg(prefix))
+            .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("As JSON")),
+        Command::new("metrics")
+            .about("Print the server's metrics in Prometheus/OpenMetrics text format")
+            .arg(control_arg(prefix)),
+        Command::new("workers")
+            .about("Grow (+N) or shrink (-N) the pool: the static size, or min-spare and max-workers of a dynamic pool (as TTIN/TTOU do, one at a time)")
+            .arg(control_arg(prefix))
+            .arg(
+                Arg::new("delta")
+                    .value_name("+N|-N")
+                    .required(true)
+                    .allow_negative_numbers(true)
+                    .value_parser(clap::value_parser!(i32).range(-1024..=1024)),
+            ),
+    ]
 }
 
 /// The `run` subcommand with the standard options, defaults from `d`, and environment
@@ -284,6 +366,51 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .default_value(d.log_level.as_str().to_ascii_lowercase())
                 .help("Log level"),
         )
+        .arg(
+            env_opt(prefix, "pool")
+                .value_name("POLICY")
+                .value_parser(clap::value_parser!(PoolKind))
+                .default_value(match d.pool {
+                    PoolKind::Static => "static",
+                    PoolKind::Dynamic => "dynamic",
+                    PoolKind::Ondemand => "ondemand",
+                })
+                .help("Pool policy: static (--workers), dynamic (--start-workers, --min-spare, --max-spare, --max-workers) or ondemand (--max-workers, --worker-idle-timeout). TTIN/TTOU and `workers +N|-N` change the static size, or min-spare and max-workers"),
+        )
+        .arg(count(prefix, "start-workers", DEFAULT_START, "Dynamic pool: workers at start"))
+        .arg(count(prefix, "min-spare", DEFAULT_MIN_SPARE, "Dynamic pool: below this many idle workers, start more (1, 2, 4 … 32 per round of 50 ms while the shortage lasts)"))
+        .arg(count(prefix, "max-spare", DEFAULT_MAX_SPARE, "Dynamic pool: above this many idle workers, retire one per second"))
+        .arg(count(prefix, "max-workers", DEFAULT_MAX_WORKERS, "Dynamic and ondemand pools: at most this many workers"))
+        .arg(
+            env_opt(prefix, "worker-idle-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(DEFAULT_WORKER_IDLE))
+                .help("Ondemand pool: a worker idle this long leaves"),
+        )
+        .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
+        .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
+        .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))
+        .arg(count(prefix, "max-worker-memory", 0, "Recycle a worker whose memory (PSS, MiB, sampled every 5 s) exceeds this (0: never)"))
+        .arg(
+            env_opt(prefix, "max-worker-age")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value("0")
+                .help("Recycle a worker after this long (0: never)"),
+        )
+        .arg(
+            env_opt(prefix, "request-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .help("Kill a worker whose handler runs longer than this on one request (handle_client: on one connection), with a log line naming the client and the request [default: 60 for request-level handlers, off for handle_client; 0: off]"),
+        )
+        .arg(control_arg(prefix))
+        .arg(
+            env_opt(prefix, "metrics-listen")
+                .value_name("ADDR")
+                .help("Serve /metrics over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100) for Prometheus, from the master"),
+        )
         .arg(pid_file_arg(prefix))
         .arg(
             env_opt(prefix, "log-file")
@@ -314,6 +441,7 @@ pub(crate) fn command(
         .subcommand(app(run_command(&prefix, d)))
         .subcommand(app(start_command(&prefix, d)))
         .subcommand(stop_command(&prefix, d))
+        .subcommands(control_commands(&prefix))
         .after_help(
             "Signals: TERM, INT or QUIT stop gracefully (a second one, a second later, stops at once); \
              USR1 reopens the log file.",
@@ -328,11 +456,31 @@ fn timeout(m: &ArgMatches, id: &str) -> Option<Duration> {
     m.get_one::<Duration>(id).copied().filter(|d| !d.is_zero())
 }
 
+fn n(m: &ArgMatches, id: &str) -> u64 {
+    *m.get_one::<u64>(id).expect("has a default")
+}
+
 /// Reads the standard options out of the `run` subcommand's matches.
 pub(crate) fn config(m: &ArgMatches) -> Config {
     Config {
         keepalive_timeout: timeout(m, "keepalive-timeout"),
         keepalive_requests: *m.get_one::<u32>("keepalive-requests").expect("has a default"),
+        pool: *m.get_one::<PoolKind>("pool").expect("has a default"),
+        start_workers: n(m, "start-workers") as usize,
+        min_spare: n(m, "min-spare") as usize,
+        max_spare: n(m, "max-spare") as usize,
+        max_workers: n(m, "max-workers") as usize,
+        worker_idle_timeout: *m
+            .get_one::<Duration>("worker-idle-timeout")
+            .expect("has a default"),
+        max_requests: n(m, "max-requests"),
+        max_connections: n(m, "max-connections"),
+        max_jitter: n(m, "max-jitter"),
+        max_worker_memory_mib: n(m, "max-worker-memory"),
+        max_worker_age: timeout(m, "max-worker-age"),
+        request_timeout: m.get_one::<Duration>("request-timeout").copied(),
+        control: m.get_one::<PathBuf>("control").cloned(),
+        metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())

@@ -74,6 +74,9 @@ pub struct Client {
     rend: usize,
     wbuf: Vec<u8>,
     closed: bool,
+    /// Bytes received and sent on this connection, for the scoreboard.
+    received: u64,
+    sent: u64,
 }
 
 impl Client {
@@ -86,6 +89,8 @@ impl Client {
             rend: 0,
             wbuf: buffers.write,
             closed: false,
+            received: 0,
+            sent: 0,
         }
     }
 
@@ -184,7 +189,11 @@ impl Client {
         loop {
             match (&self.socket).read(buf) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => continue,
-                other => return other.map_err(timed_out),
+                Ok(n) => {
+                    self.received += n as u64;
+                    return Ok(n);
+                }
+                Err(e) => return Err(timed_out(e)),
             }
         }
     }
@@ -217,6 +226,12 @@ impl Client {
     /// For the request loop: the received bytes not yet consumed.
     pub(crate) fn unconsumed_mut(&mut self) -> &mut [u8] {
         &mut self.rbuf[self.rpos..self.rend]
+    }
+
+    /// Bytes received and sent on this connection so far (those written directly by
+    /// `write_vectored`/`sendfile` included).
+    pub(crate) fn traffic(&self) -> (u64, u64) {
+        (self.received, self.sent)
     }
 
     /// For the request loop: the unconsumed input and the output buffer, together.
@@ -295,7 +310,10 @@ impl Client {
         let mut done = 0;
         while done < self.wbuf.len() {
             match self.socket.send_with_flags(&self.wbuf[done..], libc::MSG_MORE) {
-                Ok(n) => done += n,
+                Ok(n) => {
+                    done += n;
+                    self.sent += n as u64;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     self.wbuf.drain(..done);
@@ -311,7 +329,10 @@ impl Client {
             let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
             match nix::sys::sendfile::sendfile64(&self.socket, file, Some(&mut offset), chunk) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => left -= n as u64,
+                Ok(n) => {
+                    left -= n as u64;
+                    self.sent += n as u64;
+                }
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(timed_out(e.into())),
             }
@@ -339,7 +360,10 @@ impl Client {
             }
             match (&self.socket).write(&self.wbuf[done..]) {
                 Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => done += n,
+                Ok(n) => {
+                    done += n;
+                    self.sent += n as u64;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => break Err(timed_out(e)),
             }
@@ -417,6 +441,7 @@ impl Write for Client {
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
+            self.sent += n as u64;
             if n >= self.wbuf.len() {
                 let from_data = n - self.wbuf.len();
                 self.wbuf.clear();
@@ -434,7 +459,11 @@ impl Write for Client {
         loop {
             match (&self.socket).write(data) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                other => return other.map_err(timed_out),
+                Ok(n) => {
+                    self.sent += n as u64;
+                    return Ok(n);
+                }
+                Err(e) => return Err(timed_out(e)),
             }
         }
     }

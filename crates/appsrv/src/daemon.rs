@@ -105,6 +105,10 @@ impl PidClaim {
             let ours = current.metadata().map_err(err)?;
             match std::fs::metadata(path) {
                 Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => {
+                    // A stale file still names the dead master, whose pid may belong to
+                    // another process by now: empty it, so that nobody signals that pid.
+                    // (Locked and empty reads as "starting" to `stop`.)
+                    current.set_len(0).map_err(err)?;
                     return Ok(PidClaim {
                         path: path.to_owned(),
                         current,
@@ -135,6 +139,9 @@ impl PidClaim {
             .open(&tmp)
             .map_err(err)?;
         let published = (|| {
+            // Readable by everyone, whatever the umask (the daemon's is 027): `stop` and
+            // monitoring may run as other users.
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
             if !sys::try_lock(file.as_fd(), true)? {
                 return Err(io::Error::other("the new pid file is locked by another process"));
             }
@@ -181,6 +188,8 @@ pub(crate) enum Running {
     Stale(Option<i32>),
     /// A live master.
     Yes(i32),
+    /// Locked but empty: a master is starting and has not published its pid yet.
+    Starting,
 }
 
 /// Looks at a pid file without taking it over.
@@ -197,8 +206,7 @@ pub(crate) fn running(path: &Path) -> io::Result<Running> {
     }
     match pid {
         Some(p) => Ok(Running::Yes(p)),
-        // Locked but still empty: a master is publishing it right now.
-        None => Ok(Running::Stale(None)),
+        None => Ok(Running::Starting),
     }
 }
 
@@ -249,14 +257,17 @@ impl Readiness {
         self.pipe.as_ref().map(AsRawFd::as_raw_fd)
     }
 
-    /// Tells the waiting `start` command the server is ready.
+    /// Tells the waiting `start` command the server is ready. The pipe stays open (and
+    /// its descriptor number taken) for the master's life: workers forked later close that
+    /// number, which must not name another file by then.
     pub(crate) fn ready(&mut self) {
-        if let Some(mut p) = self.pipe.take() {
+        if let Some(p) = self.pipe.as_mut() {
             let _ = p.write_all(b"R");
         }
     }
 
-    /// Tells the waiting `start` command why the server could not start.
+    /// Tells the waiting `start` command why the server could not start (if it is still
+    /// waiting: after `ready`, the message goes nowhere).
     pub(crate) fn failed(&mut self, reason: &str) {
         if let Some(mut p) = self.pipe.take() {
             let _ = p.write_all(format!("E{reason}").as_bytes());
@@ -389,7 +400,15 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
         return 1;
     };
     let shown = path.display();
-    let pid = match running(&path) {
+    // A master that is starting publishes its pid when it is about to serve: wait for it
+    // (a stop that arrives during a start must stop what is being started).
+    let started = Instant::now();
+    let mut state = running(&path);
+    while matches!(state, Ok(Running::Starting)) && started.elapsed() < grace + STOP_MARGIN {
+        std::thread::sleep(Duration::from_millis(50));
+        state = running(&path);
+    }
+    let pid = match state {
         Ok(Running::No) => {
             println!("{name}: not running (no pid file {shown})");
             return 0;
@@ -400,6 +419,10 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
             return 0;
         }
         Ok(Running::Yes(pid)) => Pid::from_raw(pid),
+        Ok(Running::Starting) => {
+            eprintln!("error: {name} is still starting (pid file {shown} locked, no pid yet)");
+            return 1;
+        }
         Err(e) => {
             eprintln!("error: reading the pid file {shown}: {e}");
             return if e.kind() == io::ErrorKind::PermissionDenied {

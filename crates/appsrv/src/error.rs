@@ -58,7 +58,7 @@ pub enum Error {
         reason: String,
     },
     /// Another master holds the pid file.
-    #[error("already running as pid {pid} (pid file {})", pid_file.display())]
+    #[error("{} (pid file {})", if *pid > 0 { format!("already running as pid {pid}") } else { "already starting".to_owned() }, pid_file.display())]
     AlreadyRunning {
         /// The running master's pid (0 if the file was still empty).
         pid: i32,

@@ -34,6 +34,7 @@
 pub mod cli;
 mod client;
 pub mod codec;
+mod control;
 mod daemon;
 mod error;
 mod handler;
@@ -46,6 +47,7 @@ mod privilege;
 mod scoreboard;
 mod serve;
 mod server;
+mod status;
 mod sys;
 mod worker;
 

@@ -22,12 +22,15 @@ use nix::sys::signal::{self, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Pid};
 
+use crate::control::{self, Control, MetricsListener, Reply, Request};
 use crate::error::Error;
 use crate::listener::Listener;
 use crate::notify::{Channel, Message};
-use crate::pool::{self, Backoff, Policy, Verdict};
-use crate::scoreboard::Board;
+use crate::pool::{self, Backoff, Policy, SpawnRate, Verdict};
+use crate::scoreboard::{self, Board, State};
+use crate::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::sys::{self, exit};
+use crate::worker::blocking::Recycle;
 
 /// The signals the master listens to.
 #[derive(Debug)]
@@ -41,6 +44,8 @@ pub(crate) struct Signals {
     quit: Arc<AtomicBool>,
     child: Arc<AtomicBool>,
     reopen: Arc<AtomicBool>,
+    grow: Arc<AtomicBool>,
+    shrink: Arc<AtomicBool>,
     other: Vec<(Signal, Arc<AtomicBool>)>,
 }
 
@@ -66,16 +71,12 @@ impl Signals {
         let quit = flag(Signal::SIGQUIT)?;
         let child = flag(Signal::SIGCHLD)?;
         let reopen = flag(Signal::SIGUSR1)?;
-        let other = [
-            Signal::SIGHUP,
-            Signal::SIGUSR2,
-            Signal::SIGTTIN,
-            Signal::SIGTTOU,
-            Signal::SIGWINCH,
-        ]
-        .into_iter()
-        .map(|s| flag(s).map(|f| (s, f)))
-        .collect::<io::Result<_>>()?;
+        let grow = flag(Signal::SIGTTIN)?;
+        let shrink = flag(Signal::SIGTTOU)?;
+        let other = [Signal::SIGHUP, Signal::SIGUSR2, Signal::SIGWINCH]
+            .into_iter()
+            .map(|s| flag(s).map(|f| (s, f)))
+            .collect::<io::Result<_>>()?;
         Ok(Signals {
             wake,
             wake_fds,
@@ -84,6 +85,8 @@ impl Signals {
             quit,
             child,
             reopen,
+            grow,
+            shrink,
             other,
         })
     }
@@ -118,7 +121,7 @@ impl Signals {
 enum Phase {
     /// Forking the first workers, waiting for each to report ready.
     Starting,
-    /// Serving; dead workers are replaced.
+    /// Serving; dead workers are replaced, the pool follows its policy.
     Running,
     /// Listeners shut, workers finishing their connections until the deadline.
     Stopping {
@@ -129,10 +132,37 @@ enum Phase {
     },
 }
 
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Stopping { .. } => "stopping",
+        }
+    }
+}
+
 /// A stop signal that arrives within this time of the first counts as the same request: a
 /// signal sent to a pid and to its process group at once (as `timeout(1)` does, or a
 /// supervisor and a terminal together) reaches the master twice.
 pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(1);
+
+/// How often the master looks at its workers when it has periodic duties (a dynamic pool,
+/// timeouts, recycling by age or memory).
+const TICK: Duration = Duration::from_millis(250);
+/// How often worker memory is sampled (reading smaps costs).
+const MEMORY_INTERVAL: Duration = Duration::from_secs(5);
+/// After SIGABRT, how long a stuck worker has to dump core before SIGKILL.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// Why a worker is asked to leave while the pool goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// Recycled (request, connection, memory or age limit): replaced first, then stopped.
+    Recycle(&'static str),
+    /// Surplus idle worker of a dynamic or on-demand pool, or a shrunk pool: not replaced.
+    Surplus,
+}
 
 #[derive(Debug)]
 struct Worker {
@@ -141,11 +171,39 @@ struct Worker {
     ready: bool,
     /// A start failure the worker reported before it exited.
     failure: Option<String>,
+    /// Asked to leave (or about to be).
+    leaving: Option<Leave>,
+    /// SIGTERM sent.
+    stop_sent: bool,
+    /// Killed by the master for exceeding the request timeout, and when.
+    timed_out: Option<Instant>,
+}
+
+impl Worker {
+    /// Whether the worker counts towards the pool's size: not on its way out.
+    fn active(&self) -> bool {
+        self.leaving.is_none() && self.timed_out.is_none()
+    }
+}
+
+/// Recycling and timeout settings.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Limits {
+    /// Per-worker request and connection limits before jitter.
+    pub(crate) recycle: Recycle,
+    /// Added to each limit: a number from 0 to this, drawn for each worker.
+    pub(crate) jitter: u64,
+    /// Recycle a worker above this PSS, in kB (0: never).
+    pub(crate) max_memory_kib: u64,
+    pub(crate) max_age: Option<Duration>,
+    /// Kill a worker whose current request (or connection) runs longer.
+    pub(crate) request_timeout: Option<Duration>,
 }
 
 /// Settings the master needs.
 #[derive(Debug)]
 pub(crate) struct Settings {
+    pub(crate) name: String,
     pub(crate) policy: Policy,
     /// The shared board; the master clears the slot of a worker that died.
     pub(crate) board: &'static Board,
@@ -155,6 +213,9 @@ pub(crate) struct Settings {
     pub(crate) log_file: Option<(PathBuf, Option<Gid>)>,
     /// Other descriptors of the master's that workers must close (pid file, readiness pipe).
     pub(crate) master_fds: Vec<RawFd>,
+    pub(crate) limits: Limits,
+    pub(crate) control: Option<Control>,
+    pub(crate) metrics: Option<MetricsListener>,
 }
 
 /// The master's state.
@@ -164,16 +225,29 @@ pub(crate) struct Master<'a> {
     listeners: &'a [Listener],
     channel: &'a Channel,
     signals: Signals,
+    /// Written by workers when the pool runs short of idle workers.
+    wake: nix::sys::eventfd::EventFd,
     workers: BTreeMap<Pid, Worker>,
     phase: Phase,
     backoff: Backoff,
+    rate: SpawnRate,
+    started: Instant,
+    next_round: Option<Instant>,
+    last_retire: Instant,
+    last_memory_check: Instant,
+    max_reached: bool,
+    max_reached_total: u64,
+    restarts: BTreeMap<&'static str, u64>,
+    /// Counters of workers that are gone.
+    retired: Totals,
+    rng: u64,
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
 ///
 /// (`Infallible` stands for `!`, which cannot yet be written in a closure's type: a
 /// function of this type can only end the process.)
-pub(crate) type Entry<'e> = dyn FnMut(u32, &[RawFd]) -> Infallible + 'e;
+pub(crate) type Entry<'e> = dyn FnMut(u32, Recycle, &[RawFd]) -> Infallible + 'e;
 
 impl<'a> Master<'a> {
     pub(crate) fn new(
@@ -181,16 +255,33 @@ impl<'a> Master<'a> {
         listeners: &'a [Listener],
         channel: &'a Channel,
         signals: Signals,
-    ) -> Self {
-        Master {
+    ) -> Result<Self, Error> {
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        let wake = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map_err(|e| Error::sys("creating the wake-up eventfd", e))?;
+        sys::set_wake_fd(wake.as_fd().as_raw_fd());
+        settings.board.set_min_spare(settings.policy.wake_below() as u32);
+        let now = Instant::now();
+        Ok(Master {
             settings,
             listeners,
             channel,
             signals,
+            wake,
             workers: BTreeMap::new(),
             phase: Phase::Starting,
             backoff: Backoff::default(),
-        }
+            rate: SpawnRate::default(),
+            started: now,
+            next_round: None,
+            last_retire: now,
+            last_memory_check: now,
+            max_reached: false,
+            max_reached_total: 0,
+            restarts: BTreeMap::new(),
+            retired: Totals::default(),
+            rng: (u64::from(std::process::id()) << 32) ^ scoreboard::now_ns() | 1,
+        })
     }
 
     /// Runs the pool until it stops. Returns an error when the first workers cannot
@@ -216,23 +307,37 @@ impl<'a> Master<'a> {
         for l in self.listeners {
             l.remove_file();
         }
+        if let Some(c) = &self.settings.control {
+            c.remove_file();
+        }
         result
     }
 
     fn run_loop(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<(), Error> {
         // At start-up a failed fork is fatal: better a clear error now than a server that
         // limps along with part of its pool.
-        for _ in 0..self.settings.policy.target() {
+        for _ in 0..self.settings.policy.initial() {
             self.spawn(entry)?;
         }
         loop {
             self.wait();
             self.signals.drain();
+            let mut buf = [0u8; 8];
+            let _ = nix::unistd::read(&self.wake, &mut buf);
+            self.settings.board.clear_wake();
             if let Some(sig) = self.signals.take_stop() {
                 self.on_stop_signal(sig);
             }
             if self.signals.reopen.swap(false, Ordering::SeqCst) {
                 self.reopen_log();
+            }
+            if self.signals.grow.swap(false, Ordering::SeqCst) {
+                let d = self.resize(1);
+                tracing::info!("SIGTTIN received: {d}");
+            }
+            if self.signals.shrink.swap(false, Ordering::SeqCst) {
+                let d = self.resize(-1);
+                tracing::info!("SIGTTOU received: {d}");
             }
             for (sig, flag) in &self.signals.other {
                 if flag.swap(false, Ordering::SeqCst) {
@@ -248,19 +353,23 @@ impl<'a> Master<'a> {
             if self.signals.child.swap(false, Ordering::SeqCst) {
                 self.reap()?;
             }
+            self.service_control();
             match self.phase {
                 Phase::Starting => {
                     // A worker that was ready and died meanwhile (a handler panic on the
                     // very first connection) is replaced here too.
                     self.maintain(entry)?;
-                    let target = self.settings.policy.target();
-                    if self.workers.values().filter(|w| w.ready).count() >= target {
+                    let initial = self.settings.policy.initial();
+                    if self.workers.values().filter(|w| w.ready).count() >= initial {
                         self.phase = Phase::Running;
-                        tracing::info!(workers = target, "ready");
+                        tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
                         on_ready();
                     }
                 }
-                Phase::Running => self.maintain(entry)?,
+                Phase::Running => {
+                    self.check_workers();
+                    self.maintain(entry)?;
+                }
                 Phase::Stopping {
                     deadline,
                     killed,
@@ -288,53 +397,93 @@ impl<'a> Master<'a> {
         }
     }
 
-    /// Sleeps until a signal, a message, or the next deadline.
+    /// Whether the master has work to do on a clock (not only on events).
+    fn has_periodic_duties(&self) -> bool {
+        !matches!(self.settings.policy, Policy::Static(_))
+            || self.settings.limits.request_timeout.is_some()
+            || self.settings.limits.max_age.is_some()
+            || self.settings.limits.max_memory_kib > 0
+            || self.workers.values().any(|w| w.timed_out.is_some())
+    }
+
+    /// Sleeps until a signal, a message, a wake-up, a control request, or the next deadline.
     fn wait(&mut self) {
         let now = Instant::now();
-        let deadline = match self.phase {
+        let mut deadlines: Vec<Instant> = Vec::new();
+        match self.phase {
             Phase::Stopping {
                 deadline,
                 killed: false,
                 ..
-            } => Some(deadline),
-            Phase::Stopping { .. } => None,
+            } => deadlines.push(deadline),
+            Phase::Stopping { .. } => {}
             Phase::Starting | Phase::Running => {
-                let spawn_at = (self.workers.len() < self.settings.policy.target())
-                    .then(|| self.backoff.not_before())
-                    .flatten();
+                if self.active() < self.target() {
+                    deadlines.extend(self.backoff.not_before());
+                }
                 // While failures are counted, wake when a ready worker has survived its
                 // start, to reset the back-off. Only future times: a past one would make
                 // every poll return at once.
-                let survivor_check = self
-                    .backoff
-                    .active()
-                    .then(|| {
+                if self.backoff.active() {
+                    deadlines.extend(
                         self.workers
                             .values()
                             .filter(|w| w.ready && self.backoff.counts_as_survivor(w.spawned))
                             .map(|w| w.spawned + pool::EARLY_DEATH)
                             .filter(|t| *t > now)
-                            .min()
-                    })
-                    .flatten();
-                [spawn_at, survivor_check].into_iter().flatten().min()
+                            .min(),
+                    );
+                }
+                deadlines.extend(self.next_round);
+                if self.has_periodic_duties() {
+                    deadlines.push(now + TICK);
+                }
             }
-        };
-        let timeout = match deadline {
+        }
+        deadlines.extend(self.settings.control.as_ref().and_then(Control::next_deadline));
+        deadlines.extend(
+            self.settings
+                .metrics
+                .as_ref()
+                .and_then(MetricsListener::next_deadline),
+        );
+        let timeout = match deadlines.into_iter().min() {
             None => PollTimeout::NONE,
             Some(t) => {
                 let ms = t.saturating_duration_since(now).as_millis().saturating_add(1);
                 PollTimeout::try_from(ms.min(60_000) as i32).unwrap_or(PollTimeout::NONE)
             }
         };
-        let mut fds = [
+        // An on-demand pool with no idle worker watches the listeners themselves, between
+        // rounds (a listener stays readable until a worker accepts: watching it right after
+        // a spawn would spin).
+        let watch_listeners = matches!(self.settings.policy, Policy::Ondemand { .. })
+            && self.phase == Phase::Running
+            && self.settings.board.idle() == 0
+            && self.active() < self.settings.policy.max()
+            && self.next_round.is_none_or(|t| t <= now);
+        let mut fds = vec![
             PollFd::new(self.signals.wake.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.channel.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
         ];
+        if let Some(c) = &self.settings.control {
+            fds.extend(c.poll_fds());
+        }
+        if let Some(m) = &self.settings.metrics {
+            fds.extend(m.poll_fds());
+        }
+        if watch_listeners {
+            fds.extend(
+                self.listeners
+                    .iter()
+                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
+            );
+        }
         match nix::poll::poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
-                // poll on two valid pipes cannot fail short of memory exhaustion; do not
+                // poll on valid descriptors cannot fail short of memory exhaustion; do not
                 // spin if it does.
                 tracing::error!("poll failed: {}", e.desc());
                 std::thread::sleep(Duration::from_millis(100));
@@ -386,8 +535,38 @@ impl<'a> Master<'a> {
             return;
         };
         match msg {
-            Message::Ready => w.ready = true,
+            Message::Ready => {
+                w.ready = true;
+                // A replacement is ready: one worker waiting to be recycled may go now.
+                self.release_one_retiring();
+            }
             Message::StartFailed(reason) => w.failure = Some(reason),
+            Message::Retire => {
+                if w.leaving.is_none() {
+                    w.leaving = Some(Leave::Recycle("limit"));
+                    tracing::info!(
+                        "worker {} (pid {pid}) reached its recycling limit; replacing it",
+                        w.id
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends SIGTERM to the oldest worker waiting to be recycled whose replacement exists.
+    fn release_one_retiring(&mut self) {
+        let spare = self.ready_active() >= self.target().min(self.settings.policy.max());
+        if !spare {
+            return;
+        }
+        if let Some((pid, w)) = self
+            .workers
+            .iter_mut()
+            .filter(|(_, w)| matches!(w.leaving, Some(Leave::Recycle(_))) && !w.stop_sent)
+            .min_by_key(|(_, w)| w.spawned)
+        {
+            w.stop_sent = true;
+            let _ = signal::kill(*pid, Signal::SIGTERM);
         }
     }
 
@@ -415,8 +594,8 @@ impl<'a> Master<'a> {
     }
 
     fn on_exit(&mut self, status: WaitStatus) -> Result<(), Error> {
-        let (pid, reason) = match status {
-            WaitStatus::Exited(pid, code) => (pid, exit_reason(code)),
+        let (pid, reason, signaled) = match status {
+            WaitStatus::Exited(pid, code) => (pid, exit_reason(code), false),
             WaitStatus::Signaled(pid, sig, core) => (
                 pid,
                 format!(
@@ -424,6 +603,7 @@ impl<'a> Master<'a> {
                     sig.as_str(),
                     if core { " (core dumped)" } else { "" }
                 ),
+                true,
             ),
             _ => return Ok(()),
         };
@@ -434,9 +614,20 @@ impl<'a> Master<'a> {
         let Some(worker) = self.workers.remove(&pid) else {
             return Ok(());
         };
-        // A worker killed while waiting in accept must not count as idle any more.
-        self.settings.board.set_busy(worker.id);
+        // What the worker was doing, from its slot, before the slot is freed.
+        let view = self.settings.board.read(worker.id);
+        let serving = view.as_ref().and_then(|v| match (&v.peer, v.current) {
+            (Some(peer), Some(t)) if v.state != State::Idle => {
+                Some(format!(" while serving {peer} for {}", fmt_duration(t)))
+            }
+            _ => None,
+        });
+        if let Some(v) = &view {
+            self.retired.add(v);
+        }
+        self.settings.board.release(worker.id);
         let lived = worker.spawned.elapsed();
+        let serving = serving.unwrap_or_default();
         match self.phase {
             Phase::Starting if !worker.ready => {
                 let reason = worker.failure.unwrap_or(reason);
@@ -453,34 +644,83 @@ impl<'a> Master<'a> {
                 tracing::debug!("worker {} (pid {pid}) {reason}", worker.id);
             }
             Phase::Starting | Phase::Running => {
+                if worker.timed_out.is_some() {
+                    self.count_restart("timeout");
+                    tracing::info!(
+                        "worker {} (pid {pid}) {reason}; starting a replacement",
+                        worker.id
+                    );
+                    return Ok(());
+                }
+                match worker.leaving {
+                    Some(Leave::Recycle(_)) if worker.stop_sent => {
+                        self.count_restart("recycled");
+                        tracing::info!("worker {} (pid {pid}) recycled", worker.id);
+                        return Ok(());
+                    }
+                    Some(Leave::Surplus) if worker.stop_sent => {
+                        tracing::info!("worker {} (pid {pid}) retired (surplus)", worker.id);
+                        return Ok(());
+                    }
+                    _ => {}
+                }
+                self.count_restart(if signaled { "signal" } else { "exit" });
                 let reason = match worker.failure {
                     Some(f) => format!("{reason}: {f}"),
                     None => reason,
                 };
                 let early = lived < pool::EARLY_DEATH || !worker.ready;
                 match self.backoff.record(early, Instant::now()) {
-                    Verdict::Replace => {
-                        tracing::warn!(
-                            "worker {} (pid {pid}) {reason}; starting a replacement",
+                    Verdict::Replace => tracing::warn!(
+                        "worker {} (pid {pid}) {reason}{serving}; starting a replacement",
+                        worker.id
+                    ),
+                    Verdict::BackOffStarted { delay, in_a_row } => {
+                        self.count_restart("backoff");
+                        tracing::error!(
+                            "worker {} (pid {pid}) {reason}{serving}; workers keep dying right after start \
+                             ({in_a_row} in a row): restarting them with exponential back-off, next in {delay:?}",
                             worker.id
                         )
                     }
-                    Verdict::BackOffStarted { delay, in_a_row } => tracing::error!(
-                        "worker {} (pid {pid}) {reason}; workers keep dying right after start \
-                         ({in_a_row} in a row): restarting them with exponential back-off, next in {delay:?}",
-                        worker.id
-                    ),
-                    Verdict::BackOff { delay, in_a_row } => tracing::debug!(
-                        "worker {} (pid {pid}) {reason}; {in_a_row} in a row, next in {delay:?}",
-                        worker.id
-                    ),
+                    Verdict::BackOff { delay, in_a_row } => {
+                        self.count_restart("backoff");
+                        tracing::debug!(
+                            "worker {} (pid {pid}) {reason}; {in_a_row} in a row, next in {delay:?}",
+                            worker.id
+                        )
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Keeps the pool at its target size.
+    fn count_restart(&mut self, reason: &'static str) {
+        *self.restarts.entry(reason).or_default() += 1;
+    }
+
+    /// Workers that count towards the pool's size.
+    fn active(&self) -> usize {
+        self.workers.values().filter(|w| w.active()).count()
+    }
+
+    fn ready_active(&self) -> usize {
+        self.workers.values().filter(|w| w.active() && w.ready).count()
+    }
+
+    /// How many workers the pool wants now.
+    fn target(&self) -> usize {
+        match &self.settings.policy {
+            Policy::Static(n) => *n,
+            // Dynamic and on-demand pools grow in rounds; between rounds they keep what
+            // they have (replacing workers that died or were recycled).
+            Policy::Dynamic { start, max, .. } => self.active().max(*start).min(*max),
+            Policy::Ondemand { max, .. } => self.active().min(*max),
+        }
+    }
+
+    /// Keeps the pool at its target size and runs the dynamic policies' rounds.
     fn maintain(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
         let now = Instant::now();
         if self.backoff.active()
@@ -493,38 +733,383 @@ impl<'a> Master<'a> {
         {
             tracing::info!("workers are starting normally again");
         }
-        while self.workers.len() < self.settings.policy.target() && self.backoff.may_spawn(now) {
-            if let Err(e) = self.spawn(entry) {
-                // Out of processes or memory: keep serving with the workers we have and
-                // retry with the crash-loop back-off rather than give up the server.
-                let delay = self.backoff.spawn_failed(now);
-                tracing::error!("cannot start a worker: {e}; retrying in {delay:?}");
+        // Replace what is missing (dead, timed out, being recycled).
+        let mut missing = self.target().saturating_sub(self.active());
+        while missing > 0 && self.backoff.may_spawn(now) {
+            if !self.try_spawn(entry, now)? {
                 break;
             }
+            missing -= 1;
             if self.backoff.active() {
                 break; // one at a time while failures are being counted
             }
         }
+        if self.phase == Phase::Running {
+            self.pool_round(entry, now)?;
+            self.shrink_static();
+        }
         Ok(())
     }
 
+    /// Spawns one worker; a failed fork while running backs off instead of ending the
+    /// server. Returns whether a worker was started.
+    fn try_spawn(&mut self, entry: &mut Entry<'_>, now: Instant) -> Result<bool, Error> {
+        match self.spawn(entry) {
+            Ok(()) => Ok(true),
+            Err(e) if self.phase == Phase::Running => {
+                // Out of processes or memory: keep serving with the workers we have and
+                // retry with the crash-loop back-off rather than give up the server.
+                let delay = self.backoff.spawn_failed(now);
+                tracing::error!("cannot start a worker: {e}; retrying in {delay:?}");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One round of a dynamic or on-demand pool: grow with a doubling rate while idle
+    /// workers are short, retire a surplus one per second, report "max workers reached".
+    fn pool_round(&mut self, entry: &mut Entry<'_>, now: Instant) -> Result<(), Error> {
+        if matches!(self.settings.policy, Policy::Static(_)) || self.next_round.is_some_and(|t| now < t) {
+            return Ok(());
+        }
+        self.next_round = None;
+        let idle = self.settings.board.idle() as usize;
+        let starting = self.workers.values().filter(|w| w.active() && !w.ready).count();
+        let active = self.active();
+        let max = self.settings.policy.max();
+        let short = match &self.settings.policy {
+            Policy::Dynamic { min_spare, .. } => idle + starting < *min_spare,
+            Policy::Ondemand { .. } => idle + starting == 0 && self.clients_queued(),
+            Policy::Static(_) => false,
+        };
+        if short && active < max {
+            // The rate doubles each round of a shortage (1, 2, 4 … 32), but a round never
+            // starts more than the shortage needs: the missing spares plus the connections
+            // already waiting in the accept queue (when the queue can be read: TCP). That
+            // grows as fast as Apache's doubling without overshooting by the last round.
+            let (min_spare, _) = self.settings.policy.spares();
+            let need = match self.queue_length() {
+                Some(queued) => {
+                    (min_spare.max(1) - (idle + starting).min(min_spare.max(1))) + queued as usize
+                }
+                None => usize::MAX,
+            };
+            let n = self.rate.next().min(max - active).min(need.max(1));
+            tracing::debug!("{idle} idle worker(s), {starting} starting: starting {n} more");
+            for _ in 0..n {
+                if !self.try_spawn(entry, now)? {
+                    break;
+                }
+            }
+            self.next_round = Some(now + pool::ROUND);
+            return Ok(());
+        }
+        if short {
+            let queued = self.queue_length();
+            if !self.max_reached && queued.is_some_and(|q| q > 0) {
+                self.max_reached = true;
+                self.max_reached_total += 1;
+                tracing::warn!(
+                    "max workers reached ({max}): {} connection(s) waiting in the listen queue",
+                    queued.unwrap_or(0)
+                );
+            }
+            self.next_round = Some(now + pool::ROUND);
+            return Ok(());
+        }
+        self.rate.reset();
+        if self.max_reached && (active < max || !self.clients_queued()) {
+            self.max_reached = false;
+        }
+        // Retire surplus idle workers.
+        let surplus = match &self.settings.policy {
+            Policy::Dynamic { max_spare, .. } => usize::from(
+                idle > *max_spare && now.duration_since(self.last_retire) >= pool::RETIRE_INTERVAL,
+            ),
+            Policy::Ondemand { idle_timeout, .. } => self
+                .workers
+                .values()
+                .filter(|w| w.active())
+                .filter(|w| {
+                    self.settings.board.read(w.id).is_some_and(|v| {
+                        v.state == State::Idle && v.idle_for.unwrap_or(v.age) >= *idle_timeout
+                    })
+                })
+                .count(),
+            Policy::Static(_) => 0,
+        };
+        for _ in 0..surplus {
+            if !self.retire_idle_worker() {
+                break;
+            }
+            self.last_retire = now;
+        }
+        Ok(())
+    }
+
+    /// A static pool made smaller (TTOU, `workers -N`): retire the surplus, idle first.
+    fn shrink_static(&mut self) {
+        if let Policy::Static(n) = self.settings.policy {
+            while self.active() > n {
+                if !self.retire_idle_worker() && !self.retire_any_worker() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Asks the idle worker that has been idle longest to leave; false if none is idle.
+    fn retire_idle_worker(&mut self) -> bool {
+        let board = self.settings.board;
+        let pick = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.active() && w.ready)
+            .filter_map(|(pid, w)| {
+                let v = board.read(w.id)?;
+                (v.state == State::Idle).then_some((*pid, v.idle_for.unwrap_or(v.age)))
+            })
+            .max_by_key(|(_, idle)| *idle)
+            .map(|(pid, _)| pid);
+        match pick {
+            Some(pid) => {
+                self.stop_worker(pid, Leave::Surplus);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn retire_any_worker(&mut self) -> bool {
+        let pick = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.active())
+            .map(|(pid, _)| *pid)
+            .next_back();
+        match pick {
+            Some(pid) => {
+                self.stop_worker(pid, Leave::Surplus);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn stop_worker(&mut self, pid: Pid, why: Leave) {
+        if let Some(w) = self.workers.get_mut(&pid) {
+            w.leaving = Some(why);
+            w.stop_sent = true;
+            let _ = signal::kill(pid, Signal::SIGTERM);
+        }
+    }
+
+    /// Request timeouts, recycling by age and memory, and the kill that follows an abort.
+    fn check_workers(&mut self) {
+        let now = Instant::now();
+        let limits = self.settings.limits.clone();
+        let board = self.settings.board;
+        let check_memory =
+            limits.max_memory_kib > 0 && now.duration_since(self.last_memory_check) >= MEMORY_INTERVAL;
+        if check_memory {
+            self.last_memory_check = now;
+        }
+        let mut recycle = Vec::new();
+        let mut expired = Vec::new();
+        for (pid, w) in &mut self.workers {
+            if let Some(since) = w.timed_out {
+                if now.duration_since(since) >= ABORT_GRACE {
+                    let _ = signal::kill(*pid, Signal::SIGKILL);
+                }
+                continue;
+            }
+            if let (Some(limit), Some(v)) = (limits.request_timeout, board.read(w.id)) {
+                if let Some(elapsed) = v.current.filter(|t| *t > limit) {
+                    if v.state != State::Idle && v.state != State::Starting {
+                        expired.push((*pid, w.id, elapsed, v));
+                        continue;
+                    }
+                }
+            }
+            if w.leaving.is_some() || !w.ready {
+                continue;
+            }
+            if limits
+                .max_age
+                .is_some_and(|age| now.duration_since(w.spawned) >= age)
+            {
+                recycle.push((*pid, "age"));
+            } else if check_memory && pss_kib(*pid).is_some_and(|kib| kib > limits.max_memory_kib) {
+                recycle.push((*pid, "memory"));
+            }
+        }
+        let abort = sys::core_dumps_enabled();
+        for (pid, id, elapsed, v) in expired {
+            let peer = v
+                .peer
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "no client".into());
+            tracing::error!(
+                "worker {id} (pid {pid}) exceeded the request timeout of {}: serving {peer} for {}, \
+                 request {:?}; killing it{}",
+                fmt_duration(limits.request_timeout.unwrap_or_default()),
+                fmt_duration(elapsed),
+                String::from_utf8_lossy(&v.head),
+                if abort { " (SIGABRT, for a core dump)" } else { "" }
+            );
+            let _ = signal::kill(pid, if abort { Signal::SIGABRT } else { Signal::SIGKILL });
+            if let Some(w) = self.workers.get_mut(&pid) {
+                w.timed_out = Some(now);
+            }
+        }
+        for (pid, why) in recycle {
+            if let Some(w) = self.workers.get_mut(&pid) {
+                tracing::info!(
+                    "worker {} (pid {pid}) reached its {why} limit; replacing it",
+                    w.id
+                );
+                w.leaving = Some(Leave::Recycle(why));
+            }
+        }
+        self.release_one_retiring();
+    }
+
+    /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
+    fn clients_queued(&self) -> bool {
+        let mut fds: Vec<PollFd<'_>> = self
+            .listeners
+            .iter()
+            .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+            .collect();
+        matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+
+    /// Connections waiting in the TCP listeners' accept queues (None without TCP listeners).
+    fn queue_length(&self) -> Option<u32> {
+        self.listeners
+            .iter()
+            .filter_map(|l| sys::listen_queue(l.as_fd()))
+            .map(|(q, _)| q)
+            .reduce(|a, b| a + b)
+    }
+
+    /// TTIN/TTOU and `workers +N|-N`.
+    fn resize(&mut self, delta: i32) -> String {
+        let d = self.settings.policy.adjust(delta, scoreboard::MAX_WORKERS);
+        self.settings
+            .board
+            .set_min_spare(self.settings.policy.wake_below() as u32);
+        self.next_round = None;
+        d
+    }
+
+    /// Answers the control socket and the metrics listener.
+    fn service_control(&mut self) {
+        if let Some(mut control) = self.settings.control.take() {
+            control.service(&mut |req| self.answer(req));
+            self.settings.control = Some(control);
+        }
+        if let Some(mut metrics) = self.settings.metrics.take() {
+            metrics.service(&mut || self.status());
+            self.settings.metrics = Some(metrics);
+        }
+    }
+
+    fn answer(&mut self, req: Request) -> Reply {
+        match req {
+            Request::Status { json: false } => Ok(control::render_text(&self.status())),
+            Request::Status { json: true } => Ok(control::render_json(&self.status())),
+            Request::Metrics => Ok(control::render_metrics(&self.status())),
+            Request::Workers(delta) => {
+                if !matches!(self.phase, Phase::Running) {
+                    return Err(format!("the server is {}", self.phase.name()));
+                }
+                let d = self.resize(delta);
+                tracing::info!("workers {delta:+} (control socket): {d}");
+                Ok(format!("{d}\n"))
+            }
+        }
+    }
+
+    /// A snapshot for `status` and `metrics`.
+    fn status(&self) -> Status {
+        let board = self.settings.board;
+        let workers: Vec<_> = self
+            .workers
+            .values()
+            .filter_map(|w| board.read(w.id).map(|v| (w.id, v)))
+            .collect();
+        let slots = self
+            .settings
+            .policy
+            .max()
+            .max(workers.iter().map(|(id, _)| *id as usize).max().unwrap_or(0));
+        let scoreboard = (1..=slots as u32)
+            .map(|id| board.read(id).map_or('.', |v| v.state.letter()))
+            .collect();
+        let (min_spare, max_spare) = self.settings.policy.spares();
+        Status {
+            name: self.settings.name.clone(),
+            master_pid: std::process::id(),
+            phase: self.phase.name(),
+            uptime: self.started.elapsed(),
+            pool: PoolStatus {
+                policy: self.settings.policy.name(),
+                target: self.target(),
+                min_spare,
+                max_spare,
+                max: self.settings.policy.max(),
+            },
+            listeners: self
+                .listeners
+                .iter()
+                .map(|l| {
+                    let q = sys::listen_queue(l.as_fd());
+                    ListenerStatus {
+                        addr: l.local_addr().to_string(),
+                        queued: q.map(|(n, _)| n),
+                        backlog: q.map(|(_, b)| b),
+                    }
+                })
+                .collect(),
+            workers,
+            scoreboard,
+            retired: self.retired.clone(),
+            max_workers_reached: self.max_reached_total,
+            restarts: ["exit", "signal", "timeout", "recycled", "backoff"]
+                .into_iter()
+                .map(|r| (r, self.restarts.get(r).copied().unwrap_or(0)))
+                .collect(),
+        }
+    }
+
     fn spawn(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
-        let id = (1..)
-            .find(|id| !self.workers.values().any(|w| w.id == *id))
-            .unwrap_or(0);
+        let Some(id) =
+            (1..=scoreboard::MAX_WORKERS as u32).find(|id| !self.workers.values().any(|w| w.id == *id))
+        else {
+            return Err(Error::Config(format!(
+                "more than {} workers",
+                scoreboard::MAX_WORKERS
+            )));
+        };
+        let recycle = self.draw_limits();
         let master_fds: Vec<RawFd> = self
             .signals
             .fds()
             .iter()
             .copied()
-            .chain([self.channel.read_fd()])
+            .chain([self.channel.read_fd(), self.wake.as_fd().as_raw_fd()])
             .chain(self.settings.master_fds.iter().copied())
+            .chain(self.settings.control.iter().flat_map(Control::raw_fds))
+            .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
             .collect();
         let _ = io::stdout().flush();
         // SAFETY: the master is single-threaded for its whole life (it starts no thread and
         // uses no crate that does; `sys::fork` checks); the log writer is unbuffered and
         // stdout was flushed above; the child runs `entry`, which ends in `_exit`.
-        let pid = unsafe { sys::fork_child(|| entry(id, &master_fds)) }?;
+        let pid = unsafe { sys::fork_child(|| entry(id, recycle, &master_fds)) }?;
+        self.settings.board.claim(id, pid.as_raw() as u32, 0);
         tracing::debug!("started worker {id} (pid {pid})");
         self.workers.insert(
             pid,
@@ -533,9 +1118,33 @@ impl<'a> Master<'a> {
                 spawned: Instant::now(),
                 ready: false,
                 failure: None,
+                leaving: None,
+                stop_sent: false,
+                timed_out: None,
             },
         );
         Ok(())
+    }
+
+    /// This worker's limits: the configured ones plus a jitter from 0 to `--max-jitter`,
+    /// so that workers started together do not all retire together.
+    fn draw_limits(&mut self) -> Recycle {
+        let base = self.settings.limits.recycle;
+        let jitter = self.settings.limits.jitter;
+        let mut draw = |limit: u64| {
+            if limit == 0 || jitter == 0 {
+                return limit;
+            }
+            // xorshift64: enough to spread restarts, no crate needed.
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            limit + self.rng % (jitter + 1)
+        };
+        Recycle {
+            max_requests: draw(base.max_requests),
+            max_connections: draw(base.max_connections),
+        }
     }
 
     /// USR1: reopens the log file (after logrotate moved it away), then asks the workers
@@ -562,6 +1171,29 @@ impl<'a> Master<'a> {
         for pid in self.workers.keys() {
             let _ = signal::kill(*pid, sig);
         }
+    }
+}
+
+/// PSS of a process in kB, from `/proc/PID/smaps_rollup`.
+fn pss_kib(pid: Pid) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pss:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `1.5s`, `250ms`, `2m05s`.
+fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
     }
 }
 

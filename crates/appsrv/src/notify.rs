@@ -23,6 +23,9 @@ pub(crate) enum Message {
     Ready,
     /// The worker cannot serve: the reason follows, then it exits.
     StartFailed(String),
+    /// The worker reached its request or connection limit: the master starts a
+    /// replacement, then asks this worker to stop once the replacement is ready.
+    Retire,
 }
 
 /// The shared pipe. Both ends are close-on-exec; the read end is non-blocking.
@@ -56,6 +59,7 @@ impl Channel {
         let (kind, text) = match msg {
             Message::Ready => (1u8, ""),
             Message::StartFailed(reason) => (2u8, reason.as_str()),
+            Message::Retire => (3u8, ""),
         };
         let mut text = text.as_bytes();
         text = &text[..text.len().min(MAX_MESSAGE - HEADER)];
@@ -102,6 +106,7 @@ impl Channel {
                 pid,
                 match kind {
                     1 => Message::Ready,
+                    3 => Message::Retire,
                     _ => Message::StartFailed(text),
                 },
             ));

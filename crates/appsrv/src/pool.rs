@@ -14,19 +14,128 @@ pub(crate) const EARLY_DEATH: Duration = Duration::from_secs(1);
 const FIRST_DELAY: Duration = Duration::from_millis(100);
 const MAX_DELAY: Duration = Duration::from_secs(10);
 
+/// How often the master looks at a dynamic or on-demand pool while it grows: rounds much
+/// shorter than the one second of Apache prefork and PHP-FPM, so that a pool reaches 128
+/// workers in well under a second instead of about eight.
+pub(crate) const ROUND: Duration = Duration::from_millis(50);
+/// How often it retires a surplus idle worker (one per interval), as Apache does.
+pub(crate) const RETIRE_INTERVAL: Duration = Duration::from_secs(1);
+/// The largest number of workers started in one round.
+pub(crate) const MAX_SPAWN_RATE: usize = 32;
+
 /// The pool policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Policy {
     /// Always `n` workers.
     Static(usize),
+    /// Between `min_spare` and `max_spare` idle workers, `start` at first, at most `max`.
+    Dynamic {
+        start: usize,
+        min_spare: usize,
+        max_spare: usize,
+        max: usize,
+    },
+    /// No worker until a connection waits; a worker idle for `idle_timeout` leaves.
+    Ondemand { max: usize, idle_timeout: Duration },
 }
 
 impl Policy {
-    /// How many workers the master should have running now.
-    pub(crate) fn target(&self) -> usize {
+    /// The name shown in status: static, dynamic or ondemand.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Policy::Static(_) => "static",
+            Policy::Dynamic { .. } => "dynamic",
+            Policy::Ondemand { .. } => "ondemand",
+        }
+    }
+
+    /// Workers to start with; the server is ready when they all are.
+    pub(crate) fn initial(&self) -> usize {
         match self {
             Policy::Static(n) => *n,
+            Policy::Dynamic { start, .. } => *start,
+            Policy::Ondemand { .. } => 0,
         }
+    }
+
+    /// The most workers the pool may have.
+    pub(crate) fn max(&self) -> usize {
+        match self {
+            Policy::Static(n) => *n,
+            Policy::Dynamic { max, .. } | Policy::Ondemand { max, .. } => *max,
+        }
+    }
+
+    /// The idle count below which a worker taking a connection wakes the master.
+    pub(crate) fn wake_below(&self) -> usize {
+        match self {
+            Policy::Static(_) => 0,
+            Policy::Dynamic { min_spare, .. } => *min_spare,
+            Policy::Ondemand { .. } => 1,
+        }
+    }
+
+    /// Grows (`delta` > 0) or shrinks the pool: the static size, or `min_spare` and `max`
+    /// of a dynamic pool, or `max` of an on-demand pool; bounded to 1..=`limit` workers.
+    /// Returns a description of the new sizes.
+    pub(crate) fn adjust(&mut self, delta: i32, limit: usize) -> String {
+        let apply = |v: usize| -> usize { (v as i64 + i64::from(delta)).clamp(1, limit as i64) as usize };
+        match self {
+            Policy::Static(n) => {
+                *n = apply(*n);
+                format!("static pool of {n} workers")
+            }
+            Policy::Dynamic {
+                min_spare,
+                max_spare,
+                max,
+                ..
+            } => {
+                *max = apply(*max);
+                *min_spare = apply(*min_spare).min(*max);
+                *max_spare = (*max_spare).max(*min_spare);
+                format!("dynamic pool: min spare {min_spare}, max spare {max_spare}, max {max}")
+            }
+            Policy::Ondemand { max, .. } => {
+                *max = apply(*max);
+                format!("ondemand pool: max {max}")
+            }
+        }
+    }
+
+    /// `(min_spare, max_spare)`, where they apply.
+    pub(crate) fn spares(&self) -> (usize, usize) {
+        match self {
+            Policy::Dynamic {
+                min_spare, max_spare, ..
+            } => (*min_spare, *max_spare),
+            Policy::Static(_) | Policy::Ondemand { .. } => (0, 0),
+        }
+    }
+}
+
+/// The spawn rate of a growing pool: 1, 2, 4 … up to [`MAX_SPAWN_RATE`] workers per round
+/// while a shortage lasts, back to 1 when it ends.
+#[derive(Debug)]
+pub(crate) struct SpawnRate(usize);
+
+impl Default for SpawnRate {
+    fn default() -> Self {
+        SpawnRate(1)
+    }
+}
+
+impl SpawnRate {
+    /// Workers to start this round of a shortage; the next round may start twice as many.
+    pub(crate) fn next(&mut self) -> usize {
+        let n = self.0;
+        self.0 = (self.0 * 2).min(MAX_SPAWN_RATE);
+        n
+    }
+
+    /// The shortage is over.
+    pub(crate) fn reset(&mut self) {
+        self.0 = 1;
     }
 }
 
@@ -118,6 +227,41 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spawn_rate_doubles_up_to_32() {
+        let mut r = SpawnRate::default();
+        let rounds: Vec<usize> = (0..8).map(|_| r.next()).collect();
+        assert_eq!(rounds, [1, 2, 4, 8, 16, 32, 32, 32]);
+        assert_eq!(rounds[..7].iter().sum::<usize>(), 95);
+        r.reset();
+        assert_eq!(r.next(), 1);
+    }
+
+    #[test]
+    fn adjusting_a_pool_stays_in_bounds() {
+        let mut p = Policy::Static(2);
+        p.adjust(3, 1024);
+        assert_eq!(p, Policy::Static(5));
+        p.adjust(-10, 1024);
+        assert_eq!(p, Policy::Static(1), "never below one worker");
+        let mut d = Policy::Dynamic {
+            start: 2,
+            min_spare: 2,
+            max_spare: 4,
+            max: 8,
+        };
+        d.adjust(-1, 1024);
+        assert_eq!(
+            d,
+            Policy::Dynamic {
+                start: 2,
+                min_spare: 1,
+                max_spare: 4,
+                max: 7
+            }
+        );
+    }
 
     #[test]
     fn back_off_doubles_and_resets() {

@@ -1,18 +1,140 @@
-//! Memory shared by the master and its workers: which workers are idle.
+//! The scoreboard: memory shared by the master and its workers, one slot per worker.
 //!
-//! Each worker owns one slot and writes only its own; the master reads all and clears the
-//! slot of a worker that died. Only `#[repr(C)]` atomics live here, in a `MAP_SHARED`
-//! mapping made before the first fork (see [`sys::map_shared`]).
+//! Each worker writes only its own slot; the master reads all of them (for the status, the
+//! request timeout, the pool's spare count, the log line naming a dead worker's client)
+//! and resets the slot of a worker that died. Only `#[repr(C)]` atomics live here, in a
+//! `MAP_SHARED` mapping made before the first fork (see [`sys::map_shared`]): a private
+//! mapping would give every worker its own copy. Nothing here is a lock: a reader may see a
+//! slot in the middle of an update (a request's first bytes from the previous request,
+//! say), which is fine for a status and for a diagnostic line.
+//!
+//! Each master maps its own board (a new master after an upgrade starts a new one).
+//!
+//! Updating a slot costs plain memory stores, no system call, so the request path keeps its
+//! floor; timestamps come from `CLOCK_MONOTONIC` through the vDSO.
 
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
+use crate::listener::Addr;
 use crate::sys::{self, SharedZeroed};
 
 /// The largest pool (worker ids run from 1 to this).
-pub(crate) const MAX_WORKERS: usize = 4096;
+pub(crate) const MAX_WORKERS: usize = 1024;
 
-const BUSY: u8 = 0;
-const IDLE: u8 = 1;
+/// How many of a request's first bytes a slot keeps.
+pub(crate) const HEAD_BYTES: usize = 64;
+
+/// Upper bounds of the request-duration histogram's buckets, in microseconds (the last
+/// bucket, +Inf, is implicit).
+pub(crate) const DURATION_BUCKETS_US: [u64; 12] = [
+    500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000,
+];
+
+/// What a worker is doing, as stored in its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum State {
+    /// Free slot.
+    Dead = 0,
+    /// Forked, not yet ready (privilege drop, factory).
+    Starting = 1,
+    /// Waiting in `accept`.
+    Idle = 2,
+    /// Connected, waiting for (the rest of) a request.
+    Reading = 3,
+    /// Running the handler.
+    Handling = 4,
+    /// Writing a response.
+    Writing = 5,
+    /// Closing a connection (lingering after an error).
+    Closing = 6,
+    /// Asked to stop or retire: finishing its connection, accepting no more.
+    Finishing = 7,
+}
+
+impl State {
+    fn from_u8(v: u8) -> State {
+        match v {
+            1 => State::Starting,
+            2 => State::Idle,
+            3 => State::Reading,
+            4 => State::Handling,
+            5 => State::Writing,
+            6 => State::Closing,
+            7 => State::Finishing,
+            _ => State::Dead,
+        }
+    }
+
+    /// The name used in status and metrics.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            State::Dead => "dead",
+            State::Starting => "starting",
+            State::Idle => "idle",
+            State::Reading => "reading",
+            State::Handling => "handling",
+            State::Writing => "writing",
+            State::Closing => "closing",
+            State::Finishing => "finishing",
+        }
+    }
+
+    /// The one-letter code of the scoreboard line, in the spirit of Apache's mod_status.
+    pub(crate) fn letter(self) -> char {
+        match self {
+            State::Dead => '.',
+            State::Starting => 'S',
+            State::Idle => '_',
+            State::Reading => 'R',
+            State::Handling => 'H',
+            State::Writing => 'W',
+            State::Closing => 'C',
+            State::Finishing => 'F',
+        }
+    }
+
+    /// Every state, in order.
+    pub(crate) const ALL: [State; 8] = [
+        State::Dead,
+        State::Starting,
+        State::Idle,
+        State::Reading,
+        State::Handling,
+        State::Writing,
+        State::Closing,
+        State::Finishing,
+    ];
+}
+
+/// One worker's slot.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pid: AtomicU32,
+    generation: AtomicU32,
+    state: AtomicU8,
+    head_len: AtomicU8,
+    /// 4 for IPv4, 6 for IPv6, 1 for a Unix peer, 0 for none.
+    peer_family: AtomicU8,
+    peer_port: AtomicU32,
+    peer_ip: [AtomicU64; 2],
+    connections: AtomicU64,
+    requests: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    /// Monotonic nanoseconds.
+    started: AtomicU64,
+    /// Start of the current request (handle_request) or connection (handle_client);
+    /// 0 when none is in progress.
+    request_started: AtomicU64,
+    last_activity: AtomicU64,
+    head: [AtomicU64; HEAD_BYTES / 8],
+    durations: [AtomicU64; DURATION_BUCKETS_US.len() + 1],
+    duration_sum_us: AtomicU64,
+}
 
 /// The shared table.
 #[repr(C)]
@@ -21,12 +143,24 @@ pub(crate) struct Board {
     /// How many workers wait in `accept` (kept beside the slots so that reading it costs
     /// one load, not a scan).
     idle: AtomicU32,
-    slots: [AtomicU8; MAX_WORKERS],
+    /// Below this many idle workers, a worker taking a connection wakes the master.
+    min_spare: AtomicU32,
+    /// Set by the worker that wakes the master, cleared by the master: one wake-up per
+    /// shortage, not one per connection.
+    wake_pending: AtomicBool,
+    slots: [Slot; MAX_WORKERS],
 }
 
-// SAFETY: `Board` is `#[repr(C)]`, made only of atomics (valid when zero), and holds no
-// pointers.
+// SAFETY: `Board` and `Slot` are `#[repr(C)]`, made only of atomics and arrays of atomics
+// (valid when zero), and hold no pointers.
 unsafe impl SharedZeroed for Board {}
+
+/// Monotonic time in nanoseconds, comparable between processes.
+pub(crate) fn now_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
 
 impl Board {
     /// Maps a new board; called once by the master before forking.
@@ -34,26 +168,46 @@ impl Board {
         sys::map_shared::<Board>()
     }
 
-    fn slot(&self, id: u32) -> Option<&AtomicU8> {
+    pub(crate) fn slot(&self, id: u32) -> Option<&Slot> {
         self.slots.get((id as usize).checked_sub(1)?)
     }
 
-    /// Worker `id` starts waiting for a connection.
-    pub(crate) fn set_idle(&self, id: u32) {
+    /// The master prepares slot `id` for a worker it just forked.
+    pub(crate) fn claim(&self, id: u32, pid: u32, generation: u32) {
         if let Some(s) = self.slot(id) {
-            if s.swap(IDLE, Ordering::AcqRel) != IDLE {
-                self.idle.fetch_add(1, Ordering::AcqRel);
-            }
+            s.reset();
+            s.pid.store(pid, Ordering::Release);
+            s.generation.store(generation, Ordering::Release);
+            s.started.store(now_ns(), Ordering::Release);
+            s.state.store(State::Starting as u8, Ordering::Release);
         }
     }
 
-    /// Worker `id` took a connection (or died: the master clears its slot).
-    pub(crate) fn set_busy(&self, id: u32) {
+    /// The master frees the slot of a worker that is gone, keeping the idle count right.
+    pub(crate) fn release(&self, id: u32) {
+        self.set_state(id, State::Dead);
         if let Some(s) = self.slot(id) {
-            if s.swap(BUSY, Ordering::AcqRel) == IDLE {
-                let _ = self
-                    .idle
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
+            s.pid.store(0, Ordering::Release);
+        }
+    }
+
+    /// Sets worker `id`'s state, keeping the idle count in step.
+    pub(crate) fn set_state(&self, id: u32, state: State) {
+        let Some(s) = self.slot(id) else { return };
+        let old = s.state.swap(state as u8, Ordering::AcqRel);
+        let was_idle = old == State::Idle as u8;
+        let is_idle = state == State::Idle;
+        if is_idle && !was_idle {
+            self.idle.fetch_add(1, Ordering::AcqRel);
+        } else if was_idle && !is_idle {
+            let _ = self
+                .idle
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
+            // A worker leaving the idle set may leave too few spares: wake the master, once.
+            if self.idle.load(Ordering::Acquire) < self.min_spare.load(Ordering::Acquire)
+                && !self.wake_pending.swap(true, Ordering::AcqRel)
+            {
+                sys::wake_master();
             }
         }
     }
@@ -62,6 +216,175 @@ impl Board {
     pub(crate) fn idle(&self) -> u32 {
         self.idle.load(Ordering::Acquire)
     }
+
+    /// Sets the spare threshold below which workers wake the master (0: never).
+    pub(crate) fn set_min_spare(&self, n: u32) {
+        self.min_spare.store(n, Ordering::Release);
+    }
+
+    /// The master acknowledges a wake-up.
+    pub(crate) fn clear_wake(&self) {
+        self.wake_pending.store(false, Ordering::Release);
+    }
+
+    /// Reads slot `id`.
+    pub(crate) fn read(&self, id: u32) -> Option<SlotView> {
+        let s = self.slot(id)?;
+        let now = now_ns();
+        let ago = |t: u64| (t != 0).then(|| Duration::from_nanos(now.saturating_sub(t)));
+        let head_len = (s.head_len.load(Ordering::Acquire) as usize).min(HEAD_BYTES);
+        let mut head = Vec::with_capacity(HEAD_BYTES);
+        for word in &s.head {
+            head.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        head.truncate(head_len);
+        Some(SlotView {
+            pid: s.pid.load(Ordering::Acquire),
+            generation: s.generation.load(Ordering::Acquire),
+            state: State::from_u8(s.state.load(Ordering::Acquire)),
+            connections: s.connections.load(Ordering::Relaxed),
+            requests: s.requests.load(Ordering::Relaxed),
+            bytes_in: s.bytes_in.load(Ordering::Relaxed),
+            bytes_out: s.bytes_out.load(Ordering::Relaxed),
+            age: ago(s.started.load(Ordering::Relaxed)).unwrap_or_default(),
+            current: ago(s.request_started.load(Ordering::Acquire)),
+            idle_for: ago(s.last_activity.load(Ordering::Relaxed)),
+            peer: s.peer(),
+            head,
+            durations: std::array::from_fn(|i| s.durations[i].load(Ordering::Relaxed)),
+            duration_sum: Duration::from_micros(s.duration_sum_us.load(Ordering::Relaxed)),
+        })
+    }
+}
+
+impl Slot {
+    fn reset(&self) {
+        for a in [
+            &self.connections,
+            &self.requests,
+            &self.bytes_in,
+            &self.bytes_out,
+            &self.started,
+            &self.request_started,
+            &self.last_activity,
+            &self.duration_sum_us,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+        for a in self.durations.iter().chain(&self.head).chain(&self.peer_ip) {
+            a.store(0, Ordering::Relaxed);
+        }
+        self.head_len.store(0, Ordering::Relaxed);
+        self.peer_family.store(0, Ordering::Relaxed);
+        self.peer_port.store(0, Ordering::Relaxed);
+    }
+
+    /// A connection was accepted from `peer`.
+    pub(crate) fn connection(&self, peer: &Addr) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        let (family, ip, port) = match peer {
+            Addr::Inet(SocketAddr::V4(a)) => (4, a.ip().to_ipv6_mapped().to_bits(), a.port()),
+            Addr::Inet(SocketAddr::V6(a)) => (6, a.ip().to_bits(), a.port()),
+            Addr::Unix(_) => (1, 0, 0),
+        };
+        self.peer_ip[0].store((ip >> 64) as u64, Ordering::Relaxed);
+        self.peer_ip[1].store(ip as u64, Ordering::Relaxed);
+        self.peer_port.store(u32::from(port), Ordering::Relaxed);
+        self.peer_family.store(family, Ordering::Release);
+        self.last_activity.store(now_ns(), Ordering::Relaxed);
+    }
+
+    fn peer(&self) -> Option<Addr> {
+        let ip = (u128::from(self.peer_ip[0].load(Ordering::Relaxed)) << 64)
+            | u128::from(self.peer_ip[1].load(Ordering::Relaxed));
+        let port = self.peer_port.load(Ordering::Relaxed) as u16;
+        match self.peer_family.load(Ordering::Acquire) {
+            4 => Ipv6Addr::from_bits(ip)
+                .to_ipv4_mapped()
+                .map(|v4| Addr::Inet(SocketAddr::new(IpAddr::V4(v4), port))),
+            6 => Some(Addr::Inet(SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::from_bits(ip)),
+                port,
+            ))),
+            1 => Some(Addr::Unix(None)),
+            _ => None,
+        }
+    }
+
+    /// A request (or, for `handle_client`, a connection) starts; `head` is its first bytes.
+    pub(crate) fn request_start(&self, head: &[u8]) -> u64 {
+        let now = now_ns();
+        let head = &head[..head.len().min(HEAD_BYTES)];
+        for (i, word) in self.head.iter().enumerate() {
+            let mut bytes = [0u8; 8];
+            let from = (i * 8).min(head.len());
+            let to = (i * 8 + 8).min(head.len());
+            bytes[..to - from].copy_from_slice(&head[from..to]);
+            word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+        }
+        self.head_len.store(head.len() as u8, Ordering::Relaxed);
+        self.request_started.store(now, Ordering::Release);
+        now
+    }
+
+    /// The request that started at `started` (from [`request_start`](Slot::request_start))
+    /// is done; `count` says whether it counts as a request (not for `handle_client`).
+    pub(crate) fn request_end(&self, started: u64, count: bool) {
+        let now = now_ns();
+        self.request_started.store(0, Ordering::Release);
+        self.last_activity.store(now, Ordering::Relaxed);
+        if count {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let us = now.saturating_sub(started) / 1_000;
+            let bucket = DURATION_BUCKETS_US
+                .iter()
+                .position(|b| us <= *b)
+                .unwrap_or(DURATION_BUCKETS_US.len());
+            self.durations[bucket].fetch_add(1, Ordering::Relaxed);
+            self.duration_sum_us.fetch_add(us, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes read from and written to clients.
+    pub(crate) fn add_bytes(&self, read: u64, written: u64) {
+        if read > 0 {
+            self.bytes_in.fetch_add(read, Ordering::Relaxed);
+        }
+        if written > 0 {
+            self.bytes_out.fetch_add(written, Ordering::Relaxed);
+        }
+    }
+
+    /// Connections and requests served so far.
+    pub(crate) fn served(&self) -> (u64, u64) {
+        (
+            self.connections.load(Ordering::Relaxed),
+            self.requests.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A copy of one slot, read by the master.
+#[derive(Debug, Clone)]
+pub(crate) struct SlotView {
+    pub(crate) pid: u32,
+    pub(crate) generation: u32,
+    pub(crate) state: State,
+    pub(crate) connections: u64,
+    pub(crate) requests: u64,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
+    /// Since the worker was forked.
+    pub(crate) age: Duration,
+    /// How long the current request (or connection) has been running.
+    pub(crate) current: Option<Duration>,
+    /// Since the last connection or request ended.
+    pub(crate) idle_for: Option<Duration>,
+    pub(crate) peer: Option<Addr>,
+    /// The first bytes of the current request.
+    pub(crate) head: Vec<u8>,
+    pub(crate) durations: [u64; DURATION_BUCKETS_US.len() + 1],
+    pub(crate) duration_sum: Duration,
 }
 
 #[cfg(test)]
@@ -69,21 +392,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn idle_count_follows_the_slots() {
+    fn idle_count_follows_the_states() {
         let b = Board::new().unwrap();
         assert_eq!(b.idle(), 0);
-        b.set_idle(1);
-        b.set_idle(1);
-        b.set_idle(7);
+        b.claim(1, 100, 0);
+        b.claim(7, 107, 0);
+        b.set_state(1, State::Idle);
+        b.set_state(1, State::Idle);
+        b.set_state(7, State::Idle);
         assert_eq!(b.idle(), 2, "a slot counts once");
-        b.set_busy(1);
-        b.set_busy(1);
+        b.set_state(1, State::Reading);
+        b.set_state(1, State::Handling);
         assert_eq!(b.idle(), 1);
-        b.set_busy(7);
-        b.set_busy(9);
+        b.release(7);
+        assert_eq!(b.idle(), 0, "a released idle worker no longer counts");
+        b.set_state(0, State::Idle); // no such slot: ignored
+        b.set_state(MAX_WORKERS as u32 + 1, State::Idle);
         assert_eq!(b.idle(), 0);
-        b.set_idle(0); // no such slot: ignored
-        b.set_idle(MAX_WORKERS as u32 + 1);
-        assert_eq!(b.idle(), 0);
+    }
+
+    #[test]
+    fn a_slot_reports_its_client_request_and_durations() {
+        let b = Board::new().unwrap();
+        b.claim(3, 42, 2);
+        let s = b.slot(3).unwrap();
+        s.connection(&Addr::Inet("192.0.2.7:4321".parse().unwrap()));
+        let t = s.request_start(
+            b"GET /slow HTTP/1.1\r\nHost: example\r\n\r\n and more bytes than fit in the head area",
+        );
+        let v = b.read(3).unwrap();
+        assert_eq!((v.pid, v.generation, v.connections), (42, 2, 1));
+        assert_eq!(v.peer, Some(Addr::Inet("192.0.2.7:4321".parse().unwrap())));
+        assert_eq!(v.head.len(), HEAD_BYTES);
+        assert!(v.head.starts_with(b"GET /slow HTTP/1.1"));
+        assert!(v.current.is_some());
+        s.request_end(t, true);
+        s.add_bytes(10, 20);
+        let v = b.read(3).unwrap();
+        assert_eq!((v.requests, v.bytes_in, v.bytes_out), (1, 10, 20));
+        assert!(v.current.is_none());
+        assert_eq!(v.durations.iter().sum::<u64>(), 1);
+        s.connection(&Addr::Inet("[2001:db8::1]:80".parse().unwrap()));
+        assert_eq!(
+            b.read(3).unwrap().peer,
+            Some(Addr::Inet("[2001:db8::1]:80".parse().unwrap()))
+        );
     }
 }

@@ -12,6 +12,7 @@ use socket2::Socket;
 use crate::client::Client;
 use crate::codec::{Codec, Decoded, Outcome, ProtocolError, Respond};
 use crate::handler::{Handler, RequestHandler};
+use crate::scoreboard::State;
 use crate::sys;
 
 /// What the request loop asks at a request boundary before it waits for the next request.
@@ -43,12 +44,30 @@ pub(crate) trait Context {
     /// client reconnects cleanly (rather than finding its keep-alive connection dropped
     /// with its next request in flight).
     fn saturated(&mut self) -> bool;
+
+    /// Whether the worker has reached its request limit (`--max-requests`): a codec that
+    /// can announce a close ends the connection after this response, so that a keep-alive
+    /// client cannot keep a worker past its limit.
+    fn retiring(&mut self) -> bool {
+        false
+    }
+
+    /// The worker's scoreboard state changes (reading, handling, writing, closing).
+    fn state(&mut self, _state: State) {}
+
+    /// A request begins; `head` is its first bytes (for the status and the timeout's log).
+    fn request_start(&mut self, _head: &[u8]) {}
+
+    /// The request that began is answered.
+    fn request_end(&mut self) {}
 }
 
 /// What a worker does with each connection.
 pub(crate) trait Connections {
     fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context) -> io::Result<()>;
     fn on_worker_exit(&mut self);
+    /// Whether requests are counted and timed one by one (not for `handle_client`).
+    fn request_level(&self) -> bool;
 }
 
 /// The client level.
@@ -62,6 +81,10 @@ impl<H: Handler> Connections for ClientLevel<H> {
 
     fn on_worker_exit(&mut self) {
         self.0.on_worker_exit();
+    }
+
+    fn request_level(&self) -> bool {
+        false
     }
 }
 
@@ -112,6 +135,10 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
     fn on_worker_exit(&mut self) {
         self.handler.on_worker_exit();
     }
+
+    fn request_level(&self) -> bool {
+        true
+    }
 }
 
 /// The request loop; returns when the connection should be closed (after flushing).
@@ -131,6 +158,7 @@ fn serve_requests<H: RequestHandler>(
     let max = codec.max_request_size();
     let announces_close = codec.announces_close();
     let mut served: u32 = 0;
+    let mut in_request = false;
     let mut mid_request_timeout = false;
     loop {
         // Answer every complete request already received, in order.
@@ -138,8 +166,20 @@ fn serve_requests<H: RequestHandler>(
             if client.unconsumed_mut().is_empty() {
                 break;
             }
-            let last = sys::stop_requested()
-                || (announces_close && (served + 1 >= limits.keepalive_requests || ctx.saturated()));
+            if !in_request {
+                let input = client.unconsumed_mut();
+                ctx.request_start(&input[..input.len().min(crate::scoreboard::HEAD_BYTES)]);
+                in_request = true;
+            }
+            // Only a protocol that can tell its client ends a connection between requests:
+            // to a client of one that cannot, a close looks like a failure, so its
+            // connections last until the client leaves (or a timeout, or the grace period),
+            // even while the worker stops or retires.
+            let last = announces_close
+                && (sys::stop_requested()
+                    || served + 1 >= limits.keepalive_requests
+                    || ctx.retiring()
+                    || ctx.saturated());
             // Decode and handle inside this block, which owns the borrow of the buffers;
             // what the connection does next is decided after it.
             let step = {
@@ -148,7 +188,9 @@ fn serve_requests<H: RequestHandler>(
                     Ok(Decoded::Request { request, len }) => {
                         let mark = out.len();
                         let mut res = codec.respond(&request, out, last);
+                        ctx.state(State::Handling);
                         let handled = handler.handle_request(&request, &mut res);
+                        ctx.state(State::Reading);
                         Step::Handled {
                             len,
                             mark,
@@ -173,16 +215,20 @@ fn serve_requests<H: RequestHandler>(
                     outcome,
                 } => (len, mark, handled, outcome),
                 Step::Incomplete => break,
-                Step::Bad(e) => return protocol_error(codec, client, &e),
+                Step::Bad(e) => return protocol_error(codec, client, ctx, &e),
             };
             served += 1;
+            ctx.request_end();
+            in_request = false;
             if let Err(e) = handled {
                 client.output().truncate(mark);
                 return Err(e);
             }
             client.consume_input(len);
             if let Some(body) = outcome.file {
+                ctx.state(State::Writing);
                 client.send_file(&body.file, body.range)?;
+                ctx.state(State::Reading);
             }
             if outcome.close || last {
                 return Ok(());
@@ -192,7 +238,7 @@ fn serve_requests<H: RequestHandler>(
         let pending = client.unconsumed_mut().len();
         let at_boundary = pending == 0;
         if at_boundary {
-            if sys::stop_requested() {
+            if announces_close && sys::stop_requested() {
                 return Ok(());
             }
             if mid_request_timeout {
@@ -204,19 +250,22 @@ fn serve_requests<H: RequestHandler>(
                 // check may wait.
                 client.flush_output()?;
             }
+            // Only a keep-alive connection, one that was served already, can be given up:
+            // a new connection whose first request has not arrived yet (a client that is
+            // slow to send, a loaded machine) would see its request dropped.
             let grace = if announces_close {
                 IDLE_GRACE
             } else {
                 IDLE_GRACE_SILENT
             };
-            if ctx.at_boundary(client.socket(), grace) == Boundary::GiveUp {
+            if served > 0 && ctx.at_boundary(client.socket(), grace) == Boundary::GiveUp {
                 tracing::debug!(
                     "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
                     client.peer_addr()
                 );
                 return Ok(());
             }
-            if sys::stop_requested() {
+            if announces_close && sys::stop_requested() {
                 return Ok(());
             }
         } else {
@@ -224,6 +273,7 @@ fn serve_requests<H: RequestHandler>(
                 return protocol_error(
                     codec,
                     client,
+                    ctx,
                     &ProtocolError::TooLarge {
                         what: "request",
                         limit: max,
@@ -248,7 +298,7 @@ fn serve_requests<H: RequestHandler>(
             // An idle keep-alive connection timed out: close it quietly.
             Err(e) if e.kind() == io::ErrorKind::TimedOut && at_boundary => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                return protocol_error(codec, client, &ProtocolError::Timeout);
+                return protocol_error(codec, client, ctx, &ProtocolError::Timeout);
             }
             Err(e) => return Err(e),
         }
@@ -278,7 +328,13 @@ const LINGER_BYTES: usize = 256 * 1024;
 /// then what the client still sends is read and discarded for a moment. Closing a socket
 /// with unread input makes the kernel send a reset, which can destroy the reply before the
 /// client reads it (a 413 sent while the client is still uploading its body).
-fn protocol_error<C: Codec>(codec: &mut C, client: &mut Client, e: &ProtocolError) -> io::Result<()> {
+fn protocol_error<C: Codec>(
+    codec: &mut C,
+    client: &mut Client,
+    ctx: &mut dyn Context,
+    e: &ProtocolError,
+) -> io::Result<()> {
+    ctx.state(State::Closing);
     codec.encode_error(e, client.output());
     let flushed = client.flush_output();
     tracing::info!(

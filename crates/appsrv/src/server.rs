@@ -12,16 +12,18 @@ use tracing::Level;
 use std::path::PathBuf;
 
 use crate::cli::{self, Config, Defaults};
+use crate::control::{self, Control, MetricsListener};
 use crate::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, RequestHandler, WorkerInfo};
 use crate::listener::{self, BindOptions, Listener};
-use crate::master::{Master, Settings, Signals};
+use crate::master::{Limits as MasterLimits, Master, Settings, Signals};
 use crate::notify::Channel;
 use crate::pool::Policy;
 use crate::privilege::{self, Plan};
 use crate::scoreboard::Board;
 use crate::serve::{ClientLevel, Connections, Limits, RequestLevel};
+use crate::worker::blocking::Recycle;
 use crate::worker::{self, StartHook};
 
 /// A server: its name, its defaults, and the command line it parses.
@@ -269,6 +271,24 @@ impl Server {
                 m.get_flag("now"),
                 *m.get_one::<Duration>("grace-period").expect("has a default"),
             )),
+            Some((sub @ ("status" | "metrics" | "workers"), m)) => {
+                let request = match sub {
+                    "status" => control::Request::Status {
+                        json: m.get_flag("json"),
+                    },
+                    "metrics" => control::Request::Metrics,
+                    _ => control::Request::Workers(*m.get_one::<i32>("delta").expect("required")),
+                };
+                let Some(path) = m
+                    .get_one::<PathBuf>("control")
+                    .cloned()
+                    .or_else(|| control::default_path(&self.name))
+                else {
+                    eprintln!("error: no default control socket location: set --control or XDG_RUNTIME_DIR");
+                    std::process::exit(1);
+                };
+                std::process::exit(control::client_command(&self.name, &path, request))
+            }
             _ => return Err(Error::Config("no subcommand".into())),
         };
         crate::log::init(&self.name, config.log_level);
@@ -297,18 +317,105 @@ impl Server {
             // request arrives in pieces).
             config.read_timeout = config.keepalive_timeout;
         }
+        let policy = pool_policy(&config)?;
+        let request_timeout = match config.request_timeout {
+            Some(t) if t.is_zero() => None,
+            Some(t) => Some(t),
+            None if request_level => Some(cli::DEFAULT_REQUEST_TIMEOUT),
+            None => None,
+        };
+        if !request_level && config.max_requests > 0 {
+            return Err(Error::Config(
+                "--max-requests counts requests, which a handle_client handler does not have \
+                 (it owns the whole connection): use --max-connections"
+                    .into(),
+            ));
+        }
+        let master_limits = MasterLimits {
+            recycle: Recycle {
+                max_requests: config.max_requests,
+                max_connections: config.max_connections,
+            },
+            jitter: config.max_jitter,
+            max_memory_kib: config.max_worker_memory_mib.saturating_mul(1024),
+            max_age: config.max_worker_age,
+            request_timeout,
+        };
         let mut factory = make_factory(limits);
         let mut start_hook = self.start_hook.take();
-        start(&config, &mut |setup| {
+        let name = self.name.clone();
+        start(&name, &config, policy, master_limits, &mut |setup| {
             worker::run(setup, &mut start_hook, &mut factory)
         })
     }
 }
 
-/// The master's start-up: resolve users, claim the pid file, bind, open the log file (all
-/// of which report errors on the terminal), detach if asked, publish the pid, install
-/// signal handlers, then supervise.
-fn start(config: &Config, entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible) -> Result<()> {
+/// The pool policy of the command line, checked.
+fn pool_policy(config: &Config) -> Result<Policy> {
+    let max_allowed = crate::scoreboard::MAX_WORKERS;
+    let bad = |m: String| Err(Error::Config(m));
+    match config.pool {
+        cli::PoolKind::Static => Ok(Policy::Static(config.workers)),
+        cli::PoolKind::Dynamic => {
+            let (start, min_spare, max_spare, max) = (
+                config.start_workers,
+                config.min_spare,
+                config.max_spare,
+                config.max_workers,
+            );
+            if max == 0 || max > max_allowed {
+                return bad(format!("--max-workers {max}: expected 1 to {max_allowed}"));
+            }
+            if min_spare > max_spare {
+                return bad(format!(
+                    "--min-spare {min_spare} is above --max-spare {max_spare}"
+                ));
+            }
+            if start > max {
+                return bad(format!("--start-workers {start} is above --max-workers {max}"));
+            }
+            Ok(Policy::Dynamic {
+                start,
+                min_spare,
+                max_spare,
+                max,
+            })
+        }
+        cli::PoolKind::Ondemand => {
+            let max = config.max_workers;
+            if max == 0 || max > max_allowed {
+                return bad(format!("--max-workers {max}: expected 1 to {max_allowed}"));
+            }
+            Ok(Policy::Ondemand {
+                max,
+                idle_timeout: config.worker_idle_timeout,
+            })
+        }
+    }
+}
+
+/// What the master prepares before it detaches, so that every error in it reaches the
+/// terminal: users, the pid file's claim, listeners, the control socket and the metrics
+/// listener.
+struct Prepared {
+    plan: Plan,
+    warning: Option<String>,
+    claim: Option<PidClaim>,
+    listeners: Vec<Listener>,
+    control: Option<Control>,
+    metrics: Option<MetricsListener>,
+}
+
+/// The master's start-up: resolve users, claim the pid file, bind, open the control socket,
+/// the metrics listener and the log file (all of which report errors on the terminal),
+/// detach if asked, publish the pid, install signal handlers, then supervise.
+fn start(
+    name: &str,
+    config: &Config,
+    policy: Policy,
+    limits: MasterLimits,
+    entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
+) -> Result<()> {
     let (plan, warning) = privilege::resolve(
         config.user.as_deref(),
         config.group.as_deref(),
@@ -316,6 +423,21 @@ fn start(config: &Config, entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible
     )?;
     let claim = config.pid_file.as_deref().map(PidClaim::acquire).transpose()?;
     let listeners = bind_all(config)?;
+    // The control socket is on when asked for, or by default for a server with a pid file
+    // (an instance that commands address by name).
+    let control_path = config
+        .control
+        .clone()
+        .or_else(|| config.pid_file.as_ref().and_then(|_| control::default_path(name)));
+    let control = control_path
+        .as_deref()
+        .map(|p| Control::bind(p, nix::unistd::Uid::effective().as_raw()))
+        .transpose()?;
+    let metrics = config
+        .metrics_listen
+        .as_deref()
+        .map(MetricsListener::bind)
+        .transpose()?;
     let log_file = match &config.log_file {
         Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
         None => None,
@@ -329,7 +451,15 @@ fn start(config: &Config, entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible
         (None, _) => Readiness::none(),
     };
     drop(log_file); // stderr holds it now
-    let result = serve(config, &plan, warning, claim, &listeners, &mut readiness, entry);
+    let prepared = Prepared {
+        plan,
+        warning,
+        claim,
+        listeners,
+        control,
+        metrics,
+    };
+    let result = serve(name, config, policy, limits, prepared, &mut readiness, entry);
     if let Err(e) = &result {
         readiness.failed(&e.to_string());
     }
@@ -338,20 +468,21 @@ fn start(config: &Config, entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible
 
 /// The master's life once detached.
 fn serve(
+    name: &str,
     config: &Config,
-    plan: &Plan,
-    warning: Option<String>,
-    claim: Option<PidClaim>,
-    listeners: &[Listener],
+    policy: Policy,
+    limits: MasterLimits,
+    mut prepared: Prepared,
     readiness: &mut Readiness,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
-    let pid_file = claim.map(|c| c.commit(Pid::this())).transpose()?;
+    let pid_file = prepared.claim.take().map(|c| c.commit(Pid::this())).transpose()?;
     let result = supervise(
+        name,
         config,
-        plan,
-        warning,
-        listeners,
+        policy,
+        limits,
+        prepared,
         pid_file.as_ref(),
         readiness,
         entry,
@@ -362,17 +493,32 @@ fn serve(
     result
 }
 
+#[allow(clippy::too_many_arguments)] // the start-up's parts, passed once
 fn supervise(
+    name: &str,
     config: &Config,
-    plan: &Plan,
-    warning: Option<String>,
-    listeners: &[Listener],
+    policy: Policy,
+    limits: MasterLimits,
+    prepared: Prepared,
     pid_file: Option<&PidFile>,
     readiness: &mut Readiness,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
+    let Prepared {
+        plan,
+        warning,
+        listeners,
+        control,
+        metrics,
+        ..
+    } = prepared;
+    let plan = &plan;
+    let listeners = &listeners[..];
     for l in listeners {
         tracing::info!("listening on {}", l.local_addr());
+    }
+    if let Some(m) = &metrics {
+        tracing::info!("serving metrics on http://{}/metrics", m.local_addr());
     }
     if let Some(w) = warning {
         tracing::warn!("{w}");
@@ -389,7 +535,8 @@ fn supervise(
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
     let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
     let settings = Settings {
-        policy: Policy::Static(config.workers),
+        name: name.to_owned(),
+        policy,
         board,
         grace_period: config.grace_period,
         log_file: config.log_file.clone().map(|p| (p, plan_gid(plan))),
@@ -398,10 +545,13 @@ fn supervise(
             .into_iter()
             .chain(readiness.raw_fd())
             .collect(),
+        limits,
+        control,
+        metrics,
     };
     let master_pid = Pid::this();
     let log_path = config.log_file.as_deref();
-    let mut spawn = |id: u32, master_fds: &[RawFd]| -> Infallible {
+    let mut spawn = |id: u32, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
         entry(worker::Setup {
             id,
             master: master_pid,
@@ -412,9 +562,10 @@ fn supervise(
             log_path,
             board,
             keepalive_timeout: config.keepalive_timeout,
+            recycle,
         })
     };
-    Master::new(settings, listeners, &channel, signals).run(&mut spawn, &mut || readiness.ready())
+    Master::new(settings, listeners, &channel, signals)?.run(&mut spawn, &mut || readiness.ready())
 }
 
 fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {

@@ -45,6 +45,9 @@ impl Daemon {
     fn cmd(&self, sub: &str, extra: &[&str]) -> Output {
         let mut args = vec![sub.to_owned(), "--pid-file".into(), self.pid_file()];
         if sub == "start" {
+            // Its own control socket: as root, the default (/run/testbed/ctl.sock) would be
+            // shared by the daemons of tests running in parallel.
+            args.extend(["--control".into(), self.path("ctl.sock")]);
             args.extend([
                 "-l".into(),
                 format!("unix:{}", self.sock()),

@@ -130,13 +130,40 @@ fn an_idle_keepalive_connection_does_not_starve_waiting_clients() {
 }
 
 #[test]
-fn stop_closes_idle_keepalive_connections_at_once() {
+fn a_new_connection_is_not_given_up_before_its_first_request() {
+    // One worker, held by a client that is slow to send its first request while another
+    // client waits: the guard gives up idle keep-alive connections, never one that has not
+    // had its first request answered (found under load, where clients are slow to send).
+    let server = ping(&["-w", "1", "--keepalive-timeout", "30"]);
+    let mut slow = connect(&server);
+    let mut waiting = connect(&server); // queued behind `slow` (accepted first, FIFO)
+    waiting.write_all(b"PING\r\n").unwrap();
+    // The stimulus, not synchronisation: a client slower than the 1 s grace.
+    std::thread::sleep(Duration::from_millis(1500));
+    slow.write_all(b"PING\r\n").unwrap();
+    assert_eq!(
+        read_n(&mut slow, 7),
+        "+PONG\r\n",
+        "the slow client's first request is answered"
+    );
+    // Now `slow` is an idle keep-alive connection: given up, so `waiting` is served.
+    assert_eq!(read_n(&mut waiting, 7), "+PONG\r\n");
+}
+
+#[test]
+fn stop_keeps_connections_of_protocols_that_cannot_announce_a_close() {
+    // A Redis client takes a closed connection for a failure: on stop, its connection is
+    // served until the client leaves (within the grace period), then the master exits.
     let mut server = ping(&["-w", "2", "--keepalive-timeout", "60"]);
     let mut s = connect(&server);
     s.write_all(b"PING\r\n").unwrap();
     assert_eq!(read_n(&mut s, 7), "+PONG\r\n");
     server.signal(libc::SIGTERM);
-    assert_eq!(read_to_end(&mut s), "", "closed at the request boundary");
+    server.wait_for_log("SIGTERM received");
+    s.write_all(b"PING\r\n").unwrap();
+    assert_eq!(read_n(&mut s, 7), "+PONG\r\n", "still served while stopping");
+    s.write_all(b"QUIT\r\n").unwrap();
+    assert_eq!(read_to_end(&mut s), "+OK\r\n");
     assert!(server.wait_exit().success());
     assert!(
         !server.log_text().contains("grace period"),

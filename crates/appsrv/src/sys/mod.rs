@@ -191,6 +191,56 @@ pub(crate) fn map_shared<T: SharedZeroed>() -> io::Result<&'static T> {
     Ok(unsafe { ptr.cast::<T>().as_ref() })
 }
 
+/// The master's wake-up eventfd, inherited by the workers (-1 before it exists).
+static WAKE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Records the master's wake-up eventfd; called by the master before the first fork.
+pub(crate) fn set_wake_fd(fd: std::os::fd::RawFd) {
+    WAKE_FD.store(fd, Ordering::SeqCst);
+}
+
+/// Wakes the master from its `poll` (a worker saw the pool run short of idle workers).
+/// One 8-byte `write` to an eventfd; never blocks (the eventfd is non-blocking).
+pub(crate) fn wake_master() {
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to a descriptor the master created and
+        // keeps open for its whole life (inherited by the workers); an error (the counter
+        // is saturated, or the master is gone) is of no consequence.
+        let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// `TCP_LISTEN` in the kernel's TCP state enum (include/net/tcp_states.h).
+const TCP_LISTEN: u8 = 10;
+
+/// The accept queue of a listening TCP socket: `(waiting connections, capacity)`, from
+/// `TCP_INFO` (for a listener, Linux reports the queue length in `tcpi_unacked` and the
+/// backlog in `tcpi_sacked`). `None` for other sockets.
+pub(crate) fn listen_queue(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
+    // SAFETY: tcp_info is plain data, valid when zeroed.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is that large.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && info.tcpi_state == TCP_LISTEN).then_some((info.tcpi_unacked, info.tcpi_sacked))
+}
+
+/// Whether core dumps are enabled for this process (a soft `RLIMIT_CORE` above zero): the
+/// master then kills a stuck worker with SIGABRT first, so that its core shows where it was.
+pub(crate) fn core_dumps_enabled() -> bool {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_CORE).is_ok_and(|(soft, _)| soft > 0)
+}
+
 /// Set by the worker's handler for TERM, INT and QUIT.
 static STOP: AtomicBool = AtomicBool::new(false);
 

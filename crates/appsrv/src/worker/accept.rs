@@ -20,7 +20,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use socket2::{SockAddr, Socket};
 
 use crate::listener::Listener;
-use crate::scoreboard::Board;
+use crate::scoreboard::{Board, State};
 use crate::sys;
 
 /// How long to pause accepting when the process or system is out of descriptors or memory.
@@ -70,9 +70,14 @@ impl<'a> Acceptor<'a> {
 
     /// Waits for the next connection, marked idle on the board meanwhile.
     pub(crate) fn accept(&mut self) -> Accepted {
-        self.board.set_idle(self.id);
+        self.board.set_state(self.id, State::Idle);
         let accepted = self.wait();
-        self.board.set_busy(self.id);
+        let next = match accepted {
+            Accepted::Connection(..) => State::Reading,
+            Accepted::Stop => State::Finishing,
+            Accepted::Reopen => State::Starting, // not idle while it reopens; set again on return
+        };
+        self.board.set_state(self.id, next);
         accepted
     }
 

@@ -13,15 +13,30 @@ use socket2::Socket;
 
 use crate::client::{Buffers, Client};
 use crate::listener::{Addr, Listener};
-use crate::scoreboard::Board;
+use crate::scoreboard::{Board, Slot, State};
 use crate::serve::{Boundary, Connections, Context};
 use crate::sys::{self, exit};
 
-/// The worker's answer at a request boundary (see [`Boundary`]).
+/// A worker's recycling limits, drawn by the master for this worker (jitter included);
+/// 0 means no limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Recycle {
+    pub(crate) max_requests: u64,
+    pub(crate) max_connections: u64,
+}
+
+/// The worker's side of a connection: the keep-alive guard, and the scoreboard slot.
 struct Guard<'a> {
+    id: u32,
     listeners: &'a [Listener],
     board: &'a Board,
+    slot: &'a Slot,
     keepalive_timeout: Option<Duration>,
+    recycle: Recycle,
+    /// The start of the request in progress (monotonic ns), if any.
+    request: Option<u64>,
+    /// Requests served by this worker.
+    requests: u64,
 }
 
 impl Guard<'_> {
@@ -43,6 +58,25 @@ impl Context for Guard<'_> {
         self.board.idle() == 0 && self.clients_queued()
     }
 
+    fn retiring(&mut self) -> bool {
+        self.recycle.max_requests > 0 && self.requests + 1 >= self.recycle.max_requests
+    }
+
+    fn state(&mut self, state: State) {
+        self.board.set_state(self.id, state);
+    }
+
+    fn request_start(&mut self, head: &[u8]) {
+        self.request = Some(self.slot.request_start(head));
+    }
+
+    fn request_end(&mut self) {
+        if let Some(started) = self.request.take() {
+            self.slot.request_end(started, true);
+            self.requests += 1;
+        }
+    }
+
     /// While some worker is idle (one atomic load), the connection keeps this worker.
     /// When none is, the worker waits on the connection *and* the listeners. If clients
     /// are queued, the connection gets `grace` more to send its next request (a
@@ -61,11 +95,16 @@ impl Context for Guard<'_> {
                     .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
             )
             .collect();
-        match nix::poll::poll(&mut fds, poll_timeout(self.keepalive_timeout)) {
-            Ok(0) => return Boundary::GiveUp, // idle for the whole keep-alive timeout
-            Ok(_) if fds[0].revents().is_some_and(|r| !r.is_empty()) => return Boundary::Wait,
-            Ok(_) => {}
-            Err(_) => return Boundary::Wait, // EINTR: the loop checks for a stop
+        loop {
+            match nix::poll::poll(&mut fds, poll_timeout(self.keepalive_timeout)) {
+                Ok(0) => return Boundary::GiveUp, // idle for the whole keep-alive timeout
+                Ok(_) if fds[0].revents().is_some_and(|r| !r.is_empty()) => return Boundary::Wait,
+                Ok(_) => break,
+                // A stop: the loop checks for it. Another signal (USR1, a HUP sent to the
+                // process group): wait again, keeping the guard.
+                Err(_) if sys::stop_requested() => return Boundary::Wait,
+                Err(_) => {}
+            }
         }
         // Clients are queued and this connection is quiet: a short grace, then give up.
         let mut conn_only = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
@@ -86,19 +125,32 @@ use super::accept::{Accepted, Acceptor};
 
 /// Serves connections until a stop; returns the worker's exit status. `reopen_log` runs
 /// between connections after a USR1.
+#[allow(clippy::too_many_arguments)] // the worker's whole context, passed once
 pub(crate) fn serve<C: Connections>(
     id: u32,
     listeners: &[Listener],
     board: &Board,
     keepalive_timeout: Option<Duration>,
+    recycle: Recycle,
     handler: &mut C,
     reopen_log: &mut dyn FnMut(),
+    retire: &mut dyn FnMut(),
 ) -> i32 {
+    let Some(slot) = board.slot(id) else {
+        tracing::error!("no scoreboard slot {id}");
+        return exit::START_FAILED;
+    };
     let mut guard = Guard {
+        id,
         listeners,
         board,
+        slot,
         keepalive_timeout,
+        recycle,
+        request: None,
+        requests: 0,
     };
+    let mut retire_sent = false;
     let mut acceptor = match Acceptor::new(id, listeners, board) {
         Ok(a) => a,
         Err(e) => {
@@ -121,9 +173,22 @@ pub(crate) fn serve<C: Connections>(
         }
         let peer = Addr::from_sockaddr(&peer);
         tracing::debug!("serving {peer}");
+        slot.connection(&peer);
+        // The request-level loop times each request; for `handle_client` the connection is
+        // the unit (its clock covers the whole connection).
+        let connection_clock = (!handler.request_level()).then(|| {
+            board.set_state(id, State::Handling);
+            slot.request_start(&[])
+        });
         let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, &mut guard)));
         let peer = client.peer_addr();
+        let (received, sent) = client.traffic();
+        slot.add_bytes(received, sent);
+        if let Some(started) = connection_clock {
+            slot.request_end(started, false);
+        }
+        guard.request = None;
         match outcome {
             Ok(result) => {
                 let (flushed, bufs) = client.finish();
@@ -146,6 +211,21 @@ pub(crate) fn serve<C: Connections>(
         if sys::stop_requested() {
             return exit::OK;
         }
+        if !retire_sent && guard.limit_reached() {
+            // The master starts a replacement first, then asks this worker to stop: the
+            // pool's capacity never dips. Meanwhile this worker goes on serving.
+            tracing::info!("reached its recycling limit; asking the master for a replacement");
+            retire();
+            retire_sent = true;
+        }
+    }
+}
+
+impl Guard<'_> {
+    fn limit_reached(&self) -> bool {
+        let (connections, requests) = self.slot.served();
+        (self.recycle.max_connections > 0 && connections >= self.recycle.max_connections)
+            || (self.recycle.max_requests > 0 && requests >= self.recycle.max_requests)
     }
 }
 

@@ -13,7 +13,7 @@
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
 mod accept;
-mod blocking;
+pub(crate) mod blocking;
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -50,6 +50,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) board: &'static Board,
     /// The idle timeout between requests, for the keep-alive guard.
     pub(crate) keepalive_timeout: Option<Duration>,
+    /// This worker's recycling limits.
+    pub(crate) recycle: blocking::Recycle,
 }
 
 /// The type of a start hook.
@@ -108,13 +110,18 @@ where
     tracing::debug!("ready");
 
     let log_path = setup.log_path;
+    let channel = setup.channel;
     let code = blocking::serve(
         setup.id,
         setup.listeners,
         setup.board,
         setup.keepalive_timeout,
+        setup.recycle,
         &mut handler,
         &mut || reopen_log(log_path),
+        &mut || {
+            let _ = channel.send(pid, &Message::Retire);
+        },
     );
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {

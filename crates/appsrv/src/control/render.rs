@@ -1,0 +1,1023 @@
+//! The three renderings of a [`Status`]: a table for people, JSON for programs, and the
+//! Prometheus text exposition format for monitoring. Pure functions of the snapshot.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
+use crate::status::Status;
+
+/// The version of the JSON document ([`render_json`]'s `version` field).
+pub(crate) const JSON_VERSION: u32 = 1;
+
+/// Whether a worker is serving a client (its peer, clock and request head are current).
+fn busy(w: &SlotView) -> bool {
+    match w.state {
+        State::Reading | State::Handling | State::Writing | State::Closing => true,
+        // Retiring with a connection still open, or without one.
+        State::Finishing => w.current.is_some(),
+        State::Dead | State::Starting | State::Idle => false,
+    }
+}
+
+/// A request's first bytes, printable: ASCII graphic characters and spaces stay, `\`,
+/// CR, LF and TAB become `\\`, `\r`, `\n`, `\t`, every other byte `\xNN`. The result is
+/// safe to print on a terminal and in a log.
+pub(crate) fn escape_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            b'\r' => out.push_str("\\r"),
+            b'\n' => out.push_str("\\n"),
+            b'\t' => out.push_str("\\t"),
+            0x20..=0x7e => out.push(b as char),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    out
+}
+
+/// A duration for people: `850ms`, `12.3s`, `4m07s`, `2h05m`, `3d04h`.
+pub(crate) fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if s < 1 {
+        format!("{}ms", d.as_millis())
+    } else if s < 60 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else if s < 86_400 {
+        format!("{}h{:02}m", s / 3600, s % 3600 / 60)
+    } else {
+        format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600)
+    }
+}
+
+/// Microseconds as seconds, exactly, without trailing zeros: 2500 → `0.0025`, 5000000 → `5`.
+fn micros_as_secs(us: u128) -> String {
+    let (whole, frac) = (us / 1_000_000, us % 1_000_000);
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{frac:06}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+fn secs(d: Duration) -> String {
+    micros_as_secs(d.as_micros())
+}
+
+fn requests_per_second(requests: u64, uptime: Duration) -> f64 {
+    let s = uptime.as_secs_f64();
+    if s > 0.0 { requests as f64 / s } else { 0.0 }
+}
+
+/// Workers sorted by slot id.
+fn workers_by_id(status: &Status) -> Vec<&(u32, SlotView)> {
+    let mut w: Vec<_> = status.workers.iter().collect();
+    w.sort_by_key(|(id, _)| *id);
+    w
+}
+
+/// The legend of the scoreboard line.
+const LEGEND: [&str; 2] = [
+    "\"_\" idle, \"S\" starting, \"R\" reading, \"H\" handling, \"W\" writing,",
+    "\"C\" closing, \"F\" finishing, \".\" free slot",
+];
+
+/// Scoreboard letters per line of the table.
+const SCOREBOARD_WIDTH: usize = 64;
+
+/// Renders `status` as a table, in the manner of Apache's mod_status: the server, its
+/// pool, totals, listeners, restarts, the scoreboard line, then one row per worker (the
+/// client, the time and the first bytes of the request for busy ones).
+pub(crate) fn render_text(status: &Status) -> String {
+    let totals = status.totals();
+    let mut out = String::new();
+    let o = &mut out;
+    let _ = writeln!(
+        o,
+        "Server:        {} (master pid {})",
+        status.name, status.master_pid
+    );
+    let _ = writeln!(o, "Phase:         {}", status.phase);
+    let _ = writeln!(o, "Uptime:        {}", human(status.uptime));
+    let p = &status.pool;
+    let _ = writeln!(
+        o,
+        "Pool:          {}, target {} workers, min spare {}, max spare {}, max {}",
+        p.policy, p.target, p.min_spare, p.max_spare, p.max
+    );
+    let _ = writeln!(
+        o,
+        "Totals:        {} connections, {} requests, {} bytes in, {} bytes out, {:.2} requests/s",
+        totals.connections,
+        totals.requests,
+        totals.bytes_in,
+        totals.bytes_out,
+        requests_per_second(totals.requests, status.uptime)
+    );
+    if totals.requests > 0 {
+        let mean = totals.duration_sum / u32::try_from(totals.requests).unwrap_or(u32::MAX);
+        let _ = writeln!(o, "Request time:  {} mean", human(mean));
+    }
+    if status.listeners.is_empty() {
+        let _ = writeln!(o, "Listeners:     none");
+    }
+    for (i, l) in status.listeners.iter().enumerate() {
+        let label = if i == 0 { "Listeners:" } else { "" };
+        let queue = match (l.queued, l.backlog) {
+            (Some(q), Some(b)) => format!("  queue {q} of backlog {b}"),
+            (Some(q), None) => format!("  queue {q}"),
+            (None, Some(b)) => format!("  backlog {b}"),
+            (None, None) => String::new(),
+        };
+        let _ = writeln!(o, "{label:<15}{}{queue}", escape_bytes(l.addr.as_bytes()));
+    }
+    let restarts = if status.restarts.is_empty() {
+        "none".to_owned()
+    } else {
+        status
+            .restarts
+            .iter()
+            .map(|(reason, n)| format!("{reason} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(o, "Restarts:      {restarts}");
+    let _ = writeln!(o, "Max workers reached: {} times", status.max_workers_reached);
+    let _ = writeln!(o);
+    let letters: Vec<char> = status.scoreboard.chars().collect();
+    if letters.is_empty() {
+        let _ = writeln!(o, "Scoreboard:");
+    }
+    for (i, chunk) in letters.chunks(SCOREBOARD_WIDTH).enumerate() {
+        let label = if i == 0 { "Scoreboard:" } else { "" };
+        let _ = writeln!(o, "{label:<15}{}", chunk.iter().collect::<String>());
+    }
+    let _ = writeln!(o, "Key:           {}", LEGEND[0]);
+    let _ = writeln!(o, "               {}", LEGEND[1]);
+    let _ = writeln!(o);
+
+    let mut rows: Vec<Vec<String>> = vec![
+        [
+            "ID", "PID", "GEN", "STATE", "CONNS", "REQS", "IN", "OUT", "AGE", "CLIENT", "TIME", "REQUEST",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for (id, w) in workers_by_id(status) {
+        let serving = busy(w);
+        let client = w.peer.as_ref().filter(|_| serving).map(ToString::to_string);
+        let time = w.current.filter(|_| serving).map(human);
+        let head = (serving && !w.head.is_empty()).then(|| escape_bytes(&w.head));
+        rows.push(vec![
+            id.to_string(),
+            w.pid.to_string(),
+            w.generation.to_string(),
+            w.state.name().to_owned(),
+            w.connections.to_string(),
+            w.requests.to_string(),
+            w.bytes_in.to_string(),
+            w.bytes_out.to_string(),
+            human(w.age),
+            client.unwrap_or_else(|| "-".into()),
+            time.unwrap_or_else(|| "-".into()),
+            head.unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    // Numbers right-aligned, words left-aligned; the last column unpadded.
+    const RIGHT: [bool; 12] = [
+        true, true, true, false, true, true, true, true, true, false, true, false,
+    ];
+    let widths: Vec<usize> = (0..RIGHT.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c > 0 {
+                line.push_str("  ");
+            }
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else if RIGHT[c] {
+                let _ = write!(line, "{cell:>w$}", w = widths[c]);
+            } else {
+                let _ = write!(line, "{cell:<w$}", w = widths[c]);
+            }
+        }
+        let _ = writeln!(o, "{}", line.trim_end());
+    }
+    out
+}
+
+/// A JSON string literal.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn json_opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    v.map_or_else(|| "null".to_owned(), f)
+}
+
+/// An `f64` as JSON (finite by construction; a non-finite one becomes `null`).
+fn json_f64(v: f64) -> String {
+    if v.is_finite() {
+        let s = format!("{v:.6}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        if s.is_empty() || s == "-" {
+            "0".into()
+        } else {
+            s.to_owned()
+        }
+    } else {
+        "null".into()
+    }
+}
+
+/// Renders `status` as one JSON object (on one line, with a final newline), version 1:
+///
+/// ```text
+/// {
+///   "version": 1,                  this document's version
+///   "name": "hello",               the server's name
+///   "master_pid": 4242,
+///   "phase": "running",            starting, running or stopping
+///   "uptime_seconds": 3600.5,
+///   "pool": {"policy": "static", "target": 4, "min_spare": 0, "max_spare": 0, "max": 4},
+///   "totals": {                    over live and retired workers
+///     "connections": 10, "requests": 25, "bytes_in": 1200, "bytes_out": 4000,
+///     "requests_per_second": 0.01,              since the master started
+///     "request_duration_seconds_sum": 0.25,
+///     "request_duration_buckets": [{"le": 0.0005, "count": 3}, ..., {"le": null, "count": 0}]
+///                                  per bucket (not cumulative); le null is +Inf
+///   },
+///   "listeners": [{"addr": "127.0.0.1:7000", "queued": 0, "backlog": 511}],
+///                                  queued and backlog are null for Unix sockets
+///   "restarts": {"exit": 0, "signal": 1, "timeout": 0, "recycled": 0, "backoff": 0},
+///   "max_workers_reached": 0,
+///   "scoreboard": "__RH....",      one letter per slot, as in the table's legend
+///   "workers": [{                  live workers, by id
+///     "id": 1, "pid": 4250, "generation": 0, "state": "handling",
+///     "connections": 3, "requests": 7, "bytes_in": 300, "bytes_out": 900,
+///     "age_seconds": 12.5,         since the worker was forked
+///     "idle_seconds": 0.2,         since its last request or connection ended, or null
+///     "client": "127.0.0.1:50000", the client served now, or null
+///     "request_seconds": 0.05,     how long the current request (for handle_client, the
+///                                  connection) has been running, or null
+///     "request": "GET / HTTP/1.1\r\n..."
+///                                  its first bytes, escaped as in the table (bytes
+///                                  outside printable ASCII as \xNN), or null
+///   }]
+/// }
+/// ```
+pub(crate) fn render_json(status: &Status) -> String {
+    let t = status.totals();
+    let p = &status.pool;
+    let mut buckets: Vec<String> = DURATION_BUCKETS_US
+        .iter()
+        .zip(t.durations)
+        .map(|(le, n)| format!("{{\"le\":{},\"count\":{n}}}", micros_as_secs(u128::from(*le))))
+        .collect();
+    buckets.push(format!(
+        "{{\"le\":null,\"count\":{}}}",
+        t.durations[DURATION_BUCKETS_US.len()]
+    ));
+    let listeners: Vec<String> = status
+        .listeners
+        .iter()
+        .map(|l| {
+            format!(
+                "{{\"addr\":{},\"queued\":{},\"backlog\":{}}}",
+                json_str(&l.addr),
+                json_opt(l.queued, |q| q.to_string()),
+                json_opt(l.backlog, |b| b.to_string())
+            )
+        })
+        .collect();
+    let restarts: Vec<String> = status
+        .restarts
+        .iter()
+        .map(|(reason, n)| format!("{}:{n}", json_str(reason)))
+        .collect();
+    let workers: Vec<String> = workers_by_id(status)
+        .into_iter()
+        .map(|(id, w)| {
+            let serving = busy(w);
+            format!(
+                "{{\"id\":{id},\"pid\":{},\"generation\":{},\"state\":{},\"connections\":{},\
+                 \"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\"age_seconds\":{},\
+                 \"idle_seconds\":{},\"client\":{},\"request_seconds\":{},\"request\":{}}}",
+                w.pid,
+                w.generation,
+                json_str(w.state.name()),
+                w.connections,
+                w.requests,
+                w.bytes_in,
+                w.bytes_out,
+                secs(w.age),
+                json_opt(w.idle_for.filter(|_| !serving), secs),
+                json_opt(w.peer.as_ref().filter(|_| serving), |a| json_str(&a.to_string())),
+                json_opt(w.current.filter(|_| serving), secs),
+                json_opt((serving && !w.head.is_empty()).then_some(&w.head), |h| {
+                    json_str(&escape_bytes(h))
+                }),
+            )
+        })
+        .collect();
+    format!(
+        "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"uptime_seconds\":{},\
+         \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
+         \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
+         \"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
+         \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"scoreboard\":{},\
+         \"workers\":[{}]}}\n",
+        json_str(&status.name),
+        status.master_pid,
+        json_str(status.phase),
+        secs(status.uptime),
+        json_str(p.policy),
+        p.target,
+        p.min_spare,
+        p.max_spare,
+        p.max,
+        t.connections,
+        t.requests,
+        t.bytes_in,
+        t.bytes_out,
+        json_f64(requests_per_second(t.requests, status.uptime)),
+        secs(t.duration_sum),
+        buckets.join(","),
+        listeners.join(","),
+        restarts.join(","),
+        status.max_workers_reached,
+        json_str(&status.scoreboard),
+        workers.join(","),
+    )
+}
+
+/// A label value in the exposition format: `\`, `"` and newlines escaped.
+pub(crate) fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The exposition format, one metric family at a time.
+struct Exposition(String);
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        // HELP text escapes `\` and newlines (ours have neither).
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            let labels: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
+                .collect();
+            let _ = write!(self.0, "{{{}}}", labels.join(","));
+        }
+        let _ = writeln!(self.0, " {value}");
+    }
+
+    fn single(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+}
+
+/// Renders `status` in the Prometheus text exposition format 0.0.4 (which OpenMetrics
+/// parsers read too). Metrics, all prefixed `appsrv_`:
+///
+/// | name | type | labels |
+/// | --- | --- | --- |
+/// | `appsrv_connections_total` | counter | |
+/// | `appsrv_requests_total` | counter | |
+/// | `appsrv_bytes_received_total` | counter | |
+/// | `appsrv_bytes_sent_total` | counter | |
+/// | `appsrv_workers` | gauge | `state`: every state but dead, zeros included |
+/// | `appsrv_workers_target` | gauge | |
+/// | `appsrv_workers_max` | gauge | |
+/// | `appsrv_listen_queue` | gauge | `listener` (TCP listeners only) |
+/// | `appsrv_listen_backlog` | gauge | `listener` (TCP listeners only) |
+/// | `appsrv_max_workers_reached_total` | counter | |
+/// | `appsrv_worker_restarts_total` | counter | `reason` |
+/// | `appsrv_request_duration_seconds` | histogram | `le` |
+/// | `appsrv_uptime_seconds` | gauge | |
+///
+/// The counters cover workers that have exited too, so they only grow while the master
+/// lives.
+pub(crate) fn render_metrics(status: &Status) -> String {
+    let t = status.totals();
+    let mut e = Exposition(String::new());
+    e.single(
+        "appsrv_connections_total",
+        "counter",
+        "Connections accepted by the workers.",
+        t.connections,
+    );
+    e.single(
+        "appsrv_requests_total",
+        "counter",
+        "Requests served (request-level handlers).",
+        t.requests,
+    );
+    e.single(
+        "appsrv_bytes_received_total",
+        "counter",
+        "Bytes read from clients.",
+        t.bytes_in,
+    );
+    e.single(
+        "appsrv_bytes_sent_total",
+        "counter",
+        "Bytes written to clients.",
+        t.bytes_out,
+    );
+    e.family("appsrv_workers", "gauge", "Live workers by state.");
+    for state in State::ALL.into_iter().filter(|s| *s != State::Dead) {
+        let n = status.workers.iter().filter(|(_, w)| w.state == state).count();
+        e.sample("appsrv_workers", &[("state", state.name())], n);
+    }
+    e.single(
+        "appsrv_workers_target",
+        "gauge",
+        "Workers the pool wants now.",
+        status.pool.target,
+    );
+    e.single(
+        "appsrv_workers_max",
+        "gauge",
+        "The most workers the pool may have.",
+        status.pool.max,
+    );
+    let tcp: Vec<_> = status.listeners.iter().filter(|l| l.queued.is_some()).collect();
+    if !tcp.is_empty() {
+        e.family(
+            "appsrv_listen_queue",
+            "gauge",
+            "Connections waiting in a TCP listener's accept queue.",
+        );
+        for l in &tcp {
+            e.sample(
+                "appsrv_listen_queue",
+                &[("listener", &l.addr)],
+                l.queued.unwrap_or(0),
+            );
+        }
+    }
+    let backlogs: Vec<_> = status.listeners.iter().filter(|l| l.backlog.is_some()).collect();
+    if !backlogs.is_empty() {
+        e.family(
+            "appsrv_listen_backlog",
+            "gauge",
+            "The capacity of a TCP listener's accept queue.",
+        );
+        for l in &backlogs {
+            e.sample(
+                "appsrv_listen_backlog",
+                &[("listener", &l.addr)],
+                l.backlog.unwrap_or(0),
+            );
+        }
+    }
+    e.single(
+        "appsrv_max_workers_reached_total",
+        "counter",
+        "Times the pool was at its maximum while clients waited.",
+        status.max_workers_reached,
+    );
+    if !status.restarts.is_empty() {
+        e.family(
+            "appsrv_worker_restarts_total",
+            "counter",
+            "Workers replaced, by reason.",
+        );
+        for (reason, n) in &status.restarts {
+            e.sample("appsrv_worker_restarts_total", &[("reason", reason)], n);
+        }
+    }
+    let name = "appsrv_request_duration_seconds";
+    e.family(
+        name,
+        "histogram",
+        "Time from the start of a request to its response (request-level handlers).",
+    );
+    let bucket = format!("{name}_bucket");
+    let mut cumulative = 0u64;
+    for (le, n) in DURATION_BUCKETS_US.iter().zip(t.durations) {
+        cumulative += n;
+        e.sample(&bucket, &[("le", &micros_as_secs(u128::from(*le)))], cumulative);
+    }
+    cumulative += t.durations[DURATION_BUCKETS_US.len()];
+    e.sample(&bucket, &[("le", "+Inf")], cumulative);
+    e.sample(&format!("{name}_sum"), &[], secs(t.duration_sum));
+    e.sample(&format!("{name}_count"), &[], cumulative);
+    e.single(
+        "appsrv_uptime_seconds",
+        "gauge",
+        "Time since the master started.",
+        secs(status.uptime),
+    );
+    e.0
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::listener::Addr;
+    use crate::status::{ListenerStatus, PoolStatus, Totals};
+
+    fn slot(pid: u32, state: State) -> SlotView {
+        SlotView {
+            pid,
+            generation: 0,
+            state,
+            connections: 0,
+            requests: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            age: Duration::from_secs(75),
+            current: None,
+            idle_for: Some(Duration::from_millis(1500)),
+            peer: None,
+            head: Vec::new(),
+            durations: [0; DURATION_BUCKETS_US.len() + 1],
+            duration_sum: Duration::ZERO,
+        }
+    }
+
+    /// A status with two live workers (one idle, one handling a request with binary bytes
+    /// in its head), retired counters, a TCP and a Unix listener.
+    pub(crate) fn sample_status() -> Status {
+        let mut idle = slot(4101, State::Idle);
+        idle.connections = 5;
+        idle.requests = 20;
+        idle.bytes_in = 1000;
+        idle.bytes_out = 2000;
+        idle.durations[0] = 15;
+        idle.durations[3] = 5;
+        idle.duration_sum = Duration::from_micros(15 * 300 + 5 * 4000);
+        // An idle worker keeps its last client in its slot: not shown.
+        idle.peer = Some(Addr::Inet("192.0.2.1:1111".parse().unwrap()));
+        let mut busy = slot(4102, State::Handling);
+        busy.generation = 1;
+        busy.connections = 2;
+        busy.requests = 3;
+        busy.bytes_in = 300;
+        busy.bytes_out = 600;
+        busy.durations[12] = 3; // +Inf
+        busy.duration_sum = Duration::from_secs(18);
+        busy.current = Some(Duration::from_millis(2250));
+        busy.idle_for = None;
+        busy.peer = Some(Addr::Inet("[2001:db8::7]:40000".parse().unwrap()));
+        busy.head = b"GET /slow?\"q\" HTTP/1.1\r\n\x00\xff\\".to_vec();
+        let mut retired = Totals {
+            connections: 100,
+            requests: 400,
+            bytes_in: 10_000,
+            bytes_out: 50_000,
+            ..Totals::default()
+        };
+        retired.durations[1] = 400;
+        retired.duration_sum = Duration::from_millis(300);
+        Status {
+            name: "unit".into(),
+            master_pid: 4100,
+            phase: "running",
+            uptime: Duration::from_secs(3725),
+            pool: PoolStatus {
+                policy: "static",
+                target: 2,
+                min_spare: 0,
+                max_spare: 0,
+                max: 4,
+            },
+            listeners: vec![
+                ListenerStatus {
+                    addr: "127.0.0.1:7000".into(),
+                    queued: Some(3),
+                    backlog: Some(511),
+                },
+                ListenerStatus {
+                    addr: "unix:/tmp/a \"b\"\\.sock".into(),
+                    queued: None,
+                    backlog: None,
+                },
+            ],
+            workers: vec![(2, busy), (1, idle)],
+            scoreboard: "_H..".into(),
+            retired,
+            max_workers_reached: 7,
+            restarts: vec![
+                ("exit", 1),
+                ("signal", 2),
+                ("timeout", 0),
+                ("recycled", 4),
+                ("backoff", 0),
+            ],
+        }
+    }
+
+    #[test]
+    fn escapes_make_request_bytes_printable() {
+        assert_eq!(escape_bytes(b"GET / HTTP/1.1\r\n"), "GET / HTTP/1.1\\r\\n");
+        assert_eq!(
+            escape_bytes(b"a\\b\t\x00\x1b[2J\xc3\xa9"),
+            "a\\\\b\\t\\x00\\x1b[2J\\xc3\\xa9"
+        );
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(json_str("a\"\\\n\u{1}é"), "\"a\\\"\\\\\\n\\u0001é\"");
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(human(Duration::from_millis(850)), "850ms");
+        assert_eq!(human(Duration::from_millis(12_340)), "12.3s");
+        assert_eq!(human(Duration::from_secs(247)), "4m07s");
+        assert_eq!(human(Duration::from_secs(3725)), "1h02m");
+        assert_eq!(human(Duration::from_secs(3 * 86_400 + 4 * 3600 + 5)), "3d04h");
+        assert_eq!(micros_as_secs(500), "0.0005");
+        assert_eq!(micros_as_secs(2_500), "0.0025");
+        assert_eq!(micros_as_secs(5_000_000), "5");
+        assert_eq!(micros_as_secs(1_250_000), "1.25");
+        assert_eq!(micros_as_secs(0), "0");
+    }
+
+    #[test]
+    fn the_table_shows_the_key_figures() {
+        let text = render_text(&sample_status());
+        for needle in [
+            "unit (master pid 4100)",
+            "Phase:         running",
+            "Uptime:        1h02m",
+            "static, target 2 workers, min spare 0, max spare 0, max 4",
+            // Totals include the retired workers.
+            "107 connections, 423 requests, 11300 bytes in, 52600 bytes out, 0.11 requests/s",
+            "127.0.0.1:7000  queue 3 of backlog 511",
+            "exit 1, signal 2, timeout 0, recycled 4, backoff 0",
+            "Max workers reached: 7 times",
+            "Scoreboard:    _H..",
+            "\"_\" idle",
+            "\".\" free slot",
+            "[2001:db8::7]:40000",
+            "2.2s",
+            "GET /slow?\"q\" HTTP/1.1\\r\\n\\x00\\xff\\\\",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("192.0.2.1"),
+            "an idle worker's last client is not shown:\n{text}"
+        );
+        let rows: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("ID")).collect();
+        assert_eq!(rows.len(), 3, "a header and one row per worker:\n{text}");
+        assert!(
+            rows[1].trim_start().starts_with("1 ") && rows[1].contains("4101") && rows[1].contains("idle")
+        );
+        assert!(
+            rows[2].trim_start().starts_with("2 ")
+                && rows[2].contains("4102")
+                && rows[2].contains("handling")
+        );
+        // The columns line up: every row starts the PID column at the same place.
+        let pid_end = rows[0].find("PID").unwrap() + 3;
+        assert_eq!(&rows[1][pid_end - 4..pid_end], "4101");
+    }
+
+    #[test]
+    fn a_long_scoreboard_wraps() {
+        let mut s = sample_status();
+        s.scoreboard = "_".repeat(100);
+        let text = render_text(&s);
+        assert!(text.contains(&format!(
+            "Scoreboard:    {}\n               {}\n",
+            "_".repeat(64),
+            "_".repeat(36)
+        )));
+    }
+
+    #[test]
+    fn json_parses_and_holds_everything() {
+        let json = render_json(&sample_status());
+        assert!(json.ends_with("}\n") && json.lines().count() == 1);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["name"], "unit");
+        assert_eq!(v["master_pid"], 4100);
+        assert_eq!(v["phase"], "running");
+        assert_eq!(v["uptime_seconds"], 3725);
+        assert_eq!(v["pool"]["policy"], "static");
+        assert_eq!(v["pool"]["target"], 2);
+        assert_eq!(v["pool"]["max"], 4);
+        assert_eq!(v["totals"]["connections"], 107);
+        assert_eq!(v["totals"]["requests"], 423);
+        assert_eq!(v["totals"]["bytes_in"], 11300);
+        assert_eq!(v["totals"]["bytes_out"], 52600);
+        let buckets = v["totals"]["request_duration_buckets"].as_array().unwrap();
+        assert_eq!(buckets.len(), DURATION_BUCKETS_US.len() + 1);
+        assert_eq!(buckets[0]["le"], 0.0005);
+        assert_eq!(buckets[0]["count"], 15);
+        assert_eq!(buckets[1]["count"], 400);
+        assert!(buckets[12]["le"].is_null());
+        assert_eq!(buckets[12]["count"], 3);
+        assert_eq!(v["listeners"][0]["addr"], "127.0.0.1:7000");
+        assert_eq!(v["listeners"][0]["queued"], 3);
+        assert_eq!(v["listeners"][0]["backlog"], 511);
+        assert_eq!(v["listeners"][1]["addr"], "unix:/tmp/a \"b\"\\.sock");
+        assert!(v["listeners"][1]["queued"].is_null());
+        assert_eq!(v["restarts"]["recycled"], 4);
+        assert_eq!(v["max_workers_reached"], 7);
+        assert_eq!(v["scoreboard"], "_H..");
+        let w = v["workers"].as_array().unwrap();
+        assert_eq!(w.len(), 2);
+        assert_eq!((w[0]["id"].as_u64(), w[0]["pid"].as_u64()), (Some(1), Some(4101)));
+        assert_eq!(w[0]["state"], "idle");
+        assert!(w[0]["client"].is_null() && w[0]["request"].is_null() && w[0]["request_seconds"].is_null());
+        assert_eq!(w[0]["idle_seconds"], 1.5);
+        assert_eq!(w[0]["age_seconds"], 75);
+        assert_eq!(w[1]["state"], "handling");
+        assert_eq!(w[1]["generation"], 1);
+        assert_eq!(w[1]["client"], "[2001:db8::7]:40000");
+        assert_eq!(w[1]["request_seconds"], 2.25);
+        assert_eq!(w[1]["request"], "GET /slow?\"q\" HTTP/1.1\\r\\n\\x00\\xff\\\\");
+        assert_eq!(w[1]["bytes_out"], 600);
+    }
+
+    /// A sample: name, labels, value.
+    pub(crate) type Sample = (String, Vec<(String, String)>, f64);
+
+    fn valid_name(n: &str) -> bool {
+        let mut chars = n.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+
+    /// Reads `name="value",...}` (after the `{`) strictly; returns the labels and what
+    /// follows the `}`.
+    fn parse_labels<'a>(mut rest: &'a str, line: &str) -> (Vec<(String, String)>, &'a str) {
+        let mut labels = Vec::new();
+        loop {
+            if let Some(after) = rest.strip_prefix('}') {
+                return (labels, after);
+            }
+            let eq = rest.find('=').unwrap_or_else(|| panic!("no = in {line}"));
+            let name = &rest[..eq];
+            assert!(valid_name(name), "label name {name:?} in {line}");
+            let quoted = rest[eq + 1..]
+                .strip_prefix('"')
+                .unwrap_or_else(|| panic!("unquoted value in {line}"));
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let close = loop {
+                let (i, c) = chars.next().unwrap_or_else(|| panic!("unclosed value in {line}"));
+                match c {
+                    '\\' => match chars.next().map(|(_, c)| c) {
+                        Some('\\') => value.push('\\'),
+                        Some('"') => value.push('"'),
+                        Some('n') => value.push('\n'),
+                        other => panic!("bad escape {other:?} in {line}"),
+                    },
+                    '"' => break i,
+                    c => value.push(c),
+                }
+            };
+            labels.push((name.to_owned(), value));
+            rest = &quoted[close + 1..];
+            if let Some(after) = rest.strip_prefix(',') {
+                rest = after;
+            } else {
+                assert!(rest.starts_with('}'), "after a label value in {line}");
+            }
+        }
+    }
+
+    /// A strict reading of the text format 0.0.4, beyond what `prometheus-parse` checks:
+    /// each family's HELP and TYPE come once, before its samples, which are contiguous;
+    /// names and label names are valid; label values are properly escaped; values parse.
+    /// Returns (name, labels, value) of every sample.
+    pub(crate) fn strict_parse(text: &str) -> Vec<Sample> {
+        assert!(text.ends_with('\n'), "the exposition ends with a newline");
+        let mut typed: Vec<String> = Vec::new();
+        let mut helped: Vec<String> = Vec::new();
+        let mut current: Option<(String, String)> = None; // (family, type)
+        let mut done: Vec<String> = Vec::new();
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(valid_name(name) && !helped.contains(&name.to_owned()), "{line}");
+                helped.push(name.to_owned());
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(valid_name(name), "{line}");
+                assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind));
+                assert!(!typed.contains(&name.to_owned()), "one TYPE per family: {line}");
+                assert!(
+                    helped.last().map(String::as_str) == Some(name),
+                    "HELP before TYPE: {line}"
+                );
+                if let Some((f, _)) = current.take() {
+                    done.push(f);
+                }
+                typed.push(name.to_owned());
+                current = Some((name.to_owned(), kind.to_owned()));
+                continue;
+            }
+            assert!(
+                !line.starts_with('#') && !line.is_empty(),
+                "unexpected line {line:?}"
+            );
+            let (name, rest) = match line.find(['{', ' ']) {
+                Some(i) => line.split_at(i),
+                None => panic!("no value: {line}"),
+            };
+            assert!(valid_name(name), "{line}");
+            let (family, kind) = current.clone().expect("a sample after its TYPE");
+            let ok = if kind == "histogram" {
+                [
+                    format!("{family}_bucket"),
+                    format!("{family}_sum"),
+                    format!("{family}_count"),
+                ]
+                .contains(&name.to_owned())
+            } else {
+                name == family
+            };
+            assert!(ok, "sample {name} outside its family {family}");
+            assert!(!done.contains(&family));
+            let (labels, rest) = match rest.strip_prefix('{') {
+                Some(l) => parse_labels(l, line),
+                None => (Vec::new(), rest),
+            };
+            let value = rest.strip_prefix(' ').expect("one space before the value");
+            let v: f64 = match value {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                "NaN" => f64::NAN,
+                v => v.parse().unwrap_or_else(|_| panic!("value {v:?} in {line}")),
+            };
+            samples.push((name.to_owned(), labels, v));
+        }
+        samples
+    }
+
+    #[test]
+    fn metrics_parse_back() {
+        let text = render_metrics(&sample_status());
+        let strict = strict_parse(&text);
+        let get = |name: &str, label: Option<(&str, &str)>| {
+            strict
+                .iter()
+                .find(|(n, l, _)| {
+                    n == name && label.is_none_or(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+                })
+                .unwrap_or_else(|| panic!("no {name} {label:?} in\n{text}"))
+                .2
+        };
+        assert_eq!(get("appsrv_connections_total", None), 107.0);
+        assert_eq!(get("appsrv_requests_total", None), 423.0);
+        assert_eq!(get("appsrv_bytes_received_total", None), 11300.0);
+        assert_eq!(get("appsrv_bytes_sent_total", None), 52600.0);
+        assert_eq!(get("appsrv_workers", Some(("state", "idle"))), 1.0);
+        assert_eq!(get("appsrv_workers", Some(("state", "handling"))), 1.0);
+        assert_eq!(get("appsrv_workers", Some(("state", "writing"))), 0.0);
+        assert!(!text.contains("state=\"dead\""));
+        assert_eq!(strict.iter().filter(|(n, _, _)| n == "appsrv_workers").count(), 7);
+        assert_eq!(get("appsrv_workers_target", None), 2.0);
+        assert_eq!(
+            get("appsrv_listen_queue", Some(("listener", "127.0.0.1:7000"))),
+            3.0
+        );
+        assert_eq!(
+            get("appsrv_listen_backlog", Some(("listener", "127.0.0.1:7000"))),
+            511.0
+        );
+        assert!(!text.contains("listener=\"unix:"), "TCP listeners only");
+        assert_eq!(get("appsrv_max_workers_reached_total", None), 7.0);
+        assert_eq!(
+            get("appsrv_worker_restarts_total", Some(("reason", "recycled"))),
+            4.0
+        );
+        assert_eq!(get("appsrv_uptime_seconds", None), 3725.0);
+        let buckets: Vec<(String, f64)> = strict
+            .iter()
+            .filter(|(n, _, _)| n == "appsrv_request_duration_seconds_bucket")
+            .map(|(_, l, v)| (l[0].1.clone(), *v))
+            .collect();
+        assert_eq!(buckets.len(), DURATION_BUCKETS_US.len() + 1);
+        assert_eq!(buckets[0], ("0.0005".into(), 15.0));
+        assert_eq!(buckets[1], ("0.001".into(), 415.0), "cumulative");
+        assert_eq!(buckets[11], ("5".into(), 420.0));
+        assert_eq!(buckets[12], ("+Inf".into(), 423.0));
+        assert_eq!(get("appsrv_request_duration_seconds_count", None), 423.0);
+        assert!((get("appsrv_request_duration_seconds_sum", None) - 18.3245).abs() < 1e-9);
+
+        // And a third-party parser reads it.
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        let find = |name: &str| scrape.samples.iter().find(|s| s.metric == name).unwrap();
+        assert_eq!(
+            find("appsrv_connections_total").value,
+            prometheus_parse::Value::Counter(107.0)
+        );
+        assert_eq!(
+            find("appsrv_workers_target").value,
+            prometheus_parse::Value::Gauge(2.0)
+        );
+        match &find("appsrv_request_duration_seconds").value {
+            prometheus_parse::Value::Histogram(h) => {
+                assert_eq!(h.len(), DURATION_BUCKETS_US.len() + 1);
+                assert_eq!(h.last().unwrap().less_than, f64::INFINITY);
+                assert_eq!(h.last().unwrap().count, 423.0);
+            }
+            other => panic!("not a histogram: {other:?}"),
+        }
+        let idle = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == "appsrv_workers" && s.labels.get("state") == Some("idle"))
+            .unwrap();
+        assert_eq!(idle.value, prometheus_parse::Value::Gauge(1.0));
+        assert!(scrape.docs.contains_key("appsrv_requests_total"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut s = sample_status();
+        s.listeners[0].addr = "odd\"host\\name\n:1".into();
+        let text = render_metrics(&s);
+        assert!(
+            text.contains(r#"appsrv_listen_queue{listener="odd\"host\\name\n:1"} 3"#),
+            "{text}"
+        );
+        let strict = strict_parse(&text);
+        assert!(
+            strict
+                .iter()
+                .any(|(n, l, _)| n == "appsrv_listen_queue" && l[0].1 == "odd\"host\\name\n:1")
+        );
+    }
+
+    #[test]
+    fn an_empty_status_renders() {
+        let mut s = sample_status();
+        s.workers.clear();
+        s.listeners.clear();
+        s.restarts.clear();
+        s.scoreboard.clear();
+        s.retired = Totals::default();
+        s.uptime = Duration::ZERO;
+        let text = render_text(&s);
+        assert!(
+            text.contains("0.00 requests/s") && text.contains("Restarts:      none"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&render_json(&s)).unwrap();
+        assert_eq!(v["workers"].as_array().unwrap().len(), 0);
+        assert_eq!(v["totals"]["requests_per_second"], 0);
+        let samples = strict_parse(&render_metrics(&s));
+        assert!(
+            samples
+                .iter()
+                .any(|(n, _, v)| n == "appsrv_request_duration_seconds_count" && *v == 0.0)
+        );
+        assert!(!samples.iter().any(|(n, _, _)| n.starts_with("appsrv_listen_")));
+    }
+}

@@ -1,0 +1,89 @@
+//! What the master reports about itself and its workers: one snapshot type, rendered as
+//! a table (`status`), JSON (`status --json`) and Prometheus/OpenMetrics text (`metrics`).
+
+use std::time::Duration;
+
+use crate::scoreboard::{DURATION_BUCKETS_US, SlotView};
+
+/// A snapshot of the master's state, built on request by the master.
+#[derive(Debug, Clone)]
+pub(crate) struct Status {
+    /// The server's name.
+    pub(crate) name: String,
+    pub(crate) master_pid: u32,
+    /// The master's phase: starting, running, stopping.
+    pub(crate) phase: &'static str,
+    pub(crate) uptime: Duration,
+    pub(crate) pool: PoolStatus,
+    pub(crate) listeners: Vec<ListenerStatus>,
+    /// Live workers: (slot id, slot).
+    pub(crate) workers: Vec<(u32, SlotView)>,
+    /// The letter of every slot up to the pool's maximum, as in Apache's mod_status
+    /// (`_` idle, `R` reading, `H` handling, `W` writing, `C` closing, `S` starting,
+    /// `F` finishing, `.` free).
+    pub(crate) scoreboard: String,
+    /// Counts of workers that are gone (so that totals do not drop when a worker exits).
+    pub(crate) retired: Totals,
+    /// How many times the pool reached its maximum while clients waited.
+    pub(crate) max_workers_reached: u64,
+    /// Worker restarts by reason: exit, signal, timeout, recycled, backoff.
+    pub(crate) restarts: Vec<(&'static str, u64)>,
+}
+
+/// The pool's policy and sizes.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolStatus {
+    /// static, dynamic or ondemand.
+    pub(crate) policy: &'static str,
+    /// Workers wanted now (static: the size; dynamic: start/min/max drive it).
+    pub(crate) target: usize,
+    pub(crate) min_spare: usize,
+    pub(crate) max_spare: usize,
+    pub(crate) max: usize,
+}
+
+/// One listener.
+#[derive(Debug, Clone)]
+pub(crate) struct ListenerStatus {
+    pub(crate) addr: String,
+    /// Connections waiting in the accept queue (TCP only, from TCP_INFO).
+    pub(crate) queued: Option<u32>,
+    /// The queue's capacity (TCP only).
+    pub(crate) backlog: Option<u32>,
+}
+
+/// Counters summed over workers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Totals {
+    pub(crate) connections: u64,
+    pub(crate) requests: u64,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
+    pub(crate) durations: [u64; DURATION_BUCKETS_US.len() + 1],
+    pub(crate) duration_sum: Duration,
+}
+
+impl Totals {
+    /// Adds a worker's counters.
+    pub(crate) fn add(&mut self, w: &SlotView) {
+        self.connections += w.connections;
+        self.requests += w.requests;
+        self.bytes_in += w.bytes_in;
+        self.bytes_out += w.bytes_out;
+        for (t, d) in self.durations.iter_mut().zip(w.durations) {
+            *t += d;
+        }
+        self.duration_sum += w.duration_sum;
+    }
+}
+
+impl Status {
+    /// Totals over live and retired workers.
+    pub(crate) fn totals(&self) -> Totals {
+        let mut t = self.retired.clone();
+        for (_, w) in &self.workers {
+            t.add(w);
+        }
+        t
+    }
+}

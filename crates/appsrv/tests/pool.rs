@@ -1,0 +1,230 @@
+//! Pool policies, recycling and request timeouts, through the testbed and kv examples as
+//! real processes.
+//!
+//! Regression tests for issue #5 ("Scoreboard, dynamic worker pool, worker recycling").
+
+mod util;
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+use util::*;
+
+#[test]
+fn a_dynamic_pool_grows_with_doubling_rounds_and_shrinks_back() {
+    let server = Server::start(
+        "testbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--pool",
+            "dynamic",
+            "--start-workers",
+            "2",
+            "--min-spare",
+            "2",
+            "--max-spare",
+            "3",
+            "--max-workers",
+            "64",
+            "--log-level",
+            "debug",
+        ],
+    );
+    let started = Instant::now();
+    let mut clients: Vec<_> = (0..16).map(|_| LineClient::tcp(server.tcp_addr())).collect();
+    let pids: HashSet<i32> = clients.iter_mut().map(|c| c.testbed_pid()).collect();
+    assert_eq!(pids.len(), 16, "16 slow clients, 16 workers");
+    assert!(started.elapsed() < PATIENCE);
+    // The rounds start 1, 2, 4 … workers.
+    let log = server.log_text();
+    let rounds: Vec<usize> = log
+        .lines()
+        .filter_map(|l| l.split(": starting ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(
+        rounds.len() >= 3 && rounds[..3] == [1, 2, 4],
+        "doubling rounds: {rounds:?}"
+    );
+    drop(clients);
+    // Then surplus idle workers retire, one per second, down to max-spare (3).
+    let shrunk = wait_until(|| (server.worker_pids().len() <= 4).then_some(()));
+    assert!(
+        shrunk.is_some(),
+        "still {} workers; log:\n{}",
+        server.worker_pids().len(),
+        server.log_text()
+    );
+    assert!(server.log_text().contains("retired (surplus)"));
+}
+
+#[test]
+fn an_ondemand_pool_starts_empty_and_serves_the_first_client() {
+    let server = Server::start(
+        "testbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--pool",
+            "ondemand",
+            "--max-workers",
+            "4",
+            "--worker-idle-timeout",
+            "1",
+        ],
+    );
+    assert!(
+        server.worker_pids().is_empty(),
+        "no worker before the first client"
+    );
+    let mut c = LineClient::tcp(server.tcp_addr());
+    let pid = c.testbed_pid();
+    assert_eq!(c.ask("hello"), "hello");
+    drop(c);
+    // Idle for longer than the idle timeout, the worker leaves.
+    let gone = wait_until(|| (!alive(pid)).then_some(()));
+    assert!(
+        gone.is_some(),
+        "the idle worker stayed; log:\n{}",
+        server.log_text()
+    );
+}
+
+#[test]
+fn the_pool_reports_when_it_reaches_its_maximum() {
+    let server = Server::start(
+        "testbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--pool",
+            "dynamic",
+            "--start-workers",
+            "1",
+            "--min-spare",
+            "1",
+            "--max-spare",
+            "1",
+            "--max-workers",
+            "2",
+        ],
+    );
+    let mut held: Vec<_> = (0..2).map(|_| LineClient::tcp(server.tcp_addr())).collect();
+    for c in &mut held {
+        c.testbed_pid();
+    }
+    let _waiting = TcpStream::connect(server.tcp_addr()).unwrap();
+    let line = server.wait_for_log("max workers reached (2)");
+    assert!(line.contains("waiting in the listen queue"), "{line}");
+}
+
+/// A request/response over a fresh connection to the kv example; None on any failure.
+fn kv_request(addr: std::net::SocketAddr, line: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(PATIENCE)).ok()?;
+    s.write_all(format!("{line}\r\nQUIT\r\n").as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+#[test]
+fn workers_are_recycled_by_request_count_without_a_failed_request() {
+    let server = Server::start(
+        "kv",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "2",
+            "--max-requests",
+            "20",
+            "--max-jitter",
+            "5",
+        ],
+    );
+    let addr = server.tcp_addr();
+    let failures: Vec<Option<String>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(move || {
+                    (0..60)
+                        .map(|_| kv_request(addr, "GET x"))
+                        .filter(|r| r.as_deref() != Some("NOT_FOUND\r\nBYE\r\n"))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "failed: {failures:?}; log:\n{}",
+        server.log_text()
+    );
+    // 240 connections of 2 requests each (GET, QUIT), 2 workers limited to 20 to 25
+    // requests: workers ask to be recycled, and are, each after its replacement is ready.
+    server.wait_for_log("reached its recycling limit; asking the master for a replacement");
+    server.wait_for_log(") recycled");
+}
+
+#[test]
+fn max_requests_is_refused_for_a_handle_client_handler() {
+    let mut server = Server::spawn("testbed", &["-l", "127.0.0.1:0", "--max-requests", "10"], &[]);
+    assert!(!server.wait_exit().success());
+    server.wait_for_log_end();
+    assert!(
+        server.log_text().contains("use --max-connections"),
+        "{}",
+        server.log_text()
+    );
+}
+
+#[test]
+fn a_stuck_handler_is_killed_after_the_request_timeout_with_a_diagnostic() {
+    let server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2", "--request-timeout", "1"],
+    );
+    let mut stuck = LineClient::tcp(server.tcp_addr());
+    let pid = stuck.testbed_pid();
+    let me = stuck.get_mut().local_addr().unwrap();
+    stuck.send("sleep 60");
+    let line = server.wait_for_log("exceeded the request timeout of 1.0s");
+    assert!(line.contains(&format!("(pid {pid})")), "{line}");
+    assert!(
+        line.contains(&format!("serving {me}")),
+        "names the client: {line}"
+    );
+    assert!(
+        stuck.rest().map_or(true, |s| s.is_empty()),
+        "the stuck connection is closed"
+    );
+    let replaced = wait_until(|| {
+        let w = server.worker_pids();
+        (w.len() == 2 && !w.contains(&pid)).then_some(())
+    });
+    assert!(replaced.is_some(), "not replaced; log:\n{}", server.log_text());
+    let mut next = LineClient::tcp(server.tcp_addr());
+    next.testbed_pid();
+}
+
+#[test]
+fn ttin_and_ttou_resize_a_static_pool() {
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2"]);
+    server.wait_for_workers(2);
+    server.signal(libc::SIGTTIN);
+    server.wait_for_workers(3);
+    // One at a time: two signals sent at once may arrive as one.
+    server.signal(libc::SIGTTOU);
+    server.wait_for_workers(2);
+    server.signal(libc::SIGTTOU);
+    server.wait_for_workers(1);
+    assert!(
+        server
+            .log_text()
+            .contains("SIGTTOU received: static pool of 1 workers")
+    );
+}
