@@ -130,6 +130,7 @@ pub(crate) struct Config {
     pub(crate) request_timeout: Option<Duration>,
     pub(crate) control: Option<PathBuf>,
     pub(crate) metrics_listen: Option<String>,
+    pub(crate) access_log: Option<PathBuf>,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -411,6 +412,12 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .value_name("ADDR")
                 .help("Serve /metrics over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100) for Prometheus, from the master"),
         )
+        .arg(
+            env_opt(prefix, "access-log")
+                .value_name("PATH")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("Write one line per request (per connection for handle_client) to PATH: time, client, outcome, duration, bytes, request line; buffered by each worker; reopened on USR1 [default: off]"),
+        )
         .arg(pid_file_arg(prefix))
         .arg(
             env_opt(prefix, "log-file")
@@ -481,6 +488,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         request_timeout: m.get_one::<Duration>("request-timeout").copied(),
         control: m.get_one::<PathBuf>("control").cloned(),
         metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
+        access_log: m.get_one::<PathBuf>("access-log").cloned(),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())

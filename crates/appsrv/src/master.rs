@@ -211,6 +211,8 @@ pub(crate) struct Settings {
     /// The log file to reopen on USR1, and the group to give the new file to (the
     /// workers', so that they can reopen it too).
     pub(crate) log_file: Option<(PathBuf, Option<Gid>)>,
+    /// The access log, re-created on USR1 (the workers write it and reopen it by path).
+    pub(crate) access_log: Option<(PathBuf, Option<Gid>)>,
     /// Other descriptors of the master's that workers must close (pid file, readiness pipe).
     pub(crate) master_fds: Vec<RawFd>,
     pub(crate) limits: Limits,
@@ -1099,17 +1101,25 @@ impl<'a> Master<'a> {
             .fds()
             .iter()
             .copied()
-            .chain([self.channel.read_fd(), self.wake.as_fd().as_raw_fd()])
+            // Not the wake-up eventfd: workers write to it.
+            .chain([self.channel.read_fd()])
             .chain(self.settings.master_fds.iter().copied())
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
             .collect();
         let _ = io::stdout().flush();
+        self.settings.board.claim(id, 0);
         // SAFETY: the master is single-threaded for its whole life (it starts no thread and
         // uses no crate that does; `sys::fork` checks); the log writer is unbuffered and
         // stdout was flushed above; the child runs `entry`, which ends in `_exit`.
-        let pid = unsafe { sys::fork_child(|| entry(id, recycle, &master_fds)) }?;
-        self.settings.board.claim(id, pid.as_raw() as u32, 0);
+        let pid = match unsafe { sys::fork_child(|| entry(id, recycle, &master_fds)) } {
+            Ok(pid) => pid,
+            Err(e) => {
+                self.settings.board.release(id);
+                return Err(e);
+            }
+        };
+        self.settings.board.set_pid(id, pid.as_raw() as u32);
         tracing::debug!("started worker {id} (pid {pid})");
         self.workers.insert(
             pid,
@@ -1150,7 +1160,16 @@ impl<'a> Master<'a> {
     /// USR1: reopens the log file (after logrotate moved it away), then asks the workers
     /// to do the same; they reopen it by path between connections.
     fn reopen_log(&mut self) {
+        if let Some((path, gid)) = &self.settings.access_log {
+            // Created here, with the workers' group, so that they can open it.
+            if let Err(e) = crate::daemon::open_log(path, *gid) {
+                tracing::error!("SIGUSR1 received: cannot reopen the access log: {e}");
+            }
+        }
         let Some((path, gid)) = &self.settings.log_file else {
+            if self.settings.access_log.is_some() {
+                self.kill_all(Signal::SIGUSR1);
+            }
             tracing::info!("SIGUSR1 received: no log file to reopen (logging to stderr)");
             return;
         };

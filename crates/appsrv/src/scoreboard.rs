@@ -172,14 +172,23 @@ impl Board {
         self.slots.get((id as usize).checked_sub(1)?)
     }
 
-    /// The master prepares slot `id` for a worker it just forked.
-    pub(crate) fn claim(&self, id: u32, pid: u32, generation: u32) {
+    /// The master prepares slot `id` for a worker it is about to fork. Before the fork,
+    /// not after: the worker writes its own state as soon as it runs, and a late reset by
+    /// the master would overwrite it.
+    pub(crate) fn claim(&self, id: u32, generation: u32) {
         if let Some(s) = self.slot(id) {
             s.reset();
-            s.pid.store(pid, Ordering::Release);
+            s.pid.store(0, Ordering::Release);
             s.generation.store(generation, Ordering::Release);
             s.started.store(now_ns(), Ordering::Release);
             s.state.store(State::Starting as u8, Ordering::Release);
+        }
+    }
+
+    /// The master records the pid of the worker it forked into slot `id`.
+    pub(crate) fn set_pid(&self, id: u32, pid: u32) {
+        if let Some(s) = self.slot(id) {
+            s.pid.store(pid, Ordering::Release);
         }
     }
 
@@ -395,8 +404,8 @@ mod tests {
     fn idle_count_follows_the_states() {
         let b = Board::new().unwrap();
         assert_eq!(b.idle(), 0);
-        b.claim(1, 100, 0);
-        b.claim(7, 107, 0);
+        b.claim(1, 0);
+        b.claim(7, 0);
         b.set_state(1, State::Idle);
         b.set_state(1, State::Idle);
         b.set_state(7, State::Idle);
@@ -414,7 +423,8 @@ mod tests {
     #[test]
     fn a_slot_reports_its_client_request_and_durations() {
         let b = Board::new().unwrap();
-        b.claim(3, 42, 2);
+        b.claim(3, 2);
+        b.set_pid(3, 42);
         let s = b.slot(3).unwrap();
         s.connection(&Addr::Inet("192.0.2.7:4321".parse().unwrap()));
         let t = s.request_start(

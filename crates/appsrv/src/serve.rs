@@ -58,8 +58,9 @@ pub(crate) trait Context {
     /// A request begins; `head` is its first bytes (for the status and the timeout's log).
     fn request_start(&mut self, _head: &[u8]) {}
 
-    /// The request that began is answered.
-    fn request_end(&mut self) {}
+    /// The request that began is answered: `bytes` is (request, response) length, `ok`
+    /// whether the handler succeeded.
+    fn request_end(&mut self, _bytes: (u64, u64), _ok: bool) {}
 }
 
 /// What a worker does with each connection.
@@ -191,11 +192,12 @@ fn serve_requests<H: RequestHandler>(
                         ctx.state(State::Handling);
                         let handled = handler.handle_request(&request, &mut res);
                         ctx.state(State::Reading);
+                        let outcome = res.finish();
                         Step::Handled {
                             len,
                             mark,
                             handled,
-                            outcome: res.finish(),
+                            outcome,
                         }
                     }
                     Ok(Decoded::Incomplete { interim }) => {
@@ -218,7 +220,12 @@ fn serve_requests<H: RequestHandler>(
                 Step::Bad(e) => return protocol_error(codec, client, ctx, &e),
             };
             served += 1;
-            ctx.request_end();
+            let out_len = client.output().len().saturating_sub(mark) as u64
+                + outcome
+                    .file
+                    .as_ref()
+                    .map_or(0, |f| f.range.end.saturating_sub(f.range.start));
+            ctx.request_end((len as u64, out_len), handled.is_ok());
             in_request = false;
             if let Err(e) = handled {
                 client.output().truncate(mark);

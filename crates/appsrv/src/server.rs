@@ -404,6 +404,7 @@ struct Prepared {
     listeners: Vec<Listener>,
     control: Option<Control>,
     metrics: Option<MetricsListener>,
+    access_log: Option<std::fs::File>,
 }
 
 /// The master's start-up: resolve users, claim the pid file, bind, open the control socket,
@@ -438,6 +439,10 @@ fn start(
         .as_deref()
         .map(MetricsListener::bind)
         .transpose()?;
+    let access_log = match &config.access_log {
+        Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
+        None => None,
+    };
     let log_file = match &config.log_file {
         Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
         None => None,
@@ -458,6 +463,7 @@ fn start(
         listeners,
         control,
         metrics,
+        access_log,
     };
     let result = serve(name, config, policy, limits, prepared, &mut readiness, entry);
     if let Err(e) = &result {
@@ -510,6 +516,7 @@ fn supervise(
         listeners,
         control,
         metrics,
+        access_log,
         ..
     } = prepared;
     let plan = &plan;
@@ -540,6 +547,7 @@ fn supervise(
         board,
         grace_period: config.grace_period,
         log_file: config.log_file.clone().map(|p| (p, plan_gid(plan))),
+        access_log: config.access_log.clone().map(|p| (p, plan_gid(plan))),
         master_fds: pid_file
             .map(PidFile::raw_fd)
             .into_iter()
@@ -563,6 +571,7 @@ fn supervise(
             board,
             keepalive_timeout: config.keepalive_timeout,
             recycle,
+            access_log: config.access_log.as_deref().zip(access_log.as_ref()),
         })
     };
     Master::new(settings, listeners, &channel, signals)?.run(&mut spawn, &mut || readiness.ready())

@@ -370,11 +370,12 @@ fn every_descriptor_is_close_on_exec_and_workers_hold_only_theirs() {
         }
     }
     for pid in server.worker_pids() {
-        // stdio, two listeners, the notification pipe, the epoll instance.
+        // stdio, two listeners, the notification pipe, the master's wake-up eventfd, the
+        // epoll instance.
         let n = fds(pid).len();
         assert_eq!(
             n,
-            3 + 2 + 1 + 1,
+            3 + 2 + 1 + 1 + 1,
             "worker {pid} holds unexpected descriptors: {:?}",
             fds(pid)
         );

@@ -228,3 +228,76 @@ fn ttin_and_ttou_resize_a_static_pool() {
             .contains("SIGTTOU received: static pool of 1 workers")
     );
 }
+
+#[test]
+fn workers_are_recycled_by_age() {
+    let server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2", "--max-worker-age", "1"],
+    );
+    let first = server.worker_pids();
+    server.wait_for_log("reached its age limit; replacing it");
+    server.wait_for_log(") recycled");
+    let replaced = wait_until(|| {
+        let now = server.worker_pids();
+        (now.len() == 2 && now.is_disjoint(&first)).then_some(())
+    });
+    assert!(replaced.is_some(), "log:\n{}", server.log_text());
+}
+
+#[test]
+fn workers_are_recycled_by_memory() {
+    let server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2", "--max-worker-memory", "16"],
+    );
+    let mut c = LineClient::tcp(server.tcp_addr());
+    let pid = c.testbed_pid();
+    assert_eq!(c.ask("grow 32"), "grown");
+    drop(c);
+    // Sampled every 5 s: the worker is replaced, then stopped.
+    let line = server.wait_for_log("reached its memory limit; replacing it");
+    assert!(line.contains(&format!("(pid {pid})")), "{line}");
+    server.wait_for_log(&format!("(pid {pid}) recycled"));
+}
+
+#[test]
+fn the_access_log_has_one_line_per_request() {
+    let dir = std::env::temp_dir().join(format!("appsrv-access-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = dir.join("access.log");
+    let server = Server::start(
+        "kv",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "1",
+            "--access-log",
+            log.to_str().unwrap(),
+        ],
+    );
+    let mut c = LineClient::tcp(server.tcp_addr());
+    let me = c.get_mut().local_addr().unwrap();
+    assert_eq!(c.ask("SET k v"), "OK");
+    assert_eq!(c.ask("GET k"), "VALUE v");
+    assert_eq!(c.ask("QUIT"), "BYE");
+    // Written when the worker goes back to waiting for a connection.
+    let text = wait_until(|| {
+        let t = std::fs::read_to_string(&log).unwrap_or_default();
+        (t.lines().count() >= 3).then_some(t)
+    })
+    .expect("three lines");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].contains(&format!(" {me} ok ")) && lines[0].ends_with(" in=8 out=4 \"SET k v\""),
+        "{text}"
+    );
+    assert!(lines[1].ends_with("\"GET k\""), "{text}");
+    assert!(lines[2].ends_with("\"QUIT\""), "{text}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -272,9 +272,11 @@ fn metrics_parse_and_count_connections() {
     c.testbed_pid();
     assert_eq!(c.ask("hello"), "hello");
     drop(c);
+    // Connections count when they start, bytes when they end: wait for both.
     let grown = wait_until(|| {
         let m = ok(ctl(&dir, &["metrics"]));
-        (metric(&m, "appsrv_connections_total") > c0).then_some(m)
+        (metric(&m, "appsrv_connections_total") > c0 && metric(&m, "appsrv_bytes_sent_total") >= 6.0)
+            .then_some(m)
     });
     let m = grown.expect("appsrv_connections_total never grew");
     assert!(metric(&m, "appsrv_bytes_received_total") >= 6.0, "{m}");

@@ -14,8 +14,11 @@ use socket2::Socket;
 use crate::client::{Buffers, Client};
 use crate::listener::{Addr, Listener};
 use crate::scoreboard::{Board, Slot, State};
+
+use super::access::{AccessLog, Outcome};
 use crate::serve::{Boundary, Connections, Context};
 use crate::sys::{self, exit};
+use std::path::Path;
 
 /// A worker's recycling limits, drawn by the master for this worker (jitter included);
 /// 0 means no limit.
@@ -37,6 +40,12 @@ struct Guard<'a> {
     request: Option<u64>,
     /// Requests served by this worker.
     requests: u64,
+    /// The access log, when one is configured.
+    access: Option<AccessLog>,
+    /// The client of the connection in progress (for the access log).
+    peer: Option<Addr>,
+    /// The first bytes of the request in progress (for the access log).
+    head: Vec<u8>,
 }
 
 impl Guard<'_> {
@@ -68,12 +77,22 @@ impl Context for Guard<'_> {
 
     fn request_start(&mut self, head: &[u8]) {
         self.request = Some(self.slot.request_start(head));
+        if self.access.is_some() {
+            self.head.clear();
+            self.head.extend_from_slice(head);
+        }
     }
 
-    fn request_end(&mut self) {
+    fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         if let Some(started) = self.request.take() {
             self.slot.request_end(started, true);
             self.requests += 1;
+            if let (Some(log), Some(peer)) = (self.access.as_mut(), self.peer.as_ref()) {
+                let took =
+                    std::time::Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+                let outcome = if ok { Outcome::Ok } else { Outcome::Error };
+                log.line(peer, outcome, took, bytes, &self.head);
+            }
         }
     }
 
@@ -133,9 +152,14 @@ pub(crate) fn serve<C: Connections>(
     keepalive_timeout: Option<Duration>,
     recycle: Recycle,
     handler: &mut C,
+    access: Option<(&Path, AccessLog)>,
     reopen_log: &mut dyn FnMut(),
     retire: &mut dyn FnMut(),
 ) -> i32 {
+    let (access_path, access) = match access {
+        Some((p, log)) => (Some(p), Some(log)),
+        None => (None, None),
+    };
     let Some(slot) = board.slot(id) else {
         tracing::error!("no scoreboard slot {id}");
         return exit::START_FAILED;
@@ -149,6 +173,9 @@ pub(crate) fn serve<C: Connections>(
         recycle,
         request: None,
         requests: 0,
+        access,
+        peer: None,
+        head: Vec::new(),
     };
     let mut retire_sent = false;
     let mut acceptor = match Acceptor::new(id, listeners, board) {
@@ -159,17 +186,27 @@ pub(crate) fn serve<C: Connections>(
         }
     };
     let mut buffers = Some(Buffers::new());
+    let mut reopen = |guard: &mut Guard<'_>| {
+        reopen_log();
+        if let (Some(log), Some(path)) = (guard.access.as_mut(), access_path) {
+            log.reopen(path);
+        }
+    };
     loop {
+        // Lines are written before the worker may wait: a quiet server holds none back.
+        if let Some(log) = guard.access.as_mut() {
+            log.flush();
+        }
         let (socket, peer) = match acceptor.accept() {
             Accepted::Connection(s, p) => (s, p),
             Accepted::Stop => return exit::OK,
             Accepted::Reopen => {
-                reopen_log();
+                reopen(&mut guard);
                 continue;
             }
         };
         if sys::take_reopen_request() {
-            reopen_log();
+            reopen(&mut guard);
         }
         let peer = Addr::from_sockaddr(&peer);
         tracing::debug!("serving {peer}");
@@ -180,6 +217,9 @@ pub(crate) fn serve<C: Connections>(
             board.set_state(id, State::Handling);
             slot.request_start(&[])
         });
+        if guard.access.is_some() {
+            guard.peer = Some(peer.clone());
+        }
         let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, &mut guard)));
         let peer = client.peer_addr();
@@ -187,6 +227,16 @@ pub(crate) fn serve<C: Connections>(
         slot.add_bytes(received, sent);
         if let Some(started) = connection_clock {
             slot.request_end(started, false);
+            if let (Some(log), Ok(result)) = (guard.access.as_mut(), outcome.as_ref()) {
+                let took =
+                    std::time::Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+                let how = match result {
+                    Ok(()) => Outcome::Ok,
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
+                    Err(_) => Outcome::Closed,
+                };
+                log.line(&peer, how, took, (received, sent), b"");
+            }
         }
         guard.request = None;
         match outcome {
@@ -209,6 +259,9 @@ pub(crate) fn serve<C: Connections>(
             }
         }
         if sys::stop_requested() {
+            if let Some(log) = guard.access.as_mut() {
+                log.flush();
+            }
             return exit::OK;
         }
         if !retire_sent && guard.limit_reached() {

@@ -13,6 +13,7 @@
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
 mod accept;
+mod access;
 pub(crate) mod blocking;
 
 use std::any::Any;
@@ -52,6 +53,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) keepalive_timeout: Option<Duration>,
     /// This worker's recycling limits.
     pub(crate) recycle: blocking::Recycle,
+    /// The access log's path and the file the master opened, when there is one.
+    pub(crate) access_log: Option<(&'a Path, &'a std::fs::File)>,
 }
 
 /// The type of a start hook.
@@ -111,6 +114,11 @@ where
 
     let log_path = setup.log_path;
     let channel = setup.channel;
+    let access = match setup.access_log.map(|(p, f)| (p, f.try_clone())) {
+        Some((path, Ok(file))) => Some((path, access::AccessLog::new(file))),
+        Some((_, Err(e))) => fail(format!("opening the access log: {e}")),
+        None => None,
+    };
     let code = blocking::serve(
         setup.id,
         setup.listeners,
@@ -118,6 +126,7 @@ where
         setup.keepalive_timeout,
         setup.recycle,
         &mut handler,
+        access,
         &mut || reopen_log(log_path),
         &mut || {
             let _ = channel.send(pid, &Message::Retire);

@@ -4,6 +4,7 @@
 //! sends is echoed back, except:
 //! - `panic`: the handler panics;
 //! - `sleep SECS`: the handler waits SECS seconds, then answers `slept`;
+//! - `grow MIB`: the worker allocates and touches MIB mebibytes, then answers `grown`;
 //! - `tolerate-timeouts`: answers `ok`; from then on a read timeout is answered with a
 //!   `timeout` line and the handler reads again, instead of ending the connection.
 //!
@@ -23,7 +24,10 @@ struct Opts {
     crash_if_exists: Option<std::path::PathBuf>,
 }
 
-struct Testbed;
+struct Testbed {
+    /// Memory held on request (`grow MIB`).
+    ballast: Vec<Vec<u8>>,
+}
 
 impl appsrv::Handler for Testbed {
     fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
@@ -43,6 +47,12 @@ impl appsrv::Handler for Testbed {
             }
             match line.trim_end() {
                 "panic" => panic!("testbed: panic requested by the client"),
+                cmd if cmd.starts_with("grow ") => {
+                    // Allocate and touch MIB mebibytes, kept for the worker's life.
+                    let mib: usize = cmd[5..].parse().unwrap_or(1);
+                    self.ballast.push(vec![1u8; mib << 20]);
+                    writeln!(client, "grown")?;
+                }
                 "tolerate-timeouts" => {
                     tolerate_timeouts = true;
                     writeln!(client, "ok")?;
@@ -68,6 +78,6 @@ fn main() -> appsrv::Result<()> {
         if opts.fail_factory {
             return Err("database unavailable (testbed --fail-factory)".into());
         }
-        Ok(Testbed)
+        Ok(Testbed { ballast: Vec::new() })
     })
 }
