@@ -21,8 +21,6 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::listener::Addr;
-
 const FLUSH_AT: usize = 32 * 1024;
 
 /// How a request or connection ended.
@@ -66,9 +64,10 @@ impl AccessLog {
     }
 
     /// Appends one line.
+    /// `peer` is the client's address, formatted once per connection by the caller.
     pub(crate) fn line(
         &mut self,
-        peer: &Addr,
+        peer: &str,
         outcome: Outcome,
         took: Duration,
         bytes: (u64, u64),
@@ -158,9 +157,8 @@ mod tests {
         let path = std::env::temp_dir().join(format!("appsrv-access-{}", std::process::id()));
         let file = File::create(&path).unwrap();
         let mut log = AccessLog::new(file);
-        let peer = Addr::Inet("127.0.0.1:5555".parse().unwrap());
         log.line(
-            &peer,
+            "127.0.0.1:5555",
             Outcome::Ok,
             Duration::from_micros(182),
             (78, 146),

@@ -42,8 +42,8 @@ struct Guard<'a> {
     requests: u64,
     /// The access log, when one is configured.
     access: Option<AccessLog>,
-    /// The client of the connection in progress (for the access log).
-    peer: Option<Addr>,
+    /// The client of the connection in progress, formatted once (for the access log).
+    peer: Option<String>,
     /// The first bytes of the request in progress (for the access log).
     head: Vec<u8>,
 }
@@ -218,7 +218,7 @@ pub(crate) fn serve<C: Connections>(
             slot.request_start(&[])
         });
         if guard.access.is_some() {
-            guard.peer = Some(peer.clone());
+            guard.peer = Some(peer.to_string());
         }
         let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, &mut guard)));
@@ -235,7 +235,13 @@ pub(crate) fn serve<C: Connections>(
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
                     Err(_) => Outcome::Closed,
                 };
-                log.line(&peer, how, took, (received, sent), b"");
+                log.line(
+                    guard.peer.as_deref().unwrap_or_default(),
+                    how,
+                    took,
+                    (received, sent),
+                    b"",
+                );
             }
         }
         guard.request = None;
