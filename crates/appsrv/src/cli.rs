@@ -156,7 +156,9 @@ pub(crate) fn env_prefix(name: &str) -> String {
         .collect()
 }
 
-const SUBCOMMANDS: &[&str] = &["run", "start", "stop", "status", "metrics", "workers", "help"];
+const SUBCOMMANDS: &[&str] = &[
+    "run", "start", "stop", "check", "reload", "status", "metrics", "workers", "help",
+];
 
 /// Inserts the default subcommand `run` when the command line names none, so that
 /// `hello -l 127.0.0.1:0` means `hello run -l 127.0.0.1:0` (and `hello --help` shows the
@@ -164,6 +166,11 @@ const SUBCOMMANDS: &[&str] = &["run", "start", "stop", "status", "metrics", "wor
 pub(crate) fn with_default_subcommand(args: Vec<OsString>) -> Vec<OsString> {
     let mut args = args;
     let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
+    if first == "-t" {
+        // `-t`, as nginx and Apache spell "test the configuration".
+        args[1] = "check".into();
+        return args;
+    }
     if !SUBCOMMANDS.contains(&first) {
         args.insert(1.min(args.len()), "run".into());
     }
@@ -235,6 +242,17 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
         Command::new("metrics")
             .about("Print the server's metrics in Prometheus/OpenMetrics text format")
             .arg(control_arg(prefix)),
+        Command::new("reload")
+            .about("Re-read the configuration (the application's reload hook) and replace the workers by a new generation, without dropping connections; waits until the new generation serves alone (exit 0), or reports why not (non-zero; the old workers keep serving)")
+            .arg(control_arg(prefix))
+            .arg(
+                Arg::new("timeout")
+                    .long("timeout")
+                    .value_name("SECS")
+                    .value_parser(secs)
+                    .default_value("60")
+                    .help("How long to wait for the old workers to finish"),
+            ),
         Command::new("workers")
             .about("Grow (+N) or shrink (-N) the pool: the static size, or min-spare and max-workers of a dynamic pool (as TTIN/TTOU do, one at a time)")
             .arg(control_arg(prefix))
@@ -447,6 +465,9 @@ pub(crate) fn command(
         .subcommand_required(true)
         .subcommand(app(run_command(&prefix, d)))
         .subcommand(app(start_command(&prefix, d)))
+        .subcommand(app(serve_args(Command::new("check"), &prefix, d).about(
+            "Validate the command line, users, pool and the application's configuration without serving (also -t); exit 0 when valid",
+        )))
         .subcommand(stop_command(&prefix, d))
         .subcommands(control_commands(&prefix))
         .after_help(

@@ -46,6 +46,7 @@ pub(crate) struct Signals {
     reopen: Arc<AtomicBool>,
     grow: Arc<AtomicBool>,
     shrink: Arc<AtomicBool>,
+    reload: Arc<AtomicBool>,
     other: Vec<(Signal, Arc<AtomicBool>)>,
 }
 
@@ -73,7 +74,8 @@ impl Signals {
         let reopen = flag(Signal::SIGUSR1)?;
         let grow = flag(Signal::SIGTTIN)?;
         let shrink = flag(Signal::SIGTTOU)?;
-        let other = [Signal::SIGHUP, Signal::SIGUSR2, Signal::SIGWINCH]
+        let reload = flag(Signal::SIGHUP)?;
+        let other = [Signal::SIGUSR2, Signal::SIGWINCH]
             .into_iter()
             .map(|s| flag(s).map(|f| (s, f)))
             .collect::<io::Result<_>>()?;
@@ -87,6 +89,7 @@ impl Signals {
             reopen,
             grow,
             shrink,
+            reload,
             other,
         })
     }
@@ -167,6 +170,8 @@ enum Leave {
 #[derive(Debug)]
 struct Worker {
     id: u32,
+    /// The generation it belongs to (a reload starts the next one).
+    generation: u32,
     spawned: Instant,
     ready: bool,
     /// A start failure the worker reported before it exited.
@@ -218,6 +223,18 @@ pub(crate) struct Settings {
     pub(crate) limits: Limits,
     pub(crate) control: Option<Control>,
     pub(crate) metrics: Option<MetricsListener>,
+    /// Re-reads the application's configuration on reload, in the master, before the new
+    /// generation is forked.
+    pub(crate) on_reload: Option<ReloadHook>,
+}
+
+/// The application's reload hook.
+pub(crate) struct ReloadHook(pub(crate) Box<dyn FnMut() -> Result<(), crate::error::BoxError>>);
+
+impl std::fmt::Debug for ReloadHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReloadHook")
+    }
 }
 
 /// The master's state.
@@ -243,6 +260,8 @@ pub(crate) struct Master<'a> {
     /// Counters of workers that are gone.
     retired: Totals,
     rng: u64,
+    /// The current generation of workers: 0 at start, one more with each reload.
+    generation: u32,
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
@@ -282,6 +301,7 @@ impl<'a> Master<'a> {
             max_reached_total: 0,
             restarts: BTreeMap::new(),
             retired: Totals::default(),
+            generation: 0,
             rng: (u64::from(std::process::id()) << 32) ^ scoreboard::now_ns() | 1,
         })
     }
@@ -332,6 +352,11 @@ impl<'a> Master<'a> {
             }
             if self.signals.reopen.swap(false, Ordering::SeqCst) {
                 self.reopen_log();
+            }
+            if self.signals.reload.swap(false, Ordering::SeqCst) {
+                if let Err(e) = self.reload("SIGHUP") {
+                    tracing::error!("SIGHUP received: reload failed: {e}; the current workers keep serving");
+                }
             }
             if self.signals.grow.swap(false, Ordering::SeqCst) {
                 let d = self.resize(1);
@@ -555,21 +580,44 @@ impl<'a> Master<'a> {
         }
     }
 
-    /// Sends SIGTERM to the oldest worker waiting to be recycled whose replacement exists.
+    /// Sends SIGTERM to the workers waiting to be recycled (oldest first) once their
+    /// replacements are ready: the pool's capacity never dips.
     fn release_one_retiring(&mut self) {
         let spare = self.ready_active() >= self.target().min(self.settings.policy.max());
         if !spare {
             return;
         }
-        if let Some((pid, w)) = self
+        for (pid, w) in self
             .workers
             .iter_mut()
             .filter(|(_, w)| matches!(w.leaving, Some(Leave::Recycle(_))) && !w.stop_sent)
-            .min_by_key(|(_, w)| w.spawned)
         {
             w.stop_sent = true;
             let _ = signal::kill(*pid, Signal::SIGTERM);
         }
+    }
+
+    /// Reload: runs the application's hook, then starts a new generation of workers; the
+    /// old ones finish their connections and leave as the new ones become ready. If the
+    /// hook fails, nothing changes and the error is returned.
+    fn reload(&mut self, from: &str) -> Result<u32, String> {
+        if self.phase != Phase::Running {
+            return Err(format!("the server is {}", self.phase.name()));
+        }
+        if let Some(ReloadHook(hook)) = self.settings.on_reload.as_mut() {
+            hook().map_err(|e| format!("the reload hook failed: {e}"))?;
+        }
+        self.generation += 1;
+        let generation = self.generation;
+        for w in self
+            .workers
+            .values_mut()
+            .filter(|w| w.leaving.is_none() && w.timed_out.is_none())
+        {
+            w.leaving = Some(Leave::Recycle("reload"));
+        }
+        tracing::info!("reload requested by {from}: starting generation {generation}");
+        Ok(generation)
     }
 
     /// Collects every exited worker.
@@ -1023,6 +1071,17 @@ impl<'a> Master<'a> {
             Request::Status { json: false } => Ok(control::render_text(&self.status())),
             Request::Status { json: true } => Ok(control::render_json(&self.status())),
             Request::Metrics => Ok(control::render_metrics(&self.status())),
+            Request::Reload => self
+                .reload("the control socket")
+                .map(|g| format!("reloading: generation {g}\n")),
+            Request::ReloadStatus(g) if g > self.generation => Err(format!("no generation {g} yet")),
+            // Old workers leave only once their replacements are ready: when none is left,
+            // the new generation serves alone.
+            Request::ReloadStatus(g) => Ok(if self.workers.values().any(|w| w.generation < g) {
+                "pending\n".into()
+            } else {
+                "done\n".into()
+            }),
             Request::Workers(delta) => {
                 if !matches!(self.phase, Phase::Running) {
                     return Err(format!("the server is {}", self.phase.name()));
@@ -1054,7 +1113,13 @@ impl<'a> Master<'a> {
         Status {
             name: self.settings.name.clone(),
             master_pid: std::process::id(),
-            phase: self.phase.name(),
+            phase: if self.phase == Phase::Running
+                && self.workers.values().any(|w| w.generation < self.generation)
+            {
+                "reloading"
+            } else {
+                self.phase.name()
+            },
             uptime: self.started.elapsed(),
             pool: PoolStatus {
                 policy: self.settings.policy.name(),
@@ -1108,7 +1173,7 @@ impl<'a> Master<'a> {
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
             .collect();
         let _ = io::stdout().flush();
-        self.settings.board.claim(id, 0);
+        self.settings.board.claim(id, self.generation);
         // SAFETY: the master is single-threaded for its whole life (it starts no thread and
         // uses no crate that does; `sys::fork` checks); the log writer is unbuffered and
         // stdout was flushed above; the child runs `entry`, which ends in `_exit`.
@@ -1125,6 +1190,7 @@ impl<'a> Master<'a> {
             pid,
             Worker {
                 id,
+                generation: self.generation,
                 spawned: Instant::now(),
                 ready: false,
                 failure: None,

@@ -245,7 +245,9 @@ fn serve_requests<H: RequestHandler>(
         let pending = client.unconsumed_mut().len();
         let at_boundary = pending == 0;
         if at_boundary {
-            if announces_close && sys::stop_requested() {
+            // Stopping: an HTTP-like connection ends between requests, but a connection
+            // just accepted gets its first request answered (the client sent it already).
+            if announces_close && served > 0 && sys::stop_requested() {
                 return Ok(());
             }
             if mid_request_timeout {
@@ -272,7 +274,7 @@ fn serve_requests<H: RequestHandler>(
                 );
                 return Ok(());
             }
-            if announces_close && sys::stop_requested() {
+            if announces_close && served > 0 && sys::stop_requested() {
                 return Ok(());
             }
         } else {

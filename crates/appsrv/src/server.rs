@@ -17,7 +17,7 @@ use crate::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, RequestHandler, WorkerInfo};
 use crate::listener::{self, BindOptions, Listener};
-use crate::master::{Limits as MasterLimits, Master, Settings, Signals};
+use crate::master::{Limits as MasterLimits, Master, ReloadHook, Settings, Signals};
 use crate::notify::Channel;
 use crate::pool::Policy;
 use crate::privilege::{self, Plan};
@@ -25,6 +25,9 @@ use crate::scoreboard::Board;
 use crate::serve::{ClientLevel, Connections, Limits, RequestLevel};
 use crate::worker::blocking::Recycle;
 use crate::worker::{self, StartHook};
+
+/// An application hook run in the master (reload, check).
+type Hook = Box<dyn FnMut() -> std::result::Result<(), BoxError>>;
 
 /// A server: its name, its defaults, and the command line it parses.
 ///
@@ -47,6 +50,8 @@ pub struct Server {
     about: Option<String>,
     defaults: Defaults,
     start_hook: Option<StartHook>,
+    reload_hook: Option<Hook>,
+    check_hook: Option<Hook>,
     args: Vec<OsString>,
     /// The command line, once parsed by [`Server::args`].
     matches: Option<ArgMatches>,
@@ -70,6 +75,8 @@ impl Server {
             about: None,
             defaults: Defaults::default(),
             start_hook: None,
+            reload_hook: None,
+            check_hook: None,
             args: std::env::args_os().collect(),
             matches: None,
         }
@@ -170,6 +177,22 @@ impl Server {
         self
     }
 
+    /// A hook run in the master on reload (HUP, or the `reload` subcommand), before the new
+    /// generation of workers is forked: re-read the application's configuration here
+    /// (into state the handler factory reads). If it fails, the current workers keep
+    /// serving and `reload` exits non-zero with the error.
+    pub fn on_reload(mut self, hook: impl FnMut() -> std::result::Result<(), BoxError> + 'static) -> Self {
+        self.reload_hook = Some(Box::new(hook));
+        self
+    }
+
+    /// A hook run by the `check` subcommand (also `-t`), after the command line and the
+    /// users are validated: check the application's configuration without serving.
+    pub fn on_check(mut self, hook: impl FnMut() -> std::result::Result<(), BoxError> + 'static) -> Self {
+        self.check_hook = Some(Box::new(hook));
+        self
+    }
+
     /// A hook run in each worker after the privilege drop, before the handler factory.
     pub fn on_worker_start(mut self, hook: impl FnMut(&WorkerInfo) + 'static) -> Self {
         self.start_hook = Some(Box::new(hook));
@@ -194,12 +217,13 @@ impl Server {
     /// let opts: Opts = server.args();
     /// ```
     ///
-    /// The options belong to `run` and `start`; for `stop`, `A`'s defaults are returned.
+    /// The options belong to `run`, `start` and `check`; for the other subcommands, `A`'s
+    /// defaults are returned.
     pub fn args<A: clap::Args + FromArgMatches>(&mut self) -> A {
         let cmd = self.command(A::augment_args);
         let matches = cmd.get_matches_from(cli::with_default_subcommand(self.args.clone()));
         let parsed = match matches.subcommand() {
-            Some(("run" | "start", m)) => A::from_arg_matches(m),
+            Some(("run" | "start" | "check", m)) => A::from_arg_matches(m),
             _ => A::from_arg_matches(
                 &A::augment_args(clap::Command::new("defaults")).get_matches_from(["defaults"]),
             ),
@@ -207,6 +231,46 @@ impl Server {
         .unwrap_or_else(|e| e.exit());
         self.matches = Some(matches);
         parsed
+    }
+
+    /// The `check` subcommand: what `run` would refuse, found without binding or serving.
+    fn check(&mut self, config: &Config, request_level: bool) -> Result<()> {
+        privilege::resolve(
+            config.user.as_deref(),
+            config.group.as_deref(),
+            config.allow_root_workers,
+        )?;
+        pool_policy(config)?;
+        if !request_level && config.max_requests > 0 {
+            return Err(Error::Config(
+                "--max-requests needs a request-level handler: use --max-connections".into(),
+            ));
+        }
+        for path in [
+            &config.pid_file,
+            &config.log_file,
+            &config.access_log,
+            &config.control,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            if !dir.is_dir() {
+                return Err(Error::Config(format!(
+                    "{}: the directory {} does not exist",
+                    path.display(),
+                    dir.display()
+                )));
+            }
+        }
+        if let Some(hook) = self.check_hook.as_mut() {
+            hook().map_err(|e| Error::Config(format!("the application's check failed: {e}")))?;
+        }
+        Ok(())
     }
 
     fn command(&self, app: impl Fn(clap::Command) -> clap::Command) -> clap::Command {
@@ -271,6 +335,31 @@ impl Server {
                 m.get_flag("now"),
                 *m.get_one::<Duration>("grace-period").expect("has a default"),
             )),
+            Some(("reload", m)) => {
+                let Some(path) = m
+                    .get_one::<PathBuf>("control")
+                    .cloned()
+                    .or_else(|| control::default_path(&self.name))
+                else {
+                    eprintln!("error: no default control socket location: set --control or XDG_RUNTIME_DIR");
+                    std::process::exit(1);
+                };
+                let timeout = *m.get_one::<Duration>("timeout").expect("has a default");
+                std::process::exit(control::reload_command(&self.name, &path, timeout))
+            }
+            Some(("check", m)) => {
+                let config = cli::config(m);
+                match self.check(&config, request_level) {
+                    Ok(()) => {
+                        println!("{}: configuration OK", self.name);
+                        std::process::exit(0)
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        std::process::exit(1)
+                    }
+                }
+            }
             Some((sub @ ("status" | "metrics" | "workers"), m)) => {
                 let request = match sub {
                     "status" => control::Request::Status {
@@ -343,8 +432,9 @@ impl Server {
         };
         let mut factory = make_factory(limits);
         let mut start_hook = self.start_hook.take();
+        let on_reload = self.reload_hook.take();
         let name = self.name.clone();
-        start(&name, &config, policy, master_limits, &mut |setup| {
+        start(&name, &config, policy, master_limits, on_reload, &mut |setup| {
             worker::run(setup, &mut start_hook, &mut factory)
         })
     }
@@ -405,6 +495,7 @@ struct Prepared {
     control: Option<Control>,
     metrics: Option<MetricsListener>,
     access_log: Option<std::fs::File>,
+    on_reload: Option<Hook>,
 }
 
 /// The master's start-up: resolve users, claim the pid file, bind, open the control socket,
@@ -415,6 +506,7 @@ fn start(
     config: &Config,
     policy: Policy,
     limits: MasterLimits,
+    on_reload: Option<Hook>,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
     let (plan, warning) = privilege::resolve(
@@ -464,6 +556,7 @@ fn start(
         control,
         metrics,
         access_log,
+        on_reload,
     };
     let result = serve(name, config, policy, limits, prepared, &mut readiness, entry);
     if let Err(e) = &result {
@@ -517,6 +610,7 @@ fn supervise(
         control,
         metrics,
         access_log,
+        on_reload,
         ..
     } = prepared;
     let plan = &plan;
@@ -556,6 +650,7 @@ fn supervise(
         limits,
         control,
         metrics,
+        on_reload: on_reload.map(ReloadHook),
     };
     let master_pid = Pid::this();
     let log_path = config.log_file.as_deref();

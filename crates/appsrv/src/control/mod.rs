@@ -85,6 +85,12 @@ pub(crate) enum Request {
     Metrics,
     /// Grow (positive) or shrink (negative) the pool.
     Workers(i32),
+    /// Re-read what can be re-read (the `on_reload` hook) and start a new generation of
+    /// workers; the reply names the generation.
+    Reload,
+    /// Whether the reload to generation N is done (`done`), in progress (`pending`), or
+    /// failed (an error).
+    ReloadStatus(u32),
 }
 
 impl Request {
@@ -95,6 +101,8 @@ impl Request {
             Request::Status { json: true } => "status json".into(),
             Request::Metrics => "metrics".into(),
             Request::Workers(n) => format!("workers {n:+}"),
+            Request::Reload => "reload".into(),
+            Request::ReloadStatus(g) => format!("reload-status {g}"),
         }
     }
 
@@ -121,6 +129,11 @@ impl Request {
                     .ok_or_else(|| format!("workers {n:?}: expected +N or -N, with N from 0 to 1024"))?;
                 Ok(Request::Workers(delta))
             }
+            ["reload"] => Ok(Request::Reload),
+            ["reload-status", g] => g
+                .parse()
+                .map(Request::ReloadStatus)
+                .map_err(|_| format!("reload-status {g:?}: expected a generation number")),
             [] => Err("empty request (expected status, status json, metrics, workers +N|-N)".into()),
             _ => Err(format!(
                 "unknown request {:?} (expected status, status json, metrics, workers +N|-N)",
@@ -488,8 +501,61 @@ fn exchange(path: &Path, request: &Request) -> Outcome {
 /// The client side, for the `status`, `metrics` and `workers` subcommands: sends `request`
 /// to the control socket at `path` and prints the reply. Returns the exit status (0, or
 /// 3 "not running" as LSB's `status` action, 1 for other errors, 4 without permission).
+/// The `reload` subcommand: starts a reload, then waits until the new generation serves
+/// alone (every worker of the old one has finished its connection and left), up to
+/// `timeout`. Exit status: 0 done; 1 when the reload failed (the old generation keeps
+/// serving; the reason is printed) or did not finish in time; 3 not running; 4 no
+/// permission.
+pub(crate) fn reload_command(name: &str, path: &Path, timeout: std::time::Duration) -> i32 {
+    let generation = match exchange(path, &Request::Reload) {
+        Outcome::Ok(body) => {
+            let text = String::from_utf8_lossy(&body);
+            match text.split_whitespace().last().and_then(|g| g.parse::<u32>().ok()) {
+                Some(g) => g,
+                None => {
+                    eprintln!("error: unexpected reply to reload: {text:?}");
+                    return 1;
+                }
+            }
+        }
+        other => return client_exit(name, path, other),
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match exchange(path, &Request::ReloadStatus(generation)) {
+            Outcome::Ok(body) if body.starts_with(b"done") => {
+                println!("{name}: reloaded (generation {generation})");
+                return 0;
+            }
+            Outcome::Ok(_) => {}
+            other => return client_exit(name, path, other),
+        }
+        if std::time::Instant::now() >= deadline {
+            eprintln!("error: {name}: generation {generation} not serving alone after {timeout:?}");
+            return 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The exit status and message of a failed exchange.
+fn client_exit(name: &str, path: &Path, outcome: Outcome) -> i32 {
+    match outcome {
+        Outcome::Ok(_) => 0,
+        other => {
+            let code = client_command_outcome(name, path, other);
+            if code == 0 { 1 } else { code }
+        }
+    }
+}
+
 pub(crate) fn client_command(name: &str, path: &Path, request: Request) -> i32 {
-    match exchange(path, &request) {
+    let outcome = exchange(path, &request);
+    client_command_outcome(name, path, outcome)
+}
+
+fn client_command_outcome(name: &str, path: &Path, outcome: Outcome) -> i32 {
+    match outcome {
         Outcome::Ok(body) => {
             let mut out = io::stdout().lock();
             let mut printed = out.write_all(&body);

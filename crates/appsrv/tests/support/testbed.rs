@@ -8,7 +8,8 @@
 //! - `tolerate-timeouts`: answers `ok`; from then on a read timeout is answered with a
 //!   `timeout` line and the handler reads again, instead of ending the connection.
 //!
-//! `--fail-factory` makes every worker's factory fail; `--crash-if-exists PATH` makes a
+//! `--fail-factory` makes every worker's factory fail, `--fail-reload` the reload hook and
+//! `--fail-check` the check hook; `--crash-if-exists PATH` makes a
 //! starting worker exit with status 3 while PATH exists.
 
 use std::io::{self, BufRead, Write};
@@ -19,6 +20,12 @@ struct Opts {
     /// Make the handler factory fail in every worker.
     #[arg(long)]
     fail_factory: bool,
+    /// Make the reload hook fail (the old generation must keep serving).
+    #[arg(long)]
+    fail_reload: bool,
+    /// Make the check hook fail.
+    #[arg(long)]
+    fail_check: bool,
     /// Make a worker exit with status 3 right after start while PATH exists.
     #[arg(long, value_name = "PATH")]
     crash_if_exists: Option<std::path::PathBuf>,
@@ -71,6 +78,20 @@ impl appsrv::Handler for Testbed {
 fn main() -> appsrv::Result<()> {
     let mut server = appsrv::Server::new("testbed");
     let opts: Opts = server.args();
+    let (fail_reload, fail_check) = (opts.fail_reload, opts.fail_check);
+    let server = server
+        .on_reload(move || {
+            if fail_reload {
+                return Err("policy file unreadable (testbed --fail-reload)".into());
+            }
+            Ok(())
+        })
+        .on_check(move || {
+            if fail_check {
+                return Err("policy file unreadable (testbed --fail-check)".into());
+            }
+            Ok(())
+        });
     server.run(move || {
         if opts.crash_if_exists.as_ref().is_some_and(|p| p.exists()) {
             std::process::exit(3);
