@@ -180,6 +180,9 @@ struct Worker {
     leaving: Option<Leave>,
     /// SIGTERM sent.
     stop_sent: bool,
+    /// When SIGTERM was sent to a worker asked to leave while the pool goes on: after the
+    /// grace period it is killed, as on a stop.
+    stop_at: Option<Instant>,
     /// Killed by the master for exceeding the request timeout, and when.
     timed_out: Option<Instant>,
 }
@@ -427,6 +430,7 @@ impl<'a> Master<'a> {
     /// Whether the master has work to do on a clock (not only on events).
     fn has_periodic_duties(&self) -> bool {
         !matches!(self.settings.policy, Policy::Static(_))
+            || self.workers.values().any(|w| w.stop_at.is_some())
             || self.settings.limits.request_timeout.is_some()
             || self.settings.limits.max_age.is_some()
             || self.settings.limits.max_memory_kib > 0
@@ -484,9 +488,12 @@ impl<'a> Master<'a> {
         // An on-demand pool with no idle worker watches the listeners themselves, between
         // rounds (a listener stays readable until a worker accepts: watching it right after
         // a spawn would spin).
+        // Not while a worker is starting either: it will take the waiting connection.
         let watch_listeners = matches!(self.settings.policy, Policy::Ondemand { .. })
             && self.phase == Phase::Running
             && self.settings.board.idle() == 0
+            && self.starting() == 0
+            && self.backoff.may_spawn(now)
             && self.active() < self.settings.policy.max()
             && self.next_round.is_none_or(|t| t <= now);
         let mut fds = vec![
@@ -593,6 +600,7 @@ impl<'a> Master<'a> {
             .filter(|(_, w)| matches!(w.leaving, Some(Leave::Recycle(_))) && !w.stop_sent)
         {
             w.stop_sent = true;
+            w.stop_at = Some(Instant::now());
             let _ = signal::kill(*pid, Signal::SIGTERM);
         }
     }
@@ -714,19 +722,25 @@ impl<'a> Master<'a> {
                     }
                     _ => {}
                 }
-                self.count_restart(if signaled { "signal" } else { "exit" });
                 let reason = match worker.failure {
                     Some(f) => format!("{reason}: {f}"),
                     None => reason,
                 };
                 let early = lived < pool::EARLY_DEATH || !worker.ready;
-                match self.backoff.record(early, Instant::now()) {
+                // Each death counts once: by its cause, or as "backoff" when it is one of
+                // a run of early deaths (then replaced only after a delay).
+                let verdict = self.backoff.record(early, Instant::now());
+                self.count_restart(match verdict {
+                    Verdict::Replace if signaled => "signal",
+                    Verdict::Replace => "exit",
+                    Verdict::BackOffStarted { .. } | Verdict::BackOff { .. } => "backoff",
+                });
+                match verdict {
                     Verdict::Replace => tracing::warn!(
                         "worker {} (pid {pid}) {reason}{serving}; starting a replacement",
                         worker.id
                     ),
                     Verdict::BackOffStarted { delay, in_a_row } => {
-                        self.count_restart("backoff");
                         tracing::error!(
                             "worker {} (pid {pid}) {reason}{serving}; workers keep dying right after start \
                              ({in_a_row} in a row): restarting them with exponential back-off, next in {delay:?}",
@@ -734,7 +748,6 @@ impl<'a> Master<'a> {
                         )
                     }
                     Verdict::BackOff { delay, in_a_row } => {
-                        self.count_restart("backoff");
                         tracing::debug!(
                             "worker {} (pid {pid}) {reason}; {in_a_row} in a row, next in {delay:?}",
                             worker.id
@@ -824,8 +837,14 @@ impl<'a> Master<'a> {
             return Ok(());
         }
         self.next_round = None;
+        if !self.backoff.may_spawn(now) {
+            // Workers keep dying right after start: the crash-loop back-off paces the
+            // rounds too.
+            self.next_round = self.backoff.not_before();
+            return Ok(());
+        }
         let idle = self.settings.board.idle() as usize;
-        let starting = self.workers.values().filter(|w| w.active() && !w.ready).count();
+        let starting = self.starting();
         let active = self.active();
         let max = self.settings.policy.max();
         let short = match &self.settings.policy {
@@ -898,15 +917,29 @@ impl<'a> Master<'a> {
         Ok(())
     }
 
-    /// A static pool made smaller (TTOU, `workers -N`): retire the surplus, idle first.
+    /// A pool made smaller (TTOU, `workers -N`): retire the workers above its size (a
+    /// static pool) or its maximum (the others), idle ones first.
     fn shrink_static(&mut self) {
-        if let Policy::Static(n) = self.settings.policy {
-            while self.active() > n {
-                if !self.retire_idle_worker() && !self.retire_any_worker() {
-                    break;
-                }
+        let limit = match self.settings.policy {
+            Policy::Static(n) => n,
+            _ => self.settings.policy.max(),
+        };
+        while self.active() > limit {
+            if !self.retire_idle_worker() && !self.retire_any_worker() {
+                break;
             }
         }
+    }
+
+    /// Workers forked and not yet waiting for connections (their slot says so: a worker
+    /// reports ready a moment before it is idle, and must not look like a missing one).
+    fn starting(&self) -> usize {
+        let board = self.settings.board;
+        self.workers
+            .values()
+            .filter(|w| w.active())
+            .filter(|w| !w.ready || board.read(w.id).is_some_and(|v| v.state == State::Starting))
+            .count()
     }
 
     /// Asks the idle worker that has been idle longest to leave; false if none is idle.
@@ -951,6 +984,7 @@ impl<'a> Master<'a> {
         if let Some(w) = self.workers.get_mut(&pid) {
             w.leaving = Some(why);
             w.stop_sent = true;
+            w.stop_at = Some(Instant::now());
             let _ = signal::kill(pid, Signal::SIGTERM);
         }
     }
@@ -967,7 +1001,20 @@ impl<'a> Master<'a> {
         }
         let mut recycle = Vec::new();
         let mut expired = Vec::new();
+        let grace = self.settings.grace_period;
         for (pid, w) in &mut self.workers {
+            if w.stop_at.is_some_and(|t| now.duration_since(t) >= grace) {
+                // Asked to leave a grace period ago and still there (a connection that
+                // never ends): as on a stop, the grace period bounds it.
+                tracing::warn!(
+                    "worker {} (pid {pid}) still serving {:?} after being asked to leave; killing it",
+                    w.id,
+                    grace
+                );
+                let _ = signal::kill(*pid, Signal::SIGKILL);
+                w.stop_at = None;
+                continue;
+            }
             if let Some(since) = w.timed_out {
                 if now.duration_since(since) >= ABORT_GRACE {
                     let _ = signal::kill(*pid, Signal::SIGKILL);
@@ -1196,6 +1243,7 @@ impl<'a> Master<'a> {
                 failure: None,
                 leaving: None,
                 stop_sent: false,
+                stop_at: None,
                 timed_out: None,
             },
         );

@@ -93,7 +93,7 @@ impl Policy {
             } => {
                 *max = apply(*max);
                 *min_spare = apply(*min_spare).min(*max);
-                *max_spare = (*max_spare).max(*min_spare);
+                *max_spare = (*max_spare).max(*min_spare).min(*max);
                 format!("dynamic pool: min spare {min_spare}, max spare {max_spare}, max {max}")
             }
             Policy::Ondemand { max, .. } => {

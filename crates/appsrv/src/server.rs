@@ -456,6 +456,9 @@ fn pool_policy(config: &Config) -> Result<Policy> {
             if max == 0 || max > max_allowed {
                 return bad(format!("--max-workers {max}: expected 1 to {max_allowed}"));
             }
+            if min_spare > max {
+                return bad(format!("--min-spare {min_spare} is above --max-workers {max}"));
+            }
             if min_spare > max_spare {
                 return bad(format!(
                     "--min-spare {min_spare} is above --max-spare {max_spare}"

@@ -301,3 +301,98 @@ fn the_access_log_has_one_line_per_request() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_request_cut_short_does_not_leave_its_clock_running() {
+    // A request that never completed (the client left half way) must not make the request
+    // timeout kill the worker later, on an innocent connection.
+    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1", "--request-timeout", "1"]);
+    let mut cut = TcpStream::connect(server.tcp_addr()).unwrap();
+    cut.write_all(b"GET hal").unwrap();
+    drop(cut);
+    // The stimulus, not synchronisation: longer than the request timeout, then a client
+    // that is slow to send (longer than the master's 250 ms tick).
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut slow = TcpStream::connect(server.tcp_addr()).unwrap();
+    slow.set_read_timeout(Some(PATIENCE)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    slow.write_all(b"GET x\r\n").unwrap();
+    let mut buf = [0u8; 11];
+    slow.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"NOT_FOUND\r\n");
+    assert!(
+        !server.log_text().contains("exceeded the request timeout"),
+        "{}",
+        server.log_text()
+    );
+}
+
+#[test]
+fn a_dynamic_pool_backs_off_crash_looping_workers() {
+    let marker = std::env::temp_dir().join(format!("appsrv-crash-dyn-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let server = Server::start(
+        "testbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--pool",
+            "dynamic",
+            "--start-workers",
+            "2",
+            "--min-spare",
+            "2",
+            "--max-spare",
+            "4",
+            "--max-workers",
+            "32",
+            "--crash-if-exists",
+            marker.to_str().unwrap(),
+        ],
+    );
+    std::fs::write(&marker, b"").unwrap();
+    // Take a spare away so that the pool wants to grow.
+    let mut c = LineClient::tcp(server.tcp_addr());
+    c.testbed_pid();
+    server.wait_for_log("workers keep dying right after start");
+    // A few more seconds of failures: the rounds are paced by the back-off.
+    let started = Instant::now();
+    let _ = wait_until(|| (started.elapsed() > std::time::Duration::from_secs(2)).then_some(()));
+    std::fs::remove_file(&marker).unwrap();
+    let deaths = server.log_text().matches("exited with status 3").count();
+    assert!(
+        deaths <= 15,
+        "{deaths} failed starts in about 2 s: the back-off did not pace the pool"
+    );
+}
+
+#[test]
+fn lowering_a_dynamic_pools_maximum_retires_workers() {
+    let ctl = socket_path("ctl-shrink");
+    let server = Server::start(
+        "testbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--pool",
+            "dynamic",
+            "--start-workers",
+            "4",
+            "--min-spare",
+            "1",
+            "--max-spare",
+            "8",
+            "--max-workers",
+            "4",
+            "--control",
+            &ctl,
+        ],
+    );
+    server.wait_for_workers(4);
+    let out = std::process::Command::new(example("testbed"))
+        .args(["workers", "-2", "--control", &ctl])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    server.wait_for_workers(2);
+}

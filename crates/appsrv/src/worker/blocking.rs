@@ -244,7 +244,23 @@ pub(crate) fn serve<C: Connections>(
                 );
             }
         }
-        guard.request = None;
+        // A request still in progress when the connection ended (a bad request, a client
+        // that left or timed out half way): close its clock, so that the next connection
+        // does not inherit it (the request timeout would kill an innocent worker), and log
+        // it with how it ended.
+        if let Some(started) = guard.request.take() {
+            slot.request_end(started, false);
+            if let (Some(log), Some(p)) = (guard.access.as_mut(), guard.peer.as_deref()) {
+                let took =
+                    std::time::Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+                let how = match &outcome {
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
+                    Ok(Ok(())) => Outcome::Error, // answered with the codec's error reply
+                    _ => Outcome::Closed,
+                };
+                log.line(p, how, took, (received, sent), &guard.head);
+            }
+        }
         match outcome {
             Ok(result) => {
                 let (flushed, bufs) = client.finish();
@@ -261,6 +277,9 @@ pub(crate) fn serve<C: Connections>(
                 );
                 // Close the connection now, then leave: the handler's state may be broken.
                 drop(client);
+                if let Some(log) = guard.access.as_mut() {
+                    log.flush();
+                }
                 return exit::PANIC;
             }
         }
