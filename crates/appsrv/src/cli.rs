@@ -157,7 +157,7 @@ pub(crate) fn env_prefix(name: &str) -> String {
 }
 
 const SUBCOMMANDS: &[&str] = &[
-    "run", "start", "stop", "check", "reload", "status", "metrics", "workers", "help",
+    "run", "start", "stop", "check", "reload", "upgrade", "status", "metrics", "workers", "help",
 ];
 
 /// Inserts the default subcommand `run` when the command line names none, so that
@@ -252,6 +252,17 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
                     .value_parser(secs)
                     .default_value("60")
                     .help("How long to wait for the old workers to finish"),
+            ),
+        Command::new("upgrade")
+            .about("Start the binary now on disk as a new master with the same sockets; once it is ready the old master drains and exits. Waits and reports: exit 0 when the new master serves, non-zero with the reason otherwise (the old master keeps serving)")
+            .arg(control_arg(prefix))
+            .arg(
+                Arg::new("timeout")
+                    .long("timeout")
+                    .value_name("SECS")
+                    .value_parser(secs)
+                    .default_value("60")
+                    .help("How long to wait for the new master"),
             ),
         Command::new("workers")
             .about("Grow (+N) or shrink (-N) the pool: the static size, or min-spare and max-workers of a dynamic pool (as TTIN/TTOU do, one at a time)")

@@ -161,6 +161,21 @@ impl PidClaim {
     }
 }
 
+/// Publishes `pid` at `path` without claiming the path first: for a new master in a binary
+/// upgrade, while the old master (its parent) still holds the lock on the current file.
+/// The rename makes the switch atomic: `stop` finds either pid, both alive.
+pub(crate) fn publish(path: &Path, pid: Pid) -> Result<PidFile, Error> {
+    let placeholder = File::open("/dev/null").map_err(|source| Error::PidFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    PidClaim {
+        path: path.to_owned(),
+        current: placeholder,
+    }
+    .commit(pid)
+}
+
 impl PidFile {
     /// The descriptor holding the lock, for workers to close (they must not keep the lock
     /// alive after their master is gone).
@@ -251,6 +266,11 @@ impl Readiness {
     /// No one is waiting (foreground run).
     pub(crate) fn none() -> Self {
         Readiness { pipe: None }
+    }
+
+    /// Someone waits on this pipe: the old master of a binary upgrade.
+    pub(crate) fn to(pipe: File) -> Self {
+        Readiness { pipe: Some(pipe) }
     }
 
     pub(crate) fn raw_fd(&self) -> Option<RawFd> {

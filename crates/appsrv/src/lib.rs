@@ -49,6 +49,8 @@ mod serve;
 mod server;
 mod status;
 mod sys;
+mod systemd;
+mod upgrade;
 mod worker;
 
 pub use clap;

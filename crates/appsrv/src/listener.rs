@@ -236,6 +236,49 @@ pub(crate) fn effective_backlog(requested: u32) -> u32 {
     }
 }
 
+/// Takes over a listening socket inherited from an old master or from systemd: the same
+/// socket, so connections waiting in its backlog are kept. The options this server sets on
+/// its own listeners are set again (they may have changed with the configuration).
+pub(crate) fn adopt(socket: Socket, opts: &BindOptions) -> Result<Listener, Error> {
+    let what = |source: io::Error| Error::Bind {
+        addr: "an inherited listener".into(),
+        source,
+    };
+    if !socket.is_listener().map_err(what)? {
+        return Err(what(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the socket is not listening",
+        )));
+    }
+    let local = Addr::from_sockaddr(&socket.local_addr().map_err(what)?);
+    let err = |source: io::Error| Error::Bind {
+        addr: local.to_string(),
+        source,
+    };
+    let (unix_file, per_connection) = match &local {
+        Addr::Inet(_) => {
+            socket.set_tcp_nodelay(true).map_err(err)?;
+            set_timeouts(&socket, opts).map_err(err)?;
+            (None, None)
+        }
+        Addr::Unix(path) => {
+            let id = path
+                .as_deref()
+                .and_then(|p| std::fs::symlink_metadata(p).ok())
+                .map(|m| (m.dev(), m.ino()));
+            let timeouts = (opts.read_timeout.is_some() || opts.write_timeout.is_some())
+                .then_some((opts.read_timeout, opts.write_timeout));
+            (id, timeouts)
+        }
+    };
+    Ok(Listener {
+        socket,
+        local,
+        unix_file,
+        per_connection,
+    })
+}
+
 /// Binds every address `addr` names (a host name may resolve to several).
 pub(crate) fn bind(addr: &ListenAddr, opts: &BindOptions) -> Result<Vec<Listener>, Error> {
     let backlog = effective_backlog(addr.backlog.unwrap_or(opts.backlog));

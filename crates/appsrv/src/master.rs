@@ -47,6 +47,7 @@ pub(crate) struct Signals {
     grow: Arc<AtomicBool>,
     shrink: Arc<AtomicBool>,
     reload: Arc<AtomicBool>,
+    upgrade: Arc<AtomicBool>,
     other: Vec<(Signal, Arc<AtomicBool>)>,
 }
 
@@ -75,7 +76,8 @@ impl Signals {
         let grow = flag(Signal::SIGTTIN)?;
         let shrink = flag(Signal::SIGTTOU)?;
         let reload = flag(Signal::SIGHUP)?;
-        let other = [Signal::SIGUSR2, Signal::SIGWINCH]
+        let upgrade = flag(Signal::SIGUSR2)?;
+        let other = [Signal::SIGWINCH]
             .into_iter()
             .map(|s| flag(s).map(|f| (s, f)))
             .collect::<io::Result<_>>()?;
@@ -90,6 +92,7 @@ impl Signals {
             grow,
             shrink,
             reload,
+            upgrade,
             other,
         })
     }
@@ -229,6 +232,16 @@ pub(crate) struct Settings {
     /// Re-reads the application's configuration on reload, in the master, before the new
     /// generation is forked.
     pub(crate) on_reload: Option<ReloadHook>,
+    /// How to start a new master (binary upgrade).
+    pub(crate) upgrade: UpgradeSettings,
+}
+
+/// The binary and arguments a new master is started with, and how long it may take.
+#[derive(Debug, Clone)]
+pub(crate) struct UpgradeSettings {
+    pub(crate) exe: Option<PathBuf>,
+    pub(crate) args: Vec<std::ffi::OsString>,
+    pub(crate) timeout: Duration,
 }
 
 /// The application's reload hook.
@@ -265,6 +278,18 @@ pub(crate) struct Master<'a> {
     rng: u64,
     /// The current generation of workers: 0 at start, one more with each reload.
     generation: u32,
+    /// A reload whose old generation has not left yet (systemd hears READY=1 after it).
+    reload_pending: bool,
+    /// A binary upgrade in progress.
+    upgrading: Option<crate::upgrade::Pending>,
+    /// The last upgrade that failed: the new master's pid and why.
+    upgrade_failed: Option<(i32, String)>,
+    /// The sockets were handed to a new master: do not remove their files on exit.
+    handed_over: bool,
+    /// Duplicates of the control and metrics listening sockets, to hand to a new master
+    /// (the originals are lent to `service_control` while it answers, an upgrade request
+    /// among others).
+    handover: (Option<socket2::Socket>, Option<socket2::Socket>),
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
@@ -285,8 +310,20 @@ impl<'a> Master<'a> {
             .map_err(|e| Error::sys("creating the wake-up eventfd", e))?;
         sys::set_wake_fd(wake.as_fd().as_raw_fd());
         settings.board.set_min_spare(settings.policy.wake_below() as u32);
+        let dup = |s: Option<&socket2::Socket>| -> Result<Option<socket2::Socket>, Error> {
+            s.map(|s| {
+                s.try_clone()
+                    .map_err(|e| Error::sys("duplicating a listening socket", e))
+            })
+            .transpose()
+        };
+        let handover = (
+            dup(settings.control.as_ref().map(Control::listener))?,
+            dup(settings.metrics.as_ref().map(MetricsListener::listener))?,
+        );
         let now = Instant::now();
         Ok(Master {
+            handover,
             settings,
             listeners,
             channel,
@@ -305,6 +342,10 @@ impl<'a> Master<'a> {
             restarts: BTreeMap::new(),
             retired: Totals::default(),
             generation: 0,
+            reload_pending: false,
+            upgrading: None,
+            upgrade_failed: None,
+            handed_over: false,
             rng: (u64::from(std::process::id()) << 32) ^ scoreboard::now_ns() | 1,
         })
     }
@@ -329,11 +370,14 @@ impl<'a> Master<'a> {
                 }
             }
         }
-        for l in self.listeners {
-            l.remove_file();
-        }
-        if let Some(c) = &self.settings.control {
-            c.remove_file();
+        // After a hand-over the files are the new master's: leave them.
+        if !self.handed_over {
+            for l in self.listeners {
+                l.remove_file();
+            }
+            if let Some(c) = &self.settings.control {
+                c.remove_file();
+            }
         }
         result
     }
@@ -361,6 +405,11 @@ impl<'a> Master<'a> {
                     tracing::error!("SIGHUP received: reload failed: {e}; the current workers keep serving");
                 }
             }
+            if self.signals.upgrade.swap(false, Ordering::SeqCst) {
+                if let Err(e) = self.start_upgrade("SIGUSR2") {
+                    tracing::error!("SIGUSR2 received: upgrade not started: {e}");
+                }
+            }
             if self.signals.grow.swap(false, Ordering::SeqCst) {
                 let d = self.resize(1);
                 tracing::info!("SIGTTIN received: {d}");
@@ -383,6 +432,7 @@ impl<'a> Master<'a> {
             if self.signals.child.swap(false, Ordering::SeqCst) {
                 self.reap()?;
             }
+            self.check_upgrade();
             self.service_control();
             match self.phase {
                 Phase::Starting => {
@@ -394,11 +444,17 @@ impl<'a> Master<'a> {
                         self.phase = Phase::Running;
                         tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
                         on_ready();
+                        crate::systemd::ready(&format!("serving with {initial} workers"));
                     }
                 }
                 Phase::Running => {
                     self.check_workers();
                     self.maintain(entry)?;
+                    if self.reload_pending && !self.workers.values().any(|w| w.generation < self.generation) {
+                        self.reload_pending = false;
+                        tracing::info!("reload done: generation {} serves", self.generation);
+                        crate::systemd::ready(&format!("serving (generation {})", self.generation));
+                    }
                 }
                 Phase::Stopping {
                     deadline,
@@ -472,6 +528,7 @@ impl<'a> Master<'a> {
             }
         }
         deadlines.extend(self.settings.control.as_ref().and_then(Control::next_deadline));
+        deadlines.extend(self.upgrading.as_ref().map(crate::upgrade::Pending::deadline));
         deadlines.extend(
             self.settings
                 .metrics
@@ -503,6 +560,9 @@ impl<'a> Master<'a> {
         ];
         if let Some(c) = &self.settings.control {
             fds.extend(c.poll_fds());
+        }
+        if let Some(fd) = self.upgrading.as_ref().and_then(crate::upgrade::Pending::fd) {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         if let Some(m) = &self.settings.metrics {
             fds.extend(m.poll_fds());
@@ -548,6 +608,7 @@ impl<'a> Master<'a> {
                     sig.as_str(),
                     self.settings.grace_period
                 );
+                crate::systemd::stopping();
                 // Shut the listeners for every process at once: new connections are
                 // refused from now on, idle workers wake up and exit.
                 for l in self.listeners {
@@ -587,8 +648,8 @@ impl<'a> Master<'a> {
         }
     }
 
-    /// Sends SIGTERM to the workers waiting to be recycled (oldest first) once their
-    /// replacements are ready: the pool's capacity never dips.
+    /// Sends SIGTERM to every worker waiting to be recycled once the pool has enough ready
+    /// workers without them (their replacements): the pool's capacity never dips.
     fn release_one_retiring(&mut self) {
         let spare = self.ready_active() >= self.target().min(self.settings.policy.max());
         if !spare {
@@ -602,6 +663,86 @@ impl<'a> Master<'a> {
             w.stop_sent = true;
             w.stop_at = Some(Instant::now());
             let _ = signal::kill(*pid, Signal::SIGTERM);
+        }
+    }
+
+    /// Starts a binary upgrade: the binary now on disk, as a new master, with the sockets.
+    fn start_upgrade(&mut self, from: &str) -> Result<i32, String> {
+        if self.phase != Phase::Running {
+            return Err(format!("the server is {}", self.phase.name()));
+        }
+        if let Some(u) = &self.upgrading {
+            return Err(format!(
+                "an upgrade is already in progress (new master pid {})",
+                u.child
+            ));
+        }
+        let up = self.settings.upgrade.clone();
+        let exe = up.exe.ok_or("the path of this program's binary is unknown")?;
+        let pending = crate::upgrade::launch(
+            &exe,
+            &up.args,
+            self.listeners,
+            self.handover.0.as_ref(),
+            self.handover.1.as_ref(),
+            up.timeout,
+        )
+        .map_err(|e| e.to_string())?;
+        let pid = pending.child.as_raw();
+        tracing::info!(
+            "upgrade requested by {from}: started {} as new master pid {pid}",
+            exe.display()
+        );
+        self.upgrading = Some(pending);
+        Ok(pid)
+    }
+
+    /// Follows a pending upgrade: hands over once the new master is ready, gives up (and
+    /// goes on serving) if it fails.
+    fn check_upgrade(&mut self) {
+        let Some(u) = self.upgrading.as_mut() else { return };
+        match u.progress() {
+            crate::upgrade::Progress::Waiting => {}
+            crate::upgrade::Progress::Ready => {
+                let pid = u.child;
+                self.upgrading = None;
+                tracing::info!("upgrade: new master pid {pid} is ready; draining this master's workers");
+                // The listening sockets stay open (the new master serves them): no
+                // shutdown(2) here, only the old workers leave, after their connections.
+                self.handed_over = true;
+                self.settings.control = None;
+                self.settings.metrics = None;
+                self.handover = (None, None);
+                self.kill_all(Signal::SIGTERM);
+                let now = Instant::now();
+                self.phase = Phase::Stopping {
+                    deadline: now + self.settings.grace_period,
+                    killed: false,
+                    since: now,
+                };
+            }
+            crate::upgrade::Progress::Failed(why) => {
+                let pid = u.child;
+                self.upgrading = None;
+                // The pipe closes when the new master exits: say how it ended, if it has.
+                let why = match nix::sys::wait::waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(_, code)) => {
+                        format!("the new master {} before it was ready", exit_reason(code))
+                    }
+                    Ok(WaitStatus::Signaled(_, sig, _)) => {
+                        format!(
+                            "the new master was killed by signal {} before it was ready",
+                            sig.as_str()
+                        )
+                    }
+                    _ => {
+                        let _ = signal::kill(pid, Signal::SIGKILL);
+                        why
+                    }
+                };
+                tracing::error!("upgrade failed: {why}; this master keeps serving");
+                self.upgrade_failed = Some((pid.as_raw(), why));
+            }
         }
     }
 
@@ -625,6 +766,8 @@ impl<'a> Master<'a> {
             w.leaving = Some(Leave::Recycle("reload"));
         }
         tracing::info!("reload requested by {from}: starting generation {generation}");
+        crate::systemd::reloading();
+        self.reload_pending = true;
         Ok(generation)
     }
 
@@ -668,6 +811,13 @@ impl<'a> Master<'a> {
         // Late messages (a failure reason written just before exit) are read first.
         for (p, msg) in self.channel.receive() {
             self.on_message(Pid::from_raw(p as i32), msg);
+        }
+        if self.upgrading.as_ref().is_some_and(|u| u.child == pid) {
+            self.upgrading = None;
+            let why = format!("the new master {reason} before it was ready");
+            tracing::error!("upgrade failed: {why}; this master keeps serving");
+            self.upgrade_failed = Some((pid.as_raw(), why));
+            return Ok(());
         }
         let Some(worker) = self.workers.remove(&pid) else {
             return Ok(());
@@ -768,6 +918,14 @@ impl<'a> Master<'a> {
         self.workers.values().filter(|w| w.active()).count()
     }
 
+    /// Workers the pool keeps: active ones and those waiting to be recycled.
+    fn kept(&self) -> usize {
+        self.workers
+            .values()
+            .filter(|w| w.timed_out.is_none() && !w.stop_sent)
+            .count()
+    }
+
     fn ready_active(&self) -> usize {
         self.workers.values().filter(|w| w.active() && w.ready).count()
     }
@@ -777,9 +935,10 @@ impl<'a> Master<'a> {
         match &self.settings.policy {
             Policy::Static(n) => *n,
             // Dynamic and on-demand pools grow in rounds; between rounds they keep what
-            // they have (replacing workers that died or were recycled).
-            Policy::Dynamic { start, max, .. } => self.active().max(*start).min(*max),
-            Policy::Ondemand { max, .. } => self.active().min(*max),
+            // they have, counting the workers waiting to be recycled (not yet told to
+            // stop): those are replaced first, then stopped, so capacity never dips.
+            Policy::Dynamic { start, max, .. } => self.kept().max(*start).min(*max),
+            Policy::Ondemand { max, .. } => self.kept().min(*max),
         }
     }
 
@@ -1129,6 +1288,17 @@ impl<'a> Master<'a> {
             } else {
                 "done\n".into()
             }),
+            Request::Upgrade => self
+                .start_upgrade("the control socket")
+                .map(|pid| format!("upgrading: new master pid {pid}\n")),
+            Request::UpgradeStatus(pid) if pid == std::process::id() as i32 => Ok("done\n".into()),
+            Request::UpgradeStatus(pid) => match (&self.upgrading, &self.upgrade_failed) {
+                (Some(u), _) if u.child.as_raw() == pid => Ok("pending\n".into()),
+                (_, Some((p, why))) if *p == pid => Err(why.clone()),
+                // Handed over: the new master answers from now on.
+                _ if self.handed_over => Ok("pending\n".into()),
+                _ => Err(format!("no upgrade to pid {pid}")),
+            },
             Request::Workers(delta) => {
                 if !matches!(self.phase, Phase::Running) {
                     return Err(format!("the server is {}", self.phase.name()));
@@ -1160,7 +1330,11 @@ impl<'a> Master<'a> {
         Status {
             name: self.settings.name.clone(),
             master_pid: std::process::id(),
-            phase: if self.phase == Phase::Running
+            phase: if self.handed_over {
+                "draining"
+            } else if self.upgrading.is_some() {
+                "upgrading"
+            } else if self.phase == Phase::Running
                 && self.workers.values().any(|w| w.generation < self.generation)
             {
                 "reloading"
@@ -1218,6 +1392,13 @@ impl<'a> Master<'a> {
             .chain(self.settings.master_fds.iter().copied())
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
+            .chain(
+                self.handover
+                    .0
+                    .iter()
+                    .chain(self.handover.1.iter())
+                    .map(|s| s.as_raw_fd()),
+            )
             .collect();
         let _ = io::stdout().flush();
         self.settings.board.claim(id, self.generation);

@@ -238,6 +238,14 @@ fn serve_requests<H: RequestHandler>(
                 ctx.state(State::Reading);
             }
             if outcome.close || last {
+                // Requests the client pipelined after this one are not answered: close
+                // lingering, so that their unread bytes do not make the kernel reset the
+                // connection under the response just sent (the client retries them). No
+                // cost when nothing is left unread, the usual case.
+                if !client.unconsumed_mut().is_empty() {
+                    client.flush_output()?;
+                    client.linger(LINGER, LINGER_BYTES);
+                }
                 return Ok(());
             }
         }

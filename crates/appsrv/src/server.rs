@@ -17,12 +17,13 @@ use crate::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, RequestHandler, WorkerInfo};
 use crate::listener::{self, BindOptions, Listener};
-use crate::master::{Limits as MasterLimits, Master, ReloadHook, Settings, Signals};
+use crate::master::{Limits as MasterLimits, Master, ReloadHook, Settings, Signals, UpgradeSettings};
 use crate::notify::Channel;
 use crate::pool::Policy;
 use crate::privilege::{self, Plan};
 use crate::scoreboard::Board;
 use crate::serve::{ClientLevel, Connections, Limits, RequestLevel};
+use crate::upgrade;
 use crate::worker::blocking::Recycle;
 use crate::worker::{self, StartHook};
 
@@ -50,6 +51,9 @@ pub struct Server {
     about: Option<String>,
     defaults: Defaults,
     start_hook: Option<StartHook>,
+    /// This program's binary, as found at start (a binary upgrade starts the file now at
+    /// that path).
+    exe: Option<PathBuf>,
     reload_hook: Option<Hook>,
     check_hook: Option<Hook>,
     args: Vec<OsString>,
@@ -75,6 +79,7 @@ impl Server {
             about: None,
             defaults: Defaults::default(),
             start_hook: None,
+            exe: std::env::current_exe().ok(),
             reload_hook: None,
             check_hook: None,
             args: std::env::args_os().collect(),
@@ -347,6 +352,18 @@ impl Server {
                 let timeout = *m.get_one::<Duration>("timeout").expect("has a default");
                 std::process::exit(control::reload_command(&self.name, &path, timeout))
             }
+            Some(("upgrade", m)) => {
+                let Some(path) = m
+                    .get_one::<PathBuf>("control")
+                    .cloned()
+                    .or_else(|| control::default_path(&self.name))
+                else {
+                    eprintln!("error: no default control socket location: set --control or XDG_RUNTIME_DIR");
+                    std::process::exit(1);
+                };
+                let timeout = *m.get_one::<Duration>("timeout").expect("has a default");
+                std::process::exit(control::upgrade_command(&self.name, &path, timeout))
+            }
             Some(("check", m)) => {
                 let config = cli::config(m);
                 match self.check(&config, request_level) {
@@ -434,9 +451,20 @@ impl Server {
         let mut start_hook = self.start_hook.take();
         let on_reload = self.reload_hook.take();
         let name = self.name.clone();
-        start(&name, &config, policy, master_limits, on_reload, &mut |setup| {
-            worker::run(setup, &mut start_hook, &mut factory)
-        })
+        let upgrade = UpgradeSettings {
+            exe: self.exe.clone(),
+            args: self.args.iter().skip(1).cloned().collect(),
+            timeout: config.start_timeout,
+        };
+        start(
+            &name,
+            &config,
+            policy,
+            master_limits,
+            on_reload,
+            upgrade,
+            &mut |setup| worker::run(setup, &mut start_hook, &mut factory),
+        )
     }
 }
 
@@ -499,6 +527,9 @@ struct Prepared {
     metrics: Option<MetricsListener>,
     access_log: Option<std::fs::File>,
     on_reload: Option<Hook>,
+    /// Started by an upgrading master: publish the pid file by rename.
+    publish_pid: bool,
+    upgrade: UpgradeSettings,
 }
 
 /// The master's start-up: resolve users, claim the pid file, bind, open the control socket,
@@ -510,6 +541,7 @@ fn start(
     policy: Policy,
     limits: MasterLimits,
     on_reload: Option<Hook>,
+    upgrade: UpgradeSettings,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
     let (plan, warning) = privilege::resolve(
@@ -517,23 +549,50 @@ fn start(
         config.group.as_deref(),
         config.allow_root_workers,
     )?;
-    let claim = config.pid_file.as_deref().map(PidClaim::acquire).transpose()?;
-    let listeners = bind_all(config)?;
+    // Sockets handed over by an upgrading master, or by systemd.
+    let mut inherited = upgrade::inherited()?;
+    let from_upgrade = matches!(
+        inherited.as_ref().map(|i| i.source),
+        Some(upgrade::Source::Upgrade { .. })
+    );
+    let mut config = config.clone();
+    if from_upgrade {
+        // Already detached (the old master's child, in its session); the pid file is
+        // taken over by rename, not claimed (the old master still holds its lock).
+        config.daemon = false;
+    }
+    let config = &config;
+    let claim = match from_upgrade {
+        true => None,
+        false => config.pid_file.as_deref().map(PidClaim::acquire).transpose()?,
+    };
+    let listeners = match inherited.as_mut() {
+        Some(i) => adopt_all(config, std::mem::take(&mut i.listeners))?,
+        None => bind_all(config)?,
+    };
     // The control socket is on when asked for, or by default for a server with a pid file
     // (an instance that commands address by name).
     let control_path = config
         .control
         .clone()
         .or_else(|| config.pid_file.as_ref().and_then(|_| control::default_path(name)));
-    let control = control_path
-        .as_deref()
-        .map(|p| Control::bind(p, nix::unistd::Uid::effective().as_raw()))
-        .transpose()?;
-    let metrics = config
-        .metrics_listen
-        .as_deref()
-        .map(MetricsListener::bind)
-        .transpose()?;
+    let owner = nix::unistd::Uid::effective().as_raw();
+    let control = match (
+        control_path.as_deref(),
+        inherited.as_mut().and_then(|i| i.control.take()),
+    ) {
+        (Some(p), Some(sock)) => Some(Control::adopt(sock, p, owner)?),
+        (Some(p), None) => Some(Control::bind(p, owner)?),
+        (None, _) => None,
+    };
+    let metrics = match (
+        config.metrics_listen.as_deref(),
+        inherited.as_mut().and_then(|i| i.metrics.take()),
+    ) {
+        (Some(_), Some(sock)) => Some(MetricsListener::adopt(sock)?),
+        (Some(addr), None) => Some(MetricsListener::bind(addr)?),
+        (None, _) => None,
+    };
     let access_log = match &config.access_log {
         Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
         None => None,
@@ -542,6 +601,7 @@ fn start(
         Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
         None => None,
     };
+    let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
     let mut readiness = match (&log_file, config.daemon) {
         (Some(log), true) => daemon::daemonize(log, config.start_timeout)?,
         (Some(log), false) => {
@@ -551,6 +611,9 @@ fn start(
         (None, _) => Readiness::none(),
     };
     drop(log_file); // stderr holds it now
+    if let Some(pipe) = ready_pipe {
+        readiness = Readiness::to(pipe);
+    }
     let prepared = Prepared {
         plan,
         warning,
@@ -560,6 +623,8 @@ fn start(
         metrics,
         access_log,
         on_reload,
+        publish_pid: from_upgrade,
+        upgrade,
     };
     let result = serve(name, config, policy, limits, prepared, &mut readiness, entry);
     if let Err(e) = &result {
@@ -578,7 +643,11 @@ fn serve(
     readiness: &mut Readiness,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
-    let pid_file = prepared.claim.take().map(|c| c.commit(Pid::this())).transpose()?;
+    let pid_file = match (prepared.claim.take(), &config.pid_file) {
+        (Some(c), _) => Some(c.commit(Pid::this())?),
+        (None, Some(path)) if prepared.publish_pid => Some(daemon::publish(path, Pid::this())?),
+        (None, _) => None,
+    };
     let result = supervise(
         name,
         config,
@@ -614,6 +683,7 @@ fn supervise(
         metrics,
         access_log,
         on_reload,
+        upgrade,
         ..
     } = prepared;
     let plan = &plan;
@@ -654,6 +724,7 @@ fn supervise(
         control,
         metrics,
         on_reload: on_reload.map(ReloadHook),
+        upgrade,
     };
     let master_pid = Pid::this();
     let log_path = config.log_file.as_deref();
@@ -680,6 +751,26 @@ fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {
         Plan::Drop(c) => Some(c.gid),
         Plan::Keep => None,
     }
+}
+
+/// Takes over inherited listening sockets (upgrade, socket activation), with this
+/// configuration's options.
+fn adopt_all(config: &Config, sockets: Vec<socket2::Socket>) -> Result<Vec<Listener>> {
+    let opts = BindOptions {
+        backlog: config.backlog,
+        read_timeout: config.read_timeout,
+        write_timeout: config.write_timeout,
+    };
+    let all: Vec<Listener> = sockets
+        .into_iter()
+        .map(|s| listener::adopt(s, &opts))
+        .collect::<Result<_>>()?;
+    for l in &all {
+        l.socket()
+            .set_nonblocking(all.len() > 1)
+            .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
+    }
+    Ok(all)
 }
 
 fn bind_all(config: &Config) -> Result<Vec<Listener>> {

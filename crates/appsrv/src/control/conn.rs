@@ -227,6 +227,11 @@ impl Acceptor {
     }
 
     /// Every descriptor held (the listener and the connections).
+    /// The listening socket (handed to a new master on upgrade).
+    pub(crate) fn listener(&self) -> &Socket {
+        &self.listener
+    }
+
     pub(crate) fn raw_fds(&self) -> Vec<RawFd> {
         std::iter::once(self.listener.as_raw_fd())
             .chain(self.conns.iter().map(|c| c.socket.as_raw_fd()))

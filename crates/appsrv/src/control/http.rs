@@ -136,6 +136,30 @@ impl MetricsListener {
         })
     }
 
+    /// Takes over a metrics listener inherited from a previous master (binary upgrade).
+    pub(crate) fn adopt(socket: Socket) -> Result<MetricsListener, Error> {
+        let err = |source: std::io::Error| Error::Bind {
+            addr: "inherited metrics listener".into(),
+            source,
+        };
+        socket.set_nonblocking(true).map_err(err)?;
+        let local = socket
+            .local_addr()
+            .map_err(err)?
+            .as_socket()
+            .ok_or_else(|| err(std::io::Error::other("not an inet socket")))?;
+        let busy = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        Ok(MetricsListener {
+            acceptor: Acceptor::new(socket, MAX_HEAD, busy, format!("metrics listener {local}")),
+            local,
+        })
+    }
+
+    /// The listening socket, for a new master on upgrade.
+    pub(crate) fn listener(&self) -> &Socket {
+        self.acceptor.listener()
+    }
+
     /// The listener (POLLIN) and each connection (POLLIN or POLLOUT), for the master's
     /// `poll`.
     pub(crate) fn poll_fds(&self) -> Vec<PollFd<'_>> {

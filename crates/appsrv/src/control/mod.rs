@@ -91,6 +91,12 @@ pub(crate) enum Request {
     /// Whether the reload to generation N is done (`done`), in progress (`pending`), or
     /// failed (an error).
     ReloadStatus(u32),
+    /// Start the binary now on disk as a new master, handing it the sockets; the reply
+    /// names the new master's pid.
+    Upgrade,
+    /// Whether the upgrade to the master with this pid is done (`done`, answered by the
+    /// new master), in progress (`pending`), or failed (an error).
+    UpgradeStatus(i32),
 }
 
 impl Request {
@@ -103,6 +109,8 @@ impl Request {
             Request::Workers(n) => format!("workers {n:+}"),
             Request::Reload => "reload".into(),
             Request::ReloadStatus(g) => format!("reload-status {g}"),
+            Request::Upgrade => "upgrade".into(),
+            Request::UpgradeStatus(p) => format!("upgrade-status {p}"),
         }
     }
 
@@ -130,6 +138,11 @@ impl Request {
                 Ok(Request::Workers(delta))
             }
             ["reload"] => Ok(Request::Reload),
+            ["upgrade"] => Ok(Request::Upgrade),
+            ["upgrade-status", p] => p
+                .parse()
+                .map(Request::UpgradeStatus)
+                .map_err(|_| format!("upgrade-status {p:?}: expected a pid")),
             ["reload-status", g] => g
                 .parse()
                 .map(Request::ReloadStatus)
@@ -245,6 +258,35 @@ impl Control {
             allowed: [0, owner_uid],
             refusals: None,
         })
+    }
+
+    /// Takes over a control socket inherited from a previous master (binary upgrade): the
+    /// same listening socket and file, so clients never find it missing.
+    pub(crate) fn adopt(socket: Socket, path: &Path, owner_uid: u32) -> Result<Control, Error> {
+        let what = format!("control socket {}", path.display());
+        let err = |source: io::Error| Error::Bind {
+            addr: what.clone(),
+            source,
+        };
+        socket.set_nonblocking(true).map_err(err)?;
+        let meta = std::fs::symlink_metadata(path).map_err(err)?;
+        Ok(Control {
+            acceptor: Acceptor::new(
+                socket,
+                MAX_REQUEST,
+                b"ERR busy: too many control connections\n",
+                what,
+            ),
+            path: path.to_owned(),
+            file_id: (meta.dev(), meta.ino()),
+            allowed: [0, owner_uid],
+            refusals: None,
+        })
+    }
+
+    /// The listening socket, for a new master on upgrade.
+    pub(crate) fn listener(&self) -> &Socket {
+        self.acceptor.listener()
     }
 
     /// The listener (POLLIN) and each connection (POLLIN or POLLOUT), for the master's
@@ -532,6 +574,45 @@ pub(crate) fn reload_command(name: &str, path: &Path, timeout: std::time::Durati
         }
         if std::time::Instant::now() >= deadline {
             eprintln!("error: {name}: generation {generation} not serving alone after {timeout:?}");
+            return 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The `upgrade` subcommand: starts an upgrade, then waits until the new master serves
+/// (its readiness reached the old master, which drains) or the upgrade fails, up to
+/// `timeout`. Exit status: 0 done; 1 failed (the old master keeps serving; the reason is
+/// printed) or not done in time; 3 not running; 4 no permission.
+pub(crate) fn upgrade_command(name: &str, path: &Path, timeout: std::time::Duration) -> i32 {
+    let pid = match exchange(path, &Request::Upgrade) {
+        Outcome::Ok(body) => {
+            let text = String::from_utf8_lossy(&body);
+            match text.split_whitespace().last().and_then(|p| p.parse::<i32>().ok()) {
+                Some(p) => p,
+                None => {
+                    eprintln!("error: unexpected reply to upgrade: {text:?}");
+                    return 1;
+                }
+            }
+        }
+        other => return client_exit(name, path, other),
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match exchange(path, &Request::UpgradeStatus(pid)) {
+            Outcome::Ok(body) if body.starts_with(b"done") => {
+                println!("{name}: upgraded (new master pid {pid})");
+                return 0;
+            }
+            Outcome::Ok(_) => {}
+            // Between the old master closing its copy of the control socket and the new
+            // one answering, the socket may refuse for a moment: ask again.
+            Outcome::NotRunning => {}
+            other => return client_exit(name, path, other),
+        }
+        if std::time::Instant::now() >= deadline {
+            eprintln!("error: {name}: the new master (pid {pid}) is not serving after {timeout:?}");
             return 1;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));

@@ -29,7 +29,8 @@ fn answer_into(log: &mut Vec<Request>) -> impl FnMut(Request) -> Reply + '_ {
             Request::Workers(n) if n > 0 => Ok(format!("workers: target {}\n", 2 + n)),
             Request::Workers(_) => Err("the pool cannot shrink below 1 worker".into()),
             Request::Reload => Ok("reloading: generation 1\n".into()),
-            Request::ReloadStatus(_) => Ok("done\n".into()),
+            Request::ReloadStatus(_) | Request::UpgradeStatus(_) => Ok("done\n".into()),
+            Request::Upgrade => Ok("upgrading: new master pid 1\n".into()),
         }
     }
 }

@@ -241,6 +241,56 @@ pub(crate) fn core_dumps_enabled() -> bool {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_CORE).is_ok_and(|(soft, _)| soft > 0)
 }
 
+/// Takes ownership of a descriptor this process inherited across `exec` (a binary
+/// upgrade's manifest, systemd's `LISTEN_FDS`), after checking that it is open, and makes
+/// it close-on-exec.
+///
+/// # Safety
+///
+/// `fd` must be a descriptor inherited by this process that nothing else in it owns or
+/// will close (the numbers come from the parent's explicit list).
+pub(crate) unsafe fn adopt_fd(fd: std::os::fd::RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd < 3 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is stdio"),
+        ));
+    }
+    // SAFETY: F_GETFD only reads the descriptor's flags; an invalid number gives EBADF.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: per this function's contract, the open descriptor is ours alone.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(
+        &owned,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok(owned)
+}
+
+/// Gives a command exactly the descriptors listed, at the given numbers: each
+/// `(source, target)` is `dup2`ed in the child between fork and exec (which clears
+/// close-on-exec on the target, and only there). Every other descriptor of the parent is
+/// close-on-exec, so the new program holds these and stdio, nothing else. The sources
+/// must not be among the targets (take them from a high range, with `F_DUPFD_CLOEXEC`).
+pub(crate) fn pass_fds(cmd: &mut std::process::Command, fds: Vec<(std::os::fd::RawFd, std::os::fd::RawFd)>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure only calls dup2, which is async-signal-safe, and allocates
+    // nothing (the list was built before the fork).
+    unsafe {
+        cmd.pre_exec(move || {
+            for &(source, target) in &fds {
+                if libc::dup2(source, target) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Set by the worker's handler for TERM, INT and QUIT.
 static STOP: AtomicBool = AtomicBool::new(false);
 

@@ -60,16 +60,39 @@ impl Server {
         server
     }
 
+    /// Starts the binary at `path` and waits for it to be `ready`.
+    pub fn start_path(path: &std::path::Path, args: &[&str]) -> Server {
+        let mut cmd = Command::new(path);
+        cmd.args(args);
+        let server = Self::spawn_command(cmd, &[]);
+        server.wait_for_log(" ready");
+        server
+    }
+
+    /// Runs a command prepared by the test (its own process group, stderr piped).
+    pub fn from_command(cmd: Command) -> Server {
+        Self::launch(cmd)
+    }
+
     /// Starts `example` without waiting for anything.
     pub fn spawn(example_name: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(example(example_name));
-        cmd.args(args)
-            .envs(env.iter().copied())
+        cmd.args(args);
+        Self::spawn_command(cmd, env)
+    }
+
+    fn spawn_command(mut cmd: Command, env: &[(&str, &str)]) -> Server {
+        cmd.envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             // Its own process group, so that Drop can kill workers too.
             .process_group(0);
+        Self::close_others(&mut cmd);
+        Self::launch(cmd)
+    }
+
+    fn close_others(cmd: &mut Command) {
         // Start the server with only stdio, as a service manager would, so that the
         // descriptor checks see what appsrv opens and not what the test runner leaked.
         // CLOSE_RANGE_CLOEXEC marks them close-on-exec rather than closing them now, which
@@ -84,6 +107,9 @@ impl Server {
                 Ok(())
             })
         };
+    }
+
+    fn launch(mut cmd: Command) -> Server {
         let mut child = cmd.spawn().expect("spawn server");
         let pid = child.id() as i32;
         let stderr = child.stderr.take().unwrap();
@@ -368,4 +394,55 @@ pub fn socket_path(tag: &str) -> String {
     dir.join(format!("appsrv-test-{}-{tag}-{n}.sock", std::process::id()))
         .to_string_lossy()
         .into_owned()
+}
+
+/// One HTTP/1.1 GET on `conn` (opening one if needed); a keep-alive connection the server
+/// closed before answering is retried once on a new connection, as HTTP clients do.
+pub fn http_get(addr: SocketAddr, conn: &mut Option<BufReader<TcpStream>>) -> Result<(), String> {
+    for attempt in 0..2 {
+        let reused = conn.is_some();
+        let c = match conn {
+            Some(c) => c,
+            None => {
+                let s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+                s.set_read_timeout(Some(PATIENCE)).unwrap();
+                conn.insert(BufReader::new(s))
+            }
+        };
+        let sent = c.get_mut().write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        let mut status = String::new();
+        let read = sent.and_then(|()| c.read_line(&mut status));
+        match read {
+            Ok(n) if n > 0 => {
+                let mut close = false;
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    c.read_line(&mut h).map_err(|e| format!("header: {e}"))?;
+                    if h == "\r\n" {
+                        break;
+                    }
+                    let l = h.to_ascii_lowercase();
+                    if let Some(v) = l.strip_prefix("content-length: ") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    close |= l.starts_with("connection: close");
+                }
+                let mut body = vec![0; len];
+                c.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
+                if !status.starts_with("HTTP/1.1 200") || body != b"Hello, World!" {
+                    return Err(format!("bad response {status:?}"));
+                }
+                if close {
+                    *conn = None;
+                }
+                return Ok(());
+            }
+            // Closed before any byte of the answer, on a connection used before: retry.
+            _ if reused && attempt == 0 => *conn = None,
+            Ok(_) => return Err("closed without a response".into()),
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+    Err("no answer after a retry".into())
 }

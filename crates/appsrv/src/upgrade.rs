@@ -1,0 +1,342 @@
+//! Binary upgrade and socket activation: a master that starts with its listening sockets
+//! handed to it instead of binding them.
+//!
+//! # The hand-over (binary upgrade)
+//!
+//! The old master starts the binary now on disk (the path it was started from, so a
+//! rebuilt binary is picked up) with the same arguments, and gives it an explicit list of
+//! descriptors at fixed numbers from 3, named by a small versioned manifest in the
+//! `APPSRV_UPGRADE` environment variable of that one command:
+//!
+//! ```text
+//! v1 parent=4242 ready=7 control=6 metrics=- listeners=3,4,5
+//! ```
+//!
+//! `parent` is the old master's pid (the new master checks it is its parent, so a variable
+//! that leaked into an unrelated process is ignored); `ready` is the write end of a pipe:
+//! the new master writes `R` there once its workers are ready, and only then does the old
+//! master drain its workers and exit. The listening sockets stay open throughout (the old
+//! workers close only their own copies), so a connection waiting in a backlog during the
+//! hand-over is served, never reset. No file is used as a rendezvous: nothing another local
+//! user could reach.
+//!
+//! # Socket activation
+//!
+//! Started by systemd with `LISTEN_FDS` (and `LISTEN_PID` naming this process), the master
+//! adopts those sockets the same way.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{FcntlArg, OFlag};
+use nix::unistd::Pid;
+use socket2::Socket;
+
+use crate::error::Error;
+use crate::listener::Listener;
+use crate::sys;
+
+/// The environment variable that carries the manifest.
+pub(crate) const MANIFEST_ENV: &str = "APPSRV_UPGRADE";
+const VERSION: &str = "v1";
+/// Sources are duplicated above this number before the fork, so that no source is also a
+/// target.
+const HIGH_FD: RawFd = 1000;
+
+/// How this master got its sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// From an old master, in a binary upgrade.
+    Upgrade { parent: i32 },
+    /// From systemd (socket activation).
+    Systemd,
+}
+
+/// The descriptors a master inherited.
+#[derive(Debug)]
+pub(crate) struct Inherited {
+    pub(crate) source: Source,
+    pub(crate) listeners: Vec<Socket>,
+    pub(crate) control: Option<Socket>,
+    pub(crate) metrics: Option<Socket>,
+    /// Where to report readiness to the old master.
+    pub(crate) ready: Option<File>,
+}
+
+/// The manifest of a hand-over, as parsed.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Manifest {
+    parent: i32,
+    ready: Option<RawFd>,
+    control: Option<RawFd>,
+    metrics: Option<RawFd>,
+    listeners: Vec<RawFd>,
+}
+
+impl Manifest {
+    fn render(&self) -> String {
+        let fd = |f: Option<RawFd>| f.map_or("-".to_owned(), |f| f.to_string());
+        let listeners: Vec<String> = self.listeners.iter().map(|f| f.to_string()).collect();
+        format!(
+            "{VERSION} parent={} ready={} control={} metrics={} listeners={}",
+            self.parent,
+            fd(self.ready),
+            fd(self.control),
+            fd(self.metrics),
+            listeners.join(",")
+        )
+    }
+
+    fn parse(text: &str) -> Result<Manifest, String> {
+        let mut words = text.split_ascii_whitespace();
+        if words.next() != Some(VERSION) {
+            return Err(format!(
+                "unsupported manifest {text:?} (this binary reads {VERSION})"
+            ));
+        }
+        let mut m = Manifest::default();
+        let fd = |v: &str| -> Result<Option<RawFd>, String> {
+            if v == "-" {
+                Ok(None)
+            } else {
+                v.parse().map(Some).map_err(|_| format!("bad descriptor {v:?}"))
+            }
+        };
+        for w in words {
+            let (k, v) = w
+                .split_once('=')
+                .ok_or_else(|| format!("bad manifest item {w:?}"))?;
+            match k {
+                "parent" => m.parent = v.parse().map_err(|_| format!("bad parent {v:?}"))?,
+                "ready" => m.ready = fd(v)?,
+                "control" => m.control = fd(v)?,
+                "metrics" => m.metrics = fd(v)?,
+                "listeners" => {
+                    m.listeners = v
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(|s| fd(s).and_then(|f| f.ok_or_else(|| "a listener cannot be -".to_owned())))
+                        .collect::<Result<_, _>>()?
+                }
+                _ => {} // unknown items of the same version are ignored
+            }
+        }
+        if m.listeners.is_empty() {
+            return Err("the manifest names no listener".into());
+        }
+        Ok(m)
+    }
+}
+
+fn adopt(fd: RawFd) -> Result<OwnedFd, Error> {
+    // SAFETY: the descriptor numbers come from our parent's explicit list (the manifest)
+    // or from systemd's LISTEN_FDS; nothing else in this process owns them.
+    unsafe { sys::adopt_fd(fd) }.map_err(|e| Error::sys("adopting an inherited descriptor", e))
+}
+
+/// What this process inherited, if it was started by an upgrading master or by systemd
+/// socket activation.
+pub(crate) fn inherited() -> Result<Option<Inherited>, Error> {
+    if let Some(text) = std::env::var_os(MANIFEST_ENV) {
+        let text = text.to_string_lossy();
+        let m = Manifest::parse(&text).map_err(|e| Error::Config(format!("{MANIFEST_ENV}: {e}")))?;
+        if nix::unistd::getppid().as_raw() != m.parent {
+            // Not started by that master: the variable leaked (a command started by a
+            // worker of the new master, say). Nothing here is ours.
+            return Ok(None);
+        }
+        let sock = |fd| adopt(fd).map(Socket::from);
+        return Ok(Some(Inherited {
+            source: Source::Upgrade { parent: m.parent },
+            listeners: m.listeners.iter().map(|fd| sock(*fd)).collect::<Result<_, _>>()?,
+            control: m.control.map(sock).transpose()?,
+            metrics: m.metrics.map(sock).transpose()?,
+            ready: m.ready.map(|fd| adopt(fd).map(File::from)).transpose()?,
+        }));
+    }
+    let fds: Vec<RawFd> = match sd_notify::listen_fds() {
+        Ok(fds) => fds.collect(),
+        Err(e) if std::env::var_os("LISTEN_FDS").is_some() => {
+            return Err(Error::Config(format!("LISTEN_FDS: {e}")));
+        }
+        Err(_) => Vec::new(),
+    };
+    if fds.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Inherited {
+        source: Source::Systemd,
+        listeners: fds
+            .into_iter()
+            .map(|fd| adopt(fd).map(Socket::from))
+            .collect::<Result<_, _>>()?,
+        control: None,
+        metrics: None,
+        ready: None,
+    }))
+}
+
+/// An upgrade in progress, in the old master.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) child: Pid,
+    ready: File,
+    deadline: Instant,
+    /// When the pipe reached end of file without `R`: the new master is exiting; its exit
+    /// status (a better reason than "closed its pipe") comes from the reaper, shortly.
+    eof: Option<Instant>,
+}
+
+/// How long to wait for the exit status of a new master that closed its pipe.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// What the old master learns from a pending upgrade.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    Waiting,
+    Ready,
+    Failed(String),
+}
+
+impl Pending {
+    /// The read end of the readiness pipe, for the master's `poll` (none once it reached
+    /// end of file: it would be readable for ever).
+    pub(crate) fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.eof.is_none().then(|| self.ready.as_fd())
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        match self.eof {
+            Some(t) => self.deadline.min(t + EXIT_WAIT),
+            None => self.deadline,
+        }
+    }
+
+    /// Reads the readiness pipe without blocking.
+    pub(crate) fn progress(&mut self) -> Progress {
+        if let Some(t) = self.eof {
+            return if t.elapsed() >= EXIT_WAIT {
+                Progress::Failed("the new master closed its readiness pipe without being ready".into())
+            } else {
+                Progress::Waiting
+            };
+        }
+        let mut buf = [0u8; 1];
+        match self.ready.read(&mut buf) {
+            Ok(1) if buf[0] == b'R' => Progress::Ready,
+            Ok(0) => {
+                self.eof = Some(Instant::now());
+                Progress::Waiting
+            }
+            Ok(_) => Progress::Failed("unexpected bytes on the readiness pipe".into()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= self.deadline {
+                    Progress::Failed("the new master was not ready in time".into())
+                } else {
+                    Progress::Waiting
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Progress::Waiting,
+            Err(e) => Progress::Failed(format!("reading the readiness pipe: {e}")),
+        }
+    }
+}
+
+/// Starts `exe` with `args` as a new master, handing it the listeners, the control socket
+/// and the metrics listener. Returns once it is started (not ready).
+pub(crate) fn launch(
+    exe: &Path,
+    args: &[OsString],
+    listeners: &[Listener],
+    control: Option<&Socket>,
+    metrics: Option<&Socket>,
+    timeout: Duration,
+) -> Result<Pending, Error> {
+    let err = |op: &'static str| move |e: nix::Error| Error::sys(op, e);
+    let (ready_read, ready_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(err("pipe"))?;
+    nix::fcntl::fcntl(&ready_read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(err("fcntl"))?;
+    // High, close-on-exec duplicates: sources that cannot collide with the targets.
+    let high = |fd: std::os::fd::BorrowedFd<'_>| -> Result<OwnedFd, Error> {
+        nix::fcntl::fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(HIGH_FD))
+            .map(|raw| {
+                // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing owns yet.
+                unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) }
+            })
+            .map_err(err("duplicating a descriptor"))
+    };
+    let mut sources: Vec<OwnedFd> = Vec::new();
+    let mut manifest = Manifest {
+        parent: std::process::id() as i32,
+        ..Manifest::default()
+    };
+    let mut next: RawFd = 3;
+    let mut pairs = Vec::new();
+    let mut add = |fd: std::os::fd::BorrowedFd<'_>| -> Result<RawFd, Error> {
+        let h = high(fd)?;
+        let target = next;
+        next += 1;
+        pairs.push((h.as_raw_fd(), target));
+        sources.push(h);
+        Ok(target)
+    };
+    for l in listeners {
+        manifest.listeners.push(add(l.as_fd())?);
+    }
+    manifest.control = control.map(|c| add(c.as_fd())).transpose()?;
+    manifest.metrics = metrics.map(|m| add(m.as_fd())).transpose()?;
+    manifest.ready = Some(add(ready_write.as_fd())?);
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(args)
+        .env(MANIFEST_ENV, manifest.render())
+        .stdin(std::process::Stdio::null());
+    sys::pass_fds(&mut cmd, pairs);
+    let child = cmd.spawn().map_err(|e| Error::Sys {
+        op: "starting the new binary",
+        source: std::io::Error::new(e.kind(), format!("{}: {e}", exe.display())),
+    })?;
+    drop(sources);
+    drop(ready_write);
+    Ok(Pending {
+        child: Pid::from_raw(child.id() as i32),
+        ready: File::from(ready_read),
+        deadline: Instant::now() + timeout,
+        eof: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manifest_round_trips_and_is_versioned() {
+        let m = Manifest {
+            parent: 42,
+            ready: Some(7),
+            control: Some(6),
+            metrics: None,
+            listeners: vec![3, 4, 5],
+        };
+        let text = m.render();
+        assert_eq!(text, "v1 parent=42 ready=7 control=6 metrics=- listeners=3,4,5");
+        assert_eq!(Manifest::parse(&text).unwrap(), m);
+        assert!(
+            Manifest::parse("v2 parent=1 listeners=3")
+                .unwrap_err()
+                .contains("unsupported")
+        );
+        assert!(
+            Manifest::parse("v1 parent=1 listeners=")
+                .unwrap_err()
+                .contains("no listener")
+        );
+        assert!(
+            Manifest::parse("v1 parent=1 listeners=3 extra=1").is_ok(),
+            "unknown items are ignored"
+        );
+    }
+}

@@ -1,0 +1,344 @@
+//! Binary upgrade, socket activation and systemd notification, through real processes.
+//!
+//! Regression tests for issue #6 ("Zero-downtime reload and binary upgrade").
+
+mod util;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use util::*;
+
+/// A directory holding a copy of an example binary (so that the test can replace it on
+/// disk), its control socket and pid file. Dropping it kills whatever still runs from it.
+struct Deploy {
+    dir: PathBuf,
+}
+
+impl Deploy {
+    fn new(tag: &str, binary: &str) -> Deploy {
+        let dir = std::env::temp_dir().join(format!("appsrv-upgrade-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let d = Deploy { dir };
+        d.install(&example(binary));
+        d
+    }
+
+    fn bin(&self) -> PathBuf {
+        self.dir.join("server")
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    /// Puts `binary` at the server's path, as a deploy does: a new file renamed over the
+    /// old one (the running master's binary stays intact).
+    fn install(&self, binary: &Path) {
+        let tmp = self.dir.join("server.new");
+        std::fs::copy(binary, &tmp).unwrap();
+        std::fs::rename(&tmp, self.bin()).unwrap();
+    }
+
+    fn start(&self, args: &[&str]) -> Server {
+        let ctl = self.path("ctl");
+        let pid = self.path("pid");
+        let mut all = vec![
+            "-l",
+            "127.0.0.1:0",
+            "--control",
+            ctl.as_str(),
+            "--pid-file",
+            pid.as_str(),
+        ];
+        all.extend_from_slice(args);
+        Server::start_path(&self.bin(), &all)
+    }
+
+    fn ctl(&self, args: &[&str]) -> std::process::Output {
+        let ctl = self.path("ctl");
+        Command::new(self.bin())
+            .args(args)
+            .args(["--control", &ctl])
+            .output()
+            .unwrap()
+    }
+
+    fn pid(&self) -> i32 {
+        std::fs::read_to_string(self.path("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Processes started from this directory's binary.
+    fn processes(&self) -> Vec<i32> {
+        let me = self.bin();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                alive(*pid)
+                    && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| {
+                        p.starts_with(&me) || p.to_string_lossy().starts_with(&*me.to_string_lossy())
+                    })
+            })
+            .collect()
+    }
+}
+
+impl Drop for Deploy {
+    fn drop(&mut self) {
+        for pid in self.processes() {
+            // SAFETY: kill(2) on processes this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn reloads_then_an_upgrade_under_load_fail_no_request() {
+    let d = Deploy::new("load", "http_hello");
+    let server = d.start(&["-w", "3"]);
+    let addr = server.tcp_addr();
+    let old_master = server.pid();
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let failures = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..2)
+            .map(|i| {
+                let (stop, done) = (&stop, &done);
+                s.spawn(move || {
+                    let mut errors = Vec::new();
+                    let mut conn = None;
+                    while !stop.load(Ordering::Relaxed) {
+                        // Client 0 keeps its connection alive (and retries a request on a
+                        // reused connection the server closed, as HTTP clients do);
+                        // client 1 opens a new connection for each request, never retried.
+                        if i == 1 {
+                            conn = None;
+                        }
+                        match http_get(addr, &mut conn) {
+                            Ok(()) => {
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => errors.push(e),
+                        }
+                    }
+                    errors
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            let out = d.ctl(&["reload"]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+        d.install(&example("http_hello"));
+        let out = d.ctl(&["upgrade"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        // Keep the load on while the old master drains.
+        assert!(
+            wait_until(|| (!alive(old_master)).then_some(())).is_some(),
+            "the old master left"
+        );
+        stop.store(true, Ordering::Relaxed);
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(failures.is_empty(), "failed requests: {failures:?}");
+    assert!(done.load(Ordering::Relaxed) > 0);
+    let new_master = d.pid();
+    assert_ne!(new_master, old_master, "the pid file names the new master");
+    let out = d.ctl(&["status"]);
+    assert!(
+        text(&out.stdout).contains(&format!("master pid {new_master}")),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn an_upgrade_serves_the_new_binary() {
+    let d = Deploy::new("answer", "testbed");
+    let server = d.start(&["-w", "2"]);
+    let addr = server.tcp_addr();
+    LineClient::tcp(addr).testbed_pid();
+    d.install(&example("hello"));
+    let started = std::time::Instant::now();
+    let out = d.ctl(&["upgrade"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    eprintln!("upgrade to the new master serving: {:?}", started.elapsed());
+    let mut c = LineClient::tcp(addr);
+    let me = c.get_mut().local_addr().unwrap();
+    assert_eq!(
+        c.line(),
+        format!("Hello, Client! You are {me}"),
+        "the new binary answers"
+    );
+    assert!(
+        std::path::Path::new(&d.path("ctl")).exists(),
+        "the control socket file stays"
+    );
+}
+
+#[test]
+fn a_failed_upgrade_leaves_the_old_master_serving() {
+    let d = Deploy::new("fail", "testbed");
+    let server = d.start(&["-w", "2"]);
+    let before = server.worker_pids();
+    let old_master = d.pid();
+    std::fs::write(
+        d.dir.join("server.new"),
+        "#!/bin/sh\necho 'broken build' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(d.dir.join("server.new"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(d.dir.join("server.new"), d.bin()).unwrap();
+    // The client command is the new file too: use the old binary's copy for it.
+    let ctl = d.path("ctl");
+    let out = Command::new(example("testbed"))
+        .args(["upgrade", "--control", &ctl])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("exited with status 1 before it was ready"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(d.pid(), old_master, "the pid file still names the old master");
+    assert_eq!(server.worker_pids(), before, "the same workers serve");
+    LineClient::tcp(server.tcp_addr()).testbed_pid();
+}
+
+#[test]
+fn the_new_master_holds_only_its_descriptors_all_close_on_exec() {
+    let fds = |pid: i32| -> Vec<(String, bool)> {
+        std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let fd = e.file_name().to_str()?.to_owned();
+                let info = std::fs::read_to_string(e.path()).ok()?;
+                let flags =
+                    u64::from_str_radix(info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim(), 8)
+                        .ok()?;
+                Some((fd, flags & 0o2000000 != 0))
+            })
+            .filter(|(fd, _)| fd.parse::<i32>().unwrap_or(0) > 2)
+            .collect()
+    };
+    // A master started afresh, for comparison.
+    let fresh = Deploy::new("fds-fresh", "testbed");
+    let s = fresh.start(&["-w", "2"]);
+    let fresh_count = fds(s.pid()).len();
+    drop(s);
+    let d = Deploy::new("fds", "testbed");
+    let _server = d.start(&["-w", "2"]);
+    d.install(&example("testbed"));
+    let out = d.ctl(&["upgrade"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let new_master = d.pid();
+    let held = fds(new_master);
+    assert!(held.iter().all(|(_, cloexec)| *cloexec), "{held:?}");
+    // The same as a fresh master, plus the readiness pipe it keeps open, once the control
+    // connections of the `upgrade` command (closed with a short linger) are gone.
+    let settled = wait_until(|| (fds(new_master).len() == fresh_count + 1).then_some(()));
+    assert!(
+        settled.is_some(),
+        "{:?} (a fresh master has {fresh_count})",
+        fds(new_master)
+    );
+}
+
+#[test]
+fn socket_activation_adopts_the_listener() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new("/bin/sh");
+    // LISTEN_PID must name the server itself: the shell execs it, keeping its pid.
+    cmd.args(["-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""])
+        .arg(example("testbed"))
+        .args(["-l", "127.0.0.1:1", "-w", "2"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0);
+    // SAFETY: dup2 is async-signal-safe; it puts the listener at fd 3, as systemd does.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would leave close-on-exec set: clear it instead.
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let server = Server::from_command(cmd);
+    server.wait_for_log(" ready");
+    assert!(
+        server.log_text().contains(&format!("listening on {addr}")),
+        "{}",
+        server.log_text()
+    );
+    drop(listener);
+    LineClient::tcp(addr).testbed_pid();
+}
+
+#[test]
+fn systemd_hears_ready_reloading_and_stopping() {
+    let path = socket_path("notify");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut server = Server::start_with_env(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2"],
+        &[("NOTIFY_SOCKET", path.as_str())],
+    );
+    let mut buf = [0u8; 4096];
+    let mut next = || {
+        let n = sock.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let ready = next();
+    assert!(
+        ready.contains("READY=1") && ready.contains(&format!("MAINPID={}", server.pid())),
+        "{ready}"
+    );
+    server.signal(libc::SIGHUP);
+    let reloading = next();
+    assert!(
+        reloading.contains("RELOADING=1") && reloading.contains("MONOTONIC_USEC="),
+        "{reloading}"
+    );
+    assert!(
+        next().contains("READY=1"),
+        "ready again once the new generation serves"
+    );
+    server.signal(libc::SIGTERM);
+    assert!(next().contains("STOPPING=1"));
+    assert!(server.wait_exit().success());
+    let _ = std::fs::remove_file(&path);
+}
