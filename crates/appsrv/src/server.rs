@@ -567,7 +567,15 @@ fn start(
         false => config.pid_file.as_deref().map(PidClaim::acquire).transpose()?,
     };
     let listeners = match inherited.as_mut() {
-        Some(i) => adopt_all(config, std::mem::take(&mut i.listeners))?,
+        Some(i) => {
+            if i.source == upgrade::Source::Systemd && !config.listen.is_empty() {
+                tracing::info!(
+                    "using the {} socket(s) systemd passed (LISTEN_FDS); --listen is not bound",
+                    i.listeners.len()
+                );
+            }
+            adopt_all(config, std::mem::take(&mut i.listeners))?
+        }
         None => bind_all(config)?,
     };
     // The control socket is on when asked for, or by default for a server with a pid file
@@ -775,7 +783,10 @@ fn adopt_all(config: &Config, sockets: Vec<socket2::Socket>) -> Result<Vec<Liste
 
 fn bind_all(config: &Config) -> Result<Vec<Listener>> {
     if config.listen.is_empty() {
-        return Err(Error::Config("no listen address".into()));
+        return Err(Error::Config(
+            "no listen address: give -l/--listen ADDR (or start the server with systemd socket activation)"
+                .into(),
+        ));
     }
     let opts = BindOptions {
         backlog: config.backlog,

@@ -381,3 +381,17 @@ fn every_descriptor_is_close_on_exec_and_workers_hold_only_theirs() {
         );
     }
 }
+
+#[test]
+fn no_listen_address_is_a_clear_error() {
+    let mut server = Server::spawn("testbed", &["-w", "2"], &[]);
+    assert!(!server.wait_exit().success());
+    server.wait_for_log_end();
+    assert!(
+        server
+            .log_text()
+            .contains("no listen address: give -l/--listen ADDR"),
+        "{}",
+        server.log_text()
+    );
+}
