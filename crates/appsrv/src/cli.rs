@@ -131,6 +131,7 @@ pub(crate) struct Config {
     pub(crate) control: Option<PathBuf>,
     pub(crate) metrics_listen: Option<String>,
     pub(crate) access_log: Option<PathBuf>,
+    pub(crate) max_conns_per_ip: u64,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -418,6 +419,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .default_value(fmt_secs(DEFAULT_WORKER_IDLE))
                 .help("Ondemand pool: a worker idle this long leaves"),
         )
+        .arg(count(prefix, "max-conns-per-ip", 0, "At most N connections from one client address at once, across all workers; more are refused (HTTP 503, or the codec's error) [0: no limit]"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
         .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))
@@ -521,6 +523,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         control: m.get_one::<PathBuf>("control").cloned(),
         metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
         access_log: m.get_one::<PathBuf>("access-log").cloned(),
+        max_conns_per_ip: n(m, "max-conns-per-ip"),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())

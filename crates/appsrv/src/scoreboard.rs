@@ -221,6 +221,27 @@ impl Board {
         }
     }
 
+    /// How many workers are busy with a connection from `ip` (the per-address cap: a
+    /// worker publishes its client in its slot, then counts; two workers racing may both
+    /// see each other and both refuse, but the cap is never exceeded).
+    pub(crate) fn connections_from(&self, ip: std::net::IpAddr) -> usize {
+        let want = match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().to_bits(),
+            IpAddr::V6(v6) => v6.to_bits(),
+        };
+        self.slots
+            .iter()
+            .filter(|s| {
+                let state = State::from_u8(s.state.load(Ordering::Acquire));
+                !matches!(state, State::Dead | State::Idle | State::Starting)
+                    && matches!(s.peer_family.load(Ordering::Acquire), 4 | 6)
+                    && (u128::from(s.peer_ip[0].load(Ordering::Relaxed)) << 64
+                        | u128::from(s.peer_ip[1].load(Ordering::Relaxed)))
+                        == want
+            })
+            .count()
+    }
+
     /// How many workers wait in `accept`.
     pub(crate) fn idle(&self) -> u32 {
         self.idle.load(Ordering::Acquire)

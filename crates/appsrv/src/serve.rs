@@ -69,6 +69,10 @@ pub(crate) trait Connections {
     fn on_worker_exit(&mut self);
     /// Whether requests are counted and timed one by one (not for `handle_client`).
     fn request_level(&self) -> bool;
+
+    /// Refuses a connection before serving it: the codec's error reply when there is one
+    /// (HTTP 503, `-ERR refused: …`), then a lingering close.
+    fn refuse(&mut self, _client: &mut Client, _why: &'static str) {}
 }
 
 /// The client level.
@@ -139,6 +143,15 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
 
     fn request_level(&self) -> bool {
         true
+    }
+
+    fn refuse(&mut self, client: &mut Client, why: &'static str) {
+        self.codec.reset();
+        self.codec
+            .encode_error(&ProtocolError::Refused(why.into()), client.output());
+        if client.flush_output().is_ok() {
+            client.linger(LINGER, LINGER_BYTES);
+        }
     }
 }
 

@@ -749,6 +749,7 @@ fn supervise(
             keepalive_timeout: config.keepalive_timeout,
             recycle,
             access_log: config.access_log.as_deref().zip(access_log.as_ref()),
+            max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
         })
     };
     Master::new(settings, listeners, &channel, signals)?.run(&mut spawn, &mut || readiness.ready())

@@ -636,6 +636,7 @@ impl Codec for Http {
             ProtocolError::HeaderTooLarge { .. } => 431,
             ProtocolError::Unsupported(what) if what == UNSUPPORTED_VERSION => 505,
             ProtocolError::Unsupported(_) => 501,
+            ProtocolError::Refused(_) => 503,
         };
         self.body.clear();
         // Writing to a Vec cannot fail.

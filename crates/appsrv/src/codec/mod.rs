@@ -84,6 +84,9 @@ pub enum ProtocolError {
     Timeout,
     /// A valid request the codec does not support.
     Unsupported(Cow<'static, str>),
+    /// The server refuses the client before reading a request (too many connections from
+    /// its address); HTTP answers 503.
+    Refused(Cow<'static, str>),
 }
 
 impl fmt::Display for ProtocolError {
@@ -96,6 +99,7 @@ impl fmt::Display for ProtocolError {
             ProtocolError::Malformed(why) => write!(f, "malformed request: {why}"),
             ProtocolError::Timeout => f.write_str("timed out waiting for the rest of the request"),
             ProtocolError::Unsupported(what) => write!(f, "unsupported: {what}"),
+            ProtocolError::Refused(why) => write!(f, "refused: {why}"),
         }
     }
 }

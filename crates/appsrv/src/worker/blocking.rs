@@ -153,6 +153,7 @@ pub(crate) fn serve<C: Connections>(
     recycle: Recycle,
     handler: &mut C,
     access: Option<(&Path, AccessLog)>,
+    max_per_ip: Option<usize>,
     reopen_log: &mut dyn FnMut(),
     retire: &mut dyn FnMut(),
 ) -> i32 {
@@ -178,6 +179,7 @@ pub(crate) fn serve<C: Connections>(
         head: Vec::new(),
     };
     let mut retire_sent = false;
+    let mut refusals = Episodes::default();
     let mut acceptor = match Acceptor::new(id, listeners, board) {
         Ok(a) => a,
         Err(e) => {
@@ -211,6 +213,20 @@ pub(crate) fn serve<C: Connections>(
         let peer = Addr::from_sockaddr(&peer);
         tracing::debug!("serving {peer}");
         slot.connection(&peer);
+        if let (Some(cap), Some(ip)) = (max_per_ip, peer.ip()) {
+            if board.connections_from(ip) > cap {
+                let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
+                if refusals.note(ip) {
+                    tracing::warn!(
+                        "refusing connections from {ip}: more than {cap} at once (--max-conns-per-ip)"
+                    );
+                }
+                handler.refuse(&mut client, "too many connections from your address");
+                let (_, bufs) = client.finish();
+                buffers = Some(bufs);
+                continue;
+            }
+        }
         // The request-level loop times each request; for `handle_client` the connection is
         // the unit (its clock covers the whole connection).
         let connection_clock = (!handler.request_level()).then(|| {
@@ -296,6 +312,22 @@ pub(crate) fn serve<C: Connections>(
             retire();
             retire_sent = true;
         }
+    }
+}
+
+/// Logs a kind of event once per episode: again only after a minute without it.
+#[derive(Debug, Default)]
+struct Episodes {
+    last: Option<(std::net::IpAddr, std::time::Instant)>,
+}
+
+impl Episodes {
+    /// Whether this event for `ip` starts a new episode (and should be logged).
+    fn note(&mut self, ip: std::net::IpAddr) -> bool {
+        let now = std::time::Instant::now();
+        let new = !matches!(self.last, Some((last, t)) if last == ip && now.duration_since(t) < Duration::from_secs(60));
+        self.last = Some((ip, now));
+        new
     }
 }
 

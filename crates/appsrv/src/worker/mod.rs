@@ -55,6 +55,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) recycle: blocking::Recycle,
     /// The access log's path and the file the master opened, when there is one.
     pub(crate) access_log: Option<(&'a Path, &'a std::fs::File)>,
+    /// At most this many connections from one client address at once.
+    pub(crate) max_per_ip: Option<usize>,
 }
 
 /// The type of a start hook.
@@ -127,6 +129,7 @@ where
         setup.recycle,
         &mut handler,
         access,
+        setup.max_per_ip,
         &mut || reopen_log(log_path),
         &mut || {
             let _ = channel.send(pid, &Message::Retire);

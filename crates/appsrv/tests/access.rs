@@ -1,0 +1,64 @@
+//! Client access rules and the per-address connection cap.
+//!
+//! Regression tests for issue #8 ("Client access rules, slow-client defences"), the parts
+//! done so far.
+
+mod util;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+use util::*;
+
+/// Connects from `from` (a loopback address) to `to`.
+fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&format!("{from}:0").parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    s.connect(&to.into()).unwrap();
+    let s: TcpStream = s.into();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s
+}
+
+/// Sends a GET and returns the status code of the answer (0 if the connection closed).
+fn status(s: &mut TcpStream) -> u16 {
+    if s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").is_err() {
+        return 0;
+    }
+    let mut head = [0u8; 12];
+    match s.read_exact(&mut head) {
+        Ok(()) => std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap(),
+        Err(_) => 0,
+    }
+}
+
+#[test]
+fn the_per_address_cap_holds_across_workers_under_a_storm() {
+    let server = Server::start(
+        "http_hello",
+        &["-l", "127.0.0.1:0", "-w", "8", "--max-conns-per-ip", "3"],
+    );
+    let addr = server.tcp_addr();
+    // Eight connections at once from 127.0.0.1, each held open after its answer.
+    let mut conns: Vec<TcpStream> = std::thread::scope(|s| {
+        let t: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| connect_from("127.0.0.1", addr)))
+            .collect();
+        t.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let codes: Vec<u16> = conns.iter_mut().map(status).collect();
+    let served = codes.iter().filter(|c| **c == 200).count();
+    let refused = codes.iter().filter(|c| **c == 503).count();
+    assert!(served <= 3, "never more than the cap at once: {codes:?}");
+    assert!(served >= 1, "{codes:?}");
+    assert_eq!(
+        served + refused,
+        8,
+        "every other connection gets the codec's 503: {codes:?}"
+    );
+    server.wait_for_log("refusing connections from 127.0.0.1: more than 3 at once");
+    // Another address is not affected.
+    let mut other = connect_from("127.0.0.2", addr);
+    assert_eq!(status(&mut other), 200);
+}
