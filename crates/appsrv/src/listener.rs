@@ -84,6 +84,17 @@ pub struct ListenAddr {
 }
 
 impl ListenAddr {
+    /// The same address with a Unix socket's path made absolute (a daemon changes to `/`
+    /// after binding, and removes the file at stop).
+    pub(crate) fn absolute(mut self) -> Self {
+        if let Endpoint::Unix(path) = &self.endpoint {
+            if let Ok(abs) = std::path::absolute(path) {
+                self.endpoint = Endpoint::Unix(abs);
+            }
+        }
+        self
+    }
+
     /// The address as it was written.
     pub fn as_str(&self) -> &str {
         &self.text

@@ -234,11 +234,19 @@ pub(crate) struct Settings {
     pub(crate) on_reload: Option<ReloadHook>,
     /// How to start a new master (binary upgrade).
     pub(crate) upgrade: UpgradeSettings,
+    /// The sockets were inherited from an upgrading master (whose files they are until
+    /// this master serves).
+    pub(crate) adopted: bool,
+    /// The listening sockets are shared with another process for good (systemd socket
+    /// activation): never shut them down, never remove their files.
+    pub(crate) shared_listeners: bool,
 }
 
 /// The binary and arguments a new master is started with, and how long it may take.
 #[derive(Debug, Clone)]
 pub(crate) struct UpgradeSettings {
+    /// The working directory to start the new master in.
+    pub(crate) dir: Option<PathBuf>,
     pub(crate) exe: Option<PathBuf>,
     pub(crate) args: Vec<std::ffi::OsString>,
     pub(crate) timeout: Duration,
@@ -286,6 +294,12 @@ pub(crate) struct Master<'a> {
     upgrade_failed: Option<(i32, String)>,
     /// The sockets were handed to a new master: do not remove their files on exit.
     handed_over: bool,
+    /// The first workers were ready (the master has served).
+    serving: bool,
+    /// Replacements owed for workers marked to be recycled (not yet forked): the target
+    /// of a dynamic or on-demand pool includes them, so a recycled worker is replaced
+    /// before it is stopped, and only once.
+    owed: usize,
     /// Duplicates of the control and metrics listening sockets, to hand to a new master
     /// (the originals are lent to `service_control` while it answers, an upgrade request
     /// among others).
@@ -346,6 +360,8 @@ impl<'a> Master<'a> {
             upgrading: None,
             upgrade_failed: None,
             handed_over: false,
+            serving: false,
+            owed: 0,
             rng: (u64::from(std::process::id()) << 32) ^ scoreboard::now_ns() | 1,
         })
     }
@@ -370,8 +386,10 @@ impl<'a> Master<'a> {
                 }
             }
         }
-        // After a hand-over the files are the new master's: leave them.
-        if !self.handed_over {
+        // After a hand-over the files are the new master's: leave them. A master started
+        // by an upgrade that never served leaves them too: they are still the old
+        // master's, which goes on serving.
+        if !self.handed_over && !self.settings.shared_listeners && (self.serving || !self.settings.adopted) {
             for l in self.listeners {
                 l.remove_file();
             }
@@ -443,8 +461,11 @@ impl<'a> Master<'a> {
                     if self.workers.values().filter(|w| w.ready).count() >= initial {
                         self.phase = Phase::Running;
                         tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
-                        on_ready();
+                        self.serving = true;
+                        // systemd hears the new MAINPID before the old master (after an
+                        // upgrade) learns it may leave.
                         crate::systemd::ready(&format!("serving with {initial} workers"));
+                        on_ready();
                     }
                 }
                 Phase::Running => {
@@ -559,7 +580,9 @@ impl<'a> Master<'a> {
             PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
         ];
         if let Some(c) = &self.settings.control {
-            fds.extend(c.poll_fds());
+            if self.serving || !self.settings.adopted {
+                fds.extend(c.poll_fds());
+            }
         }
         if let Some(fd) = self.upgrading.as_ref().and_then(crate::upgrade::Pending::fd) {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
@@ -603,6 +626,16 @@ impl<'a> Master<'a> {
                 };
             }
             Phase::Starting | Phase::Running => {
+                if let Some(u) = self.upgrading.take() {
+                    // The listening sockets are shared with the new master: abandon the
+                    // upgrade before shutting them.
+                    let _ = signal::kill(u.child, Signal::SIGKILL);
+                    tracing::warn!(
+                        "{} received during an upgrade: the new master (pid {}) is stopped",
+                        sig.as_str(),
+                        u.child
+                    );
+                }
                 tracing::info!(
                     "{} received: stopping; connections in progress may finish within {:?}",
                     sig.as_str(),
@@ -611,8 +644,11 @@ impl<'a> Master<'a> {
                 crate::systemd::stopping();
                 // Shut the listeners for every process at once: new connections are
                 // refused from now on, idle workers wake up and exit.
-                for l in self.listeners {
-                    l.shutdown();
+                // (Not sockets systemd holds too: they must outlive this service.)
+                if !self.settings.shared_listeners {
+                    for l in self.listeners {
+                        l.shutdown();
+                    }
                 }
                 self.kill_all(Signal::SIGTERM);
                 let now = Instant::now();
@@ -639,6 +675,7 @@ impl<'a> Master<'a> {
             Message::Retire => {
                 if w.leaving.is_none() {
                     w.leaving = Some(Leave::Recycle("limit"));
+                    self.owed += 1;
                     tracing::info!(
                         "worker {} (pid {pid}) reached its recycling limit; replacing it",
                         w.id
@@ -681,6 +718,7 @@ impl<'a> Master<'a> {
         let exe = up.exe.ok_or("the path of this program's binary is unknown")?;
         let pending = crate::upgrade::launch(
             &exe,
+            up.dir.as_deref(),
             &up.args,
             self.listeners,
             self.handover.0.as_ref(),
@@ -754,7 +792,10 @@ impl<'a> Master<'a> {
             return Err(format!("the server is {}", self.phase.name()));
         }
         if let Some(ReloadHook(hook)) = self.settings.on_reload.as_mut() {
-            hook().map_err(|e| format!("the reload hook failed: {e}"))?;
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)) {
+                Ok(result) => result.map_err(|e| format!("the reload hook failed: {e}"))?,
+                Err(_) => return Err("the reload hook panicked".into()),
+            }
         }
         self.generation += 1;
         let generation = self.generation;
@@ -764,6 +805,7 @@ impl<'a> Master<'a> {
             .filter(|w| w.leaving.is_none() && w.timed_out.is_none())
         {
             w.leaving = Some(Leave::Recycle("reload"));
+            self.owed += 1;
         }
         tracing::info!("reload requested by {from}: starting generation {generation}");
         crate::systemd::reloading();
@@ -918,14 +960,6 @@ impl<'a> Master<'a> {
         self.workers.values().filter(|w| w.active()).count()
     }
 
-    /// Workers the pool keeps: active ones and those waiting to be recycled.
-    fn kept(&self) -> usize {
-        self.workers
-            .values()
-            .filter(|w| w.timed_out.is_none() && !w.stop_sent)
-            .count()
-    }
-
     fn ready_active(&self) -> usize {
         self.workers.values().filter(|w| w.active() && w.ready).count()
     }
@@ -937,8 +971,8 @@ impl<'a> Master<'a> {
             // Dynamic and on-demand pools grow in rounds; between rounds they keep what
             // they have, counting the workers waiting to be recycled (not yet told to
             // stop): those are replaced first, then stopped, so capacity never dips.
-            Policy::Dynamic { start, max, .. } => self.kept().max(*start).min(*max),
-            Policy::Ondemand { max, .. } => self.kept().min(*max),
+            Policy::Dynamic { start, max, .. } => (self.active() + self.owed).max(*start).min(*max),
+            Policy::Ondemand { max, .. } => (self.active() + self.owed).min(*max),
         }
     }
 
@@ -961,6 +995,7 @@ impl<'a> Master<'a> {
             if !self.try_spawn(entry, now)? {
                 break;
             }
+            self.owed = self.owed.saturating_sub(1);
             missing -= 1;
             if self.backoff.active() {
                 break; // one at a time while failures are being counted
@@ -1226,6 +1261,7 @@ impl<'a> Master<'a> {
                     w.id
                 );
                 w.leaving = Some(Leave::Recycle(why));
+                self.owed += 1;
             }
         }
         self.release_one_retiring();
@@ -1262,6 +1298,11 @@ impl<'a> Master<'a> {
 
     /// Answers the control socket and the metrics listener.
     fn service_control(&mut self) {
+        // A master started by an upgrade leaves the shared control socket to the old one
+        // until it serves: requests meanwhile reach the master that is in charge.
+        if self.settings.adopted && !self.serving {
+            return;
+        }
         if let Some(mut control) = self.settings.control.take() {
             control.service(&mut |req| self.answer(req));
             self.settings.control = Some(control);
@@ -1291,12 +1332,12 @@ impl<'a> Master<'a> {
             Request::Upgrade => self
                 .start_upgrade("the control socket")
                 .map(|pid| format!("upgrading: new master pid {pid}\n")),
-            Request::UpgradeStatus(pid) if pid == std::process::id() as i32 => Ok("done\n".into()),
+            Request::UpgradeStatus(pid) if pid == std::process::id() as i32 => {
+                Ok(if self.serving { "done\n" } else { "pending\n" }.into())
+            }
             Request::UpgradeStatus(pid) => match (&self.upgrading, &self.upgrade_failed) {
                 (Some(u), _) if u.child.as_raw() == pid => Ok("pending\n".into()),
                 (_, Some((p, why))) if *p == pid => Err(why.clone()),
-                // Handed over: the new master answers from now on.
-                _ if self.handed_over => Ok("pending\n".into()),
                 _ => Err(format!("no upgrade to pid {pid}")),
             },
             Request::Workers(delta) => {
@@ -1398,6 +1439,12 @@ impl<'a> Master<'a> {
                     .iter()
                     .chain(self.handover.1.iter())
                     .map(|s| s.as_raw_fd()),
+            )
+            .chain(
+                self.upgrading
+                    .iter()
+                    .filter_map(|u| u.fd())
+                    .map(|fd| fd.as_raw_fd()),
             )
             .collect();
         let _ = io::stdout().flush();

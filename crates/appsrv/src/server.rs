@@ -16,7 +16,7 @@ use crate::control::{self, Control, MetricsListener};
 use crate::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, RequestHandler, WorkerInfo};
-use crate::listener::{self, BindOptions, Listener};
+use crate::listener::{self, BindOptions, ListenAddr, Listener};
 use crate::master::{Limits as MasterLimits, Master, ReloadHook, Settings, Signals, UpgradeSettings};
 use crate::notify::Channel;
 use crate::pool::Policy;
@@ -54,6 +54,9 @@ pub struct Server {
     /// This program's binary, as found at start (a binary upgrade starts the file now at
     /// that path).
     exe: Option<PathBuf>,
+    /// The working directory at start (a new master re-reads the same, maybe relative,
+    /// command line from there).
+    dir: Option<PathBuf>,
     reload_hook: Option<Hook>,
     check_hook: Option<Hook>,
     args: Vec<OsString>,
@@ -80,6 +83,7 @@ impl Server {
             defaults: Defaults::default(),
             start_hook: None,
             exe: std::env::current_exe().ok(),
+            dir: std::env::current_dir().ok(),
             reload_hook: None,
             check_hook: None,
             args: std::env::args_os().collect(),
@@ -398,6 +402,18 @@ impl Server {
             _ => return Err(Error::Config("no subcommand".into())),
         };
         crate::log::init(&self.name, config.log_level);
+        // Paths are made absolute now: a daemon changes to `/` before it writes its pid
+        // file or removes its socket files.
+        let abs = |p: &mut Option<PathBuf>| {
+            if let Some(path) = p.take() {
+                *p = Some(std::path::absolute(&path).unwrap_or(path));
+            }
+        };
+        abs(&mut config.pid_file);
+        abs(&mut config.log_file);
+        abs(&mut config.access_log);
+        abs(&mut config.control);
+        config.listen = config.listen.into_iter().map(ListenAddr::absolute).collect();
         if config.daemon {
             config.pid_file = config.pid_file.or_else(|| daemon::default_pid_file(&self.name));
             if config.pid_file.is_none() {
@@ -452,6 +468,7 @@ impl Server {
         let on_reload = self.reload_hook.take();
         let name = self.name.clone();
         let upgrade = UpgradeSettings {
+            dir: self.dir.clone(),
             exe: self.exe.clone(),
             args: self.args.iter().skip(1).cloned().collect(),
             timeout: config.start_timeout,
@@ -527,8 +544,10 @@ struct Prepared {
     metrics: Option<MetricsListener>,
     access_log: Option<std::fs::File>,
     on_reload: Option<Hook>,
-    /// Started by an upgrading master: publish the pid file by rename.
+    /// Started by an upgrading master: publish the pid file by rename, once serving.
     publish_pid: bool,
+    /// Started by systemd socket activation: the listeners are systemd's too.
+    from_systemd: bool,
     upgrade: UpgradeSettings,
 }
 
@@ -554,6 +573,10 @@ fn start(
     let from_upgrade = matches!(
         inherited.as_ref().map(|i| i.source),
         Some(upgrade::Source::Upgrade { .. })
+    );
+    let from_systemd = matches!(
+        inherited.as_ref().map(|i| i.source),
+        Some(upgrade::Source::Systemd)
     );
     let mut config = config.clone();
     if from_upgrade {
@@ -632,6 +655,7 @@ fn start(
         access_log,
         on_reload,
         publish_pid: from_upgrade,
+        from_systemd,
         upgrade,
     };
     let result = serve(name, config, policy, limits, prepared, &mut readiness, entry);
@@ -651,10 +675,15 @@ fn serve(
     readiness: &mut Readiness,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
-    let pid_file = match (prepared.claim.take(), &config.pid_file) {
-        (Some(c), _) => Some(c.commit(Pid::this())?),
-        (None, Some(path)) if prepared.publish_pid => Some(daemon::publish(path, Pid::this())?),
-        (None, _) => None,
+    // A master started by an upgrade publishes its pid only once it serves: until then the
+    // old master's pid stays in the file (it goes on serving if this one fails).
+    let late_pid = match (&config.pid_file, prepared.publish_pid) {
+        (Some(path), true) => Some(path.clone()),
+        _ => None,
+    };
+    let pid_file = match prepared.claim.take() {
+        Some(c) => Some(c.commit(Pid::this())?),
+        None => None,
     };
     let result = supervise(
         name,
@@ -663,6 +692,7 @@ fn serve(
         limits,
         prepared,
         pid_file.as_ref(),
+        late_pid,
         readiness,
         entry,
     );
@@ -680,9 +710,12 @@ fn supervise(
     limits: MasterLimits,
     prepared: Prepared,
     pid_file: Option<&PidFile>,
+    late_pid: Option<PathBuf>,
     readiness: &mut Readiness,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
+    let adopted = prepared.publish_pid;
+    let shared_listeners = prepared.from_systemd;
     let Prepared {
         plan,
         warning,
@@ -733,6 +766,8 @@ fn supervise(
         metrics,
         on_reload: on_reload.map(ReloadHook),
         upgrade,
+        adopted,
+        shared_listeners,
     };
     let master_pid = Pid::this();
     let log_path = config.log_file.as_deref();
@@ -752,7 +787,20 @@ fn supervise(
             max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
         })
     };
-    Master::new(settings, listeners, &channel, signals)?.run(&mut spawn, &mut || readiness.ready())
+    let mut published: Option<PidFile> = None;
+    let result = Master::new(settings, listeners, &channel, signals)?.run(&mut spawn, &mut || {
+        if let Some(path) = &late_pid {
+            match daemon::publish(path, Pid::this()) {
+                Ok(f) => published = Some(f),
+                Err(e) => tracing::error!("{e}"),
+            }
+        }
+        readiness.ready();
+    });
+    if let Some(p) = &published {
+        p.remove();
+    }
+    result
 }
 
 fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {

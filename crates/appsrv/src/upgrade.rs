@@ -145,8 +145,22 @@ pub(crate) fn inherited() -> Result<Option<Inherited>, Error> {
         let text = text.to_string_lossy();
         let m = Manifest::parse(&text).map_err(|e| Error::Config(format!("{MANIFEST_ENV}: {e}")))?;
         if nix::unistd::getppid().as_raw() != m.parent {
-            // Not started by that master: the variable leaked (a command started by a
-            // worker of the new master, say). Nothing here is ours.
+            // Not our parent's manifest: the variable leaked into this process, or the old
+            // master died between fork and now. Close what it names (inheritable, they
+            // would leak further) and start afresh.
+            tracing::warn!(
+                "{MANIFEST_ENV} names master {} which is not this process's parent: ignored",
+                m.parent
+            );
+            for fd in m
+                .listeners
+                .iter()
+                .chain(&m.control)
+                .chain(&m.metrics)
+                .chain(&m.ready)
+            {
+                let _ = adopt(*fd);
+            }
             return Ok(None);
         }
         let sock = |fd| adopt(fd).map(Socket::from);
@@ -225,9 +239,14 @@ impl Pending {
                 Progress::Waiting
             };
         }
-        let mut buf = [0u8; 1];
+        let mut buf = [0u8; 1024];
         match self.ready.read(&mut buf) {
-            Ok(1) if buf[0] == b'R' => Progress::Ready,
+            Ok(n) if n > 0 && buf[0] == b'R' => Progress::Ready,
+            // The new master reports why it could not start (one write, below PIPE_BUF).
+            Ok(n) if n > 0 && buf[0] == b'E' => Progress::Failed(format!(
+                "the new master could not start: {}",
+                String::from_utf8_lossy(&buf[1..n])
+            )),
             Ok(0) => {
                 self.eof = Some(Instant::now());
                 Progress::Waiting
@@ -250,6 +269,7 @@ impl Pending {
 /// and the metrics listener. Returns once it is started (not ready).
 pub(crate) fn launch(
     exe: &Path,
+    dir: Option<&Path>,
     args: &[OsString],
     listeners: &[Listener],
     control: Option<&Socket>,
@@ -293,6 +313,9 @@ pub(crate) fn launch(
     cmd.args(args)
         .env(MANIFEST_ENV, manifest.render())
         .stdin(std::process::Stdio::null());
+    if let Some(dir) = dir {
+        cmd.current_dir(dir);
+    }
     sys::pass_fds(&mut cmd, pairs);
     let child = cmd.spawn().map_err(|e| Error::Sys {
         op: "starting the new binary",

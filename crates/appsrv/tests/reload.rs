@@ -190,3 +190,37 @@ fn stop_under_load_answers_every_accepted_request_within_the_grace_period() {
         "within the grace period plus a margin"
     );
 }
+
+#[test]
+fn reloading_a_dynamic_pool_replaces_its_workers_once() {
+    let ctl = ctl_path("dyn");
+    let server = Server::start(
+        "testbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--pool",
+            "dynamic",
+            "--start-workers",
+            "3",
+            "--min-spare",
+            "1",
+            "--max-spare",
+            "8",
+            "--max-workers",
+            "30",
+            "--control",
+            &ctl,
+            "--log-level",
+            "debug",
+        ],
+    );
+    let before = server.wait_for_workers(3);
+    let out = run("testbed", &["reload", "--control", &ctl]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Three old workers replaced by three new ones: not a pool grown to its maximum.
+    let after = server.wait_for_workers(3);
+    assert!(after.is_disjoint(&before), "{before:?} {after:?}");
+    let forked = server.log_text().matches("master: started worker").count();
+    assert_eq!(forked, 6, "3 at start, 3 replacements:\n{}", server.log_text());
+}

@@ -296,15 +296,23 @@ fn socket_activation_adopts_the_listener() {
             Ok(())
         });
     }
-    let server = Server::from_command(cmd);
+    let mut server = Server::from_command(cmd);
     server.wait_for_log(" ready");
     assert!(
         server.log_text().contains(&format!("listening on {addr}")),
         "{}",
         server.log_text()
     );
-    drop(listener);
     LineClient::tcp(addr).testbed_pid();
+    // Stopped, the server leaves the socket to systemd, still listening: connections wait
+    // in its backlog for the next start (a shutdown(2) would have closed it for good).
+    server.signal(libc::SIGTERM);
+    assert!(server.wait_exit().success());
+    assert!(
+        std::net::TcpStream::connect(addr).is_ok(),
+        "systemd's socket still listens"
+    );
+    drop(listener);
 }
 
 #[test]
@@ -341,4 +349,51 @@ fn systemd_hears_ready_reloading_and_stopping() {
     assert!(next().contains("STOPPING=1"));
     assert!(server.wait_exit().success());
     let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_new_master_that_fails_after_adopting_the_sockets_leaves_the_old_one_intact() {
+    // The new binary starts, adopts the sockets, then its workers' factory fails: the old
+    // master must keep serving, with its pid file, socket files and control socket.
+    let d = Deploy::new("late-fail", "testbed");
+    let sock = d.path("sock");
+    let server = d.start(&["-w", "2", "-l", &format!("unix:{sock}")]);
+    let old_master = d.pid();
+    let ctl = d.path("ctl");
+    // The same binary, told to fail in its factory through the environment of the unit:
+    // here, an extra argument only the new master sees is not possible (same arguments),
+    // so the new binary is a wrapper script that adds --fail-factory.
+    let wrapper = format!(
+        "#!/bin/sh\nexec {} \"$@\" --fail-factory\n",
+        example("testbed").display()
+    );
+    std::fs::write(d.dir.join("server.new"), wrapper).unwrap();
+    std::fs::set_permissions(d.dir.join("server.new"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(d.dir.join("server.new"), d.bin()).unwrap();
+    let out = Command::new(example("testbed"))
+        .args(["upgrade", "--control", &ctl])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("database unavailable (testbed --fail-factory)"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(d.pid(), old_master, "the pid file still names the old master");
+    assert!(
+        Path::new(&sock).exists() && Path::new(&ctl).exists(),
+        "the socket files are still there"
+    );
+    LineClient::unix(&sock).testbed_pid();
+    let status = Command::new(example("testbed"))
+        .args(["status", "--control", &ctl])
+        .output()
+        .unwrap();
+    assert!(
+        text(&status.stdout).contains(&format!("master pid {old_master}")),
+        "{}",
+        text(&status.stdout)
+    );
+    drop(server);
 }

@@ -607,8 +607,9 @@ pub(crate) fn upgrade_command(name: &str, path: &Path, timeout: std::time::Durat
             }
             Outcome::Ok(_) => {}
             // Between the old master closing its copy of the control socket and the new
-            // one answering, the socket may refuse for a moment: ask again.
-            Outcome::NotRunning => {}
+            // one answering, the socket may refuse for a moment, or a connection in
+            // progress may be cut: ask again (a failed upgrade is an ERR reply).
+            Outcome::NotRunning | Outcome::Failed(_) => {}
             other => return client_exit(name, path, other),
         }
         if std::time::Instant::now() >= deadline {

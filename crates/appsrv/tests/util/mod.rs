@@ -110,7 +110,18 @@ impl Server {
     }
 
     fn launch(mut cmd: Command) -> Server {
-        let mut child = cmd.spawn().expect("spawn server");
+        // ETXTBSY: a binary a test just copied may still be open for writing in a child
+        // that another test thread forked (until that child's exec closes it). Retry.
+        let mut tries = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => break other.expect("spawn server"),
+            }
+        };
         let pid = child.id() as i32;
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new((Mutex::new(Log::default()), Condvar::new()));
