@@ -132,6 +132,8 @@ pub(crate) struct Config {
     pub(crate) metrics_listen: Option<String>,
     pub(crate) access_log: Option<PathBuf>,
     pub(crate) max_conns_per_ip: u64,
+    pub(crate) header_timeout: Option<Duration>,
+    pub(crate) min_rate: u64,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -419,6 +421,14 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .default_value(fmt_secs(DEFAULT_WORKER_IDLE))
                 .help("Ondemand pool: a worker idle this long leaves"),
         )
+        .arg(
+            env_opt(prefix, "header-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value("20")
+                .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
+        )
+        .arg(count(prefix, "min-rate", 500, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
         .arg(count(prefix, "max-conns-per-ip", 0, "At most N connections from one client address at once, across all workers; more are refused (HTTP 503, or the codec's error) [0: no limit]"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
@@ -524,6 +534,8 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
         access_log: m.get_one::<PathBuf>("access-log").cloned(),
         max_conns_per_ip: n(m, "max-conns-per-ip"),
+        header_timeout: timeout(m, "header-timeout"),
+        min_rate: n(m, "min-rate"),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())

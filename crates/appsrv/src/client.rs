@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::io::{self, BufRead, IoSlice, Read, Write};
 use std::ops::Range;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
@@ -250,18 +250,34 @@ impl Client {
     }
 
     /// For the request loop: shuts the connection for writing, then reads and discards
-    /// input until end of file, `max_wait` or `max_bytes`, so that closing it does not
-    /// reset a reply the client has not read yet. Best effort: errors end it quietly.
+    /// input until end of file, `max_wait` or `max_bytes` (with a zero `max_wait`, only
+    /// what has arrived already, without waiting), so that closing it does not reset a
+    /// reply the client has not read yet. Best effort: errors end it quietly.
     pub(crate) fn linger(&mut self, max_wait: Duration, max_bytes: usize) {
         if self.closed || self.socket.shutdown(std::net::Shutdown::Write).is_err() {
+            return;
+        }
+        let mut discarded = 0;
+        let mut scratch = [0u8; 4096];
+        if max_wait.is_zero() {
+            // Only what has arrived already: never wait.
+            while discarded < max_bytes {
+                match nix::sys::socket::recv(
+                    self.socket.as_raw_fd(),
+                    &mut scratch,
+                    nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+                ) {
+                    Ok(n) if n > 0 => discarded += n,
+                    _ => break,
+                }
+            }
+            self.closed = true;
             return;
         }
         let _ = self
             .socket
             .set_read_timeout(Some(max_wait.min(Duration::from_millis(500))));
         let deadline = std::time::Instant::now() + max_wait;
-        let mut discarded = 0;
-        let mut scratch = [0u8; 4096];
         while discarded < max_bytes && std::time::Instant::now() < deadline {
             match (&self.socket).read(&mut scratch) {
                 Ok(0) => break,

@@ -103,6 +103,11 @@ pub(crate) struct Limits {
     pub(crate) read_timeout: Option<Duration>,
     /// Requests per connection; the last response closes it.
     pub(crate) keepalive_requests: u32,
+    /// Slow-client defence: a request that arrives in pieces must be complete within this
+    /// time of its first bytes, extended by one second per `min_rate` bytes received.
+    pub(crate) header_timeout: Option<Duration>,
+    /// Bytes per second that earn a slow request one more second (0: no extension).
+    pub(crate) min_rate: u64,
 }
 
 /// The request level.
@@ -150,7 +155,9 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
         self.codec
             .encode_error(&ProtocolError::Refused(why.into()), client.output());
         if client.flush_output().is_ok() {
-            client.linger(LINGER, LINGER_BYTES);
+            // No waiting: a refused client may be one of many slow ones (a slowloris);
+            // what it sent already is drained so that the close does not reset the reply.
+            client.linger(Duration::ZERO, LINGER_BYTES);
         }
     }
 }
@@ -174,6 +181,8 @@ fn serve_requests<H: RequestHandler>(
     let mut served: u32 = 0;
     let mut in_request = false;
     let mut mid_request_timeout = false;
+    // When the request in progress showed its first bytes (for the slow-client defence).
+    let mut request_began: Option<std::time::Instant> = None;
     loop {
         // Answer every complete request already received, in order.
         loop {
@@ -233,6 +242,7 @@ fn serve_requests<H: RequestHandler>(
                 Step::Bad(e) => return protocol_error(codec, client, ctx, &e),
             };
             served += 1;
+            request_began = None;
             let out_len = client.output().len().saturating_sub(mark) as u64
                 + outcome
                     .file
@@ -271,6 +281,7 @@ fn serve_requests<H: RequestHandler>(
             if announces_close && served > 0 && sys::stop_requested() {
                 return Ok(());
             }
+            request_began = None;
             if mid_request_timeout {
                 client.set_read_timeout(limits.keepalive_timeout)?;
                 mid_request_timeout = false;
@@ -310,7 +321,30 @@ fn serve_requests<H: RequestHandler>(
                     },
                 );
             }
-            if !mid_request_timeout && limits.read_timeout != limits.keepalive_timeout {
+            if let Some(limit) = limits.header_timeout {
+                // Slow-client defence, as Apache's mod_reqtimeout: the request must be
+                // complete within `limit` of its first bytes, plus one second per
+                // `min_rate` bytes received. Checked only after a partial read (a request
+                // that arrives in one read never gets here), with one setsockopt so that
+                // the next read waits no longer than what is left.
+                let began = *request_began.get_or_insert_with(std::time::Instant::now);
+                let earned = match limits.min_rate {
+                    0 => Duration::ZERO,
+                    rate => Duration::from_secs_f64(pending as f64 / rate as f64),
+                };
+                let allowed = limit + earned;
+                let elapsed = began.elapsed();
+                if elapsed >= allowed {
+                    tracing::info!(
+                        "{} sent {pending} bytes of a request in {elapsed:?}: too slow (--header-timeout, --min-rate)",
+                        client.peer_addr()
+                    );
+                    return protocol_error(codec, client, ctx, &ProtocolError::Timeout);
+                }
+                let left = allowed - elapsed;
+                client.set_read_timeout(Some(limits.read_timeout.map_or(left, |t| t.min(left))))?;
+                mid_request_timeout = true;
+            } else if !mid_request_timeout && limits.read_timeout != limits.keepalive_timeout {
                 client.set_read_timeout(limits.read_timeout)?;
                 mid_request_timeout = true;
             }
@@ -328,6 +362,14 @@ fn serve_requests<H: RequestHandler>(
             // An idle keep-alive connection timed out: close it quietly.
             Err(e) if e.kind() == io::ErrorKind::TimedOut && at_boundary => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                if let (Some(began), Some(_)) = (request_began, limits.header_timeout) {
+                    tracing::info!(
+                        "{} sent {} bytes of a request in {:?}: too slow (--header-timeout, --min-rate)",
+                        client.peer_addr(),
+                        client.unconsumed_mut().len(),
+                        began.elapsed()
+                    );
+                }
                 return protocol_error(codec, client, ctx, &ProtocolError::Timeout);
             }
             Err(e) => return Err(e),
@@ -430,6 +472,8 @@ mod tests {
         keepalive_timeout: Some(Duration::from_secs(5)),
         read_timeout: Some(Duration::from_secs(5)),
         keepalive_requests: 1000,
+        header_timeout: Some(Duration::from_secs(20)),
+        min_rate: 500,
     };
 
     /// Serves `input` (then end of file) on one end of a socket pair; returns the output.

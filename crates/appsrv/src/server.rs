@@ -432,6 +432,8 @@ impl Server {
             keepalive_timeout: config.keepalive_timeout,
             read_timeout: config.read_timeout,
             keepalive_requests: config.keepalive_requests,
+            header_timeout: config.header_timeout,
+            min_rate: config.min_rate,
         };
         if request_level {
             // Connections inherit the listener's timeout: between requests, that is the

@@ -62,3 +62,75 @@ fn the_per_address_cap_holds_across_workers_under_a_storm() {
     let mut other = connect_from("127.0.0.2", addr);
     assert_eq!(status(&mut other), 200);
 }
+
+#[test]
+fn a_request_trickling_in_is_cut_off_with_408() {
+    let server = Server::start(
+        "http_hello",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "2",
+            "--header-timeout",
+            "1",
+            "--min-rate",
+            "0",
+        ],
+    );
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    // One header byte every 200 ms: the stimulus of a slow client.
+    let started = std::time::Instant::now();
+    let mut answer = String::new();
+    for b in b"X-Slow: yes".iter().cycle() {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if started.elapsed() > std::time::Duration::from_secs(1) {
+            let _ = s.read_to_string(&mut answer);
+            break;
+        }
+    }
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    server.wait_for_log("too slow (--header-timeout, --min-rate)");
+}
+
+#[test]
+fn slowloris_from_one_address_does_not_starve_other_clients() {
+    let server = Server::start(
+        "http_hello",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--pool",
+            "dynamic",
+            "--max-workers",
+            "32",
+            "--max-conns-per-ip",
+            "8",
+        ],
+    );
+    let addr = server.tcp_addr();
+    // 200 connections from 127.0.0.2 that send the start of a request, then nothing.
+    let attackers: Vec<TcpStream> = (0..200)
+        .map(|_| {
+            let mut s = connect_from("127.0.0.2", addr);
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow: ");
+            s
+        })
+        .collect();
+    // Meanwhile a normal client from 127.0.0.1: every request answered, promptly.
+    let mut worst = std::time::Duration::ZERO;
+    for _ in 0..50 {
+        let t = std::time::Instant::now();
+        let mut c = connect_from("127.0.0.1", addr);
+        assert_eq!(status(&mut c), 200);
+        worst = worst.max(t.elapsed());
+    }
+    eprintln!("worst latency of the normal client under attack: {worst:?}");
+    assert!(worst < std::time::Duration::from_secs(5), "{worst:?}");
+    assert!(server.worker_pids().len() <= 32);
+    drop(attackers);
+}
