@@ -132,6 +132,10 @@ pub(crate) struct Config {
     pub(crate) metrics_listen: Option<String>,
     pub(crate) access_log: Option<PathBuf>,
     pub(crate) max_conns_per_ip: u64,
+    pub(crate) allow: Vec<crate::proxy::Cidr>,
+    pub(crate) deny: Vec<crate::proxy::Cidr>,
+    pub(crate) proxy_protocol: bool,
+    pub(crate) proxy_from: Vec<crate::proxy::Cidr>,
     pub(crate) header_timeout: Option<Duration>,
     pub(crate) min_rate: u64,
     pub(crate) daemon: bool,
@@ -429,6 +433,16 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
         )
         .arg(count(prefix, "min-rate", 500, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
+        .arg(cidrs(prefix, "allow", "Serve only clients in CIDR (10.0.0.0/8, ::1): repeatable; any allow makes the default deny; per listener too, as ADDR?allow=CIDR"))
+        .arg(cidrs(prefix, "deny", "Close at once connections from CIDR (deny wins over allow): repeatable; per listener too, as ADDR?deny=CIDR"))
+        .arg(
+            env_opt(prefix, "proxy-protocol")
+                .action(ArgAction::SetTrue)
+                .help("Connections start with a PROXY protocol (v1 or v2) header from a load balancer: the client's address is the one it names (per listener too, as ADDR?proxy)"),
+        )
+        .arg(
+            cidrs(prefix, "proxy-from", "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
+        )
         .arg(count(prefix, "max-conns-per-ip", 0, "At most N connections from one client address at once, across all workers; more are refused (HTTP 503, or the codec's error) [0: no limit]"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
@@ -507,6 +521,21 @@ fn timeout(m: &ArgMatches, id: &str) -> Option<Duration> {
     m.get_one::<Duration>(id).copied().filter(|d| !d.is_zero())
 }
 
+fn cidrs(prefix: &str, id: &'static str, help: &'static str) -> Arg {
+    env_opt(prefix, id)
+        .value_name("CIDR")
+        .action(ArgAction::Append)
+        .value_delimiter(',')
+        .value_parser(|s: &str| s.parse::<crate::proxy::Cidr>().map_err(|e| e.to_string()))
+        .help(help)
+}
+
+fn cidr_list(m: &ArgMatches, id: &str) -> Vec<crate::proxy::Cidr> {
+    m.get_many::<crate::proxy::Cidr>(id)
+        .map(|v| v.copied().collect())
+        .unwrap_or_default()
+}
+
 fn n(m: &ArgMatches, id: &str) -> u64 {
     *m.get_one::<u64>(id).expect("has a default")
 }
@@ -534,6 +563,20 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
         access_log: m.get_one::<PathBuf>("access-log").cloned(),
         max_conns_per_ip: n(m, "max-conns-per-ip"),
+        allow: cidr_list(m, "allow"),
+        deny: cidr_list(m, "deny"),
+        proxy_protocol: m.get_flag("proxy-protocol"),
+        proxy_from: {
+            let given = cidr_list(m, "proxy-from");
+            if given.is_empty() {
+                vec![
+                    "127.0.0.0/8".parse().expect("valid"),
+                    "::1".parse().expect("valid"),
+                ]
+            } else {
+                given
+            }
+        },
         header_timeout: timeout(m, "header-timeout"),
         min_rate: n(m, "min-rate"),
         listen: m

@@ -113,6 +113,11 @@ impl Client {
         self.peer.clone()
     }
 
+    /// Replaces the peer's address by the client's real one (from a PROXY header).
+    pub(crate) fn set_peer(&mut self, peer: Addr) {
+        self.peer = peer;
+    }
+
     /// The local address of this connection (the address the client connected to, which
     /// for a listener on `0.0.0.0` or `[::]` is a specific address).
     pub fn local_addr(&self) -> io::Result<Addr> {

@@ -44,6 +44,7 @@ mod master;
 mod notify;
 mod pool;
 mod privilege;
+mod proxy;
 mod scoreboard;
 mod serve;
 mod server;

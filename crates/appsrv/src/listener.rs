@@ -26,6 +26,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::error::Error;
+use crate::proxy::Cidr;
 
 /// The address of one end of a connection, or of a listener.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -81,6 +82,9 @@ pub struct ListenAddr {
     endpoint: Endpoint,
     backlog: Option<u32>,
     mode: Option<u32>,
+    proxy: bool,
+    allow: Vec<Cidr>,
+    deny: Vec<Cidr>,
 }
 
 impl ListenAddr {
@@ -144,10 +148,24 @@ impl FromStr for ListenAddr {
             endpoint,
             backlog: None,
             mode: None,
+            proxy: false,
+            allow: Vec::new(),
+            deny: Vec::new(),
         };
         for opt in opts.into_iter().flat_map(|o| o.split('&')) {
             let (key, value) = opt.split_once('=').unwrap_or((opt, ""));
             match key {
+                "proxy" if value.is_empty() => parsed.proxy = true,
+                "allow" | "deny" => {
+                    let cidr: Cidr = value
+                        .parse()
+                        .map_err(|e: crate::proxy::CidrError| bad(e.to_string()))?;
+                    if key == "allow" {
+                        parsed.allow.push(cidr);
+                    } else {
+                        parsed.deny.push(cidr);
+                    }
+                }
                 "backlog" => {
                     let n = value.parse::<u32>().ok().filter(|n| *n > 0);
                     parsed.backlog =
@@ -162,10 +180,47 @@ impl FromStr for ListenAddr {
                         bad(format!("mode={value:?}: expected octal permissions such as 0660"))
                     })?);
                 }
-                _ => return Err(bad(format!("unknown option {key:?} (known: backlog, mode)"))),
+                _ => {
+                    return Err(bad(format!(
+                        "unknown option {key:?} (known: backlog, mode, proxy, allow, deny)"
+                    )));
+                }
             }
         }
         Ok(parsed)
+    }
+}
+
+/// Which clients a listener serves: allow/deny rules by network (deny wins; any allow
+/// makes the default deny), and whether connections start with a PROXY protocol header.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Policy {
+    pub(crate) allow: Vec<Cidr>,
+    pub(crate) deny: Vec<Cidr>,
+    /// Connections start with a PROXY protocol header...
+    pub(crate) proxy: bool,
+    /// ... accepted only from these sources.
+    pub(crate) proxy_from: Vec<Cidr>,
+}
+
+impl Policy {
+    /// Whether a client at `ip` may be served. A Unix-socket peer has no address: the
+    /// rules do not apply to it (file permissions do).
+    pub(crate) fn permits(&self, ip: Option<std::net::IpAddr>) -> bool {
+        let Some(ip) = ip else { return true };
+        if self.deny.iter().any(|c| c.contains(ip)) {
+            return false;
+        }
+        self.allow.is_empty() || self.allow.iter().any(|c| c.contains(ip))
+    }
+
+    /// This policy with a listen address's own options added.
+    pub(crate) fn with(&self, addr: &ListenAddr) -> Policy {
+        let mut p = self.clone();
+        p.allow.extend(addr.allow.iter().copied());
+        p.deny.extend(addr.deny.iter().copied());
+        p.proxy |= addr.proxy;
+        p
     }
 }
 
@@ -188,6 +243,8 @@ pub(crate) struct Listener {
     /// Timeouts to set on each accepted connection, for listeners whose connections do not
     /// inherit them (Unix sockets; TCP connections copy them from the listener).
     per_connection: Option<(Option<Duration>, Option<Duration>)>,
+    /// Which clients it serves, and whether they come through a PROXY-protocol balancer.
+    policy: Policy,
 }
 
 impl Listener {
@@ -198,6 +255,16 @@ impl Listener {
 
     pub(crate) fn socket(&self) -> &Socket {
         &self.socket
+    }
+
+    /// Which clients this listener serves.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Sets which clients this listener serves.
+    pub(crate) fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
     }
 
     /// Applies to a freshly accepted connection the options it did not inherit.
@@ -287,6 +354,7 @@ pub(crate) fn adopt(socket: Socket, opts: &BindOptions) -> Result<Listener, Erro
         local,
         unix_file,
         per_connection,
+        policy: Policy::default(),
     })
 }
 
@@ -348,6 +416,7 @@ fn bind_inet(sa: SocketAddr, backlog: u32, opts: &BindOptions) -> io::Result<Lis
         local,
         unix_file: None,
         per_connection: None,
+        policy: Policy::default(),
     })
 }
 
@@ -370,6 +439,7 @@ fn bind_unix(path: &Path, mode: Option<u32>, backlog: u32, opts: &BindOptions) -
         local: Addr::Unix(Some(path.to_path_buf())),
         unix_file: Some((meta.dev(), meta.ino())),
         per_connection,
+        policy: Policy::default(),
     })
 }
 

@@ -820,16 +820,36 @@ fn adopt_all(config: &Config, sockets: Vec<socket2::Socket>) -> Result<Vec<Liste
         read_timeout: config.read_timeout,
         write_timeout: config.write_timeout,
     };
-    let all: Vec<Listener> = sockets
+    let mut all: Vec<Listener> = sockets
         .into_iter()
         .map(|s| listener::adopt(s, &opts))
         .collect::<Result<_>>()?;
+    // An upgrade hands the listeners over in the order of the same command line: each
+    // gets its address's own options; otherwise (systemd) the command line's.
+    let global = global_policy(config);
+    let same_order = all.len() == config.listen.len();
+    for (i, l) in all.iter_mut().enumerate() {
+        l.set_policy(match same_order {
+            true => global.with(&config.listen[i]),
+            false => global.clone(),
+        });
+    }
     for l in &all {
         l.socket()
             .set_nonblocking(all.len() > 1)
             .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
     }
     Ok(all)
+}
+
+/// The access policy of the command line, for every listener (each adds its own options).
+fn global_policy(config: &Config) -> listener::Policy {
+    listener::Policy {
+        allow: config.allow.clone(),
+        deny: config.deny.clone(),
+        proxy: config.proxy_protocol,
+        proxy_from: config.proxy_from.clone(),
+    }
 }
 
 fn bind_all(config: &Config) -> Result<Vec<Listener>> {
@@ -845,8 +865,12 @@ fn bind_all(config: &Config) -> Result<Vec<Listener>> {
         write_timeout: config.write_timeout,
     };
     let mut all = Vec::new();
+    let global = global_policy(config);
     for addr in &config.listen {
-        all.extend(listener::bind(addr, &opts)?);
+        for mut l in listener::bind(addr, &opts)? {
+            l.set_policy(global.with(addr));
+            all.push(l);
+        }
     }
     if all.len() > 1 {
         // Several listeners are watched with epoll by each worker; accept must then not

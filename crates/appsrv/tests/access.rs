@@ -134,3 +134,145 @@ fn slowloris_from_one_address_does_not_starve_other_clients() {
     assert!(server.worker_pids().len() <= 32);
     drop(attackers);
 }
+
+/// The hello example's greeting to a client connecting from `from`, or None if the server
+/// closed the connection without one.
+fn greeting(server: &Server, from: &str) -> Option<String> {
+    let mut s = connect_from(from, server.tcp_addr());
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    (!out.is_empty()).then_some(out)
+}
+
+#[test]
+fn allow_and_deny_rules_with_deny_winning() {
+    let cases: [(&[&str], bool, bool); 4] = [
+        (&["--deny", "127.0.0.2"], true, false),
+        (&["--allow", "127.0.0.1"], true, false), // any allow makes the default deny
+        (&["--allow", "127.0.0.0/8", "--deny", "127.0.0.2/32"], true, false), // deny wins
+        (&["--allow", "127.0.0.0/8"], true, true),
+    ];
+    for (rules, one, two) in cases {
+        let mut args = vec!["-l", "127.0.0.1:0", "-w", "2"];
+        args.extend_from_slice(rules);
+        let server = Server::start("hello", &args);
+        assert_eq!(
+            greeting(&server, "127.0.0.1").is_some(),
+            one,
+            "127.0.0.1 with {rules:?}"
+        );
+        assert_eq!(
+            greeting(&server, "127.0.0.2").is_some(),
+            two,
+            "127.0.0.2 with {rules:?}"
+        );
+    }
+    // Per listener, as an address option.
+    let server = Server::start("hello", &["-l", "127.0.0.1:0?deny=127.0.0.2", "-w", "2"]);
+    assert!(greeting(&server, "127.0.0.1").is_some());
+    assert!(greeting(&server, "127.0.0.2").is_none());
+    server.wait_for_log("denied connections from 127.0.0.2");
+}
+
+#[test]
+fn rules_apply_to_ipv6_clients() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback on this machine");
+        return;
+    }
+    for (rule, served) in [("--deny", false), ("--allow", true)] {
+        let server = Server::start("hello", &["-l", "[::1]:0", "-w", "2", rule, "::1"]);
+        let mut s = TcpStream::connect(server.tcp_addr()).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert_eq!(!out.is_empty(), served, "{rule} ::1: {out:?}");
+    }
+}
+
+/// A PROXY protocol v2 header naming `client` (TCP over IPv4).
+fn proxy_v2(client: std::net::SocketAddrV4, to: std::net::SocketAddrV4) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
+    h.extend_from_slice(&client.ip().octets());
+    h.extend_from_slice(&to.ip().octets());
+    h.extend_from_slice(&client.port().to_be_bytes());
+    h.extend_from_slice(&to.port().to_be_bytes());
+    h
+}
+
+#[test]
+fn a_proxy_v2_header_in_single_bytes_gives_the_real_client() {
+    let server = Server::start("hello", &["-l", "127.0.0.1:0?proxy", "-w", "2"]);
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.set_nodelay(true).unwrap();
+    for b in proxy_v2(
+        "192.0.2.7:4321".parse().unwrap(),
+        "127.0.0.1:7000".parse().unwrap(),
+    ) {
+        s.write_all(&[b]).unwrap();
+    }
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert_eq!(out, "Hello, Client! You are 192.0.2.7:4321\n");
+    // Version 1, and the access rules see the real client.
+    let server = Server::start(
+        "hello",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "--proxy-protocol",
+            "--deny",
+            "198.51.100.0/24",
+        ],
+    );
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert_eq!(out, "Hello, Client! You are 203.0.113.9:5555\n");
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(b"PROXY TCP4 198.51.100.1 127.0.0.1 5555 7000\r\n")
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert_eq!(out, "", "the real client is denied");
+}
+
+#[test]
+fn untrusted_or_malformed_proxy_headers_are_refused() {
+    let server = Server::start(
+        "hello",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "1",
+            "--proxy-protocol",
+            "--proxy-from",
+            "10.0.0.0/8",
+        ],
+    );
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n")
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert_eq!(out, "");
+    server.wait_for_log("127.0.0.1 is not a trusted PROXY protocol source");
+    drop(server);
+    let server = Server::start("hello", &["-l", "127.0.0.1:0", "-w", "1", "--proxy-protocol"]);
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert_eq!(out, "", "no header: closed");
+    // The single worker goes on with the next client.
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.contains("203.0.113.9:5555"), "{out}");
+}

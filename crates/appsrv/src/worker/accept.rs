@@ -30,7 +30,8 @@ const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub(crate) enum Accepted {
     /// A new connection and its peer.
-    Connection(Socket, SockAddr),
+    /// A new connection, its peer, and the index of the listener that accepted it.
+    Connection(Socket, SockAddr, usize),
     /// The worker was asked to stop, or the listeners were shut down.
     Stop,
     /// USR1 arrived: reopen the log file, then wait again.
@@ -120,7 +121,7 @@ impl<'a> Acceptor<'a> {
                         );
                         continue;
                     }
-                    return Accepted::Connection(socket, peer);
+                    return Accepted::Connection(socket, peer, index);
                 }
                 Err(e) => {
                     let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));

@@ -180,6 +180,8 @@ pub(crate) fn serve<C: Connections>(
     };
     let mut retire_sent = false;
     let mut refusals = Episodes::default();
+    let mut denials = Episodes::default();
+    let mut proxy_errors = Episodes::default();
     let mut acceptor = match Acceptor::new(id, listeners, board) {
         Ok(a) => a,
         Err(e) => {
@@ -199,8 +201,8 @@ pub(crate) fn serve<C: Connections>(
         if let Some(log) = guard.access.as_mut() {
             log.flush();
         }
-        let (socket, peer) = match acceptor.accept() {
-            Accepted::Connection(s, p) => (s, p),
+        let (socket, peer, index) = match acceptor.accept() {
+            Accepted::Connection(s, p, i) => (s, p, i),
             Accepted::Stop => return exit::OK,
             Accepted::Reopen => {
                 reopen(&mut guard);
@@ -211,11 +213,42 @@ pub(crate) fn serve<C: Connections>(
             reopen(&mut guard);
         }
         let peer = Addr::from_sockaddr(&peer);
+        let policy = listeners[index].policy();
+        let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
+        // Behind a balancer, the client is the one its PROXY header names: read it first,
+        // so that the rules, the cap, the scoreboard, the logs and the handler all see it.
+        if policy.proxy {
+            if let Err(why) = read_proxy_header(&mut client, &policy.proxy_from) {
+                if proxy_errors.note(
+                    client
+                        .peer_addr()
+                        .ip()
+                        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+                ) {
+                    tracing::warn!("closing a connection from {}: {why}", client.peer_addr());
+                }
+                let (_, bufs) = client.finish();
+                buffers = Some(bufs);
+                continue;
+            }
+        }
+        let peer = client.peer_addr();
+        if !policy.permits(peer.ip()) {
+            // Closed at once, before any handler code; logged once per episode.
+            if let Some(ip) = peer.ip() {
+                if denials.note(ip) {
+                    tracing::info!("denied connections from {ip} (--allow/--deny)");
+                }
+            }
+            let _ = client.close();
+            let (_, bufs) = client.finish();
+            buffers = Some(bufs);
+            continue;
+        }
         tracing::debug!("serving {peer}");
         slot.connection(&peer);
         if let (Some(cap), Some(ip)) = (max_per_ip, peer.ip()) {
             if board.connections_from(ip) > cap {
-                let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
                 if refusals.note(ip) {
                     tracing::warn!(
                         "refusing connections from {ip}: more than {cap} at once (--max-conns-per-ip)"
@@ -236,7 +269,6 @@ pub(crate) fn serve<C: Connections>(
         if guard.access.is_some() {
             guard.peer = Some(peer.to_string());
         }
-        let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, &mut guard)));
         let peer = client.peer_addr();
         let (received, sent) = client.traffic();
@@ -311,6 +343,36 @@ pub(crate) fn serve<C: Connections>(
             tracing::info!("reached its recycling limit; asking the master for a replacement");
             retire();
             retire_sent = true;
+        }
+    }
+}
+
+/// Reads the PROXY protocol header at the start of a connection (in as many reads as it
+/// takes) and makes the client it names the connection's peer. Refused from a source that
+/// is not a trusted balancer, and when the header is malformed or does not come.
+fn read_proxy_header(client: &mut Client, trusted: &[crate::proxy::Cidr]) -> Result<(), String> {
+    if let Some(ip) = client.peer_addr().ip() {
+        if !trusted.iter().any(|c| c.contains(ip)) {
+            return Err(format!(
+                "{ip} is not a trusted PROXY protocol source (--proxy-from)"
+            ));
+        }
+    }
+    loop {
+        match crate::proxy::parse(client.unconsumed_mut()) {
+            Ok(crate::proxy::Parsed::Header { len, source }) => {
+                client.consume_input(len);
+                if let Some(source) = source {
+                    client.set_peer(Addr::Inet(source));
+                }
+                return Ok(());
+            }
+            Ok(crate::proxy::Parsed::Incomplete) => match client.read_more(crate::proxy::MAX_LEN, false) {
+                Ok(0) => return Err("closed before the end of its PROXY header".into()),
+                Ok(_) => {}
+                Err(e) => return Err(format!("reading its PROXY header: {e}")),
+            },
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
