@@ -134,6 +134,9 @@ pub(crate) struct Slot {
     head: [AtomicU64; HEAD_BYTES / 8],
     durations: [AtomicU64; DURATION_BUCKETS_US.len() + 1],
     duration_sum_us: AtomicU64,
+    /// Connections closed by the access rules, and refused by the per-address cap.
+    denied: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// The shared table.
@@ -283,6 +286,8 @@ impl Board {
             head,
             durations: std::array::from_fn(|i| s.durations[i].load(Ordering::Relaxed)),
             duration_sum: Duration::from_micros(s.duration_sum_us.load(Ordering::Relaxed)),
+            denied: s.denied.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
         })
     }
 }
@@ -298,6 +303,8 @@ impl Slot {
             &self.request_started,
             &self.last_activity,
             &self.duration_sum_us,
+            &self.denied,
+            &self.refused,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -375,6 +382,16 @@ impl Slot {
         }
     }
 
+    /// A connection closed by the access rules.
+    pub(crate) fn denied(&self) {
+        self.denied.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection refused by the per-address cap.
+    pub(crate) fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Bytes read from and written to clients.
     pub(crate) fn add_bytes(&self, read: u64, written: u64) {
         if read > 0 {
@@ -415,6 +432,9 @@ pub(crate) struct SlotView {
     pub(crate) head: Vec<u8>,
     pub(crate) durations: [u64; DURATION_BUCKETS_US.len() + 1],
     pub(crate) duration_sum: Duration,
+    /// Connections closed by the access rules, and refused by the per-address cap.
+    pub(crate) denied: u64,
+    pub(crate) refused: u64,
 }
 
 #[cfg(test)]

@@ -61,6 +61,9 @@ pub(crate) struct Totals {
     pub(crate) bytes_out: u64,
     pub(crate) durations: [u64; DURATION_BUCKETS_US.len() + 1],
     pub(crate) duration_sum: Duration,
+    /// Connections closed by the access rules, and refused by the per-address cap.
+    pub(crate) denied: u64,
+    pub(crate) refused: u64,
 }
 
 impl Totals {
@@ -74,6 +77,8 @@ impl Totals {
             *t += d;
         }
         self.duration_sum += w.duration_sum;
+        self.denied += w.denied;
+        self.refused += w.refused;
     }
 }
 

@@ -396,3 +396,48 @@ fn the_socket_is_removed_on_stop() {
     );
     assert_eq!(ctl(&dir, &["status"]).status.code(), Some(3));
 }
+
+/// Connects from `from` (a loopback address) to `to` and reads until the server closes.
+fn read_all_from(from: &str, to: std::net::SocketAddr) -> String {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(
+        &format!("{from}:0")
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    s.connect(&to.into()).unwrap();
+    let mut s: TcpStream = s.into();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Issue #8: what the access rules and the per-address cap turn away shows in the
+/// metrics, so an operator can tell a deny list or a cap at work from a quiet server.
+#[test]
+fn metrics_count_denied_and_refused_connections() {
+    let dir = Dir::new("denied", 0o700);
+    let server = start(&dir, 2, &["--deny", "127.0.0.2", "--max-conns-per-ip", "1"]);
+    let m = ok(ctl(&dir, &["metrics"]));
+    assert_eq!(metric(&m, "appsrv_connections_denied_total"), 0.0, "{m}");
+    assert_eq!(metric(&m, "appsrv_connections_refused_total"), 0.0, "{m}");
+
+    read_all_from("127.0.0.2", server.tcp_addr());
+    // One connection from 127.0.0.1 is served and held; a second one is over the cap.
+    let mut held = LineClient::tcp(server.tcp_addr());
+    held.testbed_pid();
+    read_all_from("127.0.0.1", server.tcp_addr());
+    let m = wait_until(|| {
+        let m = ok(ctl(&dir, &["metrics"]));
+        (metric(&m, "appsrv_connections_denied_total") >= 1.0
+            && metric(&m, "appsrv_connections_refused_total") >= 1.0)
+            .then_some(m)
+    });
+    let m = m.expect("the denied and refused counters never grew");
+    assert_eq!(metric(&m, "appsrv_connections_denied_total"), 1.0, "{m}");
+    assert_eq!(metric(&m, "appsrv_connections_refused_total"), 1.0, "{m}");
+    assert_eq!(held.ask("still here"), "still here");
+}

@@ -433,6 +433,8 @@ impl Exposition {
 /// | `appsrv_workers_max` | gauge | |
 /// | `appsrv_listen_queue` | gauge | `listener` (TCP listeners only) |
 /// | `appsrv_listen_backlog` | gauge | `listener` (TCP listeners only) |
+/// | `appsrv_connections_denied_total` | counter | |
+/// | `appsrv_connections_refused_total` | counter | |
 /// | `appsrv_max_workers_reached_total` | counter | |
 /// | `appsrv_worker_restarts_total` | counter | `reason` |
 /// | `appsrv_request_duration_seconds` | histogram | `le` |
@@ -515,6 +517,18 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         }
     }
     e.single(
+        "appsrv_connections_denied_total",
+        "counter",
+        "Connections closed by the access rules (--allow, --deny).",
+        t.denied,
+    );
+    e.single(
+        "appsrv_connections_refused_total",
+        "counter",
+        "Connections refused by the per-address cap (--max-conns-per-ip).",
+        t.refused,
+    );
+    e.single(
         "appsrv_max_workers_reached_total",
         "counter",
         "Times the pool was at its maximum while clients waited.",
@@ -577,6 +591,8 @@ pub(crate) mod tests {
             head: Vec::new(),
             durations: [0; DURATION_BUCKETS_US.len() + 1],
             duration_sum: Duration::ZERO,
+            denied: 0,
+            refused: 0,
         }
     }
 

@@ -240,6 +240,7 @@ pub(crate) fn serve<C: Connections>(
                     tracing::info!("denied connections from {ip} (--allow/--deny)");
                 }
             }
+            slot.denied();
             let _ = client.close();
             let (_, bufs) = client.finish();
             buffers = Some(bufs);
@@ -254,6 +255,7 @@ pub(crate) fn serve<C: Connections>(
                         "refusing connections from {ip}: more than {cap} at once (--max-conns-per-ip)"
                     );
                 }
+                slot.refused();
                 handler.refuse(&mut client, "too many connections from your address");
                 let (_, bufs) = client.finish();
                 buffers = Some(bufs);
