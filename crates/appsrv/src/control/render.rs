@@ -267,6 +267,7 @@ fn json_f64(v: f64) -> String {
 ///   "pool": {"policy": "static", "target": 4, "min_spare": 0, "max_spare": 0, "max": 4},
 ///   "totals": {                    over live and retired workers
 ///     "connections": 10, "requests": 25, "bytes_in": 1200, "bytes_out": 4000,
+///     "denied": 0, "refused": 0,                by --allow/--deny, by --max-conns-per-ip
 ///     "requests_per_second": 0.01,              since the master started
 ///     "request_duration_seconds_sum": 0.25,
 ///     "request_duration_buckets": [{"le": 0.0005, "count": 3}, ..., {"le": null, "count": 0}]
@@ -349,7 +350,7 @@ pub(crate) fn render_json(status: &Status) -> String {
         "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"uptime_seconds\":{},\
          \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
          \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
-         \"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
+         \"denied\":{},\"refused\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
          \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"scoreboard\":{},\
          \"workers\":[{}]}}\n",
         json_str(&status.name),
@@ -365,6 +366,8 @@ pub(crate) fn render_json(status: &Status) -> String {
         t.requests,
         t.bytes_in,
         t.bytes_out,
+        t.denied,
+        t.refused,
         json_f64(requests_per_second(t.requests, status.uptime)),
         secs(t.duration_sum),
         buckets.join(","),
@@ -604,6 +607,8 @@ pub(crate) mod tests {
         idle.requests = 20;
         idle.bytes_in = 1000;
         idle.bytes_out = 2000;
+        idle.denied = 3;
+        idle.refused = 4;
         idle.durations[0] = 15;
         idle.durations[3] = 5;
         idle.duration_sum = Duration::from_micros(15 * 300 + 5 * 4000);
@@ -763,6 +768,8 @@ pub(crate) mod tests {
         assert_eq!(v["totals"]["requests"], 423);
         assert_eq!(v["totals"]["bytes_in"], 11300);
         assert_eq!(v["totals"]["bytes_out"], 52600);
+        assert_eq!(v["totals"]["denied"], 3);
+        assert_eq!(v["totals"]["refused"], 4);
         let buckets = v["totals"]["request_duration_buckets"].as_array().unwrap();
         assert_eq!(buckets.len(), DURATION_BUCKETS_US.len() + 1);
         assert_eq!(buckets[0]["le"], 0.0005);
