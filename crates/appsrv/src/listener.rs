@@ -103,6 +103,26 @@ impl ListenAddr {
     pub fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// Whether it has per-listener options that change who is served (`proxy`, `allow=`,
+    /// `deny=`).
+    pub(crate) fn has_options(&self) -> bool {
+        self.proxy || !self.allow.is_empty() || !self.deny.is_empty()
+    }
+
+    /// Whether a socket bound at `local` is one this address names (for sockets passed by
+    /// systemd, which come without the index of the address they serve). A TCP address
+    /// is resolved again; port 0 names no socket, since its real port is unknown.
+    pub(crate) fn names(&self, local: &Addr) -> bool {
+        match (&self.endpoint, local) {
+            (Endpoint::Unix(path), Addr::Unix(Some(p))) => path == p,
+            (Endpoint::Inet(hostport), Addr::Inet(a)) => hostport
+                .to_socket_addrs()
+                .map(|mut all| all.any(|r| r.port() != 0 && r.ip() == a.ip() && r.port() == a.port()))
+                .unwrap_or(false),
+            _ => false,
+        }
+    }
 }
 
 impl fmt::Display for ListenAddr {
@@ -245,6 +265,10 @@ pub(crate) struct Listener {
     per_connection: Option<(Option<Duration>, Option<Duration>)>,
     /// Which clients it serves, and whether they come through a PROXY-protocol balancer.
     policy: Policy,
+    /// The index of the `--listen` address it was bound for, if known: an upgrade hands
+    /// it to the new master with the socket, so that per-listener options follow the
+    /// socket even when a host name resolved to several addresses.
+    origin: Option<usize>,
 }
 
 impl Listener {
@@ -255,6 +279,16 @@ impl Listener {
 
     pub(crate) fn socket(&self) -> &Socket {
         &self.socket
+    }
+
+    /// The index of the `--listen` address this listener was bound for, if known.
+    pub(crate) fn origin(&self) -> Option<usize> {
+        self.origin
+    }
+
+    /// Records which `--listen` address this listener serves.
+    pub(crate) fn set_origin(&mut self, origin: Option<usize>) {
+        self.origin = origin;
     }
 
     /// Which clients this listener serves.
@@ -355,6 +389,7 @@ pub(crate) fn adopt(socket: Socket, opts: &BindOptions) -> Result<Listener, Erro
         unix_file,
         per_connection,
         policy: Policy::default(),
+        origin: None,
     })
 }
 
@@ -417,6 +452,7 @@ fn bind_inet(sa: SocketAddr, backlog: u32, opts: &BindOptions) -> io::Result<Lis
         unix_file: None,
         per_connection: None,
         policy: Policy::default(),
+        origin: None,
     })
 }
 
@@ -440,6 +476,7 @@ fn bind_unix(path: &Path, mode: Option<u32>, backlog: u32, opts: &BindOptions) -
         unix_file: Some((meta.dev(), meta.ino())),
         per_connection,
         policy: Policy::default(),
+        origin: None,
     })
 }
 
@@ -530,5 +567,22 @@ mod tests {
             assert_eq!(effective_backlog(u32::MAX), max);
             assert_eq!(effective_backlog(1), 1);
         }
+    }
+
+    #[test]
+    fn an_address_names_the_sockets_it_binds() {
+        let inet = |s: &str| Addr::Inet(s.parse().unwrap());
+        let a = parse("127.0.0.1:7000?deny=10.0.0.0/8").unwrap();
+        assert!(a.has_options());
+        assert!(a.names(&inet("127.0.0.1:7000")));
+        assert!(!a.names(&inet("127.0.0.1:7001")));
+        assert!(!a.names(&inet("127.0.0.2:7000")));
+        // Port 0 names no socket: its real port is not known from the address.
+        assert!(!parse("127.0.0.1:0").unwrap().names(&inet("127.0.0.1:41234")));
+        let u = parse("unix:/run/x.sock").unwrap();
+        assert!(!u.has_options());
+        assert!(u.names(&Addr::Unix(Some("/run/x.sock".into()))));
+        assert!(!u.names(&Addr::Unix(Some("/run/y.sock".into()))));
+        assert!(!u.names(&inet("127.0.0.1:7000")));
     }
 }

@@ -599,7 +599,7 @@ fn start(
                     i.listeners.len()
                 );
             }
-            adopt_all(config, std::mem::take(&mut i.listeners))?
+            adopt_all(config, std::mem::take(&mut i.listeners), i.origins.take())?
         }
         None => bind_all(config)?,
     };
@@ -814,7 +814,11 @@ fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {
 
 /// Takes over inherited listening sockets (upgrade, socket activation), with this
 /// configuration's options.
-fn adopt_all(config: &Config, sockets: Vec<socket2::Socket>) -> Result<Vec<Listener>> {
+fn adopt_all(
+    config: &Config,
+    sockets: Vec<socket2::Socket>,
+    origins: Option<Vec<Option<usize>>>,
+) -> Result<Vec<Listener>> {
     let opts = BindOptions {
         backlog: config.backlog,
         read_timeout: config.read_timeout,
@@ -824,15 +828,28 @@ fn adopt_all(config: &Config, sockets: Vec<socket2::Socket>) -> Result<Vec<Liste
         .into_iter()
         .map(|s| listener::adopt(s, &opts))
         .collect::<Result<_>>()?;
-    // An upgrade hands the listeners over in the order of the same command line: each
-    // gets its address's own options; otherwise (systemd) the command line's.
+    // Each listener gets the options of the --listen address it serves: an upgrading
+    // master says which one (the same command line, so the same indexes); a socket from
+    // systemd (or from an older master) is matched by its address. Matching by position
+    // would be wrong as soon as a host name resolves to several addresses, and would give
+    // one listener's deny= rules to another.
     let global = global_policy(config);
-    let same_order = all.len() == config.listen.len();
-    for (i, l) in all.iter_mut().enumerate() {
-        l.set_policy(match same_order {
-            true => global.with(&config.listen[i]),
-            false => global.clone(),
+    for (k, l) in all.iter_mut().enumerate() {
+        let origin = match &origins {
+            Some(o) => o.get(k).copied().flatten(),
+            None => config.listen.iter().position(|a| a.names(l.local_addr())),
+        }
+        .filter(|i| *i < config.listen.len());
+        l.set_origin(origin);
+        l.set_policy(match origin {
+            Some(i) => global.with(&config.listen[i]),
+            None => global.clone(),
         });
+    }
+    for (i, addr) in config.listen.iter().enumerate() {
+        if addr.has_options() && !all.iter().any(|l| l.origin() == Some(i)) {
+            tracing::warn!("no inherited socket is bound at {addr}: its options apply to no listener");
+        }
     }
     for l in &all {
         l.socket()
@@ -866,9 +883,10 @@ fn bind_all(config: &Config) -> Result<Vec<Listener>> {
     };
     let mut all = Vec::new();
     let global = global_policy(config);
-    for addr in &config.listen {
+    for (all_origin, addr) in config.listen.iter().enumerate() {
         for mut l in listener::bind(addr, &opts)? {
             l.set_policy(global.with(addr));
+            l.set_origin(Some(all_origin));
             all.push(l);
         }
     }

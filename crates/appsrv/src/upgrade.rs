@@ -61,6 +61,9 @@ pub(crate) enum Source {
 pub(crate) struct Inherited {
     pub(crate) source: Source,
     pub(crate) listeners: Vec<Socket>,
+    /// For each listener, the index of the `--listen` address it was bound for (from an
+    /// upgrading master; systemd does not say).
+    pub(crate) origins: Option<Vec<Option<usize>>>,
     pub(crate) control: Option<Socket>,
     pub(crate) metrics: Option<Socket>,
     /// Where to report readiness to the old master.
@@ -75,20 +78,31 @@ struct Manifest {
     control: Option<RawFd>,
     metrics: Option<RawFd>,
     listeners: Vec<RawFd>,
+    /// Per listener, the index of its `--listen` address (`-`: unknown). Optional within
+    /// v1: a master that did not write it hands over listeners matched by position.
+    origins: Option<Vec<Option<usize>>>,
 }
 
 impl Manifest {
     fn render(&self) -> String {
         let fd = |f: Option<RawFd>| f.map_or("-".to_owned(), |f| f.to_string());
         let listeners: Vec<String> = self.listeners.iter().map(|f| f.to_string()).collect();
-        format!(
+        let mut text = format!(
             "{VERSION} parent={} ready={} control={} metrics={} listeners={}",
             self.parent,
             fd(self.ready),
             fd(self.control),
             fd(self.metrics),
             listeners.join(",")
-        )
+        );
+        if let Some(origins) = &self.origins {
+            let o: Vec<String> = origins
+                .iter()
+                .map(|i| i.map_or("-".to_owned(), |i| i.to_string()))
+                .collect();
+            text.push_str(&format!(" origins={}", o.join(",")));
+        }
+        text
     }
 
     fn parse(text: &str) -> Result<Manifest, String> {
@@ -122,11 +136,25 @@ impl Manifest {
                         .map(|s| fd(s).and_then(|f| f.ok_or_else(|| "a listener cannot be -".to_owned())))
                         .collect::<Result<_, _>>()?
                 }
+                "origins" => {
+                    m.origins = Some(
+                        v.split(',')
+                            .filter(|s| !s.is_empty())
+                            .map(|s| match s {
+                                "-" => Ok(None),
+                                _ => s.parse().map(Some).map_err(|_| format!("bad origin {s:?}")),
+                            })
+                            .collect::<Result<_, _>>()?,
+                    )
+                }
                 _ => {} // unknown items of the same version are ignored
             }
         }
         if m.listeners.is_empty() {
             return Err("the manifest names no listener".into());
+        }
+        if m.origins.as_ref().is_some_and(|o| o.len() != m.listeners.len()) {
+            return Err("the manifest's origins do not match its listeners".into());
         }
         Ok(m)
     }
@@ -167,6 +195,7 @@ pub(crate) fn inherited() -> Result<Option<Inherited>, Error> {
         return Ok(Some(Inherited {
             source: Source::Upgrade { parent: m.parent },
             listeners: m.listeners.iter().map(|fd| sock(*fd)).collect::<Result<_, _>>()?,
+            origins: m.origins,
             control: m.control.map(sock).transpose()?,
             metrics: m.metrics.map(sock).transpose()?,
             ready: m.ready.map(|fd| adopt(fd).map(File::from)).transpose()?,
@@ -188,6 +217,7 @@ pub(crate) fn inherited() -> Result<Option<Inherited>, Error> {
             .into_iter()
             .map(|fd| adopt(fd).map(Socket::from))
             .collect::<Result<_, _>>()?,
+        origins: None,
         control: None,
         metrics: None,
         ready: None,
@@ -303,9 +333,12 @@ pub(crate) fn launch(
         sources.push(h);
         Ok(target)
     };
+    let mut origins = Vec::new();
     for l in listeners {
         manifest.listeners.push(add(l.as_fd())?);
+        origins.push(l.origin());
     }
+    manifest.origins = Some(origins);
     manifest.control = control.map(|c| add(c.as_fd())).transpose()?;
     manifest.metrics = metrics.map(|m| add(m.as_fd())).transpose()?;
     manifest.ready = Some(add(ready_write.as_fd())?);
@@ -343,10 +376,26 @@ mod tests {
             control: Some(6),
             metrics: None,
             listeners: vec![3, 4, 5],
+            origins: Some(vec![Some(0), Some(0), None]),
         };
         let text = m.render();
-        assert_eq!(text, "v1 parent=42 ready=7 control=6 metrics=- listeners=3,4,5");
+        assert_eq!(
+            text,
+            "v1 parent=42 ready=7 control=6 metrics=- listeners=3,4,5 origins=0,0,-"
+        );
         assert_eq!(Manifest::parse(&text).unwrap(), m);
+        // A master that wrote no origins (an older appsrv).
+        assert_eq!(
+            Manifest::parse("v1 parent=42 ready=7 control=6 metrics=- listeners=3,4,5")
+                .unwrap()
+                .origins,
+            None
+        );
+        assert!(
+            Manifest::parse("v1 parent=1 listeners=3,4 origins=0")
+                .unwrap_err()
+                .contains("origins")
+        );
         assert!(
             Manifest::parse("v2 parent=1 listeners=3")
                 .unwrap_err()

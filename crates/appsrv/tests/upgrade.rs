@@ -397,3 +397,55 @@ fn a_new_master_that_fails_after_adopting_the_sockets_leaves_the_old_one_intact(
     );
     drop(server);
 }
+
+/// The hello greeting to a client connecting from `from` to `to`, or None if the server
+/// closed the connection without one.
+fn greeting_from(from: &str, to: std::net::SocketAddr) -> Option<String> {
+    use std::io::Read;
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(
+        &format!("{from}:0")
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    s.connect(&to.into()).unwrap();
+    let mut s: std::net::TcpStream = s.into();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    (!out.is_empty()).then_some(out)
+}
+
+/// A listener's own `deny=` rule stays with that listener in the new master: the old
+/// master says which `--listen` address each socket it hands over was bound for, rather
+/// than the new one guessing by position (wrong when a host name resolves to several
+/// addresses, which would move one listener's rules to another or drop them).
+#[test]
+fn per_listener_rules_follow_their_socket_through_an_upgrade() {
+    let d = Deploy::new("rules", "hello");
+    let server = d.start(&["-l", "127.0.0.1:0?deny=127.0.0.2", "-w", "2"]);
+    let addrs: Vec<std::net::SocketAddr> = server.listening().iter().map(|a| a.parse().unwrap()).collect();
+    assert_eq!(addrs.len(), 2, "{addrs:?}");
+    let check = |when: &str| {
+        assert!(
+            greeting_from("127.0.0.2", addrs[0]).is_some(),
+            "{when}: open listener"
+        );
+        assert!(
+            greeting_from("127.0.0.2", addrs[1]).is_none(),
+            "{when}: deny= listener"
+        );
+        assert!(
+            greeting_from("127.0.0.1", addrs[1]).is_some(),
+            "{when}: others served"
+        );
+    };
+    check("before the upgrade");
+    let old = d.pid();
+    let out = d.ctl(&["upgrade"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_ne!(d.pid(), old, "a new master serves");
+    check("after the upgrade");
+}
