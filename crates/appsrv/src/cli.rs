@@ -443,7 +443,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         .arg(
             cidrs(prefix, "proxy-from", "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
         )
-        .arg(count(prefix, "max-conns-per-ip", 0, "At most N connections from one client address at once, across all workers; more are refused (HTTP 503, or the codec's error) [0: no limit]"))
+        .arg(count(prefix, "max-conns-per-ip", 0, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
         .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))

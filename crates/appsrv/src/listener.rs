@@ -9,6 +9,10 @@
 //! ADDR?OPT=V&OPT=V   per-listener options:
 //!                      backlog=N   this listener's backlog (default: --backlog)
 //!                      mode=0660   permissions of a Unix socket's file (default: umask)
+//!                      allow=CIDR  serve only these clients here (repeatable; adds to --allow)
+//!                      deny=CIDR   close connections from these clients (repeatable; adds
+//!                                  to --deny; deny wins over allow)
+//!                      proxy       connections start with a PROXY protocol v1/v2 header
 //! ```
 //!
 //! Port 0 asks the kernel for a free port; the bound address (with the real port) is logged

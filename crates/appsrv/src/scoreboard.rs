@@ -316,6 +316,13 @@ impl Slot {
         self.peer_port.store(0, Ordering::Relaxed);
     }
 
+    /// A connection was accepted whose client is not known yet (its PROXY header is still
+    /// to be read): the slot must not go on naming the previous client, whom the
+    /// per-address cap would count and `status` would show.
+    pub(crate) fn forget_peer(&self) {
+        self.peer_family.store(0, Ordering::Release);
+    }
+
     /// A connection was accepted from `peer`.
     pub(crate) fn connection(&self, peer: &Addr) {
         self.connections.fetch_add(1, Ordering::Relaxed);

@@ -335,7 +335,8 @@ fn serve_requests<H: RequestHandler>(
                 let allowed = limit + earned;
                 let elapsed = began.elapsed();
                 if elapsed >= allowed {
-                    tracing::info!(
+                    // Details at debug level: protocol_error logs the one info line.
+                    tracing::debug!(
                         "{} sent {pending} bytes of a request in {elapsed:?}: too slow (--header-timeout, --min-rate)",
                         client.peer_addr()
                     );
@@ -363,7 +364,7 @@ fn serve_requests<H: RequestHandler>(
             Err(e) if e.kind() == io::ErrorKind::TimedOut && at_boundary => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                 if let (Some(began), Some(_)) = (request_began, limits.header_timeout) {
-                    tracing::info!(
+                    tracing::debug!(
                         "{} sent {} bytes of a request in {:?}: too slow (--header-timeout, --min-rate)",
                         client.peer_addr(),
                         client.unconsumed_mut().len(),

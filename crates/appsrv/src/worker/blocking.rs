@@ -209,6 +209,7 @@ pub(crate) fn serve<C: Connections>(
                 continue;
             }
         };
+        slot.forget_peer();
         if sys::take_reopen_request() {
             reopen(&mut guard);
         }
