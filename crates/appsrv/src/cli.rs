@@ -49,6 +49,13 @@ pub(crate) struct Defaults {
     pub(crate) keepalive_timeout: Option<Duration>,
     pub(crate) keepalive_requests: u32,
     pub(crate) pool: PoolKind,
+    pub(crate) allow: Vec<String>,
+    pub(crate) deny: Vec<String>,
+    pub(crate) proxy_protocol: bool,
+    pub(crate) proxy_from: Vec<String>,
+    pub(crate) max_conns_per_ip: usize,
+    pub(crate) header_timeout: Option<Duration>,
+    pub(crate) min_rate: usize,
 }
 
 /// The pool policies of `--pool`.
@@ -75,6 +82,11 @@ pub(crate) const DEFAULT_WORKER_IDLE: Duration = Duration::from_secs(10);
 /// The default `--request-timeout` of request-level servers.
 pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The default `--header-timeout`, as Apache's `mod_reqtimeout` (`header=20-40,MinRate=500`).
+pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(20);
+/// The default `--min-rate`, bytes per second.
+pub(crate) const DEFAULT_MIN_RATE: usize = 500;
+
 /// The default `--keepalive-timeout`, as Apache's `KeepAliveTimeout`.
 pub(crate) const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default `--keepalive-requests`, as nginx's `keepalive_requests`.
@@ -96,6 +108,13 @@ impl Default for Defaults {
             keepalive_timeout: Some(DEFAULT_KEEPALIVE_TIMEOUT),
             keepalive_requests: DEFAULT_KEEPALIVE_REQUESTS,
             pool: PoolKind::Static,
+            allow: Vec::new(),
+            deny: Vec::new(),
+            proxy_protocol: false,
+            proxy_from: Vec::new(),
+            max_conns_per_ip: 0,
+            header_timeout: Some(DEFAULT_HEADER_TIMEOUT),
+            min_rate: DEFAULT_MIN_RATE,
         }
     }
 }
@@ -429,21 +448,22 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             env_opt(prefix, "header-timeout")
                 .value_name("SECS")
                 .value_parser(secs)
-                .default_value("20")
+                .default_value(timeout_default(d.header_timeout))
                 .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
         )
-        .arg(count(prefix, "min-rate", 500, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
-        .arg(cidrs(prefix, "allow", "Serve only clients in CIDR (10.0.0.0/8, ::1): repeatable; any allow makes the default deny; per listener too, as ADDR?allow=CIDR"))
-        .arg(cidrs(prefix, "deny", "Close at once connections from CIDR (deny wins over allow): repeatable; per listener too, as ADDR?deny=CIDR"))
+        .arg(count(prefix, "min-rate", d.min_rate, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
+        .arg(cidrs(prefix, "allow", &d.allow, "Serve only clients in CIDR (10.0.0.0/8, ::1): repeatable; any allow makes the default deny; per listener too, as ADDR?allow=CIDR"))
+        .arg(cidrs(prefix, "deny", &d.deny, "Close at once connections from CIDR (deny wins over allow): repeatable; per listener too, as ADDR?deny=CIDR"))
         .arg(
             env_opt(prefix, "proxy-protocol")
                 .action(ArgAction::SetTrue)
+                .default_value(if d.proxy_protocol { "true" } else { "false" })
                 .help("Connections start with a PROXY protocol (v1 or v2) header from a load balancer: the client's address is the one it names (per listener too, as ADDR?proxy)"),
         )
         .arg(
-            cidrs(prefix, "proxy-from", "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
+            cidrs(prefix, "proxy-from", &d.proxy_from, "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
         )
-        .arg(count(prefix, "max-conns-per-ip", 0, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
+        .arg(count(prefix, "max-conns-per-ip", d.max_conns_per_ip, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
         .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))
@@ -521,12 +541,15 @@ fn timeout(m: &ArgMatches, id: &str) -> Option<Duration> {
     m.get_one::<Duration>(id).copied().filter(|d| !d.is_zero())
 }
 
-fn cidrs(prefix: &str, id: &'static str, help: &'static str) -> Arg {
+/// A repeatable CIDR option; `defaults` (set in code) apply unless the environment or the
+/// command line gives any value.
+fn cidrs(prefix: &str, id: &'static str, defaults: &[String], help: &'static str) -> Arg {
     env_opt(prefix, id)
         .value_name("CIDR")
         .action(ArgAction::Append)
         .value_delimiter(',')
         .value_parser(|s: &str| s.parse::<crate::proxy::Cidr>().map_err(|e| e.to_string()))
+        .default_values(defaults.to_vec())
         .help(help)
 }
 
@@ -678,6 +701,60 @@ mod tests {
         // Without a code default, --listen may be absent at parse time (socket activation);
         // `run` then refuses (tests/core.rs).
         assert!(parse(&d, &["hello"]).unwrap().listen.is_empty());
+    }
+
+    /// Issue #8: the access and slow-client settings have builder defaults too, which the
+    /// command line replaces (a flag's values replace the code's list, not add to it).
+    #[test]
+    fn access_settings_from_code_and_the_command_line() {
+        let d = Defaults {
+            listen: vec!["127.0.0.1:7000".into()],
+            allow: vec!["10.0.0.0/8".into(), "::1".into()],
+            deny: vec!["10.9.0.0/16".into()],
+            proxy_protocol: true,
+            proxy_from: vec!["192.0.2.1".into()],
+            max_conns_per_ip: 8,
+            header_timeout: Some(Duration::from_secs(5)),
+            min_rate: 100,
+            ..Defaults::default()
+        };
+        let c = parse(&d, &["hello"]).unwrap();
+        assert_eq!(c.allow.len(), 2);
+        assert_eq!(c.deny.len(), 1);
+        assert!(c.proxy_protocol);
+        assert_eq!(c.proxy_from, vec!["192.0.2.1".parse().unwrap()]);
+        assert_eq!(c.max_conns_per_ip, 8);
+        assert_eq!(c.header_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(c.min_rate, 100);
+        let c = parse(
+            &d,
+            &[
+                "hello",
+                "--allow",
+                "192.168.0.0/16",
+                "--header-timeout",
+                "0",
+                "--max-conns-per-ip",
+                "0",
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.allow, vec!["192.168.0.0/16".parse().unwrap()]);
+        assert_eq!(c.header_timeout, None);
+        assert_eq!(c.max_conns_per_ip, 0);
+        // The library's own defaults.
+        let c = parse(&Defaults::default(), &["hello"]).unwrap();
+        assert!(c.allow.is_empty() && c.deny.is_empty() && !c.proxy_protocol);
+        assert_eq!(c.proxy_from.len(), 2, "127.0.0.0/8 and ::1");
+        assert_eq!(c.header_timeout, Some(DEFAULT_HEADER_TIMEOUT));
+        assert_eq!(c.min_rate, 500);
+        // A bad value set in code is a clear error at start, naming the option.
+        let bad = Defaults {
+            deny: vec!["10.0.0.1/8".into()],
+            ..Defaults::default()
+        };
+        let e = parse(&bad, &["hello"]).unwrap_err().to_string();
+        assert!(e.contains("--deny"), "{e}");
     }
 
     #[test]

@@ -169,6 +169,59 @@ impl Server {
         self
     }
 
+    /// Adds a network whose clients are served (`--allow`, repeatable): once any is given,
+    /// clients outside every allowed network are closed at once. A bare address is a `/32`
+    /// or `/128`. Default: none (everyone is served). An invalid value is reported when the
+    /// server starts, as the flag's would be. Values from the environment or the command
+    /// line replace those set here.
+    pub fn allow(mut self, cidr: impl Into<String>) -> Self {
+        self.defaults.allow.push(cidr.into());
+        self
+    }
+
+    /// Adds a network whose clients are closed at once, whatever the allow list says
+    /// (`--deny`, repeatable). Default: none.
+    pub fn deny(mut self, cidr: impl Into<String>) -> Self {
+        self.defaults.deny.push(cidr.into());
+        self
+    }
+
+    /// Whether connections on every listener start with a PROXY protocol v1/v2 header
+    /// (`--proxy-protocol`; per listener: `ADDR?proxy`). Default: `false`.
+    pub fn proxy_protocol(mut self, on: bool) -> Self {
+        self.defaults.proxy_protocol = on;
+        self
+    }
+
+    /// Adds a balancer trusted to send PROXY headers (`--proxy-from`, repeatable). Default:
+    /// `127.0.0.0/8` and `::1`; the first call replaces that default.
+    pub fn proxy_from(mut self, cidr: impl Into<String>) -> Self {
+        self.defaults.proxy_from.push(cidr.into());
+        self
+    }
+
+    /// The most connections one client address may hold at once, across all workers
+    /// (`--max-conns-per-ip`). Default: 0, no limit.
+    pub fn max_conns_per_ip(mut self, n: usize) -> Self {
+        self.defaults.max_conns_per_ip = n;
+        self
+    }
+
+    /// How long a request that arrives in pieces may take, from its first bytes, at the
+    /// request level (`--header-timeout`; `None`: no limit). Default: 20 s, as Apache's
+    /// `mod_reqtimeout`.
+    pub fn header_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.defaults.header_timeout = timeout;
+        self
+    }
+
+    /// Bytes per second that earn a slow request one more second beyond the header timeout
+    /// (`--min-rate`). Default: 500.
+    pub fn min_rate(mut self, bytes_per_second: usize) -> Self {
+        self.defaults.min_rate = bytes_per_second;
+        self
+    }
+
     /// The default log level (`--log-level`); default: `INFO`.
     pub fn log_level(mut self, level: Level) -> Self {
         self.defaults.log_level = level;
