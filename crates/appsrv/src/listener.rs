@@ -485,8 +485,9 @@ fn bind_unix(path: &Path, mode: Option<u32>, backlog: u32, opts: &BindOptions) -
 }
 
 /// A socket file left by a server that died is removed; one that a live server still
-/// accepts on is an "address in use" error, as for TCP; anything else is left alone.
-fn remove_stale_socket(path: &Path) -> io::Result<()> {
+/// accepts on is an "address in use" error, as for TCP; anything else is left alone. Used
+/// for Unix listeners and for the control socket.
+pub(crate) fn remove_stale_socket(path: &Path) -> io::Result<()> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),

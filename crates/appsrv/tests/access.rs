@@ -6,20 +6,9 @@
 mod util;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 
 use util::*;
-
-/// Connects from `from` (a loopback address) to `to`.
-fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.bind(&format!("{from}:0").parse::<SocketAddr>().unwrap().into())
-        .unwrap();
-    s.connect(&to.into()).unwrap();
-    let s: TcpStream = s.into();
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    s
-}
 
 /// Sends a GET and returns the status code of the answer (0 if the connection closed).
 fn status(s: &mut TcpStream) -> u16 {
@@ -138,9 +127,7 @@ fn slowloris_from_one_address_does_not_starve_other_clients() {
 /// The hello example's greeting to a client connecting from `from`, or None if the server
 /// closed the connection without one.
 fn greeting(server: &Server, from: &str) -> Option<String> {
-    let mut s = connect_from(from, server.tcp_addr());
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
+    let out = read_all_from(from, server.tcp_addr());
     (!out.is_empty()).then_some(out)
 }
 

@@ -397,24 +397,6 @@ fn the_socket_is_removed_on_stop() {
     assert_eq!(ctl(&dir, &["status"]).status.code(), Some(3));
 }
 
-/// Connects from `from` (a loopback address) to `to` and reads until the server closes.
-fn read_all_from(from: &str, to: std::net::SocketAddr) -> String {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.bind(
-        &format!("{from}:0")
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-            .into(),
-    )
-    .unwrap();
-    s.connect(&to.into()).unwrap();
-    let mut s: TcpStream = s.into();
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
 /// Issue #8: what the access rules and the per-address cap turn away shows in the
 /// metrics, so an operator can tell a deny list or a cap at work from a quiet server.
 #[test]

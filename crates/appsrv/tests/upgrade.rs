@@ -401,20 +401,7 @@ fn a_new_master_that_fails_after_adopting_the_sockets_leaves_the_old_one_intact(
 /// The hello greeting to a client connecting from `from` to `to`, or None if the server
 /// closed the connection without one.
 fn greeting_from(from: &str, to: std::net::SocketAddr) -> Option<String> {
-    use std::io::Read;
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.bind(
-        &format!("{from}:0")
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-            .into(),
-    )
-    .unwrap();
-    s.connect(&to.into()).unwrap();
-    let mut s: std::net::TcpStream = s.into();
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
+    let out = read_all_from(from, to);
     (!out.is_empty()).then_some(out)
 }
 

@@ -47,7 +47,7 @@ mod render;
 
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -227,7 +227,7 @@ impl Control {
             source,
         };
         prepare_dir(path, owner_uid).map_err(err)?;
-        remove_stale_socket(path).map_err(err)?;
+        crate::listener::remove_stale_socket(path).map_err(err)?;
         // socket2 creates sockets with SOCK_CLOEXEC.
         let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(err)?;
         socket.bind(&SockAddr::unix(path).map_err(err)?).map_err(err)?;
@@ -422,30 +422,6 @@ fn prepare_dir(path: &Path, owner_uid: u32) -> io::Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Removes a socket file left by a master that died; a live one (a server answers) is an
-/// "address in use" error; a path that is not a socket is left alone, as an error.
-fn remove_stale_socket(path: &Path) -> io::Result<()> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "the path exists and is not a socket",
-        ));
-    }
-    match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            "a running server answers on this socket",
-        )),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
-        Err(e) => Err(e),
-    }
 }
 
 /// The default control socket: `/run/NAME/ctl.sock` as root, `$XDG_RUNTIME_DIR/NAME.sock`

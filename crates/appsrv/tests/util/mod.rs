@@ -18,6 +18,27 @@ use std::time::{Duration, Instant};
 /// on a loaded two-core machine.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Connects from `from` (a loopback address such as 127.0.0.2, to play another client) to
+/// `to`, with a read timeout of [`PATIENCE`].
+pub fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&format!("{from}:0").parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    s.connect(&to.into()).unwrap();
+    let s: TcpStream = s.into();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s
+}
+
+/// What the server sends to a client connecting from `from` until it closes the
+/// connection.
+pub fn read_all_from(from: &str, to: SocketAddr) -> String {
+    let mut s = connect_from(from, to);
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
 /// The path of an example binary built by `cargo test` (`target/<profile>/examples/NAME`).
 pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
