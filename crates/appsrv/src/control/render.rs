@@ -262,7 +262,8 @@ fn json_f64(v: f64) -> String {
 ///   "version": 1,                  this document's version
 ///   "name": "hello",               the server's name
 ///   "master_pid": 4242,
-///   "phase": "running",            starting, running or stopping
+///   "phase": "running",            starting, running, reloading, upgrading,
+///                                  draining (handed over) or stopping
 ///   "uptime_seconds": 3600.5,
 ///   "pool": {"policy": "static", "target": 4, "min_spare": 0, "max_spare": 0, "max": 4},
 ///   "totals": {                    over live and retired workers
