@@ -341,7 +341,7 @@ fn a_stale_socket_is_replaced_and_a_live_one_is_an_error() {
     let ctl = Control::bind(&path, my_uid()).unwrap();
     let e = Control::bind(&path, my_uid()).unwrap_err().to_string();
     assert!(
-        e.contains(&path.display().to_string()) && e.contains("running server"),
+        e.contains(&path.display().to_string()) && e.contains("another process is accepting connections"),
         "{e}"
     );
     // The failed bind left the live server's socket alone.
