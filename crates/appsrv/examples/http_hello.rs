@@ -49,8 +49,8 @@ struct Args {
 }
 
 struct HttpHello {
-    /// The canonical static directory.
-    root: Option<PathBuf>,
+    /// The static directory, opened by each worker: files are opened relative to it.
+    root: Option<File>,
 }
 
 impl appsrv::RequestHandler for HttpHello {
@@ -90,11 +90,12 @@ impl HttpHello {
         let Some(relative) = safe_relative_path(&name) else {
             return plain(res, 400, "bad file name\n");
         };
-        // Symbolic links are followed, but only to files inside the directory.
-        let file = match root.join(relative).canonicalize() {
-            Ok(full) if full.starts_with(root) => File::open(full),
-            Ok(_) => return plain(res, 404, "not found\n"),
-            Err(e) => Err(e),
+        // Symbolic links are followed, but only to files inside the directory: the kernel
+        // resolves the whole path beneath the directory's descriptor (RESOLVE_BENEATH) in
+        // one system call, where canonicalize() would readlink every component first.
+        let file = match open_beneath(root, relative) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return plain(res, 404, "not found\n"),
+            other => other,
         };
         let (file, len) = match file.and_then(|f| f.metadata().map(|m| (f, m))) {
             Ok((f, meta)) if meta.is_file() => (f, meta.len()),
@@ -107,6 +108,19 @@ impl HttpHello {
         res.send_file(file, 0..len);
         Ok(())
     }
+}
+
+/// Opens `relative` for reading beneath the directory `root` (`openat2` with
+/// `RESOLVE_BENEATH`, Linux 5.6): an absolute path, `..` or a symbolic link that would
+/// leave the directory fails with `EXDEV`.
+fn open_beneath(root: &File, relative: &Path) -> io::Result<File> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH);
+    nix::fcntl::openat2(root, relative, how)
+        .map(File::from)
+        .map_err(io::Error::from)
 }
 
 /// A short text/plain response.
@@ -172,7 +186,16 @@ fn static_root(dir: &Path) -> appsrv::Result<PathBuf> {
             dir.display()
         )));
     }
-    Ok(root)
+    // Files are opened with openat2 (Linux 5.6); say so at start rather than fail each
+    // request on an older kernel.
+    let dir = File::open(&root)
+        .map_err(|e| appsrv::Error::Config(format!("--static-dir {}: {e}", dir.display())))?;
+    match open_beneath(&dir, Path::new(".")) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => Err(appsrv::Error::Config(
+            "--static-dir needs Linux 5.6 or newer (openat2 with RESOLVE_BENEATH)".into(),
+        )),
+        _ => Ok(root),
+    }
 }
 
 fn main() -> appsrv::Result<()> {
@@ -181,5 +204,10 @@ fn main() -> appsrv::Result<()> {
         .listen("127.0.0.1:8080");
     let args: Args = server.args();
     let root = args.static_dir.as_deref().map(static_root).transpose()?;
-    server.run_requests(move || Ok(HttpHello { root: root.clone() }))
+    server.run_requests(move || {
+        // Opened in each worker, after the privilege drop: a directory the workers' user
+        // cannot read stops the server at start with that error.
+        let root = root.as_deref().map(File::open).transpose()?;
+        Ok(HttpHello { root })
+    })
 }
