@@ -5,7 +5,8 @@
 # (summed PSS) and process count of each server; then the ratios appsrv/nginx and
 # appsrv/Apache.
 #
-#   bench/compare.sh              (N=20000 RUNS=3 CONCURRENCY="1 8 32" WORKERS=32 WARMUP=5)
+#   bench/compare.sh              (N=20000 RUNS=3 CONCURRENCY="1 8 32" WORKERS=32 WARMUP=5 PING=1)
+#   PING=0 bench/compare.sh       (the HTTP part only)
 #   CONCURRENCY="1 8 32 128 256" bench/compare.sh     (or: bench/compare.sh "1 8 32 128 256")
 #   N=2000 RUNS=1 bench/compare.sh            (a quick check that everything runs)
 #
@@ -54,6 +55,25 @@
 # server: the figures are lower bounds, and comparable with each other, not absolute.
 # Memory is measured after each server's runs, before it is stopped: the sum of
 # /proc/PID/smaps_rollup Pss over the master and its child processes.
+#
+# Part 2, after the HTTP tables (PING=0 skips it): a custom protocol, inline `PING\r\n`
+# answered `+PONG\r\n`, loaded by redis-benchmark (redis-tools) with `-t ping_inline -q`,
+# keep-alive (-k 1: each client keeps its connection) and a new connection per request
+# (-k 0), at the same CONCURRENCY, RUNS runs, median req/s, each run under `timeout 120`,
+# after WARMUP seconds of unmeasured keep-alive load at the highest concurrency; then
+# memory (as above) and the ratios appsrv/Redis and appsrv/Net::Server. Servers:
+#   appsrv       the ping example (release build), -w WORKERS, on a free port.
+#   Redis        redis-server (apt-get install -y redis-server), one process: --port,
+#                --bind 127.0.0.1, --protected-mode no, --save '', --appendonly no,
+#                --daemonize no, --logfile /dev/null; skipped with a message if missing.
+#   Net::Server  a Perl Net::Server::PreFork server written to the temp dir
+#                (apt-get install -y libnet-server-perl; skipped with a message if
+#                missing): reads lines, `+PONG` to each PING; min_servers 8,
+#                max_servers 32, max_requests 1000000 (its default, 1000, would
+#                recycle children during the runs), log_level 0, as nobody:nogroup when
+#                started as root. It is slow: it gets N/4 requests per run (the table
+#                says so).
+# Each server must answer `+PONG` before it is measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3} N=${N:-20000} WORKERS=${WORKERS:-32} WARMUP=${WARMUP:-5}
@@ -264,7 +284,8 @@ ab_cell() {
 # memory NAME: summed PSS (kB) and count of the master SERVER and its children.
 memory() {
   local pids p kb=0 n=0 v
-  pids="$SERVER $(pgrep -P "$SERVER" | tr '\n' ' ')"
+  # pgrep fails when there are no children (Redis): not fatal under pipefail.
+  pids="$SERVER $({ pgrep -P "$SERVER" || true; } | tr '\n' ' ')"
   for p in $pids; do
     v=$(awk '/^Pss:/ { print $2 }' "/proc/$p/smaps_rollup" 2>/dev/null) || continue
     [ -n "$v" ] || continue
@@ -361,5 +382,196 @@ for wl in static dynamic; do
       done
       echo "$row"
     done
+  done
+done
+
+# ---------------------------------------------------------------------------------------
+# Part 2 (PING=0 skips it): inline PING -> +PONG with redis-benchmark, against Redis,
+# Net::Server::PreFork and appsrv's ping example.
+[ "${PING:-1}" = 0 ] && exit 0
+echo
+if ! command -v redis-benchmark >/dev/null; then
+  echo "compare.sh: PING part skipped: no redis-benchmark; install with:" >&2
+  echo "  apt-get install -y redis-tools" >&2
+  exit 0
+fi
+cargo build --release --quiet -p appsrv --example ping
+# Net::Server: fewer requests (it is slow), at least 1.
+N_NS=$((N / 4 > 0 ? N / 4 : 1))
+
+# ping_check NAME: the server on PORT must answer `PING\r\n` with `+PONG\r\n`, waiting up
+# to 10 s for it to come up.
+ping_check() {
+  if ! python3 - "$PORT" <<'EOF'; then
+import socket, sys, time
+err = None
+for _ in range(100):
+    try:
+        with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2) as s:
+            s.sendall(b"PING\r\n")
+            got = b""
+            while not got.endswith(b"\n"):
+                b = s.recv(64)
+                if not b:
+                    break
+                got += b
+    except OSError as e:
+        err = e
+        time.sleep(0.1)
+        continue
+    if got == b"+PONG\r\n":
+        sys.exit(0)
+    err = "answered %r" % got
+    break
+sys.exit("port %s: %s" % (sys.argv[1], err))
+EOF
+    echo "compare.sh: $1 does not answer '+PONG' on port $PORT; its log:" >&2
+    tail -20 "$work/$1.log" >&2 2>/dev/null || true
+    return 1
+  fi
+}
+
+start_appsrv_ping() {
+  PORT=$(free_port)
+  "$EX/ping" -l "127.0.0.1:$PORT" -w "$WORKERS" 2>"$work/appsrv-ping.log" &
+  SERVER=$!
+  PIDS+=("$SERVER")
+}
+
+start_redis() {
+  PORT=$(free_port)
+  redis-server --port "$PORT" --bind 127.0.0.1 --protected-mode no --save '' \
+    --appendonly no --daemonize no --logfile /dev/null >"$work/redis.log" 2>&1 &
+  SERVER=$!
+  PIDS+=("$SERVER")
+}
+
+start_netserver() {
+  PORT=$(free_port)
+  cat >"$work/pingd.pl" <<'EOF'
+package PingServer;
+use strict;
+use warnings;
+use base 'Net::Server::PreFork';
+
+sub process_request {
+    STDOUT->autoflush(1);
+    while (defined(my $line = <STDIN>)) {
+        $line =~ s/\r?\n\z//;
+        print uc($line) eq 'PING' ? "+PONG\r\n" : "-ERR unknown command\r\n";
+    }
+}
+
+my ($port, $user, $group) = @ARGV;
+PingServer->run(
+    port => "127.0.0.1:$port", ipv => 4,
+    min_servers => 8, max_servers => 32, max_requests => 1_000_000,
+    log_level => 0,
+    ($user ? (user => $user, group => $group) : ()),
+);
+EOF
+  perl "$work/pingd.pl" "$PORT" "$RUN_USER" "$RUN_GROUP" >"$work/netserver.log" 2>&1 &
+  SERVER=$!
+  PIDS+=("$SERVER")
+}
+
+# rb_cell PORT CONC KEEPALIVE(1|0) REQUESTS: RUNS runs of redis-benchmark; prints the
+# cell: the median req/s, with unfinished runs noted.
+rb_cell() {
+  local out rps=() errs=0 i x
+  for i in $(seq "$RUNS"); do
+    if out=$(timeout 120 redis-benchmark -h 127.0.0.1 -p "$1" -t ping_inline -n "$4" -c "$2" \
+      -k "$3" -q 2>&1 | tr '\r' '\n') \
+      && x=$(awk '/^PING_INLINE: [0-9.]+ requests per second/ { print $2 }' <<<"$out" | tail -1) \
+      && [ -n "$x" ]; then
+      rps+=("$x")
+    else
+      errs=$((errs + 1))
+      echo "compare.sh: redis-benchmark -c $2 -k $3 on :$1 did not finish (run $i): $(grep . <<<"$out" | tail -1)" >&2
+    fi
+  done
+  local cell="-"
+  [ ${#rps[@]} -gt 0 ] && cell=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
+  [ "$errs" -gt 0 ] && cell="$cell (${errs}/${RUNS} runs unfinished)"
+  echo "$cell"
+}
+
+# ping_measure NAME REQUESTS: fills PCELL[name/ka/c] and PROWS, after WARMUP seconds of
+# unmeasured keep-alive load at the highest concurrency.
+declare -A PCELL
+PROWS=()
+ping_measure() {
+  local ka c cmax
+  cmax=$(tr -s ' ' '\n' <<<"$CONCURRENCY" | sort -n | tail -1)
+  [ "$WARMUP" -gt 0 ] && { timeout "$WARMUP" redis-benchmark -h 127.0.0.1 -p "$PORT" \
+    -t ping_inline -n 100000000 -c "$cmax" -q >/dev/null 2>&1 || true; }
+  for ka in 1 0; do
+    for c in $CONCURRENCY; do PCELL[$1/$ka/$c]=$(rb_cell "$PORT" "$c" "$ka" "$2"); done
+    PROWS+=("$1/$ka/$2")
+  done
+}
+
+MEM=()
+PSKIP=()
+start_appsrv_ping
+ping_check appsrv-ping || exit 1
+ping_measure appsrv "$N"
+memory "appsrv ping (-w $WORKERS)"
+stop
+
+if command -v redis-server >/dev/null; then
+  start_redis
+  if ping_check redis; then
+    ping_measure redis "$N"
+    memory "redis-server (one process)"
+  fi
+  stop
+else
+  echo "compare.sh: Redis skipped: no redis-server; install with:" >&2
+  echo "  apt-get install -y redis-server" >&2
+  PSKIP+=("redis (not installed: apt-get install -y redis-server)")
+fi
+
+if perl -MNet::Server::PreFork -e 1 2>/dev/null; then
+  start_netserver
+  if ping_check netserver; then
+    ping_measure netserver "$N_NS"
+    memory "Net::Server::PreFork (min_servers 8, max_servers 32)"
+  fi
+  stop
+else
+  echo "compare.sh: Net::Server skipped: no Net::Server::PreFork; install with:" >&2
+  echo "  apt-get install -y libnet-server-perl" >&2
+  PSKIP+=("Net::Server (not installed: apt-get install -y libnet-server-perl)")
+fi
+
+ping_name() { case $1 in netserver) echo Net::Server ;; redis) echo Redis ;; *) echo "$1" ;; esac; }
+echo "Inline PING -> +PONG, requests per second, median of $RUNS runs (redis-benchmark -t ping_inline; $N requests, Net::Server $N_NS; $(nproc) CPUs, client on the same machine)"
+echo
+header server requests connections
+for r in "${PROWS[@]}"; do
+  IFS=/ read -r srv ka n <<<"$r"
+  row="| $(ping_name "$srv") | $n | $(ka_name "$ka") |"
+  for c in $CONCURRENCY; do row="$row ${PCELL[$srv/$ka/$c]} |"; done
+  echo "$row"
+done
+[ ${#PSKIP[@]} -eq 0 ] || printf 'Skipped: %s\n' "${PSKIP[@]}"
+echo
+echo "Memory after the PING runs (PSS summed over the master and its children)"
+echo
+echo "| server | processes | PSS | PSS per process |"
+echo "|---|---|---|---|"
+printf '%s\n' "${MEM[@]}"
+echo
+echo "Ratios of the PING medians"
+echo
+header ratio connections
+for other in redis netserver; do
+  for ka in 1 0; do
+    row="| appsrv / $(ping_name "$other") | $(ka_name "$ka") |"
+    for c in $CONCURRENCY; do
+      row="$row $(ratio "${PCELL[appsrv/$ka/$c]:-}" "${PCELL[$other/$ka/$c]:-}") |"
+    done
+    echo "$row"
   done
 done
