@@ -762,8 +762,11 @@ impl<'a> Master<'a> {
             crate::upgrade::Progress::Failed(why) => {
                 let pid = u.child;
                 self.upgrading = None;
-                // The pipe closes when the new master exits: say how it ended, if it has.
+                // The pipe closes when the new master exits: say how it ended, if it has,
+                // unless it said why itself (by now it may well have exited too).
+                let reported = crate::upgrade::is_reported(&why);
                 let why = match nix::sys::wait::waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                    _ if reported => why,
                     Ok(WaitStatus::Exited(_, code)) => {
                         format!("the new master {} before it was ready", exit_reason(code))
                     }
@@ -855,8 +858,9 @@ impl<'a> Master<'a> {
             self.on_message(Pid::from_raw(p as i32), msg);
         }
         if self.upgrading.as_ref().is_some_and(|u| u.child == pid) {
-            self.upgrading = None;
-            let why = format!("the new master {reason} before it was ready");
+            // Its exit may be seen before the reason it wrote on the readiness pipe.
+            let reported = self.upgrading.take().and_then(|mut u| u.reported_failure());
+            let why = reported.unwrap_or_else(|| format!("the new master {reason} before it was ready"));
             tracing::error!("upgrade failed: {why}; this master keeps serving");
             self.upgrade_failed = Some((pid.as_raw(), why));
             return Ok(());

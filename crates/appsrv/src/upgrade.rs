@@ -40,6 +40,15 @@ use crate::error::Error;
 use crate::listener::Listener;
 use crate::sys;
 
+/// How a failure that the new master reported itself begins.
+const REPORTED: &str = "the new master could not start: ";
+
+/// Whether a failure of [`Pending::progress`] is the new master's own report (its reason
+/// is better than how it exited).
+pub(crate) fn is_reported(why: &str) -> bool {
+    why.starts_with(REPORTED)
+}
+
 /// The environment variable that carries the manifest.
 pub(crate) const MANIFEST_ENV: &str = "APPSRV_UPGRADE";
 const VERSION: &str = "v1";
@@ -260,6 +269,18 @@ impl Pending {
         }
     }
 
+    /// The reason the new master wrote on the readiness pipe before it exited, if any.
+    /// Read when its exit is seen first: the reason is the better message.
+    pub(crate) fn reported_failure(&mut self) -> Option<String> {
+        if self.eof.is_some() {
+            return None;
+        }
+        match self.progress() {
+            Progress::Failed(why) if is_reported(&why) => Some(why),
+            _ => None,
+        }
+    }
+
     /// Reads the readiness pipe without blocking.
     pub(crate) fn progress(&mut self) -> Progress {
         if let Some(t) = self.eof {
@@ -273,10 +294,9 @@ impl Pending {
         match self.ready.read(&mut buf) {
             Ok(n) if n > 0 && buf[0] == b'R' => Progress::Ready,
             // The new master reports why it could not start (one write, below PIPE_BUF).
-            Ok(n) if n > 0 && buf[0] == b'E' => Progress::Failed(format!(
-                "the new master could not start: {}",
-                String::from_utf8_lossy(&buf[1..n])
-            )),
+            Ok(n) if n > 0 && buf[0] == b'E' => {
+                Progress::Failed(format!("{REPORTED}{}", String::from_utf8_lossy(&buf[1..n])))
+            }
             Ok(0) => {
                 self.eof = Some(Instant::now());
                 Progress::Waiting
