@@ -312,7 +312,16 @@ fn another_uid_is_refused() {
     std::fs::set_permissions(dir.sock(), std::fs::Permissions::from_mode(0o666)).unwrap();
     // A copy of the client that uid 65534 can run wherever the build directory is.
     let exe = dir.0.join("testbed");
-    std::fs::copy(example("testbed"), &exe).unwrap();
+    // Copied by `cp`, so that no descriptor open for writing can leak from this process
+    // into a child another test thread forks (exec would then fail with ETXTBSY).
+    assert!(
+        Command::new("cp")
+            .arg(example("testbed"))
+            .arg(&exe)
+            .status()
+            .unwrap()
+            .success()
+    );
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new(&exe)
         .args(["status", "--control", &dir.sock()])

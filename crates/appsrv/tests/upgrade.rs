@@ -39,10 +39,24 @@ impl Deploy {
 
     /// Puts `binary` at the server's path, as a deploy does: a new file renamed over the
     /// old one (the running master's binary stays intact).
+    ///
+    /// The copy is made by a `cp` process, not in this process: a file this process held
+    /// open for writing could leak, for an instant, into a child that another test thread
+    /// forks, and executing the file during that instant fails with ETXTBSY ("Text file
+    /// busy").
     fn install(&self, binary: &Path) {
         let tmp = self.dir.join("server.new");
-        std::fs::copy(binary, &tmp).unwrap();
+        let cp = Command::new("cp").arg(binary).arg(&tmp).status().unwrap();
+        assert!(cp.success(), "cp {} {}", binary.display(), tmp.display());
         std::fs::rename(&tmp, self.bin()).unwrap();
+    }
+
+    /// Installs a shell script as the server's binary (as [`Deploy::install`]).
+    fn install_script(&self, script: &str) {
+        let src = self.dir.join("script.sh");
+        std::fs::write(&src, script).unwrap();
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755)).unwrap();
+        self.install(&src);
     }
 
     fn start(&self, args: &[&str]) -> Server {
@@ -201,13 +215,7 @@ fn a_failed_upgrade_leaves_the_old_master_serving() {
     let server = d.start(&["-w", "2"]);
     let before = server.worker_pids();
     let old_master = d.pid();
-    std::fs::write(
-        d.dir.join("server.new"),
-        "#!/bin/sh\necho 'broken build' >&2\nexit 1\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(d.dir.join("server.new"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::rename(d.dir.join("server.new"), d.bin()).unwrap();
+    d.install_script("#!/bin/sh\necho 'broken build' >&2\nexit 1\n");
     // The client command is the new file too: use the old binary's copy for it.
     let ctl = d.path("ctl");
     let out = Command::new(example("testbed"))
@@ -367,9 +375,7 @@ fn a_new_master_that_fails_after_adopting_the_sockets_leaves_the_old_one_intact(
         "#!/bin/sh\nexec {} \"$@\" --fail-factory\n",
         example("testbed").display()
     );
-    std::fs::write(d.dir.join("server.new"), wrapper).unwrap();
-    std::fs::set_permissions(d.dir.join("server.new"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::rename(d.dir.join("server.new"), d.bin()).unwrap();
+    d.install_script(&wrapper);
     let out = Command::new(example("testbed"))
         .args(["upgrade", "--control", &ctl])
         .output()
@@ -377,8 +383,9 @@ fn a_new_master_that_fails_after_adopting_the_sockets_leaves_the_old_one_intact(
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("database unavailable (testbed --fail-factory)"),
-        "{}",
-        text(&out.stderr)
+        "{}\nthe servers' log:\n{}",
+        text(&out.stderr),
+        server.log_text()
     );
     assert_eq!(d.pid(), old_master, "the pid file still names the old master");
     assert!(
