@@ -25,44 +25,14 @@ fn reload_three_times_under_load_without_a_failed_request() {
     let server = Server::start("http_hello", &["-l", "127.0.0.1:0", "-w", "3", "--control", &ctl]);
     let addr = server.tcp_addr();
     let before: HashSet<i32> = server.worker_pids();
-    let stop = AtomicBool::new(false);
-    let done = AtomicU64::new(0);
-    let failures = std::thread::scope(|s| {
-        let clients: Vec<_> = (0..2)
-            .map(|i| {
-                let (stop, done) = (&stop, &done);
-                s.spawn(move || {
-                    let mut errors = Vec::new();
-                    let mut conn = None;
-                    while !stop.load(Ordering::Relaxed) {
-                        // Client 0 keeps its connection alive, client 1 reconnects each time.
-                        if i == 1 {
-                            conn = None;
-                        }
-                        match http_get(addr, &mut conn) {
-                            Ok(()) => done.fetch_add(1, Ordering::Relaxed),
-                            Err(e) => {
-                                errors.push(e);
-                                0
-                            }
-                        };
-                    }
-                    errors
-                })
-            })
-            .collect();
+    let (done, failures) = under_http_load(addr, || {
         for _ in 0..3 {
             let out = run("http_hello", &["reload", "--control", &ctl]);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         }
-        stop.store(true, Ordering::Relaxed);
-        clients
-            .into_iter()
-            .flat_map(|c| c.join().unwrap())
-            .collect::<Vec<_>>()
     });
     assert!(failures.is_empty(), "failed requests: {failures:?}");
-    assert!(done.load(Ordering::Relaxed) > 0);
+    assert!(done > 0);
     let after = server.worker_pids();
     assert_eq!(after.len(), 3);
     assert!(

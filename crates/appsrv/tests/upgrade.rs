@@ -8,7 +8,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use util::*;
 
@@ -128,33 +127,7 @@ fn reloads_then_an_upgrade_under_load_fail_no_request() {
     let server = d.start(&["-w", "3"]);
     let addr = server.tcp_addr();
     let old_master = server.pid();
-    let stop = AtomicBool::new(false);
-    let done = AtomicU64::new(0);
-    let failures = std::thread::scope(|s| {
-        let clients: Vec<_> = (0..2)
-            .map(|i| {
-                let (stop, done) = (&stop, &done);
-                s.spawn(move || {
-                    let mut errors = Vec::new();
-                    let mut conn = None;
-                    while !stop.load(Ordering::Relaxed) {
-                        // Client 0 keeps its connection alive (and retries a request on a
-                        // reused connection the server closed, as HTTP clients do);
-                        // client 1 opens a new connection for each request, never retried.
-                        if i == 1 {
-                            conn = None;
-                        }
-                        match http_get(addr, &mut conn) {
-                            Ok(()) => {
-                                done.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => errors.push(e),
-                        }
-                    }
-                    errors
-                })
-            })
-            .collect();
+    let (done, failures) = under_http_load(addr, || {
         for _ in 0..3 {
             let out = d.ctl(&["reload"]);
             assert!(out.status.success(), "{}", text(&out.stderr));
@@ -167,14 +140,9 @@ fn reloads_then_an_upgrade_under_load_fail_no_request() {
             wait_until(|| (!alive(old_master)).then_some(())).is_some(),
             "the old master left"
         );
-        stop.store(true, Ordering::Relaxed);
-        clients
-            .into_iter()
-            .flat_map(|c| c.join().unwrap())
-            .collect::<Vec<_>>()
     });
     assert!(failures.is_empty(), "failed requests: {failures:?}");
-    assert!(done.load(Ordering::Relaxed) > 0);
+    assert!(done > 0);
     let new_master = d.pid();
     assert_ne!(new_master, old_master, "the pid file names the new master");
     let out = d.ctl(&["status"]);

@@ -478,3 +478,43 @@ pub fn http_get(addr: SocketAddr, conn: &mut Option<BufReader<TcpStream>>) -> Re
     }
     Err("no answer after a retry".into())
 }
+
+/// Runs `during` while two HTTP clients load `addr` with `GET /`, and returns how many
+/// requests were answered and the failures. Client 0 keeps its connection alive (and
+/// retries a request on a reused connection the server closed, as HTTP clients do);
+/// client 1 opens a new connection for each request, never retried.
+pub fn under_http_load(addr: SocketAddr, during: impl FnOnce()) -> (u64, Vec<String>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let failures = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..2)
+            .map(|i| {
+                let (stop, done) = (&stop, &done);
+                s.spawn(move || {
+                    let mut errors = Vec::new();
+                    let mut conn = None;
+                    while !stop.load(Ordering::Relaxed) {
+                        if i == 1 {
+                            conn = None;
+                        }
+                        match http_get(addr, &mut conn) {
+                            Ok(()) => {
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => errors.push(e),
+                        }
+                    }
+                    errors
+                })
+            })
+            .collect();
+        during();
+        stop.store(true, Ordering::Relaxed);
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    (done.load(Ordering::Relaxed), failures)
+}
