@@ -56,6 +56,11 @@ pub(crate) struct Defaults {
     pub(crate) max_conns_per_ip: usize,
     pub(crate) header_timeout: Option<Duration>,
     pub(crate) min_rate: usize,
+    pub(crate) tls_cert: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
+    pub(crate) tls_client_ca: Option<PathBuf>,
+    pub(crate) tls_alpn: Vec<String>,
+    pub(crate) tls_handshake_timeout: Duration,
 }
 
 /// The pool policies of `--pool`.
@@ -115,6 +120,11 @@ impl Default for Defaults {
             max_conns_per_ip: 0,
             header_timeout: Some(DEFAULT_HEADER_TIMEOUT),
             min_rate: DEFAULT_MIN_RATE,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_alpn: Vec::new(),
+            tls_handshake_timeout: crate::tls::DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -157,6 +167,10 @@ pub(crate) struct Config {
     pub(crate) proxy_from: Vec<crate::proxy::Cidr>,
     pub(crate) header_timeout: Option<Duration>,
     pub(crate) min_rate: u64,
+    /// TLS material for the listeners with the `tls` option that name none of their own.
+    pub(crate) tls: crate::listener::TlsDefaults,
+    /// `None`: no limit.
+    pub(crate) tls_handshake_timeout: Option<Duration>,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -248,6 +262,18 @@ fn control_arg(prefix: &str) -> Arg {
         .value_name("PATH")
         .value_parser(clap::value_parser!(PathBuf))
         .help("The control socket (status, metrics, workers): /run/NAME/ctl.sock as root, $XDG_RUNTIME_DIR/NAME.sock otherwise. The server opens it when this is given or when it has a pid file (start, --pid-file)")
+}
+
+/// An optional path, with its default from code if any.
+fn path_arg(prefix: &str, id: &'static str, default: Option<&PathBuf>, help: &'static str) -> Arg {
+    let arg = env_opt(prefix, id)
+        .value_name("PATH")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help(help);
+    match default {
+        Some(p) => arg.default_value(p.as_os_str().to_owned()),
+        None => arg,
+    }
 }
 
 fn count(prefix: &str, id: &'static str, default: usize, help: &'static str) -> Arg {
@@ -481,6 +507,24 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .value_parser(secs)
                 .help("Kill a worker whose handler runs longer than this on one request (handle_client: on one connection), with a log line naming the client and the request [default: 60 for request-level handlers, off for handle_client; 0: off]"),
         )
+        .arg(path_arg(prefix, "tls-cert", d.tls_cert.as_ref(), "TLS listeners (ADDR?tls): the certificate chain, PEM, leaf first; read by the master before it drops privileges, re-read on reload; per listener too, as ADDR?cert=PATH"))
+        .arg(path_arg(prefix, "tls-key", d.tls_key.as_ref(), "TLS listeners: the private key (PEM: PKCS#8, PKCS#1 or SEC1) matching --tls-cert; per listener too, as ADDR?key=PATH"))
+        .arg(path_arg(prefix, "tls-client-ca", d.tls_client_ca.as_ref(), "TLS listeners: require a client certificate signed by one of these CAs (PEM); the handler sees its subject (Client::tls) [default: no client certificate]; per listener too, as ADDR?client-ca=PATH"))
+        .arg(
+            env_opt(prefix, "tls-alpn")
+                .value_name("PROTOCOLS")
+                .action(ArgAction::Append)
+                .value_delimiter(',')
+                .default_values(d.tls_alpn.clone())
+                .help("TLS listeners: ALPN protocols offered, by preference (http/1.1,my-proto); a client that offers only others is refused [default: no ALPN]"),
+        )
+        .arg(
+            env_opt(prefix, "tls-handshake-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(d.tls_handshake_timeout))
+                .help("TLS listeners: a client must complete its handshake within SECS (0: no limit)"),
+        )
         .arg(control_arg(prefix))
         .arg(
             env_opt(prefix, "metrics-listen")
@@ -602,6 +646,20 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         },
         header_timeout: timeout(m, "header-timeout"),
         min_rate: n(m, "min-rate"),
+        tls: crate::listener::TlsDefaults {
+            cert: m.get_one::<PathBuf>("tls-cert").cloned(),
+            key: m.get_one::<PathBuf>("tls-key").cloned(),
+            client_ca: m.get_one::<PathBuf>("tls-client-ca").cloned(),
+            alpn: m
+                .get_many::<String>("tls-alpn")
+                .map(|v| {
+                    v.filter(|p| !p.is_empty())
+                        .map(|p| p.as_bytes().to_vec())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        },
+        tls_handshake_timeout: timeout(m, "tls-handshake-timeout"),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())

@@ -10,6 +10,7 @@ use std::time::Duration;
 use socket2::Socket;
 
 use crate::listener::Addr;
+use crate::tls::{Acceptor, TlsSession};
 
 /// Size of each connection's read buffer and of its write buffer.
 pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
@@ -64,9 +65,19 @@ impl Buffers {
 ///
 /// A stop request (TERM, INT, QUIT) does not interrupt a connection: reads and writes
 /// carry on until the handler returns, within the master's grace period.
+///
+/// On a TLS listener (`ADDR?tls`) the same methods read and write decrypted data; the
+/// handshake is done before the handler is called, and [`tls`](Client::tls) tells what it
+/// negotiated. Differences under TLS: [`send_file`](Client::send_file) copies the file
+/// through the encryption (no `sendfile(2)`, which would bypass it); byte counts are of
+/// decrypted data; a client that closes without TLS's `close_notify` is seen as an end of
+/// file, as a plain client would be (a protocol that must detect truncation frames its
+/// messages, as the codecs do); [`as_fd`](AsFd::as_fd) gives the encrypted socket.
 #[derive(Debug)]
 pub struct Client {
     socket: Socket,
+    /// The TLS session, on a TLS listener.
+    tls: Option<Box<TlsSession>>,
     peer: Addr,
     /// The read buffer; bytes `rpos..rend` are received and not yet consumed.
     rbuf: Vec<u8>,
@@ -83,6 +94,7 @@ impl Client {
     pub(crate) fn new(socket: Socket, peer: Addr, buffers: Buffers) -> Self {
         Client {
             socket,
+            tls: None,
             peer,
             rbuf: buffers.read,
             rpos: 0,
@@ -96,7 +108,11 @@ impl Client {
 
     /// Flushes what is left (unless closed), closes the socket and gives the buffers back.
     pub(crate) fn finish(mut self) -> (io::Result<()>, Buffers) {
-        let flushed = if self.closed { Ok(()) } else { self.flush() };
+        let flushed = if self.closed {
+            Ok(())
+        } else {
+            self.flush().and_then(|()| self.close_notify())
+        };
         self.wbuf.clear();
         let mut buffers = Buffers {
             read: std::mem::take(&mut self.rbuf),
@@ -116,6 +132,61 @@ impl Client {
     /// Replaces the peer's address by the client's real one (from a PROXY header).
     pub(crate) fn set_peer(&mut self, peer: Addr) {
         self.peer = peer;
+    }
+
+    /// The TLS session of a connection accepted on a TLS listener (`ADDR?tls`): protocol,
+    /// ALPN, the client's verified certificate. `None` on a plain listener.
+    pub fn tls(&self) -> Option<&TlsSession> {
+        self.tls.as_deref()
+    }
+
+    /// Performs the server side of a TLS handshake, within `timeout` (`None`: no limit)
+    /// of its start. Bytes already received (after a PROXY header) are the first of it.
+    pub(crate) fn accept_tls(&mut self, config: Acceptor, timeout: Option<Duration>) -> io::Result<()> {
+        let mut session = Box::new(TlsSession::new(config)?);
+        // What the PROXY header's reads brought in beyond the header belongs to TLS.
+        let mut early = &self.rbuf[self.rpos..self.rend];
+        while !early.is_empty() {
+            session.conn.read_tls(&mut early)?;
+            session
+                .conn
+                .process_new_packets()
+                .map_err(|e| tls_failed(&mut session.conn, &self.socket, e))?;
+        }
+        self.rpos = 0;
+        self.rend = 0;
+        let saved = (self.socket.read_timeout()?, self.socket.write_timeout()?);
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let result = handshake(&mut session.conn, &self.socket, deadline);
+        // The connection's own timeouts apply again, whatever the outcome.
+        let restored = self
+            .socket
+            .set_read_timeout(saved.0)
+            .and_then(|()| self.socket.set_write_timeout(saved.1));
+        result?;
+        restored?;
+        session.established();
+        self.tls = Some(session);
+        Ok(())
+    }
+
+    /// Whether decrypted input waits inside the TLS layer (so the socket need not be
+    /// readable for the next read to return data).
+    pub(crate) fn input_pending(&mut self) -> bool {
+        self.tls.as_mut().is_some_and(|t| {
+            t.conn
+                .process_new_packets()
+                .is_ok_and(|state| state.plaintext_bytes_to_read() > 0)
+        })
+    }
+
+    /// Sends TLS's `close_notify` (nothing on a plain connection). Best effort.
+    fn close_notify(&mut self) -> io::Result<()> {
+        if let Some(t) = self.tls.as_mut() {
+            t.conn.send_close_notify();
+            write_tls(&mut t.conn, &self.socket)?;
+        }
+        Ok(())
     }
 
     /// The local address of this connection (the address the client connected to, which
@@ -152,7 +223,7 @@ impl Client {
         if self.closed {
             return Ok(());
         }
-        let flushed = self.flush();
+        let flushed = self.flush().and_then(|()| self.close_notify());
         self.closed = true;
         self.rpos = 0;
         self.rend = 0;
@@ -190,6 +261,11 @@ impl Client {
         }
         if !self.wbuf.is_empty() {
             self.flush_buffer()?;
+        }
+        if let Some(t) = self.tls.as_mut() {
+            let n = tls_read(&mut t.conn, &self.socket, buf, interruptible)?;
+            self.received += n as u64;
+            return Ok(n);
         }
         loop {
             match (&self.socket).read(buf) {
@@ -259,7 +335,10 @@ impl Client {
     /// what has arrived already, without waiting), so that closing it does not reset a
     /// reply the client has not read yet. Best effort: errors end it quietly.
     pub(crate) fn linger(&mut self, max_wait: Duration, max_bytes: usize) {
-        if self.closed || self.socket.shutdown(std::net::Shutdown::Write).is_err() {
+        if self.closed
+            || self.close_notify().is_err()
+            || self.socket.shutdown(std::net::Shutdown::Write).is_err()
+        {
             return;
         }
         let mut discarded = 0;
@@ -319,6 +398,9 @@ impl Client {
         let len = range.end.saturating_sub(range.start);
         let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
         let capacity = self.wbuf.capacity().max(BUFFER_SIZE);
+        if self.tls.is_some() && self.wbuf.len() + len_usize > capacity {
+            return self.send_file_copy(file, range);
+        }
         if self.wbuf.len() + len_usize <= capacity {
             let at = self.wbuf.len();
             self.wbuf.resize(at + len_usize, 0);
@@ -361,6 +443,24 @@ impl Client {
         Ok(())
     }
 
+    /// `send_file` under TLS: the file is read into the output buffer in pieces, each
+    /// encrypted and sent in turn (`sendfile(2)` would bypass the encryption).
+    fn send_file_copy(&mut self, file: &File, range: Range<u64>) -> io::Result<()> {
+        self.flush_buffer()?;
+        let mut at = range.start;
+        while at < range.end {
+            let chunk = usize::try_from((range.end - at).min(BUFFER_SIZE as u64)).unwrap_or(BUFFER_SIZE);
+            self.wbuf.resize(chunk, 0);
+            if let Err(e) = file.read_exact_at(&mut self.wbuf, at) {
+                self.wbuf.clear();
+                return Err(e);
+            }
+            at += chunk as u64;
+            self.flush_buffer()?;
+        }
+        Ok(())
+    }
+
     fn fill(&mut self) -> io::Result<()> {
         // Empty the buffer first: if the read fails (a timeout the handler may retry), the
         // bytes already consumed must not come back.
@@ -374,6 +474,14 @@ impl Client {
     }
 
     fn flush_buffer(&mut self) -> io::Result<()> {
+        if let Some(t) = self.tls.as_mut() {
+            let result = tls_write(&mut t.conn, &self.socket, &self.wbuf);
+            if result.is_ok() {
+                self.sent += self.wbuf.len() as u64;
+                self.wbuf.clear();
+            }
+            return result;
+        }
         let mut done = 0;
         let result = loop {
             if done == self.wbuf.len() {
@@ -401,6 +509,115 @@ impl Client {
             ))
         } else {
             Ok(())
+        }
+    }
+}
+
+/// The TLS handshake, on a blocking socket, within `deadline`: each wait for the peer is
+/// bounded by the time left, so a client that sends its handshake a byte at a time cannot
+/// stretch it.
+fn handshake(
+    conn: &mut rustls::ServerConnection,
+    socket: &Socket,
+    deadline: Option<std::time::Instant>,
+) -> io::Result<()> {
+    let expired = || io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake took too long");
+    while conn.is_handshaking() {
+        let left = match deadline {
+            Some(d) => Some(
+                d.checked_duration_since(std::time::Instant::now())
+                    .filter(|l| !l.is_zero())
+                    .ok_or_else(expired)?,
+            ),
+            None => None,
+        };
+        socket.set_write_timeout(left)?;
+        write_tls(conn, socket).map_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                expired()
+            } else {
+                e
+            }
+        })?;
+        if !conn.is_handshaking() {
+            break;
+        }
+        socket.set_read_timeout(left)?;
+        match conn.read_tls(&mut &*socket) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the client closed the connection during the TLS handshake",
+                ));
+            }
+            Ok(_) => {
+                conn.process_new_packets()
+                    .map_err(|e| tls_failed(conn, socket, e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(expired()),
+            Err(e) => return Err(e),
+        }
+    }
+    // Session tickets and the like, sent right after the handshake.
+    write_tls(conn, socket)
+}
+
+/// A TLS protocol error: the alert rustls prepared goes out (best effort), and the error
+/// becomes an `InvalidData` I/O error.
+fn tls_failed(conn: &mut rustls::ServerConnection, socket: &Socket, e: rustls::Error) -> io::Error {
+    let _ = write_tls(conn, socket);
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+/// Writes every pending TLS record to the socket.
+fn write_tls(conn: &mut rustls::ServerConnection, socket: &Socket) -> io::Result<()> {
+    while conn.wants_write() {
+        match conn.write_tls(&mut &*socket) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(timed_out(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Encrypts `data` and writes it all.
+fn tls_write(conn: &mut rustls::ServerConnection, socket: &Socket, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        let n = conn.writer().write(data)?;
+        data = &data[n..];
+        write_tls(conn, socket)?;
+    }
+    Ok(())
+}
+
+/// Reads decrypted bytes, receiving and decrypting records as needed. A `close_notify`, or
+/// the end of the TCP stream without one, is an end of file.
+fn tls_read(
+    conn: &mut rustls::ServerConnection,
+    socket: &Socket,
+    buf: &mut [u8],
+    interruptible: bool,
+) -> io::Result<usize> {
+    loop {
+        match conn.reader().read(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+            Err(e) => return Err(e),
+        }
+        // Alerts or key-update answers the layer wants to send go out before waiting.
+        write_tls(conn, socket)?;
+        match conn.read_tls(&mut &*socket) {
+            Ok(_) => {
+                // Ok(0), the end of the stream, is reported by the reader above.
+                conn.process_new_packets()
+                    .map_err(|e| tls_failed(conn, socket, e))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => {}
+            Err(e) => return Err(timed_out(e)),
         }
     }
 }
@@ -448,6 +665,13 @@ impl Write for Client {
         if self.wbuf.len() + data.len() <= capacity {
             self.wbuf.extend_from_slice(data);
             return Ok(data.len());
+        }
+        if self.tls.is_some() {
+            // Encrypted: the buffer goes out, then `data` in buffer-sized pieces.
+            self.flush_buffer()?;
+            let n = data.len().min(capacity);
+            self.wbuf.extend_from_slice(&data[..n]);
+            return Ok(n);
         }
         // The buffer would overflow: send buffered bytes and as much of `data` as the
         // kernel takes in one writev, so a header and a large body cost one system call.

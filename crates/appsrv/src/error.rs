@@ -81,6 +81,15 @@ pub enum Error {
         /// The operating system's error.
         source: io::Error,
     },
+    /// A TLS certificate, key or CA file is unreadable, malformed, expired, or does not
+    /// match its counterpart.
+    #[error("TLS: {}: {reason}", path.display())]
+    Tls {
+        /// The file concerned.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The master would have forked while other threads exist (see `docs/ARCHITECTURE.md`).
     #[error("refusing to fork: the process has {threads} threads, the master must have exactly one")]
     Threads {

@@ -51,6 +51,7 @@ mod server;
 mod status;
 mod sys;
 mod systemd;
+pub mod tls;
 mod upgrade;
 mod worker;
 

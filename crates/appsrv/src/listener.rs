@@ -13,6 +13,11 @@
 //!                      deny=CIDR   close connections from these clients (repeatable; adds
 //!                                  to --deny; deny wins over allow)
 //!                      proxy       connections start with a PROXY protocol v1/v2 header
+//!                      tls         TLS listener (certificate from --tls-cert/--tls-key)
+//!                      cert=PATH   this listener's certificate chain (PEM; implies tls)
+//!                      key=PATH    this listener's private key (PEM; implies tls)
+//!                      client-ca=PATH  require client certificates signed by these CAs
+//!                                  (PEM; implies tls; default: --tls-client-ca)
 //! ```
 //!
 //! Port 0 asks the kernel for a free port; the bound address (with the real port) is logged
@@ -89,9 +94,58 @@ pub struct ListenAddr {
     proxy: bool,
     allow: Vec<Cidr>,
     deny: Vec<Cidr>,
+    tls: Option<TlsOptions>,
+}
+
+/// A listen address's own TLS options (`tls`, `cert=`, `key=`, `client-ca=`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct TlsOptions {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+}
+
+/// The command line's TLS settings, which a TLS listener's own options override.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TlsDefaults {
+    pub(crate) cert: Option<PathBuf>,
+    pub(crate) key: Option<PathBuf>,
+    pub(crate) client_ca: Option<PathBuf>,
+    pub(crate) alpn: Vec<Vec<u8>>,
 }
 
 impl ListenAddr {
+    /// Whether this is a TLS listener.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Where this listener's TLS material comes from (`None` for a plain listener), or why
+    /// it has none.
+    pub(crate) fn tls_source(&self, defaults: &TlsDefaults) -> Result<Option<crate::tls::Source>, Error> {
+        let Some(own) = &self.tls else { return Ok(None) };
+        let cert = own.cert.clone().or_else(|| defaults.cert.clone());
+        let key = own.key.clone().or_else(|| defaults.key.clone());
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(crate::tls::Source {
+                cert: absolute(cert),
+                key: absolute(key),
+                client_ca: own
+                    .client_ca
+                    .clone()
+                    .or_else(|| defaults.client_ca.clone())
+                    .map(absolute),
+                alpn: defaults.alpn.clone(),
+            })),
+            (None, _) => Err(Error::Config(format!(
+                "{self} is a TLS listener without a certificate: give --tls-cert PATH (or cert=PATH)"
+            ))),
+            (_, None) => Err(Error::Config(format!(
+                "{self} is a TLS listener without a private key: give --tls-key PATH (or key=PATH)"
+            ))),
+        }
+    }
+
     /// The same address with a Unix socket's path made absolute (a daemon changes to `/`
     /// after binding, and removes the file at stop).
     pub(crate) fn absolute(mut self) -> Self {
@@ -108,10 +162,10 @@ impl ListenAddr {
         &self.text
     }
 
-    /// Whether it has per-listener options that change who is served (`proxy`, `allow=`,
-    /// `deny=`).
+    /// Whether it has per-listener options that change who is served or how (`proxy`,
+    /// `allow=`, `deny=`, `tls`).
     pub(crate) fn has_options(&self) -> bool {
-        self.proxy || !self.allow.is_empty() || !self.deny.is_empty()
+        self.proxy || !self.allow.is_empty() || !self.deny.is_empty() || self.tls.is_some()
     }
 
     /// Whether a socket bound at `local` is one this address names (for sockets passed by
@@ -175,11 +229,27 @@ impl FromStr for ListenAddr {
             proxy: false,
             allow: Vec::new(),
             deny: Vec::new(),
+            tls: None,
         };
         for opt in opts.into_iter().flat_map(|o| o.split('&')) {
             let (key, value) = opt.split_once('=').unwrap_or((opt, ""));
             match key {
                 "proxy" if value.is_empty() => parsed.proxy = true,
+                "tls" if value.is_empty() => {
+                    parsed.tls.get_or_insert_with(TlsOptions::default);
+                }
+                "cert" | "key" | "client-ca" => {
+                    if value.is_empty() {
+                        return Err(bad(format!("{key}= needs a file's path")));
+                    }
+                    let tls = parsed.tls.get_or_insert_with(TlsOptions::default);
+                    let path = Some(PathBuf::from(value));
+                    match key {
+                        "cert" => tls.cert = path,
+                        "key" => tls.key = path,
+                        _ => tls.client_ca = path,
+                    }
+                }
                 "allow" | "deny" => {
                     let cidr: Cidr = value
                         .parse()
@@ -206,13 +276,18 @@ impl FromStr for ListenAddr {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown option {key:?} (known: backlog, mode, proxy, allow, deny)"
+                        "unknown option {key:?} (known: backlog, mode, proxy, allow, deny, tls, cert, key, client-ca)"
                     )));
                 }
             }
         }
         Ok(parsed)
     }
+}
+
+/// A path made absolute (a daemon changes to `/`; reload re-reads by path).
+fn absolute(path: PathBuf) -> PathBuf {
+    std::path::absolute(&path).unwrap_or(path)
 }
 
 /// Which clients a listener serves: allow/deny rules by network (deny wins; any allow
@@ -558,12 +633,49 @@ mod tests {
             ("127.0.0.1:1?mode=0600", "unix: listeners only"),
             ("unix:/x?mode=999", "octal"),
             ("unix:/x?backlog=0", "positive"),
-            ("unix:/x?tls", "unknown option"),
+            ("unix:/x?tsl", "unknown option"),
+            ("127.0.0.1:1?tls&cert=", "needs a file's path"),
         ] {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");
             assert!(e.contains(text), "error names the address: {e}");
         }
+    }
+
+    #[test]
+    fn a_tls_listener_takes_its_own_files_before_the_command_line_ones() {
+        let defaults = TlsDefaults {
+            cert: Some("/etc/a/cert.pem".into()),
+            key: Some("/etc/a/key.pem".into()),
+            client_ca: None,
+            alpn: vec![b"x".to_vec()],
+        };
+        assert_eq!(parse("127.0.0.1:1").unwrap().tls_source(&defaults).unwrap(), None);
+        let plain = parse("127.0.0.1:1?tls")
+            .unwrap()
+            .tls_source(&defaults)
+            .unwrap()
+            .unwrap();
+        assert_eq!(plain.cert, PathBuf::from("/etc/a/cert.pem"));
+        assert_eq!(plain.alpn, vec![b"x".to_vec()]);
+        let own = parse("127.0.0.1:1?cert=/etc/b/c.pem&client-ca=/etc/b/ca.pem")
+            .unwrap()
+            .tls_source(&defaults)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            own.cert,
+            PathBuf::from("/etc/b/c.pem"),
+            "cert= implies tls and wins"
+        );
+        assert_eq!(own.key, PathBuf::from("/etc/a/key.pem"));
+        assert_eq!(own.client_ca, Some(PathBuf::from("/etc/b/ca.pem")));
+        let e = parse("127.0.0.1:1?tls")
+            .unwrap()
+            .tls_source(&TlsDefaults::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("without a certificate"), "{e}");
     }
 
     #[test]

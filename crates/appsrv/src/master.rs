@@ -240,6 +240,9 @@ pub(crate) struct Settings {
     /// The listening sockets are shared with another process for good (systemd socket
     /// activation): never shut them down, never remove their files.
     pub(crate) shared_listeners: bool,
+    /// The listeners' TLS material, re-read on reload (shared with the code that forks
+    /// workers, which hands the current material to each new worker).
+    pub(crate) tls: std::rc::Rc<crate::tls::Store>,
 }
 
 /// The binary and arguments a new master is started with, and how long it may take.
@@ -794,11 +797,20 @@ impl<'a> Master<'a> {
         if self.phase != Phase::Running {
             return Err(format!("the server is {}", self.phase.name()));
         }
+        // TLS files are re-read first, and the new material applied only if the hook
+        // succeeds too: a failed reload changes nothing.
+        let tls = match self.settings.tls.any() {
+            true => Some(self.settings.tls.reread().map_err(|e| e.to_string())?),
+            false => None,
+        };
         if let Some(ReloadHook(hook)) = self.settings.on_reload.as_mut() {
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)) {
                 Ok(result) => result.map_err(|e| format!("the reload hook failed: {e}"))?,
                 Err(_) => return Err("the reload hook panicked".into()),
             }
+        }
+        if let Some(fresh) = tls {
+            self.settings.tls.apply(fresh);
         }
         self.generation += 1;
         let generation = self.generation;

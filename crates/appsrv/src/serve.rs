@@ -299,7 +299,12 @@ fn serve_requests<H: RequestHandler>(
             } else {
                 IDLE_GRACE_SILENT
             };
-            if served > 0 && ctx.at_boundary(client.socket(), grace) == Boundary::GiveUp {
+            // Input already decrypted inside the TLS layer is a request arriving, though
+            // the socket may have nothing more to read.
+            if served > 0
+                && !client.input_pending()
+                && ctx.at_boundary(client.socket(), grace) == Boundary::GiveUp
+            {
                 tracing::debug!(
                     "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
                     client.peer_addr()

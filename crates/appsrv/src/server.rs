@@ -222,6 +222,40 @@ impl Server {
         self
     }
 
+    /// The certificate chain (PEM, leaf first) of TLS listeners, those whose address has the
+    /// `tls` option (`--tls-cert`). Default: none.
+    pub fn tls_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.defaults.tls_cert = Some(path.into());
+        self
+    }
+
+    /// The private key (PEM) of TLS listeners (`--tls-key`). Default: none.
+    pub fn tls_key(mut self, path: impl Into<PathBuf>) -> Self {
+        self.defaults.tls_key = Some(path.into());
+        self
+    }
+
+    /// Require client certificates signed by the CAs in this file (PEM) on TLS listeners
+    /// (`--tls-client-ca`). Default: no client certificate is asked for.
+    pub fn tls_client_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.defaults.tls_client_ca = Some(path.into());
+        self
+    }
+
+    /// Offer this ALPN protocol on TLS listeners, after those already given (`--tls-alpn`).
+    /// Default: no ALPN.
+    pub fn tls_alpn(mut self, protocol: impl Into<String>) -> Self {
+        self.defaults.tls_alpn.push(protocol.into());
+        self
+    }
+
+    /// How long a client may take to complete its TLS handshake
+    /// (`--tls-handshake-timeout`). Default: 10 s.
+    pub fn tls_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.defaults.tls_handshake_timeout = timeout;
+        self
+    }
+
     /// The default log level (`--log-level`); default: `INFO`.
     pub fn log_level(mut self, level: Level) -> Self {
         self.defaults.log_level = level;
@@ -327,6 +361,11 @@ impl Server {
                     path.display(),
                     dir.display()
                 )));
+            }
+        }
+        for addr in &config.listen {
+            if let Some(source) = addr.tls_source(&config.tls)? {
+                crate::tls::load(&source)?;
             }
         }
         if let Some(hook) = self.check_hook.as_mut() {
@@ -604,6 +643,8 @@ struct Prepared {
     /// Started by systemd socket activation: the listeners are systemd's too.
     from_systemd: bool,
     upgrade: UpgradeSettings,
+    /// The listeners' TLS material.
+    tls: crate::tls::Store,
 }
 
 /// The master's start-up: resolve users, claim the pid file, bind, open the control socket,
@@ -656,6 +697,9 @@ fn start(
         }
         None => bind_all(config)?,
     };
+    // Read now, as root if started so, and before detaching: a bad file is reported on the
+    // terminal.
+    let tls = crate::tls::Store::load(tls_sources(config, &listeners)?)?;
     // The control socket is on when asked for, or by default for a server with a pid file
     // (an instance that commands address by name).
     let control_path = config
@@ -712,6 +756,7 @@ fn start(
         publish_pid: from_upgrade,
         from_systemd,
         upgrade,
+        tls,
     };
     let result = serve(name, config, policy, limits, prepared, &mut readiness, entry);
     if let Err(e) = &result {
@@ -780,8 +825,10 @@ fn supervise(
         access_log,
         on_reload,
         upgrade,
+        tls,
         ..
     } = prepared;
+    let tls = std::rc::Rc::new(tls);
     let plan = &plan;
     let listeners = &listeners[..];
     for l in listeners {
@@ -823,6 +870,7 @@ fn supervise(
         upgrade,
         adopted,
         shared_listeners,
+        tls: tls.clone(),
     };
     let master_pid = Pid::this();
     let log_path = config.log_file.as_deref();
@@ -840,6 +888,10 @@ fn supervise(
             recycle,
             access_log: config.access_log.as_deref().zip(access_log.as_ref()),
             max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
+            tls: crate::tls::ForWorker {
+                acceptors: tls.current(),
+                handshake_timeout: config.tls_handshake_timeout,
+            },
         })
     };
     let mut published: Option<PidFile> = None;
@@ -910,6 +962,25 @@ fn adopt_all(
             .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
     }
     Ok(all)
+}
+
+/// Where each listener's TLS material comes from (by listener index), from the `--listen`
+/// address it serves. Every TLS address is checked, even one no socket serves.
+fn tls_sources(config: &Config, listeners: &[Listener]) -> Result<Vec<Option<crate::tls::Source>>> {
+    let by_address = config
+        .listen
+        .iter()
+        .map(|a| a.tls_source(&config.tls))
+        .collect::<Result<Vec<_>>>()?;
+    if by_address.iter().all(Option::is_none) && (config.tls.cert.is_some() || config.tls.key.is_some()) {
+        tracing::warn!(
+            "--tls-cert/--tls-key are set but no listener has the tls option (ADDR?tls): they are not used"
+        );
+    }
+    Ok(listeners
+        .iter()
+        .map(|l| l.origin().and_then(|i| by_address.get(i).cloned().flatten()))
+        .collect())
 }
 
 /// The access policy of the command line, for every listener (each adds its own options).

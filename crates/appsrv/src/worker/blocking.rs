@@ -154,6 +154,7 @@ pub(crate) fn serve<C: Connections>(
     handler: &mut C,
     access: Option<(&Path, AccessLog)>,
     max_per_ip: Option<usize>,
+    tls: &crate::tls::ForWorker,
     reopen_log: &mut dyn FnMut(),
     retire: &mut dyn FnMut(),
 ) -> i32 {
@@ -182,6 +183,7 @@ pub(crate) fn serve<C: Connections>(
     let mut refusals = Episodes::default();
     let mut denials = Episodes::default();
     let mut proxy_errors = Episodes::default();
+    let mut tls_errors = Episodes::default();
     let mut acceptor = match Acceptor::new(id, listeners, board) {
         Ok(a) => a,
         Err(e) => {
@@ -249,6 +251,19 @@ pub(crate) fn serve<C: Connections>(
         }
         tracing::debug!("serving {peer}");
         slot.connection(&peer);
+        if let Some(config) = tls.acceptor(index) {
+            if let Err(e) = client.accept_tls(config.clone(), tls.handshake_timeout) {
+                // A plain-text client, a scanner, an expired client certificate: one line
+                // per episode, then the next connection.
+                if tls_errors.note(peer.ip().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into())) {
+                    tracing::warn!("TLS handshake with {peer} failed: {e}");
+                }
+                let _ = client.close();
+                let (_, bufs) = client.finish();
+                buffers = Some(bufs);
+                continue;
+            }
+        }
         if let (Some(cap), Some(ip)) = (max_per_ip, peer.ip()) {
             if board.connections_from(ip) > cap {
                 if refusals.note(ip) {

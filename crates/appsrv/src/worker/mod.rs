@@ -57,6 +57,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) access_log: Option<(&'a Path, &'a std::fs::File)>,
     /// At most this many connections from one client address at once.
     pub(crate) max_per_ip: Option<usize>,
+    /// The TLS listeners' configurations, and the handshake's time limit.
+    pub(crate) tls: crate::tls::ForWorker,
 }
 
 /// The type of a start hook.
@@ -130,6 +132,7 @@ where
         &mut handler,
         access,
         setup.max_per_ip,
+        &setup.tls,
         &mut || reopen_log(log_path),
         &mut || {
             let _ = channel.send(pid, &Message::Retire);

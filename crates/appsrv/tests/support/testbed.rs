@@ -7,6 +7,8 @@
 //! - `grow MIB`: the worker allocates and touches MIB mebibytes, then answers `grown`;
 //! - `tolerate-timeouts`: answers `ok`; from then on a read timeout is answered with a
 //!   `timeout` line and the handler reads again, instead of ending the connection.
+//! - `tls`: answers `tls VERSION subject=SUBJECT alpn=PROTOCOL sni=NAME` (`-` for what is
+//!   absent) on a TLS connection, `tls none` on a plain one.
 //!
 //! `--fail-factory` makes every worker's factory fail, `--fail-reload` the reload hook and
 //! `--fail-check` the check hook; `--crash-if-exists PATH` makes a
@@ -60,6 +62,20 @@ impl appsrv::Handler for Testbed {
                     self.ballast.push(vec![1u8; mib << 20]);
                     writeln!(client, "grown")?;
                 }
+                // What the TLS handshake negotiated, as the handler sees it.
+                "tls" => match client.tls() {
+                    Some(t) => {
+                        let line = format!(
+                            "tls {} subject={} alpn={} sni={}",
+                            t.protocol_version().unwrap_or("?"),
+                            t.peer_subject().unwrap_or("-"),
+                            t.alpn_protocol().map_or("-".into(), String::from_utf8_lossy),
+                            t.server_name().unwrap_or("-"),
+                        );
+                        writeln!(client, "{line}")?;
+                    }
+                    None => writeln!(client, "tls none")?,
+                },
                 "tolerate-timeouts" => {
                     tolerate_timeouts = true;
                     writeln!(client, "ok")?;

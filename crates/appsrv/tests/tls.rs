@@ -1,0 +1,561 @@
+//! TLS listeners (`ADDR?tls`): handshakes with rustls and `openssl s_client` against the
+//! echo and http_hello examples, client certificates, ALPN, plain-text and silent clients,
+//! bad material refused before start, and reload with new certificates under load.
+//!
+//! Regression tests for issue #9 ("TLS for any protocol, with rustls").
+
+mod util;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+
+use util::*;
+
+/// A test CA and the files it issues, in a directory removed at the end.
+struct Pki {
+    dir: PathBuf,
+    ca_params: CertificateParams,
+    ca_key: KeyPair,
+    ca_der: CertificateDer<'static>,
+}
+
+impl Pki {
+    fn new(tag: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("appsrv-tls-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "appsrv test CA");
+        let ca_key = KeyPair::generate().unwrap();
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        Pki {
+            dir,
+            ca_params,
+            ca_key,
+            ca_der: ca.der().clone(),
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    /// Issues a certificate for `cn` (valid for localhost and 127.0.0.1), written as
+    /// `NAME.pem` and `NAME.key`; returns its DER.
+    fn issue(&self, name: &str, cn: &str, validity: Option<(i32, i32)>) -> CertificateDer<'static> {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params.distinguished_name.push(DnType::CommonName, cn);
+        if let Some((from, until)) = validity {
+            params.not_before = rcgen::date_time_ymd(from, 1, 1);
+            params.not_after = rcgen::date_time_ymd(until, 1, 1);
+        }
+        let key = KeyPair::generate().unwrap();
+        let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        // Written aside, then renamed: a server re-reading them never sees half a file.
+        for (ext, text) in [("pem", cert.pem()), ("key", key.serialize_pem())] {
+            let tmp = self.dir.join(format!("{name}.{ext}.tmp"));
+            std::fs::write(&tmp, text).unwrap();
+            std::fs::rename(&tmp, self.dir.join(format!("{name}.{ext}"))).unwrap();
+        }
+        cert.der().clone()
+    }
+
+    fn client_config(&self, client: Option<&str>, alpn: &[&str]) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.ca_der.clone()).unwrap();
+        let builder = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let mut config = match client {
+            None => builder.with_no_client_auth(),
+            Some(name) => {
+                let chain = vec![CertificateDer::from_pem_file(self.path(&format!("{name}.pem"))).unwrap()];
+                let key = PrivateKeyDer::from_pem_file(self.path(&format!("{name}.key"))).unwrap();
+                builder.with_client_auth_cert(chain, key).unwrap()
+            }
+        };
+        config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+type Tls = StreamOwned<ClientConnection, TcpStream>;
+
+/// Connects and completes the handshake (a failed handshake panics with the reason).
+fn connect(addr: SocketAddr, config: &Arc<ClientConfig>) -> Tls {
+    try_connect(addr, config).unwrap_or_else(|e| panic!("TLS handshake with {addr}: {e}"))
+}
+
+fn try_connect(addr: SocketAddr, config: &Arc<ClientConfig>) -> std::io::Result<Tls> {
+    let tcp = TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(PATIENCE))?;
+    let conn = ClientConnection::new(config.clone(), ServerName::try_from("localhost").unwrap())
+        .map_err(std::io::Error::other)?;
+    let mut tls = StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock)?;
+    }
+    Ok(tls)
+}
+
+fn read_line(tls: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    tls.read_line(&mut line).expect("a line from the server");
+    line
+}
+
+/// The server's leaf certificate on a new connection.
+fn served_certificate(addr: SocketAddr, config: &Arc<ClientConfig>) -> CertificateDer<'static> {
+    let tls = connect(addr, config);
+    tls.conn.peer_certificates().unwrap()[0].clone()
+}
+
+/// One HTTP/1.1 GET of `path` on a TLS connection; returns the body.
+fn https_get(tls: &mut BufReader<Tls>, path: &str) -> std::io::Result<Vec<u8>> {
+    write!(tls.get_mut(), "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+    tls.get_mut().flush()?;
+    let mut status = String::new();
+    if tls.read_line(&mut status)? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    if !status.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!("status {status:?}")));
+    }
+    let mut length = 0;
+    loop {
+        let mut header = String::new();
+        tls.read_line(&mut header)?;
+        if header == "\r\n" {
+            break;
+        }
+        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    tls.read_exact(&mut body)?;
+    Ok(body)
+}
+
+fn tls_args<'a>(pki: &'a Pki, cert: &'a str, key: &'a str) -> Vec<String> {
+    vec![
+        "-l".into(),
+        "127.0.0.1:0?tls".into(),
+        "--tls-cert".into(),
+        pki.path(cert),
+        "--tls-key".into(),
+        pki.path(key),
+    ]
+}
+
+fn start(example_name: &str, args: &[String]) -> Server {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(example_name, &args)
+}
+
+fn run(example_name: &str, args: &[String]) -> std::process::Output {
+    Command::new(example(example_name)).args(args).output().unwrap()
+}
+
+#[test]
+fn echo_over_tls_with_rustls_and_openssl_s_client() {
+    let pki = Pki::new("echo");
+    pki.issue("server", "localhost", None);
+    let server = start("echo", &tls_args(&pki, "server.pem", "server.key"));
+    let addr = server.tcp_addr();
+
+    let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));
+    tls.get_mut().write_all(b"hello over rustls\n").unwrap();
+    assert_eq!(read_line(&mut tls), "hello over rustls\n");
+    tls.get_mut().write_all(b"and again\n").unwrap();
+    assert_eq!(read_line(&mut tls), "and again\n");
+    drop(tls);
+
+    // openssl s_client verifies the chain against our CA and echoes a line back.
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-quiet", "-verify_return_error", "-connect"])
+        .arg(addr.to_string())
+        .args(["-servername", "localhost", "-CAfile"])
+        .arg(pki.path("ca.pem"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("openssl s_client (apt-get install openssl)");
+    let mut guard = KillOnDrop(Some(child.id()));
+    child
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"hello over openssl\n")
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "hello over openssl\n");
+    drop(child.stdin.take());
+    guard.kill();
+    child.wait().unwrap();
+}
+
+/// Kills a helper process (openssl) if the test fails before it ends.
+struct KillOnDrop(Option<u32>);
+
+impl KillOnDrop {
+    fn kill(&mut self) {
+        if let Some(pid) = self.0.take() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[test]
+fn http_hello_over_tls_keeps_alive_and_sends_large_files() {
+    let pki = Pki::new("http");
+    pki.issue("server", "localhost", None);
+    let site = pki.dir.join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    // 1 MiB that is not all one byte, so a misplaced chunk would show.
+    let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(site.join("big.bin"), &big).unwrap();
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    args.extend(["--static-dir".into(), site.to_string_lossy().into_owned()]);
+    let server = start("http_hello", &args);
+    let addr = server.tcp_addr();
+
+    let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));
+    assert_eq!(https_get(&mut tls, "/").unwrap(), b"Hello, World!");
+    assert_eq!(
+        https_get(&mut tls, "/").unwrap(),
+        b"Hello, World!",
+        "the same connection"
+    );
+    assert!(
+        https_get(&mut tls, "/static/big.bin").unwrap() == big,
+        "the file, intact"
+    );
+    assert_eq!(https_get(&mut tls, "/").unwrap(), b"Hello, World!");
+
+    let out = Command::new("openssl")
+        .args(["s_client", "-quiet", "-verify_return_error", "-connect"])
+        .arg(addr.to_string())
+        .args(["-servername", "localhost", "-CAfile"])
+        .arg(pki.path("ca.pem"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .and_then(|mut child| {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+            child.wait_with_output()
+        })
+        .expect("openssl s_client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("Hello, World!"), "{text}");
+}
+
+#[test]
+fn a_client_certificate_is_required_and_its_subject_reaches_the_handler() {
+    let pki = Pki::new("mtls");
+    pki.issue("server", "localhost", None);
+    pki.issue("alice", "alice", None);
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    args.extend([
+        "--tls-client-ca".into(),
+        pki.path("ca.pem"),
+        "-w".into(),
+        "1".into(),
+    ]);
+    let server = start("testbed", &args);
+    let addr = server.tcp_addr();
+    let worker = server.wait_for_workers(1);
+
+    // Without a certificate: TLS 1.3 lets the client finish first, so the refusal shows
+    // on its first read.
+    let refused = try_connect(addr, &pki.client_config(None, &[])).and_then(|tls| {
+        let mut tls = BufReader::new(tls);
+        let mut line = String::new();
+        tls.read_line(&mut line).map(|_| line)
+    });
+    assert!(
+        refused.as_ref().is_err() || refused.as_ref().is_ok_and(|l| l.is_empty()),
+        "served without a client certificate: {refused:?}"
+    );
+    server.wait_for_log("TLS handshake with 127.0.0.1");
+
+    let mut tls = BufReader::new(connect(addr, &pki.client_config(Some("alice"), &[])));
+    assert!(read_line(&mut tls).starts_with("pid "));
+    tls.get_mut().write_all(b"tls\n").unwrap();
+    let line = read_line(&mut tls);
+    assert!(line.starts_with("tls TLSv1.3 subject=CN=alice "), "{line}");
+    assert_eq!(server.worker_pids(), worker, "the same worker served both");
+}
+
+#[test]
+fn alpn_is_negotiated_and_a_client_without_a_common_protocol_is_refused() {
+    let pki = Pki::new("alpn");
+    pki.issue("server", "localhost", None);
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    args.extend(["--tls-alpn".into(), "appsrv/1,appsrv/2".into()]);
+    let server = start("testbed", &args);
+    let addr = server.tcp_addr();
+
+    let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &["appsrv/2"])));
+    read_line(&mut tls);
+    tls.get_mut().write_all(b"tls\n").unwrap();
+    let line = read_line(&mut tls);
+    assert!(line.contains(" alpn=appsrv/2 sni=localhost"), "{line}");
+
+    let e = try_connect(addr, &pki.client_config(None, &["other"])).err();
+    assert!(e.is_some(), "a handshake without a common protocol must fail");
+}
+
+#[test]
+fn a_plain_text_client_on_a_tls_listener_is_closed_at_once_and_the_worker_serves_on() {
+    let pki = Pki::new("plain");
+    pki.issue("server", "localhost", None);
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    // A long handshake limit: the plain client must be closed because of what it sent,
+    // not because the limit ran out.
+    args.extend([
+        "-w".into(),
+        "1".into(),
+        "--tls-handshake-timeout".into(),
+        "600".into(),
+    ]);
+    let server = start("testbed", &args);
+    let addr = server.tcp_addr();
+    let worker = server.wait_for_workers(1);
+
+    let mut plain = TcpStream::connect(addr).unwrap();
+    plain.set_read_timeout(Some(PATIENCE)).unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut reply = Vec::new();
+    match plain.read_to_end(&mut reply) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset,
+            "closed, not left waiting: {e}"
+        ),
+    }
+    assert!(
+        !reply.windows(4).any(|w| w == b"pid "),
+        "no handler output in clear text"
+    );
+    let log = server.wait_for_log("TLS handshake with 127.0.0.1");
+    assert!(log.contains("failed"), "{log}");
+
+    // The single worker is free and serves a TLS client.
+    let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));
+    assert!(read_line(&mut tls).starts_with("pid "));
+    assert_eq!(server.worker_pids(), worker, "the worker survived");
+}
+
+#[test]
+fn a_client_that_never_completes_its_handshake_is_dropped_at_the_timeout() {
+    let pki = Pki::new("silent");
+    pki.issue("server", "localhost", None);
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    args.extend([
+        "-w".into(),
+        "1".into(),
+        "--tls-handshake-timeout".into(),
+        "1".into(),
+    ]);
+    let server = start("testbed", &args);
+    let addr = server.tcp_addr();
+
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buf = [0u8; 64];
+    match silent.read(&mut buf) {
+        Ok(n) => assert_eq!(n, 0, "closed without a byte of clear text"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    server.wait_for_log("the TLS handshake took too long");
+    let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));
+    assert!(
+        read_line(&mut tls).starts_with("pid "),
+        "the worker serves the next client"
+    );
+}
+
+#[test]
+fn bad_tls_material_is_refused_before_start_with_the_file_named() {
+    let pki = Pki::new("bad");
+    pki.issue("server", "localhost", None);
+    pki.issue("other", "localhost", None);
+    pki.issue("expired", "localhost", Some((2020, 2021)));
+    pki.issue("future", "localhost", Some((2090, 2091)));
+    std::fs::write(pki.dir.join("garbage.pem"), "not PEM at all\n").unwrap();
+    let cases: &[(Vec<String>, &str)] = &[
+        (
+            tls_args(&pki, "missing.pem", "server.key"),
+            "missing.pem: cannot read it",
+        ),
+        (
+            tls_args(&pki, "garbage.pem", "server.key"),
+            "garbage.pem: no certificate in this file",
+        ),
+        (
+            tls_args(&pki, "server.pem", "other.key"),
+            "other.key: this key does not match the certificate",
+        ),
+        (
+            tls_args(&pki, "expired.pem", "expired.key"),
+            "expired.pem: the certificate expired on 2021-01-01",
+        ),
+        (
+            tls_args(&pki, "future.pem", "future.key"),
+            "future.pem: the certificate is not valid before 2090",
+        ),
+        (
+            vec!["-l".into(), "127.0.0.1:0?tls".into()],
+            "TLS listener without a certificate: give --tls-cert",
+        ),
+    ];
+    for (args, expected) in cases {
+        for sub in ["check", "run"] {
+            let mut full = vec![sub.to_owned()];
+            full.extend(args.iter().cloned());
+            let out = run("testbed", &full);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{sub} {args:?} must fail");
+            assert!(
+                err.contains(expected),
+                "{sub} {args:?}: expected {expected:?} in {err}"
+            );
+            assert!(!err.contains(" ready"), "{sub} {args:?} must not serve: {err}");
+        }
+    }
+    // Per-listener files take precedence over the command line's.
+    let out = run(
+        "testbed",
+        &[
+            "check".into(),
+            "-l".into(),
+            format!(
+                "127.0.0.1:0?cert={}&key={}",
+                pki.path("server.pem"),
+                pki.path("server.key")
+            ),
+            "--tls-cert".into(),
+            pki.path("expired.pem"),
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn reload_serves_the_new_certificate_without_dropping_a_request() {
+    let pki = Pki::new("reload");
+    let first = pki.issue("server", "localhost", None);
+    let ctl = socket_path("tls-reload");
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    args.extend(["-w".into(), "2".into(), "--control".into(), ctl.clone()]);
+    let server = start("http_hello", &args);
+    let addr = server.tcp_addr();
+    let config = pki.client_config(None, &[]);
+    assert_eq!(served_certificate(addr, &config), first);
+
+    // Clients keep requesting over keep-alive TLS connections throughout; a connection
+    // the server closes between requests is reopened, as HTTP clients do.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, done, config) = (stop.clone(), done.clone(), config.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut conn: Option<BufReader<Tls>> = None;
+                while !stop.load(Ordering::Relaxed) {
+                    let tls = match conn.as_mut() {
+                        Some(c) => c,
+                        None => conn.insert(BufReader::new(
+                            try_connect(addr, &config).map_err(|e| format!("connect: {e}"))?,
+                        )),
+                    };
+                    match https_get(tls, "/") {
+                        Ok(body) if body == b"Hello, World!" => {
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(body) => return Err(format!("body {body:?}")),
+                        // Closed by the server between two requests: reconnect once.
+                        Err(_) => {
+                            let mut fresh = BufReader::new(
+                                try_connect(addr, &config).map_err(|e| format!("reconnect: {e}"))?,
+                            );
+                            https_get(&mut fresh, "/").map_err(|e| format!("on a new connection: {e}"))?;
+                            done.fetch_add(1, Ordering::Relaxed);
+                            conn = Some(fresh);
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    wait_until(|| (done.load(Ordering::Relaxed) > 10).then_some(())).expect("requests flow");
+
+    let second = pki.issue("server", "localhost", None);
+    let out = run("http_hello", &["reload".into(), "--control".into(), ctl.clone()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let at_reload = done.load(Ordering::Relaxed);
+    wait_until(|| (done.load(Ordering::Relaxed) > at_reload + 10).then_some(()))
+        .expect("requests flow after");
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap().expect("no request failed across the reload");
+    }
+    assert_eq!(
+        served_certificate(addr, &config),
+        second,
+        "new connections get the new certificate"
+    );
+
+    // A re-read that fails makes the reload fail and keeps the current material.
+    std::fs::write(pki.dir.join("server.pem"), "truncated\n").unwrap();
+    let out = run("http_hello", &["reload".into(), "--control".into(), ctl]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("server.pem: no certificate in this file"), "{err}");
+    assert_eq!(served_certificate(addr, &config), second, "still served");
+}
