@@ -32,6 +32,10 @@
 //! responses written together; a malformed request gets `400 Bad Request` with
 //! `Connection: close` and the worker goes on with the next client. A `--static-dir` that
 //! does not exist stops the server at start with a clear message.
+//!
+//! With `--sandbox`, workers may read `--static-dir` and nothing else on disk, and make
+//! only the default profile's system calls (see `docs/SECURITY.md`); over TLS
+//! (`-l '127.0.0.1:8443?tls' --tls-cert cert.pem --tls-key key.pem`) nothing else changes.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -204,7 +208,12 @@ fn main() -> appsrv::Result<()> {
         .listen("127.0.0.1:8080");
     let args: Args = server.args();
     let root = args.static_dir.as_deref().map(static_root).transpose()?;
-    server.run_requests(move || {
+    // Under --sandbox, the workers may read the static directory and nothing else.
+    let mut profile = appsrv::Sandbox::new();
+    if let Some(dir) = &root {
+        profile = profile.read(dir);
+    }
+    server.sandbox(profile).run_requests(move || {
         // Opened in each worker, after the privilege drop: a directory the workers' user
         // cannot read stops the server at start with that error.
         let root = root.as_deref().map(File::open).transpose()?;

@@ -61,6 +61,10 @@ pub(crate) struct Defaults {
     pub(crate) tls_client_ca: Option<PathBuf>,
     pub(crate) tls_alpn: Vec<String>,
     pub(crate) tls_handshake_timeout: Duration,
+    pub(crate) chroot: Option<PathBuf>,
+    pub(crate) no_new_privs: bool,
+    pub(crate) sandbox: bool,
+    pub(crate) sandbox_profile: crate::sandbox::Sandbox,
 }
 
 /// The pool policies of `--pool`.
@@ -125,6 +129,10 @@ impl Default for Defaults {
             tls_client_ca: None,
             tls_alpn: Vec::new(),
             tls_handshake_timeout: crate::tls::DEFAULT_HANDSHAKE_TIMEOUT,
+            chroot: None,
+            no_new_privs: false,
+            sandbox: false,
+            sandbox_profile: crate::sandbox::Sandbox::default(),
         }
     }
 }
@@ -171,10 +179,57 @@ pub(crate) struct Config {
     pub(crate) tls: crate::listener::TlsDefaults,
     /// `None`: no limit.
     pub(crate) tls_handshake_timeout: Option<Duration>,
+    pub(crate) chroot: Option<PathBuf>,
+    pub(crate) rlimit_nofile: Option<u64>,
+    /// MiB.
+    pub(crate) rlimit_core: Option<u64>,
+    /// MiB.
+    pub(crate) rlimit_as: Option<u64>,
+    pub(crate) umask: Option<u32>,
+    pub(crate) no_new_privs: bool,
+    pub(crate) sandbox: bool,
+    pub(crate) sandbox_read: Vec<PathBuf>,
+    pub(crate) sandbox_write: Vec<PathBuf>,
+    /// The program's own profile ([`Server::sandbox`](crate::Server::sandbox)).
+    pub(crate) sandbox_profile: crate::sandbox::Sandbox,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
     pub(crate) start_timeout: Duration,
+}
+
+impl Config {
+    /// How workers are confined, from the options and the program's sandbox profile
+    /// (whose seccomp filter is compiled here: an error is a configuration error).
+    pub(crate) fn confinement(&self) -> Result<crate::privilege::Confinement, crate::Error> {
+        use nix::sys::resource::Resource;
+        let mib = |v: u64| v.saturating_mul(1 << 20);
+        let rlimits = [
+            (Resource::RLIMIT_NOFILE, self.rlimit_nofile),
+            (Resource::RLIMIT_CORE, self.rlimit_core.map(mib)),
+            (Resource::RLIMIT_AS, self.rlimit_as.map(mib)),
+        ]
+        .into_iter()
+        .filter_map(|(r, v)| v.map(|v| (r, v)))
+        .collect();
+        let sandbox = match self.sandbox {
+            true => Some(
+                self.sandbox_profile
+                    .clone()
+                    .with_paths(&self.sandbox_read, &self.sandbox_write)
+                    .compile()
+                    .map_err(|e| crate::Error::Config(format!("--sandbox: {e}")))?,
+            ),
+            false => None,
+        };
+        Ok(crate::privilege::Confinement {
+            chroot: self.chroot.clone(),
+            rlimits,
+            umask: self.umask,
+            no_new_privs: self.no_new_privs,
+            sandbox,
+        })
+    }
 }
 
 /// The default pool size: one worker per CPU, at least two (one busy worker must not
@@ -262,6 +317,14 @@ fn control_arg(prefix: &str) -> Arg {
         .value_name("PATH")
         .value_parser(clap::value_parser!(PathBuf))
         .help("The control socket (status, metrics, workers): /run/NAME/ctl.sock as root, $XDG_RUNTIME_DIR/NAME.sock otherwise. The server opens it when this is given or when it has a pid file (start, --pid-file)")
+}
+
+/// An optional number: absent means "leave it as it is".
+fn optional_count(prefix: &str, id: &'static str, help: &'static str) -> Arg {
+    env_opt(prefix, id)
+        .value_name("N")
+        .value_parser(clap::value_parser!(u64))
+        .help(help)
 }
 
 /// An optional path, with its default from code if any.
@@ -403,7 +466,50 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         .arg(
             env_opt(prefix, "allow-root-workers")
                 .action(ArgAction::SetTrue)
+                // The builder's default (Server::allow_root_workers) must reach the flag.
+                .default_value(if d.allow_root_workers { "true" } else { "false" })
                 .help("Let workers keep root privileges when the master runs as root and no --user is given"),
+        )
+        .arg(path_arg(prefix, "chroot", d.chroot.as_ref(), "Workers chroot to DIR before dropping privileges (the master must be root; users, groups, certificates and log files are resolved and opened before). Paths the handler opens, --sandbox-read/--sandbox-write included, are then inside DIR [default: none]"))
+        .arg(optional_count(prefix, "rlimit-nofile", "Workers' limit on open descriptors (RLIMIT_NOFILE, soft and hard) [default: inherited]"))
+        .arg(optional_count(prefix, "rlimit-core", "Workers' core file size limit in MiB (RLIMIT_CORE; 0: no core dumps) [default: inherited]"))
+        .arg(optional_count(prefix, "rlimit-as", "Workers' address space limit in MiB (RLIMIT_AS): an allocation beyond it fails [default: inherited]"))
+        .arg(
+            env_opt(prefix, "umask")
+                .value_name("MODE")
+                .value_parser(|s: &str| {
+                    u32::from_str_radix(s, 8)
+                        .ok()
+                        .filter(|m| *m <= 0o777)
+                        .ok_or_else(|| format!("{s:?}: expected octal permissions such as 027"))
+                })
+                .help("Workers' umask, octal (027) [default: inherited]"),
+        )
+        .arg(
+            env_opt(prefix, "no-new-privs")
+                .action(ArgAction::SetTrue)
+                .default_value(if d.no_new_privs { "true" } else { "false" })
+                .help("Set PR_SET_NO_NEW_PRIVS in workers: nothing they execute can gain privileges (setuid programs, file capabilities) [implied by --sandbox]"),
+        )
+        .arg(
+            env_opt(prefix, "sandbox")
+                .action(ArgAction::SetTrue)
+                .default_value(if d.sandbox { "true" } else { "false" })
+                .help("Confine workers with Landlock (files: only --sandbox-read/--sandbox-write and the program's own allowances) and a seccomp allow-list of system calls (no new sockets, no exec, no fork); see docs/SECURITY.md"),
+        )
+        .arg(
+            env_opt(prefix, "sandbox-read")
+                .value_name("PATH")
+                .action(ArgAction::Append)
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("With --sandbox: workers may read beneath PATH (repeatable)"),
+        )
+        .arg(
+            env_opt(prefix, "sandbox-write")
+                .value_name("PATH")
+                .action(ArgAction::Append)
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("With --sandbox: workers may read and write beneath PATH (repeatable)"),
         )
         .arg(
             env_opt(prefix, "backlog")
@@ -660,6 +766,22 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
                 .unwrap_or_default(),
         },
         tls_handshake_timeout: timeout(m, "tls-handshake-timeout"),
+        chroot: m.get_one::<PathBuf>("chroot").cloned(),
+        rlimit_nofile: m.get_one::<u64>("rlimit-nofile").copied(),
+        rlimit_core: m.get_one::<u64>("rlimit-core").copied(),
+        rlimit_as: m.get_one::<u64>("rlimit-as").copied(),
+        umask: m.get_one::<u32>("umask").copied(),
+        no_new_privs: m.get_flag("no-new-privs"),
+        sandbox: m.get_flag("sandbox"),
+        sandbox_read: m
+            .get_many::<PathBuf>("sandbox-read")
+            .map(|v| v.cloned().collect())
+            .unwrap_or_default(),
+        sandbox_write: m
+            .get_many::<PathBuf>("sandbox-write")
+            .map(|v| v.cloned().collect())
+            .unwrap_or_default(),
+        sandbox_profile: crate::sandbox::Sandbox::default(),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())
@@ -745,6 +867,21 @@ mod tests {
         ] {
             assert!(help.contains(needle), "missing {needle} in\n{help}");
         }
+    }
+
+    #[test]
+    fn flags_set_in_code_are_defaults() {
+        // Regression: Server::allow_root_workers(true) had no effect on the flag.
+        let d = Defaults {
+            allow_root_workers: true,
+            no_new_privs: true,
+            sandbox: true,
+            ..Defaults::default()
+        };
+        let c = parse(&d, &["hello", "-l", "127.0.0.1:0"]).unwrap();
+        assert!(c.allow_root_workers && c.no_new_privs && c.sandbox);
+        let c = parse(&Defaults::default(), &["hello", "-l", "127.0.0.1:0"]).unwrap();
+        assert!(!c.allow_root_workers && !c.no_new_privs && !c.sandbox);
     }
 
     #[test]

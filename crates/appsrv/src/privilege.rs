@@ -174,6 +174,72 @@ pub(crate) fn drop_to(creds: &Credentials) -> Result<(), String> {
     Ok(())
 }
 
+/// How a worker is confined beyond its identity: chroot, resource limits, umask,
+/// no-new-privs and the sandbox. Decided in the master; applied by each worker after fork.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Confinement {
+    /// `--chroot`: the worker's root directory.
+    pub(crate) chroot: Option<std::path::PathBuf>,
+    /// `--rlimit-nofile`, `--rlimit-core`, `--rlimit-as`: (resource, soft and hard limit).
+    pub(crate) rlimits: Vec<(nix::sys::resource::Resource, u64)>,
+    /// `--umask`.
+    pub(crate) umask: Option<u32>,
+    /// `--no-new-privs` (implied by the sandbox).
+    pub(crate) no_new_privs: bool,
+    /// `--sandbox`: the profile, compiled.
+    pub(crate) sandbox: Option<crate::sandbox::Compiled>,
+}
+
+impl Confinement {
+    /// Checks in the master what can be checked before forking.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        if let Some(dir) = &self.chroot {
+            if !dir.is_dir() {
+                return Err(Error::Config(format!(
+                    "--chroot {}: not a directory",
+                    dir.display()
+                )));
+            }
+            if !Uid::effective().is_root() {
+                return Err(Error::Config(format!(
+                    "--chroot {} needs a master started as root",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The steps that need root, in a worker before the privilege drop: umask, resource
+    /// limits (raising a hard limit needs root), chroot.
+    pub(crate) fn before_drop(&self) -> Result<(), String> {
+        if let Some(mask) = self.umask {
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));
+        }
+        for &(resource, limit) in &self.rlimits {
+            nix::sys::resource::setrlimit(resource, limit, limit)
+                .map_err(|e| format!("setrlimit {resource:?} to {limit}: {}", e.desc()))?;
+        }
+        if let Some(dir) = &self.chroot {
+            unistd::chroot(dir).map_err(|e| format!("chroot {}: {}", dir.display(), e.desc()))?;
+            unistd::chdir("/").map_err(|e| format!("chdir / in the chroot: {}", e.desc()))?;
+        }
+        Ok(())
+    }
+
+    /// The steps after the privilege drop: no-new-privs, then the sandbox (Landlock, then
+    /// seccomp). Returns a warning to log when the kernel enforces the sandbox only in part.
+    pub(crate) fn after_drop(&self, log_dirs: &[&std::path::Path]) -> Result<Option<String>, String> {
+        if self.no_new_privs || self.sandbox.is_some() {
+            nix::sys::prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {}", e.desc()))?;
+        }
+        match &self.sandbox {
+            Some(sandbox) => sandbox.apply(log_dirs).map_err(|e| format!("sandbox: {e}")),
+            None => Ok(None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -256,6 +256,34 @@ impl Server {
         self
     }
 
+    /// Workers chroot to `dir` before dropping privileges (`--chroot`). Default: none.
+    pub fn chroot(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.defaults.chroot = Some(dir.into());
+        self
+    }
+
+    /// Sets `PR_SET_NO_NEW_PRIVS` in workers (`--no-new-privs`). Default: `false`
+    /// (implied by the sandbox).
+    pub fn no_new_privs(mut self, on: bool) -> Self {
+        self.defaults.no_new_privs = on;
+        self
+    }
+
+    /// The sandbox profile workers get with `--sandbox`: the default profile extended with
+    /// the paths and system calls this program needs (`--sandbox-read` and
+    /// `--sandbox-write` add to it). Setting a profile does not turn the sandbox on: see
+    /// [`sandboxed`](Server::sandboxed).
+    pub fn sandbox(mut self, profile: crate::Sandbox) -> Self {
+        self.defaults.sandbox_profile = profile;
+        self
+    }
+
+    /// Whether workers are sandboxed by default (`--sandbox`). Default: `false`.
+    pub fn sandboxed(mut self, on: bool) -> Self {
+        self.defaults.sandbox = on;
+        self
+    }
+
     /// The default log level (`--log-level`); default: `INFO`.
     pub fn log_level(mut self, level: Level) -> Self {
         self.defaults.log_level = level;
@@ -337,6 +365,7 @@ impl Server {
             config.allow_root_workers,
         )?;
         pool_policy(config)?;
+        config.confinement()?.check()?;
         if !request_level && config.max_requests > 0 {
             return Err(Error::Config(
                 "--max-requests needs a request-level handler: use --max-connections".into(),
@@ -424,10 +453,15 @@ impl Server {
                 .get_matches_from(cli::with_default_subcommand(self.args.clone())),
         };
         let mut config = match matches.subcommand() {
-            Some(("run", m)) => cli::config(m),
+            Some(("run", m)) => {
+                let mut c = cli::config(m);
+                c.sandbox_profile = self.defaults.sandbox_profile.clone();
+                c
+            }
             Some(("start", m)) => {
                 let mut c = cli::config(m);
                 c.daemon = true;
+                c.sandbox_profile = self.defaults.sandbox_profile.clone();
                 c
             }
             Some(("stop", m)) => std::process::exit(daemon::stop_command(
@@ -461,7 +495,8 @@ impl Server {
                 std::process::exit(control::upgrade_command(&self.name, &path, timeout))
             }
             Some(("check", m)) => {
-                let config = cli::config(m);
+                let mut config = cli::config(m);
+                config.sandbox_profile = self.defaults.sandbox_profile.clone();
                 match self.check(&config, request_level) {
                     Ok(()) => {
                         println!("{}: configuration OK", self.name);
@@ -664,6 +699,7 @@ fn start(
         config.group.as_deref(),
         config.allow_root_workers,
     )?;
+    config.confinement()?.check()?;
     // Sockets handed over by an upgrading master, or by systemd.
     let mut inherited = upgrade::inherited()?;
     let from_upgrade = matches!(
@@ -874,6 +910,10 @@ fn supervise(
     };
     let master_pid = Pid::this();
     let log_path = config.log_file.as_deref();
+    let confinement = config.confinement()?;
+    if let Some(dir) = &confinement.chroot {
+        tracing::info!("workers chroot to {}", dir.display());
+    }
     let mut spawn = |id: u32, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
         entry(worker::Setup {
             id,
@@ -888,6 +928,7 @@ fn supervise(
             recycle,
             access_log: config.access_log.as_deref().zip(access_log.as_ref()),
             max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
+            confinement: &confinement,
             tls: crate::tls::ForWorker {
                 acceptors: tls.current(),
                 handshake_timeout: config.tls_handshake_timeout,

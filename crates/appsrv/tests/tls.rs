@@ -241,7 +241,7 @@ impl Drop for KillOnDrop {
 }
 
 #[test]
-fn http_hello_over_tls_keeps_alive_and_sends_large_files() {
+fn http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox() {
     let pki = Pki::new("http");
     pki.issue("server", "localhost", None);
     let site = pki.dir.join("site");
@@ -250,7 +250,13 @@ fn http_hello_over_tls_keeps_alive_and_sends_large_files() {
     let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
     std::fs::write(site.join("big.bin"), &big).unwrap();
     let mut args = tls_args(&pki, "server.pem", "server.key");
-    args.extend(["--static-dir".into(), site.to_string_lossy().into_owned()]);
+    // Sandboxed too: TLS and the static files need nothing beyond the default profile and
+    // the directory http_hello adds to it.
+    args.extend([
+        "--static-dir".into(),
+        site.to_string_lossy().into_owned(),
+        "--sandbox".into(),
+    ]);
     let server = start("http_hello", &args);
     let addr = server.tcp_addr();
 

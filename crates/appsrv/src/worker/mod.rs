@@ -4,11 +4,13 @@
 //! 1. the log lines say `worker N` and the worker's pid;
 //! 2. the master's signal handlers are replaced by the worker's ([`sys::install_worker_signals`]);
 //! 3. descriptors that only the master needs are closed;
-//! 4. privileges are dropped (groups, gid, uid) and checked;
-//! 5. the parent-death signal is set (after the drop, which clears it) and the parent checked;
-//! 6. the `on_worker_start` hook, then the factory, run; a failure is reported to the
+//! 4. the umask, resource limits and chroot are applied (they need root);
+//! 5. privileges are dropped (groups, gid, uid) and checked;
+//! 6. the parent-death signal is set (after the drop, which clears it) and the parent checked;
+//! 7. no-new-privs, then the sandbox (Landlock, then seccomp), when asked for;
+//! 8. the `on_worker_start` hook, then the factory, run; a failure is reported to the
 //!    master with its reason and the worker exits;
-//! 7. the worker tells the master it is ready and serves connections until asked to stop.
+//! 9. the worker tells the master it is ready and serves connections until asked to stop.
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
@@ -57,6 +59,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) access_log: Option<(&'a Path, &'a std::fs::File)>,
     /// At most this many connections from one client address at once.
     pub(crate) max_per_ip: Option<usize>,
+    /// Chroot, resource limits, umask, no-new-privs, sandbox.
+    pub(crate) confinement: &'a crate::privilege::Confinement,
     /// The TLS listeners' configurations, and the handshake's time limit.
     pub(crate) tls: crate::tls::ForWorker,
 }
@@ -84,6 +88,9 @@ where
     // their owners live in the master's part of this copied address space, which the
     // worker never returns to.
     unsafe { sys::close_inherited(setup.master_fds) };
+    if let Err(reason) = setup.confinement.before_drop() {
+        fail(reason);
+    }
     if let Plan::Drop(creds) = setup.plan {
         if let Err(reason) = crate::privilege::drop_to(creds) {
             fail(format!("dropping privileges to user {:?}: {reason}", creds.user));
@@ -93,6 +100,22 @@ where
         Ok(true) => {}
         Ok(false) => sys::exit_now(exit::ORPHANED),
         Err(e) => fail(format!("setting the parent-death signal: {e}")),
+    }
+    // The logs are reopened by path after USR1: the sandbox lets the worker write there
+    // (not under a chroot, where those paths do not exist).
+    let log_dirs: Vec<&Path> = match setup.confinement.chroot {
+        Some(_) => Vec::new(),
+        None => setup
+            .log_path
+            .into_iter()
+            .chain(setup.access_log.map(|(p, _)| p))
+            .filter_map(Path::parent)
+            .collect(),
+    };
+    match setup.confinement.after_drop(&log_dirs) {
+        Ok(None) => {}
+        Ok(Some(warning)) => tracing::warn!("{warning}"),
+        Err(reason) => fail(reason),
     }
     panic::set_hook(Box::new(record_panic));
 

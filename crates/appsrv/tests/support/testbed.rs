@@ -7,6 +7,9 @@
 //! - `grow MIB`: the worker allocates and touches MIB mebibytes, then answers `grown`;
 //! - `tolerate-timeouts`: answers `ok`; from then on a read timeout is answered with a
 //!   `timeout` line and the handler reads again, instead of ending the connection.
+//! - `open PATH`, `write PATH`, `socket`, `exec`, `thread`, `root`: confinement probes
+//!   (read a file, write one, make a UDP socket, run /bin/true, start a thread, setuid(0));
+//!   each answers `NAME ok ...` or `NAME error ...`;
 //! - `tls`: answers `tls VERSION subject=SUBJECT alpn=PROTOCOL sni=NAME` (`-` for what is
 //!   absent) on a TLS connection, `tls none` on a plain one.
 //!
@@ -76,6 +79,33 @@ impl appsrv::Handler for Testbed {
                     }
                     None => writeln!(client, "tls none")?,
                 },
+                // Confinement probes: what the worker may do (`ok ...`) or not (`error ...`).
+                cmd if cmd.starts_with("open ") => match std::fs::read(&cmd[5..]) {
+                    Ok(bytes) => writeln!(client, "open ok {} bytes", bytes.len())?,
+                    Err(e) => writeln!(client, "open error {:?}", e.kind())?,
+                },
+                cmd if cmd.starts_with("write ") => match std::fs::write(&cmd[6..], b"x") {
+                    Ok(()) => writeln!(client, "write ok")?,
+                    Err(e) => writeln!(client, "write error {:?}", e.kind())?,
+                },
+                "socket" => match std::net::UdpSocket::bind("127.0.0.1:0") {
+                    Ok(_) => writeln!(client, "socket ok")?,
+                    Err(e) => writeln!(client, "socket error {}", e.raw_os_error().unwrap_or(0))?,
+                },
+                "exec" => match std::process::Command::new("/bin/true").status() {
+                    Ok(status) => writeln!(client, "exec ok {status}")?,
+                    Err(e) => writeln!(client, "exec error {}", e.raw_os_error().unwrap_or(0))?,
+                },
+                "thread" => match std::thread::spawn(|| 42).join() {
+                    Ok(n) => writeln!(client, "thread ok {n}")?,
+                    Err(_) => writeln!(client, "thread error")?,
+                },
+                "root" => {
+                    // SAFETY: setuid has no memory-safety preconditions; the worker is
+                    // meant to fail it.
+                    let r = unsafe { libc::setuid(0) };
+                    writeln!(client, "root {}", if r == 0 { "ok" } else { "error" })?;
+                }
                 "tolerate-timeouts" => {
                     tolerate_timeouts = true;
                     writeln!(client, "ok")?;
