@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The cost of confining workers: http_hello with and without --sandbox (Landlock +
-# seccomp), on loopback, loaded by ab at concurrency C:
+# The cost of confining workers: http_hello plain, with --sandbox (Landlock + seccomp) and
+# with --exec-workers (each worker re-executes the program), on loopback, loaded by ab at
+# concurrency C:
 #   keep-alive    requests/s on C kept-alive connections (ab -k);
 #   new conn/req  requests/s with a new connection per request;
 # each the median of RUNS runs of N requests; then the time `start` takes to bring up a
@@ -10,9 +11,9 @@
 #   bench/sandbox.sh                (N=20000 RUNS=5 C=8 WORKERS=8 SPAWN=32)
 #   N=2000 RUNS=1 bench/sandbox.sh  (a quick check that everything runs)
 #
-# Needs ab (apt-get install -y apache2-utils). Both servers are the same release build
-# with the same options but --sandbox; the client shares the 2 CPUs with the server, so
-# compare the two columns, not the absolute figures.
+# Needs ab (apt-get install -y apache2-utils). The three servers are the same release
+# build with the same options but the one measured; the client shares the 2 CPUs with the
+# server, so compare the columns, not the absolute figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5} N=${N:-20000} C=${C:-8} WORKERS=${WORKERS:-8} SPAWN=${SPAWN:-32}
@@ -41,9 +42,10 @@ rps() {
 }
 
 declare -A result
-for mode in plain sandbox; do
+for mode in plain sandbox exec; do
   flags=()
   [ "$mode" = sandbox ] && flags=(--sandbox)
+  [ "$mode" = exec ] && flags=(--exec-workers)
   "$BIN" -l 127.0.0.1:0 -w "$WORKERS" "${flags[@]}" 2>"$work/$mode.log" &
   SERVER=$!
   for _ in $(seq 200); do grep -q " ready" "$work/$mode.log" 2>/dev/null && break; sleep 0.05; done
@@ -61,19 +63,21 @@ for mode in plain sandbox; do
     "$BIN" start -l 127.0.0.1:0 -w "$SPAWN" "${flags[@]}" --pid-file "$work/pid" --log-file "$work/start.log"
     t1=$(date +%s%N)
     "$BIN" stop --pid-file "$work/pid" >/dev/null
-    echo $(((t1 - t0) / 1000))
+    echo $(((t1 - t0) / 1000000))
   done | median)
 done
 
 echo "http_hello, c=$C, N=$N, -w $WORKERS, median of $RUNS; start with -w $SPAWN; $(nproc) CPUs; Linux $(uname -r)"
-printf '| %-34s | %10s | %10s | %9s |\n' "" "plain" "--sandbox" "ratio"
-printf '|%s|%s|%s|%s|\n' "------------------------------------" "------------" "------------" "-----------"
+echo "(in parentheses: the ratio to plain)"
+printf '| %-34s | %10s | %14s | %14s |\n' "" "plain" "--sandbox" "--exec-workers"
+printf '|%s|%s|%s|%s|\n' "------------------------------------" "------------" "----------------" "----------------"
 for k in ka new spawn; do
   case $k in
     ka) label="keep-alive requests/s" ;;
     new) label="new connection per request, req/s" ;;
-    spawn) label="start -w $SPAWN until ready, µs" ;;
+    spawn) label="start -w $SPAWN until ready, ms" ;;
   esac
-  a=${result[plain,$k]} b=${result[sandbox,$k]}
-  printf '| %-34s | %10s | %10s | %9s |\n' "$label" "$a" "$b" "$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')"
+  ratio() { awk -v a="${result[plain,$k]}" -v b="$1" 'BEGIN { printf "%.2f", b / a }'; }
+  printf '| %-34s | %10s | %14s | %14s |\n' "$label" "${result[plain,$k]}" \
+    "${result[sandbox,$k]} ($(ratio "${result[sandbox,$k]}"))" "${result[exec,$k]} ($(ratio "${result[exec,$k]}"))"
 done

@@ -65,6 +65,7 @@ pub(crate) struct Defaults {
     pub(crate) no_new_privs: bool,
     pub(crate) sandbox: bool,
     pub(crate) sandbox_profile: crate::sandbox::Sandbox,
+    pub(crate) exec_workers: bool,
 }
 
 /// The pool policies of `--pool`.
@@ -133,6 +134,7 @@ impl Default for Defaults {
             no_new_privs: false,
             sandbox: false,
             sandbox_profile: crate::sandbox::Sandbox::default(),
+            exec_workers: false,
         }
     }
 }
@@ -192,6 +194,7 @@ pub(crate) struct Config {
     pub(crate) sandbox_write: Vec<PathBuf>,
     /// The program's own profile ([`Server::sandbox`](crate::Server::sandbox)).
     pub(crate) sandbox_profile: crate::sandbox::Sandbox,
+    pub(crate) exec_workers: bool,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -498,6 +501,12 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .help("Confine workers with Landlock (files: only --sandbox-read/--sandbox-write and the program's own allowances) and a seccomp allow-list of system calls (no new sockets, no exec, no fork); see docs/SECURITY.md"),
         )
         .arg(
+            env_opt(prefix, "exec-workers")
+                .action(ArgAction::SetTrue)
+                .default_value(if d.exec_workers { "true" } else { "false" })
+                .help("Each worker is forked, then executes this program again (the binary the master started from, by descriptor): a fresh address-space layout per worker, against brute-forcing a layout across respawns. Costs a few milliseconds per worker start"),
+        )
+        .arg(
             env_opt(prefix, "sandbox-read")
                 .value_name("PATH")
                 .action(ArgAction::Append)
@@ -782,6 +791,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
             .map(|v| v.cloned().collect())
             .unwrap_or_default(),
         sandbox_profile: crate::sandbox::Sandbox::default(),
+        exec_workers: m.get_flag("exec-workers"),
         listen: m
             .get_many::<ListenAddr>("listen")
             .map(|v| v.cloned().collect())

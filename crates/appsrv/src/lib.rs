@@ -37,6 +37,7 @@ pub mod codec;
 mod control;
 mod daemon;
 mod error;
+mod exec;
 mod handler;
 pub mod listener;
 mod log;

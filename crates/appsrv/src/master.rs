@@ -252,6 +252,8 @@ pub(crate) struct UpgradeSettings {
     pub(crate) dir: Option<PathBuf>,
     pub(crate) exe: Option<PathBuf>,
     pub(crate) args: Vec<std::ffi::OsString>,
+    /// The whole command line, `argv[0]` included (for re-executed workers).
+    pub(crate) argv: Vec<std::ffi::OsString>,
     pub(crate) timeout: Duration,
 }
 
@@ -1445,7 +1447,7 @@ impl<'a> Master<'a> {
             .iter()
             .copied()
             // Not the wake-up eventfd: workers write to it.
-            .chain([self.channel.read_fd()])
+            .chain(self.channel.read_fd())
             .chain(self.settings.master_fds.iter().copied())
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))

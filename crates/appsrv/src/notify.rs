@@ -31,7 +31,8 @@ pub(crate) enum Message {
 /// The shared pipe. Both ends are close-on-exec; the read end is non-blocking.
 #[derive(Debug)]
 pub(crate) struct Channel {
-    read: std::fs::File,
+    /// The master's end (`None` in a re-executed worker, which only writes).
+    read: Option<std::fs::File>,
     write: OwnedFd,
     /// Bytes of a message not yet complete (reads never split a message in practice,
     /// since each is written atomically, but the parser does not rely on it).
@@ -43,15 +44,29 @@ impl Channel {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         nix::fcntl::fcntl(&read, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
         Ok(Channel {
-            read: read.into(),
+            read: Some(read.into()),
             write,
             pending: RefCell::new(Vec::new()),
         })
     }
 
+    /// The worker's end alone, in a re-executed worker (`--exec-workers`).
+    pub(crate) fn from_write_end(write: OwnedFd) -> Self {
+        Channel {
+            read: None,
+            write,
+            pending: RefCell::new(Vec::new()),
+        }
+    }
+
     /// The master's end, for the worker to close right after fork.
-    pub(crate) fn read_fd(&self) -> RawFd {
-        self.read.as_raw_fd()
+    pub(crate) fn read_fd(&self) -> Option<RawFd> {
+        self.read.as_ref().map(|r| r.as_raw_fd())
+    }
+
+    /// The workers' end, handed to a re-executed worker.
+    pub(crate) fn write_fd(&self) -> RawFd {
+        self.write.as_raw_fd()
     }
 
     /// Sends `msg` from worker `pid` (one atomic write; a long reason is truncated).
@@ -82,8 +97,11 @@ impl Channel {
     pub(crate) fn receive(&self) -> Vec<(u32, Message)> {
         let mut pending = self.pending.borrow_mut();
         let mut chunk = [0u8; 8192];
+        let Some(mut read) = self.read.as_ref() else {
+            return Vec::new();
+        };
         loop {
-            match (&self.read).read(&mut chunk) {
+            match read.read(&mut chunk) {
                 Ok(0) => break,
                 Ok(n) => pending.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -119,7 +137,10 @@ impl Channel {
 impl AsFd for Channel {
     /// The read end, for the master's poll set.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.read.as_fd()
+        self.read
+            .as_ref()
+            .expect("the master's channel has its read end")
+            .as_fd()
     }
 }
 

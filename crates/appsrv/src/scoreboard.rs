@@ -3,7 +3,7 @@
 //! Each worker writes only its own slot; the master reads all of them (for the status, the
 //! request timeout, the pool's spare count, the log line naming a dead worker's client)
 //! and resets the slot of a worker that died. Only `#[repr(C)]` atomics live here, in a
-//! `MAP_SHARED` mapping made before the first fork (see [`sys::map_shared`]): a private
+//! `MAP_SHARED` mapping of a memfd made before the first fork (see [`sys::map_shared`]): a private
 //! mapping would give every worker its own copy. Nothing here is a lock: a reader may see a
 //! slot in the middle of an update (a request's first bytes from the previous request,
 //! say), which is fine for a status and for a diagnostic line.
@@ -19,6 +19,10 @@ use std::time::Duration;
 
 use crate::listener::Addr;
 use crate::sys::{self, SharedZeroed};
+
+/// The memfd of the board made by this process (kept open for life: re-executed workers
+/// inherit it), -1 before.
+static BOARD_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 /// The largest pool (worker ids run from 1 to this).
 pub(crate) const MAX_WORKERS: usize = 1024;
@@ -168,7 +172,19 @@ pub(crate) fn now_ns() -> u64 {
 impl Board {
     /// Maps a new board; called once by the master before forking.
     pub(crate) fn new() -> std::io::Result<&'static Board> {
-        sys::map_shared::<Board>()
+        let (board, fd) = sys::map_shared::<Board>()?;
+        BOARD_FD.store(std::os::fd::IntoRawFd::into_raw_fd(fd), Ordering::SeqCst);
+        Ok(board)
+    }
+
+    /// The memfd behind the board this process made, for a re-executed worker to map.
+    pub(crate) fn memfd() -> Option<std::os::fd::RawFd> {
+        Some(BOARD_FD.load(Ordering::SeqCst)).filter(|fd| *fd >= 0)
+    }
+
+    /// Maps the master's board in a re-executed worker.
+    pub(crate) fn adopt(fd: std::os::fd::OwnedFd) -> std::io::Result<&'static Board> {
+        sys::map_shared_fd::<Board>(fd)
     }
 
     pub(crate) fn slot(&self, id: u32) -> Option<&Slot> {

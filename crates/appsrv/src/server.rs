@@ -284,6 +284,13 @@ impl Server {
         self
     }
 
+    /// Whether each worker executes the program again after the fork (`--exec-workers`),
+    /// for a fresh address-space layout per worker. Default: `false`.
+    pub fn exec_workers(mut self, on: bool) -> Self {
+        self.defaults.exec_workers = on;
+        self
+    }
+
     /// The default log level (`--log-level`); default: `INFO`.
     pub fn log_level(mut self, level: Level) -> Self {
         self.defaults.log_level = level;
@@ -600,8 +607,15 @@ impl Server {
             dir: self.dir.clone(),
             exe: self.exe.clone(),
             args: self.args.iter().skip(1).cloned().collect(),
+            argv: self.args.clone(),
             timeout: config.start_timeout,
         };
+        let mut entry =
+            |setup: worker::Setup<'_>| -> Infallible { worker::run(setup, &mut start_hook, &mut factory) };
+        // Started by a master as a re-executed worker (--exec-workers): be that worker.
+        if let Some(handoff) = crate::exec::from_env() {
+            return exec_worker(&config, handoff, &mut entry).map(|never| match never {});
+        }
         start(
             &name,
             &config,
@@ -609,9 +623,91 @@ impl Server {
             master_limits,
             on_reload,
             upgrade,
-            &mut |setup| worker::run(setup, &mut start_hook, &mut factory),
+            &mut entry,
         )
     }
+}
+
+/// A re-executed worker (`--exec-workers`): takes what the master handed over and runs as
+/// worker. Never returns once the handoff is read; an error before the worker runs is
+/// reported to the master, as a worker's start failure.
+fn exec_worker(
+    config: &Config,
+    handoff: std::result::Result<crate::exec::Handoff, String>,
+    entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
+) -> Result<Infallible> {
+    let handoff = handoff.map_err(Error::Config)?;
+    // SAFETY: the master listed this descriptor as the notification pipe's write end and
+    // kept it open across the exec for this process alone; nothing else here owns it.
+    let channel = unsafe { crate::sys::adopt_fd(handoff.channel) }
+        .map(Channel::from_write_end)
+        .map_err(|e| Error::sys("adopting the notification pipe", e))?;
+    let fail = |reason: String| -> ! {
+        tracing::error!("cannot start: {reason}");
+        let _ = channel.send(std::process::id(), &crate::notify::Message::StartFailed(reason));
+        crate::sys::exit_now(crate::sys::exit::START_FAILED)
+    };
+    let adopt = |fd: RawFd, what: &'static str| {
+        // SAFETY: as above: a descriptor the master kept open for this process alone.
+        unsafe { crate::sys::adopt_fd(fd) }.map_err(|e| Error::sys(what, e))
+    };
+    let parts = (|| -> Result<_> {
+        let (plan, _) = privilege::resolve(
+            config.user.as_deref(),
+            config.group.as_deref(),
+            config.allow_root_workers,
+        )?;
+        let sockets = handoff
+            .listeners
+            .iter()
+            .map(|(fd, _)| adopt(*fd, "adopting a listener").map(socket2::Socket::from))
+            .collect::<Result<Vec<_>>>()?;
+        let origins = handoff.listeners.iter().map(|(_, o)| *o).collect();
+        let listeners = adopt_all(config, sockets, Some(origins))?;
+        // Read again, as the master did at start (this process is still root if it is).
+        let tls = crate::tls::Store::load(tls_sources(config, &listeners)?)?;
+        let board = Board::adopt(adopt(handoff.board, "adopting the scoreboard")?)
+            .map_err(|e| Error::sys("mapping the scoreboard", e))?;
+        let access = handoff
+            .access
+            .map(|fd| adopt(fd, "adopting the access log").map(std::fs::File::from))
+            .transpose()?;
+        if let Some(fd) = handoff.wake {
+            crate::sys::set_wake_fd(std::os::fd::IntoRawFd::into_raw_fd(adopt(
+                fd,
+                "adopting the wake-up eventfd",
+            )?));
+        }
+        Ok((plan, listeners, tls, board, access, config.confinement()?))
+    })();
+    let (plan, listeners, tls, board, access, confinement) = match parts {
+        Ok(p) => p,
+        Err(e) => fail(e.to_string()),
+    };
+    // `entry` never returns (the worker ends in `_exit`); `Ok` only gives it the type.
+    #[allow(unreachable_code)]
+    Ok(entry(worker::Setup {
+        id: handoff.id,
+        master: Pid::from_raw(handoff.master),
+        listeners: &listeners,
+        plan: &plan,
+        channel: &channel,
+        master_fds: &[],
+        log_path: config.log_file.as_deref(),
+        board,
+        keepalive_timeout: config.keepalive_timeout,
+        recycle: Recycle {
+            max_requests: handoff.max_requests,
+            max_connections: handoff.max_connections,
+        },
+        access_log: config.access_log.as_deref().zip(access.as_ref()),
+        max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
+        confinement: &confinement,
+        tls: crate::tls::ForWorker {
+            acceptors: tls.current(),
+            handshake_timeout: config.tls_handshake_timeout,
+        },
+    }))
 }
 
 /// The pool policy of the command line, checked.
@@ -680,6 +776,8 @@ struct Prepared {
     upgrade: UpgradeSettings,
     /// The listeners' TLS material.
     tls: crate::tls::Store,
+    /// With --exec-workers: the program (opened at start) and its command line.
+    exec: Option<(std::fs::File, Vec<std::ffi::CString>)>,
 }
 
 /// The master's start-up: resolve users, claim the pid file, bind, open the control socket,
@@ -736,6 +834,16 @@ fn start(
     // Read now, as root if started so, and before detaching: a bad file is reported on the
     // terminal.
     let tls = crate::tls::Store::load(tls_sources(config, &listeners)?)?;
+    // The binary is opened now, so that workers run this program even if the file is
+    // replaced or removed later (a new binary is for `upgrade`).
+    let exec = match config.exec_workers {
+        true => Some((
+            std::fs::File::open("/proc/self/exe")
+                .map_err(|e| Error::sys("opening this program's binary (/proc/self/exe)", e))?,
+            crate::exec::c_args(&upgrade.argv).map_err(Error::Config)?,
+        )),
+        false => None,
+    };
     // The control socket is on when asked for, or by default for a server with a pid file
     // (an instance that commands address by name).
     let control_path = config
@@ -793,6 +901,7 @@ fn start(
         from_systemd,
         upgrade,
         tls,
+        exec,
     };
     let result = serve(name, config, policy, limits, prepared, &mut readiness, entry);
     if let Err(e) = &result {
@@ -862,6 +971,7 @@ fn supervise(
         on_reload,
         upgrade,
         tls,
+        exec,
         ..
     } = prepared;
     let tls = std::rc::Rc::new(tls);
@@ -887,6 +997,7 @@ fn supervise(
     let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
     let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
+    let worker_dir = upgrade.dir.clone();
     let settings = Settings {
         name: name.to_owned(),
         policy,
@@ -915,6 +1026,39 @@ fn supervise(
         tracing::info!("workers chroot to {}", dir.display());
     }
     let mut spawn = |id: u32, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
+        if let Some((exe, argv)) = &exec {
+            // In the child: become the program again, as worker `id`.
+            let handoff = crate::exec::Handoff {
+                id,
+                master: master_pid.as_raw(),
+                max_requests: recycle.max_requests,
+                max_connections: recycle.max_connections,
+                board: Board::memfd().unwrap_or(-1),
+                channel: channel.write_fd(),
+                wake: crate::sys::wake_fd(),
+                access: access_log.as_ref().map(std::os::fd::AsRawFd::as_raw_fd),
+                listeners: listeners
+                    .iter()
+                    .map(|l| (std::os::fd::AsRawFd::as_raw_fd(l.socket()), l.origin()))
+                    .collect(),
+            };
+            // The master's working directory at start: the command line's relative paths
+            // mean the same to the worker.
+            if let Some(dir) = &worker_dir {
+                let _ = nix::unistd::chdir(dir.as_path());
+            }
+            let env = handoff.environment();
+            // SAFETY: this runs in the child just forked by the master (single-threaded),
+            // which is replaced by the exec; the descriptors are the master's open
+            // listeners, scoreboard memfd, notification pipe, wake-up eventfd and access
+            // log, which the child owns copies of.
+            let e = unsafe { crate::sys::exec_keeping(exe, argv, &env, &handoff.fds()) };
+            let _ = channel.send(
+                std::process::id(),
+                &crate::notify::Message::StartFailed(format!("re-executing the program: {e}")),
+            );
+            crate::sys::exit_now(crate::sys::exit::START_FAILED);
+        }
         entry(worker::Setup {
             id,
             master: master_pid,

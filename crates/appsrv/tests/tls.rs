@@ -565,3 +565,21 @@ fn reload_serves_the_new_certificate_without_dropping_a_request() {
     assert!(err.contains("server.pem: no certificate in this file"), "{err}");
     assert_eq!(served_certificate(addr, &config), second, "still served");
 }
+
+#[test]
+fn re_executed_workers_read_the_tls_material_and_serve() {
+    let pki = Pki::new("exec");
+    pki.issue("server", "localhost", None);
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    args.extend([
+        "-w".into(),
+        "1".into(),
+        "--exec-workers".into(),
+        "--sandbox".into(),
+    ]);
+    let server = start("testbed", &args);
+    let mut tls = BufReader::new(connect(server.tcp_addr(), &pki.client_config(None, &[])));
+    assert!(read_line(&mut tls).starts_with("pid "));
+    tls.get_mut().write_all(b"tls\n").unwrap();
+    assert!(read_line(&mut tls).starts_with("tls TLSv1.3 "));
+}

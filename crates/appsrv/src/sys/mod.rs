@@ -8,7 +8,7 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -169,25 +169,54 @@ pub(crate) fn try_lock(fd: BorrowedFd<'_>, exclusive: bool) -> io::Result<bool> 
 /// `#[repr(C)]` structs of atomics.
 pub(crate) unsafe trait SharedZeroed: Sync + 'static {}
 
-/// Maps a zeroed `T` in anonymous shared memory (`MAP_SHARED | MAP_ANONYMOUS`): the mapping
-/// is inherited by every process forked afterwards, and a store by one is seen by all.
-/// (A private mapping, like memmap2's `map_anon`, would give each child its own copy.)
-/// The mapping lives as long as the process.
-pub(crate) fn map_shared<T: SharedZeroed>() -> io::Result<&'static T> {
+/// Maps a zeroed `T` in shared memory: a memfd (`memfd_create`, close-on-exec) mapped
+/// `MAP_SHARED`. The mapping is inherited by every process forked afterwards, and a store
+/// by one is seen by all (a private mapping, like memmap2's `map_anon`, would give each
+/// child its own copy); the memfd lets a re-executed worker (`--exec-workers`) map the same
+/// memory again ([`map_shared_fd`]). The mapping lives as long as the process.
+pub(crate) fn map_shared<T: SharedZeroed>() -> io::Result<(&'static T, OwnedFd)> {
+    let fd = nix::sys::memfd::memfd_create(c"appsrv-shared", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+    let len = std::mem::size_of::<T>().max(1);
+    nix::unistd::ftruncate(
+        &fd,
+        i64::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+    )?;
+    let mapped = map_fd::<T>(&fd)?;
+    Ok((mapped, fd))
+}
+
+/// Maps the `T` that another process made with [`map_shared`], from its memfd.
+pub(crate) fn map_shared_fd<T: SharedZeroed>(fd: OwnedFd) -> io::Result<&'static T> {
+    let size = nix::sys::stat::fstat(&fd)?.st_size;
+    if usize::try_from(size).unwrap_or(0) < std::mem::size_of::<T>() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the shared memory is smaller than expected (a different version of the program?)",
+        ));
+    }
+    // The mapping stays valid after the descriptor is closed.
+    map_fd::<T>(&fd)
+}
+
+fn map_fd<T: SharedZeroed>(fd: &OwnedFd) -> io::Result<&'static T> {
     let len = std::num::NonZeroUsize::new(std::mem::size_of::<T>().max(1)).expect("non-zero");
-    // SAFETY: an anonymous mapping at an address of the kernel's choice touches no
-    // existing memory.
+    // SAFETY: a new mapping of `len` bytes of the memfd at an address of the kernel's
+    // choice touches no existing memory; the memfd is at least `len` long (ftruncate in
+    // map_shared, checked by map_shared_fd).
     let ptr = unsafe {
-        nix::sys::mman::mmap_anonymous(
+        nix::sys::mman::mmap(
             None,
             len,
             nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
             nix::sys::mman::MapFlags::MAP_SHARED,
+            fd,
+            0,
         )
     }?;
     // SAFETY: the mapping is page-aligned (enough for any atomic), zero-filled by the kernel
-    // (valid for T per `SharedZeroed`), at least size_of::<T>() long, never unmapped, and
-    // only ever accessed through shared references.
+    // when the memfd was sized (valid for T per `SharedZeroed`; a re-executed worker maps
+    // memory that only ever held valid T values), at least size_of::<T>() long, never
+    // unmapped, and only ever accessed through shared references.
     Ok(unsafe { ptr.cast::<T>().as_ref() })
 }
 
@@ -197,6 +226,11 @@ static WAKE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new
 /// Records the master's wake-up eventfd; called by the master before the first fork.
 pub(crate) fn set_wake_fd(fd: std::os::fd::RawFd) {
     WAKE_FD.store(fd, Ordering::SeqCst);
+}
+
+/// The master's wake-up eventfd, if set (handed to re-executed workers).
+pub(crate) fn wake_fd() -> Option<std::os::fd::RawFd> {
+    Some(WAKE_FD.load(Ordering::SeqCst)).filter(|fd| *fd >= 0)
 }
 
 /// Wakes the master from its `poll` (a worker saw the pool run short of idle workers).
@@ -239,6 +273,38 @@ pub(crate) fn listen_queue(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
 /// master then kills a stuck worker with SIGABRT first, so that its core shows where it was.
 pub(crate) fn core_dumps_enabled() -> bool {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_CORE).is_ok_and(|(soft, _)| soft > 0)
+}
+
+/// Replaces this process with the program open at `exe` (`fexecve`), keeping open the
+/// descriptors `keep` (made inheritable here) and nothing else: every other descriptor
+/// appsrv opens is close-on-exec. Returns only if the exec failed.
+///
+/// # Safety
+///
+/// Call it only in a freshly forked child that is about to be replaced: `keep` must be open
+/// descriptors of this process, and clearing their close-on-exec flag must not matter to
+/// anything else (the parent's table is not affected by the child's flags).
+pub(crate) unsafe fn exec_keeping(
+    exe: &std::fs::File,
+    argv: &[std::ffi::CString],
+    env: &[std::ffi::CString],
+    keep: &[std::os::fd::RawFd],
+) -> io::Error {
+    for &fd in keep {
+        // SAFETY: the caller guarantees `fd` is open in this process; the borrow ends with
+        // this statement.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        if let Err(e) = nix::fcntl::fcntl(
+            borrowed,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        ) {
+            return io::Error::other(format!("making descriptor {fd} inheritable: {e}"));
+        }
+    }
+    match nix::unistd::fexecve(exe, argv, env) {
+        Ok(never) => match never {},
+        Err(e) => io::Error::other(format!("fexecve: {e}")),
+    }
 }
 
 /// Takes ownership of a descriptor this process inherited across `exec` (a binary
@@ -403,7 +469,7 @@ mod tests {
 
     #[test]
     fn shared_memory_writes_in_a_child_are_seen_by_the_parent() {
-        let cell = map_shared::<Cell>().unwrap();
+        let (cell, _fd) = map_shared::<Cell>().unwrap();
         // A raw fork, because the test runner is multi-threaded (sys::fork refuses): the
         // child only does an atomic store and `_exit`, both async-signal-safe, so no lock
         // another thread held can matter.
