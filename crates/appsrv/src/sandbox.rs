@@ -97,8 +97,15 @@ impl Sandbox {
     }
 
     /// Allows what starting a command takes: `fork` (a `clone` without `CLONE_THREAD`),
-    /// `execve`, waiting for the child, and the identity and limit changes a child makes
-    /// before `execve` (`setgroups`, `setresgid`, `setresuid`, `setrlimit`, `chdir`).
+    /// `execve`, waiting for the child, the identity and limit changes a child makes
+    /// before `execve` (`setgroups`, `setresgid`, `setresuid`, `setrlimit`, `chdir`), and
+    /// `socketpair`, which std's `Command::spawn` uses (with `pre_exec`) to learn that an
+    /// `execve` failed; a socket pair reaches nothing outside the process.
+    ///
+    /// Landlock checks `execve`, not the mapping of executable code: a command that can be
+    /// made to run the dynamic loader on a file (`ld-linux.so PROGRAM`) runs any program it
+    /// can read. Allow the loader's execution only as a program's interpreter, never as a
+    /// command of its own.
     pub fn allow_process_creation(mut self) -> Self {
         self.syscalls.extend(PROCESS_CREATION);
         self.syscalls.push(FORK_MARKER);
@@ -313,6 +320,7 @@ const PROCESS_CREATION: &[i64] = &[
     libc::SYS_pidfd_send_signal,
     libc::SYS_getgroups,
     libc::SYS_umask,
+    libc::SYS_socketpair,
 ];
 
 /// The default allow-list: what serving connections takes.
