@@ -16,7 +16,7 @@ trap 'kill $master 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 200); do grep -q " ready" "$log" && break; sleep 0.05; done
 addr=$(grep -o 'listening on [^ ]*' "$log" | head -1 | cut -d' ' -f3)
 pss() { awk '/^Pss:/ { print $2 }' "/proc/$1/smaps_rollup"; }
-echo "idle: master PSS $(pss $master) kB; workers: $(for w in $(pgrep -P $master); do printf '%s kB ' "$(pss $w)"; done)"
+echo "idle: master PSS $(pss $master) kB; workers: $(for w in $(pgrep -P $master); do printf '%s kB ' "$(pss "$w")"; done)"
 target/release/appsrv-bench "$addr" --reconnect -c "$CONC" -n "$CONNS"
-echo "after: master PSS $(pss $master) kB; workers: $(for w in $(pgrep -P $master); do printf '%s kB ' "$(pss $w)"; done)"
+echo "after: master PSS $(pss $master) kB; workers: $(for w in $(pgrep -P $master); do printf '%s kB ' "$(pss "$w")"; done)"
 echo "worker replacements during the run: $(grep -c 'starting a replacement' "$log" || true)"
