@@ -31,6 +31,8 @@
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
+#[doc(hidden)]
+pub mod bench_support;
 pub mod cli;
 mod client;
 pub mod codec;
