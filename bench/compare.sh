@@ -1,127 +1,220 @@
 #!/usr/bin/env bash
-# appsrv side by side with nginx and Apache 2 (prefork MPM), all on loopback, with ab: the
-# median requests per second of RUNS runs of N requests for each server, workload,
-# keep-alive (ab -k) or a new connection per request, and concurrency; then the memory
-# (summed PSS) and process count of each server; then the ratios appsrv/nginx and
-# appsrv/Apache.
+# appsrv side by side with nginx, Apache 2 (prefork MPM), PHP-FPM behind nginx and Apache
+# prefork with mod_php, all on loopback, with ab; then a custom protocol (inline PING)
+# against Redis and Perl's Net::Server::PreFork with redis-benchmark; then the syscalls
+# per request of each server under strace. Prints markdown tables, writes CSV files to
+# bench/results/ and SVG charts (bench-charts, a binary of crates/appsrv-bench) to
+# bench/charts/ (and the versions and settings to bench/results/env-PART.txt).
 #
-#   bench/compare.sh              (N=20000 RUNS=3 CONCURRENCY="1 8 32" WORKERS=32 WARMUP=5 PING=1)
-#   PING=0 bench/compare.sh       (the HTTP part only)
-#   CONCURRENCY="1 8 32 128 256" bench/compare.sh     (or: bench/compare.sh "1 8 32 128 256")
-#   N=2000 RUNS=1 bench/compare.sh            (a quick check that everything runs)
+#   bench/compare.sh              quick mode (the default): a few minutes on 2 CPUs
+#   bench/compare.sh --full       full mode (or MODE=full): some 20 minutes (estimated)
+#   PING=0 SYSCALLS=0 bench/compare.sh          the HTTP part only
+#   CONCURRENCY="1 8" N=2000 bench/compare.sh   any setting below can be overridden
 #
-# Needs nginx, apache2 and ab from the Debian packages (it installs nothing):
-#   apt-get install -y nginx apache2 apache2-utils
+#   setting        quick            full                meaning
+#   RUNS           1                3                   ab runs per cell (the median is kept)
+#   N              5000             20000               requests per run (100 KB file: N/2,
+#                                                       1 MB file: N/10; never fewer than c)
+#   CONCURRENCY    "1 32 256"       "1 8 32 128 256"    ab -c levels
+#   WARMUP         3                10                  seconds of unmeasured keep-alive
+#                                                       load at the highest c, before each
+#                                                       workload of each server
+#   RAMP           12               15                  seconds of the same load once more,
+#                                                       before a server's first workload
+#                                                       (after its idle memory): time for
+#                                                       Apache and PHP-FPM to grow to 256
+#   SYSCALL_N      2000             10000               requests traced per server (strace)
+#   MAX_WORKERS    max(32, highest c), both modes       pool ceiling of every prefork server
+#   HTTP, PING, SYSCALLS, CHARTS   1 (0 skips the part)
+#   HTTP_SERVERS   "appsrv nginx apache php-fpm mod_php"   the servers of parts 1 and 3
+#   RESULTS        bench/results    where the CSV files go
+#   CHARTS_DIR     bench/charts     where the SVG charts go
+#   EX             (build)          a directory of prebuilt release examples (http_hello,
+#                                   ping); without it cargo builds them (into
+#                                   $CARGO_TARGET_DIR or target/)
+#
+# Needs (it installs nothing; a missing PHP, Redis or Net::Server peer is skipped with a
+# message, a missing nginx, Apache or ab stops the script):
+#   apt-get install -y nginx apache2 apache2-utils php-fpm libapache2-mod-php \
+#     redis-server redis-tools libnet-server-perl strace python3
 # The packages' own services are not used (nor need to run): each server runs from a
 # private configuration in a temporary directory, on a free 127.0.0.1 port picked by
-# binding port 0 (python3), and is stopped at exit.
+# binding port 0 (python3), logging off, and is stopped before the next one starts (and at
+# exit, by a trap). Started as root, every server's workers run as nobody:nogroup.
 #
-# Workloads, each a 13-byte body `Hello, World!`:
-#   appsrv  dynamic  GET /                    the http_hello example (release build)
-#   appsrv  static   GET /static/hello.txt    http_hello --static-dir, sendfile(2)
-#   nginx   static   GET /static/hello.txt
-#   apache  static   GET /static/hello.txt
-# appsrv: a static pool of WORKERS (default 32) workers, as bench/requests.sh (`-w 32`);
-#   its defaults otherwise: keep-alive timeout 5 s, 1000 requests per connection.
-# nginx: worker_processes 2, daemon off (a private pid file too), access_log off,
-#   error_log in the temp dir, sendfile on, tcp_nopush on, keepalive_timeout 5s,
-#   keepalive_requests 1000, worker_connections 1024, no open_file_cache.
-# Apache: MPM prefork (mod_mpm_prefork from /usr/lib/apache2/modules), StartServers 8,
-#   MinSpareServers 8, MaxSpareServers 32, MaxRequestWorkers 64 (ServerLimit 64),
-#   MaxConnectionsPerChild 0, KeepAlive On, MaxKeepAliveRequests 1000, KeepAliveTimeout
-#   5, EnableSendfile On, no access log, ErrorLog in the temp dir, private PidFile, run
-#   in the foreground (-DFOREGROUND) in the background of this script. Modules: only
-#   mpm_prefork, authz_core, alias and mime (unixd and log_config are compiled in).
-#   It runs under setsid: prefork's shutdown signals its whole process group, which in
-#   the foreground would be this script's (and the caller's).
-#   Note: prefork serves one connection per process, so beyond 64 keep-alive clients the
-#   others wait in the listen queue for a connection to end: at the end of a run, until
-#   ab's idle connections time out (KeepAliveTimeout 5 s), so with keep-alive and c > 64
-#   a run lasts at least 5 s (and ab counts a few "Length" failures there: 35 of 2000 at
-#   c=128 in a trial). appsrv, also one connection per worker, closes a keep-alive
-#   connection quiet for 100 ms while clients queue, so c > WORKERS does not stall it;
-#   nginx, event-driven, has no such limit.
-# Started as root, the workers of all three run as nobody:nogroup.
+# HTTP workloads (files: bench/results/WORKLOAD.csv, charts: bench/charts/WORKLOAD.svg):
+#   hello-dynamic  a 13-byte `Hello, World!` computed per request:
+#                    appsrv            GET /            the http_hello example
+#                    php-fpm           GET /hello.php   nginx + PHP-FPM (FastCGI, Unix socket)
+#                    mod_php           GET /hello.php   Apache prefork + mod_php
+#                  hello.php is one line: <?php header("Content-Length: 13"); echo
+#                  "Hello, World!"; (without the header, nginx answers ab's HTTP/1.0
+#                  keep-alive request with `Connection: close`: it cannot chunk for 1.0)
+#   hello-static   GET /static/hello.txt, the same 13 bytes from a file: appsrv
+#                  (http_hello --static-dir, sendfile), nginx, apache
+#   static-100k    GET /static/100k.bin, 102400 random bytes: appsrv, nginx, apache
+#   static-1m      GET /static/1m.bin, 1048576 random bytes: appsrv, nginx, apache
+# each with keep-alive (ab -k) and a new connection per request, at each CONCURRENCY. A
+# server's workloads run in the order static-1m, static-100k, then the 13-byte ones, and
+# for each workload, one connection per request first, then keep-alive, c ascending.
 #
-# Before each workload's runs: WARMUP seconds (default 5) of unmeasured keep-alive load
-# at the highest concurrency. Without it prefork, growing from StartServers 8 by 1, 2,
-# 4 ... processes a second, leaves keep-alive clients beyond its processes waiting in
-# the listen queue for seconds, and the first c=32 keep-alive cell measures that ramp.
+# Servers and their settings:
+#   appsrv   http_hello (release build), --pool dynamic --start-workers 8 --min-spare 8
+#            --max-spare 32 --max-workers MAX_WORKERS (each keep-alive client holds a
+#            worker: the pool must reach the highest c); defaults otherwise: keep-alive
+#            timeout 5 s, 1000 requests per connection, no access log.
+#   nginx    worker_processes 2, daemon off, access_log off, error_log in the temp dir,
+#            sendfile on, tcp_nopush on, keepalive_timeout 5s, keepalive_requests 1000,
+#            worker_connections 1024, no open_file_cache.
+#   apache   MPM prefork, StartServers 8, MinSpareServers 8, MaxSpareServers 32,
+#            MaxRequestWorkers and ServerLimit MAX_WORKERS, MaxConnectionsPerChild 0,
+#            KeepAlive On, MaxKeepAliveRequests 1000, KeepAliveTimeout 5, EnableSendfile
+#            On, no access log, ErrorLog in the temp dir, private PidFile. Modules:
+#            mpm_prefork, authz_core, alias, mime (unixd and log_config are compiled in).
+#            It runs under setsid: prefork's shutdown signals its whole process group,
+#            which in the foreground would be this script's (and the caller's).
+#   php-fpm  nginx as above with `location = /hello.php` passed to PHP-FPM (fastcgi_pass
+#            to a Unix socket, Debian's fastcgi_params written inline, no fastcgi_keep_conn)
+#            and PHP-FPM (php-fpm8.x -F, Debian's php.ini: opcache on) with pm dynamic,
+#            pm.start_servers 8, pm.min_spare_servers 8, pm.max_spare_servers 32,
+#            pm.max_children MAX_WORKERS, no access log, error_log in the temp dir.
+#   mod_php  Apache prefork as above plus libphp8.x.so (Debian's apache2 php.ini) and
+#            `SetHandler application/x-httpd-php` for *.php.
+#   Prefork pools grow: Apache and PHP-FPM by 1, 2, 4 ... 32 processes a second (about
+#   12 s from 8 to 256), appsrv by 1, 2, 4 ... 32 every 50 ms. RAMP, then the WARMUP
+#   before each workload let them grow to the highest c first, so that a keep-alive cell
+#   at a high c does not measure the ramp; they shrink by one idle process a second
+#   (above MaxSpareServers / pm.max_spare_servers / --max-spare 32). The memory table's
+#   process counts show how far each pool grew.
 #
 # ab runs with -r (a receive error is counted, not fatal), -s 10 (socket timeout) and
 # under `timeout 120`. A cell is the median req/s of the runs that finished; failures
 # (ab's "Failed requests" plus "Non-2xx responses", summed over the runs) and runs that
-# ab did not finish are noted in the cell. The client shares the machine's CPUs with the
-# server: the figures are lower bounds, and comparable with each other, not absolute.
-# Memory is measured after each server's runs, before it is stopped: the sum of
-# /proc/PID/smaps_rollup Pss over the master and its child processes.
+# ab did not finish are noted in the cell and the CSV. Each server must answer with the
+# exact expected body (checked with python3) before it is measured. The client shares the
+# machine's CPUs with the server: the figures are lower bounds, comparable with each
+# other within one run of this script, not across runs.
 #
-# Part 2, after the HTTP tables (PING=0 skips it): a custom protocol, inline `PING\r\n`
-# answered `+PONG\r\n`, loaded by redis-benchmark (redis-tools) with `-t ping_inline -q`,
-# keep-alive (-k 1: each client keeps its connection) and a new connection per request
-# (-k 0), at the same CONCURRENCY, RUNS runs, median req/s, each run under `timeout 120`,
-# after WARMUP seconds of unmeasured keep-alive load at the highest concurrency; then
-# memory (as above) and the ratios appsrv/Redis and appsrv/Net::Server. Servers:
-#   appsrv       the ping example (release build), -w WORKERS, on a free port.
-#   Redis        redis-server (apt-get install -y redis-server), one process: --port,
-#                --bind 127.0.0.1, --protected-mode no, --save '', --appendonly no,
-#                --daemonize no, --logfile /dev/null; skipped with a message if missing.
-#   Net::Server  a Perl Net::Server::PreFork server written to the temp dir
-#                (apt-get install -y libnet-server-perl; skipped with a message if
-#                missing): reads lines, `+PONG` to each PING; min_servers 8,
-#                max_servers 32, max_requests 1000000 (its default, 1000, would
-#                recycle children during the runs), log_level 0, as nobody:nogroup when
-#                started as root. It is slow: it gets N/4 requests per run (the table
-#                says so).
-# Each server must answer `+PONG` before it is measured.
+# Memory (bench/results/memory.csv): the summed PSS (/proc/PID/smaps_rollup) and count of
+# a server's master(s) and their children: "idle" right after start (before any load),
+# "after" right after its last run (keep-alive at the highest c). For php-fpm it is nginx
+# and PHP-FPM together.
+#
+# Part 2 (PING=0 skips it): inline `PING\r\n` answered `+PONG\r\n`, loaded by
+# redis-benchmark -t ping_inline -q, keep-alive (-k 1) and a new connection per request
+# (-k 0), at the same CONCURRENCY, RUNS runs of N requests, median req/s, each run under
+# `timeout 120`, after WARMUP seconds of unmeasured keep-alive load at the highest c; then
+# memory idle and after (bench/results/ping-memory.csv) and the ratios. Servers:
+#   appsrv       the ping example (release build), the dynamic pool as http_hello above.
+#   redis        redis-server, one process: --bind 127.0.0.1 --protected-mode no --save ''
+#                --appendonly no --daemonize no --logfile /dev/null.
+#   netserver    a Perl Net::Server::PreFork server written to the temp dir: reads lines,
+#                `+PONG` to each PING; min_servers 8, max_servers MAX_WORKERS (each
+#                keep-alive client holds a process), max_requests 1000000 (its default,
+#                1000, would recycle children during the runs), log_level 0, its
+#                default flock accept lock on a file in the temp dir. It is slow:
+#                it gets N/4 requests per run (the table says so).
+#
+# Part 3 (SYSCALLS=0 skips it): syscalls per request on the keep-alive 13-byte workloads:
+# `strace -c -f` attached to all the children (workers) of each server's master(s) while
+# `ab -k -c 1 -n SYSCALL_N` runs, as bench/syscalls.sh does for appsrv alone; the calls
+# counted divided by SYSCALL_N (bench/results/syscalls.csv). For php-fpm, the nginx workers
+# and the PHP-FPM children are traced together and also shown apart.
+#
+# Then (CHARTS=0 skips it) bench-charts draws bench/charts/*.svg from bench/results/*.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${RUNS:-3} N=${N:-20000} WORKERS=${WORKERS:-32} WARMUP=${WARMUP:-5}
-CONCURRENCY=${CONCURRENCY:-${1:-1 8 32}}
+
+MODE=${MODE:-quick}
+for arg in "$@"; do
+  case $arg in
+    --full) MODE=full ;;
+    --quick) MODE=quick ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: bench/compare.sh [--quick|--full] (settings in the environment; --help)" >&2; exit 2 ;;
+  esac
+done
+case $MODE in
+  quick) d_runs=1 d_n=5000 d_conc="1 32 256" d_warmup=3 d_ramp=12 d_sn=2000 ;;
+  full) d_runs=3 d_n=20000 d_conc="1 8 32 128 256" d_warmup=10 d_ramp=15 d_sn=10000 ;;
+  *) echo "compare.sh: MODE must be quick or full, not '$MODE'" >&2; exit 2 ;;
+esac
+RUNS=${RUNS:-$d_runs} N=${N:-$d_n} CONCURRENCY=${CONCURRENCY:-$d_conc}
+WARMUP=${WARMUP:-$d_warmup} RAMP=${RAMP:-$d_ramp} SYSCALL_N=${SYSCALL_N:-$d_sn}
+RESULTS=${RESULTS:-bench/results} CHARTS_DIR=${CHARTS_DIR:-bench/charts}
+HTTP_SERVERS=${HTTP_SERVERS:-appsrv nginx apache php-fpm mod_php}
 NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 APACHE=${APACHE:-$(command -v apache2 || echo /usr/sbin/apache2)}
 APACHE_MODULES=${APACHE_MODULES:-/usr/lib/apache2/modules}
+PHP_FPM=${PHP_FPM:-$(compgen -G '/usr/sbin/php-fpm*' | sort -V | tail -1 || true)}
+LIBPHP=${LIBPHP:-$(compgen -G "$APACHE_MODULES/libphp*.so" | sort -V | tail -1 || true)}
+
+[[ $CONCURRENCY =~ ^\ *[1-9][0-9]*(\ +[1-9][0-9]*)*\ *$ ]] \
+  || { echo "compare.sh: CONCURRENCY must be numbers separated by spaces, not '$CONCURRENCY'" >&2; exit 1; }
+for v in RUNS N WARMUP RAMP SYSCALL_N; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "compare.sh: $v must be a number, not '${!v}'" >&2; exit 1; }
+done
+CONCURRENCY=$(tr -s ' ' '\n' <<<"$CONCURRENCY" | grep . | sort -n | uniq | tr '\n' ' ')
+CONCURRENCY=${CONCURRENCY% }
+CMAX=${CONCURRENCY##* }
+for srv in $HTTP_SERVERS; do
+  case $srv in
+    appsrv | nginx | apache | php-fpm | mod_php) ;;
+    *) echo "compare.sh: HTTP_SERVERS: unknown server '$srv'" >&2; exit 1 ;;
+  esac
+done
+MAX_WORKERS=${MAX_WORKERS:-$((CMAX > 32 ? CMAX : 32))}
 
 missing=()
 [ -x "$NGINX" ] || missing+=(nginx)
 { [ -x "$APACHE" ] && [ -f "$APACHE_MODULES/mod_mpm_prefork.so" ]; } || missing+=(apache2)
 command -v ab >/dev/null || missing+=(apache2-utils)
+command -v python3 >/dev/null || missing+=(python3)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "compare.sh: missing ${missing[*]}; install with:" >&2
-  echo "  apt-get install -y nginx apache2 apache2-utils" >&2
+  echo "  apt-get install -y ${missing[*]}" >&2
   exit 1
 fi
-[[ $CONCURRENCY =~ ^\ *[1-9][0-9]*(\ +[1-9][0-9]*)*\ *$ ]] \
-  || { echo "compare.sh: CONCURRENCY must be numbers separated by spaces, not '$CONCURRENCY'" >&2; exit 1; }
-command -v python3 >/dev/null || { echo "compare.sh: python3 is needed (free ports, checks)" >&2; exit 1; }
 
-cargo build --release --quiet -p appsrv --example http_hello
-EX=target/release/examples
+PREBUILT=${EX:+1}
+if [ -z "${EX:-}" ]; then
+  cargo build --release --quiet -p appsrv --example http_hello --example ping
+  EX=${CARGO_TARGET_DIR:-target}/release/examples
+fi
+{ [ -x "$EX/http_hello" ] && [ -x "$EX/ping" ]; } \
+  || { echo "compare.sh: no http_hello and ping in $EX" >&2; exit 1; }
+
 work=$(mktemp -d)
 PIDS=()
 cleanup() {
+  local p
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
-# The workers (nobody when started as root) must read the file.
+# The workers (nobody when started as root) must read the files.
 chmod 755 "$work"
-mkdir -m 755 "$work/static"
+mkdir -m 755 "$work/static" "$work/php"
 printf 'Hello, World!' >"$work/static/hello.txt"
-chmod 644 "$work/static/hello.txt"
+cp "$work/static/hello.txt" "$work/hello.expected"
+head -c 102400 /dev/urandom >"$work/static/100k.bin"
+head -c 1048576 /dev/urandom >"$work/static/1m.bin"
+echo '<?php header("Content-Length: 13"); echo "Hello, World!";' >"$work/php/hello.php"
+chmod 644 "$work/static/"* "$work/php/hello.php"
 if [ "$(id -u)" = 0 ]; then RUN_USER=nobody RUN_GROUP=nogroup; else RUN_USER="" RUN_GROUP=""; fi
+mkdir -p "$RESULTS"
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# check NAME URL: the body must be exactly `Hello, World!` (13 bytes), waiting up to 10 s
-# for the server to come up.
+# check NAME URL FILE: a 200 whose body is exactly FILE's bytes, waiting up to 10 s for
+# the server (and, behind nginx, PHP-FPM) to come up.
 check() {
-  if ! python3 - "$2" <<'EOF'; then
+  if ! python3 - "$2" "$3" <<'EOF'; then
 import sys, time, urllib.error, urllib.request
-url, err = sys.argv[1], None
+url, want, err = sys.argv[1], open(sys.argv[2], "rb").read(), None
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 for _ in range(100):
     try:
@@ -130,36 +223,96 @@ for _ in range(100):
     except urllib.error.HTTPError as e:
         status, body = e.code, e.read()
     except OSError as e:
-        err = e
-        time.sleep(0.1)
-        continue
-    if status == 200 and body == b"Hello, World!":
+        status, body = None, str(e)
+    if status == 200 and body == want:
         sys.exit(0)
-    err = "status %d, %d-byte body %r" % (status, len(body), body[:40])
-    break
+    err = "status %s, %d-byte body %r" % (status, len(body), body[:40])
+    time.sleep(0.1)
 sys.exit("%s: %s" % (url, err))
 EOF
-    echo "compare.sh: $1 does not answer 'Hello, World!' at $2; its log:" >&2
+    echo "compare.sh: $1 does not answer as expected at $2; its log:" >&2
     tail -20 "$work/$1.log" >&2 2>/dev/null || true
     exit 1
   fi
 }
 
-# Each start_* sets SERVER (the master's pid) and PORT. Not in a subshell: the EXIT trap
-# would run there, and the server would not be our job.
+# Each start_* appends the pids of the server's master(s) to SERVERS (stopped by `stop`)
+# and sets PORT. Not in a subshell: the EXIT trap would run there, and the server would
+# not be our job.
+SERVERS=()
+started() { SERVERS+=("$1"); PIDS+=("$1"); }
+
+# start_appsrv EXAMPLE [ARGS...]
 start_appsrv() {
-  "$EX/http_hello" -l 127.0.0.1:0 -w "$WORKERS" --static-dir "$work/static" 2>"$work/appsrv.log" &
-  SERVER=$!
-  PIDS+=("$SERVER")
-  for _ in $(seq 200); do grep -q " ready" "$work/appsrv.log" 2>/dev/null && break; sleep 0.05; done
-  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$work/appsrv.log" | head -1 | cut -d: -f2)
-  [ -n "$PORT" ] || { echo "compare.sh: appsrv did not start:" >&2; cat "$work/appsrv.log" >&2; exit 1; }
+  local ex=$1
+  shift
+  "$EX/$ex" -l 127.0.0.1:0 --pool dynamic --start-workers 8 --min-spare 8 --max-spare 32 \
+    --max-workers "$MAX_WORKERS" "$@" 2>"$work/$ex.log" &
+  started $!
+  for _ in $(seq 200); do grep -q " ready" "$work/$ex.log" 2>/dev/null && break; sleep 0.05; done
+  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$work/$ex.log" | head -1 | cut -d: -f2)
+  [ -n "$PORT" ] || { echo "compare.sh: $ex did not start:" >&2; cat "$work/$ex.log" >&2; exit 1; }
 }
 
+# start_fpm: PHP-FPM on the Unix socket $work/fpm/fpm.sock.
+start_fpm() {
+  local d=$work/fpm
+  mkdir -p "$d"
+  cat >"$d/php-fpm.conf" <<EOF
+[global]
+pid = $d/php-fpm.pid
+error_log = $work/php-fpm.log
+log_level = warning
+daemonize = no
+
+[www]
+${RUN_USER:+user = $RUN_USER}
+${RUN_GROUP:+group = $RUN_GROUP}
+listen = $d/fpm.sock
+listen.mode = 0666
+pm = dynamic
+pm.start_servers = 8
+pm.min_spare_servers = 8
+pm.max_spare_servers = 32
+pm.max_children = $MAX_WORKERS
+pm.max_requests = 0
+catch_workers_output = no
+EOF
+  "$PHP_FPM" -t -y "$d/php-fpm.conf" >"$work/php-fpm.log" 2>&1 \
+    || { echo "compare.sh: bad PHP-FPM configuration:" >&2; cat "$work/php-fpm.log" >&2; exit 1; }
+  "$PHP_FPM" -F -y "$d/php-fpm.conf" >>"$work/php-fpm.log" 2>&1 &
+  started $!
+}
+
+# start_nginx [fpm]: with fpm, /hello.php goes to PHP-FPM (started first).
 start_nginx() {
   PORT=$(free_port)
-  local d=$work/nginx
+  local d=$work/nginx php=""
   mkdir -p "$d"
+  if [ "${1:-}" = fpm ]; then
+    php="location = /hello.php {
+            fastcgi_pass unix:$work/fpm/fpm.sock;
+            fastcgi_param SCRIPT_FILENAME $work/php/hello.php;
+            fastcgi_param QUERY_STRING \$query_string;
+            fastcgi_param REQUEST_METHOD \$request_method;
+            fastcgi_param CONTENT_TYPE \$content_type;
+            fastcgi_param CONTENT_LENGTH \$content_length;
+            fastcgi_param SCRIPT_NAME \$fastcgi_script_name;
+            fastcgi_param REQUEST_URI \$request_uri;
+            fastcgi_param DOCUMENT_URI \$document_uri;
+            fastcgi_param DOCUMENT_ROOT $work/php;
+            fastcgi_param SERVER_PROTOCOL \$server_protocol;
+            fastcgi_param REQUEST_SCHEME \$scheme;
+            fastcgi_param GATEWAY_INTERFACE CGI/1.1;
+            fastcgi_param SERVER_SOFTWARE nginx/\$nginx_version;
+            fastcgi_param REMOTE_ADDR \$remote_addr;
+            fastcgi_param REMOTE_PORT \$remote_port;
+            fastcgi_param SERVER_ADDR \$server_addr;
+            fastcgi_param SERVER_PORT \$server_port;
+            fastcgi_param SERVER_NAME \$server_name;
+            fastcgi_param REDIRECT_STATUS 200;
+        }"
+  fi
   cat >"$d/nginx.conf" <<EOF
 daemon off;
 master_process on;
@@ -184,20 +337,25 @@ http {
     server {
         listen 127.0.0.1:$PORT;
         location /static/ { alias $work/static/; }
+        $php
     }
 }
 EOF
   "$NGINX" -t -q -p "$d" -e "$work/nginx.log" -c "$d/nginx.conf" \
     || { echo "compare.sh: bad nginx configuration:" >&2; cat "$work/nginx.log" >&2; exit 1; }
   "$NGINX" -p "$d" -e "$work/nginx.log" -c "$d/nginx.conf" &
-  SERVER=$!
-  PIDS+=("$SERVER")
+  started $!
 }
 
+# start_apache [php]: with php, mod_php serves *.php from $work/php.
 start_apache() {
   PORT=$(free_port)
-  local d=$work/apache m=$APACHE_MODULES
+  local d=$work/apache m=$APACHE_MODULES php=""
   mkdir -p "$d"
+  [ "${1:-}" = php ] && php="LoadModule php_module $LIBPHP
+<FilesMatch \"\\.php\$\">
+    SetHandler application/x-httpd-php
+</FilesMatch>"
   cat >"$d/apache2.conf" <<EOF
 ServerRoot $d
 DefaultRuntimeDir $d
@@ -211,13 +369,14 @@ LoadModule mpm_prefork_module $m/mod_mpm_prefork.so
 LoadModule authz_core_module $m/mod_authz_core.so
 LoadModule alias_module $m/mod_alias.so
 LoadModule mime_module $m/mod_mime.so
+$php
 ${RUN_USER:+User $RUN_USER}
 ${RUN_GROUP:+Group $RUN_GROUP}
 StartServers 8
 MinSpareServers 8
 MaxSpareServers 32
-ServerLimit 64
-MaxRequestWorkers 64
+ServerLimit $MAX_WORKERS
+MaxRequestWorkers $MAX_WORKERS
 MaxConnectionsPerChild 0
 KeepAlive On
 MaxKeepAliveRequests 1000
@@ -225,10 +384,15 @@ KeepAliveTimeout 5
 EnableSendfile On
 TypesConfig /dev/null
 AddType text/plain .txt
-DocumentRoot $work/static
+DocumentRoot $work/php
 <Directory />
     AllowOverride None
     Require all denied
+</Directory>
+<Directory $work/php>
+    Options None
+    AllowOverride None
+    Require all granted
 </Directory>
 Alias /static/ $work/static/
 <Directory $work/static>
@@ -243,99 +407,90 @@ EOF
   # with -DFOREGROUND it does not leave ours, so it would kill this script too. A job of
   # a script is no group leader: setsid execs Apache without forking, $! is its pid.
   setsid "$APACHE" -d "$d" -f "$d/apache2.conf" -DFOREGROUND 2>>"$work/apache.log" &
-  SERVER=$!
-  PIDS+=("$SERVER")
+  started $!
   sleep 0.2
-  [ "$(cat "/proc/$SERVER/comm" 2>/dev/null)" = apache2 ] \
+  [ "$(cat "/proc/$!/comm" 2>/dev/null)" = apache2 ] \
     || { echo "compare.sh: Apache did not start:" >&2; cat "$work/apache.log" >&2; exit 1; }
 }
 
+# start_server ID: the servers of the HTTP part by their id in the tables and CSV files.
+start_server() {
+  case $1 in
+    appsrv) start_appsrv http_hello --static-dir "$work/static" ;;
+    nginx) start_nginx ;;
+    apache) start_apache ;;
+    php-fpm) start_fpm; start_nginx fpm ;;
+    mod_php) start_apache php ;;
+  esac
+}
+
 stop() {
-  kill "$SERVER" 2>/dev/null || true
-  wait "$SERVER" 2>/dev/null || true
+  local p
+  for p in "${SERVERS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${SERVERS[@]}"; do wait "$p" 2>/dev/null || true; done
+  SERVERS=()
 }
 
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
-# ab_cell PORT PATH CONC KEEPALIVE(1|0): RUNS runs; prints the cell: the median req/s,
-# with failures and unfinished runs noted.
+# ab_cell PORT PATH CONC KEEPALIVE(1|0) REQUESTS: RUNS runs; sets RPS (the median req/s,
+# empty when no run finished), FAILED (summed over the runs) and UNFINISHED (runs).
 ab_cell() {
-  local k="" out rps=() failed=0 errs=0 i f x
+  local k="" out rps=() i f x
+  FAILED=0 UNFINISHED=0 RPS=""
   [ "$4" = 1 ] && k=-k
   for i in $(seq "$RUNS"); do
-    if out=$(timeout 120 ab -q -r -s 10 $k -n "$N" -c "$3" "http://127.0.0.1:$1$2" 2>&1) \
+    if out=$(timeout 120 ab -q -r -s 10 $k -n "$5" -c "$3" "http://127.0.0.1:$1$2" 2>&1) \
       && x=$(awk '/^Requests per second/ { print $4 }' <<<"$out") && [ -n "$x" ]; then
       rps+=("$x")
       f=$(awk '/^Failed requests/ { f += $3 } /^Non-2xx responses/ { f += $3 } END { print f + 0 }' <<<"$out")
-      failed=$((failed + f))
+      FAILED=$((FAILED + f))
       [ "$f" = 0 ] || echo "compare.sh: ab -c $3 $k on :$1$2: $(grep -A1 -E '^(Failed requests|Non-2xx)' <<<"$out" | tr -s ' \n' ' ')" >&2
     else
-      errs=$((errs + 1))
+      UNFINISHED=$((UNFINISHED + 1))
       echo "compare.sh: ab -c $3 $k on :$1$2 did not finish (run $i): $(tail -1 <<<"$out")" >&2
     fi
   done
-  local cell="-"
-  [ ${#rps[@]} -gt 0 ] && cell=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
-  [ "$failed" -gt 0 ] && cell="$cell (${failed} failed)"
-  [ "$errs" -gt 0 ] && cell="$cell (${errs}/${RUNS} runs unfinished)"
+  [ ${#rps[@]} -gt 0 ] && RPS=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
+  return 0
+}
+
+# cell_text: the markdown cell of RPS, FAILED and UNFINISHED.
+cell_text() {
+  local cell=${RPS:--}
+  [ "$FAILED" -gt 0 ] && cell="$cell (${FAILED} failed)"
+  [ "$UNFINISHED" -gt 0 ] && cell="$cell (${UNFINISHED}/${RUNS} runs unfinished)"
   echo "$cell"
 }
 
-# memory NAME: summed PSS (kB) and count of the master SERVER and its children.
+CSV_HEADER=server,concurrency,keepalive,rps,requests,runs,failed,unfinished_runs
+MEM_HEADER=server,phase,processes,pss_kb
+
+# memory CSV SERVER PHASE: summed PSS (kB) and count of the masters in SERVERS and their
+# children, appended to CSV and to MEM (a markdown row).
+MEM=()
 memory() {
   local pids p kb=0 n=0 v
   # pgrep fails when there are no children (Redis): not fatal under pipefail.
-  pids="$SERVER $({ pgrep -P "$SERVER" || true; } | tr '\n' ' ')"
+  pids="${SERVERS[*]} $(for p in "${SERVERS[@]}"; do pgrep -P "$p" || true; done | tr '\n' ' ')"
   for p in $pids; do
     v=$(awk '/^Pss:/ { print $2 }' "/proc/$p/smaps_rollup" 2>/dev/null) || continue
     [ -n "$v" ] || continue
     kb=$((kb + v)) n=$((n + 1))
   done
-  MEM+=("| $1 | $n | $((kb / 1024)).$(((kb % 1024) * 10 / 1024)) MiB | $((n ? kb / n : 0)) kB |")
+  echo "$2,$3,$n,$kb" >>"$1"
+  MEM+=("| $2 | $3 | $n | $(awk -v k="$kb" 'BEGIN { printf "%.1f", k / 1024 }') MiB | $((n ? kb / n : 0)) kB |")
 }
 
-# warm_up PORT PATH: WARMUP seconds of keep-alive load at the highest concurrency, not
-# measured, so that a pool that grows (Apache's prefork from StartServers) has grown.
+# warm_up PORT PATH [SECS]: SECS (default WARMUP) seconds of keep-alive load at the
+# highest concurrency, not measured, so that a pool that grows has grown.
 warm_up() {
-  local cmax
-  cmax=$(tr -s ' ' '\n' <<<"$CONCURRENCY" | sort -n | tail -1)
-  [ "$WARMUP" -gt 0 ] || return 0
+  local secs=${3:-$WARMUP}
+  [ "$secs" -gt 0 ] || return 0
   # -n after -t: -t sets -n 50000.
-  timeout 120 ab -q -r -s 10 -k -c "$cmax" -t "$WARMUP" -n 100000000 "http://127.0.0.1:$1$2" >/dev/null 2>&1 || true
+  timeout $((secs + 30)) ab -q -r -s 10 -k -c "$CMAX" -t "$secs" -n 100000000 \
+    "http://127.0.0.1:$1$2" >/dev/null 2>&1 || true
 }
-
-declare -A CELL
-MEM=()
-ROWS=()
-# measure SERVER_NAME WORKLOAD PATH: fills CELL[server/workload/ka/c] and ROWS.
-measure() {
-  local ka c key
-  check "$1" "http://127.0.0.1:$PORT$3"
-  warm_up "$PORT" "$3"
-  for ka in 1 0; do
-    for c in $CONCURRENCY; do
-      key="$1/$2/$ka/$c"
-      CELL[$key]=$(ab_cell "$PORT" "$3" "$c" "$ka")
-    done
-    ROWS+=("$1/$2/$ka")
-  done
-}
-
-start_appsrv
-measure appsrv dynamic /
-measure appsrv static /static/hello.txt
-memory "appsrv (-w $WORKERS)"
-stop
-
-start_nginx
-measure nginx static /static/hello.txt
-memory "nginx (worker_processes 2)"
-stop
-
-start_apache
-measure apache static /static/hello.txt
-memory "apache prefork (StartServers 8, MaxRequestWorkers 64)"
-stop
 
 ka_name() { [ "$1" = 1 ] && echo keep-alive || echo "one per request"; }
 header() { # FIRST-COLUMNS...
@@ -344,27 +499,6 @@ header() { # FIRST-COLUMNS...
   for c in $CONCURRENCY; do h="$h c=$c |"; s="$s---|"; done
   echo "$h"; echo "$s"
 }
-
-echo "Requests per second, median of $RUNS runs of $N requests (ab, 13-byte body; $(nproc) CPUs, client on the same machine)"
-echo
-header server workload connections
-for r in "${ROWS[@]}"; do
-  IFS=/ read -r srv wl ka <<<"$r"
-  path=/static/hello.txt; [ "$wl" = dynamic ] && path=/
-  row="| $srv | $wl \`GET $path\` | $(ka_name "$ka") |"
-  for c in $CONCURRENCY; do row="$row ${CELL[$srv/$wl/$ka/$c]} |"; done
-  echo "$row"
-done
-echo
-echo "Memory after the runs (PSS summed over the master and its children)"
-echo
-echo "| server | processes | PSS | PSS per process |"
-echo "|---|---|---|---|"
-printf '%s\n' "${MEM[@]}"
-echo
-echo "Ratios of the medians (appsrv workload / other server's static file)"
-echo
-header ratio connections
 ratio() { # A B: A/B with two decimals, or - when either is missing
   local a=${1%% *} b=${2%% *}
   if [[ $a =~ ^[0-9]+$ && $b =~ ^[0-9]+$ && $b -gt 0 ]]; then
@@ -373,36 +507,169 @@ ratio() { # A B: A/B with two decimals, or - when either is missing
     echo -
   fi
 }
-for wl in static dynamic; do
-  for other in nginx apache; do
-    for ka in 1 0; do
-      row="| appsrv $wl / $other static | $(ka_name "$ka") |"
-      for c in $CONCURRENCY; do
-        row="$row $(ratio "${CELL[appsrv/$wl/$ka/$c]}" "${CELL[$other/static/$ka/$c]}") |"
-      done
-      echo "$row"
+server_name() {
+  case $1 in
+    apache) echo "Apache prefork" ;;
+    php-fpm) echo "nginx + PHP-FPM" ;;
+    mod_php) echo "Apache prefork + mod_php" ;;
+    redis) echo Redis ;;
+    netserver) echo Net::Server ;;
+    *) echo "$1" ;;
+  esac
+}
+min_n() { echo $(($1 > CMAX ? $1 : CMAX)); }
+
+declare -A CELL PATHS REQS TITLE SRVS
+PATHS=([hello-dynamic]=/ [hello-static]=/static/hello.txt [static-100k]=/static/100k.bin [static-1m]=/static/1m.bin)
+REQS=([hello-dynamic]=$(min_n "$N") [hello-static]=$(min_n "$N") [static-100k]=$(min_n $((N / 2))) [static-1m]=$(min_n $((N / 10))))
+TITLE=([hello-dynamic]="13-byte dynamic \`Hello, World!\` (appsrv \`GET /\`, PHP \`GET /hello.php\`)"
+  [hello-static]="13-byte static file \`GET /static/hello.txt\`"
+  [static-100k]="100 KB static file \`GET /static/100k.bin\`"
+  [static-1m]="1 MB static file \`GET /static/1m.bin\`")
+WORKLOADS=(hello-dynamic hello-static static-100k static-1m)
+
+# expected WORKLOAD: the file whose bytes are the body.
+expected() {
+  case $1 in
+    static-100k) echo "$work/static/100k.bin" ;;
+    static-1m) echo "$work/static/1m.bin" ;;
+    *) echo "$work/hello.expected" ;;
+  esac
+}
+
+# measure SERVER WORKLOAD PATH: the cells of one server and workload, into CELL and the
+# workload's CSV.
+measure() {
+  local ka c n=${REQS[$2]}
+  check "$1" "http://127.0.0.1:$PORT$3" "$(expected "$2")"
+  warm_up "$PORT" "$3"
+  for ka in 0 1; do
+    for c in $CONCURRENCY; do
+      ab_cell "$PORT" "$3" "$c" "$ka" "$n"
+      CELL[$1/$2/$ka/$c]=$(cell_text)
+      echo "$1,$c,$ka,$RPS,$n,$RUNS,$FAILED,$UNFINISHED" >>"$RESULTS/$2.csv"
     done
   done
-done
+  SRVS[$2]="${SRVS[$2]:-} $1"
+}
+
+# The versions, for the tables' captions and bench/results/env.txt.
+versions() {
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "mode: $MODE (RUNS=$RUNS N=$N CONCURRENCY=\"$CONCURRENCY\" WARMUP=$WARMUP RAMP=$RAMP SYSCALL_N=$SYSCALL_N MAX_WORKERS=$MAX_WORKERS)"
+  if [ -n "$PREBUILT" ]; then
+    echo "appsrv: prebuilt examples in $EX"
+  else
+    echo "appsrv: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- crates/appsrv 2>/dev/null || echo ' (crates/appsrv modified)')"
+  fi
+  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine shares its CPUs)"
+  echo "machine: $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), $(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), Linux $(uname -r)"
+  echo "nginx: $("$NGINX" -v 2>&1 | sed 's/.*nginx\///')"
+  echo "apache: $("$APACHE" -v | sed -n 's/^Server version: Apache\///p')"
+  echo "ab: $(ab -V | sed -n 's/.*Version \([^ ]*\).*/\1/p' | head -1)"
+  [ -n "$PHP_FPM" ] && echo "php-fpm: $("$PHP_FPM" -v | head -1 | cut -d' ' -f2)"
+  [ -n "$LIBPHP" ] && echo "mod_php: $(basename "$LIBPHP")"
+  command -v redis-server >/dev/null && echo "redis: $(redis-server --version | sed 's/.* v=\([^ ]*\).*/\1/')"
+  perl -MNet::Server -e 'print "Net::Server: $Net::Server::VERSION\n"' 2>/dev/null || true
+  return 0
+}
+# Each part that runs writes its own copy (env-http.txt, env-ping.txt, env-syscalls.txt),
+# so that a part run alone later does not misdate the others' results.
+versions >"$work/env.txt"
+echo "compare.sh: $MODE mode; $(sed -n 2p "$work/env.txt")" >&2
 
 # ---------------------------------------------------------------------------------------
-# Part 2 (PING=0 skips it): inline PING -> +PONG with redis-benchmark, against Redis,
-# Net::Server::PreFork and appsrv's ping example.
-[ "${PING:-1}" = 0 ] && exit 0
-echo
-if ! command -v redis-benchmark >/dev/null; then
-  echo "compare.sh: PING part skipped: no redis-benchmark; install with:" >&2
-  echo "  apt-get install -y redis-tools" >&2
-  exit 0
-fi
-cargo build --release --quiet -p appsrv --example ping
-# Net::Server: fewer requests (it is slow), at least 1.
-N_NS=$((N / 4 > 0 ? N / 4 : 1))
+# Part 1 (HTTP=0 skips it)
+if [ "${HTTP:-1}" != 0 ]; then
+  cp "$work/env.txt" "$RESULTS/env-http.txt"
+  for wl in "${WORKLOADS[@]}"; do echo "$CSV_HEADER" >"$RESULTS/$wl.csv"; done
+  echo "$MEM_HEADER" >"$RESULTS/memory.csv"
+  SKIP=()
+  for srv in $HTTP_SERVERS; do
+    case $srv in
+      php-fpm) [ -n "$PHP_FPM" ] || { SKIP+=("nginx + PHP-FPM (apt-get install -y php-fpm)"); continue; } ;;
+      mod_php) [ -n "$LIBPHP" ] || { SKIP+=("Apache + mod_php (apt-get install -y libapache2-mod-php)"); continue; } ;;
+    esac
+    echo "compare.sh: $(server_name "$srv")" >&2
+    start_server "$srv"
+    case $srv in
+      appsrv) wls="static-1m static-100k hello-static hello-dynamic" ;;
+      nginx | apache) wls="static-1m static-100k hello-static" ;;
+      *) wls=hello-dynamic ;;
+    esac
+    first=1
+    for wl in $wls; do
+      path=${PATHS[$wl]}
+      [ "$wl" = hello-dynamic ] && [ "$srv" != appsrv ] && path=/hello.php
+      if [ "$first" = 1 ]; then
+        # Up and answering (one request), then idle.
+        check "$srv" "http://127.0.0.1:$PORT$path" "$(expected "$wl")"
+        memory "$RESULTS/memory.csv" "$srv" idle
+        warm_up "$PORT" "$path" "$RAMP"
+        first=0
+      fi
+      measure "$srv" "$wl" "$path"
+    done
+    memory "$RESULTS/memory.csv" "$srv" after
+    stop
+  done
 
-# ping_check NAME: the server on PORT must answer `PING\r\n` with `+PONG\r\n`, waiting up
-# to 10 s for it to come up.
-ping_check() {
-  if ! python3 - "$PORT" <<'EOF'; then
+  echo "HTTP, requests per second, median of $RUNS run(s) (ab; $(nproc) CPUs, client on the same machine; $MODE mode)"
+  for wl in "${WORKLOADS[@]}"; do
+    echo
+    echo "${TITLE[$wl]}, ${REQS[$wl]} requests per run:"
+    echo
+    header server connections
+    for ka in 1 0; do
+      for srv in ${SRVS[$wl]:-}; do
+        row="| $(server_name "$srv") | $(ka_name "$ka") |"
+        for c in $CONCURRENCY; do row="$row ${CELL[$srv/$wl/$ka/$c]} |"; done
+        echo "$row"
+      done
+    done
+  done
+  [ ${#SKIP[@]} -eq 0 ] || printf 'Skipped: %s\n' "${SKIP[@]}"
+  echo
+  echo "Memory: PSS summed over the master(s) and their children, idle (after start) and after the last run (keep-alive, c=$CMAX)"
+  echo
+  echo "| server | when | processes | PSS | PSS per process |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${MEM[@]}"
+  echo
+  echo "Ratios of the medians, appsrv / the other server, same workload"
+  echo
+  header workload "appsrv / …" connections
+  for wl in "${WORKLOADS[@]}"; do
+    for srv in ${SRVS[$wl]:-}; do
+      [ "$srv" = appsrv ] && continue
+      for ka in 1 0; do
+        row="| $wl | $(server_name "$srv") | $(ka_name "$ka") |"
+        for c in $CONCURRENCY; do
+          row="$row $(ratio "${CELL[appsrv/$wl/$ka/$c]:-}" "${CELL[$srv/$wl/$ka/$c]:-}") |"
+        done
+        echo "$row"
+      done
+    done
+  done
+fi
+
+# ---------------------------------------------------------------------------------------
+# Part 2 (PING=0 skips it): inline PING -> +PONG with redis-benchmark.
+if [ "${PING:-1}" != 0 ]; then
+  echo
+  if ! command -v redis-benchmark >/dev/null; then
+    echo "compare.sh: PING part skipped: no redis-benchmark; install with:" >&2
+    echo "  apt-get install -y redis-tools" >&2
+  else
+    N_NS=$(min_n $((N / 4)))
+    cp "$work/env.txt" "$RESULTS/env-ping.txt"
+    echo "$CSV_HEADER" >"$RESULTS/ping.csv"
+    echo "$MEM_HEADER" >"$RESULTS/ping-memory.csv"
+
+    # ping_check NAME: the server on PORT must answer `PING\r\n` with `+PONG\r\n`,
+    # waiting up to 10 s for it to come up.
+    ping_check() {
+      if ! python3 - "$PORT" <<'EOF'; then
 import socket, sys, time
 err = None
 for _ in range(100):
@@ -425,30 +692,22 @@ for _ in range(100):
     break
 sys.exit("port %s: %s" % (sys.argv[1], err))
 EOF
-    echo "compare.sh: $1 does not answer '+PONG' on port $PORT; its log:" >&2
-    tail -20 "$work/$1.log" >&2 2>/dev/null || true
-    return 1
-  fi
-}
+        echo "compare.sh: $1 does not answer '+PONG' on port $PORT; its log:" >&2
+        tail -20 "$work/$1.log" >&2 2>/dev/null || true
+        return 1
+      fi
+    }
 
-start_appsrv_ping() {
-  PORT=$(free_port)
-  "$EX/ping" -l "127.0.0.1:$PORT" -w "$WORKERS" 2>"$work/appsrv-ping.log" &
-  SERVER=$!
-  PIDS+=("$SERVER")
-}
+    start_redis() {
+      PORT=$(free_port)
+      redis-server --port "$PORT" --bind 127.0.0.1 --protected-mode no --save '' \
+        --appendonly no --daemonize no --logfile /dev/null >"$work/redis.log" 2>&1 &
+      started $!
+    }
 
-start_redis() {
-  PORT=$(free_port)
-  redis-server --port "$PORT" --bind 127.0.0.1 --protected-mode no --save '' \
-    --appendonly no --daemonize no --logfile /dev/null >"$work/redis.log" 2>&1 &
-  SERVER=$!
-  PIDS+=("$SERVER")
-}
-
-start_netserver() {
-  PORT=$(free_port)
-  cat >"$work/pingd.pl" <<'EOF'
+    start_netserver() {
+      PORT=$(free_port)
+      cat >"$work/pingd.pl" <<'EOF'
 package PingServer;
 use strict;
 use warnings;
@@ -462,116 +721,199 @@ sub process_request {
     }
 }
 
-my ($port, $user, $group) = @ARGV;
+my ($port, $max, $lock, $user, $group) = @ARGV;
 PingServer->run(
     port => "127.0.0.1:$port", ipv => 4,
-    min_servers => 8, max_servers => 32, max_requests => 1_000_000,
-    log_level => 0,
+    min_servers => 8, max_servers => $max, max_requests => 1_000_000,
+    log_level => 0, serialize => 'flock', lock_file => $lock,
     ($user ? (user => $user, group => $group) : ()),
 );
 EOF
-  perl "$work/pingd.pl" "$PORT" "$RUN_USER" "$RUN_GROUP" >"$work/netserver.log" 2>&1 &
-  SERVER=$!
-  PIDS+=("$SERVER")
-}
+      # Its accept lock (flock), made here: by default it makes a temporary file after
+      # dropping privileges, in the current directory when /tmp is not writable.
+      : >"$work/netserver.lock"
+      [ -z "$RUN_USER" ] || chown "$RUN_USER:$RUN_GROUP" "$work/netserver.lock"
+      perl "$work/pingd.pl" "$PORT" "$MAX_WORKERS" "$work/netserver.lock" "$RUN_USER" "$RUN_GROUP" \
+        >"$work/netserver.log" 2>&1 &
+      started $!
+    }
 
-# rb_cell PORT CONC KEEPALIVE(1|0) REQUESTS: RUNS runs of redis-benchmark; prints the
-# cell: the median req/s, with unfinished runs noted.
-rb_cell() {
-  local out rps=() errs=0 i x
-  for i in $(seq "$RUNS"); do
-    if out=$(timeout 120 redis-benchmark -h 127.0.0.1 -p "$1" -t ping_inline -n "$4" -c "$2" \
-      -k "$3" -q 2>&1 | tr '\r' '\n') \
-      && x=$(awk '/^PING_INLINE: [0-9.]+ requests per second/ { print $2 }' <<<"$out" | tail -1) \
-      && [ -n "$x" ]; then
-      rps+=("$x")
+    # rb_cell PORT CONC KEEPALIVE(1|0) REQUESTS: RUNS runs of redis-benchmark; sets RPS,
+    # FAILED (always 0: redis-benchmark reports none) and UNFINISHED as ab_cell.
+    rb_cell() {
+      local out rps=() i x
+      FAILED=0 UNFINISHED=0 RPS=""
+      for i in $(seq "$RUNS"); do
+        if out=$(timeout 120 redis-benchmark -h 127.0.0.1 -p "$1" -t ping_inline -n "$4" -c "$2" \
+          -k "$3" -q 2>&1 | tr '\r' '\n') \
+          && x=$(awk '/^PING_INLINE: [0-9.]+ requests per second/ { print $2 }' <<<"$out" | tail -1) \
+          && [ -n "$x" ]; then
+          rps+=("$x")
+        else
+          UNFINISHED=$((UNFINISHED + 1))
+          echo "compare.sh: redis-benchmark -c $2 -k $3 on :$1 did not finish (run $i): $(grep . <<<"$out" | tail -1)" >&2
+        fi
+      done
+      [ ${#rps[@]} -gt 0 ] && RPS=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
+      return 0
+    }
+
+    # ping_measure NAME REQUESTS: fills PCELL[name/ka/c], PROWS and ping.csv, after
+    # WARMUP seconds of unmeasured keep-alive load at the highest concurrency.
+    declare -A PCELL
+    PROWS=()
+    ping_measure() {
+      local ka c
+      memory "$RESULTS/ping-memory.csv" "$1" idle
+      [ "$WARMUP" -gt 0 ] && { timeout "$WARMUP" redis-benchmark -h 127.0.0.1 -p "$PORT" \
+        -t ping_inline -n 100000000 -c "$CMAX" -q >/dev/null 2>&1 || true; }
+      for ka in 0 1; do
+        for c in $CONCURRENCY; do
+          rb_cell "$PORT" "$c" "$ka" "$2"
+          PCELL[$1/$ka/$c]=$(cell_text)
+          echo "$1,$c,$ka,$RPS,$2,$RUNS,$FAILED,$UNFINISHED" >>"$RESULTS/ping.csv"
+        done
+      done
+      for ka in 1 0; do PROWS+=("$1/$ka/$2"); done
+      memory "$RESULTS/ping-memory.csv" "$1" after
+    }
+
+    MEM=()
+    PSKIP=()
+    echo "compare.sh: PING, appsrv" >&2
+    start_appsrv ping
+    ping_check ping || exit 1
+    ping_measure appsrv "$(min_n "$N")"
+    stop
+
+    if command -v redis-server >/dev/null; then
+      echo "compare.sh: PING, Redis" >&2
+      start_redis
+      if ping_check redis; then ping_measure redis "$(min_n "$N")"; fi
+      stop
     else
-      errs=$((errs + 1))
-      echo "compare.sh: redis-benchmark -c $2 -k $3 on :$1 did not finish (run $i): $(grep . <<<"$out" | tail -1)" >&2
+      echo "compare.sh: Redis skipped: no redis-server; install with:" >&2
+      echo "  apt-get install -y redis-server" >&2
+      PSKIP+=("redis (not installed: apt-get install -y redis-server)")
     fi
-  done
-  local cell="-"
-  [ ${#rps[@]} -gt 0 ] && cell=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
-  [ "$errs" -gt 0 ] && cell="$cell (${errs}/${RUNS} runs unfinished)"
-  echo "$cell"
-}
 
-# ping_measure NAME REQUESTS: fills PCELL[name/ka/c] and PROWS, after WARMUP seconds of
-# unmeasured keep-alive load at the highest concurrency.
-declare -A PCELL
-PROWS=()
-ping_measure() {
-  local ka c cmax
-  cmax=$(tr -s ' ' '\n' <<<"$CONCURRENCY" | sort -n | tail -1)
-  [ "$WARMUP" -gt 0 ] && { timeout "$WARMUP" redis-benchmark -h 127.0.0.1 -p "$PORT" \
-    -t ping_inline -n 100000000 -c "$cmax" -q >/dev/null 2>&1 || true; }
-  for ka in 1 0; do
-    for c in $CONCURRENCY; do PCELL[$1/$ka/$c]=$(rb_cell "$PORT" "$c" "$ka" "$2"); done
-    PROWS+=("$1/$ka/$2")
-  done
-}
+    if perl -MNet::Server::PreFork -e 1 2>/dev/null; then
+      echo "compare.sh: PING, Net::Server" >&2
+      start_netserver
+      if ping_check netserver; then ping_measure netserver "$N_NS"; fi
+      stop
+    else
+      echo "compare.sh: Net::Server skipped: no Net::Server::PreFork; install with:" >&2
+      echo "  apt-get install -y libnet-server-perl" >&2
+      PSKIP+=("Net::Server (not installed: apt-get install -y libnet-server-perl)")
+    fi
 
-MEM=()
-PSKIP=()
-start_appsrv_ping
-ping_check appsrv-ping || exit 1
-ping_measure appsrv "$N"
-memory "appsrv ping (-w $WORKERS)"
-stop
-
-if command -v redis-server >/dev/null; then
-  start_redis
-  if ping_check redis; then
-    ping_measure redis "$N"
-    memory "redis-server (one process)"
-  fi
-  stop
-else
-  echo "compare.sh: Redis skipped: no redis-server; install with:" >&2
-  echo "  apt-get install -y redis-server" >&2
-  PSKIP+=("redis (not installed: apt-get install -y redis-server)")
-fi
-
-if perl -MNet::Server::PreFork -e 1 2>/dev/null; then
-  start_netserver
-  if ping_check netserver; then
-    ping_measure netserver "$N_NS"
-    memory "Net::Server::PreFork (min_servers 8, max_servers 32)"
-  fi
-  stop
-else
-  echo "compare.sh: Net::Server skipped: no Net::Server::PreFork; install with:" >&2
-  echo "  apt-get install -y libnet-server-perl" >&2
-  PSKIP+=("Net::Server (not installed: apt-get install -y libnet-server-perl)")
-fi
-
-ping_name() { case $1 in netserver) echo Net::Server ;; redis) echo Redis ;; *) echo "$1" ;; esac; }
-echo "Inline PING -> +PONG, requests per second, median of $RUNS runs (redis-benchmark -t ping_inline; $N requests, Net::Server $N_NS; $(nproc) CPUs, client on the same machine)"
-echo
-header server requests connections
-for r in "${PROWS[@]}"; do
-  IFS=/ read -r srv ka n <<<"$r"
-  row="| $(ping_name "$srv") | $n | $(ka_name "$ka") |"
-  for c in $CONCURRENCY; do row="$row ${PCELL[$srv/$ka/$c]} |"; done
-  echo "$row"
-done
-[ ${#PSKIP[@]} -eq 0 ] || printf 'Skipped: %s\n' "${PSKIP[@]}"
-echo
-echo "Memory after the PING runs (PSS summed over the master and its children)"
-echo
-echo "| server | processes | PSS | PSS per process |"
-echo "|---|---|---|---|"
-printf '%s\n' "${MEM[@]}"
-echo
-echo "Ratios of the PING medians"
-echo
-header ratio connections
-for other in redis netserver; do
-  for ka in 1 0; do
-    row="| appsrv / $(ping_name "$other") | $(ka_name "$ka") |"
-    for c in $CONCURRENCY; do
-      row="$row $(ratio "${PCELL[appsrv/$ka/$c]:-}" "${PCELL[$other/$ka/$c]:-}") |"
+    echo "Inline PING -> +PONG, requests per second, median of $RUNS run(s) (redis-benchmark -t ping_inline; $(nproc) CPUs, client on the same machine; $MODE mode)"
+    echo
+    header server requests connections
+    for r in "${PROWS[@]}"; do
+      IFS=/ read -r srv ka n <<<"$r"
+      row="| $(server_name "$srv") | $n | $(ka_name "$ka") |"
+      for c in $CONCURRENCY; do row="$row ${PCELL[$srv/$ka/$c]} |"; done
+      echo "$row"
     done
-    echo "$row"
-  done
-done
+    [ ${#PSKIP[@]} -eq 0 ] || printf 'Skipped: %s\n' "${PSKIP[@]}"
+    echo
+    echo "Memory of the PING servers, idle and after the last run (keep-alive, c=$CMAX)"
+    echo
+    echo "| server | when | processes | PSS | PSS per process |"
+    echo "|---|---|---|---|---|"
+    printf '%s\n' "${MEM[@]}"
+    echo
+    echo "Ratios of the PING medians"
+    echo
+    header ratio connections
+    for other in redis netserver; do
+      for ka in 1 0; do
+        row="| appsrv / $(server_name "$other") | $(ka_name "$ka") |"
+        for c in $CONCURRENCY; do
+          row="$row $(ratio "${PCELL[appsrv/$ka/$c]:-}" "${PCELL[$other/$ka/$c]:-}") |"
+        done
+        echo "$row"
+      done
+    done
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------
+# Part 3 (SYSCALLS=0 skips it): syscalls per request, keep-alive, c=1, under strace -c.
+if [ "${SYSCALLS:-1}" != 0 ]; then
+  echo
+  if ! command -v strace >/dev/null; then
+    echo "compare.sh: syscalls part skipped: no strace; install with: apt-get install -y strace" >&2
+  else
+    cp "$work/env.txt" "$RESULTS/env-syscalls.txt"
+    echo "server,workload,requests,syscalls_per_request,by_process,calls" >"$RESULTS/syscalls.csv"
+    echo "Syscalls per request, keep-alive (ab -k -c 1 -n $SYSCALL_N), strace -c -f on all the workers"
+    echo
+    echo "| server | workload | syscalls/request | by process group | per call (≥ 0.01/request) |"
+    echo "|---|---|---|---|---|"
+    # strace_calls FILE: "name count" lines of an strace -c table (calls are column 4,
+    # or 5 when the usecs/call column is empty); no header or total line.
+    strace_calls() {
+      awk '$1 ~ /^[0-9.]+$/ && $NF != "total" { print $NF, ($4 ~ /^[0-9]+$/ ? $4 : $5) }' "$1"
+    }
+    # trace SERVER WORKLOAD PATH
+    trace() {
+      local i=0 p w tracers=() files=() by="" all per total
+      check "$1" "http://127.0.0.1:$PORT$3" "$work/hello.expected"
+      # Untraced first, so that a pool that keeps spare processes (Apache, PHP-FPM) has
+      # started the one it wants when a worker is busy: strace follows the children it
+      # attached to, not those the master starts later.
+      timeout 30 ab -q -k -c 1 -t 1 -n 100000000 "http://127.0.0.1:$PORT$3" >/dev/null 2>&1 || true
+      sleep 1.5
+      for p in "${SERVERS[@]}"; do
+        local traced=()
+        for w in $(pgrep -P "$p"); do traced+=(-p "$w"); done
+        i=$((i + 1))
+        strace -c -f -q -o "$work/strace.$i.txt" "${traced[@]}" &
+        tracers+=("$!") files+=("$work/strace.$i.txt")
+        PIDS+=("$!")
+      done
+      sleep 0.5 # let strace attach before the load starts
+      timeout 300 ab -q -k -n "$SYSCALL_N" -c 1 "http://127.0.0.1:$PORT$3" >/dev/null 2>&1 \
+        || echo "compare.sh: ab under strace on $1 did not finish" >&2
+      for p in "${tracers[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+      for p in "${tracers[@]}"; do wait "$p" 2>/dev/null || true; done
+      if [ ${#files[@]} -gt 1 ]; then
+        i=0
+        for p in "${SERVERS[@]}"; do
+          by="$by$(cat "/proc/$p/comm" 2>/dev/null || echo "?") $(strace_calls "${files[$i]}" \
+            | awk -v n="$SYSCALL_N" '{ s += $2 } END { printf "%.2f", s / n }'); "
+          i=$((i + 1))
+        done
+      fi
+      all=$(for p in "${files[@]}"; do strace_calls "$p"; done)
+      total=$(awk -v n="$SYSCALL_N" '{ s += $2 } END { printf "%.2f", s / n }' <<<"$all")
+      per=$(awk -v n="$SYSCALL_N" '{ c[$1] += $2 } END { for (s in c) if (c[s] / n >= 0.01) printf "%s %.2f\n", s, c[s] / n }' <<<"$all" \
+        | sort -k2,2nr -k1,1 | awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }')
+      echo "$1,$2,$SYSCALL_N,$total,\"${by%; }\",\"$per\"" >>"$RESULTS/syscalls.csv"
+      by=${by%; }
+      echo "| $(server_name "$1") | $2 | $total | ${by:--} | $per |"
+    }
+    for srv in $HTTP_SERVERS; do
+      case $srv in
+        php-fpm) [ -n "$PHP_FPM" ] || continue ;;
+        mod_php) [ -n "$LIBPHP" ] || continue ;;
+      esac
+      start_server "$srv"
+      case $srv in
+        appsrv) trace appsrv hello-dynamic /; trace appsrv hello-static /static/hello.txt ;;
+        nginx | apache) trace "$srv" hello-static /static/hello.txt ;;
+        *) trace "$srv" hello-dynamic /hello.php ;;
+      esac
+      stop
+    done
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------
+if [ "${CHARTS:-1}" != 0 ]; then
+  mkdir -p "$CHARTS_DIR"
+  cargo run --release --quiet -p appsrv-bench --bin bench-charts -- "$RESULTS" "$CHARTS_DIR" >&2
+fi
