@@ -273,7 +273,7 @@ fn socket_activation_adopts_the_listener() {
         });
     }
     let mut server = Server::from_command(cmd);
-    server.wait_for_log(" ready");
+    server.wait_for_ready();
     assert!(
         server.log_text().contains(&format!("listening on {addr}")),
         "{}",

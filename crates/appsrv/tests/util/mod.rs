@@ -77,8 +77,15 @@ impl Server {
 
     pub fn start_with_env(example_name: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let server = Self::spawn(example_name, args, env);
-        server.wait_for_log(" ready");
+        server.wait_for_ready();
         server
+    }
+
+    /// Waits for the master's `ready` line. Not just " ready": at `--log-level debug`
+    /// each worker logs its own `ready` first, while the master is still starting (and
+    /// refuses a reload, say).
+    pub fn wait_for_ready(&self) {
+        self.wait_for_log("master: ready");
     }
 
     /// Starts the binary at `path` and waits for it to be `ready`.
@@ -86,7 +93,7 @@ impl Server {
         let mut cmd = Command::new(path);
         cmd.args(args);
         let server = Self::spawn_command(cmd, &[]);
-        server.wait_for_log(" ready");
+        server.wait_for_ready();
         server
     }
 
