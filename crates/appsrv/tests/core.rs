@@ -396,3 +396,36 @@ fn no_listen_address_is_a_clear_error() {
         server.log_text()
     );
 }
+
+/// The fork rules: commands a worker spawns get default dispositions, so a worker does not
+/// keep the ignored signals its master inherited (from `nohup`, or a shell's `trap ''`).
+#[test]
+fn workers_do_not_keep_signals_the_master_inherited_ignored() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("/bin/sh");
+    cmd.args(["-c", "trap '' XFSZ PROF; exec \"$0\" \"$@\""])
+        .arg(example("testbed"))
+        .args(["-l", "127.0.0.1:0", "-w", "1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0);
+    let server = Server::from_command(cmd);
+    server.wait_for_ready();
+    let ignored = |pid: i32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:")).unwrap();
+        u64::from_str_radix(mask.trim(), 16).unwrap()
+    };
+    let bit = |sig: i32| 1u64 << (sig - 1);
+    let inherited = bit(libc::SIGXFSZ) | bit(libc::SIGPROF);
+    assert_eq!(ignored(server.pid()) & inherited, inherited, "the test's set-up");
+    let worker = *server.wait_for_workers(1).iter().next().unwrap();
+    let mask = ignored(worker);
+    assert_eq!(mask & inherited, 0, "worker SigIgn {mask:x}");
+    assert_ne!(
+        mask & bit(libc::SIGPIPE),
+        0,
+        "SIGPIPE stays ignored in the worker"
+    );
+}

@@ -435,8 +435,42 @@ pub(crate) fn install_worker_signals() -> io::Result<()> {
         // async-signal-safe; replacing the master's handlers is the purpose of this call.
         unsafe { signal::sigaction(sig, action) }.map_err(io::Error::from)?;
     }
+    reset_inherited_ignores(&table.map(|(sig, _)| sig as i32))?;
     signal::sigprocmask(signal::SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(io::Error::from)
+}
+
+/// Puts back the default disposition of every signal that the process inherited ignored
+/// (a master started under `nohup`, or by a parent that ignores signals), except those in
+/// `keep`: an ignored disposition survives `execve`, so the commands a worker starts would
+/// otherwise inherit it. The signals the C library reserves for itself (32 and 33 with
+/// glibc, below `SIGRTMIN`) cannot be changed through it and are left as they are.
+fn reset_inherited_ignores(keep: &[i32]) -> io::Result<()> {
+    let standard = 1..32;
+    let realtime = libc::SIGRTMIN()..=libc::SIGRTMAX();
+    for sig in standard.chain(realtime) {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP || keep.contains(&sig) {
+            continue;
+        }
+        // SAFETY: a zeroed sigaction is a valid out-parameter; with a null new action,
+        // sigaction only reads the current disposition.
+        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `current` outlives the call.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut current) } != 0 {
+            continue; // not a signal this C library lets us touch
+        }
+        if current.sa_sigaction == libc::SIG_IGN {
+            // SAFETY: a zeroed sigaction with SIG_DFL and an empty mask is the default
+            // disposition; installing it runs no code of ours in a signal context.
+            let mut default: libc::sigaction = unsafe { std::mem::zeroed() };
+            default.sa_sigaction = libc::SIG_DFL;
+            // SAFETY: as above; both pointers are to live locals.
+            if unsafe { libc::sigaction(sig, &default, std::ptr::null_mut()) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Arranges for this process to be killed when its parent dies, then checks that the
