@@ -141,6 +141,8 @@ pub(crate) struct Slot {
     /// Connections closed by the access rules, and refused by the per-address cap.
     denied: AtomicU64,
     refused: AtomicU64,
+    /// Connections closed because their TLS handshake failed.
+    tls_failed: AtomicU64,
 }
 
 /// The shared table.
@@ -304,6 +306,7 @@ impl Board {
             duration_sum: Duration::from_micros(s.duration_sum_us.load(Ordering::Relaxed)),
             denied: s.denied.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
+            tls_failed: s.tls_failed.load(Ordering::Relaxed),
         })
     }
 }
@@ -321,6 +324,7 @@ impl Slot {
             &self.duration_sum_us,
             &self.denied,
             &self.refused,
+            &self.tls_failed,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -415,6 +419,11 @@ impl Slot {
         self.refused.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A connection closed because its TLS handshake failed.
+    pub(crate) fn tls_failed(&self) {
+        self.tls_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Bytes read from and written to clients.
     pub(crate) fn add_bytes(&self, read: u64, written: u64) {
         if read > 0 {
@@ -458,6 +467,8 @@ pub(crate) struct SlotView {
     /// Connections closed by the access rules, and refused by the per-address cap.
     pub(crate) denied: u64,
     pub(crate) refused: u64,
+    /// Connections whose TLS handshake failed.
+    pub(crate) tls_failed: u64,
 }
 
 #[cfg(test)]

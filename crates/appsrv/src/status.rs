@@ -64,6 +64,8 @@ pub(crate) struct Totals {
     /// Connections closed by the access rules, and refused by the per-address cap.
     pub(crate) denied: u64,
     pub(crate) refused: u64,
+    /// Connections whose TLS handshake failed.
+    pub(crate) tls_failed: u64,
 }
 
 impl Totals {
@@ -79,6 +81,7 @@ impl Totals {
         self.duration_sum += w.duration_sum;
         self.denied += w.denied;
         self.refused += w.refused;
+        self.tls_failed += w.tls_failed;
     }
 }
 

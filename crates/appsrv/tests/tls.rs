@@ -359,11 +359,14 @@ fn a_plain_text_client_on_a_tls_listener_is_closed_at_once_and_the_worker_serves
     let mut args = tls_args(&pki, "server.pem", "server.key");
     // A long handshake limit: the plain client must be closed because of what it sent,
     // not because the limit ran out.
+    let ctl = socket_path("tls-plain");
     args.extend([
         "-w".into(),
         "1".into(),
         "--tls-handshake-timeout".into(),
         "600".into(),
+        "--control".into(),
+        ctl.clone(),
     ]);
     let server = start("testbed", &args);
     let addr = server.tcp_addr();
@@ -389,6 +392,13 @@ fn a_plain_text_client_on_a_tls_listener_is_closed_at_once_and_the_worker_serves
     );
     let log = server.wait_for_log("TLS handshake with 127.0.0.1");
     assert!(log.contains("failed"), "{log}");
+    // Counted, for the operator (the worker counts it before it closes the connection).
+    let metrics = run("testbed", &["metrics".into(), "--control".into(), ctl]);
+    let text = String::from_utf8_lossy(&metrics.stdout);
+    assert!(
+        text.lines().any(|l| l == "appsrv_tls_handshake_failures_total 1"),
+        "{text}"
+    );
 
     // The single worker is free and serves a TLS client.
     let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));

@@ -269,6 +269,7 @@ fn json_f64(v: f64) -> String {
 ///   "totals": {                    over live and retired workers
 ///     "connections": 10, "requests": 25, "bytes_in": 1200, "bytes_out": 4000,
 ///     "denied": 0, "refused": 0,                by --allow/--deny, by --max-conns-per-ip
+///     "tls_handshake_failures": 0,              TLS listeners: handshakes that failed
 ///     "requests_per_second": 0.01,              since the master started
 ///     "request_duration_seconds_sum": 0.25,
 ///     "request_duration_buckets": [{"le": 0.0005, "count": 3}, ..., {"le": null, "count": 0}]
@@ -351,7 +352,7 @@ pub(crate) fn render_json(status: &Status) -> String {
         "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"uptime_seconds\":{},\
          \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
          \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
-         \"denied\":{},\"refused\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
+         \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
          \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"scoreboard\":{},\
          \"workers\":[{}]}}\n",
         json_str(&status.name),
@@ -369,6 +370,7 @@ pub(crate) fn render_json(status: &Status) -> String {
         t.bytes_out,
         t.denied,
         t.refused,
+        t.tls_failed,
         json_f64(requests_per_second(t.requests, status.uptime)),
         secs(t.duration_sum),
         buckets.join(","),
@@ -439,6 +441,7 @@ impl Exposition {
 /// | `appsrv_listen_backlog` | gauge | `listener` (TCP listeners only) |
 /// | `appsrv_connections_denied_total` | counter | |
 /// | `appsrv_connections_refused_total` | counter | |
+/// | `appsrv_tls_handshake_failures_total` | counter | |
 /// | `appsrv_max_workers_reached_total` | counter | |
 /// | `appsrv_worker_restarts_total` | counter | `reason` |
 /// | `appsrv_request_duration_seconds` | histogram | `le` |
@@ -533,6 +536,12 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         t.refused,
     );
     e.single(
+        "appsrv_tls_handshake_failures_total",
+        "counter",
+        "Connections closed because their TLS handshake failed (plain-text clients, timeouts, refused client certificates).",
+        t.tls_failed,
+    );
+    e.single(
         "appsrv_max_workers_reached_total",
         "counter",
         "Times the pool was at its maximum while clients waited.",
@@ -597,6 +606,7 @@ pub(crate) mod tests {
             duration_sum: Duration::ZERO,
             denied: 0,
             refused: 0,
+            tls_failed: 0,
         }
     }
 
@@ -610,6 +620,7 @@ pub(crate) mod tests {
         idle.bytes_out = 2000;
         idle.denied = 3;
         idle.refused = 4;
+        idle.tls_failed = 6;
         idle.durations[0] = 15;
         idle.durations[3] = 5;
         idle.duration_sum = Duration::from_micros(15 * 300 + 5 * 4000);
@@ -771,6 +782,7 @@ pub(crate) mod tests {
         assert_eq!(v["totals"]["bytes_out"], 52600);
         assert_eq!(v["totals"]["denied"], 3);
         assert_eq!(v["totals"]["refused"], 4);
+        assert_eq!(v["totals"]["tls_handshake_failures"], 6);
         let buckets = v["totals"]["request_duration_buckets"].as_array().unwrap();
         assert_eq!(buckets.len(), DURATION_BUCKETS_US.len() + 1);
         assert_eq!(buckets[0]["le"], 0.0005);
@@ -956,6 +968,7 @@ pub(crate) mod tests {
         );
         assert!(!text.contains("listener=\"unix:"), "TCP listeners only");
         assert_eq!(get("appsrv_max_workers_reached_total", None), 7.0);
+        assert_eq!(get("appsrv_tls_handshake_failures_total", None), 6.0);
         assert_eq!(
             get("appsrv_worker_restarts_total", Some(("reason", "recycled"))),
             4.0

@@ -258,6 +258,7 @@ pub(crate) fn serve<C: Connections>(
                 if tls_errors.note(peer.ip().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into())) {
                     tracing::warn!("TLS handshake with {peer} failed: {e}");
                 }
+                slot.tls_failed();
                 let _ = client.close();
                 let (_, bufs) = client.finish();
                 buffers = Some(bufs);
