@@ -1660,7 +1660,8 @@ fn main() -> appsrv::Result<()> {
             Ok(())
         })
         .on_check(move || {
-            Policy::load(&for_check)?;
+            // The sandbox profile too: it resolves each program's loader or interpreter.
+            sandbox_profile(&Policy::load(&for_check)?)?;
             Ok(())
         })
         .run_requests(move || {
