@@ -4,7 +4,8 @@
 #   handshakes/s   a new TLS connection per request (ab without -k): one full handshake,
 #                  one GET, one close each; ab does not resume sessions;
 #   keep-alive     requests/s on C kept-alive TLS connections (ab -k).
-# Each cell is the median of RUNS runs of N requests.
+# Each cell is the median of RUNS runs of N requests; beside it, the server's CPU time
+# (user + system of the master and its children, from /proc) per request over those runs.
 #
 #   bench/tls.sh                  (N=5000 RUNS=3 C=8 WORKERS=8)
 #   N=1000 RUNS=1 bench/tls.sh    (a quick check that everything runs)
@@ -104,6 +105,17 @@ EOF
   PIDS+=($!)
 }
 
+# cpu_us PID: CPU time (user + system, µs) of PID and its children, from /proc.
+cpu_us() {
+  local tick total=0 p
+  tick=$(getconf CLK_TCK)
+  for p in "$1" $(pgrep -P "$1"); do
+    # Fields 14 and 15 of /proc/PID/stat (after the command name in parentheses).
+    total=$((total + $(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }' || echo 0)))
+  done
+  echo $((total * 1000000 / tick))
+}
+
 # median_rps PORT [-k]: the median requests/s of RUNS runs.
 median_rps() {
   local port=$1 keep=${2:-} all=()
@@ -124,18 +136,26 @@ for server in appsrv nginx; do
   "start_$server"
   wait_https "$PORT"
   ab -q -k -n "$N" -c "$C" "https://127.0.0.1:$PORT/" >/dev/null 2>&1 || true # warm-up
+  master=${PIDS[-1]}
+  c0=$(cpu_us "$master")
   result[$server,hs]=$(median_rps "$PORT")
+  c1=$(cpu_us "$master")
   result[$server,ka]=$(median_rps "$PORT" -k)
+  c2=$(cpu_us "$master")
+  # The server's CPU per request, over all RUNS runs of each kind.
+  result[$server,hs_cpu]=$(((c1 - c0) / (RUNS * N)))
+  result[$server,ka_cpu]=$(((c2 - c1) / (RUNS * N)))
   kill "${PIDS[-1]}"
   wait "${PIDS[-1]}" 2>/dev/null || true
   unset 'PIDS[-1]'
 done
 
 echo "TLS, c=$C, N=$N, median of $RUNS; $(nproc) CPUs; $(openssl version | cut -d' ' -f1-2); $("$NGINX" -v 2>&1 | cut -d' ' -f3)"
-printf '| %-28s | %8s | %8s | %14s |\n' "workload" appsrv nginx "appsrv / nginx"
-printf '|%s|%s|%s|%s|\n' "------------------------------" "----------" "----------" "----------------"
+printf '| %-28s | %8s | %8s | %14s | %16s | %15s |\n' "workload" appsrv nginx "appsrv / nginx" "appsrv CPU µs/req" "nginx CPU µs/req"
+printf '|%s|%s|%s|%s|%s|%s|\n' "------------------------------" "----------" "----------" "----------------" "------------------" "-----------------"
 for w in hs ka; do
   label=$([ $w = hs ] && echo "handshakes/s (new conn/req)" || echo "keep-alive requests/s")
   a=${result[appsrv,$w]} n=${result[nginx,$w]}
-  printf '| %-28s | %8s | %8s | %14s |\n' "$label" "$a" "$n" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.2f", a / n }')"
+  printf '| %-28s | %8s | %8s | %14s | %16s | %15s |\n' "$label" "$a" "$n" "$(awk -v a="$a" -v n="$n" 'BEGIN { printf "%.2f", a / n }')" \
+    "${result[appsrv,${w}_cpu]}" "${result[nginx,${w}_cpu]}"
 done
