@@ -335,10 +335,13 @@ impl Client {
     /// what has arrived already, without waiting), so that closing it does not reset a
     /// reply the client has not read yet. Best effort: errors end it quietly.
     pub(crate) fn linger(&mut self, max_wait: Duration, max_bytes: usize) {
-        if self.closed
-            || self.close_notify().is_err()
-            || self.socket.shutdown(std::net::Shutdown::Write).is_err()
-        {
+        if self.closed {
+            return;
+        }
+        if self.close_notify().is_err() || self.socket.shutdown(std::net::Shutdown::Write).is_err() {
+            // A peer that does not take the close_notify will not take more: give up now
+            // rather than wait for it again when the connection is finished.
+            self.closed = true;
             return;
         }
         let mut discarded = 0;
@@ -475,11 +478,11 @@ impl Client {
 
     fn flush_buffer(&mut self) -> io::Result<()> {
         if let Some(t) = self.tls.as_mut() {
-            let result = tls_write(&mut t.conn, &self.socket, &self.wbuf);
-            if result.is_ok() {
-                self.sent += self.wbuf.len() as u64;
-                self.wbuf.clear();
-            }
+            // What rustls took is encrypted and queued (or sent): it leaves the buffer
+            // even when the write fails, or a later flush would send it twice.
+            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.wbuf);
+            self.sent += taken as u64;
+            self.wbuf.drain(..taken);
             return result;
         }
         let mut done = 0;
@@ -523,15 +526,20 @@ fn handshake(
 ) -> io::Result<()> {
     let expired = || io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake took too long");
     while conn.is_handshaking() {
+        // With a deadline, each wait gets the time left (under a millisecond counts as
+        // none: the kernel would read a sub-microsecond timeout as "no timeout"); without
+        // one, the connection's own read and write timeouts stay.
         let left = match deadline {
             Some(d) => Some(
                 d.checked_duration_since(std::time::Instant::now())
-                    .filter(|l| !l.is_zero())
+                    .filter(|l| *l >= Duration::from_millis(1))
                     .ok_or_else(expired)?,
             ),
             None => None,
         };
-        socket.set_write_timeout(left)?;
+        if left.is_some() {
+            socket.set_write_timeout(left)?;
+        }
         write_tls(conn, socket).map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
                 expired()
@@ -542,7 +550,9 @@ fn handshake(
         if !conn.is_handshaking() {
             break;
         }
-        socket.set_read_timeout(left)?;
+        if left.is_some() {
+            socket.set_read_timeout(left)?;
+        }
         match conn.read_tls(&mut &*socket) {
             Ok(0) => {
                 return Err(io::Error::new(
@@ -584,13 +594,20 @@ fn write_tls(conn: &mut rustls::ServerConnection, socket: &Socket) -> io::Result
 }
 
 /// Encrypts `data` and writes it all.
-fn tls_write(conn: &mut rustls::ServerConnection, socket: &Socket, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        let n = conn.writer().write(data)?;
-        data = &data[n..];
-        write_tls(conn, socket)?;
+/// Returns how many bytes of `data` rustls took (encrypted into records, sent or queued),
+/// with the outcome: on an error, those bytes must not be written again.
+fn tls_write(conn: &mut rustls::ServerConnection, socket: &Socket, data: &[u8]) -> (usize, io::Result<()>) {
+    let mut taken = 0;
+    while taken < data.len() {
+        match conn.writer().write(&data[taken..]) {
+            Ok(n) => taken += n,
+            Err(e) => return (taken, Err(e)),
+        }
+        if let Err(e) = write_tls(conn, socket) {
+            return (taken, Err(e));
+        }
     }
-    Ok(())
+    (taken, Ok(()))
 }
 
 /// Reads decrypted bytes, receiving and decrypting records as needed. A `close_notify`, or
@@ -724,5 +741,99 @@ impl AsFd for Client {
     /// directly bypasses the buffers: flush first.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.socket.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A server `Client` over a socket pair after a TLS handshake with a rustls client in
+    /// a thread; the thread waits for `go`, then reads to the end and returns the bytes.
+    fn tls_pair() -> (
+        Client,
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<Vec<u8>>,
+    ) {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
+        socket.set_send_buffer_size(4096).unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let reader = std::thread::spawn(move || {
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, theirs);
+            while tls.conn.is_handshaking() {
+                tls.conn.complete_io(&mut tls.sock).unwrap();
+            }
+            wait.recv().unwrap();
+            let mut all = Vec::new();
+            tls.read_to_end(&mut all).unwrap();
+            all
+        });
+        let mut c = Client::new(socket, Addr::Unix(None), Buffers::new());
+        c.accept_tls(Arc::new(server), Some(Duration::from_secs(30)))
+            .unwrap();
+        (c, go, reader)
+    }
+
+    /// Regression (review of issue #9): after a write timed out, the next flush encrypted
+    /// again the bytes rustls had already taken, and the peer read them twice.
+    #[test]
+    fn tls_output_is_never_sent_twice_after_a_write_timeout() {
+        let (mut c, go, reader) = tls_pair();
+        c.set_write_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut accepted = 0u64;
+        let timed_out = loop {
+            match writeln!(c, "{:08}", accepted + 1) {
+                Ok(()) => accepted += 1,
+                Err(e) => break e,
+            }
+            assert!(accepted < 10_000_000, "the peer never stopped us");
+        };
+        assert_eq!(timed_out.kind(), io::ErrorKind::TimedOut);
+        go.send(()).unwrap();
+        c.set_write_timeout(None).unwrap();
+        c.flush().unwrap(); // what `finish` does after the handler's error
+        c.close().unwrap();
+        let received = reader.join().unwrap();
+        let text = String::from_utf8(received).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        // Every line the client accepted arrives once, in order; the one whose write
+        // failed may be there in part (`writeln!` writes the padding and the digits
+        // separately), and nothing comes back around.
+        assert!(lines.len() as u64 >= accepted, "{} of {accepted}", lines.len());
+        assert!(lines.len() as u64 <= accepted + 1);
+        for (i, line) in lines.iter().enumerate() {
+            let expected = format!("{:08}", i + 1);
+            if i as u64 == accepted {
+                assert!(expected.starts_with(line), "the failed line: {line:?}");
+            } else {
+                assert_eq!(*line, expected, "line {}", i + 1);
+            }
+        }
     }
 }

@@ -593,3 +593,33 @@ fn re_executed_workers_read_the_tls_material_and_serve() {
     tls.get_mut().write_all(b"tls\n").unwrap();
     assert!(read_line(&mut tls).starts_with("tls TLSv1.3 "));
 }
+
+/// Regression (review of issue #9): with --tls-handshake-timeout 0 the handshake removed
+/// the connection's own timeouts, and a silent client held its worker for good.
+#[test]
+fn without_a_handshake_limit_the_read_timeout_still_applies() {
+    let pki = Pki::new("nolimit");
+    pki.issue("server", "localhost", None);
+    let mut args = tls_args(&pki, "server.pem", "server.key");
+    args.extend([
+        "-w".into(),
+        "1".into(),
+        "--tls-handshake-timeout".into(),
+        "0".into(),
+        "--read-timeout".into(),
+        "1".into(),
+    ]);
+    let server = start("testbed", &args);
+    let mut silent = TcpStream::connect(server.tcp_addr()).unwrap();
+    silent.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buf = [0u8; 64];
+    match silent.read(&mut buf) {
+        Ok(n) => assert_eq!(n, 0, "closed without a byte"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    let mut tls = BufReader::new(connect(server.tcp_addr(), &pki.client_config(None, &[])));
+    assert!(
+        read_line(&mut tls).starts_with("pid "),
+        "the worker serves the next client"
+    );
+}
