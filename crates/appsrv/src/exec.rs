@@ -172,10 +172,16 @@ impl Handoff {
     }
 }
 
-/// The handoff, if this process is a re-executed worker.
+/// The handoff, if this process is a re-executed worker: the variable is there and names
+/// this process's parent as its master. A program that a worker's handler starts inherits
+/// the variable too (nothing removes it from the worker's environment: that would take
+/// `set_var` after start-up); naming another parent, it is not for that program.
 pub(crate) fn from_env() -> Option<Result<Handoff, String>> {
     let text = std::env::var(WORKER_ENV).ok()?;
-    Some(Handoff::decode(&text))
+    match Handoff::decode(&text) {
+        Ok(h) if h.master != nix::unistd::getppid().as_raw() => None,
+        other => Some(other),
+    }
 }
 
 /// A command line as C strings, for `fexecve`.

@@ -1448,6 +1448,9 @@ impl<'a> Master<'a> {
             .copied()
             // Not the wake-up eventfd: workers write to it.
             .chain(self.channel.read_fd())
+            // The scoreboard's memfd: a forked worker has the mapping already (and a
+            // re-executed one gets the descriptor through its handoff instead).
+            .chain(crate::scoreboard::Board::memfd())
             .chain(self.settings.master_fds.iter().copied())
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))

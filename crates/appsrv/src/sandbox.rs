@@ -200,6 +200,24 @@ impl Sandbox {
                 vec![SeccompRule::new(vec![thread]).map_err(err)?],
             );
         }
+        // ioctl, but not to push input into a terminal the worker inherited (TIOCSTI) or
+        // drive the console (TIOCLINUX): a worker of a foreground server holds the
+        // operator's terminal on its standard descriptors.
+        let not_request = |request: u64| {
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, request).map_err(err)
+        };
+        // The constants' type is the C library's ioctl request type (u64 with glibc).
+        #[allow(clippy::unnecessary_cast)]
+        rules.insert(
+            libc::SYS_ioctl,
+            vec![
+                SeccompRule::new(vec![
+                    not_request(libc::TIOCSTI as u64)?,
+                    not_request(libc::TIOCLINUX as u64)?,
+                ])
+                .map_err(err)?,
+            ],
+        );
         let arch = std::env::consts::ARCH
             .try_into()
             .map_err(|e| format!("seccomp: {e}"))?;
@@ -352,7 +370,6 @@ const DEFAULT_SYSCALLS: &[i64] = &[
     libc::SYS_getsockname,
     libc::SYS_getpeername,
     libc::SYS_fcntl,
-    libc::SYS_ioctl,
     libc::SYS_openat,
     libc::SYS_openat2,
     libc::SYS_newfstatat,
@@ -396,6 +413,8 @@ const DEFAULT_SYSCALLS: &[i64] = &[
     libc::SYS_rt_sigaction,
     libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
+    // How the kernel resumes a sleep or a timed wait interrupted by SIGSTOP and SIGCONT.
+    libc::SYS_restart_syscall,
     libc::SYS_sigaltstack,
     libc::SYS_tgkill,
     libc::SYS_rt_sigtimedwait,

@@ -1024,6 +1024,12 @@ fn supervise(
     let confinement = config.confinement()?;
     if let Some(dir) = &confinement.chroot {
         tracing::info!("workers chroot to {}", dir.display());
+        if matches!(plan, Plan::Keep) && nix::unistd::Uid::effective().is_root() {
+            tracing::warn!(
+                "--chroot {} with workers that stay root: root can leave a chroot; give --user",
+                dir.display()
+            );
+        }
     }
     let mut spawn = |id: u32, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
         if let Some((exe, argv)) = &exec {

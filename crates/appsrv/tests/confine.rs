@@ -239,3 +239,28 @@ fn bad_confinement_settings_stop_the_server_with_a_message() {
     let (ok, err) = run(&["run", "-l", "127.0.0.1:0", "--umask", "999"]);
     assert!(!ok && err.contains("expected octal permissions"), "{err}");
 }
+
+/// Regression (review of issue #10): the kernel resumes a sleep interrupted by SIGSTOP and
+/// SIGCONT with restart_syscall, which the sandbox refused, so the handler failed.
+#[test]
+fn a_sandboxed_worker_stopped_and_continued_mid_sleep_carries_on() {
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "1", "--sandbox"]);
+    let worker = only_worker(&server);
+    let mut c = LineClient::tcp(server.tcp_addr());
+    c.testbed_pid();
+    c.send("sleep 2");
+    // Wait until the worker is in the sleep (the first field of /proc/PID/syscall).
+    let sleeping = wait_until(|| {
+        let s = std::fs::read_to_string(format!("/proc/{worker}/syscall")).ok()?;
+        let nr: i64 = s.split_whitespace().next()?.parse().ok()?;
+        (nr == libc::SYS_clock_nanosleep || nr == libc::SYS_nanosleep).then_some(())
+    });
+    assert!(sleeping.is_some(), "the worker never slept");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(worker, libc::SIGSTOP);
+        libc::kill(worker, libc::SIGCONT);
+    }
+    assert_eq!(c.line(), "slept");
+    assert_eq!(server.worker_pids(), [worker].into_iter().collect());
+}

@@ -175,11 +175,22 @@ pub(crate) unsafe trait SharedZeroed: Sync + 'static {}
 /// child its own copy); the memfd lets a re-executed worker (`--exec-workers`) map the same
 /// memory again ([`map_shared_fd`]). The mapping lives as long as the process.
 pub(crate) fn map_shared<T: SharedZeroed>() -> io::Result<(&'static T, OwnedFd)> {
-    let fd = nix::sys::memfd::memfd_create(c"appsrv-shared", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)?;
+    use nix::fcntl::{FcntlArg, SealFlag};
+    use nix::sys::memfd::MFdFlags;
+    let fd = nix::sys::memfd::memfd_create(
+        c"appsrv-shared",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
     let len = std::mem::size_of::<T>().max(1);
     nix::unistd::ftruncate(
         &fd,
         i64::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+    )?;
+    // Sealed at its size: a process holding the descriptor cannot shrink it, which would
+    // make every other process's next access to the mapping a SIGBUS.
+    nix::fcntl::fcntl(
+        &fd,
+        FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL),
     )?;
     let mapped = map_fd::<T>(&fd)?;
     Ok((mapped, fd))
@@ -500,6 +511,16 @@ mod tests {
     struct Cell(std::sync::atomic::AtomicU32);
     // SAFETY: one atomic, valid when zero.
     unsafe impl SharedZeroed for Cell {}
+
+    #[test]
+    fn shared_memory_cannot_be_resized() {
+        let (_cell, fd) = map_shared::<Cell>().unwrap();
+        assert_eq!(nix::unistd::ftruncate(&fd, 0), Err(nix::errno::Errno::EPERM));
+        assert_eq!(
+            nix::unistd::ftruncate(&fd, 1 << 20),
+            Err(nix::errno::Errno::EPERM)
+        );
+    }
 
     #[test]
     fn shared_memory_writes_in_a_child_are_seen_by_the_parent() {
