@@ -172,16 +172,38 @@ impl Handoff {
     }
 }
 
-/// The handoff, if this process is a re-executed worker: the variable is there and names
-/// this process's parent as its master. A program that a worker's handler starts inherits
-/// the variable too (nothing removes it from the worker's environment: that would take
-/// `set_var` after start-up); naming another parent, it is not for that program.
+/// The handoff, if this process is a re-executed worker.
+///
+/// A program that a worker's handler starts inherits the variable too (nothing removes it
+/// from the worker's environment: that would take `set_var` after start-up). Such a program
+/// has the master as a grandparent or a more distant ancestor, not as its parent: for it
+/// the variable is ignored. A re-executed worker whose master died meanwhile has neither:
+/// it takes the worker's path, where the parent check makes it exit at once (rather than
+/// start a second server with the master's command line).
 pub(crate) fn from_env() -> Option<Result<Handoff, String>> {
     let text = std::env::var(WORKER_ENV).ok()?;
     match Handoff::decode(&text) {
-        Ok(h) if h.master != nix::unistd::getppid().as_raw() => None,
+        Ok(h) if is_distant_ancestor(h.master) => None,
         other => Some(other),
     }
+}
+
+/// Whether `pid` is an ancestor of this process other than its parent (from `/proc`).
+fn is_distant_ancestor(pid: i32) -> bool {
+    let parent_of = |p: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    let mut p = nix::unistd::getppid().as_raw();
+    for _ in 0..64 {
+        match parent_of(p) {
+            Some(grand) if grand == pid => return true,
+            Some(grand) if grand > 1 => p = grand,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// A command line as C strings, for `fexecve`.
@@ -214,6 +236,32 @@ mod tests {
         assert!(
             env.iter()
                 .any(|e| e.to_bytes().starts_with(b"APPSRV_WORKER=v1 id=3 master=120 "))
+        );
+    }
+
+    #[test]
+    fn only_ancestors_beyond_the_parent_count_as_distant() {
+        let parent = nix::unistd::getppid().as_raw();
+        assert!(
+            !is_distant_ancestor(parent),
+            "the parent is the master of a worker"
+        );
+        let stat = std::fs::read_to_string(format!("/proc/{parent}/stat")).unwrap();
+        let grandparent: i32 = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        if grandparent > 1 {
+            assert!(is_distant_ancestor(grandparent));
+        }
+        assert!(
+            !is_distant_ancestor(i32::MAX),
+            "not an ancestor at all (an orphaned worker)"
         );
     }
 
