@@ -34,7 +34,10 @@
 use std::hint::black_box;
 use std::io::Write;
 
-use appsrv::codec::{Codec, Decoded, Http, LengthPrefixed, Lines, Netstring, Prefix, Respond};
+use appsrv::codec::{
+    Codec, Decoded, Http, HttpResponse, LengthPrefixed, LengthResponse, Lines, LinesResponse, Netstring,
+    NetstringResponse, Prefix, Respond,
+};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 /// A key-value `GET` line, as the `kv` example serves.
@@ -107,6 +110,33 @@ fn output() -> Vec<u8> {
     Vec::with_capacity(16 * 1024)
 }
 
+/// One response to `request`: `respond`, the handler's writes (`body`), `finish`; then the
+/// output buffer is cleared, as the loop does once the batch is written.
+fn answer<C: Codec>(
+    codec: &mut C,
+    request: &C::Request<'_>,
+    out: &mut Vec<u8>,
+    body: &impl for<'r> Fn(&mut C::Response<'r>),
+) {
+    let mut res = codec.respond(request, out, false);
+    body(&mut res);
+    black_box(res.finish());
+    out.clear();
+}
+
+/// The codec's whole share of one request: decode the one at the front of `buf`, answer it.
+fn decode_and_answer<C: Codec>(
+    codec: &mut C,
+    buf: &mut [u8],
+    out: &mut Vec<u8>,
+    body: &impl for<'r> Fn(&mut C::Response<'r>),
+) {
+    let Ok(Decoded::Request { request, .. }) = codec.decode(black_box(buf)) else {
+        unreachable!()
+    };
+    answer(codec, &request, out, body);
+}
+
 fn lines(c: &mut Criterion) {
     let mut g = c.benchmark_group("lines");
     let mut codec = Lines::default();
@@ -116,26 +146,14 @@ fn lines(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(LINE_REQUEST.len() as u64));
     g.bench_function("decode", |b| b.iter(|| decode_len(&mut codec, &mut buf)));
     g.throughput(Throughput::Bytes(LINE_RESPONSE.len() as u64));
+    let body = |res: &mut LinesResponse<'_>| res.push(black_box(LINE_RESPONSE));
     g.bench_function("encode", |b| {
         let req: &[u8] = b"GET session:4f2a9c81d07e";
-        b.iter(|| {
-            let mut res = codec.respond(&req, &mut out, false);
-            res.push(black_box(LINE_RESPONSE));
-            black_box(res.finish());
-            out.clear();
-        })
+        b.iter(|| answer(&mut codec, &req, &mut out, &body))
     });
     g.throughput(Throughput::Bytes(LINE_REQUEST.len() as u64));
     g.bench_function("decode+encode", |b| {
-        b.iter(|| {
-            let Ok(Decoded::Request { request, .. }) = codec.decode(black_box(&mut buf)) else {
-                unreachable!()
-            };
-            let mut res = codec.respond(&request, &mut out, false);
-            res.push(black_box(LINE_RESPONSE));
-            black_box(res.finish());
-            out.clear();
-        })
+        b.iter(|| decode_and_answer(&mut codec, &mut buf, &mut out, &body))
     });
     let mut batch = LINE_REQUEST.repeat(16);
     g.throughput(Throughput::Bytes(batch.len() as u64));
@@ -148,6 +166,7 @@ fn lines(c: &mut Criterion) {
 fn length(c: &mut Criterion) {
     let mut g = c.benchmark_group("length");
     let mut codec = LengthPrefixed::new(Prefix::U32);
+    let write_answer = |res: &mut LengthResponse<'_>| res.write_all(black_box(ANSWER)).unwrap();
     let mut buf = frame(PAYLOAD);
     let mut out = output();
     let wire_answer = (ANSWER.len() + 4) as u64;
@@ -156,24 +175,11 @@ fn length(c: &mut Criterion) {
     g.bench_function("decode", |b| b.iter(|| decode_len(&mut codec, &mut buf)));
     g.throughput(Throughput::Bytes(wire_answer));
     g.bench_function("encode", |b| {
-        b.iter(|| {
-            let mut res = codec.respond(&PAYLOAD, &mut out, false);
-            res.write_all(black_box(ANSWER)).unwrap();
-            black_box(res.finish());
-            out.clear();
-        })
+        b.iter(|| answer(&mut codec, &PAYLOAD, &mut out, &write_answer))
     });
     g.throughput(Throughput::Bytes(buf.len() as u64));
     g.bench_function("decode+encode", |b| {
-        b.iter(|| {
-            let Ok(Decoded::Request { request, .. }) = codec.decode(black_box(&mut buf)) else {
-                unreachable!()
-            };
-            let mut res = codec.respond(&request, &mut out, false);
-            res.write_all(black_box(ANSWER)).unwrap();
-            black_box(res.finish());
-            out.clear();
-        })
+        b.iter(|| decode_and_answer(&mut codec, &mut buf, &mut out, &write_answer))
     });
     let mut batch = buf.repeat(16);
     g.throughput(Throughput::Bytes(batch.len() as u64));
@@ -186,6 +192,7 @@ fn length(c: &mut Criterion) {
 fn netstrings(c: &mut Criterion) {
     let mut g = c.benchmark_group("netstring");
     let mut codec = Netstring::default();
+    let write_answer = |res: &mut NetstringResponse<'_>| res.write_all(black_box(ANSWER)).unwrap();
     let mut buf = netstring(PAYLOAD);
     let mut out = output();
     let wire_answer = netstring(ANSWER).len() as u64;
@@ -196,12 +203,7 @@ fn netstrings(c: &mut Criterion) {
     // Every response has the same length, so from the second on the codec's guess of the
     // length's width is right and the payload is not moved (the common case).
     g.bench_function("encode", |b| {
-        b.iter(|| {
-            let mut res = codec.respond(&PAYLOAD, &mut out, false);
-            res.write_all(black_box(ANSWER)).unwrap();
-            black_box(res.finish());
-            out.clear();
-        })
+        b.iter(|| answer(&mut codec, &PAYLOAD, &mut out, &write_answer))
     });
     // Responses of 1 and 2 digits in turn: the guess is always wrong, the payload moves.
     g.throughput(Throughput::Bytes(
@@ -219,15 +221,7 @@ fn netstrings(c: &mut Criterion) {
     });
     g.throughput(Throughput::Bytes(buf.len() as u64));
     g.bench_function("decode+encode", |b| {
-        b.iter(|| {
-            let Ok(Decoded::Request { request, .. }) = codec.decode(black_box(&mut buf)) else {
-                unreachable!()
-            };
-            let mut res = codec.respond(&request, &mut out, false);
-            res.write_all(black_box(ANSWER)).unwrap();
-            black_box(res.finish());
-            out.clear();
-        })
+        b.iter(|| decode_and_answer(&mut codec, &mut buf, &mut out, &write_answer))
     });
     let mut batch = buf.repeat(16);
     g.throughput(Throughput::Bytes(batch.len() as u64));
@@ -241,6 +235,11 @@ fn http(c: &mut Criterion) {
     let mut g = c.benchmark_group("http");
     let mut codec = Http::new();
     let mut out = output();
+    // http_hello's handler.
+    let hello = |res: &mut HttpResponse<'_>| {
+        res.content_type("text/plain");
+        res.write_all(black_box(HELLO)).unwrap();
+    };
 
     for (name, head) in [("wrk", HTTP_WRK), ("browser", HTTP_BROWSER)] {
         let mut buf = head.to_vec();
@@ -283,29 +282,14 @@ fn http(c: &mut Criterion) {
         let Ok(Decoded::Request { request, .. }) = Http::new().decode(&mut buf) else {
             unreachable!()
         };
-        b.iter(|| {
-            let mut res = codec.respond(black_box(&request), &mut out, false);
-            res.content_type("text/plain");
-            res.write_all(black_box(HELLO)).unwrap();
-            black_box(res.finish());
-            out.clear();
-        })
+        b.iter(|| answer(&mut codec, black_box(&request), &mut out, &hello))
     });
 
     for (name, head) in [("wrk", HTTP_WRK), ("browser", HTTP_BROWSER)] {
         let mut buf = head.to_vec();
         g.throughput(Throughput::Bytes(head.len() as u64));
         g.bench_function(format!("decode+encode/{name}"), |b| {
-            b.iter(|| {
-                let Ok(Decoded::Request { request, .. }) = codec.decode(black_box(&mut buf)) else {
-                    unreachable!()
-                };
-                let mut res = codec.respond(&request, &mut out, false);
-                res.content_type("text/plain");
-                res.write_all(black_box(HELLO)).unwrap();
-                black_box(res.finish());
-                out.clear();
-            })
+            b.iter(|| decode_and_answer(&mut codec, &mut buf, &mut out, &hello))
         });
     }
 
