@@ -172,6 +172,14 @@ fn tls_args<'a>(pki: &'a Pki, cert: &'a str, key: &'a str) -> Vec<String> {
     ]
 }
 
+/// Starts `example_name` on a TLS listener with the PKI's `server` certificate and key,
+/// and `extra` options.
+fn start_tls(example_name: &str, pki: &Pki, extra: &[&str]) -> Server {
+    let mut args = tls_args(pki, "server.pem", "server.key");
+    args.extend(extra.iter().map(|a| a.to_string()));
+    start(example_name, &args)
+}
+
 fn start(example_name: &str, args: &[String]) -> Server {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Server::start(example_name, &args)
@@ -185,7 +193,7 @@ fn run(example_name: &str, args: &[String]) -> std::process::Output {
 fn echo_over_tls_with_rustls_and_openssl_s_client() {
     let pki = Pki::new("echo");
     pki.issue("server", "localhost", None);
-    let server = start("echo", &tls_args(&pki, "server.pem", "server.key"));
+    let server = start_tls("echo", &pki, &[]);
     let addr = server.tcp_addr();
 
     let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));
@@ -249,15 +257,13 @@ fn http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox() {
     // 1 MiB that is not all one byte, so a misplaced chunk would show.
     let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
     std::fs::write(site.join("big.bin"), &big).unwrap();
-    let mut args = tls_args(&pki, "server.pem", "server.key");
     // Sandboxed too: TLS and the static files need nothing beyond the default profile and
     // the directory http_hello adds to it.
-    args.extend([
-        "--static-dir".into(),
-        site.to_string_lossy().into_owned(),
-        "--sandbox".into(),
-    ]);
-    let server = start("http_hello", &args);
+    let server = start_tls(
+        "http_hello",
+        &pki,
+        &["--static-dir", &site.to_string_lossy(), "--sandbox"],
+    );
     let addr = server.tcp_addr();
 
     let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));
@@ -301,14 +307,11 @@ fn a_client_certificate_is_required_and_its_subject_reaches_the_handler() {
     let pki = Pki::new("mtls");
     pki.issue("server", "localhost", None);
     pki.issue("alice", "alice", None);
-    let mut args = tls_args(&pki, "server.pem", "server.key");
-    args.extend([
-        "--tls-client-ca".into(),
-        pki.path("ca.pem"),
-        "-w".into(),
-        "1".into(),
-    ]);
-    let server = start("testbed", &args);
+    let server = start_tls(
+        "testbed",
+        &pki,
+        &["--tls-client-ca", &pki.path("ca.pem"), "-w", "1"],
+    );
     let addr = server.tcp_addr();
     let worker = server.wait_for_workers(1);
 
@@ -337,9 +340,7 @@ fn a_client_certificate_is_required_and_its_subject_reaches_the_handler() {
 fn alpn_is_negotiated_and_a_client_without_a_common_protocol_is_refused() {
     let pki = Pki::new("alpn");
     pki.issue("server", "localhost", None);
-    let mut args = tls_args(&pki, "server.pem", "server.key");
-    args.extend(["--tls-alpn".into(), "appsrv/1,appsrv/2".into()]);
-    let server = start("testbed", &args);
+    let server = start_tls("testbed", &pki, &["--tls-alpn", "appsrv/1,appsrv/2"]);
     let addr = server.tcp_addr();
 
     let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &["appsrv/2"])));
@@ -356,19 +357,14 @@ fn alpn_is_negotiated_and_a_client_without_a_common_protocol_is_refused() {
 fn a_plain_text_client_on_a_tls_listener_is_closed_at_once_and_the_worker_serves_on() {
     let pki = Pki::new("plain");
     pki.issue("server", "localhost", None);
-    let mut args = tls_args(&pki, "server.pem", "server.key");
     // A long handshake limit: the plain client must be closed because of what it sent,
     // not because the limit ran out.
     let ctl = socket_path("tls-plain");
-    args.extend([
-        "-w".into(),
-        "1".into(),
-        "--tls-handshake-timeout".into(),
-        "600".into(),
-        "--control".into(),
-        ctl.clone(),
-    ]);
-    let server = start("testbed", &args);
+    let server = start_tls(
+        "testbed",
+        &pki,
+        &["-w", "1", "--tls-handshake-timeout", "600", "--control", &ctl],
+    );
     let addr = server.tcp_addr();
     let worker = server.wait_for_workers(1);
 
@@ -410,14 +406,7 @@ fn a_plain_text_client_on_a_tls_listener_is_closed_at_once_and_the_worker_serves
 fn a_client_that_never_completes_its_handshake_is_dropped_at_the_timeout() {
     let pki = Pki::new("silent");
     pki.issue("server", "localhost", None);
-    let mut args = tls_args(&pki, "server.pem", "server.key");
-    args.extend([
-        "-w".into(),
-        "1".into(),
-        "--tls-handshake-timeout".into(),
-        "1".into(),
-    ]);
-    let server = start("testbed", &args);
+    let server = start_tls("testbed", &pki, &["-w", "1", "--tls-handshake-timeout", "1"]);
     let addr = server.tcp_addr();
 
     let mut silent = TcpStream::connect(addr).unwrap();
@@ -506,9 +495,7 @@ fn reload_serves_the_new_certificate_without_dropping_a_request() {
     let pki = Pki::new("reload");
     let first = pki.issue("server", "localhost", None);
     let ctl = socket_path("tls-reload");
-    let mut args = tls_args(&pki, "server.pem", "server.key");
-    args.extend(["-w".into(), "2".into(), "--control".into(), ctl.clone()]);
-    let server = start("http_hello", &args);
+    let server = start_tls("http_hello", &pki, &["-w", "2", "--control", &ctl]);
     let addr = server.tcp_addr();
     let config = pki.client_config(None, &[]);
     assert_eq!(served_certificate(addr, &config), first);
@@ -580,14 +567,7 @@ fn reload_serves_the_new_certificate_without_dropping_a_request() {
 fn re_executed_workers_read_the_tls_material_and_serve() {
     let pki = Pki::new("exec");
     pki.issue("server", "localhost", None);
-    let mut args = tls_args(&pki, "server.pem", "server.key");
-    args.extend([
-        "-w".into(),
-        "1".into(),
-        "--exec-workers".into(),
-        "--sandbox".into(),
-    ]);
-    let server = start("testbed", &args);
+    let server = start_tls("testbed", &pki, &["-w", "1", "--exec-workers", "--sandbox"]);
     let mut tls = BufReader::new(connect(server.tcp_addr(), &pki.client_config(None, &[])));
     assert!(read_line(&mut tls).starts_with("pid "));
     tls.get_mut().write_all(b"tls\n").unwrap();
@@ -600,16 +580,11 @@ fn re_executed_workers_read_the_tls_material_and_serve() {
 fn without_a_handshake_limit_the_read_timeout_still_applies() {
     let pki = Pki::new("nolimit");
     pki.issue("server", "localhost", None);
-    let mut args = tls_args(&pki, "server.pem", "server.key");
-    args.extend([
-        "-w".into(),
-        "1".into(),
-        "--tls-handshake-timeout".into(),
-        "0".into(),
-        "--read-timeout".into(),
-        "1".into(),
-    ]);
-    let server = start("testbed", &args);
+    let server = start_tls(
+        "testbed",
+        &pki,
+        &["-w", "1", "--tls-handshake-timeout", "0", "--read-timeout", "1"],
+    );
     let mut silent = TcpStream::connect(server.tcp_addr()).unwrap();
     silent.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut buf = [0u8; 64];
