@@ -119,8 +119,9 @@ impl Sandbox {
         self
     }
 
-    /// Compiles the seccomp filter: done once, in the master (a mistake is reported before
-    /// any worker starts, and workers do not each compile the same program).
+    /// Compiles the seccomp filter: done in the master, so a mistake is reported before any
+    /// worker starts, and forked workers inherit the program rather than each compile it
+    /// (a re-executed worker compiles it again, with the rest of its configuration).
     pub(crate) fn compile(&self) -> Result<Compiled, String> {
         Ok(Compiled {
             profile: self.clone(),

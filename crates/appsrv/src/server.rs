@@ -834,6 +834,14 @@ fn start(
     // Read now, as root if started so, and before detaching: a bad file is reported on the
     // terminal.
     let tls = crate::tls::Store::load(tls_sources(config, &listeners)?)?;
+    // Said by the master only (a re-executed worker reads the same sources again).
+    if !config.listen.iter().any(ListenAddr::is_tls)
+        && (config.tls.cert.is_some() || config.tls.key.is_some())
+    {
+        tracing::warn!(
+            "--tls-cert/--tls-key are set but no listener has the tls option (ADDR?tls): they are not used"
+        );
+    }
     // The binary is opened now, so that workers run this program even if the file is
     // replaced or removed later (a new binary is for `upgrade`).
     let exec = match config.exec_workers {
@@ -1163,11 +1171,6 @@ fn tls_sources(config: &Config, listeners: &[Listener]) -> Result<Vec<Option<cra
         .iter()
         .map(|a| a.tls_source(&config.tls))
         .collect::<Result<Vec<_>>>()?;
-    if by_address.iter().all(Option::is_none) && (config.tls.cert.is_some() || config.tls.key.is_some()) {
-        tracing::warn!(
-            "--tls-cert/--tls-key are set but no listener has the tls option (ADDR?tls): they are not used"
-        );
-    }
     Ok(listeners
         .iter()
         .map(|l| l.origin().and_then(|i| by_address.get(i).cloned().flatten()))
