@@ -110,6 +110,27 @@ pub(crate) struct Limits {
     pub(crate) min_rate: u64,
 }
 
+/// How long a keep-alive connection that is between requests when its worker is told to
+/// stop (a stop, a reload, an upgrade, recycling) may take to send its next request, which
+/// is then answered with the close announcement, at most (and never longer than the
+/// keep-alive timeout). A client that talks to a server (a benchmark, a proxy's pooled
+/// connection, a script) sends its next request within microseconds of the last response;
+/// closing the connection at once instead, as most servers do, races with that request and
+/// loses it (the client sees a reset). One that stays quiet this long is a client at rest,
+/// for which a close is as good a time as any.
+pub(crate) const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// How long the close of a connection that ends because its worker stops lingers for the
+/// client's own close (reading and discarding what it still sends), at most.
+const STOP_LINGER: Duration = Duration::from_millis(500);
+
+impl Limits {
+    /// How long a stopping worker waits for an idle keep-alive connection's next request.
+    fn drain_wait(&self) -> Duration {
+        self.keepalive_timeout.map_or(DRAIN_WAIT, |t| t.min(DRAIN_WAIT))
+    }
+}
+
 /// The request level.
 pub(crate) struct RequestLevel<H: RequestHandler> {
     handler: H,
@@ -183,6 +204,8 @@ fn serve_requests<H: RequestHandler>(
     let mut mid_request_timeout = false;
     // When the request in progress showed its first bytes (for the slow-client defence).
     let mut request_began: Option<std::time::Instant> = None;
+    // Until when a stopping worker waits for this idle connection's next request.
+    let mut draining: Option<std::time::Instant> = None;
     loop {
         // Answer every complete request already received, in order.
         loop {
@@ -213,6 +236,11 @@ fn serve_requests<H: RequestHandler>(
                         let mut res = codec.respond(&request, out, last);
                         ctx.state(State::Handling);
                         let handled = handler.handle_request(&request, &mut res);
+                        if announces_close && !last && sys::stop_requested() {
+                            // The stop came while the handler ran: this response can still
+                            // say that it is the last (its head is written by `finish`).
+                            res.close_after();
+                        }
                         ctx.state(State::Reading);
                         let outcome = res.finish();
                         Step::Handled {
@@ -260,6 +288,12 @@ fn serve_requests<H: RequestHandler>(
                 client.send_file(&body.file, body.range)?;
                 ctx.state(State::Reading);
             }
+            if draining.is_some() {
+                // Answered with the announcement: the client reconnects for the next one.
+                client.flush_output()?;
+                client.linger(STOP_LINGER, LINGER_BYTES);
+                return Ok(());
+            }
             if outcome.close || last {
                 // Requests the client pipelined after this one are not answered: close
                 // lingering, so that their unread bytes do not make the kernel reset the
@@ -276,10 +310,33 @@ fn serve_requests<H: RequestHandler>(
         let pending = client.unconsumed_mut().len();
         let at_boundary = pending == 0;
         if at_boundary {
-            // Stopping: an HTTP-like connection ends between requests, but a connection
-            // just accepted gets its first request answered (the client sent it already).
+            // Stopping: an HTTP-like connection ends between requests (a connection just
+            // accepted gets its first request answered: the client sent it already).
+            // Closing it now would race with the request the client may be sending: wait a
+            // moment for it, answer it with the close announcement, and close lingering.
             if announces_close && served > 0 && sys::stop_requested() {
-                return Ok(());
+                if !client.output().is_empty() {
+                    client.flush_output()?;
+                }
+                let now = std::time::Instant::now();
+                let until = *draining.get_or_insert_with(|| now + limits.drain_wait());
+                if now >= until {
+                    client.linger(Duration::ZERO, LINGER_BYTES);
+                    return Ok(());
+                }
+                ctx.state(State::Finishing);
+                client.set_read_timeout(Some(until - now))?;
+                mid_request_timeout = true;
+                match client.read_more(max, true) {
+                    Ok(0) => return Ok(()), // the client closed first
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                        client.linger(Duration::ZERO, LINGER_BYTES);
+                        return Ok(());
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             request_began = None;
             if mid_request_timeout {
@@ -312,7 +369,7 @@ fn serve_requests<H: RequestHandler>(
                 return Ok(());
             }
             if announces_close && served > 0 && sys::stop_requested() {
-                return Ok(());
+                continue; // the stop came while the guard waited: drain, as above
             }
         } else {
             if pending >= max {

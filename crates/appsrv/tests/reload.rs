@@ -42,6 +42,25 @@ fn reload_three_times_under_load_without_a_failed_request() {
     assert_eq!(server.log_text().matches("starting generation").count(), 3);
 }
 
+/// Issue 14: a stopping worker closed an idle keep-alive connection at once, after a
+/// response that did not announce the close, and the client's next request, already on its
+/// way, was answered with a reset. Ten reloads under keep-alive clients that never retry.
+#[test]
+fn issue_14_reloads_lose_no_keepalive_request() {
+    let ctl = ctl_path("ka");
+    let server = Server::start("http_hello", &["-l", "127.0.0.1:0", "-w", "2", "--control", &ctl]);
+    let addr = server.tcp_addr();
+    let (done, failures) = under_http_load(addr, || {
+        for _ in 0..10 {
+            let out = run("http_hello", &["reload", "--control", &ctl]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    });
+    assert!(failures.is_empty(), "failed requests out of {done}: {failures:?}");
+    assert!(done > 0);
+    assert_eq!(server.log_text().matches("starting generation").count(), 10);
+}
+
 #[test]
 fn a_failed_reload_keeps_the_current_workers_serving() {
     let ctl = ctl_path("fail");

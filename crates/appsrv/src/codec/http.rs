@@ -924,6 +924,10 @@ impl Write for HttpResponse<'_> {
 }
 
 impl Respond for HttpResponse<'_> {
+    fn close_after(&mut self) {
+        self.close = true;
+    }
+
     fn finish(self) -> Outcome {
         let status = self.status;
         // 1xx, 204 and 304 have no body, and 1xx and 204 no Content-Length.

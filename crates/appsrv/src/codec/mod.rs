@@ -130,6 +130,13 @@ pub trait Respond {
     /// Finishes the response in the output buffer (a length prefix, HTTP headers) and says
     /// what the connection does next.
     fn finish(self) -> Outcome;
+
+    /// The connection ends after this response after all: the server began to stop while
+    /// the handler ran. A codec that [announces a close](Codec::announces_close) says so in
+    /// this response (HTTP's `Connection: close`), as it would have had `last` been true
+    /// when the response began. Called before [`finish`](Respond::finish); does nothing by
+    /// default.
+    fn close_after(&mut self) {}
 }
 
 /// A protocol's framing.
