@@ -26,7 +26,7 @@ use crate::control::{self, Control, MetricsListener, Reply, Request};
 use crate::error::Error;
 use crate::listener::Listener;
 use crate::notify::{Channel, Message};
-use crate::pool::{self, Backoff, Policy, SpawnRate, Verdict};
+use crate::pool::{self, Backoff, Pacer, Policy, SpawnRate, Verdict};
 use crate::scoreboard::{self, Board, State};
 use crate::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::sys::{self, exit};
@@ -278,6 +278,10 @@ pub(crate) struct Master<'a> {
     workers: BTreeMap<Pid, Worker>,
     phase: Phase,
     backoff: Backoff,
+    /// Paces replacements (at most 4 per 50 ms).
+    pacer: Pacer,
+    /// Replacements are being held back by the pacing (logged once per episode).
+    pacing: bool,
     rate: SpawnRate,
     started: Instant,
     next_round: Option<Instant>,
@@ -351,6 +355,8 @@ impl<'a> Master<'a> {
             workers: BTreeMap::new(),
             phase: Phase::Starting,
             backoff: Backoff::default(),
+            pacer: Pacer::default(),
+            pacing: false,
             rate: SpawnRate::default(),
             started: now,
             next_round: None,
@@ -532,20 +538,8 @@ impl<'a> Master<'a> {
             Phase::Stopping { .. } => {}
             Phase::Starting | Phase::Running => {
                 if self.active() < self.target() {
-                    deadlines.extend(self.backoff.not_before());
-                }
-                // While failures are counted, wake when a ready worker has survived its
-                // start, to reset the back-off. Only future times: a past one would make
-                // every poll return at once.
-                if self.backoff.active() {
-                    deadlines.extend(
-                        self.workers
-                            .values()
-                            .filter(|w| w.ready && self.backoff.counts_as_survivor(w.spawned))
-                            .map(|w| w.spawned + pool::EARLY_DEATH)
-                            .filter(|t| *t > now)
-                            .min(),
-                    );
+                    deadlines.extend(self.backoff.not_before(self.serving_workers()));
+                    deadlines.extend(self.pacer.not_before());
                 }
                 deadlines.extend(self.next_round);
                 if self.has_periodic_duties() {
@@ -576,7 +570,7 @@ impl<'a> Master<'a> {
             && self.phase == Phase::Running
             && self.settings.board.idle() == 0
             && self.starting() == 0
-            && self.backoff.may_spawn(now)
+            && self.backoff.may_spawn(now, self.serving_workers())
             && self.active() < self.settings.policy.max()
             && self.next_round.is_none_or(|t| t <= now);
         let mut fds = vec![
@@ -673,6 +667,12 @@ impl<'a> Master<'a> {
         match msg {
             Message::Ready => {
                 w.ready = true;
+                if self.backoff.reset() {
+                    tracing::info!(
+                        "worker {} (pid {pid}) is ready: workers are starting normally again",
+                        w.id
+                    );
+                }
                 // A replacement is ready: one worker waiting to be recycled may go now.
                 self.release_one_retiring();
             }
@@ -894,10 +894,17 @@ impl<'a> Master<'a> {
             self.retired.add(v);
         }
         self.settings.board.release(worker.id);
-        let lived = worker.spawned.elapsed();
         let serving = serving.unwrap_or_default();
+        // Only a worker that ended on its own before it was ready is a start failure: one
+        // killed from outside (an operator, the OOM killer, a kill storm) proves nothing
+        // about start-up and is replaced at once.
+        let on_its_own = match status {
+            WaitStatus::Signaled(_, sig, _) => pool::is_crash_signal(sig),
+            _ => true,
+        };
+        let start_failure = pool::is_start_failure(worker.ready, on_its_own);
         match self.phase {
-            Phase::Starting if !worker.ready => {
+            Phase::Starting if start_failure => {
                 let reason = worker.failure.unwrap_or(reason);
                 tracing::error!(
                     "worker {} (pid {pid}) failed to start: {reason}; stopping",
@@ -936,10 +943,22 @@ impl<'a> Master<'a> {
                     Some(f) => format!("{reason}: {f}"),
                     None => reason,
                 };
-                let early = lived < pool::EARLY_DEATH || !worker.ready;
+                if !start_failure {
+                    self.count_restart(if signaled { "signal" } else { "exit" });
+                    tracing::warn!(
+                        "worker {} (pid {pid}) {reason}{serving}; {}: starting a replacement",
+                        worker.id,
+                        if worker.ready {
+                            "it was serving"
+                        } else {
+                            "killed from outside while starting, not a start failure"
+                        }
+                    );
+                    return Ok(());
+                }
                 // Each death counts once: by its cause, or as "backoff" when it is one of
-                // a run of early deaths (then replaced only after a delay).
-                let verdict = self.backoff.record(early, Instant::now());
+                // a run of start failures (then replaced only after a delay).
+                let verdict = self.backoff.record(Instant::now());
                 self.count_restart(match verdict {
                     Verdict::Replace if signaled => "signal",
                     Verdict::Replace => "exit",
@@ -947,14 +966,16 @@ impl<'a> Master<'a> {
                 });
                 match verdict {
                     Verdict::Replace => tracing::warn!(
-                        "worker {} (pid {pid}) {reason}{serving}; starting a replacement",
+                        "worker {} (pid {pid}) {reason} before it was ready; starting a replacement",
                         worker.id
                     ),
                     Verdict::BackOffStarted { delay, in_a_row } => {
                         tracing::error!(
-                            "worker {} (pid {pid}) {reason}{serving}; workers keep dying right after start \
-                             ({in_a_row} in a row): restarting them with exponential back-off, next in {delay:?}",
-                            worker.id
+                            "worker {} (pid {pid}) {reason} before it was ready; workers keep failing to start \
+                             ({in_a_row} in a row): restarting them one at a time with exponential back-off, \
+                             next in {delay:?} (at most {:?} while no worker serves)",
+                            worker.id,
+                            pool::EMPTY_POOL_DELAY
                         )
                     }
                     Verdict::BackOff { delay, in_a_row } => {
@@ -978,6 +999,11 @@ impl<'a> Master<'a> {
         self.workers.values().filter(|w| w.active()).count()
     }
 
+    /// Whether some worker is ready to serve (an empty pool retries sooner).
+    fn serving_workers(&self) -> bool {
+        self.workers.values().any(|w| w.ready && w.timed_out.is_none())
+    }
+
     fn ready_active(&self) -> usize {
         self.workers.values().filter(|w| w.active() && w.ready).count()
     }
@@ -997,27 +1023,32 @@ impl<'a> Master<'a> {
     /// Keeps the pool at its target size and runs the dynamic policies' rounds.
     fn maintain(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
         let now = Instant::now();
-        if self.backoff.active()
-            && self.workers.values().any(|w| {
-                w.ready
-                    && self.backoff.counts_as_survivor(w.spawned)
-                    && now.duration_since(w.spawned) >= pool::EARLY_DEATH
-            })
-            && self.backoff.reset()
-        {
-            tracing::info!("workers are starting normally again");
-        }
-        // Replace what is missing (dead, timed out, being recycled).
+        // Replace what is missing (dead, timed out, being recycled), paced.
         let mut missing = self.target().saturating_sub(self.active());
-        while missing > 0 && self.backoff.may_spawn(now) {
+        while missing > 0 && self.backoff.may_spawn(now, self.serving_workers()) {
+            if !self.pacer.may_spawn(now) {
+                if !self.pacing {
+                    self.pacing = true;
+                    tracing::info!(
+                        "{missing} worker(s) to replace: pacing replacements at {} per {:?}",
+                        pool::PACING_BURST,
+                        pool::PACING_WINDOW
+                    );
+                }
+                break;
+            }
             if !self.try_spawn(entry, now)? {
                 break;
             }
+            self.pacer.spawned(now);
             self.owed = self.owed.saturating_sub(1);
             missing -= 1;
             if self.backoff.active() {
                 break; // one at a time while failures are being counted
             }
+        }
+        if missing == 0 {
+            self.pacing = false;
         }
         if self.phase == Phase::Running {
             self.pool_round(entry, now)?;
@@ -1049,10 +1080,9 @@ impl<'a> Master<'a> {
             return Ok(());
         }
         self.next_round = None;
-        if !self.backoff.may_spawn(now) {
-            // Workers keep dying right after start: the crash-loop back-off paces the
-            // rounds too.
-            self.next_round = self.backoff.not_before();
+        if !self.backoff.may_spawn(now, self.serving_workers()) {
+            // Workers keep failing to start: the crash-loop back-off paces the rounds too.
+            self.next_round = self.backoff.not_before(self.serving_workers());
             return Ok(());
         }
         let idle = self.settings.board.idle() as usize;

@@ -5,14 +5,75 @@
 
 use std::time::{Duration, Instant};
 
-/// A worker that dies within this time of being started counts as "dying right after
-/// start" for the crash-loop back-off.
-pub(crate) const EARLY_DEATH: Duration = Duration::from_secs(1);
-
-/// First delay once workers die right after start twice in a row; it doubles with each
-/// further early death, up to [`MAX_DELAY`].
+/// First delay once workers fail to start twice in a row; it doubles with each further
+/// start failure, up to [`MAX_DELAY`] (or [`EMPTY_POOL_DELAY`] while no worker serves).
 const FIRST_DELAY: Duration = Duration::from_millis(100);
 const MAX_DELAY: Duration = Duration::from_secs(10);
+/// The longest back-off delay while the pool has no ready worker: an empty pool serves
+/// nobody, so the master tries again at least this often (a database that comes back is
+/// served within a second), one worker at a time.
+pub(crate) const EMPTY_POOL_DELAY: Duration = Duration::from_secs(1);
+
+/// Replacements started within one [`PACING_WINDOW`], at most: a wave of deaths (a kill
+/// storm, the OOM killer) is replaced at up to 80 workers a second, never as a fork storm.
+pub(crate) const PACING_BURST: usize = 4;
+/// The window of [`PACING_BURST`].
+pub(crate) const PACING_WINDOW: Duration = Duration::from_millis(50);
+
+/// How a worker's death counts for the crash-loop back-off.
+///
+/// Only a worker that ended *on its own before it was ready* proves that workers cannot
+/// start: it exited (a factory error, a failed privilege drop) or crashed (SEGV, ABRT, BUS,
+/// ILL, FPE, SYS, TRAP). A worker killed from outside (KILL, TERM, INT, HUP...: an
+/// operator, the OOM killer, a kill storm), ready or not, proves nothing about start-up,
+/// and neither does a ready worker's death, whatever killed it: both are replaced at once,
+/// within the pacing.
+pub(crate) fn is_start_failure(ready: bool, crash_or_exit: bool) -> bool {
+    !ready && crash_or_exit
+}
+
+/// Whether `sig` is one a process raises on itself by crashing (a fault or an abort), as
+/// opposed to one sent from outside.
+pub(crate) fn is_crash_signal(sig: nix::sys::signal::Signal) -> bool {
+    use nix::sys::signal::Signal::*;
+    matches!(
+        sig,
+        SIGSEGV | SIGABRT | SIGBUS | SIGILL | SIGFPE | SIGSYS | SIGTRAP
+    )
+}
+
+/// Paces replacements: at most [`PACING_BURST`] per [`PACING_WINDOW`].
+#[derive(Debug, Default)]
+pub(crate) struct Pacer {
+    /// The start of the current window and the spawns made in it.
+    window: Option<(Instant, usize)>,
+}
+
+impl Pacer {
+    /// Whether a replacement may start at `now`.
+    pub(crate) fn may_spawn(&self, now: Instant) -> bool {
+        match self.window {
+            Some((start, n)) => now.duration_since(start) >= PACING_WINDOW || n < PACING_BURST,
+            None => true,
+        }
+    }
+
+    /// A replacement started at `now`.
+    pub(crate) fn spawned(&mut self, now: Instant) {
+        self.window = match self.window {
+            Some((start, n)) if now.duration_since(start) < PACING_WINDOW => Some((start, n + 1)),
+            _ => Some((now, 1)),
+        };
+    }
+
+    /// When the next replacement may start, if the current window is full.
+    pub(crate) fn not_before(&self) -> Option<Instant> {
+        match self.window {
+            Some((start, n)) if n >= PACING_BURST => Some(start + PACING_WINDOW),
+            _ => None,
+        }
+    }
+}
 
 /// How often the master looks at a dynamic or on-demand pool while it grows: rounds much
 /// shorter than the one second of Apache prefork and PHP-FPM, so that a pool reaches 128
@@ -139,17 +200,16 @@ impl SpawnRate {
     }
 }
 
-/// Crash-loop back-off: the first early death is replaced at once (a one-off crash should
-/// not cost capacity), every further one in a row doubles the delay before the next spawn,
-/// so a handler that cannot start never turns the master into a fork storm.
+/// Crash-loop back-off: the first start failure is replaced at once (a one-off failure
+/// should not cost capacity), every further one in a row doubles the delay before the next
+/// spawn, so a handler that cannot start never turns the master into a fork storm. The
+/// first worker that becomes ready ends it.
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
     consecutive: u32,
-    not_before: Option<Instant>,
+    /// The delay of the last failure, and when it happened.
+    last: Option<(Instant, Duration)>,
     announced: bool,
-    /// When the current run of failures began: only a worker started after it proves
-    /// that workers start normally again (one that was running before proves nothing).
-    since: Option<Instant>,
 }
 
 /// What the master should log about a worker's death.
@@ -164,20 +224,15 @@ pub(crate) enum Verdict {
 }
 
 impl Backoff {
-    /// Records a worker's death; `early` when it died within [`EARLY_DEATH`] of its start.
-    pub(crate) fn record(&mut self, early: bool, now: Instant) -> Verdict {
-        if !early {
-            self.reset();
-            return Verdict::Replace;
-        }
+    /// Records a worker's start failure (see [`is_start_failure`]).
+    pub(crate) fn record(&mut self, now: Instant) -> Verdict {
         self.consecutive += 1;
-        self.since.get_or_insert(now);
         if self.consecutive < 2 {
             return Verdict::Replace;
         }
         let shift = (self.consecutive - 2).min(16);
         let delay = FIRST_DELAY.saturating_mul(1 << shift).min(MAX_DELAY);
-        self.not_before = Some(now + delay);
+        self.last = Some((now, delay));
         let in_a_row = self.consecutive;
         if std::mem::replace(&mut self.announced, true) {
             Verdict::BackOff { delay, in_a_row }
@@ -189,38 +244,39 @@ impl Backoff {
     /// Records a failed fork: unlike a death, the next attempt always waits.
     pub(crate) fn spawn_failed(&mut self, now: Instant) -> Duration {
         self.consecutive = self.consecutive.max(1);
-        match self.record(true, now) {
+        match self.record(now) {
             Verdict::BackOffStarted { delay, .. } | Verdict::BackOff { delay, .. } => delay,
             Verdict::Replace => FIRST_DELAY, // not reached: two failures in a row back off
         }
     }
 
-    /// Forgets past failures: a worker survived its start.
+    /// Forgets past failures: a worker became ready. Returns whether failures were counted.
     pub(crate) fn reset(&mut self) -> bool {
         let was = self.consecutive > 0;
         *self = Backoff::default();
         was
     }
 
-    /// Whether failures are being counted (the master then watches for a survivor).
+    /// Whether failures are being counted.
     pub(crate) fn active(&self) -> bool {
         self.consecutive > 0
     }
 
-    /// Whether a worker started at `spawned` can prove recovery: it was started after the
-    /// current run of failures began.
-    pub(crate) fn counts_as_survivor(&self, spawned: Instant) -> bool {
-        self.since.is_some_and(|t| spawned >= t)
-    }
-
-    /// When the next spawn may happen, if it must wait.
-    pub(crate) fn not_before(&self) -> Option<Instant> {
-        self.not_before
+    /// When the next spawn may happen, if it must wait; `serving` says whether some worker
+    /// is ready (an empty pool waits [`EMPTY_POOL_DELAY`] at most).
+    pub(crate) fn not_before(&self, serving: bool) -> Option<Instant> {
+        self.last.map(|(at, delay)| {
+            at + if serving {
+                delay
+            } else {
+                delay.min(EMPTY_POOL_DELAY)
+            }
+        })
     }
 
     /// Whether a spawn is allowed at `now`.
-    pub(crate) fn may_spawn(&self, now: Instant) -> bool {
-        self.not_before.is_none_or(|t| now >= t)
+    pub(crate) fn may_spawn(&self, now: Instant, serving: bool) -> bool {
+        self.not_before(serving).is_none_or(|t| now >= t)
     }
 }
 
@@ -267,28 +323,71 @@ mod tests {
     fn back_off_doubles_and_resets() {
         let now = Instant::now();
         let mut b = Backoff::default();
-        assert_eq!(b.record(true, now), Verdict::Replace);
-        assert!(b.may_spawn(now));
+        assert_eq!(b.record(now), Verdict::Replace);
+        assert!(b.may_spawn(now, true));
         assert_eq!(
-            b.record(true, now),
+            b.record(now),
             Verdict::BackOffStarted {
                 delay: Duration::from_millis(100),
                 in_a_row: 2
             }
         );
-        assert!(!b.may_spawn(now));
+        assert!(!b.may_spawn(now, true));
         assert_eq!(
-            b.record(true, now),
+            b.record(now),
             Verdict::BackOff {
                 delay: Duration::from_millis(200),
                 in_a_row: 3
             }
         );
         for _ in 0..20 {
-            b.record(true, now);
+            b.record(now);
         }
-        assert_eq!(b.not_before(), Some(now + MAX_DELAY));
-        assert_eq!(b.record(false, now), Verdict::Replace);
-        assert!(b.may_spawn(now) && !b.active());
+        assert_eq!(b.not_before(true), Some(now + MAX_DELAY));
+        assert!(b.reset());
+        assert!(b.may_spawn(now, true) && !b.active());
+    }
+
+    /// Issue 14: while no worker is ready, the back-off never waits more than a second.
+    #[test]
+    fn an_empty_pool_is_retried_at_least_every_second() {
+        let now = Instant::now();
+        let mut b = Backoff::default();
+        for _ in 0..20 {
+            b.record(now);
+        }
+        assert_eq!(b.not_before(false), Some(now + EMPTY_POOL_DELAY));
+        assert!(b.may_spawn(now + EMPTY_POOL_DELAY, false));
+        assert!(!b.may_spawn(now + EMPTY_POOL_DELAY, true));
+    }
+
+    /// Issue 14: only a worker that ended on its own before it was ready counts.
+    #[test]
+    fn only_start_failures_count() {
+        use nix::sys::signal::Signal;
+        assert!(is_start_failure(false, true));
+        assert!(!is_start_failure(true, true), "a ready worker's crash");
+        assert!(
+            !is_start_failure(false, false),
+            "killed from outside while starting"
+        );
+        assert!(is_crash_signal(Signal::SIGSEGV) && is_crash_signal(Signal::SIGABRT));
+        assert!(!is_crash_signal(Signal::SIGKILL) && !is_crash_signal(Signal::SIGTERM));
+    }
+
+    #[test]
+    fn replacements_are_paced() {
+        let t0 = Instant::now();
+        let mut p = Pacer::default();
+        for _ in 0..PACING_BURST {
+            assert!(p.may_spawn(t0));
+            p.spawned(t0);
+        }
+        assert!(!p.may_spawn(t0), "a fifth spawn in the same window waits");
+        assert_eq!(p.not_before(), Some(t0 + PACING_WINDOW));
+        let t1 = t0 + PACING_WINDOW;
+        assert!(p.may_spawn(t1));
+        p.spawned(t1);
+        assert_eq!(p.not_before(), None);
     }
 }

@@ -321,14 +321,14 @@ fn crash_looping_workers_back_off_and_recover() {
     let victim = *server.worker_pids().iter().next().unwrap();
     // SAFETY: kill(2) on a worker of our server.
     unsafe { libc::kill(victim, libc::SIGKILL) };
-    let line = server.wait_for_log("workers keep dying right after start");
+    let line = server.wait_for_log("workers keep failing to start");
     assert!(line.contains("exponential back-off"), "{line}");
     assert!(line.contains("exited with status 3"), "names the cause: {line}");
     std::fs::remove_file(&marker).unwrap();
     server.wait_for_log("workers are starting normally again");
     server.wait_for_workers(2);
     let log = server.log_text();
-    let errors = log.matches("workers keep dying right after start").count();
+    let errors = log.matches("workers keep failing to start").count();
     assert_eq!(errors, 1, "one clear error line per episode, not one per death");
     // The back-off must hold even though the other worker, started before the failures,
     // stays alive the whole time (it proves nothing about new workers).

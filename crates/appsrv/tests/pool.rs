@@ -354,7 +354,7 @@ fn a_dynamic_pool_backs_off_crash_looping_workers() {
     // Take a spare away so that the pool wants to grow.
     let mut c = LineClient::tcp(server.tcp_addr());
     c.testbed_pid();
-    server.wait_for_log("workers keep dying right after start");
+    server.wait_for_log("workers keep failing to start");
     // A few more seconds of failures: the rounds are paced by the back-off.
     let started = Instant::now();
     let _ = wait_until(|| (started.elapsed() > std::time::Duration::from_secs(2)).then_some(()));
@@ -395,4 +395,37 @@ fn lowering_a_dynamic_pools_maximum_retires_workers() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     server.wait_for_workers(2);
+}
+
+/// Issue 14: a worker killed from outside, ready or not, is no start failure. The old rule
+/// (any worker that lived under a second) took a kill storm for a crash loop: the back-off
+/// climbed to its 10 s cap and the static pool stayed empty for seconds.
+#[test]
+fn issue_14_a_kill_storm_is_replaced_at_once_without_back_off() {
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "3"]);
+    server.wait_for_workers(3);
+    let mut killed = HashSet::new();
+    while killed.len() < 12 {
+        // Whatever worker is there, ready or still starting: the newest ones live only
+        // milliseconds.
+        let victim = wait_until(|| server.worker_pids().into_iter().find(|p| !killed.contains(p)))
+            .unwrap_or_else(|| panic!("no worker to kill; log:\n{}", server.log_text()));
+        // SAFETY: kill(2) on a worker of our server.
+        unsafe { libc::kill(victim, libc::SIGKILL) };
+        killed.insert(victim);
+    }
+    server.wait_for_workers(3);
+    let log = server.log_text();
+    assert!(
+        !log.contains("back-off"),
+        "kills from outside are not start failures:\n{log}"
+    );
+    assert_eq!(
+        log.matches("was killed by signal SIGKILL").count(),
+        12,
+        "each kill logged once:\n{log}"
+    );
+    // The replacements serve.
+    let mut c = LineClient::tcp(server.tcp_addr());
+    assert!(!killed.contains(&c.testbed_pid()));
 }
