@@ -255,6 +255,9 @@ pub(crate) struct UpgradeSettings {
     /// The whole command line, `argv[0]` included (for re-executed workers).
     pub(crate) argv: Vec<std::ffi::OsString>,
     pub(crate) timeout: Duration,
+    /// The descriptors the application keeps (`Server::keep_fd`): the new master inherits
+    /// them, so the hand-over puts nothing at their numbers.
+    pub(crate) keep_fds: Vec<std::os::fd::RawFd>,
 }
 
 /// The application's reload hook.
@@ -728,6 +731,7 @@ impl<'a> Master<'a> {
             self.listeners,
             self.handover.0.as_ref(),
             self.handover.1.as_ref(),
+            &up.keep_fds,
             up.timeout,
         )
         .map_err(|e| e.to_string())?;

@@ -62,6 +62,8 @@ pub struct Server {
     args: Vec<OsString>,
     /// The command line, once parsed by [`Server::args`].
     matches: Option<ArgMatches>,
+    /// Inherited descriptors the master keeps open at start ([`Server::keep_fd`]).
+    keep_fds: Vec<RawFd>,
 }
 
 impl std::fmt::Debug for Server {
@@ -88,6 +90,7 @@ impl Server {
             check_hook: None,
             args: std::env::args_os().collect(),
             matches: None,
+            keep_fds: Vec::new(),
         }
     }
 
@@ -291,6 +294,42 @@ impl Server {
         self
     }
 
+    /// Keeps the inherited descriptor `fd` open at start (repeatable). Default: none (only
+    /// stdio and the hand-overs below are kept).
+    ///
+    /// At start, the master closes the descriptors it inherited from whatever started it,
+    /// as daemon(7) asks: a descriptor a shell, a supervisor or a test runner left open
+    /// would otherwise stay open in the master and in every worker, for their whole lives.
+    /// Kept are stdio (0–2), the sockets systemd passes (`LISTEN_FDS`), an upgrading
+    /// master's hand-over, and the descriptors named here. Inherited means open without
+    /// close-on-exec: what this program opens through Rust's std (which sets close-on-exec)
+    /// is never closed, even when opened before [`run`](Server::run), and need not be named.
+    /// Name a descriptor the parent passes on purpose, or one this program opened itself
+    /// without close-on-exec (`libc::open` without `O_CLOEXEC`, `nix::unistd::pipe`).
+    ///
+    /// appsrv neither adopts nor closes a kept descriptor: it stays open in the master, is
+    /// inherited by the workers (forked, or re-executed with `--exec-workers`: it is not
+    /// close-on-exec) and by a new master in a binary upgrade (whose hand-over avoids its
+    /// number). Numbers 0–2 are always kept; a number that is not open is ignored; a
+    /// negative number is an error when the server starts.
+    ///
+    /// ```no_run
+    /// // A supervisor passes this program a status pipe as descriptor 3.
+    /// # struct Hello;
+    /// # impl appsrv::Handler for Hello {
+    /// #     fn handle_client(&mut self, _: &mut appsrv::Client) -> std::io::Result<()> { Ok(()) }
+    /// # }
+    /// appsrv::Server::new("hello")
+    ///     .listen("127.0.0.1:7000")
+    ///     .keep_fd(3)
+    ///     .run(|| Ok(Hello))
+    /// # .unwrap();
+    /// ```
+    pub fn keep_fd(mut self, fd: RawFd) -> Self {
+        self.keep_fds.push(fd);
+        self
+    }
+
     /// The default log level (`--log-level`); default: `INFO`.
     pub fn log_level(mut self, level: Level) -> Self {
         self.defaults.log_level = level;
@@ -415,8 +454,9 @@ impl Server {
     }
 
     /// Runs the server: parses the command line (unless [`args`](Server::args) did),
-    /// binds the listeners, forks the workers, each of which calls `factory` once to make
-    /// its handler, and supervises them until a stop signal.
+    /// closes the descriptors the master inherited but does not keep (see
+    /// [`keep_fd`](Server::keep_fd)), binds the listeners, forks the workers, each of which
+    /// calls `factory` once to make its handler, and supervises them until a stop signal.
     ///
     /// Returns `Ok(())` after a clean stop. Returns an error, with every worker stopped and
     /// nothing left running, when a listener cannot be bound, the users cannot be resolved,
@@ -609,6 +649,7 @@ impl Server {
             args: self.args.iter().skip(1).cloned().collect(),
             argv: self.args.clone(),
             timeout: config.start_timeout,
+            keep_fds: self.keep_fds.clone(),
         };
         let mut entry =
             |setup: worker::Setup<'_>| -> Infallible { worker::run(setup, &mut start_hook, &mut factory) };
@@ -780,9 +821,10 @@ struct Prepared {
     exec: Option<(std::fs::File, Vec<std::ffi::CString>)>,
 }
 
-/// The master's start-up: resolve users, claim the pid file, bind, open the control socket,
-/// the metrics listener and the log file (all of which report errors on the terminal),
-/// detach if asked, publish the pid, install signal handlers, then supervise.
+/// The master's start-up: take over what systemd or an upgrading master handed over, close
+/// the other inherited descriptors, resolve users, claim the pid file, bind, open the
+/// control socket, the metrics listener and the log file (all of which report errors on the
+/// terminal), detach if asked, publish the pid, install signal handlers, then supervise.
 fn start(
     name: &str,
     config: &Config,
@@ -792,14 +834,20 @@ fn start(
     upgrade: UpgradeSettings,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<()> {
+    if let Some(fd) = upgrade.keep_fds.iter().find(|fd| **fd < 0) {
+        return Err(Error::Config(format!("keep_fd({fd}): not a descriptor number")));
+    }
+    // Sockets handed over by an upgrading master, or by systemd: adopted first, as the
+    // environment names them, then every other inherited descriptor is closed, before the
+    // master opens anything of its own.
+    let mut inherited = upgrade::inherited()?;
+    close_strays(&upgrade.keep_fds, inherited.as_ref())?;
     let (plan, warning) = privilege::resolve(
         config.user.as_deref(),
         config.group.as_deref(),
         config.allow_root_workers,
     )?;
     config.confinement()?.check()?;
-    // Sockets handed over by an upgrading master, or by systemd.
-    let mut inherited = upgrade::inherited()?;
     let from_upgrade = matches!(
         inherited.as_ref().map(|i| i.source),
         Some(upgrade::Source::Upgrade { .. })
@@ -1107,6 +1155,28 @@ fn supervise(
         p.remove();
     }
     result
+}
+
+/// Closes the descriptors the master inherited from whatever started it, but stdio, the
+/// hand-over of systemd or of an upgrading master (`inherited`) and those the application
+/// keeps (see [`Server::keep_fd`]).
+fn close_strays(keep: &[RawFd], inherited: Option<&upgrade::Inherited>) -> Result<()> {
+    let mut keep = keep.to_vec();
+    keep.extend(inherited.map(upgrade::Inherited::fds).unwrap_or_default());
+    // SAFETY: this runs at the master's start, before it opens anything; what appsrv and
+    // Rust's std open is close-on-exec (and so is what `inherited` adopted, which is kept
+    // too), so the descriptors without close-on-exec are those the parent left open and
+    // those the application opened so, which `keep_fd` documents it must name.
+    let closed = unsafe { crate::sys::close_stray_fds(&keep) }
+        .map_err(|e| Error::sys("closing inherited descriptors", e))?;
+    if !closed.is_empty() {
+        tracing::info!(
+            "closed {} descriptor(s) inherited from the process that started this one",
+            closed.len()
+        );
+        tracing::debug!("inherited descriptors closed: {closed:?}");
+    }
+    Ok(())
 }
 
 fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {

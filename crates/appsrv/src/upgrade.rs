@@ -79,6 +79,19 @@ pub(crate) struct Inherited {
     pub(crate) ready: Option<File>,
 }
 
+impl Inherited {
+    /// The numbers of the descriptors handed over, all adopted (owned and close-on-exec).
+    pub(crate) fn fds(&self) -> Vec<RawFd> {
+        self.listeners
+            .iter()
+            .chain(&self.control)
+            .chain(&self.metrics)
+            .map(AsRawFd::as_raw_fd)
+            .chain(self.ready.as_ref().map(AsRawFd::as_raw_fd))
+            .collect()
+    }
+}
+
 /// The manifest of a hand-over, as parsed.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Manifest {
@@ -316,7 +329,10 @@ impl Pending {
 }
 
 /// Starts `exe` with `args` as a new master, handing it the listeners, the control socket
-/// and the metrics listener. Returns once it is started (not ready).
+/// and the metrics listener, at numbers from 3 on that skip `keep` (descriptors the
+/// application keeps, which the new master inherits as they are). Returns once it is
+/// started (not ready).
+#[allow(clippy::too_many_arguments)] // what the new master is given, each once
 pub(crate) fn launch(
     exe: &Path,
     dir: Option<&Path>,
@@ -324,6 +340,7 @@ pub(crate) fn launch(
     listeners: &[Listener],
     control: Option<&Socket>,
     metrics: Option<&Socket>,
+    keep: &[RawFd],
     timeout: Duration,
 ) -> Result<Pending, Error> {
     let err = |op: &'static str| move |e: nix::Error| Error::sys(op, e);
@@ -347,6 +364,9 @@ pub(crate) fn launch(
     let mut pairs = Vec::new();
     let mut add = |fd: std::os::fd::BorrowedFd<'_>| -> Result<RawFd, Error> {
         let h = high(fd)?;
+        while keep.contains(&next) {
+            next += 1;
+        }
         let target = next;
         next += 1;
         pairs.push((h.as_raw_fd(), target));

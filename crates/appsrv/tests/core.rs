@@ -430,3 +430,131 @@ fn workers_do_not_keep_signals_the_master_inherited_ignored() {
         "SIGPIPE stays ignored in the worker"
     );
 }
+
+/// The descriptors issue 14's adversarial run found in workers, as a careless launcher
+/// leaves them: `/dev/null` at 10, a pipe's write end at 251 (the sources are kept high, so
+/// that neither number is taken by this process's own copy).
+struct Strays {
+    null: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+    read: std::fs::File,
+}
+
+impl Strays {
+    fn new() -> Strays {
+        use std::os::fd::AsFd;
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        nix::fcntl::fcntl(
+            &read,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .unwrap();
+        Strays {
+            null: high_dup(null.as_fd()),
+            write: high_dup(write.as_fd()),
+            read: read.into(),
+        }
+    }
+
+    /// What `/proc/PID/fd/N` reads for a descriptor of the pipe.
+    fn pipe_link(&self) -> std::path::PathBuf {
+        use std::os::unix::fs::MetadataExt;
+        format!("pipe:[{}]", self.read.metadata().unwrap().ino()).into()
+    }
+
+    /// Starts the testbed with `args`, inheriting the strays at 10 and 251, and waits for it
+    /// to be ready. This process's write end of the pipe is closed then: only the server
+    /// can still hold one.
+    fn start(self, args: &[&str]) -> (Server, std::fs::File) {
+        use std::os::fd::AsFd;
+        let mut cmd = std::process::Command::new(example("testbed"));
+        cmd.args(args);
+        let server = Server::spawn_inheriting(cmd, &[(self.null.as_fd(), 10), (self.write.as_fd(), 251)]);
+        drop(self.write);
+        server.wait_for_ready();
+        (server, self.read)
+    }
+}
+
+/// What each descriptor of `pid` names (`/proc/PID/fd/N`'s link).
+fn fd_links(pid: i32) -> Vec<(i32, std::path::PathBuf)> {
+    open_fds(pid)
+        .into_iter()
+        .filter_map(|fd| Some((fd, std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?)))
+        .collect()
+}
+
+/// daemon(7): a descriptor the launcher left open does not stay open in the master and in
+/// every worker (forked or re-executed), where it would, say, keep a pipe the launcher
+/// waits on from ever reaching end of file.
+#[test]
+fn issue_14_descriptors_inherited_from_the_launcher_are_closed() {
+    use std::io::Read;
+    for extra in [&[][..], &["--exec-workers"][..]] {
+        let mut args = vec!["-l", "127.0.0.1:0", "-w", "2"];
+        args.extend_from_slice(extra);
+        let strays = Strays::new();
+        let pipe = strays.pipe_link();
+        let (server, mut read) = strays.start(&args);
+        let workers = server.wait_for_workers(2);
+        LineClient::tcp(server.tcp_addr()).testbed_pid();
+        // By what they are, not by number: the master reuses the numbers it freed.
+        for pid in std::iter::once(server.pid()).chain(workers) {
+            let held = fd_links(pid);
+            assert!(
+                !held
+                    .iter()
+                    .any(|(fd, l)| *fd > 2 && (*l == pipe || l.as_os_str() == "/dev/null")),
+                "{extra:?}: pid {pid} (master {}) holds a stray: {held:?}",
+                server.pid()
+            );
+        }
+        let eof = wait_until(|| matches!(read.read(&mut [0u8; 16]), Ok(0)).then_some(()));
+        assert!(
+            eof.is_some(),
+            "{extra:?}: the launcher's pipe never reached end of file"
+        );
+        assert!(
+            server
+                .log_text()
+                .contains("closed 2 descriptor(s) inherited from the process that started this one"),
+            "{}",
+            server.log_text()
+        );
+    }
+}
+
+/// `Server::keep_fd`: a descriptor the application names stays open, in the master and in
+/// its workers; the others are closed all the same.
+#[test]
+fn issue_14_keep_fd_keeps_the_descriptor_it_names() {
+    let strays = Strays::new();
+    let pipe = strays.pipe_link();
+    let (server, _read) = strays.start(&["-l", "127.0.0.1:0", "-w", "2", "--keep-fd", "10"]);
+    for pid in std::iter::once(server.pid()).chain(server.wait_for_workers(2)) {
+        let held = fd_links(pid);
+        assert_eq!(
+            held.iter().find(|(fd, _)| *fd == 10).map(|(_, l)| l.as_os_str()),
+            Some("/dev/null".as_ref()),
+            "pid {pid} (master {}): fd 10 kept: {held:?}",
+            server.pid()
+        );
+        assert!(
+            !held.iter().any(|(_, l)| *l == pipe),
+            "pid {pid}: the pipe closed: {held:?}"
+        );
+    }
+}
+
+#[test]
+fn keep_fd_refuses_a_negative_number() {
+    let mut server = Server::spawn("testbed", &["-l", "127.0.0.1:0", "--keep-fd=-1"], &[]);
+    assert!(!server.wait_exit().success());
+    server.wait_for_log_end();
+    assert!(
+        server.log_text().contains("keep_fd(-1): not a descriptor number"),
+        "{}",
+        server.log_text()
+    );
+}

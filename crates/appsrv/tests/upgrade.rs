@@ -241,6 +241,35 @@ fn the_new_master_holds_only_its_descriptors_all_close_on_exec() {
     );
 }
 
+/// Issue 14: a descriptor the application keeps (`Server::keep_fd`) is still itself in the
+/// master an upgrade starts: the hand-over puts the sockets at other numbers.
+#[test]
+fn issue_14_an_upgraded_master_still_has_the_kept_descriptor() {
+    use std::os::fd::AsFd;
+    let d = Deploy::new("keep", "testbed");
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let source = high_dup(null.as_fd());
+    let (ctl, pid) = (d.path("ctl"), d.path("pid"));
+    let mut cmd = Command::new(d.bin());
+    cmd.args(["-l", "127.0.0.1:0", "--control", &ctl, "--pid-file", &pid])
+        .args(["-w", "2", "--keep-fd", "3"]);
+    let server = Server::spawn_inheriting(cmd, &[(source.as_fd(), 3)]);
+    server.wait_for_ready();
+    let fd3 = |pid: i32| std::fs::read_link(format!("/proc/{pid}/fd/3")).ok();
+    assert_eq!(fd3(server.pid()), Some("/dev/null".into()), "the test's set-up");
+    d.install(&example("testbed"));
+    let out = d.ctl(&["upgrade"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let new_master = d.pid();
+    assert_ne!(new_master, server.pid());
+    assert_eq!(
+        fd3(new_master),
+        Some("/dev/null".into()),
+        "fd 3 of the new master"
+    );
+    LineClient::tcp(server.tcp_addr()).testbed_pid();
+}
+
 #[test]
 fn socket_activation_adopts_the_listener() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

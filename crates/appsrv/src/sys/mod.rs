@@ -4,7 +4,7 @@
 //! and shared memory: every `unsafe` primitive of the crate is defined here, with its
 //! contract in a `# Safety` section. Elsewhere, `unsafe` appears only as calls to these
 //! functions (forking a worker, the daemon's double fork, closing the master's descriptors
-//! in a new worker), each with a `// SAFETY:` comment saying why the contract holds.
+//! in a new worker, closing stray inherited descriptors at start), each with a `// SAFETY:` comment saying why the contract holds.
 
 use std::convert::Infallible;
 use std::io;
@@ -135,6 +135,69 @@ pub(crate) unsafe fn close_inherited(fds: &[std::os::fd::RawFd]) {
         // SAFETY: per this function's contract, nothing in this process uses `fd` again.
         unsafe { libc::close(fd) };
     }
+}
+
+/// Closes the descriptors this process inherited from whatever executed it, other than
+/// stdio (0–2) and those in `keep`, as daemon(7) asks of a daemon: a descriptor left open
+/// by a shell, a supervisor or a test runner would otherwise stay open in the master and
+/// in every worker it forks, for their whole lives. Returns the numbers closed, in
+/// increasing order.
+///
+/// A descriptor counts as inherited when it is open *without* close-on-exec. `exec`
+/// closes every close-on-exec descriptor, so all a process holds when its program starts
+/// are of that kind; while every descriptor Rust's std, appsrv and the libraries it uses
+/// open afterwards is close-on-exec (so is one adopted from a parent's list, by
+/// [`adopt_fd`] or sd-notify's `listen_fds`). So the sweep never closes a descriptor that an
+/// object of this program owns and would close again (a `File` opened before
+/// `Server::run`, a socket kept by the name service), which closing *every* descriptor
+/// (`close_range(3, ~0, 0)`) would. The open descriptors are listed from `/proc/self/fd`;
+/// without `/proc`, every number below the soft `RLIMIT_NOFILE` is tried, as daemon(7)
+/// suggests.
+///
+/// # Safety
+///
+/// Nothing in this process may own an open descriptor without close-on-exec, other than
+/// stdio and those in `keep`: such a descriptor is closed here and its owner would use (or
+/// close) a number that may by then name another file. The caller is the master at start,
+/// before it opens anything, and tells the application to name what it keeps
+/// (`Server::keep_fd`).
+pub(crate) unsafe fn close_stray_fds(keep: &[std::os::fd::RawFd]) -> io::Result<Vec<std::os::fd::RawFd>> {
+    use std::os::fd::RawFd;
+    // Listed first, then closed: the directory's own descriptor (close-on-exec, and closed
+    // once the listing is read) is never among those closed.
+    let listed: Option<Vec<RawFd>> = std::fs::read_dir("/proc/self/fd").ok().map(|dir| {
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    });
+    let candidates: Box<dyn Iterator<Item = RawFd>> = match listed {
+        Some(mut fds) => {
+            fds.sort_unstable();
+            Box::new(fds.into_iter())
+        }
+        None => {
+            let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+            Box::new(3..RawFd::try_from(soft).unwrap_or(RawFd::MAX))
+        }
+    };
+    let mut closed = Vec::new();
+    for fd in candidates {
+        if fd <= 2 || keep.contains(&fd) {
+            continue;
+        }
+        // SAFETY: F_GETFD only reads the descriptor's flags; a number that is not open
+        // (the listing's own descriptor, or any number in the fallback) gives EBADF.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags < 0 || flags & libc::FD_CLOEXEC != 0 {
+            continue;
+        }
+        // SAFETY: per this function's contract, nothing in this process owns an open
+        // descriptor without close-on-exec that is not kept; close(2) on Linux releases
+        // the number even when it reports an error, so there is nothing to retry.
+        unsafe { libc::close(fd) };
+        closed.push(fd);
+    }
+    Ok(closed)
 }
 
 /// Takes an advisory lock on the whole file, without waiting: `Ok(false)` when another

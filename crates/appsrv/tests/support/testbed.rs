@@ -15,7 +15,8 @@
 //!
 //! `--fail-factory` makes every worker's factory fail, `--fail-reload` the reload hook and
 //! `--fail-check` the check hook; `--crash-if-exists PATH` makes a
-//! starting worker exit with status 3 while PATH exists.
+//! starting worker exit with status 3 while PATH exists; `--keep-fd N` keeps the inherited
+//! descriptor N open (`Server::keep_fd`).
 
 use std::io::{self, BufRead, Write};
 use std::time::Duration;
@@ -34,6 +35,9 @@ struct Opts {
     /// Make a worker exit with status 3 right after start while PATH exists.
     #[arg(long, value_name = "PATH")]
     crash_if_exists: Option<std::path::PathBuf>,
+    /// Keep this inherited descriptor open (Server::keep_fd).
+    #[arg(long, value_name = "N")]
+    keep_fd: Vec<i32>,
 }
 
 struct Testbed {
@@ -125,6 +129,9 @@ fn main() -> appsrv::Result<()> {
     let mut server = appsrv::Server::new("testbed");
     let opts: Opts = server.args();
     let (fail_reload, fail_check) = (opts.fail_reload, opts.fail_check);
+    for fd in &opts.keep_fd {
+        server = server.keep_fd(*fd);
+    }
     let server = server
         .on_reload(move || {
             if fail_reload {

@@ -109,6 +109,39 @@ impl Server {
         Self::spawn_command(cmd, env)
     }
 
+    /// Runs `cmd` (a server's binary and arguments) as [`spawn`](Server::spawn) does, except
+    /// that it also inherits each `(source, number)` of `fds`: `source` duplicated at
+    /// `number`, without close-on-exec, as a careless launcher or a supervisor leaves
+    /// descriptors open. Sources must not be among the numbers (take them high, with
+    /// `F_DUPFD_CLOEXEC`). Does not wait for anything.
+    pub fn spawn_inheriting(mut cmd: Command, fds: &[(std::os::fd::BorrowedFd<'_>, i32)]) -> Server {
+        use std::os::fd::AsRawFd;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        Self::close_others(&mut cmd);
+        let pairs: Vec<(i32, i32)> = fds.iter().map(|(s, n)| (s.as_raw_fd(), *n)).collect();
+        assert!(
+            pairs.iter().all(|(s, _)| pairs.iter().all(|(_, n)| s != n)),
+            "a source is among the numbers: {pairs:?}"
+        );
+        // SAFETY: dup2 is async-signal-safe and the list was built before the fork. This
+        // closure runs after close_others' (closures run in order), so the targets stay
+        // inheritable; the sources are borrowed, so open until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                for &(source, target) in &pairs {
+                    if libc::dup2(source, target) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            })
+        };
+        Self::launch(cmd)
+    }
+
     fn spawn_command(mut cmd: Command, env: &[(&str, &str)]) -> Server {
         cmd.envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -313,6 +346,26 @@ fn stat_field(pid: i32, n: usize) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 2..];
     rest.split(' ').nth(n - 1).map(str::to_owned)
+}
+
+/// The descriptor numbers `pid` holds open (from `/proc/PID/fd`).
+pub fn open_fds(pid: i32) -> HashSet<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// A close-on-exec duplicate of `fd` at a number of at least 300, to hand to
+/// [`Server::spawn_inheriting`] as a source that no target number can be.
+pub fn high_dup(fd: std::os::fd::BorrowedFd<'_>) -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: F_DUPFD_CLOEXEC only creates a descriptor; on success nothing else owns it.
+    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 300) };
+    assert!(raw >= 0, "F_DUPFD_CLOEXEC: {}", std::io::Error::last_os_error());
+    // SAFETY: see above: a new descriptor, owned from here on by the OwnedFd alone.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) }
 }
 
 /// Whether `pid` is alive (not gone, not a zombie).
