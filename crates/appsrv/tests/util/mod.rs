@@ -488,58 +488,54 @@ pub fn socket_path(tag: &str) -> String {
         .into_owned()
 }
 
-/// One HTTP/1.1 GET on `conn` (opening one if needed); a keep-alive connection the server
-/// closed before answering is retried once on a new connection, as HTTP clients do.
+/// One HTTP/1.1 GET on `conn` (opening one if needed), never retried: as wrk and ab, a
+/// keep-alive connection that the server closed under a request in flight is a failed
+/// request (issue 14).
 pub fn http_get(addr: SocketAddr, conn: &mut Option<BufReader<TcpStream>>) -> Result<(), String> {
-    {
-        let c = match conn {
-            Some(c) => c,
-            None => {
-                let s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-                s.set_read_timeout(Some(PATIENCE)).unwrap();
-                conn.insert(BufReader::new(s))
+    let c = match conn {
+        Some(c) => c,
+        None => {
+            let s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+            s.set_read_timeout(Some(PATIENCE)).unwrap();
+            conn.insert(BufReader::new(s))
+        }
+    };
+    let sent = c.get_mut().write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    let mut status = String::new();
+    let read = sent.and_then(|()| c.read_line(&mut status));
+    match read {
+        Ok(n) if n > 0 => {
+            let mut close = false;
+            let mut len = 0;
+            loop {
+                let mut h = String::new();
+                c.read_line(&mut h).map_err(|e| format!("header: {e}"))?;
+                if h == "\r\n" {
+                    break;
+                }
+                let l = h.to_ascii_lowercase();
+                if let Some(v) = l.strip_prefix("content-length: ") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                close |= l.starts_with("connection: close");
             }
-        };
-        let sent = c.get_mut().write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-        let mut status = String::new();
-        let read = sent.and_then(|()| c.read_line(&mut status));
-        match read {
-            Ok(n) if n > 0 => {
-                let mut close = false;
-                let mut len = 0;
-                loop {
-                    let mut h = String::new();
-                    c.read_line(&mut h).map_err(|e| format!("header: {e}"))?;
-                    if h == "\r\n" {
-                        break;
-                    }
-                    let l = h.to_ascii_lowercase();
-                    if let Some(v) = l.strip_prefix("content-length: ") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                    close |= l.starts_with("connection: close");
-                }
-                let mut body = vec![0; len];
-                c.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
-                if !status.starts_with("HTTP/1.1 200") || body != b"Hello, World!" {
-                    return Err(format!("bad response {status:?}"));
-                }
-                if close {
-                    *conn = None;
-                }
-                return Ok(());
+            let mut body = vec![0; len];
+            c.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
+            if !status.starts_with("HTTP/1.1 200") || body != b"Hello, World!" {
+                return Err(format!("bad response {status:?}"));
             }
-            // No retry, not even on a reused connection, as wrk and ab: a keep-alive
-            // connection that a stopping worker closed under a request in flight is a lost
-            // request (issue 14).
-            Ok(_) => {
+            if close {
                 *conn = None;
-                Err("closed without a response".into())
             }
-            Err(e) => {
-                *conn = None;
-                Err(format!("read: {e}"))
-            }
+            Ok(())
+        }
+        Ok(_) => {
+            *conn = None;
+            Err("closed without a response".into())
+        }
+        Err(e) => {
+            *conn = None;
+            Err(format!("read: {e}"))
         }
     }
 }
