@@ -56,6 +56,7 @@ pub(crate) struct Defaults {
     pub(crate) max_conns_per_ip: usize,
     pub(crate) header_timeout: Option<Duration>,
     pub(crate) min_rate: usize,
+    pub(crate) min_send_rate: usize,
     pub(crate) tls_cert: Option<PathBuf>,
     pub(crate) tls_key: Option<PathBuf>,
     pub(crate) tls_client_ca: Option<PathBuf>,
@@ -96,6 +97,8 @@ pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(20);
 /// The default `--min-rate`, bytes per second.
 pub(crate) const DEFAULT_MIN_RATE: usize = 500;
+/// The default `--min-send-rate`, bytes per second (mirrors `--min-rate`).
+pub(crate) const DEFAULT_MIN_SEND_RATE: usize = 500;
 
 /// The default `--keepalive-timeout`, as Apache's `KeepAliveTimeout`.
 pub(crate) const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -125,6 +128,7 @@ impl Default for Defaults {
             max_conns_per_ip: 0,
             header_timeout: Some(DEFAULT_HEADER_TIMEOUT),
             min_rate: DEFAULT_MIN_RATE,
+            min_send_rate: DEFAULT_MIN_SEND_RATE,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -177,6 +181,8 @@ pub(crate) struct Config {
     pub(crate) proxy_from: Vec<crate::proxy::Cidr>,
     pub(crate) header_timeout: Option<Duration>,
     pub(crate) min_rate: u64,
+    /// `--min-send-rate`, bytes per second (0: no limit).
+    pub(crate) min_send_rate: u64,
     /// TLS material for the listeners with the `tls` option that name none of their own.
     pub(crate) tls: crate::listener::TlsDefaults,
     /// `None`: no limit.
@@ -593,6 +599,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
         )
         .arg(count(prefix, "min-rate", d.min_rate, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
+        .arg(count(prefix, "min-send-rate", d.min_send_rate, "While a worker waits to write a response, the client must acknowledge at least N bytes per second, over each 10 s window; a slower reader is cut off and the worker serves on (0: no limit)"))
         .arg(cidrs(prefix, "allow", &d.allow, "Serve only clients in CIDR (10.0.0.0/8, ::1): repeatable; any allow makes the default deny; per listener too, as ADDR?allow=CIDR"))
         .arg(cidrs(prefix, "deny", &d.deny, "Close at once connections from CIDR (deny wins over allow): repeatable; per listener too, as ADDR?deny=CIDR"))
         .arg(
@@ -761,6 +768,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         },
         header_timeout: timeout(m, "header-timeout"),
         min_rate: n(m, "min-rate"),
+        min_send_rate: n(m, "min-send-rate"),
         tls: crate::listener::TlsDefaults {
             cert: m.get_one::<PathBuf>("tls-cert").cloned(),
             key: m.get_one::<PathBuf>("tls-key").cloned(),

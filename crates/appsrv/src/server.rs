@@ -225,6 +225,20 @@ impl Server {
         self
     }
 
+    /// The slowest acceptable reader of a response, in bytes per second
+    /// (`--min-send-rate`). Default: 500, as `--min-rate`; 0 turns the limit off.
+    ///
+    /// While a worker waits to write (the socket's send buffer is full), the bytes the
+    /// client has acknowledged (TCP's `tcpi_bytes_acked`; for a Unix socket, what it has
+    /// read) must grow by at least `bytes_per_second` × 10 over each 10 s window. A client
+    /// below that is cut off, with one log line, and the worker serves the next connection:
+    /// a slow reader cannot hold a worker for longer than about 10 s, while a long
+    /// download at a healthy rate is never cut. Applies to `handle_client` writes too.
+    pub fn min_send_rate(mut self, bytes_per_second: usize) -> Self {
+        self.defaults.min_send_rate = bytes_per_second;
+        self
+    }
+
     /// The certificate chain (PEM, leaf first) of TLS listeners, those whose address has the
     /// `tls` option (`--tls-cert`). Default: none.
     pub fn tls_cert(mut self, path: impl Into<PathBuf>) -> Self {
@@ -748,6 +762,10 @@ fn exec_worker(
             acceptors: tls.current(),
             handshake_timeout: config.tls_handshake_timeout,
         },
+        conn: worker::ConnLimits {
+            header_timeout: config.header_timeout,
+            min_send_rate: config.min_send_rate,
+        },
     }))
 }
 
@@ -1138,6 +1156,10 @@ fn supervise(
             tls: crate::tls::ForWorker {
                 acceptors: tls.current(),
                 handshake_timeout: config.tls_handshake_timeout,
+            },
+            conn: worker::ConnLimits {
+                header_timeout: config.header_timeout,
+                min_send_rate: config.min_send_rate,
             },
         })
     };

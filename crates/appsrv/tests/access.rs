@@ -263,3 +263,60 @@ fn untrusted_or_malformed_proxy_headers_are_refused() {
     s.read_to_string(&mut out).unwrap();
     assert!(out.contains("203.0.113.9:5555"), "{out}");
 }
+
+/// Issue 14: each read of a PROXY header was bounded, the header as a whole was not: one
+/// trickled a byte at a time held a worker indefinitely. It must now be complete within
+/// `--header-timeout` of the accept.
+#[test]
+fn issue_14_a_trickled_proxy_header_is_cut_at_the_header_timeout() {
+    let server = Server::start(
+        "hello",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "1",
+            "--proxy-protocol",
+            "--header-timeout",
+            "1",
+        ],
+    );
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    let started = std::time::Instant::now();
+    // One byte every 200 ms, far more often than any read timeout: only an overall
+    // deadline ends it. The header would take about 9 s to arrive in full.
+    let header = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n";
+    let mut cut = false;
+    for b in header {
+        if s.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        let mut one = [0u8; 1];
+        s.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        match s.read(&mut one) {
+            Ok(0) => {
+                cut = true;
+                break;
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let held = started.elapsed();
+    assert!(
+        cut,
+        "the whole header went through in {held:?}: no overall deadline"
+    );
+    assert!(held < std::time::Duration::from_secs(6), "held for {held:?}");
+    server.wait_for_log("its PROXY header was not complete within 1s (--header-timeout)");
+    // The single worker goes on with the next client.
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(header).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.contains("203.0.113.9:5555"), "{out}");
+}

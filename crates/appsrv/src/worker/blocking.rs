@@ -155,6 +155,7 @@ pub(crate) fn serve<C: Connections>(
     access: Option<(&Path, AccessLog)>,
     max_per_ip: Option<usize>,
     tls: &crate::tls::ForWorker,
+    limits: super::ConnLimits,
     reopen_log: &mut dyn FnMut(),
     retire: &mut dyn FnMut(),
 ) -> i32 {
@@ -221,7 +222,7 @@ pub(crate) fn serve<C: Connections>(
         // Behind a balancer, the client is the one its PROXY header names: read it first,
         // so that the rules, the cap, the scoreboard, the logs and the handler all see it.
         if policy.proxy {
-            if let Err(why) = read_proxy_header(&mut client, &policy.proxy_from) {
+            if let Err(why) = read_proxy_header(&mut client, &policy.proxy_from, limits.header_timeout) {
                 if proxy_errors.note(
                     client
                         .peer_addr()
@@ -369,7 +370,16 @@ pub(crate) fn serve<C: Connections>(
 /// Reads the PROXY protocol header at the start of a connection (in as many reads as it
 /// takes) and makes the client it names the connection's peer. Refused from a source that
 /// is not a trusted balancer, and when the header is malformed or does not come.
-fn read_proxy_header(client: &mut Client, trusted: &[crate::proxy::Cidr]) -> Result<(), String> {
+///
+/// The whole header must arrive within `timeout` of the accept (`--header-timeout`): each
+/// read waits no longer than what is left, so a header trickled a byte at a time cannot
+/// hold the worker longer than that (issue 14). The connection's own read timeout applies
+/// again afterwards.
+fn read_proxy_header(
+    client: &mut Client,
+    trusted: &[crate::proxy::Cidr],
+    timeout: Option<Duration>,
+) -> Result<(), String> {
     if let Some(ip) = client.peer_addr().ip() {
         if !trusted.iter().any(|c| c.contains(ip)) {
             return Err(format!(
@@ -377,23 +387,61 @@ fn read_proxy_header(client: &mut Client, trusted: &[crate::proxy::Cidr]) -> Res
             ));
         }
     }
-    loop {
+    let deadline = timeout.map(|t| (std::time::Instant::now() + t, t));
+    // The socket's own timeout, read once if the header does not come in one read.
+    let mut saved: Option<Option<Duration>> = None;
+    let result = loop {
         match crate::proxy::parse(client.unconsumed_mut()) {
             Ok(crate::proxy::Parsed::Header { len, source }) => {
                 client.consume_input(len);
                 if let Some(source) = source {
                     client.set_peer(Addr::Inet(source));
                 }
-                return Ok(());
+                break Ok(());
             }
-            Ok(crate::proxy::Parsed::Incomplete) => match client.read_more(crate::proxy::MAX_LEN, false) {
-                Ok(0) => return Err("closed before the end of its PROXY header".into()),
-                Ok(_) => {}
-                Err(e) => return Err(format!("reading its PROXY header: {e}")),
-            },
-            Err(e) => return Err(e.to_string()),
+            Ok(crate::proxy::Parsed::Incomplete) => {
+                if let Some((at, limit)) = deadline {
+                    let left = at.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break Err(too_slow(limit));
+                    }
+                    let own = match saved {
+                        Some(own) => own,
+                        None => match client.read_timeout() {
+                            Ok(own) => *saved.insert(own),
+                            Err(e) => break Err(format!("reading its PROXY header: {e}")),
+                        },
+                    };
+                    if let Err(e) = client.set_read_timeout(Some(own.map_or(left, |t| t.min(left)))) {
+                        break Err(format!("reading its PROXY header: {e}"));
+                    }
+                }
+                match client.read_more(crate::proxy::MAX_LEN, false) {
+                    Ok(0) => break Err("closed before the end of its PROXY header".into()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => match deadline {
+                        Some((at, limit)) if std::time::Instant::now() >= at => break Err(too_slow(limit)),
+                        _ => break Err(format!("reading its PROXY header: {e}")),
+                    },
+                    Err(e) => break Err(format!("reading its PROXY header: {e}")),
+                }
+            }
+            Err(e) => break Err(e.to_string()),
+        }
+    };
+    if let Some(own) = saved {
+        if let Err(e) = client.set_read_timeout(own) {
+            return Err(format!("restoring the read timeout after its PROXY header: {e}"));
         }
     }
+    result
+}
+
+fn too_slow(limit: Duration) -> String {
+    format!(
+        "its PROXY header was not complete within {:?} (--header-timeout)",
+        limit
+    )
 }
 
 /// Logs a kind of event once per episode: again only after a minute without it.

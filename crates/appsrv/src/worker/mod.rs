@@ -63,6 +63,19 @@ pub(crate) struct Setup<'a> {
     pub(crate) confinement: &'a crate::privilege::Confinement,
     /// The TLS listeners' configurations, and the handshake's time limit.
     pub(crate) tls: crate::tls::ForWorker,
+    /// Deadlines of each connection outside the request loop.
+    pub(crate) conn: ConnLimits,
+}
+
+/// Per-connection limits that the worker enforces outside the request loop.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ConnLimits {
+    /// A PROXY protocol header must be complete within this of the connection's accept
+    /// (`--header-timeout`; `None`: each read is bounded by the read timeout only).
+    pub(crate) header_timeout: Option<std::time::Duration>,
+    /// The slowest acceptable reading of a response, in bytes per second
+    /// (`--min-send-rate`; 0: no limit).
+    pub(crate) min_send_rate: u64,
 }
 
 /// The type of a start hook.
@@ -156,6 +169,7 @@ where
         access,
         setup.max_per_ip,
         &setup.tls,
+        setup.conn,
         &mut || reopen_log(log_path),
         &mut || {
             let _ = channel.send(pid, &Message::Retire);
