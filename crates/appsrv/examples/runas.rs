@@ -59,7 +59,9 @@
 //! token, an unknown user, a command or an argument outside the policy each get a fault
 //! naming what was refused, and the log says what ran, as whom, and how it ended. A
 //! command that outlives its `timeout` is killed with its whole process group and reported
-//! with `timed_out`. Edit the policy and `runas reload`: the new workers use it; a policy
+//! with `timed_out`; a command that exits leaving processes behind (`sh -c "daemon &"`)
+//! has its process group killed too, so nothing it started in its group outlives the
+//! call. Edit the policy and `runas reload`: the new workers use it; a policy
 //! with an error (a user that does not exist, a program writable by others) makes the
 //! reload fail and the old policy stays in force. A bad policy at start stops `runas` with
 //! the reason before it binds or detaches.
@@ -104,9 +106,14 @@
 //! the user's home as working directory (or `/`); umask 022; every descriptor but 0, 1 and
 //! 2 closed on exec; stdin from `/dev/null`; an environment of `HOME`, `USER`, `LOGNAME`
 //! and `PATH=/usr/bin:/bin` only; `execve` of the program with the arguments as argv, no
-//! shell. The worker reads stdout and stderr with `poll` until both close and the command
-//! has exited, or the timeout passes; then the process group is killed and the command
-//! reaped, so no zombie is left.
+//! shell. The worker reads stdout and stderr with `poll` until the command exits (it learns
+//! so with `waitid(WNOWAIT)`, without reaping it) or the timeout passes; then it kills the
+//! command's whole process group with SIGKILL, reads what is left in the pipes until they
+//! close (for at most 2 s), and only then reaps the command, so no zombie is left. Until
+//! that reap, the exited command keeps its pid, the group's id, from being reused, so the
+//! kill reaches only its own group. A process that left the group (`setsid`, `setpgid`)
+//! is not killed: if it holds the output open, the call answers after those 2 s with what
+//! was read, and the log warns (see docs/SECURITY.md for what remains possible).
 //!
 //! **Under `--sandbox`** (appsrv's worker sandbox: Landlock for files, a seccomp allow-list
 //! for system calls, applied in each worker before the handler runs, and inherited by
@@ -1024,6 +1031,14 @@ impl RunAs {
             outcome.stdout.total,
             outcome.stderr.total
         );
+        if outcome.held_open {
+            tracing::warn!(
+                "ran {command:?} {args:?} as {user:?}: its output was still open {} s after it \
+                 ended and its process group was killed: a process that left the group \
+                 (setsid, setpgid) holds it and is still running as {user:?}",
+                DRAIN_AFTER_KILL.as_secs()
+            );
+        }
         Ok(outcome.into_value())
     }
 }
@@ -1053,6 +1068,9 @@ impl Capture {
 struct Outcome {
     status: std::process::ExitStatus,
     timed_out: bool,
+    /// A pipe was still open [`DRAIN_AFTER_KILL`] after the group was killed: a process
+    /// that left the group holds it, and survived.
+    held_open: bool,
     stdout: Capture,
     stderr: Capture,
     elapsed: Duration,
@@ -1248,7 +1266,24 @@ fn rlimits(l: Limits) -> [(Resource, u64, u64); 6] {
     ]
 }
 
+/// How long the output pipes are still read once the command has ended (exited, or been
+/// killed at its timeout) and its process group has been killed. The killed processes
+/// close their ends as they die, within milliseconds, so this bounds only the case of a
+/// process that left the group (`setsid`, `setpgid`) and still holds a pipe: the call
+/// then answers this long after the command ended, with what was read, and the log says
+/// so. A call takes at most the command's timeout plus this.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
 /// Runs `rule`'s program as `target` with `args`, and collects its output.
+///
+/// The order matters: (1) read the output until the command (the group's leader) exits or
+/// the timeout passes, learning of the exit without reaping it; (2) kill the whole process
+/// group with SIGKILL, which ends what the command left running (`sh -c "daemon &"`, with
+/// TERM and HUP ignored or not); (3) read what is left in the pipes until they close;
+/// (4) reap the command. Until (4), the exited leader is a zombie that keeps its pid, which
+/// is the group's id, from being reused by another process: so the kill in (2) can only
+/// reach the command's own group. Killing after the reap could hit an unrelated group that
+/// got the same number.
 fn execute(rule: &Rule, target: &Target, args: &[&str]) -> io::Result<Outcome> {
     let mut cmd = Command::new(&rule.program);
     cmd.args(args)
@@ -1266,132 +1301,160 @@ fn execute(rule: &Rule, target: &Target, args: &[&str]) -> io::Result<Outcome> {
     unsafe { cmd.pre_exec(move || setup.apply()) };
     let started = Instant::now();
     let mut child = cmd.spawn()?;
-    let result = collect(&mut child, started + rule.timeout);
-    let (stdout, stderr, timed_out) = match result {
-        Ok(r) => r,
-        Err(e) => {
-            // Never leave it running, nor unreaped.
-            kill_group(&child);
-            let _ = child.wait();
-            return Err(e);
-        }
+    let mut output = Output::take(&mut child);
+    let ended = output.until_exit(&child, started + rule.timeout);
+    // Exited, timed out or failed: the group goes, before the reap (see above).
+    kill_group(&child);
+    let drained = match ended {
+        Ok(_) => output.drain(Instant::now() + DRAIN_AFTER_KILL),
+        Err(_) => Ok(true),
     };
-    if timed_out {
-        kill_group(&child);
-    }
-    let status = child.wait()?;
+    // Always reaped, so no zombie is left, whatever failed.
+    let status = child.wait();
+    let timed_out = ended?;
+    let closed = drained?;
+    let [stdout, stderr] = output.captures;
     Ok(Outcome {
-        status,
+        status: status?,
         timed_out,
+        held_open: !closed,
         stdout,
         stderr,
         elapsed: started.elapsed(),
     })
 }
 
-/// Kills the command's process group (the command and what it started, unless they left
-/// the group). Called before the command is reaped, so its pid, which is the group's id,
-/// cannot have been reused.
+/// Kills the command's process group with SIGKILL: the command and everything it started,
+/// unless they left the group. Called before the command is reaped, so its pid, which is
+/// the group's id, cannot have been reused (see [`execute`]).
 fn kill_group(child: &Child) {
     let pid = Pid::from_raw(child.id() as i32);
     let _ = signal::killpg(pid, Signal::SIGKILL);
-    // The command itself, should it have left its group (setpgid) after the exec.
+    // The command itself, should it have left its group (it cannot: it leads its own
+    // session, and a session leader cannot change its group; this is cheap insurance).
     let _ = signal::kill(pid, Signal::SIGKILL);
 }
 
-/// Reads stdout and stderr until both are closed and the child has exited, or `deadline`
-/// passes (`true` in the result: the caller kills the command). One thread, `poll` on both
-/// pipes and on a pidfd for the exit, so neither pipe can fill up and block the command
-/// while the other is read.
-fn collect(child: &mut Child, deadline: Instant) -> io::Result<(Capture, Capture, bool)> {
-    let mut pipes: [Option<OwnedFd>; 2] = [
-        child.stdout.take().map(OwnedFd::from),
-        child.stderr.take().map(OwnedFd::from),
-    ];
-    let mut captures = [
-        Capture {
+/// The command's stdout and stderr as they are read: the pipes still open, and what is
+/// kept of each. One thread, `poll` on both pipes (and on a pidfd for the exit), so
+/// neither pipe can fill up and block the command while the other is read.
+struct Output {
+    pipes: [Option<OwnedFd>; 2],
+    captures: [Capture; 2],
+    buf: Vec<u8>,
+}
+
+impl Output {
+    fn take(child: &mut Child) -> Output {
+        let empty = || Capture {
             kept: Vec::new(),
             total: 0,
-        },
-        Capture {
-            kept: Vec::new(),
-            total: 0,
-        },
-    ];
-    // A pidfd (Linux 5.3) becomes readable when the child exits, without reaping it.
-    // SAFETY: pidfd_open on our own unreaped child; a non-negative result is a new
-    // descriptor that we own.
-    let pidfd = unsafe {
-        let fd = libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0);
-        (fd >= 0).then(|| OwnedFd::from_raw_fd(fd as i32))
-    };
-    let mut exited = false;
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        if !exited && pidfd.is_none() {
-            exited = has_exited(child)?;
+        };
+        Output {
+            pipes: [
+                child.stdout.take().map(OwnedFd::from),
+                child.stderr.take().map(OwnedFd::from),
+            ],
+            captures: [empty(), empty()],
+            buf: vec![0u8; 16 * 1024],
         }
-        if exited && pipes.iter().all(Option::is_none) {
-            let [stdout, stderr] = captures;
-            return Ok((stdout, stderr, false));
+    }
+
+    /// Reads the output until the command exits (`false`) or `deadline` passes (`true`:
+    /// it timed out), whether or not the pipes are still open: what the command left
+    /// running may hold them open for ever. The command is not reaped.
+    fn until_exit(&mut self, child: &Child, deadline: Instant) -> io::Result<bool> {
+        // A pidfd (Linux 5.3) becomes readable when the child exits, without reaping it;
+        // waitid says so for certain (see has_exited).
+        // SAFETY: pidfd_open on our own unreaped child; a non-negative result is a new
+        // descriptor that we own.
+        let pidfd = unsafe {
+            let fd = libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0);
+            (fd >= 0).then(|| OwnedFd::from_raw_fd(fd as i32))
+        };
+        let mut look = true;
+        loop {
+            if look && has_exited(child)? {
+                return Ok(false);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(true);
+            }
+            let mut wait = deadline - now;
+            if pidfd.is_none() {
+                // No pidfd: look at the child every 50 ms.
+                wait = wait.min(Duration::from_millis(50));
+            }
+            let exit_ready = self.step(pidfd.as_ref().map(|p| p.as_fd()), wait)?;
+            look = pidfd.is_none() || exit_ready;
         }
-        let now = Instant::now();
-        if now >= deadline {
-            let [stdout, stderr] = captures;
-            return Ok((stdout, stderr, true));
+    }
+
+    /// Reads until both pipes are closed (`true`) or `until` passes (`false`: a process
+    /// outside the killed group holds one; the rest of its output is not read).
+    fn drain(&mut self, until: Instant) -> io::Result<bool> {
+        while self.pipes.iter().any(Option::is_some) {
+            let now = Instant::now();
+            if now >= until {
+                return Ok(false);
+            }
+            self.step(None, until - now)?;
         }
-        let mut wait = deadline - now;
-        if pidfd.is_none() {
-            // No pidfd: look at the child every 50 ms.
-            wait = wait.min(Duration::from_millis(50));
-        }
+        Ok(true)
+    }
+
+    /// Waits at most `wait` for an open pipe or `exit` to be ready, and reads each ready
+    /// pipe once (end of file closes it). Returns whether `exit` was ready.
+    fn step(&mut self, exit: Option<std::os::fd::BorrowedFd<'_>>, wait: Duration) -> io::Result<bool> {
         let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
         let mut fds = Vec::with_capacity(3);
         let mut which = Vec::with_capacity(3);
-        for (i, p) in pipes.iter().enumerate() {
+        for (i, p) in self.pipes.iter().enumerate() {
             if let Some(p) = p {
                 fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
                 which.push(i);
             }
         }
-        if let (Some(p), false) = (&pidfd, exited) {
-            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        if let Some(fd) = exit {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
             which.push(2);
         }
         match nix::poll::poll(&mut fds, timeout) {
             // A stop signal interrupts poll (the worker's handlers have no SA_RESTART):
             // the command may finish, within its timeout, as the connection may.
-            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EINTR) => return Ok(false),
             Err(e) => return Err(e.into()),
             Ok(_) => {}
         }
-        let ready: Vec<(usize, bool)> = fds
+        let ready: Vec<usize> = fds
             .iter()
             .zip(&which)
-            .map(|(fd, &i)| (i, fd.revents().is_some_and(|r| !r.is_empty())))
+            .filter(|(fd, _)| fd.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(_, &i)| i)
             .collect();
         drop(fds);
-        for (i, is_ready) in ready {
-            if !is_ready {
-                continue;
-            }
+        let mut exit_ready = false;
+        for i in ready {
             if i == 2 {
-                exited = true;
+                exit_ready = true;
                 continue;
             }
-            let read = nix::unistd::read(pipes[i].as_ref().expect("a polled pipe"), &mut buf);
+            let read = nix::unistd::read(self.pipes[i].as_ref().expect("a polled pipe"), &mut self.buf);
             match read {
-                Ok(0) => pipes[i] = None,
-                Ok(n) => captures[i].push(&buf[..n]),
+                Ok(0) => self.pipes[i] = None,
+                Ok(n) => self.captures[i].push(&self.buf[..n]),
                 Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => {}
                 Err(e) => return Err(e.into()),
             }
         }
+        Ok(exit_ready)
     }
 }
 
-/// Whether the child has exited, without reaping it (`WNOWAIT`): until it is reaped, its
-/// pid stays ours and the group can still be killed safely.
+/// Whether the child has exited, from `waitid(P_PID, pid, WEXITED | WNOHANG | WNOWAIT)`:
+/// without reaping it (`WNOWAIT`), so that its pid stays ours and its group can still be
+/// killed safely.
 fn has_exited(child: &Child) -> io::Result<bool> {
     use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
@@ -1442,7 +1505,7 @@ fn sandbox_profile(policy: &Policy) -> Result<appsrv::Sandbox, String> {
     let mut profile = appsrv::Sandbox::new()
         // fork, execve, wait, and what the child does before execve (ChildSetup::apply):
         // setsid, setrlimit, setgroups/setresgid/setresuid, chdir, umask; kill for the
-        // timeout, pidfd_open to wait for the exit.
+        // process group (at the exit and the timeout), pidfd_open to wait for the exit.
         // (with socketpair: std's Command::spawn, on the fork path that pre_exec takes,
         // reports a failed execve to the parent through an AF_UNIX socket pair).
         .allow_process_creation();
