@@ -15,6 +15,137 @@ use crate::tls::{Acceptor, TlsSession};
 /// Size of each connection's read buffer and of its write buffer.
 pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
 
+/// How often a write that waits for a slow reader returns to check its progress, when
+/// `--min-send-rate` is on: the socket's send timeout (`SO_SNDTIMEO`), set once on the
+/// listener. The write timeout the handler sees is kept by [`SendWatch`], not the kernel.
+pub(crate) const SEND_CHECK: Duration = Duration::from_secs(1);
+
+/// The window over which a reader's progress is measured for `--min-send-rate`.
+pub(crate) const SEND_WINDOW: Duration = Duration::from_secs(10);
+
+/// Watches writes that wait for the client (its receive window and our send buffer are
+/// full): the client must take at least `rate` bytes per second, measured on what it has
+/// acknowledged (not on what the kernel accepted: a 4 MiB send buffer would hide a reader
+/// that takes nothing), over each [`SEND_WINDOW`] of waiting. A window starts at the first
+/// wait and ends after [`SEND_WINDOW`], or when the writes stop waiting (a handler that
+/// streams slowly is not the client's fault).
+///
+/// With a rate, the socket's send timeout is [`SEND_CHECK`], so that a waiting write comes
+/// back every second; the write timeout (`--write-timeout`, [`Client::set_write_timeout`])
+/// is then kept here: a write that makes no progress for that long fails with `TimedOut`,
+/// as the kernel's timeout would have.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SendWatch {
+    /// Bytes per second (0: no limit).
+    rate: u64,
+    /// The handler's write timeout, when the kernel's is [`SEND_CHECK`].
+    write_timeout: Option<Duration>,
+    /// The socket's own send timeout ([`SendWatch::socket_timeout`]).
+    kernel_timeout: Option<Duration>,
+    /// The current window: when it began and what the peer had taken then.
+    window: Option<(std::time::Instant, u64)>,
+    /// The last time a write waited (a gap of two checks ends the window).
+    last_wait: Option<std::time::Instant>,
+    /// Since when writes have made no progress at all.
+    stalled_since: Option<std::time::Instant>,
+    /// The client was cut off for being too slow.
+    cut: bool,
+}
+
+impl SendWatch {
+    /// A watch for `rate` bytes per second (0: none) and the handler's `write_timeout`.
+    pub(crate) fn new(rate: u64, write_timeout: Option<Duration>) -> Self {
+        SendWatch {
+            rate,
+            write_timeout,
+            kernel_timeout: Self::socket_timeout(rate, write_timeout),
+            ..SendWatch::default()
+        }
+    }
+
+    /// The send timeout the socket must have for this watch.
+    pub(crate) fn socket_timeout(rate: u64, write_timeout: Option<Duration>) -> Option<Duration> {
+        match (rate, write_timeout) {
+            (0, t) => t,
+            (_, None) => Some(SEND_CHECK),
+            (_, Some(t)) => Some(t.min(SEND_CHECK)),
+        }
+    }
+
+    fn active(&self) -> bool {
+        self.rate > 0
+    }
+
+    /// A write made progress (`n` bytes).
+    fn progress(&mut self) {
+        self.stalled_since = None;
+    }
+
+    /// A write waited for the client and came back (its send timeout expired, with or
+    /// without progress): `Err` when the client is too slow, and the write must give up.
+    fn waited(&mut self, socket: &Socket, sent: u64, progressed: bool) -> io::Result<()> {
+        let now = std::time::Instant::now();
+        if !progressed {
+            let since = *self.stalled_since.get_or_insert_with(|| {
+                now.checked_sub(self.kernel_timeout.unwrap_or_default())
+                    .unwrap_or(now)
+            });
+            if let Some(limit) = self.write_timeout {
+                if now.duration_since(since) >= limit {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "timed out waiting for the peer",
+                    ));
+                }
+            }
+        } else {
+            self.progress();
+        }
+        // Writes that stopped waiting for a while (more than two checks) start afresh.
+        if self
+            .last_wait
+            .is_some_and(|t| now.duration_since(t) > 2 * SEND_CHECK)
+        {
+            self.window = None;
+        }
+        self.last_wait = Some(now);
+        let Some(taken) = crate::sys::bytes_taken_by_peer(socket.as_fd(), sent) else {
+            return Ok(());
+        };
+        let Some((began, at_start)) = self.window else {
+            self.window = Some((now, taken));
+            return Ok(());
+        };
+        let elapsed = now.duration_since(began);
+        if elapsed < SEND_WINDOW {
+            return Ok(());
+        }
+        let got = taken.saturating_sub(at_start);
+        let needed = (self.rate as f64 * elapsed.as_secs_f64()) as u64;
+        if got < needed {
+            self.cut = true;
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the client took {got} bytes of the response in {:.1} s, below --min-send-rate \
+                     {} bytes/s: cut off",
+                    elapsed.as_secs_f64(),
+                    self.rate
+                ),
+            ));
+        }
+        self.window = Some((now, taken));
+        Ok(())
+    }
+
+    /// A response is done (the connection reads again): the next one starts afresh.
+    fn reset(&mut self) {
+        self.window = None;
+        self.last_wait = None;
+        self.stalled_since = None;
+    }
+}
+
 /// The buffers a worker lends to each connection in turn, so that serving a connection
 /// allocates nothing.
 #[derive(Debug)]
@@ -88,6 +219,8 @@ pub struct Client {
     /// Bytes received and sent on this connection, for the scoreboard.
     received: u64,
     sent: u64,
+    /// `--min-send-rate`, and the write timeout it keeps.
+    watch: SendWatch,
 }
 
 impl Client {
@@ -103,11 +236,62 @@ impl Client {
             closed: false,
             received: 0,
             sent: 0,
+            watch: SendWatch::default(),
+        }
+    }
+
+    /// Enforces `--min-send-rate` on this connection; the socket's send timeout must be
+    /// [`SendWatch::socket_timeout`] already (inherited from the listener).
+    pub(crate) fn watch_sends(&mut self, watch: SendWatch) {
+        self.watch = watch;
+    }
+
+    /// Cuts the connection off at once (a reset, no lingering data in the kernel): for a
+    /// client too slow to take its response.
+    pub(crate) fn abort(&mut self) {
+        let _ = self.socket.set_linger(Some(Duration::ZERO));
+        self.closed = true;
+        self.wbuf.clear();
+    }
+
+    /// Handles a write that returned `r`: `Ok(Some(n))` for `n` bytes written, `Ok(None)`
+    /// to try again (interrupted, or a wait that the watch allows to go on), `Err` to give
+    /// up.
+    fn after_write(&mut self, r: io::Result<usize>, wanted: usize) -> io::Result<Option<usize>> {
+        if self.watch.cut {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "cut off (--min-send-rate)",
+            ));
+        }
+        match r {
+            Ok(n) => {
+                if self.watch.active() && n > 0 {
+                    if n < wanted {
+                        // A short write: it waited and gave up with part of the data.
+                        self.watch.waited(&self.socket, self.sent + n as u64, true)?;
+                    } else {
+                        self.watch.progress();
+                    }
+                }
+                Ok(Some(n))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.watch.active() => {
+                self.watch.waited(&self.socket, self.sent, false)?;
+                Ok(None)
+            }
+            Err(e) => Err(timed_out(e)),
         }
     }
 
     /// Flushes what is left (unless closed), closes the socket and gives the buffers back.
     pub(crate) fn finish(mut self) -> (io::Result<()>, Buffers) {
+        if self.watch.cut {
+            // Too slow a reader: reset the connection rather than leave the kernel to
+            // trickle the rest of the response to it.
+            self.abort();
+        }
         let flushed = if self.closed {
             Ok(())
         } else {
@@ -204,6 +388,15 @@ impl Client {
     /// Sets the timeout of each blocking write (`None`: wait forever). The default comes
     /// from `--write-timeout` (60 s).
     pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        if self.watch.active() {
+            // The kernel's timeout stays short so that waits come back to be checked
+            // against --min-send-rate; the handler's timeout is kept by the watch.
+            let kernel = SendWatch::socket_timeout(self.watch.rate, timeout);
+            self.socket.set_write_timeout(kernel)?;
+            self.watch.write_timeout = timeout;
+            self.watch.kernel_timeout = kernel;
+            return Ok(());
+        }
         self.socket.set_write_timeout(timeout)
     }
 
@@ -214,6 +407,9 @@ impl Client {
 
     /// The current write timeout.
     pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        if self.watch.active() {
+            return Ok(self.watch.write_timeout);
+        }
         self.socket.write_timeout()
     }
 
@@ -262,6 +458,7 @@ impl Client {
         if !self.wbuf.is_empty() {
             self.flush_buffer()?;
         }
+        self.watch.reset();
         if let Some(t) = self.tls.as_mut() {
             let n = tls_read(&mut t.conn, &self.socket, buf, interruptible)?;
             self.received += n as u64;
@@ -415,15 +612,17 @@ impl Client {
         }
         let mut done = 0;
         while done < self.wbuf.len() {
-            match self.socket.send_with_flags(&self.wbuf[done..], libc::MSG_MORE) {
-                Ok(n) => {
+            let wanted = self.wbuf.len() - done;
+            let r = self.socket.send_with_flags(&self.wbuf[done..], libc::MSG_MORE);
+            match self.after_write(r, wanted) {
+                Ok(Some(n)) => {
                     done += n;
                     self.sent += n as u64;
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok(None) => {}
                 Err(e) => {
                     self.wbuf.drain(..done);
-                    return Err(timed_out(e));
+                    return Err(e);
                 }
             }
         }
@@ -433,14 +632,15 @@ impl Client {
         let mut left = len;
         while left > 0 {
             let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
-            match nix::sys::sendfile::sendfile64(&self.socket, file, Some(&mut offset), chunk) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
+            let r = nix::sys::sendfile::sendfile64(&self.socket, file, Some(&mut offset), chunk)
+                .map_err(io::Error::from);
+            match self.after_write(r, chunk)? {
+                Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Some(n) => {
                     left -= n as u64;
                     self.sent += n as u64;
                 }
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(timed_out(e.into())),
+                None => {}
             }
         }
         Ok(())
@@ -480,7 +680,8 @@ impl Client {
         if let Some(t) = self.tls.as_mut() {
             // What rustls took is encrypted and queued (or sent): it leaves the buffer
             // even when the write fails, or a later flush would send it twice.
-            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.wbuf);
+            let watch = self.watch.active().then_some(&mut self.watch);
+            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.wbuf, watch, self.sent);
             self.sent += taken as u64;
             self.wbuf.drain(..taken);
             return result;
@@ -490,14 +691,16 @@ impl Client {
             if done == self.wbuf.len() {
                 break Ok(());
             }
-            match (&self.socket).write(&self.wbuf[done..]) {
-                Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
+            let wanted = self.wbuf.len() - done;
+            let r = (&self.socket).write(&self.wbuf[done..]);
+            match self.after_write(r, wanted) {
+                Ok(Some(0)) => break Err(io::ErrorKind::WriteZero.into()),
+                Ok(Some(n)) => {
                     done += n;
                     self.sent += n as u64;
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => break Err(timed_out(e)),
+                Ok(None) => {}
+                Err(e) => break Err(e),
             }
         };
         self.wbuf.drain(..done);
@@ -582,11 +785,31 @@ fn tls_failed(conn: &mut rustls::ServerConnection, socket: &Socket, e: rustls::E
 
 /// Writes every pending TLS record to the socket.
 fn write_tls(conn: &mut rustls::ServerConnection, socket: &Socket) -> io::Result<()> {
+    write_tls_watched(conn, socket, None, 0)
+}
+
+/// As [`write_tls`], with `--min-send-rate` watching the waits (`sent`: the plaintext
+/// bytes sent so far, for a socket whose peer's progress is read from its queue).
+fn write_tls_watched(
+    conn: &mut rustls::ServerConnection,
+    socket: &Socket,
+    mut watch: Option<&mut SendWatch>,
+    sent: u64,
+) -> io::Result<()> {
     while conn.wants_write() {
         match conn.write_tls(&mut &*socket) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(_) => {}
+            Ok(_) => {
+                if let Some(w) = watch.as_deref_mut() {
+                    w.progress();
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && watch.is_some() => {
+                if let Some(w) = watch.as_deref_mut() {
+                    w.waited(socket, sent, false)?;
+                }
+            }
             Err(e) => return Err(timed_out(e)),
         }
     }
@@ -596,14 +819,20 @@ fn write_tls(conn: &mut rustls::ServerConnection, socket: &Socket) -> io::Result
 /// Encrypts `data` and writes it all.
 /// Returns how many bytes of `data` rustls took (encrypted into records, sent or queued),
 /// with the outcome: on an error, those bytes must not be written again.
-fn tls_write(conn: &mut rustls::ServerConnection, socket: &Socket, data: &[u8]) -> (usize, io::Result<()>) {
+fn tls_write(
+    conn: &mut rustls::ServerConnection,
+    socket: &Socket,
+    data: &[u8],
+    mut watch: Option<&mut SendWatch>,
+    sent: u64,
+) -> (usize, io::Result<()>) {
     let mut taken = 0;
     while taken < data.len() {
         match conn.writer().write(&data[taken..]) {
             Ok(n) => taken += n,
             Err(e) => return (taken, Err(e)),
         }
-        if let Err(e) = write_tls(conn, socket) {
+        if let Err(e) = write_tls_watched(conn, socket, watch.as_deref_mut(), sent + taken as u64) {
             return (taken, Err(e));
         }
     }
@@ -695,9 +924,9 @@ impl Write for Client {
         while !self.wbuf.is_empty() {
             let n = loop {
                 let iov = [IoSlice::new(&self.wbuf), IoSlice::new(data)];
-                match (&self.socket).write_vectored(&iov) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    other => break other.map_err(timed_out)?,
+                let r = (&self.socket).write_vectored(&iov);
+                if let Some(n) = self.after_write(r, self.wbuf.len() + data.len())? {
+                    break n;
                 }
             };
             if n == 0 {
@@ -719,13 +948,10 @@ impl Write for Client {
             return Ok(data.len());
         }
         loop {
-            match (&self.socket).write(data) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(n) => {
-                    self.sent += n as u64;
-                    return Ok(n);
-                }
-                Err(e) => return Err(timed_out(e)),
+            let r = (&self.socket).write(data);
+            if let Some(n) = self.after_write(r, data.len())? {
+                self.sent += n as u64;
+                return Ok(n);
             }
         }
     }
@@ -748,6 +974,50 @@ impl AsFd for Client {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// With `--min-send-rate` on, the kernel's send timeout is at most a second (so that
+    /// waits come back to be checked), and the handler's write timeout is kept by the
+    /// watch: a write that makes no progress for that long still fails with `TimedOut`.
+    #[test]
+    fn the_write_timeout_holds_when_the_send_watch_shortens_the_kernels() {
+        assert_eq!(
+            SendWatch::socket_timeout(0, Some(Duration::from_secs(60))),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            SendWatch::socket_timeout(500, Some(Duration::from_secs(60))),
+            Some(SEND_CHECK)
+        );
+        assert_eq!(SendWatch::socket_timeout(500, None), Some(SEND_CHECK));
+        assert_eq!(
+            SendWatch::socket_timeout(500, Some(Duration::from_millis(300))),
+            Some(Duration::from_millis(300))
+        );
+        let (ours, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
+        socket
+            .set_write_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut c = Client::new(socket, Addr::Unix(None), Buffers::new());
+        c.watch_sends(SendWatch::new(500, Some(Duration::from_millis(200))));
+        c.set_write_timeout(Some(Duration::from_millis(600))).unwrap();
+        assert_eq!(c.write_timeout().unwrap(), Some(Duration::from_millis(600)));
+        let started = std::time::Instant::now();
+        let big = vec![0u8; 8 << 20];
+        let err = loop {
+            match c.write(&big) {
+                Ok(_) => {}
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(600),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(!c.watch.cut, "the write timeout, not the rate, ended it");
+    }
 
     /// A server `Client` over a socket pair after a TLS handshake with a rustls client in
     /// a thread; the thread waits for `go`, then reads to the end and returns the bytes.

@@ -345,8 +345,11 @@ fn serve_requests<H: RequestHandler>(
             }
             if !client.output().is_empty() {
                 // Send the answers before asking whether to give the connection up: the
-                // check may wait.
+                // check may wait. The scoreboard shows the worker writing meanwhile (the
+                // slot still names the request), so that a slow reader shows as one.
+                ctx.state(State::Writing);
                 client.flush_output()?;
+                ctx.state(State::Reading);
             }
             // Only a keep-alive connection, one that was served already, can be given up:
             // a new connection whose first request has not arrived yet (a client that is

@@ -765,6 +765,7 @@ fn exec_worker(
         conn: worker::ConnLimits {
             header_timeout: config.header_timeout,
             min_send_rate: config.min_send_rate,
+            write_timeout: config.write_timeout,
         },
     }))
 }
@@ -1160,6 +1161,7 @@ fn supervise(
             conn: worker::ConnLimits {
                 header_timeout: config.header_timeout,
                 min_send_rate: config.min_send_rate,
+                write_timeout: config.write_timeout,
             },
         })
     };
@@ -1218,7 +1220,9 @@ fn adopt_all(
     let opts = BindOptions {
         backlog: config.backlog,
         read_timeout: config.read_timeout,
-        write_timeout: config.write_timeout,
+        // With --min-send-rate, a write that waits comes back every second to be checked;
+        // the write timeout is then kept by the worker (client::SendWatch).
+        write_timeout: crate::client::SendWatch::socket_timeout(config.min_send_rate, config.write_timeout),
     };
     let mut all: Vec<Listener> = sockets
         .into_iter()
@@ -1289,7 +1293,9 @@ fn bind_all(config: &Config) -> Result<Vec<Listener>> {
     let opts = BindOptions {
         backlog: config.backlog,
         read_timeout: config.read_timeout,
-        write_timeout: config.write_timeout,
+        // With --min-send-rate, a write that waits comes back every second to be checked;
+        // the write timeout is then kept by the worker (client::SendWatch).
+        write_timeout: crate::client::SendWatch::socket_timeout(config.min_send_rate, config.write_timeout),
     };
     let mut all = Vec::new();
     let global = global_policy(config);

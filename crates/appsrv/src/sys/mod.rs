@@ -343,6 +343,35 @@ pub(crate) fn listen_queue(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
     (r == 0 && info.tcpi_state == TCP_LISTEN).then_some((info.tcpi_unacked, info.tcpi_sacked))
 }
 
+/// How many bytes sent on a socket its peer has taken: for TCP, the bytes it acknowledged
+/// (`TCP_INFO`'s `tcpi_bytes_acked`, Linux 4.1 and later); for other stream sockets, the
+/// `sent` bytes written so far minus those still queued unread (`SIOCOUTQ`). `None` when
+/// neither can be read.
+pub(crate) fn bytes_taken_by_peer(fd: BorrowedFd<'_>, sent: u64) -> Option<u64> {
+    // SAFETY: tcp_info is plain data, valid when zeroed.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is that large.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // A kernel older than 4.1 returns a shorter structure without the field.
+    let acked_end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
+    if r == 0 && len as usize >= acked_end {
+        return Some(info.tcpi_bytes_acked);
+    }
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int into `queued`.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+    (r == 0).then(|| sent.saturating_sub(u64::try_from(queued).unwrap_or(0)))
+}
+
 /// Whether core dumps are enabled for this process (a soft `RLIMIT_CORE` above zero): the
 /// master then kills a stuck worker with SIGABRT first, so that its core shows where it was.
 pub(crate) fn core_dumps_enabled() -> bool {

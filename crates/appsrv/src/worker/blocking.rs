@@ -11,7 +11,7 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use socket2::Socket;
 
-use crate::client::{Buffers, Client};
+use crate::client::{Buffers, Client, SendWatch};
 use crate::listener::{Addr, Listener};
 use crate::scoreboard::{Board, Slot, State};
 
@@ -219,6 +219,9 @@ pub(crate) fn serve<C: Connections>(
         let peer = Addr::from_sockaddr(&peer);
         let policy = listeners[index].policy();
         let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
+        if limits.min_send_rate > 0 {
+            client.watch_sends(SendWatch::new(limits.min_send_rate, limits.write_timeout));
+        }
         // Behind a balancer, the client is the one its PROXY header names: read it first,
         // so that the rules, the cap, the scoreboard, the logs and the handler all see it.
         if policy.proxy {

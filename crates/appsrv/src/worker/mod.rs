@@ -76,6 +76,9 @@ pub(crate) struct ConnLimits {
     /// The slowest acceptable reading of a response, in bytes per second
     /// (`--min-send-rate`; 0: no limit).
     pub(crate) min_send_rate: u64,
+    /// The write timeout the handler sees (`--write-timeout`), kept by the send watch
+    /// when `min_send_rate` is on (the socket's own timeout is then one second).
+    pub(crate) write_timeout: Option<std::time::Duration>,
 }
 
 /// The type of a start hook.
