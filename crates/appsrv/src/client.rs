@@ -1005,9 +1005,8 @@ mod tests {
         let started = std::time::Instant::now();
         let big = vec![0u8; 8 << 20];
         let err = loop {
-            match c.write(&big) {
-                Ok(_) => {}
-                Err(e) => break e,
+            if let Err(e) = c.write_all(&big) {
+                break e;
             }
         };
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
