@@ -221,6 +221,10 @@ pub struct Client {
     sent: u64,
     /// `--min-send-rate`, and the write timeout it keeps.
     watch: SendWatch,
+    /// For `handle_client`: the scoreboard slot that shows the worker reading while the
+    /// handler waits for the client (so that `status` and the master's slow-client
+    /// warning see idle connections), handling otherwise.
+    reads_shown: Option<(&'static crate::scoreboard::Board, u32)>,
 }
 
 impl Client {
@@ -237,7 +241,13 @@ impl Client {
             received: 0,
             sent: 0,
             watch: SendWatch::default(),
+            reads_shown: None,
         }
+    }
+
+    /// Shows the worker `id` reading on `board` while the handler waits for this client.
+    pub(crate) fn show_reads(&mut self, board: &'static crate::scoreboard::Board, id: u32) {
+        self.reads_shown = Some((board, id));
     }
 
     /// Enforces `--min-send-rate` on this connection; the socket's send timeout must be
@@ -446,7 +456,14 @@ impl Client {
 
     /// Reads from the socket, after flushing pending output: the one place that waits.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv_from_socket(buf, false)
+        use crate::scoreboard::State;
+        let Some((board, id)) = self.reads_shown else {
+            return self.recv_from_socket(buf, false);
+        };
+        board.set_state(id, State::Reading);
+        let r = self.recv_from_socket(buf, false);
+        board.set_state(id, State::Handling);
+        r
     }
 
     /// As `recv`; when `interruptible`, a signal ends the wait with `Interrupted` (the

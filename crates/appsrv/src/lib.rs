@@ -41,6 +41,7 @@ mod daemon;
 mod error;
 mod exec;
 mod handler;
+mod holds;
 pub mod listener;
 mod log;
 mod master;

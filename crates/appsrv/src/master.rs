@@ -283,6 +283,8 @@ pub(crate) struct Master<'a> {
     backoff: Backoff,
     /// Paces replacements (at most 4 per 50 ms).
     pacer: Pacer,
+    /// Slow or idle clients holding the pool (the operator's warning).
+    holds: crate::holds::HoldWatch,
     /// Replacements are being held back by the pacing (logged once per episode).
     pacing: bool,
     rate: SpawnRate,
@@ -359,6 +361,7 @@ impl<'a> Master<'a> {
             phase: Phase::Starting,
             backoff: Backoff::default(),
             pacer: Pacer::default(),
+            holds: crate::holds::HoldWatch::default(),
             pacing: false,
             rate: SpawnRate::default(),
             started: now,
@@ -484,6 +487,7 @@ impl<'a> Master<'a> {
                 }
                 Phase::Running => {
                     self.check_workers();
+                    self.check_holds();
                     self.maintain(entry)?;
                     if self.reload_pending && !self.workers.values().any(|w| w.generation < self.generation) {
                         self.reload_pending = false;
@@ -545,6 +549,9 @@ impl<'a> Master<'a> {
                     deadlines.extend(self.pacer.not_before());
                 }
                 deadlines.extend(self.next_round);
+                if self.phase == Phase::Running {
+                    deadlines.push(self.holds.next().unwrap_or(now));
+                }
                 if self.has_periodic_duties() {
                     deadlines.push(now + TICK);
                 }
@@ -1319,6 +1326,32 @@ impl<'a> Master<'a> {
         self.release_one_retiring();
     }
 
+    /// Once a second: whether slow or idle clients from a few addresses hold the pool; one
+    /// warning per episode (see `holds.rs`).
+    fn check_holds(&mut self) {
+        let now = Instant::now();
+        if !self.holds.due(now) {
+            return;
+        }
+        let board = self.settings.board;
+        let views: Vec<(u32, scoreboard::SlotView)> = self
+            .workers
+            .values()
+            .filter(|w| w.ready && w.active())
+            .filter_map(|w| board.read(w.id).map(|v| (w.id, v)))
+            .collect();
+        match self.holds.observe(now, views.iter().map(|(id, v)| (*id, v))) {
+            Some(Some(held)) => tracing::warn!(
+                "{held}; they keep those workers from other clients until their timeouts \
+                 (--header-timeout, --keepalive-timeout, --read-timeout): consider \
+                 --max-conns-per-ip with a value well below the {} workers",
+                held.workers
+            ),
+            Some(None) => tracing::info!("slow or idle clients no longer hold the pool"),
+            None => {}
+        }
+    }
+
     /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
     fn clients_queued(&self) -> bool {
         let mut fds: Vec<PollFd<'_>> = self
@@ -1458,6 +1491,7 @@ impl<'a> Master<'a> {
             scoreboard,
             retired: self.retired.clone(),
             max_workers_reached: self.max_reached_total,
+            slow_clients: self.holds.episode().cloned(),
             restarts: ["exit", "signal", "timeout", "recycled", "backoff"]
                 .into_iter()
                 .map(|r| (r, self.restarts.get(r).copied().unwrap_or(0)))

@@ -28,6 +28,8 @@ pub(crate) struct Status {
     pub(crate) max_workers_reached: u64,
     /// Worker restarts by reason: exit, signal, timeout, recycled, backoff.
     pub(crate) restarts: Vec<(&'static str, u64)>,
+    /// Slow or idle clients from a few addresses holding the pool, while they do.
+    pub(crate) slow_clients: Option<crate::holds::Held>,
 }
 
 /// The pool's policy and sizes.

@@ -111,3 +111,56 @@ fn a_healthy_slow_download_is_not_cut() {
         server.log_text()
     );
 }
+
+/// `status --json` through the control socket `ctl`, parsed.
+fn status_json(example_name: &str, ctl: &str) -> serde_json::Value {
+    let out = std::process::Command::new(example(example_name))
+        .args(["status", "--json", "--control", ctl])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Issue 14: slow or idle clients from a few addresses can hold every worker for as long
+/// as the timeouts allow, and nothing told the operator. The master now warns, once per
+/// episode, naming the addresses, and `status` shows it.
+fn slow_clients_are_reported(example_name: &str, first_bytes: &[u8]) {
+    let ctl = socket_path(&format!("ctl-holds-{example_name}"));
+    let server = Server::start(example_name, &["-l", "127.0.0.1:0", "-w", "2", "--control", &ctl]);
+    let addr = server.tcp_addr();
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = connect_from("127.0.0.2", addr);
+            s.write_all(first_bytes).unwrap();
+            s
+        })
+        .collect();
+    let line = server.wait_for_log("held for 10s or more by slow or idle clients");
+    assert!(line.contains("2 of 2 workers"), "{line}");
+    assert!(line.contains("127.0.0.2 (2)"), "{line}");
+    assert!(line.contains("--max-conns-per-ip"), "{line}");
+    let status = status_json(example_name, &ctl);
+    let slow = &status["slow_clients"];
+    assert_eq!(slow["held"], 2, "{status}");
+    assert_eq!(slow["addresses"][0]["address"], "127.0.0.2", "{status}");
+    assert_eq!(slow["addresses"][0]["workers"], 2, "{status}");
+    drop(held);
+    server.wait_for_log("slow or idle clients no longer hold the pool");
+    assert!(status_json(example_name, &ctl)["slow_clients"].is_null());
+    assert_eq!(
+        server.log_text().matches("by slow or idle clients").count(),
+        1,
+        "one warning per episode"
+    );
+}
+
+#[test]
+fn issue_14_a_slowloris_from_one_address_is_reported() {
+    slow_clients_are_reported("http_hello", b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow: ");
+}
+
+#[test]
+fn issue_14_idle_connections_to_a_handle_client_server_are_reported() {
+    slow_clients_are_reported("echo", b"");
+}

@@ -149,6 +149,9 @@ pub(crate) fn render_text(status: &Status) -> String {
     };
     let _ = writeln!(o, "Restarts:      {restarts}");
     let _ = writeln!(o, "Max workers reached: {} times", status.max_workers_reached);
+    if let Some(held) = &status.slow_clients {
+        let _ = writeln!(o, "Warning:       {held}; consider --max-conns-per-ip");
+    }
     let _ = writeln!(o);
     let letters: Vec<char> = status.scoreboard.chars().collect();
     if letters.is_empty() {
@@ -279,6 +282,10 @@ fn json_f64(v: f64) -> String {
 ///                                  queued and backlog are null for Unix sockets
 ///   "restarts": {"exit": 0, "signal": 1, "timeout": 0, "recycled": 0, "backoff": 0},
 ///   "max_workers_reached": 0,
+///   "slow_clients": null,          or, while 75 % of the workers are held 10 s or more
+///                                  reading by clients of at most 3 addresses:
+///                                  {"workers": 4, "held": 3, "addresses":
+///                                   [{"address": "192.0.2.7", "workers": 2}, ...]}
 ///   "scoreboard": "__RH....",      one letter per slot, as in the table's legend
 ///   "workers": [{                  live workers, by id
 ///     "id": 1, "pid": 4250, "generation": 0, "state": "handling",
@@ -353,7 +360,7 @@ pub(crate) fn render_json(status: &Status) -> String {
          \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
          \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
          \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
-         \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"scoreboard\":{},\
+         \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"slow_clients\":{},\"scoreboard\":{},\
          \"workers\":[{}]}}\n",
         json_str(&status.name),
         status.master_pid,
@@ -377,6 +384,22 @@ pub(crate) fn render_json(status: &Status) -> String {
         listeners.join(","),
         restarts.join(","),
         status.max_workers_reached,
+        status.slow_clients.as_ref().map_or_else(
+            || "null".to_owned(),
+            |h| {
+                let addresses: Vec<String> = h
+                    .addresses
+                    .iter()
+                    .map(|(ip, n)| format!("{{\"address\":{},\"workers\":{n}}}", json_str(&ip.to_string())))
+                    .collect();
+                format!(
+                    "{{\"workers\":{},\"held\":{},\"addresses\":[{}]}}",
+                    h.workers,
+                    h.held,
+                    addresses.join(",")
+                )
+            }
+        ),
         json_str(&status.scoreboard),
         workers.join(","),
     )
@@ -675,6 +698,11 @@ pub(crate) mod tests {
             scoreboard: "_H..".into(),
             retired,
             max_workers_reached: 7,
+            slow_clients: Some(crate::holds::Held {
+                workers: 4,
+                held: 3,
+                addresses: vec![("192.0.2.7".parse().unwrap(), 3)],
+            }),
             restarts: vec![
                 ("exit", 1),
                 ("signal", 2),

@@ -148,7 +148,7 @@ use super::accept::{Accepted, Acceptor};
 pub(crate) fn serve<C: Connections>(
     id: u32,
     listeners: &[Listener],
-    board: &Board,
+    board: &'static Board,
     keepalive_timeout: Option<Duration>,
     recycle: Recycle,
     handler: &mut C,
@@ -286,6 +286,7 @@ pub(crate) fn serve<C: Connections>(
         // The request-level loop times each request; for `handle_client` the connection is
         // the unit (its clock covers the whole connection).
         let connection_clock = (!handler.request_level()).then(|| {
+            client.show_reads(board, id);
             board.set_state(id, State::Handling);
             slot.request_start(&[])
         });
