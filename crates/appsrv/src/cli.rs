@@ -615,7 +615,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
         .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))
-        .arg(count(prefix, "max-worker-memory", 0, "Recycle a worker whose memory (PSS, MiB, sampled every 5 s) exceeds this (0: never)"))
+        .arg(count(prefix, "max-worker-memory", 0, "Recycle a worker whose memory (PSS, MiB, sampled every second) exceeds this; one over twice the limit while it finishes is killed (0: never)"))
         .arg(
             env_opt(prefix, "max-worker-age")
                 .value_name("SECS")

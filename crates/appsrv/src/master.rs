@@ -157,7 +157,7 @@ pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(1);
 /// timeouts, recycling by age or memory).
 const TICK: Duration = Duration::from_millis(250);
 /// How often worker memory is sampled (reading smaps costs).
-const MEMORY_INTERVAL: Duration = Duration::from_secs(5);
+const MEMORY_INTERVAL: Duration = Duration::from_secs(1);
 /// After SIGABRT, how long a stuck worker has to dump core before SIGKILL.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
@@ -188,6 +188,8 @@ struct Worker {
     stop_at: Option<Instant>,
     /// Killed by the master for exceeding the request timeout, and when.
     timed_out: Option<Instant>,
+    /// Killed by the master for using over twice `--max-worker-memory` while leaving.
+    memory_killed: bool,
 }
 
 impl Worker {
@@ -1256,17 +1258,45 @@ impl<'a> Master<'a> {
         let mut expired = Vec::new();
         let grace = self.settings.grace_period;
         for (pid, w) in &mut self.workers {
+            let serving = || {
+                board.read(w.id).and_then(|v| v.peer).map_or_else(
+                    || "no connection".to_owned(),
+                    |p| format!("the connection from {p}"),
+                )
+            };
             if w.stop_at.is_some_and(|t| now.duration_since(t) >= grace) {
                 // Asked to leave a grace period ago and still there (a connection that
                 // never ends): as on a stop, the grace period bounds it.
                 tracing::warn!(
-                    "worker {} (pid {pid}) still serving {:?} after being asked to leave; killing it",
+                    "worker {} (pid {pid}) still serving {:?} after being asked to leave; killing it, \
+                     cutting {}",
                     w.id,
-                    grace
+                    grace,
+                    serving()
                 );
                 let _ = signal::kill(*pid, Signal::SIGKILL);
                 w.stop_at = None;
                 continue;
+            }
+            // --max-worker-memory is a hard limit: a worker replaced for its memory finishes
+            // its connections within the grace period only while it stays below twice the
+            // limit, checked on every tick (a connection whose protocol cannot announce a
+            // close could otherwise grow it by gigabytes meanwhile: issue 14).
+            if matches!(w.leaving, Some(Leave::Recycle("memory"))) && !w.memory_killed {
+                if let Some(kib) = pss_kib(*pid).filter(|kib| *kib > 2 * limits.max_memory_kib) {
+                    tracing::warn!(
+                        "worker {} (pid {pid}) uses {} MiB, over twice --max-worker-memory {} MiB, \
+                         while it finishes: killing it, cutting {}",
+                        w.id,
+                        kib / 1024,
+                        limits.max_memory_kib / 1024,
+                        serving()
+                    );
+                    let _ = signal::kill(*pid, Signal::SIGKILL);
+                    w.stop_at = None;
+                    w.memory_killed = true;
+                    continue;
+                }
             }
             if let Some(since) = w.timed_out {
                 if now.duration_since(since) >= ABORT_GRACE {
@@ -1562,6 +1592,7 @@ impl<'a> Master<'a> {
                 stop_sent: false,
                 stop_at: None,
                 timed_out: None,
+                memory_killed: false,
             },
         );
         Ok(())

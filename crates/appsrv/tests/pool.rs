@@ -429,3 +429,53 @@ fn issue_14_a_kill_storm_is_replaced_at_once_without_back_off() {
     let mut c = LineClient::tcp(server.tcp_addr());
     assert!(!killed.contains(&c.testbed_pid()));
 }
+
+/// Issue 14: `--max-worker-memory` is a hard limit. A kv client that never leaves (its
+/// protocol cannot announce a close) kept growing a worker that had been asked to leave,
+/// to gigabytes within the grace period; past twice the limit it is now killed, and the
+/// log names the connection cut.
+#[test]
+fn issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period_ends() {
+    let server = Server::start(
+        "kv",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "1",
+            "--max-worker-memory",
+            "20",
+            "--grace-period",
+            "120",
+        ],
+    );
+    let stream = TcpStream::connect(server.tcp_addr()).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    let value = "x".repeat(60_000);
+    let mut cut = false;
+    for i in 0..20_000 {
+        if writer
+            .write_all(format!("SET k{i} {value}\n").as_bytes())
+            .is_err()
+        {
+            cut = true;
+            break;
+        }
+        let mut line = String::new();
+        match std::io::BufRead::read_line(&mut reader, &mut line) {
+            Ok(n) if n > 0 => assert_eq!(line.trim_end(), "OK"),
+            _ => {
+                cut = true;
+                break;
+            }
+        }
+    }
+    assert!(cut, "the connection outlived 1.2 GB of values");
+    let line = server.wait_for_log("over twice --max-worker-memory 20 MiB");
+    assert!(line.contains("cutting the connection from 127.0.0.1:"), "{line}");
+    // The replacement serves.
+    let mut c = LineClient::tcp(server.tcp_addr());
+    assert_eq!(c.ask("SET a b"), "OK");
+}
