@@ -392,6 +392,11 @@ impl<'a> Master<'a> {
         let result = self.run_loop(entry, on_ready);
         if result.is_err() {
             // From here on every exit is expected: no start-up error, no replacement.
+            // A pending upgrade is abandoned with this master (which removes the socket
+            // files on its way out): nothing of the new binary stays.
+            if let Some(u) = self.upgrading.take() {
+                u.kill_group();
+            }
             let now = Instant::now();
             self.phase = Phase::Stopping {
                 deadline: now,
@@ -639,8 +644,9 @@ impl<'a> Master<'a> {
             Phase::Starting | Phase::Running => {
                 if let Some(u) = self.upgrading.take() {
                     // The listening sockets are shared with the new master: abandon the
-                    // upgrade before shutting them.
-                    let _ = signal::kill(u.child, Signal::SIGKILL);
+                    // upgrade before shutting them. Its whole group: it is not reached by
+                    // a signal sent to this master's group (a terminal's Ctrl-C).
+                    u.kill_group();
                     tracing::warn!(
                         "{} received during an upgrade: the new master (pid {}) is stopped",
                         sig.as_str(),
@@ -779,11 +785,22 @@ impl<'a> Master<'a> {
             }
             crate::upgrade::Progress::Failed(why) => {
                 let pid = u.child;
+                // How it ended, if it has, seen without reaping it: its process group is
+                // killed first (everything the new binary started, a wrapper script's
+                // children too), while its zombie still holds the group's id.
+                let ended = nix::sys::wait::waitid(
+                    nix::sys::wait::Id::Pid(pid),
+                    WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+                );
+                u.kill_group();
                 self.upgrading = None;
+                // Reaped now if it has exited; if it is still dying, by `reap` (as a child
+                // that is no worker).
+                let _ = nix::sys::wait::waitpid(pid, Some(WaitPidFlag::WNOHANG));
                 // The pipe closes when the new master exits: say how it ended, if it has,
                 // unless it said why itself (by now it may well have exited too).
                 let reported = crate::upgrade::is_reported(&why);
-                let why = match nix::sys::wait::waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                let why = match ended {
                     _ if reported => why,
                     Ok(WaitStatus::Exited(_, code)) => {
                         format!("the new master {} before it was ready", exit_reason(code))
@@ -794,10 +811,7 @@ impl<'a> Master<'a> {
                             sig.as_str()
                         )
                     }
-                    _ => {
-                        let _ = signal::kill(pid, Signal::SIGKILL);
-                        why
-                    }
+                    _ => why,
                 };
                 tracing::error!("upgrade failed: {why}; this master keeps serving");
                 self.upgrade_failed = Some((pid.as_raw(), why));
@@ -846,7 +860,29 @@ impl<'a> Master<'a> {
     /// Collects every exited worker.
     fn reap(&mut self) -> Result<(), Error> {
         loop {
-            match nix::sys::wait::waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            // While an upgrade is pending, the next exited child is looked at before it is
+            // reaped: if it is the new master, its process group is killed while its zombie
+            // still holds the group's id (what a wrapper script started goes with it).
+            let next = match &self.upgrading {
+                None => None,
+                Some(u) => match nix::sys::wait::waitid(
+                    nix::sys::wait::Id::All,
+                    WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+                ) {
+                    Ok(status) => {
+                        // No pid: no child has exited.
+                        let Some(pid) = status.pid() else { return Ok(()) };
+                        if pid == u.child {
+                            u.kill_group();
+                        }
+                        Some(pid)
+                    }
+                    Err(Errno::ECHILD) => return Ok(()),
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => return Err(Error::sys("waitid", e)),
+                },
+            };
+            match nix::sys::wait::waitpid(next, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return Ok(()),
                 Ok(status) => self.on_exit(status)?,
                 Err(Errno::EINTR) => {}

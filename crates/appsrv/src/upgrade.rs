@@ -20,6 +20,17 @@
 //! hand-over is served, never reset. No file is used as a rendezvous: nothing another local
 //! user could reach.
 //!
+//! The new master runs in a process group of its own (its pid is the group's id): its
+//! workers, and whatever a wrapper script standing in for the binary starts, are in it. An
+//! upgrade that fails (the new master exits, reports a failure, or misses the deadline) or
+//! is abandoned (the old master is told to stop meanwhile) kills the whole group
+//! ([`Pending::kill_group`]), so nothing of the new binary is left behind; only a process
+//! that left the group itself (`setsid`, `setpgid`) escapes. The group is killed before
+//! the new master is reaped: until then its zombie holds the group's id, which therefore
+//! names no other group. The price is that a terminal's Ctrl-C, which goes to the
+//! foreground process group (the old master's), does not reach the new master (see the
+//! README's "Signals").
+//!
 //! # Socket activation
 //!
 //! Started by systemd with `LISTEN_FDS` (and `LISTEN_PID` naming this process), the master
@@ -33,6 +44,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{FcntlArg, OFlag};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use socket2::Socket;
 
@@ -294,6 +306,21 @@ impl Pending {
         }
     }
 
+    /// Kills the new master's process group with SIGKILL: the new master, its workers, and
+    /// what a wrapper script started as a child. Call it before the new master is reaped
+    /// (its zombie keeps the group's id from naming another group).
+    pub(crate) fn kill_group(&self) {
+        match nix::sys::signal::killpg(self.child, Signal::SIGKILL) {
+            // Every process of the group has exited already.
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => tracing::warn!(
+                "upgrade: killing the new master's process group {}: {}",
+                self.child,
+                e.desc()
+            ),
+        }
+    }
+
     /// Reads the readiness pipe without blocking.
     pub(crate) fn progress(&mut self) -> Progress {
         if let Some(t) = self.eof {
@@ -343,6 +370,16 @@ pub(crate) fn launch(
     keep: &[RawFd],
     timeout: Duration,
 ) -> Result<Pending, Error> {
+    if sys::stderr_is_tostop_terminal() {
+        // The new master's first log line would stop it (its own process group is not the
+        // terminal's foreground group): better a refusal now than a timeout.
+        return Err(Error::Config(
+            "stderr is a terminal set to tostop, which would stop the new master (in its own \
+             process group) at its first log line: use --log-file or `stty -tostop`, or run \
+             the server under systemd or with `start`"
+                .into(),
+        ));
+    }
     let err = |op: &'static str| move |e: nix::Error| Error::sys(op, e);
     let (ready_read, ready_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(err("pipe"))?;
     nix::fcntl::fcntl(&ready_read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(err("fcntl"))?;
@@ -383,6 +420,9 @@ pub(crate) fn launch(
     manifest.metrics = metrics.map(|m| add(m.as_fd())).transpose()?;
     manifest.ready = Some(add(ready_write.as_fd())?);
     let mut cmd = std::process::Command::new(exe);
+    // Its own process group, so that a failure can kill everything it started (see the
+    // module's documentation).
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.args(args)
         .env(MANIFEST_ENV, manifest.render())
         .stdin(std::process::Stdio::null());

@@ -90,18 +90,22 @@ impl Deploy {
             .unwrap()
     }
 
-    /// Processes started from this directory's binary.
+    /// Processes started from this directory: from a binary in it (the server, a wrapper
+    /// script's child copied here), or whose command line names it (a wrapper script's
+    /// shell).
     fn processes(&self) -> Vec<i32> {
-        let me = self.bin();
+        // With the final slash: the directory of tag "fds" is a prefix of "fds-fresh"'s.
+        let dir = format!("{}/", self.dir.display());
         std::fs::read_dir("/proc")
             .unwrap()
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
             .filter(|pid| {
                 alive(*pid)
-                    && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| {
-                        p.starts_with(&me) || p.to_string_lossy().starts_with(&*me.to_string_lossy())
-                    })
+                    && (std::fs::read_link(format!("/proc/{pid}/exe"))
+                        .is_ok_and(|p| p.to_string_lossy().starts_with(&dir))
+                        || std::fs::read(format!("/proc/{pid}/cmdline"))
+                            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&dir)))
             })
             .collect()
     }
@@ -199,6 +203,162 @@ fn a_failed_upgrade_leaves_the_old_master_serving() {
     assert_eq!(d.pid(), old_master, "the pid file still names the old master");
     assert_eq!(server.worker_pids(), before, "the same workers serve");
     LineClient::tcp(server.tcp_addr()).testbed_pid();
+}
+
+/// Issue 14: a failed upgrade leaves nothing of the new binary behind, not even what a
+/// wrapper script started as a child instead of exec-ing it. The new master runs in its
+/// own process group, and a failure kills the group, not only the new master's pid.
+#[test]
+fn issue_14_failed_upgrade_leaves_no_process() {
+    let d = Deploy::new("wrapper", "testbed");
+    // Generous for a loaded machine, but the wrapper that never gets ready waits that long.
+    let server = d.start(&["-w", "2", "--start-timeout", "10"]);
+    let old_master = d.pid();
+    let workers = server.worker_pids();
+    // The wrappers' child: a copy of sleep(1) in the deploy's directory, so that every
+    // process left is recognised as this test's (`Deploy::processes`).
+    let sleep = ["/bin/sleep", "/usr/bin/sleep"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("sleep(1)");
+    let child = d.path("child");
+    let cp = Command::new("cp").args([sleep, &child]).status().unwrap();
+    assert!(cp.success());
+    let started = d.path("child.pid");
+    let start_child = format!("{child} 600 </dev/null >/dev/null 2>&1 &\necho $! >{started}\n");
+    let ctl = d.path("ctl");
+    for (wrapper, reason) in [
+        // Fails at once, leaving its child running.
+        (
+            format!("#!/bin/sh\n{start_child}exit 1\n"),
+            "exited with status 1 before it was ready",
+        ),
+        // Waits for its child: never ready, killed at --start-timeout.
+        (format!("#!/bin/sh\n{start_child}wait\n"), "was not ready in time"),
+    ] {
+        let _ = std::fs::remove_file(&started);
+        d.install_script(&wrapper);
+        // The client command is the new file too: use the old binary's copy for it.
+        let out = Command::new(example("testbed"))
+            .args(["upgrade", "--control", &ctl])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains(reason), "{}", text(&out.stderr));
+        assert!(
+            Path::new(&started).exists(),
+            "the wrapper started its child; the servers' log:\n{}",
+            server.log_text()
+        );
+        let left = wait_until(|| {
+            let left: Vec<i32> = d
+                .processes()
+                .into_iter()
+                .filter(|p| *p != old_master && !workers.contains(p))
+                .collect();
+            left.is_empty().then_some(())
+        });
+        assert!(
+            left.is_some(),
+            "processes of the wrapper are left: {:?} (the old master {old_master}, its workers {workers:?})",
+            d.processes()
+        );
+        assert_eq!(d.pid(), old_master, "the pid file still names the old master");
+        assert_eq!(server.worker_pids(), workers, "the same workers serve");
+        LineClient::tcp(server.tcp_addr()).testbed_pid();
+    }
+    // An upgrade abandoned because the old master is told to stop (a terminal's Ctrl-C
+    // reaches only the old master's group): the wrapper's child goes too.
+    let _ = std::fs::remove_file(&started);
+    d.install_script(&format!("#!/bin/sh\n{start_child}wait\n"));
+    let mut server = server;
+    server.signal(libc::SIGUSR2);
+    assert!(
+        wait_until(|| Path::new(&started).exists().then_some(())).is_some(),
+        "the wrapper started its child; the servers' log:\n{}",
+        server.log_text()
+    );
+    server.signal(libc::SIGINT);
+    assert!(server.wait_exit().success());
+    assert!(
+        wait_until(|| d.processes().is_empty().then_some(())).is_some(),
+        "processes left after the stop: {:?}",
+        d.processes()
+    );
+}
+
+/// The new master runs in a process group of its own (issue 14): an upgrade still hands
+/// over, in the foreground and as a daemon (`start`), and `stop` then stops everything.
+#[test]
+fn an_upgraded_server_in_its_own_group_serves_and_stops_entirely() {
+    for daemon in [false, true] {
+        let d = Deploy::new(if daemon { "own-group-daemon" } else { "own-group" }, "testbed");
+        let (ctl, pid_file, log) = (d.path("ctl"), d.path("pid"), d.path("log"));
+        let common = [
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "2",
+            "--control",
+            &ctl,
+            "--pid-file",
+            &pid_file,
+        ];
+        let (foreground, addr) = if daemon {
+            let out = Command::new(d.bin())
+                .arg("start")
+                .args(common)
+                .args(["--log-file", &log])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "start: {}", text(&out.stderr));
+            let log = std::fs::read_to_string(&log).unwrap();
+            let addr: std::net::SocketAddr = log
+                .lines()
+                .find_map(|l| {
+                    l.split_once("listening on ")
+                        .map(|(_, a)| a.trim().parse().unwrap())
+                })
+                .expect("a listening line");
+            (None, addr)
+        } else {
+            let s = Server::start_path(&d.bin(), &common);
+            let addr = s.tcp_addr();
+            (Some(s), addr)
+        };
+        let old_master = d.pid();
+        d.install(&example("testbed"));
+        let out = d.ctl(&["upgrade"]);
+        assert!(out.status.success(), "daemon {daemon}: {}", text(&out.stderr));
+        let new_master = d.pid();
+        assert_ne!(new_master, old_master);
+        assert!(
+            wait_until(|| (!alive(old_master)).then_some(())).is_some(),
+            "daemon {daemon}: the old master left"
+        );
+        LineClient::tcp(addr).testbed_pid();
+        if let Some(mut s) = foreground {
+            assert!(
+                s.wait_exit().success(),
+                "the old master exits 0 after the hand-over"
+            );
+        }
+        let out = Command::new(d.bin())
+            .args(["stop", "--pid-file", &pid_file])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "daemon {daemon}: stop: {}",
+            text(&out.stderr)
+        );
+        assert!(!alive(new_master), "stop waits for the master");
+        assert!(
+            wait_until(|| d.processes().is_empty().then_some(())).is_some(),
+            "daemon {daemon}: processes left after stop: {:?}",
+            d.processes()
+        );
+    }
 }
 
 #[test]

@@ -378,6 +378,20 @@ pub(crate) fn core_dumps_enabled() -> bool {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_CORE).is_ok_and(|(soft, _)| soft > 0)
 }
 
+/// Whether stderr is this process's controlling terminal, set to `tostop` (`stty tostop`):
+/// the terminal then sends TTOU to a process group other than its foreground group that
+/// writes to it, which stops the writer unless it catches the signal, and makes it retry
+/// the write for ever if it does.
+pub(crate) fn stderr_is_tostop_terminal() -> bool {
+    // SAFETY: a zeroed termios is a valid value for tcgetattr to fill in; both calls only
+    // read the state of whatever descriptor 2 is (and fail if it is no terminal, or not
+    // this process's controlling terminal for tcgetpgrp).
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        libc::tcgetattr(2, &mut t) == 0 && t.c_lflag & libc::TOSTOP != 0 && libc::tcgetpgrp(2) > 0
+    }
+}
+
 /// Replaces this process with the program open at `exe` (`fexecve`), keeping open the
 /// descriptors `keep` (made inheritable here) and nothing else: every other descriptor
 /// appsrv opens is close-on-exec. Returns only if the exec failed.
