@@ -9,13 +9,21 @@
 //! Then type lines into `nc 127.0.0.1 7001`: each comes back. No `flush` is needed in the
 //! handler: the client's output buffer is flushed before it waits for the next line.
 //!
+//! A line may be up to 64 KiB long, its `\n` included (`MAX_LINE`): a longer one gets
+//! `error: line too long (limit 65536 bytes)` and the connection is closed; the worker goes
+//! on serving. (Read without a limit, a client that never sends `\n` makes its worker hold
+//! everything it sends.)
+//!
 //! What to observe: each open `nc` holds one worker (`--workers`, default one per CPU,
 //! at least 2); one more client waits in the listen queue until a worker is free. Send
 //! TERM to the master while a client is connected: new connections are refused, the
 //! connected client keeps being served until it leaves (or `--grace-period` ends), then
 //! the master exits 0.
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead, Read, Write};
+
+/// The longest line echoed, its `\n` included.
+const MAX_LINE: usize = 64 * 1024;
 
 struct Echo;
 
@@ -24,8 +32,14 @@ impl appsrv::Handler for Echo {
         let mut line = Vec::new();
         loop {
             line.clear();
-            if client.read_until(b'\n', &mut line)? == 0 {
+            // At most MAX_LINE bytes: `take` stops the read there, `\n` or not.
+            let n = Read::take(&mut *client, MAX_LINE as u64).read_until(b'\n', &mut line)?;
+            if n == 0 {
                 return Ok(()); // the client closed the connection
+            }
+            if n == MAX_LINE && line.last() != Some(&b'\n') {
+                writeln!(client, "error: line too long (limit {MAX_LINE} bytes)")?;
+                return client.close();
             }
             client.write_all(&line)?;
         }

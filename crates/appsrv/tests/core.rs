@@ -31,6 +31,43 @@ fn hello_greets_with_the_client_address() {
     );
 }
 
+/// Issue 14: the `echo` example limits its lines to 64 KiB, `\n` included. A client that
+/// sends more without a newline (before, the worker kept all of it: one grew to 526 MB)
+/// gets an error line and is disconnected; the same worker goes on serving.
+#[test]
+fn issue_14_echo_limits_its_lines() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let server = Server::start("echo", &["-l", "127.0.0.1:0", "-w", "1"]);
+    let addr = server.tcp_addr();
+    let worker = server.wait_for_workers(1);
+    let mut c = LineClient::tcp(addr);
+    let longest = "x".repeat(64 * 1024 - 1);
+    assert!(c.ask(&longest) == longest, "a line at the limit is echoed whole");
+    drop(c);
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    // Written by another thread: the server stops reading, so the write may block until
+    // the connection is closed (then it fails, which is expected).
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&vec![b'y'; 1 << 20]);
+    });
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).expect("an error line");
+    assert_eq!(line, "error: line too long (limit 65536 bytes)\n");
+    let mut rest = Vec::new();
+    match r.read_to_end(&mut rest) {
+        Ok(_) => assert!(rest.is_empty(), "nothing after the error: {} bytes", rest.len()),
+        // Closed with the rest of the line unread: the kernel resets the connection.
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}"),
+    }
+    writer.join().unwrap();
+    let mut c = LineClient::tcp(addr);
+    assert_eq!(c.ask("still serving"), "still serving");
+    assert_eq!(server.worker_pids(), worker, "the same worker serves");
+}
+
 #[test]
 fn concurrent_slow_clients_are_served_by_distinct_workers() {
     let server = testbed(4, &[]);
