@@ -192,7 +192,9 @@ impl Buffers {
 ///
 /// Timeouts: the read and write timeouts (`--read-timeout`, `--write-timeout`, 60 s by
 /// default) apply to each blocking read or write. An expired timeout is an error of kind
-/// [`io::ErrorKind::TimedOut`].
+/// [`io::ErrorKind::TimedOut`]. While a write waits for a client that reads slower than
+/// `--min-send-rate` (500 bytes/s by default, measured on what it acknowledged over 10 s),
+/// it fails with `TimedOut` too, and the connection is reset when the handler returns.
 ///
 /// A stop request (TERM, INT, QUIT) does not interrupt a connection: reads and writes
 /// carry on until the handler returns, within the master's grace period.
