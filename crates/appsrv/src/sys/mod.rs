@@ -327,6 +327,13 @@ const TCP_LISTEN: u8 = 10;
 /// `TCP_INFO` (for a listener, Linux reports the queue length in `tcpi_unacked` and the
 /// backlog in `tcpi_sacked`). `None` for other sockets.
 pub(crate) fn listen_queue(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
+    let (info, _) = tcp_info(fd)?;
+    (info.tcpi_state == TCP_LISTEN).then_some((info.tcpi_unacked, info.tcpi_sacked))
+}
+
+/// `TCP_INFO` of a socket, with the number of bytes the kernel filled in (an older kernel
+/// fills in less than the structure); `None` for a socket that is not TCP.
+fn tcp_info(fd: BorrowedFd<'_>) -> Option<(libc::tcp_info, usize)> {
     // SAFETY: tcp_info is plain data, valid when zeroed.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -340,7 +347,7 @@ pub(crate) fn listen_queue(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
             &mut len,
         )
     };
-    (r == 0 && info.tcpi_state == TCP_LISTEN).then_some((info.tcpi_unacked, info.tcpi_sacked))
+    (r == 0).then_some((info, len as usize))
 }
 
 /// How many bytes sent on a socket its peer has taken: for TCP, the bytes it acknowledged
@@ -348,22 +355,9 @@ pub(crate) fn listen_queue(fd: BorrowedFd<'_>) -> Option<(u32, u32)> {
 /// `sent` bytes written so far minus those still queued unread (`SIOCOUTQ`). `None` when
 /// neither can be read.
 pub(crate) fn bytes_taken_by_peer(fd: BorrowedFd<'_>, sent: u64) -> Option<u64> {
-    // SAFETY: tcp_info is plain data, valid when zeroed.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is that large.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
     // A kernel older than 4.1 returns a shorter structure without the field.
     let acked_end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
-    if r == 0 && len as usize >= acked_end {
+    if let Some((info, _)) = tcp_info(fd).filter(|(_, len)| *len >= acked_end) {
         return Some(info.tcpi_bytes_acked);
     }
     let mut queued: libc::c_int = 0;
