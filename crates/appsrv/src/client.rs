@@ -20,8 +20,13 @@ pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
 /// listener. The write timeout the handler sees is kept by [`SendWatch`], not the kernel.
 pub(crate) const SEND_CHECK: Duration = Duration::from_secs(1);
 
-/// The window over which a reader's progress is measured for `--min-send-rate`.
+/// The window over which a reader's progress is measured for `--min-send-rate`...
 pub(crate) const SEND_WINDOW: Duration = Duration::from_secs(10);
+/// ... or longer, up to this, when the connection's segments are so large that a reader at
+/// the minimum rate frees less than two of them in [`SEND_WINDOW`] (its window, and so what
+/// we see acknowledged, opens a segment at a time: loopback's 64 KiB MSS needs over two
+/// minutes at 500 bytes/s, a network's 1448 bytes under six seconds).
+pub(crate) const MAX_SEND_WINDOW: Duration = Duration::from_secs(60);
 
 /// Watches writes that wait for the client (its receive window and our send buffer are
 /// full): the client must take at least `rate` bytes per second, measured on what it has
@@ -83,7 +88,7 @@ impl SendWatch {
 
     /// A write waited for the client and came back (its send timeout expired, with or
     /// without progress): `Err` when the client is too slow, and the write must give up.
-    fn waited(&mut self, socket: &Socket, sent: u64, progressed: bool) -> io::Result<()> {
+    fn waited(&mut self, socket: &Socket, progressed: bool) -> io::Result<()> {
         let now = std::time::Instant::now();
         if !progressed {
             let since = *self.stalled_since.get_or_insert_with(|| {
@@ -109,15 +114,17 @@ impl SendWatch {
             self.window = None;
         }
         self.last_wait = Some(now);
-        let Some(taken) = crate::sys::bytes_taken_by_peer(socket.as_fd(), sent) else {
-            return Ok(());
+        let Some((taken, mss)) = crate::sys::peer_progress(socket.as_fd()) else {
+            return Ok(()); // not TCP: only the write timeout applies
         };
+        let window = Duration::from_secs_f64(2.0 * f64::from(mss) / self.rate as f64)
+            .clamp(SEND_WINDOW, MAX_SEND_WINDOW);
         let Some((began, at_start)) = self.window else {
             self.window = Some((now, taken));
             return Ok(());
         };
         let elapsed = now.duration_since(began);
-        if elapsed < SEND_WINDOW {
+        if elapsed < window {
             return Ok(());
         }
         let got = taken.saturating_sub(at_start);
@@ -270,45 +277,40 @@ impl Client {
     /// to try again (interrupted, or a wait that the watch allows to go on), `Err` to give
     /// up.
     fn after_write(&mut self, r: io::Result<usize>, wanted: usize) -> io::Result<Option<usize>> {
-        if self.watch.cut {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "cut off (--min-send-rate)",
-            ));
-        }
-        match r {
+        let checked = match r {
+            Ok(n) if self.watch.active() && n > 0 && n < wanted => {
+                // A short write: it waited and gave up with part of the data.
+                self.watch.waited(&self.socket, true).map(|()| Some(n))
+            }
             Ok(n) => {
-                if self.watch.active() && n > 0 {
-                    if n < wanted {
-                        // A short write: it waited and gave up with part of the data.
-                        self.watch.waited(&self.socket, self.sent + n as u64, true)?;
-                    } else {
-                        self.watch.progress();
-                    }
-                }
+                self.watch.progress();
                 Ok(Some(n))
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.watch.active() => {
-                self.watch.waited(&self.socket, self.sent, false)?;
-                Ok(None)
+                self.watch.waited(&self.socket, false).map(|()| None)
             }
             Err(e) => Err(timed_out(e)),
+        };
+        if self.watch.cut {
+            // Too slow: the connection is over, whatever the handler does next.
+            self.abort();
         }
+        checked
     }
 
     /// Flushes what is left (unless closed), closes the socket and gives the buffers back.
     pub(crate) fn finish(mut self) -> (io::Result<()>, Buffers) {
-        if self.watch.cut {
-            // Too slow a reader: reset the connection rather than leave the kernel to
-            // trickle the rest of the response to it.
-            self.abort();
-        }
         let flushed = if self.closed {
             Ok(())
         } else {
             self.flush().and_then(|()| self.close_notify())
         };
+        if self.watch.cut {
+            // Too slow a reader (cut during this last flush, or earlier): reset the
+            // connection rather than leave the kernel to trickle the rest to it.
+            self.abort();
+        }
         self.wbuf.clear();
         let mut buffers = Buffers {
             read: std::mem::take(&mut self.rbuf),
@@ -700,9 +702,12 @@ impl Client {
             // What rustls took is encrypted and queued (or sent): it leaves the buffer
             // even when the write fails, or a later flush would send it twice.
             let watch = self.watch.active().then_some(&mut self.watch);
-            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.wbuf, watch, self.sent);
+            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.wbuf, watch);
             self.sent += taken as u64;
             self.wbuf.drain(..taken);
+            if self.watch.cut {
+                self.abort();
+            }
             return result;
         }
         let mut done = 0;
@@ -804,16 +809,14 @@ fn tls_failed(conn: &mut rustls::ServerConnection, socket: &Socket, e: rustls::E
 
 /// Writes every pending TLS record to the socket.
 fn write_tls(conn: &mut rustls::ServerConnection, socket: &Socket) -> io::Result<()> {
-    write_tls_watched(conn, socket, None, 0)
+    write_tls_watched(conn, socket, None)
 }
 
-/// As [`write_tls`], with `--min-send-rate` watching the waits (`sent`: the plaintext
-/// bytes sent so far, for a socket whose peer's progress is read from its queue).
+/// As [`write_tls`], with `--min-send-rate` watching the waits.
 fn write_tls_watched(
     conn: &mut rustls::ServerConnection,
     socket: &Socket,
     mut watch: Option<&mut SendWatch>,
-    sent: u64,
 ) -> io::Result<()> {
     while conn.wants_write() {
         match conn.write_tls(&mut &*socket) {
@@ -826,7 +829,7 @@ fn write_tls_watched(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && watch.is_some() => {
                 if let Some(w) = watch.as_deref_mut() {
-                    w.waited(socket, sent, false)?;
+                    w.waited(socket, false)?;
                 }
             }
             Err(e) => return Err(timed_out(e)),
@@ -843,7 +846,6 @@ fn tls_write(
     socket: &Socket,
     data: &[u8],
     mut watch: Option<&mut SendWatch>,
-    sent: u64,
 ) -> (usize, io::Result<()>) {
     let mut taken = 0;
     while taken < data.len() {
@@ -851,7 +853,7 @@ fn tls_write(
             Ok(n) => taken += n,
             Err(e) => return (taken, Err(e)),
         }
-        if let Err(e) = write_tls_watched(conn, socket, watch.as_deref_mut(), sent + taken as u64) {
+        if let Err(e) = write_tls_watched(conn, socket, watch.as_deref_mut()) {
             return (taken, Err(e));
         }
     }

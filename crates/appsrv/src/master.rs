@@ -551,9 +551,18 @@ impl<'a> Master<'a> {
             } => deadlines.push(deadline),
             Phase::Stopping { .. } => {}
             Phase::Starting | Phase::Running => {
+                // A spawn waits for both the back-off and the pacing: wake at the later of
+                // the two, and only for a time still to come (a past one would make every
+                // poll return at once: a busy loop).
                 if self.active() < self.target() {
-                    deadlines.extend(self.backoff.not_before(self.serving_workers()));
-                    deadlines.extend(self.pacer.not_before());
+                    let spawn_at = [
+                        self.backoff.not_before(self.serving_workers()),
+                        self.pacer.not_before(),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .max();
+                    deadlines.extend(spawn_at.filter(|t| *t > now));
                 }
                 deadlines.extend(self.next_round);
                 if self.phase == Phase::Running {
@@ -1075,6 +1084,9 @@ impl<'a> Master<'a> {
         // Replace what is missing (dead, timed out, being recycled), paced.
         let mut missing = self.target().saturating_sub(self.active());
         while missing > 0 && self.backoff.may_spawn(now, self.serving_workers()) {
+            if self.backoff.active() && self.starting() > 0 {
+                break; // one at a time while failures are counted: wait for its outcome
+            }
             if !self.pacer.may_spawn(now) {
                 if !self.pacing {
                     self.pacing = true;

@@ -295,12 +295,15 @@ fn serve_requests<H: RequestHandler>(
                 return Ok(());
             }
             if outcome.close || last {
+                // The last response goes out here, shown as writing (and watched by
+                // --min-send-rate), rather than when the connection is finished.
+                ctx.state(State::Writing);
+                client.flush_output()?;
                 // Requests the client pipelined after this one are not answered: close
                 // lingering, so that their unread bytes do not make the kernel reset the
                 // connection under the response just sent (the client retries them). No
                 // cost when nothing is left unread, the usual case.
                 if !client.unconsumed_mut().is_empty() {
-                    client.flush_output()?;
                     client.linger(LINGER, LINGER_BYTES);
                 }
                 return Ok(());
@@ -320,7 +323,9 @@ fn serve_requests<H: RequestHandler>(
                 }
                 let now = std::time::Instant::now();
                 let until = *draining.get_or_insert_with(|| now + limits.drain_wait());
-                if now >= until {
+                // Under a millisecond left counts as none: the kernel reads a timeout under
+                // a microsecond as no timeout at all.
+                if until.saturating_duration_since(now) < Duration::from_millis(1) {
                     client.linger(Duration::ZERO, LINGER_BYTES);
                     return Ok(());
                 }
@@ -329,7 +334,12 @@ fn serve_requests<H: RequestHandler>(
                 mid_request_timeout = true;
                 match client.read_more(max, true) {
                     Ok(0) => return Ok(()), // the client closed first
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        // A request is coming: the rest of it gets the read timeout (and
+                        // the header timeout, when on), not what was left of the wait.
+                        client.set_read_timeout(limits.read_timeout)?;
+                        continue;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                         client.linger(Duration::ZERO, LINGER_BYTES);

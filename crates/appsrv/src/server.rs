@@ -228,12 +228,19 @@ impl Server {
     /// The slowest acceptable reader of a response, in bytes per second
     /// (`--min-send-rate`). Default: 500, as `--min-rate`; 0 turns the limit off.
     ///
-    /// While a worker waits to write (the socket's send buffer is full), the bytes the
-    /// client has acknowledged (TCP's `tcpi_bytes_acked`; for a Unix socket, what it has
-    /// read) must grow by at least `bytes_per_second` × 10 over each 10 s window. A client
-    /// below that is cut off, with one log line, and the worker serves the next connection:
-    /// a slow reader cannot hold a worker for longer than about 10 s, while a long
-    /// download at a healthy rate is never cut. Applies to `handle_client` writes too.
+    /// While a worker waits to write (the socket's send buffer is full), the bytes the TCP
+    /// client has acknowledged (`tcpi_bytes_acked`) must grow by at least
+    /// `bytes_per_second` per second over each 10 s window of waiting (longer, up to 60 s,
+    /// when the connection's segments are so large that a reader at that rate frees fewer
+    /// than two of them in 10 s: loopback's 64 KiB). A client below that is cut off (reset),
+    /// with one log line, and the worker serves the next connection: across a network a
+    /// slow reader holds a worker for about 10 s, while a long download at a healthy rate
+    /// is never cut. Applies to `handle_client` writes too. Unix-socket clients are not
+    /// measured (the kernel does not count what they read): `--write-timeout` bounds them.
+    ///
+    /// With the rate on, the socket's own send timeout is 1 s, so that a waiting write comes
+    /// back to be checked; `--write-timeout` is then kept by appsrv for the writes it makes.
+    /// Writes that bypass [`Client`](crate::Client) (through its raw descriptor) see the 1 s.
     pub fn min_send_rate(mut self, bytes_per_second: usize) -> Self {
         self.defaults.min_send_rate = bytes_per_second;
         self

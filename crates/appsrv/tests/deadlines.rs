@@ -36,10 +36,14 @@ impl Drop for Site {
 }
 
 /// A client with a small receive buffer (so the server's writes soon wait for it) that
-/// has asked for the big file.
+/// has asked for the big file. Its segments are a network's (an MSS of 1448 bytes), not
+/// loopback's 64 KiB, so that its window opens in small steps as it reads, as it would
+/// across a network (on loopback's, the send watch must wait up to a minute to see any
+/// progress: see `client::MAX_SEND_WINDOW`).
 fn slow_download(addr: SocketAddr) -> TcpStream {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     s.set_recv_buffer_size(4096).unwrap();
+    s.set_tcp_mss(1448).unwrap();
     s.connect(&addr.into()).unwrap();
     let mut s = TcpStream::from(s);
     s.write_all(b"GET /static/big.bin HTTP/1.1\r\nHost: t\r\n\r\n")

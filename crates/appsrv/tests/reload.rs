@@ -213,3 +213,49 @@ fn reloading_a_dynamic_pool_replaces_its_workers_once() {
     let forked = server.log_text().matches("master: started worker").count();
     assert_eq!(forked, 6, "3 at start, 3 replacements:\n{}", server.log_text());
 }
+
+/// Review of issue 14: a request that began during a stopping worker's wait for it got the
+/// rest of that wait as its read timeout, so with `--header-timeout 0` its second half,
+/// a moment later, met a 408 instead of an answer.
+#[test]
+fn issue_14_a_request_in_pieces_during_the_drain_is_answered() {
+    use std::io::{BufRead, BufReader, Write};
+    let mut server = Server::start(
+        "http_hello",
+        &["-l", "127.0.0.1:0", "-w", "1", "--header-timeout", "0"],
+    );
+    let conn = std::net::TcpStream::connect(server.tcp_addr()).unwrap();
+    conn.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut w = conn.try_clone().unwrap();
+    let mut r = BufReader::new(conn);
+    let response = |r: &mut BufReader<std::net::TcpStream>| -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            let mut l = String::new();
+            r.read_line(&mut l).unwrap();
+            if l == "\r\n" || l.is_empty() {
+                break;
+            }
+            lines.push(l.trim_end().to_owned());
+        }
+        let len: usize = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .map_or(0, |v| v.parse().unwrap());
+        let mut body = vec![0; len];
+        std::io::Read::read_exact(r, &mut body).unwrap();
+        lines
+    };
+    w.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    assert_eq!(response(&mut r)[0], "HTTP/1.1 200 OK");
+    server.signal(libc::SIGTERM);
+    server.wait_for_log("SIGTERM received");
+    w.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    // The rest comes after the drain's second would have run out: a slow client.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    w.write_all(b"Host: t\r\n\r\n").unwrap();
+    let head = response(&mut r);
+    assert_eq!(head[0], "HTTP/1.1 200 OK", "{head:?}");
+    assert!(head.iter().any(|l| l == "Connection: close"), "{head:?}");
+    assert!(server.wait_exit().success());
+}

@@ -350,20 +350,17 @@ fn tcp_info(fd: BorrowedFd<'_>) -> Option<(libc::tcp_info, usize)> {
     (r == 0).then_some((info, len as usize))
 }
 
-/// How many bytes sent on a socket its peer has taken: for TCP, the bytes it acknowledged
-/// (`TCP_INFO`'s `tcpi_bytes_acked`, Linux 4.1 and later); for other stream sockets, the
-/// `sent` bytes written so far minus those still queued unread (`SIOCOUTQ`). `None` when
-/// neither can be read.
-pub(crate) fn bytes_taken_by_peer(fd: BorrowedFd<'_>, sent: u64) -> Option<u64> {
+/// What the TCP peer of a socket has acknowledged so far, in bytes (`TCP_INFO`'s
+/// `tcpi_bytes_acked`, Linux 4.1 and later), and the socket's send MSS (a peer's window
+/// opens one segment at a time, so progress is seen in steps of about that much). `None`
+/// for a socket that is not TCP, or on an older kernel. (A Unix socket has no such count:
+/// its `SIOCOUTQ` is the memory of the queued buffers, which falls only when the reader has
+/// consumed a whole one.)
+pub(crate) fn peer_progress(fd: BorrowedFd<'_>) -> Option<(u64, u32)> {
     // A kernel older than 4.1 returns a shorter structure without the field.
     let acked_end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
-    if let Some((info, _)) = tcp_info(fd).filter(|(_, len)| *len >= acked_end) {
-        return Some(info.tcpi_bytes_acked);
-    }
-    let mut queued: libc::c_int = 0;
-    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int into `queued`.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
-    (r == 0).then(|| sent.saturating_sub(u64::try_from(queued).unwrap_or(0)))
+    let (info, _) = tcp_info(fd).filter(|(_, len)| *len >= acked_end)?;
+    Some((info.tcpi_bytes_acked, info.tcpi_snd_mss))
 }
 
 /// Whether core dumps are enabled for this process (a soft `RLIMIT_CORE` above zero): the

@@ -406,7 +406,9 @@ fn read_proxy_header(
             Ok(crate::proxy::Parsed::Incomplete) => {
                 if let Some((at, limit)) = deadline {
                     let left = at.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() {
+                    // Under a millisecond counts as none (the kernel would read a timeout
+                    // under a microsecond as no timeout at all).
+                    if left < Duration::from_millis(1) {
                         break Err(too_slow(limit));
                     }
                     let own = match saved {
