@@ -511,6 +511,10 @@ def request(path, rcvbuf=None):
     s = socket.socket()
     if rcvbuf:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: the window
+        # A network's segment size, not loopback's 64 KiB: the reader's window then opens
+        # in small steps as it reads, as it would across a network (on loopback's MSS the
+        # send watch waits up to 60 s to see progress).
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 1448)
     s.connect(("127.0.0.1", port))
     s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
     return s
