@@ -321,6 +321,38 @@ fn a_malformed_request_gets_400_and_the_worker_goes_on() {
     assert_eq!(server.worker_pids(), workers, "served by the same single worker");
 }
 
+/// Issue 14: one rule for line ends, CRLF only. A bare LF in the head (as httparse alone
+/// would accept) or in a chunked body's lines gets 400 and a close, as a front proxy that
+/// requires CRLF would see it; the worker goes on serving.
+#[test]
+fn issue_14_bare_lf_gets_400_and_the_worker_goes_on() {
+    let server = http_hello(1, None);
+    let workers = server.wait_for_workers(1);
+    for request in [
+        &b"GET / HTTP/1.1\nHost: t\n\n"[..],
+        b"GET / HTTP/1.1\r\nHost: t\nX-Smuggled: 1\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1\nx\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\nT: 1\n\r\n",
+    ] {
+        let mut c = Conn::open(server.tcp_addr());
+        c.send(request);
+        let r = c.response();
+        let shown = String::from_utf8_lossy(request);
+        assert_eq!(r.status, 400, "{shown:?}: {r:?}");
+        assert_eq!(r.header("connection"), Some("close"), "{shown:?}");
+        assert!(r.text().contains("CRLF"), "{shown:?}: {}", r.text());
+        assert!(c.closed_by_server(), "{shown:?}");
+    }
+    // After a good request on the same connection too.
+    let mut c = Conn::open(server.tcp_addr());
+    assert_hello(&c.get("/"));
+    c.send(b"GET / HTTP/1.1\nHost: t\n\n");
+    assert_eq!(c.response().status, 400);
+    assert!(c.closed_by_server());
+    assert_hello(&Conn::open(server.tcp_addr()).get("/"));
+    assert_eq!(server.worker_pids(), workers, "served by the same single worker");
+}
+
 #[test]
 fn oversize_and_unsupported_requests_are_refused() {
     let server = http_hello(1, None);
