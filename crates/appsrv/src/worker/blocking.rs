@@ -142,11 +142,30 @@ fn poll_timeout(t: Option<Duration>) -> PollTimeout {
 
 use super::accept::{Accepted, Acceptor};
 
+/// What the blocking loop needs from the system before the worker may say it is ready:
+/// its scoreboard slot and its way of waiting for connections (an epoll instance with
+/// several listeners). Made before `Ready` is sent, so that a failure here is a start
+/// failure (reported with its reason, counted by the back-off), not a ready worker's exit.
+#[derive(Debug)]
+pub(crate) struct Prepared<'a> {
+    slot: &'a Slot,
+    acceptor: Acceptor<'a>,
+}
+
+/// Prepares worker `id` to serve `listeners` (see [`Prepared`]).
+pub(crate) fn prepare<'a>(id: u32, listeners: &'a [Listener], board: &'a Board) -> Result<Prepared<'a>, String> {
+    let slot = board.slot(id).ok_or_else(|| format!("no scoreboard slot {id}"))?;
+    let acceptor =
+        Acceptor::new(id, listeners, board).map_err(|e| format!("cannot wait for connections: {e}"))?;
+    Ok(Prepared { slot, acceptor })
+}
+
 /// Serves connections until a stop; returns the worker's exit status. `reopen_log` runs
 /// between connections after a USR1.
 #[allow(clippy::too_many_arguments)] // the worker's whole context, passed once
 pub(crate) fn serve<C: Connections>(
     id: u32,
+    prepared: Prepared<'_>,
     listeners: &[Listener],
     board: &'static Board,
     keepalive_timeout: Option<Duration>,
@@ -163,10 +182,7 @@ pub(crate) fn serve<C: Connections>(
         Some((p, log)) => (Some(p), Some(log)),
         None => (None, None),
     };
-    let Some(slot) = board.slot(id) else {
-        tracing::error!("no scoreboard slot {id}");
-        return exit::START_FAILED;
-    };
+    let Prepared { slot, mut acceptor } = prepared;
     let mut guard = Guard {
         id,
         listeners,
@@ -185,13 +201,6 @@ pub(crate) fn serve<C: Connections>(
     let mut denials = Episodes::default();
     let mut proxy_errors = Episodes::default();
     let mut tls_errors = Episodes::default();
-    let mut acceptor = match Acceptor::new(id, listeners, board) {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::error!("cannot wait for connections: {e}");
-            return exit::START_FAILED;
-        }
-    };
     let mut buffers = Some(Buffers::new());
     let mut reopen = |guard: &mut Guard<'_>| {
         reopen_log();

@@ -10,7 +10,9 @@
 //! 7. no-new-privs, then the sandbox (Landlock, then seccomp), when asked for;
 //! 8. the `on_worker_start` hook, then the factory, run; a failure is reported to the
 //!    master with its reason and the worker exits;
-//! 9. the worker tells the master it is ready and serves connections until asked to stop.
+//! 9. its scoreboard slot and its way of waiting for connections (epoll, with several
+//!    listeners) are set up, so that a failure there is a start failure;
+//! 10. the worker tells the master it is ready and serves connections until asked to stop.
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
@@ -149,6 +151,12 @@ where
         Ok(Err(e)) => fail(format!("the handler factory failed: {e}")),
         Err(p) => fail(format!("the handler factory panicked: {}", panic_message(&p))),
     };
+    // Everything the loop needs from the system comes before `Ready`: a failure is a start
+    // failure, with its reason.
+    let prepared = match blocking::prepare(setup.id, setup.listeners, setup.board) {
+        Ok(p) => p,
+        Err(reason) => fail(reason),
+    };
     if setup.channel.send(pid, &Message::Ready).is_err() {
         // The master is gone or broken; the parent-death signal will follow.
         sys::exit_now(exit::ORPHANED);
@@ -164,6 +172,7 @@ where
     };
     let code = blocking::serve(
         setup.id,
+        prepared,
         setup.listeners,
         setup.board,
         setup.keepalive_timeout,
