@@ -30,6 +30,14 @@ use nix::unistd::{Gid, Pid};
 use crate::error::Error;
 use crate::sys::{self, Forked};
 
+/// A stop signal that arrives within this time of the first counts as the same request: a
+/// signal sent to a pid and to its process group at once (as `timeout(1)` does, or a
+/// supervisor and a terminal together) reaches the master twice. `stop --now` waits this
+/// long before its second signal; the master reads a repeat within it as the same stop.
+/// Defined here, beside `stop`, so that the master depends on this module and not the
+/// other way round.
+pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(1);
+
 /// The default pid file: `/run/NAME.pid` as root, `$XDG_RUNTIME_DIR/NAME.pid` otherwise.
 pub(crate) fn default_pid_file(name: &str) -> Option<PathBuf> {
     if nix::unistd::Uid::effective().is_root() {
@@ -483,7 +491,7 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
             }
             _ => {}
         }
-        if !second_sent && started.elapsed() > crate::master::REPEAT_WINDOW {
+        if !second_sent && started.elapsed() > REPEAT_WINDOW {
             // A second stop signal, past the window in which repeats count as one.
             let _ = term();
             second_sent = true;

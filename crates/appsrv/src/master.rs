@@ -30,7 +30,7 @@ use crate::pool::{self, Backoff, Pacer, Policy, SpawnRate, Verdict};
 use crate::scoreboard::{self, Board, State};
 use crate::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::sys::{self, exit};
-use crate::worker::blocking::Recycle;
+use crate::worker::Recycle;
 
 /// The signals the master listens to.
 #[derive(Debug)]
@@ -148,10 +148,7 @@ impl Phase {
     }
 }
 
-/// A stop signal that arrives within this time of the first counts as the same request: a
-/// signal sent to a pid and to its process group at once (as `timeout(1)` does, or a
-/// supervisor and a terminal together) reaches the master twice.
-pub(crate) const REPEAT_WINDOW: Duration = Duration::from_secs(1);
+use crate::daemon::REPEAT_WINDOW;
 
 /// How often the master looks at its workers when it has periodic duties (a dynamic pool,
 /// timeouts, recycling by age or memory).

@@ -24,7 +24,7 @@ use crate::privilege::{self, Plan};
 use crate::scoreboard::Board;
 use crate::serve::{ClientLevel, Connections, Limits, RequestLevel};
 use crate::upgrade;
-use crate::worker::blocking::Recycle;
+use crate::worker::Recycle;
 use crate::worker::{self, StartHook};
 
 /// An application hook run in the master (reload, check).

@@ -20,13 +20,7 @@ use crate::serve::{Boundary, Connections, Context};
 use crate::sys::{self, exit};
 use std::path::Path;
 
-/// A worker's recycling limits, drawn by the master for this worker (jitter included);
-/// 0 means no limit.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Recycle {
-    pub(crate) max_requests: u64,
-    pub(crate) max_connections: u64,
-}
+use super::Recycle;
 
 /// The worker's side of a connection: the keep-alive guard, and the scoreboard slot.
 struct Guard<'a> {
@@ -153,7 +147,11 @@ pub(crate) struct Prepared<'a> {
 }
 
 /// Prepares worker `id` to serve `listeners` (see [`Prepared`]).
-pub(crate) fn prepare<'a>(id: u32, listeners: &'a [Listener], board: &'a Board) -> Result<Prepared<'a>, String> {
+pub(crate) fn prepare<'a>(
+    id: u32,
+    listeners: &'a [Listener],
+    board: &'a Board,
+) -> Result<Prepared<'a>, String> {
     let slot = board.slot(id).ok_or_else(|| format!("no scoreboard slot {id}"))?;
     let acceptor =
         Acceptor::new(id, listeners, board).map_err(|e| format!("cannot wait for connections: {e}"))?;

@@ -39,6 +39,15 @@ use crate::notify::{Channel, Message};
 use crate::privilege::Plan;
 use crate::sys::{self, exit};
 
+/// A worker's recycling limits, drawn by the master for this worker (jitter included);
+/// 0 means no limit. Defined here, not by a connection loop, so that the master depends on
+/// the worker's interface only, whatever loop serves.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Recycle {
+    pub(crate) max_requests: u64,
+    pub(crate) max_connections: u64,
+}
+
 /// What the master hands a worker at fork.
 #[derive(Debug)]
 pub(crate) struct Setup<'a> {
@@ -56,7 +65,7 @@ pub(crate) struct Setup<'a> {
     /// The idle timeout between requests, for the keep-alive guard.
     pub(crate) keepalive_timeout: Option<Duration>,
     /// This worker's recycling limits.
-    pub(crate) recycle: blocking::Recycle,
+    pub(crate) recycle: Recycle,
     /// The access log's path and the file the master opened, when there is one.
     pub(crate) access_log: Option<(&'a Path, &'a std::fs::File)>,
     /// At most this many connections from one client address at once.
