@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use nix::unistd::{Gid, Pid};
+use nix::unistd::Pid;
 
 use crate::error::Error;
 use crate::sys::{self, Forked};
@@ -233,37 +233,6 @@ pub(crate) fn running(path: &Path) -> io::Result<Running> {
     }
 }
 
-/// Opens (creating it if needed) the log file for appending. When workers run as another
-/// user, the file's group becomes theirs and gets write permission, so that workers can
-/// reopen it after a rotation (nginx gives the file to the worker user; this gives less).
-pub(crate) fn open_log(path: &Path, worker_gid: Option<Gid>) -> Result<File, Error> {
-    let err = |source: io::Error| Error::LogFile {
-        path: path.to_owned(),
-        source,
-    };
-    let file = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o640)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map_err(err)?;
-    if let Some(gid) = worker_gid {
-        nix::unistd::fchown(&file, None, Some(gid)).map_err(|e| err(e.into()))?;
-        let mode = file.metadata().map_err(err)?.permissions().mode() & 0o7777;
-        if mode & 0o020 == 0 {
-            file.set_permissions(std::fs::Permissions::from_mode(mode | 0o020))
-                .map_err(err)?;
-        }
-    }
-    Ok(file)
-}
-
-/// Points stderr (where log lines go) at `file`.
-pub(crate) fn redirect_stderr(file: &File) -> io::Result<()> {
-    nix::unistd::dup2_stderr(file).map_err(io::Error::from)
-}
-
 /// The daemon's end of the readiness pipe.
 #[derive(Debug)]
 pub(crate) struct Readiness {
@@ -341,7 +310,7 @@ pub(crate) fn daemonize(log: &File, timeout: Duration) -> Result<Readiness, Erro
                 std::env::set_current_dir("/")?;
                 nix::unistd::dup2_stdin(&devnull)?;
                 nix::unistd::dup2_stdout(&devnull)?;
-                redirect_stderr(log)
+                crate::log::redirect_stderr(log)
             })();
             if let Err(e) = detached {
                 report_and_exit(&write, &format!("detaching: {e}"));

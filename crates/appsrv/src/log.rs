@@ -12,14 +12,21 @@
 //! the master and inherited by workers, which only update the pid and role.
 
 use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use nix::unistd::Gid;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
+
+use crate::error::Error;
 
 const MASTER: u32 = u32::MAX;
 
@@ -96,4 +103,35 @@ fn level_str(level: Level) -> &'static str {
         Level::DEBUG => "DEBUG",
         Level::TRACE => "TRACE",
     }
+}
+
+/// Opens (creating it if needed) the log file for appending. When workers run as another
+/// user, the file's group becomes theirs and gets write permission, so that workers can
+/// reopen it after a rotation (nginx gives the file to the worker user; this gives less).
+pub(crate) fn open_log(path: &Path, worker_gid: Option<Gid>) -> Result<File, Error> {
+    let err = |source: io::Error| Error::LogFile {
+        path: path.to_owned(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(err)?;
+    if let Some(gid) = worker_gid {
+        nix::unistd::fchown(&file, None, Some(gid)).map_err(|e| err(e.into()))?;
+        let mode = file.metadata().map_err(err)?.permissions().mode() & 0o7777;
+        if mode & 0o020 == 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(mode | 0o020))
+                .map_err(err)?;
+        }
+    }
+    Ok(file)
+}
+
+/// Points stderr (where log lines go) at `file`.
+pub(crate) fn redirect_stderr(file: &File) -> io::Result<()> {
+    nix::unistd::dup2_stderr(file).map_err(io::Error::from)
 }

@@ -1669,7 +1669,7 @@ impl<'a> Master<'a> {
     fn reopen_log(&mut self) {
         if let Some((path, gid)) = &self.settings.access_log {
             // Created here, with the workers' group, so that they can open it.
-            if let Err(e) = crate::daemon::open_log(path, *gid) {
+            if let Err(e) = crate::log::open_log(path, *gid) {
                 tracing::error!("SIGUSR1 received: cannot reopen the access log: {e}");
             }
         }
@@ -1680,8 +1680,8 @@ impl<'a> Master<'a> {
             tracing::info!("SIGUSR1 received: no log file to reopen (logging to stderr)");
             return;
         };
-        match crate::daemon::open_log(path, *gid)
-            .and_then(|f| crate::daemon::redirect_stderr(&f).map_err(|e| Error::sys("redirecting stderr", e)))
+        match crate::log::open_log(path, *gid)
+            .and_then(|f| crate::log::redirect_stderr(&f).map_err(|e| Error::sys("redirecting stderr", e)))
         {
             Ok(()) => {
                 tracing::info!("SIGUSR1 received: reopened the log file {}", path.display());

@@ -950,18 +950,19 @@ fn start(
         (None, _) => None,
     };
     let access_log = match &config.access_log {
-        Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
+        Some(path) => Some(crate::log::open_log(path, plan_gid(&plan))?),
         None => None,
     };
     let log_file = match &config.log_file {
-        Some(path) => Some(daemon::open_log(path, plan_gid(&plan))?),
+        Some(path) => Some(crate::log::open_log(path, plan_gid(&plan))?),
         None => None,
     };
     let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
     let mut readiness = match (&log_file, config.daemon) {
         (Some(log), true) => daemon::daemonize(log, config.start_timeout)?,
         (Some(log), false) => {
-            daemon::redirect_stderr(log).map_err(|e| Error::sys("redirecting stderr to the log file", e))?;
+            crate::log::redirect_stderr(log)
+                .map_err(|e| Error::sys("redirecting stderr to the log file", e))?;
             Readiness::none()
         }
         (None, _) => Readiness::none(),

@@ -208,8 +208,8 @@ where
 /// Reopens the log file by path (after USR1), as the worker's stderr.
 fn reopen_log(path: Option<&Path>) {
     let Some(path) = path else { return };
-    match crate::daemon::open_log(path, None) {
-        Ok(f) => match crate::daemon::redirect_stderr(&f) {
+    match crate::log::open_log(path, None) {
+        Ok(f) => match crate::log::redirect_stderr(&f) {
             Ok(()) => tracing::info!("reopened the log file {}", path.display()),
             Err(e) => tracing::error!("cannot reopen the log file: {e}"),
         },
