@@ -283,7 +283,9 @@ impl Client {
                 self.watch.waited(&self.socket, true).map(|()| Some(n))
             }
             Ok(n) => {
-                self.watch.progress();
+                if self.watch.active() {
+                    self.watch.progress();
+                }
                 Ok(Some(n))
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),

@@ -206,6 +206,8 @@ fn serve_requests<H: RequestHandler>(
     let mut request_began: Option<std::time::Instant> = None;
     // Until when a stopping worker waits for this idle connection's next request.
     let mut draining: Option<std::time::Instant> = None;
+    // The slot shows this worker writing (a response was made, not yet flushed).
+    let mut writing = false;
     loop {
         // Answer every complete request already received, in order.
         loop {
@@ -241,7 +243,10 @@ fn serve_requests<H: RequestHandler>(
                             // say that it is the last (its head is written by `finish`).
                             res.close_after();
                         }
-                        ctx.state(State::Reading);
+                        // The response is written from here on (the slot still names its
+                        // request), until the flush at the next boundary: a slow reader
+                        // shows as one.
+                        ctx.state(State::Writing);
                         let outcome = res.finish();
                         Step::Handled {
                             len,
@@ -283,10 +288,9 @@ fn serve_requests<H: RequestHandler>(
                 return Err(e);
             }
             client.consume_input(len);
+            writing = true;
             if let Some(body) = outcome.file {
-                ctx.state(State::Writing);
                 client.send_file(&body.file, body.range)?;
-                ctx.state(State::Reading);
             }
             if draining.is_some() {
                 // Answered with the announcement: the client reconnects for the next one.
@@ -295,9 +299,8 @@ fn serve_requests<H: RequestHandler>(
                 return Ok(());
             }
             if outcome.close || last {
-                // The last response goes out here, shown as writing (and watched by
+                // The last response goes out here, still shown as writing (and watched by
                 // --min-send-rate), rather than when the connection is finished.
-                ctx.state(State::Writing);
                 client.flush_output()?;
                 // Requests the client pipelined after this one are not answered: close
                 // lingering, so that their unread bytes do not make the kernel reset the
@@ -312,15 +315,21 @@ fn serve_requests<H: RequestHandler>(
 
         let pending = client.unconsumed_mut().len();
         let at_boundary = pending == 0;
+        // At a boundary, send the answers before anything that may wait (the drain, the
+        // guard); in the middle of a request, the read flushes them.
+        if at_boundary && !client.output().is_empty() {
+            client.flush_output()?;
+        }
+        if writing {
+            ctx.state(State::Reading);
+            writing = false;
+        }
         if at_boundary {
             // Stopping: an HTTP-like connection ends between requests (a connection just
             // accepted gets its first request answered: the client sent it already).
             // Closing it now would race with the request the client may be sending: wait a
             // moment for it, answer it with the close announcement, and close lingering.
             if announces_close && served > 0 && sys::stop_requested() {
-                if !client.output().is_empty() {
-                    client.flush_output()?;
-                }
                 let now = std::time::Instant::now();
                 let until = *draining.get_or_insert_with(|| now + limits.drain_wait());
                 // Under a millisecond left counts as none: the kernel reads a timeout under
@@ -352,14 +361,6 @@ fn serve_requests<H: RequestHandler>(
             if mid_request_timeout {
                 client.set_read_timeout(limits.keepalive_timeout)?;
                 mid_request_timeout = false;
-            }
-            if !client.output().is_empty() {
-                // Send the answers before asking whether to give the connection up: the
-                // check may wait. The scoreboard shows the worker writing meanwhile (the
-                // slot still names the request), so that a slow reader shows as one.
-                ctx.state(State::Writing);
-                client.flush_output()?;
-                ctx.state(State::Reading);
             }
             // Only a keep-alive connection, one that was served already, can be given up:
             // a new connection whose first request has not arrived yet (a client that is
