@@ -9,7 +9,7 @@
 use std::io;
 use std::net::IpAddr;
 
-use crate::listener::Addr;
+use crate::net::listener::Addr;
 use crate::scoreboard;
 
 /// The largest pool: worker ids (slots) run from 1 to this.

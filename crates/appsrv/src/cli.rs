@@ -22,7 +22,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use tracing::Level;
 
-use crate::listener::ListenAddr;
+use crate::net::listener::ListenAddr;
 
 /// The default `--backlog`, as nginx's.
 pub(crate) const DEFAULT_BACKLOG: u32 = 511;
@@ -65,7 +65,7 @@ pub(crate) struct Defaults {
     pub(crate) chroot: Option<PathBuf>,
     pub(crate) no_new_privs: bool,
     pub(crate) sandbox: bool,
-    pub(crate) sandbox_profile: crate::sandbox::Sandbox,
+    pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
     pub(crate) exec_workers: bool,
 }
 
@@ -133,11 +133,11 @@ impl Default for Defaults {
             tls_key: None,
             tls_client_ca: None,
             tls_alpn: Vec::new(),
-            tls_handshake_timeout: crate::tls::DEFAULT_HANDSHAKE_TIMEOUT,
+            tls_handshake_timeout: crate::net::tls::DEFAULT_HANDSHAKE_TIMEOUT,
             chroot: None,
             no_new_privs: false,
             sandbox: false,
-            sandbox_profile: crate::sandbox::Sandbox::default(),
+            sandbox_profile: crate::confine::sandbox::Sandbox::default(),
             exec_workers: false,
         }
     }
@@ -175,16 +175,16 @@ pub(crate) struct Config {
     pub(crate) metrics_listen: Option<String>,
     pub(crate) access_log: Option<PathBuf>,
     pub(crate) max_conns_per_ip: u64,
-    pub(crate) allow: Vec<crate::proxy::Cidr>,
-    pub(crate) deny: Vec<crate::proxy::Cidr>,
+    pub(crate) allow: Vec<crate::net::proxy::Cidr>,
+    pub(crate) deny: Vec<crate::net::proxy::Cidr>,
     pub(crate) proxy_protocol: bool,
-    pub(crate) proxy_from: Vec<crate::proxy::Cidr>,
+    pub(crate) proxy_from: Vec<crate::net::proxy::Cidr>,
     pub(crate) header_timeout: Option<Duration>,
     pub(crate) min_rate: u64,
     /// `--min-send-rate`, bytes per second (0: no limit).
     pub(crate) min_send_rate: u64,
     /// TLS material for the listeners with the `tls` option that name none of their own.
-    pub(crate) tls: crate::listener::TlsDefaults,
+    pub(crate) tls: crate::net::listener::TlsDefaults,
     /// `None`: no limit.
     pub(crate) tls_handshake_timeout: Option<Duration>,
     pub(crate) chroot: Option<PathBuf>,
@@ -199,7 +199,7 @@ pub(crate) struct Config {
     pub(crate) sandbox_read: Vec<PathBuf>,
     pub(crate) sandbox_write: Vec<PathBuf>,
     /// The program's own profile ([`Server::sandbox`](crate::Server::sandbox)).
-    pub(crate) sandbox_profile: crate::sandbox::Sandbox,
+    pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
     pub(crate) exec_workers: bool,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
@@ -210,7 +210,7 @@ pub(crate) struct Config {
 impl Config {
     /// How workers are confined, from the options and the program's sandbox profile
     /// (whose seccomp filter is compiled here: an error is a configuration error).
-    pub(crate) fn confinement(&self) -> Result<crate::privilege::Confinement, crate::Error> {
+    pub(crate) fn confinement(&self) -> Result<crate::confine::privilege::Confinement, crate::Error> {
         use nix::sys::resource::Resource;
         let mib = |v: u64| v.saturating_mul(1 << 20);
         let rlimits = [
@@ -231,7 +231,7 @@ impl Config {
             ),
             false => None,
         };
-        Ok(crate::privilege::Confinement {
+        Ok(crate::confine::privilege::Confinement {
             chroot: self.chroot.clone(),
             rlimits,
             umask: self.umask,
@@ -714,13 +714,13 @@ fn cidrs(prefix: &str, id: &'static str, defaults: &[String], help: &'static str
         .value_name("CIDR")
         .action(ArgAction::Append)
         .value_delimiter(',')
-        .value_parser(|s: &str| s.parse::<crate::proxy::Cidr>().map_err(|e| e.to_string()))
+        .value_parser(|s: &str| s.parse::<crate::net::proxy::Cidr>().map_err(|e| e.to_string()))
         .default_values(defaults.to_vec())
         .help(help)
 }
 
-fn cidr_list(m: &ArgMatches, id: &str) -> Vec<crate::proxy::Cidr> {
-    m.get_many::<crate::proxy::Cidr>(id)
+fn cidr_list(m: &ArgMatches, id: &str) -> Vec<crate::net::proxy::Cidr> {
+    m.get_many::<crate::net::proxy::Cidr>(id)
         .map(|v| v.copied().collect())
         .unwrap_or_default()
 }
@@ -769,7 +769,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         header_timeout: timeout(m, "header-timeout"),
         min_rate: n(m, "min-rate"),
         min_send_rate: n(m, "min-send-rate"),
-        tls: crate::listener::TlsDefaults {
+        tls: crate::net::listener::TlsDefaults {
             cert: m.get_one::<PathBuf>("tls-cert").cloned(),
             key: m.get_one::<PathBuf>("tls-key").cloned(),
             client_ca: m.get_one::<PathBuf>("tls-client-ca").cloned(),
@@ -798,7 +798,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
             .get_many::<PathBuf>("sandbox-write")
             .map(|v| v.cloned().collect())
             .unwrap_or_default(),
-        sandbox_profile: crate::sandbox::Sandbox::default(),
+        sandbox_profile: crate::confine::sandbox::Sandbox::default(),
         exec_workers: m.get_flag("exec-workers"),
         listen: m
             .get_many::<ListenAddr>("listen")

@@ -2,8 +2,8 @@
 
 use std::io;
 
-use crate::client::Client;
 use crate::codec::Codec;
+use crate::conn::client::Client;
 
 /// Serves connections, one at a time, inside a worker process.
 ///

@@ -34,36 +34,26 @@
 #[doc(hidden)]
 pub mod bench_support;
 pub mod cli;
-mod client;
 pub mod codec;
+mod confine;
+mod conn;
 mod control;
-mod daemon;
 mod error;
-mod exec;
 mod handler;
-mod holds;
-pub mod listener;
-mod log;
 mod master;
-mod notify;
-mod pool;
-mod privilege;
-mod proxy;
-mod sandbox;
+mod net;
+mod process;
 mod scoreboard;
-mod serve;
 mod server;
-mod status;
 mod sys;
-mod systemd;
-pub mod tls;
-mod upgrade;
 mod worker;
 
+pub use net::{listener, tls};
+
 pub use clap;
-pub use client::Client;
+pub use confine::sandbox::Sandbox;
+pub use conn::client::Client;
 pub use error::{BoxError, Error, Result};
 pub use handler::{Handler, RequestHandler, WorkerInfo};
 pub use listener::{Addr, ListenAddr};
-pub use sandbox::Sandbox;
 pub use server::Server;

@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::listener::Addr;
+use crate::net::listener::Addr;
 use crate::sys::{self, SharedZeroed};
 
 /// The memfd of the board made by this process (kept open for life: re-executed workers

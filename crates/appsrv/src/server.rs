@@ -12,19 +12,19 @@ use tracing::Level;
 use std::path::PathBuf;
 
 use crate::cli::{self, Config, Defaults};
+use crate::confine::privilege::{self, Plan};
 use crate::control::{self, Control, MetricsListener};
-use crate::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::error::{BoxError, Error, Result};
 use crate::handler::{Handler, RequestHandler, WorkerInfo};
-use crate::listener::{self, BindOptions, ListenAddr, Listener};
+use crate::master::pool::Policy;
 use crate::master::{Limits as MasterLimits, Master, ReloadHook, Settings, Signals, UpgradeSettings};
-use crate::notify::Channel;
-use crate::pool::Policy;
-use crate::privilege::{self, Plan};
+use crate::net::listener::{self, BindOptions, ListenAddr, Listener};
+use crate::process::daemon::{self, PidClaim, PidFile, Readiness};
+use crate::process::handover;
+use crate::process::notify::Channel;
 use crate::scoreboard::Board;
-use crate::serve::{ClientLevel, Connections, Limits, RequestLevel};
-use crate::upgrade;
 use crate::worker::Recycle;
+use crate::worker::serve::{ClientLevel, Connections, Limits, RequestLevel};
 use crate::worker::{self, StartHook};
 
 /// An application hook run in the master (reload, check).
@@ -100,7 +100,7 @@ impl Server {
         self
     }
 
-    /// Adds a default listen address (see [`listener`](crate::listener) for the grammar).
+    /// Adds a default listen address (see [`listener`](crate::net::listener) for the grammar).
     /// Without any, `--listen` is required. `-l` on the command line replaces these.
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
         self.defaults.listen.push(addr.into());
@@ -461,7 +461,7 @@ impl Server {
         }
         for addr in &config.listen {
             if let Some(source) = addr.tls_source(&config.tls)? {
-                crate::tls::load(&source)?;
+                crate::net::tls::load(&source)?;
             }
         }
         if let Some(hook) = self.check_hook.as_mut() {
@@ -596,7 +596,7 @@ impl Server {
             }
             _ => return Err(Error::Config("no subcommand".into())),
         };
-        crate::log::init(&self.name, config.log_level);
+        crate::process::log::init(&self.name, config.log_level);
         // Paths are made absolute now: a daemon changes to `/` before it writes its pid
         // file or removes its socket files.
         let abs = |p: &mut Option<PathBuf>| {
@@ -675,7 +675,7 @@ impl Server {
         let mut entry =
             |setup: worker::Setup<'_>| -> Infallible { worker::run(setup, &mut start_hook, &mut factory) };
         // Started by a master as a re-executed worker (--exec-workers): be that worker.
-        if let Some(handoff) = crate::exec::from_env() {
+        if let Some(handoff) = crate::process::exec::from_env() {
             return exec_worker(&config, handoff, &mut entry).map(|never| match never {});
         }
         start(
@@ -695,7 +695,7 @@ impl Server {
 /// reported to the master, as a worker's start failure.
 fn exec_worker(
     config: &Config,
-    handoff: std::result::Result<crate::exec::Handoff, String>,
+    handoff: std::result::Result<crate::process::exec::Handoff, String>,
     entry: &mut dyn FnMut(worker::Setup<'_>) -> Infallible,
 ) -> Result<Infallible> {
     let handoff = handoff.map_err(Error::Config)?;
@@ -706,7 +706,10 @@ fn exec_worker(
         .map_err(|e| Error::sys("adopting the notification pipe", e))?;
     let fail = |reason: String| -> ! {
         tracing::error!("cannot start: {reason}");
-        let _ = channel.send(std::process::id(), &crate::notify::Message::StartFailed(reason));
+        let _ = channel.send(
+            std::process::id(),
+            &crate::process::notify::Message::StartFailed(reason),
+        );
         crate::sys::exit_now(crate::sys::exit::START_FAILED)
     };
     let adopt = |fd: RawFd, what: &'static str| {
@@ -727,7 +730,7 @@ fn exec_worker(
         let origins = handoff.listeners.iter().map(|(_, o)| *o).collect();
         let listeners = adopt_all(config, sockets, Some(origins))?;
         // Read again, as the master did at start (this process is still root if it is).
-        let tls = crate::tls::Store::load(tls_sources(config, &listeners)?)?;
+        let tls = crate::net::tls::Store::load(tls_sources(config, &listeners)?)?;
         let board = Board::adopt(adopt(handoff.board, "adopting the scoreboard")?)
             .map_err(|e| Error::sys("mapping the scoreboard", e))?;
         let access = handoff
@@ -765,7 +768,7 @@ fn exec_worker(
         access_log: config.access_log.as_deref().zip(access.as_ref()),
         max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
         confinement: &confinement,
-        tls: crate::tls::ForWorker {
+        tls: crate::net::tls::ForWorker {
             acceptors: tls.current(),
             handshake_timeout: config.tls_handshake_timeout,
         },
@@ -842,7 +845,7 @@ struct Prepared {
     from_systemd: bool,
     upgrade: UpgradeSettings,
     /// The listeners' TLS material.
-    tls: crate::tls::Store,
+    tls: crate::net::tls::Store,
     /// With --exec-workers: the program (opened at start) and its command line.
     exec: Option<(std::fs::File, Vec<std::ffi::CString>)>,
 }
@@ -866,7 +869,7 @@ fn start(
     // Sockets handed over by an upgrading master, or by systemd: adopted first, as the
     // environment names them, then every other inherited descriptor is closed, before the
     // master opens anything of its own.
-    let mut inherited = upgrade::inherited()?;
+    let mut inherited = handover::inherited()?;
     close_strays(&upgrade.keep_fds, inherited.as_ref())?;
     let (plan, warning) = privilege::resolve(
         config.user.as_deref(),
@@ -876,11 +879,11 @@ fn start(
     config.confinement()?.check()?;
     let from_upgrade = matches!(
         inherited.as_ref().map(|i| i.source),
-        Some(upgrade::Source::Upgrade { .. })
+        Some(handover::Source::Upgrade { .. })
     );
     let from_systemd = matches!(
         inherited.as_ref().map(|i| i.source),
-        Some(upgrade::Source::Systemd)
+        Some(handover::Source::Systemd)
     );
     let mut config = config.clone();
     if from_upgrade {
@@ -895,7 +898,7 @@ fn start(
     };
     let listeners = match inherited.as_mut() {
         Some(i) => {
-            if i.source == upgrade::Source::Systemd && !config.listen.is_empty() {
+            if i.source == handover::Source::Systemd && !config.listen.is_empty() {
                 tracing::info!(
                     "using the {} socket(s) systemd passed (LISTEN_FDS); --listen is not bound",
                     i.listeners.len()
@@ -907,7 +910,7 @@ fn start(
     };
     // Read now, as root if started so, and before detaching: a bad file is reported on the
     // terminal.
-    let tls = crate::tls::Store::load(tls_sources(config, &listeners)?)?;
+    let tls = crate::net::tls::Store::load(tls_sources(config, &listeners)?)?;
     // Said by the master only (a re-executed worker reads the same sources again).
     if !config.listen.iter().any(ListenAddr::is_tls)
         && (config.tls.cert.is_some() || config.tls.key.is_some())
@@ -922,7 +925,7 @@ fn start(
         true => Some((
             std::fs::File::open("/proc/self/exe")
                 .map_err(|e| Error::sys("opening this program's binary (/proc/self/exe)", e))?,
-            crate::exec::c_args(&upgrade.argv).map_err(Error::Config)?,
+            crate::process::exec::c_args(&upgrade.argv).map_err(Error::Config)?,
         )),
         false => None,
     };
@@ -950,18 +953,18 @@ fn start(
         (None, _) => None,
     };
     let access_log = match &config.access_log {
-        Some(path) => Some(crate::log::open_log(path, plan_gid(&plan))?),
+        Some(path) => Some(crate::process::log::open_log(path, plan_gid(&plan))?),
         None => None,
     };
     let log_file = match &config.log_file {
-        Some(path) => Some(crate::log::open_log(path, plan_gid(&plan))?),
+        Some(path) => Some(crate::process::log::open_log(path, plan_gid(&plan))?),
         None => None,
     };
     let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
     let mut readiness = match (&log_file, config.daemon) {
         (Some(log), true) => daemon::daemonize(log, config.start_timeout)?,
         (Some(log), false) => {
-            crate::log::redirect_stderr(log)
+            crate::process::log::redirect_stderr(log)
                 .map_err(|e| Error::sys("redirecting stderr to the log file", e))?;
             Readiness::none()
         }
@@ -1117,7 +1120,7 @@ fn supervise(
     let mut spawn = |id: u32, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
         if let Some((exe, argv)) = &exec {
             // In the child: become the program again, as worker `id`.
-            let handoff = crate::exec::Handoff {
+            let handoff = crate::process::exec::Handoff {
                 id,
                 master: master_pid.as_raw(),
                 max_requests: recycle.max_requests,
@@ -1144,7 +1147,7 @@ fn supervise(
             let e = unsafe { crate::sys::exec_keeping(exe, argv, &env, &handoff.fds()) };
             let _ = channel.send(
                 std::process::id(),
-                &crate::notify::Message::StartFailed(format!("re-executing the program: {e}")),
+                &crate::process::notify::Message::StartFailed(format!("re-executing the program: {e}")),
             );
             crate::sys::exit_now(crate::sys::exit::START_FAILED);
         }
@@ -1162,7 +1165,7 @@ fn supervise(
             access_log: config.access_log.as_deref().zip(access_log.as_ref()),
             max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
             confinement: &confinement,
-            tls: crate::tls::ForWorker {
+            tls: crate::net::tls::ForWorker {
                 acceptors: tls.current(),
                 handshake_timeout: config.tls_handshake_timeout,
             },
@@ -1192,9 +1195,9 @@ fn supervise(
 /// Closes the descriptors the master inherited from whatever started it, but stdio, the
 /// hand-over of systemd or of an upgrading master (`inherited`) and those the application
 /// keeps (see [`Server::keep_fd`]).
-fn close_strays(keep: &[RawFd], inherited: Option<&upgrade::Inherited>) -> Result<()> {
+fn close_strays(keep: &[RawFd], inherited: Option<&handover::Inherited>) -> Result<()> {
     let mut keep = keep.to_vec();
-    keep.extend(inherited.map(upgrade::Inherited::fds).unwrap_or_default());
+    keep.extend(inherited.map(handover::Inherited::fds).unwrap_or_default());
     // SAFETY: this runs at the master's start, before it opens anything; what appsrv and
     // Rust's std open is close-on-exec (and so is what `inherited` adopted, which is kept
     // too), so the descriptors without close-on-exec are those the parent left open and
@@ -1230,7 +1233,10 @@ fn adopt_all(
         read_timeout: config.read_timeout,
         // With --min-send-rate, a write that waits comes back every second to be checked;
         // the write timeout is then kept by the worker (client::SendWatch).
-        write_timeout: crate::client::SendWatch::socket_timeout(config.min_send_rate, config.write_timeout),
+        write_timeout: crate::conn::client::SendWatch::socket_timeout(
+            config.min_send_rate,
+            config.write_timeout,
+        ),
     };
     let mut all: Vec<Listener> = sockets
         .into_iter()
@@ -1269,7 +1275,7 @@ fn adopt_all(
 
 /// Where each listener's TLS material comes from (by listener index), from the `--listen`
 /// address it serves. Every TLS address is checked, even one no socket serves.
-fn tls_sources(config: &Config, listeners: &[Listener]) -> Result<Vec<Option<crate::tls::Source>>> {
+fn tls_sources(config: &Config, listeners: &[Listener]) -> Result<Vec<Option<crate::net::tls::Source>>> {
     let by_address = config
         .listen
         .iter()
@@ -1303,7 +1309,10 @@ fn bind_all(config: &Config) -> Result<Vec<Listener>> {
         read_timeout: config.read_timeout,
         // With --min-send-rate, a write that waits comes back every second to be checked;
         // the write timeout is then kept by the worker (client::SendWatch).
-        write_timeout: crate::client::SendWatch::socket_timeout(config.min_send_rate, config.write_timeout),
+        write_timeout: crate::conn::client::SendWatch::socket_timeout(
+            config.min_send_rate,
+            config.write_timeout,
+        ),
     };
     let mut all = Vec::new();
     let global = global_policy(config);

@@ -11,8 +11,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use super::conn::{Acceptor, Decision};
 use super::render::render_metrics;
+use crate::control::status::Status;
 use crate::error::Error;
-use crate::status::Status;
 
 /// The largest request head accepted (request line and headers).
 pub(crate) const MAX_HEAD: usize = 4096;

@@ -44,6 +44,7 @@
 mod conn;
 mod http;
 mod render;
+pub(crate) mod status;
 
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
@@ -227,7 +228,7 @@ impl Control {
             source,
         };
         prepare_dir(path, owner_uid).map_err(err)?;
-        crate::listener::remove_stale_socket(path).map_err(err)?;
+        crate::net::listener::remove_stale_socket(path).map_err(err)?;
         // socket2 creates sockets with SOCK_CLOEXEC.
         let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(err)?;
         socket.bind(&SockAddr::unix(path).map_err(err)?).map_err(err)?;

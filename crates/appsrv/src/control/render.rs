@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::control::status::Status;
 use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
-use crate::status::Status;
 
 /// The version of the JSON document ([`render_json`]'s `version` field).
 pub(crate) const JSON_VERSION: u32 = 1;
@@ -608,8 +608,8 @@ pub(crate) fn render_metrics(status: &Status) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::listener::Addr;
-    use crate::status::{ListenerStatus, PoolStatus, Totals};
+    use crate::control::status::{ListenerStatus, PoolStatus, Totals};
+    use crate::net::listener::Addr;
 
     fn slot(pid: u32, state: State) -> SlotView {
         SlotView {
@@ -698,7 +698,7 @@ pub(crate) mod tests {
             scoreboard: "_H..".into(),
             retired,
             max_workers_reached: 7,
-            slow_clients: Some(crate::holds::Held {
+            slow_clients: Some(crate::control::status::Held {
                 workers: 4,
                 held: 3,
                 addresses: vec![("192.0.2.7".parse().unwrap(), 3)],

@@ -19,7 +19,7 @@ use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use socket2::{SockAddr, Socket};
 
-use crate::listener::Listener;
+use crate::net::listener::Listener;
 use crate::scoreboard::{Board, State};
 use crate::sys;
 

@@ -112,7 +112,7 @@ impl AccessLog {
     /// Reopens the file by path (USR1), after writing what is buffered to the old one.
     pub(crate) fn reopen(&mut self, path: &Path) {
         self.flush();
-        match crate::log::open_log(path, None) {
+        match crate::process::log::open_log(path, None) {
             Ok(f) => self.file = f,
             Err(e) => tracing::error!("cannot reopen the access log: {e}; still writing to the old one"),
         }

@@ -11,13 +11,13 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use socket2::Socket;
 
-use crate::client::{Buffers, Client, SendWatch};
-use crate::listener::{Addr, Listener};
+use crate::conn::client::{Buffers, Client, SendWatch};
+use crate::net::listener::{Addr, Listener};
 use crate::scoreboard::{Board, Slot, State};
 
 use super::access::{AccessLog, Outcome};
-use crate::serve::{Boundary, Connections, Context};
 use crate::sys::{self, exit};
+use crate::worker::serve::{Boundary, Connections, Context};
 use std::path::Path;
 
 use super::Recycle;
@@ -171,7 +171,7 @@ pub(crate) fn serve<C: Connections>(
     handler: &mut C,
     access: Option<(&Path, AccessLog)>,
     max_per_ip: Option<usize>,
-    tls: &crate::tls::ForWorker,
+    tls: &crate::net::tls::ForWorker,
     limits: super::ConnLimits,
     reopen_log: &mut dyn FnMut(),
     retire: &mut dyn FnMut(),
@@ -388,7 +388,7 @@ pub(crate) fn serve<C: Connections>(
 /// again afterwards.
 fn read_proxy_header(
     client: &mut Client,
-    trusted: &[crate::proxy::Cidr],
+    trusted: &[crate::net::proxy::Cidr],
     timeout: Option<Duration>,
 ) -> Result<(), String> {
     if let Some(ip) = client.peer_addr().ip() {
@@ -402,15 +402,15 @@ fn read_proxy_header(
     // The socket's own timeout, read once if the header does not come in one read.
     let mut saved: Option<Option<Duration>> = None;
     let result = loop {
-        match crate::proxy::parse(client.unconsumed_mut()) {
-            Ok(crate::proxy::Parsed::Header { len, source }) => {
+        match crate::net::proxy::parse(client.unconsumed_mut()) {
+            Ok(crate::net::proxy::Parsed::Header { len, source }) => {
                 client.consume_input(len);
                 if let Some(source) = source {
                     client.set_peer(Addr::Inet(source));
                 }
                 break Ok(());
             }
-            Ok(crate::proxy::Parsed::Incomplete) => {
+            Ok(crate::net::proxy::Parsed::Incomplete) => {
                 if let Some((at, limit)) = deadline {
                     let left = at.saturating_duration_since(std::time::Instant::now());
                     // Under a millisecond counts as none (the kernel would read a timeout
@@ -429,7 +429,7 @@ fn read_proxy_header(
                         break Err(format!("reading its PROXY header: {e}"));
                     }
                 }
-                match client.read_more(crate::proxy::MAX_LEN, false) {
+                match client.read_more(crate::net::proxy::MAX_LEN, false) {
                     Ok(0) => break Err("closed before the end of its PROXY header".into()),
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::TimedOut => match deadline {

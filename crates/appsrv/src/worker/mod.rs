@@ -19,6 +19,7 @@
 mod accept;
 mod access;
 pub(crate) mod blocking;
+pub(crate) mod serve;
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -28,15 +29,15 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::scoreboard::Board;
-use crate::serve::Connections;
+use crate::worker::serve::Connections;
 
 use nix::unistd::Pid;
 
+use crate::confine::privilege::Plan;
 use crate::error::BoxError;
 use crate::handler::WorkerInfo;
-use crate::listener::Listener;
-use crate::notify::{Channel, Message};
-use crate::privilege::Plan;
+use crate::net::listener::Listener;
+use crate::process::notify::{Channel, Message};
 use crate::sys::{self, exit};
 
 /// A worker's recycling limits, drawn by the master for this worker (jitter included);
@@ -71,9 +72,9 @@ pub(crate) struct Setup<'a> {
     /// At most this many connections from one client address at once.
     pub(crate) max_per_ip: Option<usize>,
     /// Chroot, resource limits, umask, no-new-privs, sandbox.
-    pub(crate) confinement: &'a crate::privilege::Confinement,
+    pub(crate) confinement: &'a crate::confine::privilege::Confinement,
     /// The TLS listeners' configurations, and the handshake's time limit.
-    pub(crate) tls: crate::tls::ForWorker,
+    pub(crate) tls: crate::net::tls::ForWorker,
     /// Deadlines of each connection outside the request loop.
     pub(crate) conn: ConnLimits,
 }
@@ -101,7 +102,7 @@ where
     C: Connections,
     F: FnMut() -> Result<C, BoxError>,
 {
-    crate::log::set_worker(setup.id);
+    crate::process::log::set_worker(setup.id);
     let pid = std::process::id();
     let fail = |reason: String| -> ! {
         tracing::error!("cannot start: {reason}");
@@ -119,7 +120,7 @@ where
         fail(reason);
     }
     if let Plan::Drop(creds) = setup.plan {
-        if let Err(reason) = crate::privilege::drop_to(creds) {
+        if let Err(reason) = crate::confine::privilege::drop_to(creds) {
             fail(format!("dropping privileges to user {:?}: {reason}", creds.user));
         }
     }
@@ -208,8 +209,8 @@ where
 /// Reopens the log file by path (after USR1), as the worker's stderr.
 fn reopen_log(path: Option<&Path>) {
     let Some(path) = path else { return };
-    match crate::log::open_log(path, None) {
-        Ok(f) => match crate::log::redirect_stderr(&f) {
+    match crate::process::log::open_log(path, None) {
+        Ok(f) => match crate::process::log::redirect_stderr(&f) {
             Ok(()) => tracing::info!("reopened the log file {}", path.display()),
             Err(e) => tracing::error!("cannot reopen the log file: {e}"),
         },

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use socket2::Socket;
 
-use crate::listener::Addr;
-use crate::tls::{Acceptor, TlsSession};
+use crate::net::listener::Addr;
+use crate::net::tls::{Acceptor, TlsSession};
 
 /// Size of each connection's read buffer and of its write buffer.
 pub(crate) const BUFFER_SIZE: usize = 16 * 1024;

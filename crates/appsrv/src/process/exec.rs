@@ -35,7 +35,7 @@ pub(crate) const WORKER_ENV: &str = "APPSRV_WORKER";
 /// descriptors or sockets meant for the master.
 const NOT_FOR_WORKERS: &[&str] = &[
     WORKER_ENV,
-    crate::upgrade::MANIFEST_ENV,
+    crate::process::handover::MANIFEST_ENV,
     "LISTEN_FDS",
     "LISTEN_PID",
     "LISTEN_FDNAMES",

@@ -310,12 +310,12 @@ pub(crate) fn daemonize(log: &File, timeout: Duration) -> Result<Readiness, Erro
                 std::env::set_current_dir("/")?;
                 nix::unistd::dup2_stdin(&devnull)?;
                 nix::unistd::dup2_stdout(&devnull)?;
-                crate::log::redirect_stderr(log)
+                crate::process::log::redirect_stderr(log)
             })();
             if let Err(e) = detached {
                 report_and_exit(&write, &format!("detaching: {e}"));
             }
-            crate::log::set_master();
+            crate::process::log::set_master();
             Ok(Readiness {
                 pipe: Some(File::from(write)),
             })

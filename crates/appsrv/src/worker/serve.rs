@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use socket2::Socket;
 
-use crate::client::Client;
 use crate::codec::{Codec, Decoded, Outcome, ProtocolError, Respond};
+use crate::conn::client::Client;
 use crate::handler::{Handler, RequestHandler};
 use crate::scoreboard::State;
 use crate::sys;
@@ -501,9 +501,9 @@ mod tests {
     use std::os::unix::net::UnixStream;
 
     use super::*;
-    use crate::client::Buffers;
     use crate::codec::{Http, HttpRequest, HttpResponse, Lines, LinesResponse};
-    use crate::listener::Addr;
+    use crate::conn::client::Buffers;
+    use crate::net::listener::Addr;
 
     /// A worker context that reports a saturated pool, or not.
     struct Fake {

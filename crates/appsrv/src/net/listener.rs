@@ -35,7 +35,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::error::Error;
-use crate::proxy::Cidr;
+use crate::net::proxy::Cidr;
 
 /// The address of one end of a connection, or of a listener.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -122,12 +122,15 @@ impl ListenAddr {
 
     /// Where this listener's TLS material comes from (`None` for a plain listener), or why
     /// it has none.
-    pub(crate) fn tls_source(&self, defaults: &TlsDefaults) -> Result<Option<crate::tls::Source>, Error> {
+    pub(crate) fn tls_source(
+        &self,
+        defaults: &TlsDefaults,
+    ) -> Result<Option<crate::net::tls::Source>, Error> {
         let Some(own) = &self.tls else { return Ok(None) };
         let cert = own.cert.clone().or_else(|| defaults.cert.clone());
         let key = own.key.clone().or_else(|| defaults.key.clone());
         match (cert, key) {
-            (Some(cert), Some(key)) => Ok(Some(crate::tls::Source {
+            (Some(cert), Some(key)) => Ok(Some(crate::net::tls::Source {
                 cert: absolute(cert),
                 key: absolute(key),
                 client_ca: own
@@ -253,7 +256,7 @@ impl FromStr for ListenAddr {
                 "allow" | "deny" => {
                     let cidr: Cidr = value
                         .parse()
-                        .map_err(|e: crate::proxy::CidrError| bad(e.to_string()))?;
+                        .map_err(|e: crate::net::proxy::CidrError| bad(e.to_string()))?;
                     if key == "allow" {
                         parsed.allow.push(cidr);
                     } else {

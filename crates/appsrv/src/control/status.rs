@@ -3,7 +3,12 @@
 
 use std::time::Duration;
 
+use std::net::IpAddr;
+
 use crate::scoreboard::{DURATION_BUCKETS_US, SlotView};
+
+/// How long a worker must have been reading without serving anything to count as held.
+pub(crate) const HELD_FOR: Duration = Duration::from_secs(10);
 
 /// A snapshot of the master's state, built on request by the master.
 #[derive(Debug, Clone)]
@@ -29,7 +34,7 @@ pub(crate) struct Status {
     /// Worker restarts by reason: exit, signal, timeout, recycled, backoff.
     pub(crate) restarts: Vec<(&'static str, u64)>,
     /// Slow or idle clients from a few addresses holding the pool, while they do.
-    pub(crate) slow_clients: Option<crate::holds::Held>,
+    pub(crate) slow_clients: Option<Held>,
 }
 
 /// The pool's policy and sizes.
@@ -95,5 +100,36 @@ impl Status {
             t.add(w);
         }
         t
+    }
+}
+
+/// The pool held by a few addresses' slow clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// Ready workers.
+    pub(crate) workers: usize,
+    /// Workers held reading for `HELD_FOR` or longer.
+    pub(crate) held: usize,
+    /// The addresses holding the most of them (at most `FEW_ADDRESSES`), with their
+    /// counts, most first.
+    pub(crate) addresses: Vec<(IpAddr, usize)>,
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} workers held for {}s or more by slow or idle clients: ",
+            self.held,
+            self.workers,
+            HELD_FOR.as_secs()
+        )?;
+        for (i, (ip, n)) in self.addresses.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{ip} ({n})")?;
+        }
+        Ok(())
     }
 }

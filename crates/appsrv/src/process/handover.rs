@@ -49,7 +49,7 @@ use nix::unistd::Pid;
 use socket2::Socket;
 
 use crate::error::Error;
-use crate::listener::Listener;
+use crate::net::listener::Listener;
 use crate::sys;
 
 /// How a failure that the new master reported itself begins.

@@ -187,7 +187,7 @@ pub(crate) struct Confinement {
     /// `--no-new-privs` (implied by the sandbox).
     pub(crate) no_new_privs: bool,
     /// `--sandbox`: the profile, compiled.
-    pub(crate) sandbox: Option<crate::sandbox::Compiled>,
+    pub(crate) sandbox: Option<crate::confine::sandbox::Compiled>,
 }
 
 impl Confinement {

@@ -19,47 +19,15 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+pub(crate) use crate::control::status::{HELD_FOR, Held};
 use crate::scoreboard::{SlotView, State};
 
-/// How long a worker must have been reading without serving anything to count as held.
-pub(crate) const HELD_FOR: Duration = Duration::from_secs(10);
 /// The share of ready workers that must be held (75 %), as numerator and denominator.
 pub(crate) const HELD_SHARE: (usize, usize) = (3, 4);
 /// At most this many addresses hold half of the held workers for the warning.
 pub(crate) const FEW_ADDRESSES: usize = 3;
 /// How often the master looks.
 pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(1);
-
-/// The pool held by a few addresses' slow clients.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Held {
-    /// Ready workers.
-    pub(crate) workers: usize,
-    /// Workers held reading for [`HELD_FOR`] or longer.
-    pub(crate) held: usize,
-    /// The addresses holding the most of them (at most [`FEW_ADDRESSES`]), with their
-    /// counts, most first.
-    pub(crate) addresses: Vec<(IpAddr, usize)>,
-}
-
-impl std::fmt::Display for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} of {} workers held for {}s or more by slow or idle clients: ",
-            self.held,
-            self.workers,
-            HELD_FOR.as_secs()
-        )?;
-        for (i, (ip, n)) in self.addresses.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{ip} ({n})")?;
-        }
-        Ok(())
-    }
-}
 
 /// What the master remembers of each worker between samples.
 #[derive(Debug, Default)]
@@ -138,7 +106,7 @@ impl HoldWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::listener::Addr;
+    use crate::net::listener::Addr;
 
     fn view(pid: u32, state: State, peer: &str, requests: u64) -> SlotView {
         SlotView {

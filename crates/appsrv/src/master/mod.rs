@@ -6,6 +6,9 @@
 //! context and none is lost between a check and the poll) and the workers' notification
 //! pipe. Child exits are collected with `waitpid(WNOHANG)` after a SIGCHLD.
 
+pub(crate) mod holds;
+pub(crate) mod pool;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io::{self, Read, Write};
@@ -22,15 +25,15 @@ use nix::sys::signal::{self, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Pid};
 
+use crate::control::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::control::{self, Control, MetricsListener, Reply, Request};
 use crate::error::Error;
-use crate::listener::Listener;
-use crate::notify::{Channel, Message};
-use crate::pool::{self, Backoff, Pacer, Policy, SpawnRate, Verdict};
+use crate::net::listener::Listener;
+use crate::process::notify::{Channel, Message};
 use crate::scoreboard::{self, Board, State};
-use crate::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::sys::{self, exit};
 use crate::worker::Recycle;
+use pool::{Backoff, Pacer, Policy, SpawnRate, Verdict};
 
 /// The signals the master listens to.
 #[derive(Debug)]
@@ -148,7 +151,7 @@ impl Phase {
     }
 }
 
-use crate::daemon::REPEAT_WINDOW;
+use crate::process::daemon::REPEAT_WINDOW;
 
 /// How often the master looks at its workers when it has periodic duties (a dynamic pool,
 /// timeouts, recycling by age or memory).
@@ -241,7 +244,7 @@ pub(crate) struct Settings {
     pub(crate) shared_listeners: bool,
     /// The listeners' TLS material, re-read on reload (shared with the code that forks
     /// workers, which hands the current material to each new worker).
-    pub(crate) tls: std::rc::Rc<crate::tls::Store>,
+    pub(crate) tls: std::rc::Rc<crate::net::tls::Store>,
 }
 
 /// The binary and arguments a new master is started with, and how long it may take.
@@ -283,7 +286,7 @@ pub(crate) struct Master<'a> {
     /// Paces replacements (at most 4 per 50 ms).
     pacer: Pacer,
     /// Slow or idle clients holding the pool (the operator's warning).
-    holds: crate::holds::HoldWatch,
+    holds: crate::master::holds::HoldWatch,
     /// Replacements are being held back by the pacing (logged once per episode).
     pacing: bool,
     rate: SpawnRate,
@@ -302,7 +305,7 @@ pub(crate) struct Master<'a> {
     /// A reload whose old generation has not left yet (systemd hears READY=1 after it).
     reload_pending: bool,
     /// A binary upgrade in progress.
-    upgrading: Option<crate::upgrade::Pending>,
+    upgrading: Option<crate::process::handover::Pending>,
     /// The last upgrade that failed: the new master's pid and why.
     upgrade_failed: Option<(i32, String)>,
     /// The sockets were handed to a new master: do not remove their files on exit.
@@ -360,7 +363,7 @@ impl<'a> Master<'a> {
             phase: Phase::Starting,
             backoff: Backoff::default(),
             pacer: Pacer::default(),
-            holds: crate::holds::HoldWatch::default(),
+            holds: crate::master::holds::HoldWatch::default(),
             pacing: false,
             rate: SpawnRate::default(),
             started: now,
@@ -485,7 +488,7 @@ impl<'a> Master<'a> {
                         self.serving = true;
                         // systemd hears the new MAINPID before the old master (after an
                         // upgrade) learns it may leave.
-                        crate::systemd::ready(&format!("serving with {initial} workers"));
+                        crate::process::systemd::ready(&format!("serving with {initial} workers"));
                         on_ready();
                     }
                 }
@@ -496,7 +499,7 @@ impl<'a> Master<'a> {
                     if self.reload_pending && !self.workers.values().any(|w| w.generation < self.generation) {
                         self.reload_pending = false;
                         tracing::info!("reload done: generation {} serves", self.generation);
-                        crate::systemd::ready(&format!("serving (generation {})", self.generation));
+                        crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
                     }
                 }
                 Phase::Stopping {
@@ -571,7 +574,11 @@ impl<'a> Master<'a> {
             }
         }
         deadlines.extend(self.settings.control.as_ref().and_then(Control::next_deadline));
-        deadlines.extend(self.upgrading.as_ref().map(crate::upgrade::Pending::deadline));
+        deadlines.extend(
+            self.upgrading
+                .as_ref()
+                .map(crate::process::handover::Pending::deadline),
+        );
         deadlines.extend(
             self.settings
                 .metrics
@@ -606,7 +613,11 @@ impl<'a> Master<'a> {
                 fds.extend(c.poll_fds());
             }
         }
-        if let Some(fd) = self.upgrading.as_ref().and_then(crate::upgrade::Pending::fd) {
+        if let Some(fd) = self
+            .upgrading
+            .as_ref()
+            .and_then(crate::process::handover::Pending::fd)
+        {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         if let Some(m) = &self.settings.metrics {
@@ -664,7 +675,7 @@ impl<'a> Master<'a> {
                     sig.as_str(),
                     self.settings.grace_period
                 );
-                crate::systemd::stopping();
+                crate::process::systemd::stopping();
                 // Shut the listeners for every process at once: new connections are
                 // refused from now on, idle workers wake up and exit.
                 // (Not sockets systemd holds too: they must outlive this service.)
@@ -745,7 +756,7 @@ impl<'a> Master<'a> {
         }
         let up = self.settings.upgrade.clone();
         let exe = up.exe.ok_or("the path of this program's binary is unknown")?;
-        let pending = crate::upgrade::launch(
+        let pending = crate::process::handover::launch(
             &exe,
             up.dir.as_deref(),
             &up.args,
@@ -770,8 +781,8 @@ impl<'a> Master<'a> {
     fn check_upgrade(&mut self) {
         let Some(u) = self.upgrading.as_mut() else { return };
         match u.progress() {
-            crate::upgrade::Progress::Waiting => {}
-            crate::upgrade::Progress::Ready => {
+            crate::process::handover::Progress::Waiting => {}
+            crate::process::handover::Progress::Ready => {
                 let pid = u.child;
                 self.upgrading = None;
                 tracing::info!("upgrade: new master pid {pid} is ready; draining this master's workers");
@@ -789,7 +800,7 @@ impl<'a> Master<'a> {
                     since: now,
                 };
             }
-            crate::upgrade::Progress::Failed(why) => {
+            crate::process::handover::Progress::Failed(why) => {
                 let pid = u.child;
                 // How it ended, if it has, seen without reaping it: its process group is
                 // killed first (everything the new binary started, a wrapper script's
@@ -805,7 +816,7 @@ impl<'a> Master<'a> {
                 let _ = nix::sys::wait::waitpid(pid, Some(WaitPidFlag::WNOHANG));
                 // The pipe closes when the new master exits: say how it ended, if it has,
                 // unless it said why itself (by now it may well have exited too).
-                let reported = crate::upgrade::is_reported(&why);
+                let reported = crate::process::handover::is_reported(&why);
                 let why = match ended {
                     _ if reported => why,
                     Ok(WaitStatus::Exited(_, code)) => {
@@ -858,7 +869,7 @@ impl<'a> Master<'a> {
             self.owed += 1;
         }
         tracing::info!("reload requested by {from}: starting generation {generation}");
-        crate::systemd::reloading();
+        crate::process::systemd::reloading();
         self.reload_pending = true;
         Ok(generation)
     }
@@ -1669,7 +1680,7 @@ impl<'a> Master<'a> {
     fn reopen_log(&mut self) {
         if let Some((path, gid)) = &self.settings.access_log {
             // Created here, with the workers' group, so that they can open it.
-            if let Err(e) = crate::log::open_log(path, *gid) {
+            if let Err(e) = crate::process::log::open_log(path, *gid) {
                 tracing::error!("SIGUSR1 received: cannot reopen the access log: {e}");
             }
         }
@@ -1680,9 +1691,9 @@ impl<'a> Master<'a> {
             tracing::info!("SIGUSR1 received: no log file to reopen (logging to stderr)");
             return;
         };
-        match crate::log::open_log(path, *gid)
-            .and_then(|f| crate::log::redirect_stderr(&f).map_err(|e| Error::sys("redirecting stderr", e)))
-        {
+        match crate::process::log::open_log(path, *gid).and_then(|f| {
+            crate::process::log::redirect_stderr(&f).map_err(|e| Error::sys("redirecting stderr", e))
+        }) {
             Ok(()) => {
                 tracing::info!("SIGUSR1 received: reopened the log file {}", path.display());
                 self.kill_all(Signal::SIGUSR1);

@@ -1,0 +1,4 @@
+//! One connection's data plane: its buffers, its transport (plain or TLS) and the
+//! blocking [`Client`](client::Client) that `handle_client` users see.
+
+pub(crate) mod client;

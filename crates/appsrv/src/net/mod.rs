@@ -1,0 +1,7 @@
+//! The network layer: listen addresses and listening sockets, client addresses and the
+//! access policy (CIDRs), the PROXY protocol header, and TLS material (certificates, keys,
+//! the per-listener rustls configurations). Nothing here knows about workers or handlers.
+
+pub mod listener;
+pub(crate) mod proxy;
+pub mod tls;
