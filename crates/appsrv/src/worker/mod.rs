@@ -19,6 +19,7 @@
 mod accept;
 mod access;
 pub(crate) mod blocking;
+mod guard;
 pub(crate) mod serve;
 
 use std::any::Any;
