@@ -9,11 +9,9 @@ use std::time::Duration;
 
 use socket2::Socket;
 
+pub(crate) use super::buffers::{BUFFER_SIZE, Buffers};
 use crate::net::listener::Addr;
 use crate::net::tls::{Acceptor, TlsSession};
-
-/// Size of each connection's read buffer and of its write buffer.
-pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
 
 /// How often a write that waits for a slow reader returns to check its progress, when
 /// `--min-send-rate` is on: the socket's send timeout (`SO_SNDTIMEO`), set once on the
@@ -153,34 +151,6 @@ impl SendWatch {
     }
 }
 
-/// The buffers a worker lends to each connection in turn, so that serving a connection
-/// allocates nothing.
-#[derive(Debug)]
-pub(crate) struct Buffers {
-    read: Vec<u8>,
-    write: Vec<u8>,
-}
-
-impl Buffers {
-    pub(crate) fn new() -> Self {
-        Buffers {
-            read: vec![0; BUFFER_SIZE],
-            write: Vec::with_capacity(BUFFER_SIZE),
-        }
-    }
-
-    /// Buffers that grew for a large request go back to their normal size, so one large
-    /// request does not pin its memory in the worker for good.
-    fn trim(&mut self) {
-        if self.read.len() > 4 * BUFFER_SIZE {
-            self.read = vec![0; BUFFER_SIZE];
-        }
-        if self.write.capacity() > 4 * BUFFER_SIZE {
-            self.write = Vec::with_capacity(BUFFER_SIZE);
-        }
-    }
-}
-
 /// An accepted connection: `Read`, `BufRead` and `Write`, with buffered output.
 ///
 /// Output is buffered and written to the socket:
@@ -219,11 +189,8 @@ pub struct Client {
     /// The TLS session, on a TLS listener.
     tls: Option<Box<TlsSession>>,
     peer: Addr,
-    /// The read buffer; bytes `rpos..rend` are received and not yet consumed.
-    rbuf: Vec<u8>,
-    rpos: usize,
-    rend: usize,
-    wbuf: Vec<u8>,
+    /// What was received and not consumed yet, and the output not sent yet.
+    bufs: Buffers,
     closed: bool,
     /// Bytes received and sent on this connection, for the scoreboard.
     received: u64,
@@ -242,10 +209,7 @@ impl Client {
             socket,
             tls: None,
             peer,
-            rbuf: buffers.read,
-            rpos: 0,
-            rend: 0,
-            wbuf: buffers.write,
+            bufs: buffers,
             closed: false,
             received: 0,
             sent: 0,
@@ -270,7 +234,7 @@ impl Client {
     pub(crate) fn abort(&mut self) {
         let _ = self.socket.set_linger(Some(Duration::ZERO));
         self.closed = true;
-        self.wbuf.clear();
+        self.bufs.write.clear();
     }
 
     /// Handles a write that returned `r`: `Ok(Some(n))` for `n` bytes written, `Ok(None)`
@@ -313,12 +277,8 @@ impl Client {
             // connection rather than leave the kernel to trickle the rest to it.
             self.abort();
         }
-        self.wbuf.clear();
-        let mut buffers = Buffers {
-            read: std::mem::take(&mut self.rbuf),
-            write: std::mem::take(&mut self.wbuf),
-        };
-        buffers.trim();
+        let mut buffers = std::mem::replace(&mut self.bufs, Buffers::none());
+        buffers.reset();
         (flushed, buffers)
     }
 
@@ -345,7 +305,7 @@ impl Client {
     pub(crate) fn accept_tls(&mut self, config: Acceptor, timeout: Option<Duration>) -> io::Result<()> {
         let mut session = Box::new(TlsSession::new(config)?);
         // What the PROXY header's reads brought in beyond the header belongs to TLS.
-        let mut early = &self.rbuf[self.rpos..self.rend];
+        let mut early = self.bufs.unconsumed();
         while !early.is_empty() {
             session.conn.read_tls(&mut early)?;
             session
@@ -353,8 +313,7 @@ impl Client {
                 .process_new_packets()
                 .map_err(|e| tls_failed(&mut session.conn, &self.socket, e))?;
         }
-        self.rpos = 0;
-        self.rend = 0;
+        self.bufs.discard_input();
         let saved = (self.socket.read_timeout()?, self.socket.write_timeout()?);
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         let result = handshake(&mut session.conn, &self.socket, deadline);
@@ -437,9 +396,8 @@ impl Client {
         }
         let flushed = self.flush().and_then(|()| self.close_notify());
         self.closed = true;
-        self.rpos = 0;
-        self.rend = 0;
-        self.wbuf.clear();
+        self.bufs.discard_input();
+        self.bufs.write.clear();
         let shut = self.socket.shutdown(std::net::Shutdown::Both);
         flushed.and(shut.or_else(|e| {
             if e.kind() == io::ErrorKind::NotConnected {
@@ -457,7 +415,7 @@ impl Client {
 
     /// Bytes already received and buffered, not yet read by the handler.
     pub fn buffered(&self) -> &[u8] {
-        &self.rbuf[self.rpos..self.rend]
+        self.bufs.unconsumed()
     }
 
     /// Reads from the socket, after flushing pending output: the one place that waits.
@@ -478,7 +436,7 @@ impl Client {
         if self.closed {
             return Ok(0);
         }
-        if !self.wbuf.is_empty() {
+        if !self.bufs.write.is_empty() {
             self.flush_buffer()?;
         }
         self.watch.reset();
@@ -504,29 +462,20 @@ impl Client {
     /// written first. Returns the number of bytes read (0 at end of file, or when the
     /// buffer holds `max` bytes already).
     pub(crate) fn read_more(&mut self, max: usize, interruptible: bool) -> io::Result<usize> {
-        if self.rpos > 0 {
-            self.rbuf.copy_within(self.rpos..self.rend, 0);
-            self.rend -= self.rpos;
-            self.rpos = 0;
+        if self.bufs.room(max).is_empty() {
+            return Ok(0);
         }
-        if self.rend == self.rbuf.len() {
-            if self.rbuf.len() >= max {
-                return Ok(0);
-            }
-            let grown = (self.rbuf.len() * 2).clamp(BUFFER_SIZE, max);
-            self.rbuf.resize(grown, 0);
-        }
-        let mut rbuf = std::mem::take(&mut self.rbuf);
-        let r = self.recv_from_socket(&mut rbuf[self.rend..], interruptible);
-        self.rbuf = rbuf;
+        let mut bufs = std::mem::replace(&mut self.bufs, Buffers::none());
+        let r = self.recv_from_socket(bufs.room(max), interruptible);
+        self.bufs = bufs;
         let n = r?;
-        self.rend += n;
+        self.bufs.filled(n);
         Ok(n)
     }
 
     /// For the request loop: the received bytes not yet consumed.
     pub(crate) fn unconsumed_mut(&mut self) -> &mut [u8] {
-        &mut self.rbuf[self.rpos..self.rend]
+        self.bufs.unconsumed_mut()
     }
 
     /// Bytes received and sent on this connection so far (those written directly by
@@ -537,12 +486,12 @@ impl Client {
 
     /// For the request loop: the unconsumed input and the output buffer, together.
     pub(crate) fn split_buffers(&mut self) -> (&mut [u8], &mut Vec<u8>) {
-        (&mut self.rbuf[self.rpos..self.rend], &mut self.wbuf)
+        self.bufs.split()
     }
 
     /// For the request loop: marks `n` received bytes as consumed.
     pub(crate) fn consume_input(&mut self, n: usize) {
-        self.rpos = (self.rpos + n).min(self.rend);
+        self.bufs.consume(n);
     }
 
     /// For the request loop: writes the output buffer.
@@ -598,7 +547,7 @@ impl Client {
 
     /// For the request loop: the output buffer.
     pub(crate) fn output(&mut self) -> &mut Vec<u8> {
-        &mut self.wbuf
+        &mut self.bufs.write
     }
 
     /// For the request loop: the socket, to wait on it together with the listeners.
@@ -620,23 +569,25 @@ impl Client {
         self.check_open()?;
         let len = range.end.saturating_sub(range.start);
         let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
-        let capacity = self.wbuf.capacity().max(BUFFER_SIZE);
-        if self.tls.is_some() && self.wbuf.len() + len_usize > capacity {
+        let capacity = self.bufs.write.capacity().max(BUFFER_SIZE);
+        if self.tls.is_some() && self.bufs.write.len() + len_usize > capacity {
             return self.send_file_copy(file, range);
         }
-        if self.wbuf.len() + len_usize <= capacity {
-            let at = self.wbuf.len();
-            self.wbuf.resize(at + len_usize, 0);
-            let read = file.read_exact_at(&mut self.wbuf[at..], range.start);
+        if self.bufs.write.len() + len_usize <= capacity {
+            let at = self.bufs.write.len();
+            self.bufs.write.resize(at + len_usize, 0);
+            let read = file.read_exact_at(&mut self.bufs.write[at..], range.start);
             if read.is_err() {
-                self.wbuf.truncate(at);
+                self.bufs.write.truncate(at);
             }
             return read;
         }
         let mut done = 0;
-        while done < self.wbuf.len() {
-            let wanted = self.wbuf.len() - done;
-            let r = self.socket.send_with_flags(&self.wbuf[done..], libc::MSG_MORE);
+        while done < self.bufs.write.len() {
+            let wanted = self.bufs.write.len() - done;
+            let r = self
+                .socket
+                .send_with_flags(&self.bufs.write[done..], libc::MSG_MORE);
             match self.after_write(r, wanted) {
                 Ok(Some(n)) => {
                     done += n;
@@ -644,12 +595,12 @@ impl Client {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    self.wbuf.drain(..done);
+                    self.bufs.write.drain(..done);
                     return Err(e);
                 }
             }
         }
-        self.wbuf.clear();
+        self.bufs.write.clear();
         let mut offset =
             i64::try_from(range.start).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let mut left = len;
@@ -676,9 +627,9 @@ impl Client {
         let mut at = range.start;
         while at < range.end {
             let chunk = usize::try_from((range.end - at).min(BUFFER_SIZE as u64)).unwrap_or(BUFFER_SIZE);
-            self.wbuf.resize(chunk, 0);
-            if let Err(e) = file.read_exact_at(&mut self.wbuf, at) {
-                self.wbuf.clear();
+            self.bufs.write.resize(chunk, 0);
+            if let Err(e) = file.read_exact_at(&mut self.bufs.write, at) {
+                self.bufs.write.clear();
                 return Err(e);
             }
             at += chunk as u64;
@@ -688,14 +639,10 @@ impl Client {
     }
 
     fn fill(&mut self) -> io::Result<()> {
-        // Empty the buffer first: if the read fails (a timeout the handler may retry), the
-        // bytes already consumed must not come back.
-        self.rpos = 0;
-        self.rend = 0;
-        let mut rbuf = std::mem::take(&mut self.rbuf);
-        let r = self.recv(&mut rbuf);
-        self.rbuf = rbuf;
-        self.rend = r?;
+        let mut bufs = std::mem::replace(&mut self.bufs, Buffers::none());
+        let r = self.recv(bufs.refill_space());
+        self.bufs = bufs;
+        self.bufs.filled(r?);
         Ok(())
     }
 
@@ -704,9 +651,9 @@ impl Client {
             // What rustls took is encrypted and queued (or sent): it leaves the buffer
             // even when the write fails, or a later flush would send it twice.
             let watch = self.watch.active().then_some(&mut self.watch);
-            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.wbuf, watch);
+            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.bufs.write, watch);
             self.sent += taken as u64;
-            self.wbuf.drain(..taken);
+            self.bufs.write.drain(..taken);
             if self.watch.cut {
                 self.abort();
             }
@@ -714,11 +661,11 @@ impl Client {
         }
         let mut done = 0;
         let result = loop {
-            if done == self.wbuf.len() {
+            if done == self.bufs.write.len() {
                 break Ok(());
             }
-            let wanted = self.wbuf.len() - done;
-            let r = (&self.socket).write(&self.wbuf[done..]);
+            let wanted = self.bufs.write.len() - done;
+            let r = (&self.socket).write(&self.bufs.write[done..]);
             match self.after_write(r, wanted) {
                 Ok(Some(0)) => break Err(io::ErrorKind::WriteZero.into()),
                 Ok(Some(n)) => {
@@ -729,7 +676,7 @@ impl Client {
                 Err(e) => break Err(e),
             }
         };
-        self.wbuf.drain(..done);
+        self.bufs.write.drain(..done);
         result
     }
 
@@ -902,7 +849,7 @@ fn timed_out(e: io::Error) -> io::Error {
 
 impl Read for Client {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.rpos == self.rend && buf.len() >= self.rbuf.len() {
+        if self.bufs.start == self.bufs.end && buf.len() >= self.bufs.read.len() {
             // A large read bypasses the buffer.
             return self.recv(buf);
         }
@@ -916,39 +863,39 @@ impl Read for Client {
 
 impl BufRead for Client {
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
-        if self.rpos == self.rend {
+        if self.bufs.start == self.bufs.end {
             self.fill()?;
         }
-        Ok(&self.rbuf[self.rpos..self.rend])
+        Ok(self.bufs.unconsumed())
     }
 
     fn consume(&mut self, amt: usize) {
-        self.rpos = (self.rpos + amt).min(self.rend);
+        self.bufs.start = (self.bufs.start + amt).min(self.bufs.end);
     }
 }
 
 impl Write for Client {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         self.check_open()?;
-        let capacity = self.wbuf.capacity().max(BUFFER_SIZE);
-        if self.wbuf.len() + data.len() <= capacity {
-            self.wbuf.extend_from_slice(data);
+        let capacity = self.bufs.write.capacity().max(BUFFER_SIZE);
+        if self.bufs.write.len() + data.len() <= capacity {
+            self.bufs.write.extend_from_slice(data);
             return Ok(data.len());
         }
         if self.tls.is_some() {
             // Encrypted: the buffer goes out, then `data` in buffer-sized pieces.
             self.flush_buffer()?;
             let n = data.len().min(capacity);
-            self.wbuf.extend_from_slice(&data[..n]);
+            self.bufs.write.extend_from_slice(&data[..n]);
             return Ok(n);
         }
         // The buffer would overflow: send buffered bytes and as much of `data` as the
         // kernel takes in one writev, so a header and a large body cost one system call.
-        while !self.wbuf.is_empty() {
+        while !self.bufs.write.is_empty() {
             let n = loop {
-                let iov = [IoSlice::new(&self.wbuf), IoSlice::new(data)];
+                let iov = [IoSlice::new(&self.bufs.write), IoSlice::new(data)];
                 let r = (&self.socket).write_vectored(&iov);
-                if let Some(n) = self.after_write(r, self.wbuf.len() + data.len())? {
+                if let Some(n) = self.after_write(r, self.bufs.write.len() + data.len())? {
                     break n;
                 }
             };
@@ -956,18 +903,18 @@ impl Write for Client {
                 return Err(io::ErrorKind::WriteZero.into());
             }
             self.sent += n as u64;
-            if n >= self.wbuf.len() {
-                let from_data = n - self.wbuf.len();
-                self.wbuf.clear();
+            if n >= self.bufs.write.len() {
+                let from_data = n - self.bufs.write.len();
+                self.bufs.write.clear();
                 if from_data > 0 {
                     return Ok(from_data);
                 }
             } else {
-                self.wbuf.drain(..n);
+                self.bufs.write.drain(..n);
             }
         }
         if data.len() < capacity {
-            self.wbuf.extend_from_slice(data);
+            self.bufs.write.extend_from_slice(data);
             return Ok(data.len());
         }
         loop {

@@ -1,0 +1,149 @@
+//! A connection's two buffers: what was received and not yet consumed, and the output
+//! not yet sent. No I/O here: the transport fills and drains them, the request step
+//! decodes from one and encodes into the other.
+
+/// Size of each connection's read buffer and of its write buffer.
+pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
+
+/// A connection's read and write buffers.
+///
+/// The blocking driver lends one pair to each connection in turn (a worker serves one at a
+/// time), so that serving a connection allocates nothing; an event loop gives each
+/// connection its own.
+#[derive(Debug)]
+pub(crate) struct Buffers {
+    /// The read buffer; bytes `start..end` are received and not yet consumed.
+    pub(super) read: Vec<u8>,
+    pub(super) start: usize,
+    pub(super) end: usize,
+    /// Output not yet sent.
+    pub(super) write: Vec<u8>,
+}
+
+impl Buffers {
+    pub(crate) fn new() -> Self {
+        Buffers {
+            read: vec![0; BUFFER_SIZE],
+            start: 0,
+            end: 0,
+            write: Vec::with_capacity(BUFFER_SIZE),
+        }
+    }
+
+    /// Buffers without memory: a placeholder while the real ones are lent out for a call
+    /// that also borrows their owner.
+    pub(crate) const fn none() -> Self {
+        Buffers {
+            read: Vec::new(),
+            start: 0,
+            end: 0,
+            write: Vec::new(),
+        }
+    }
+
+    /// The received bytes not yet consumed.
+    pub(crate) fn unconsumed(&self) -> &[u8] {
+        &self.read[self.start..self.end]
+    }
+
+    /// The received bytes not yet consumed, mutable (a codec may rewrite a request in
+    /// place).
+    pub(crate) fn unconsumed_mut(&mut self) -> &mut [u8] {
+        &mut self.read[self.start..self.end]
+    }
+
+    /// Marks `n` received bytes as consumed.
+    pub(crate) fn consume(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.end);
+    }
+
+    /// Forgets every received byte not yet consumed.
+    pub(crate) fn discard_input(&mut self) {
+        self.start = 0;
+        self.end = 0;
+    }
+
+    /// The unconsumed input and the output buffer, together.
+    pub(crate) fn split(&mut self) -> (&mut [u8], &mut Vec<u8>) {
+        (&mut self.read[self.start..self.end], &mut self.write)
+    }
+
+    /// The output buffer.
+    #[allow(dead_code)] // the request step uses it (next commit)
+    pub(crate) fn output(&mut self) -> &mut Vec<u8> {
+        &mut self.write
+    }
+
+    /// Room to receive more bytes after the unconsumed ones, which move to the front; the
+    /// buffer grows (doubling) up to `max` bytes. Empty when it holds `max` bytes already.
+    pub(crate) fn room(&mut self, max: usize) -> &mut [u8] {
+        if self.start > 0 {
+            self.read.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.read.len() && self.read.len() < max {
+            let grown = (self.read.len() * 2).clamp(BUFFER_SIZE, max);
+            self.read.resize(grown, 0);
+        }
+        &mut self.read[self.end..]
+    }
+
+    /// `n` bytes were received into [`room`](Buffers::room).
+    pub(crate) fn filled(&mut self, n: usize) {
+        self.end = (self.end + n).min(self.read.len());
+    }
+
+    /// Whole read buffer for one receive, emptied first (for `handle_client`'s buffered
+    /// reads: if the receive fails, consumed bytes must not come back).
+    pub(crate) fn refill_space(&mut self) -> &mut [u8] {
+        self.start = 0;
+        self.end = 0;
+        &mut self.read
+    }
+
+    /// Ready for the next connection: empty, and back to the normal size if a large
+    /// request made them grow, so that one large request does not pin its memory in the
+    /// worker for good.
+    pub(crate) fn reset(&mut self) {
+        self.start = 0;
+        self.end = 0;
+        self.write.clear();
+        if self.read.len() > 4 * BUFFER_SIZE {
+            self.read = vec![0; BUFFER_SIZE];
+        }
+        if self.write.capacity() > 4 * BUFFER_SIZE {
+            self.write = Vec::with_capacity(BUFFER_SIZE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn room_moves_unconsumed_bytes_to_the_front_and_grows_up_to_the_limit() {
+        let mut b = Buffers::new();
+        let n = b.room(usize::MAX).len();
+        assert_eq!(n, BUFFER_SIZE);
+        b.room(usize::MAX)[..5].copy_from_slice(b"hello");
+        b.filled(5);
+        b.consume(2);
+        assert_eq!(b.unconsumed(), b"llo");
+        let room = b.room(usize::MAX).len();
+        assert_eq!(room, BUFFER_SIZE - 3, "the consumed bytes' room is reclaimed");
+        assert_eq!(b.unconsumed(), b"llo");
+        let fill = b.room(BUFFER_SIZE + 10).len();
+        b.filled(fill);
+        assert_eq!(
+            b.room(BUFFER_SIZE + 10).len(),
+            10,
+            "grown to the limit, no further"
+        );
+        b.filled(10);
+        assert!(b.room(BUFFER_SIZE + 10).is_empty());
+        b.reset();
+        assert!(b.unconsumed().is_empty());
+    }
+}
