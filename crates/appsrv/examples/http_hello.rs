@@ -59,12 +59,18 @@ struct HttpHello {
 
 impl appsrv::RequestHandler for HttpHello {
     type Codec = Http;
+    type Session = ();
 
     fn codec(&self) -> Http {
         Http::new()
     }
 
-    fn handle_request(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+    fn handle_request(
+        &mut self,
+        _conn: &mut appsrv::Conn<'_>,
+        req: &HttpRequest<'_>,
+        res: &mut HttpResponse<'_>,
+    ) -> io::Result<()> {
         if req.method() != "GET" && req.method() != "HEAD" {
             res.header("Allow", "GET, HEAD");
             return plain(res, 405, "method not allowed\n");

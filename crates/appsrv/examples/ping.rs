@@ -122,12 +122,18 @@ struct Ping;
 
 impl appsrv::RequestHandler for Ping {
     type Codec = Resp;
+    type Session = ();
 
     fn codec(&self) -> Resp {
         Resp
     }
 
-    fn handle_request(&mut self, cmd: &Command<'_>, out: &mut LinesResponse<'_>) -> io::Result<()> {
+    fn handle_request(
+        &mut self,
+        _conn: &mut appsrv::Conn<'_>,
+        cmd: &Command<'_>,
+        out: &mut LinesResponse<'_>,
+    ) -> io::Result<()> {
         if cmd.name.eq_ignore_ascii_case(b"PING") {
             out.push(b"+PONG\r\n");
         } else if cmd.name.eq_ignore_ascii_case(b"QUIT") {

@@ -906,12 +906,18 @@ struct RunAs {
 
 impl appsrv::RequestHandler for RunAs {
     type Codec = Http;
+    type Session = ();
 
     fn codec(&self) -> Http {
         Http::new().max_body(MAX_BODY)
     }
 
-    fn handle_request(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+    fn handle_request(
+        &mut self,
+        _conn: &mut appsrv::Conn<'_>,
+        req: &HttpRequest<'_>,
+        res: &mut HttpResponse<'_>,
+    ) -> io::Result<()> {
         if req.path() != "/RPC2" && req.path() != "/" {
             return plain(res, 404, "not found: the XML-RPC endpoint is /RPC2\n");
         }

@@ -1,6 +1,6 @@
 //! Not part of appsrv's API: this module exists only for the Criterion benchmarks in
-//! `crates/appsrv/benches/`, which are compiled as a separate crate and cannot reach the
-//! crate-private scoreboard. It is hidden from the documentation and may change or
+//! `crates/appsrv/benches/` and the fuzz targets in `fuzz/`, which are compiled as separate
+//! crates and cannot reach the crate-private scoreboard and connection steps. It is hidden from the documentation and may change or
 //! disappear at any time, in any release; do not use it.
 //!
 //! Each item is a thin wrapper: every method calls the crate's own function of the same
@@ -9,6 +9,7 @@
 use std::io;
 use std::net::IpAddr;
 
+use crate::codec::Codec;
 use crate::net::listener::Addr;
 use crate::scoreboard;
 
@@ -156,5 +157,123 @@ impl SlotView {
     /// Requests served by the slot's worker.
     pub fn requests(&self) -> u64 {
         self.0.requests
+    }
+}
+
+// The request step, for the fuzz targets: the crate's own `conn::step::Requests` over
+// byte inputs, with a context that is never saturated, stopping or retiring.
+
+/// What the request step asks for next (`conn::step::Next`, without its details).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepNext {
+    /// More bytes (or the output sent first).
+    Read,
+    /// A file range after the output; [`RequestStep::feed`] with no bytes goes on.
+    SendFile,
+    /// The connection ends after the output.
+    Close,
+    /// The handler failed; the connection ends.
+    Fail,
+}
+
+/// A context for the fuzz targets: a pool with idle workers, no stop.
+#[derive(Debug)]
+struct Quiet;
+
+impl crate::conn::step::Context for Quiet {
+    fn at_boundary(&mut self, _: &socket2::Socket, _: std::time::Duration) -> crate::conn::step::Boundary {
+        crate::conn::step::Boundary::Wait
+    }
+    fn saturated(&mut self) -> bool {
+        false
+    }
+    fn stopping(&mut self) -> bool {
+        false
+    }
+}
+
+/// A request handler as a closure: what the fuzz targets give [`RequestStep::feed`].
+pub type HandleFn<'f, C> =
+    dyn for<'r, 's> FnMut(&<C as Codec>::Request<'r>, &mut <C as Codec>::Response<'s>) -> io::Result<()> + 'f;
+
+/// A closure as the step's handler.
+struct Closure<'f, C: Codec + 'static>(&'f mut HandleFn<'f, C>);
+
+impl<C: Codec + 'static> crate::conn::step::Handle<C> for Closure<'_, C> {
+    fn handle(&mut self, req: &C::Request<'_>, res: &mut C::Response<'_>) -> io::Result<()> {
+        (self.0)(req, res)
+    }
+}
+
+/// One connection's request level (`conn::step::Requests`) over in-memory bytes.
+pub struct RequestStep<C: Codec + 'static> {
+    step: crate::conn::step::Requests<C>,
+    bufs: crate::conn::buffers::Buffers,
+    peer: Addr,
+}
+
+impl<C: Codec + 'static> std::fmt::Debug for RequestStep<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestStep").finish_non_exhaustive()
+    }
+}
+
+impl<C: Codec + 'static> RequestStep<C> {
+    /// A new connection with `codec`, at most `keepalive_requests` requests (0: no limit)
+    /// and no timeouts.
+    pub fn new(codec: C, keepalive_requests: u32) -> Self {
+        let limits = crate::conn::step::Limits {
+            keepalive_timeout: None,
+            read_timeout: None,
+            keepalive_requests: if keepalive_requests == 0 {
+                u32::MAX
+            } else {
+                keepalive_requests
+            },
+            header_timeout: None,
+            min_rate: 0,
+        };
+        RequestStep {
+            step: crate::conn::step::Requests::new(codec, limits, std::time::Instant::now()),
+            bufs: crate::conn::buffers::Buffers::new(),
+            peer: Addr::Unix(None),
+        }
+    }
+
+    /// As much of `bytes` as the read buffer takes (a read never brings more than the
+    /// codec's limit) arrives; the step answers what it can with `handle`. Returns how
+    /// many bytes were taken and what comes next.
+    pub fn feed(&mut self, bytes: &[u8], handle: &mut HandleFn<'_, C>) -> (usize, StepNext) {
+        let room = self.bufs.room(self.step.max_request_size());
+        let n = room.len().min(bytes.len());
+        room[..n].copy_from_slice(&bytes[..n]);
+        self.bufs.filled(n);
+        let now = std::time::Instant::now();
+        self.step.received(now);
+        let next = self.step.advance(
+            &mut self.bufs,
+            &mut Closure::<C>(handle),
+            &mut Quiet,
+            &self.peer,
+            now,
+        );
+        let next = match next {
+            crate::conn::step::Next::Read { .. } => StepNext::Read,
+            crate::conn::step::Next::SendFile(_) => StepNext::SendFile,
+            crate::conn::step::Next::Close { .. } => StepNext::Close,
+            crate::conn::step::Next::Fail(_) => StepNext::Fail,
+        };
+        (n, next)
+    }
+
+    /// The output so far (responses, then an error reply if one ended the connection).
+    pub fn output(&mut self) -> &[u8] {
+        self.bufs.output()
+    }
+
+    /// The protocol error that ended the connection, and where its reply begins in
+    /// [`output`](RequestStep::output).
+    pub fn rejected(&self) -> Option<(crate::codec::ProtocolError, usize)> {
+        self.step.rejected().cloned()
     }
 }

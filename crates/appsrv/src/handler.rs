@@ -4,6 +4,7 @@ use std::io;
 
 use crate::codec::Codec;
 use crate::conn::client::Client;
+use crate::conn::context::Conn;
 
 /// Serves connections, one at a time, inside a worker process.
 ///
@@ -43,27 +44,43 @@ pub trait Handler {
     fn on_worker_exit(&mut self) {}
 }
 
-/// Serves requests, one at a time, inside a worker process: the request level.
+/// Serves requests inside a worker process: the request level.
 ///
 /// The framework reads, frames (with the handler's [`Codec`]), and writes; the handler
 /// only turns each decoded request into a response. Keep-alive, pipelining (several
 /// requests in one read, answered in order with their responses written together),
 /// limits, timeouts and protocol errors are handled by the framework.
 ///
+/// Three lifetimes of state:
+/// - the handler value (`self`): one per worker process, made by the factory after fork,
+///   shared by every connection the worker serves (a database connection, a cache);
+/// - the [`Session`](RequestHandler::Session): one per connection, made with `Default`
+///   when it is accepted and dropped when it closes (a login, a selected database, an
+///   open transaction), reached through [`Conn::session`];
+/// - the [`Codec`]: one per connection too ([`codec`](RequestHandler::codec) is called for
+///   each), holding the framing's own progress.
+///
 /// ```no_run
-/// use std::io::{self, Write};
+/// use std::io;
+/// use appsrv::Conn;
 /// use appsrv::codec::{Lines, LinesResponse};
 ///
 /// struct Upper;
 ///
 /// impl appsrv::RequestHandler for Upper {
 ///     type Codec = Lines;
+///     type Session = ();
 ///
 ///     fn codec(&self) -> Lines {
 ///         Lines::default()
 ///     }
 ///
-///     fn handle_request(&mut self, line: &&[u8], out: &mut LinesResponse<'_>) -> io::Result<()> {
+///     fn handle_request(
+///         &mut self,
+///         _conn: &mut Conn<'_>,
+///         line: &&[u8],
+///         out: &mut LinesResponse<'_>,
+///     ) -> io::Result<()> {
 ///         out.push(&line.to_ascii_uppercase());
 ///         out.push(b"\r\n");
 ///         Ok(())
@@ -78,14 +95,23 @@ pub trait RequestHandler {
     /// The protocol's framing.
     type Codec: Codec;
 
-    /// Makes the worker's codec (once per worker; it is reset for each connection).
+    /// The handler's state for one connection: made with `Default` when the connection is
+    /// accepted, given to each of its requests through [`Conn::session`], dropped when it
+    /// closes. A handler without per-connection state says `type Session = ();`
+    /// (associated type defaults are not stable Rust yet).
+    type Session: Default;
+
+    /// Makes the codec of a new connection: called once for each connection, before its
+    /// first request.
     fn codec(&self) -> Self::Codec;
 
-    /// Handles one request: writes the response into `res`. An error ends the connection
-    /// (logged with the peer's address); a panic ends the connection and the worker, which
-    /// is replaced.
+    /// Handles one request: writes the response into `res`. `conn` is the connection it
+    /// came on (the client's address, TLS, the connection's session). An error ends the
+    /// connection (logged with the peer's address); a panic ends the connection and the
+    /// worker, which is replaced.
     fn handle_request(
         &mut self,
+        conn: &mut Conn<'_, Self::Session>,
         req: &<Self::Codec as Codec>::Request<'_>,
         res: &mut <Self::Codec as Codec>::Response<'_>,
     ) -> io::Result<()>;

@@ -53,6 +53,7 @@ pub use net::{listener, tls};
 pub use clap;
 pub use confine::sandbox::Sandbox;
 pub use conn::client::Client;
+pub use conn::context::Conn;
 pub use error::{BoxError, Error, Result};
 pub use handler::{Handler, RequestHandler, WorkerInfo};
 pub use listener::{Addr, ListenAddr};

@@ -38,12 +38,13 @@
 //!
 //! impl appsrv::RequestHandler for Hello {
 //!     type Codec = Http;
+//!     type Session = ();
 //!
 //!     fn codec(&self) -> Http {
 //!         Http::new()
 //!     }
 //!
-//!     fn handle_request(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+//!     fn handle_request(&mut self, _conn: &mut appsrv::Conn<'_>, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
 //!         if req.path() != "/" {
 //!             res.status(404);
 //!         }
@@ -734,10 +735,6 @@ impl Codec for Http {
     /// HTTP says `Connection: close` on the last response of a connection.
     fn announces_close(&self) -> bool {
         true
-    }
-
-    fn reset(&mut self) {
-        self.pending = Pending::default();
     }
 }
 
@@ -1543,8 +1540,8 @@ mod tests {
             codec.decode(&mut buf).unwrap(),
             Decoded::Incomplete { interim: Some(_) }
         ));
-        // So does the first request of the next connection.
-        codec.reset();
+        // So does the first request of the next connection (which has a codec of its own).
+        let mut codec = Http::new();
         assert!(matches!(
             codec.decode(&mut buf).unwrap(),
             Decoded::Incomplete { interim: Some(_) }

@@ -11,7 +11,7 @@
 //!
 //! # The request loop
 //!
-//! For each connection the loop:
+//! For each connection the loop (the request step, `conn/step.rs`, driven by the worker):
 //! 1. decodes every complete request already in the read buffer, calls
 //!    [`RequestHandler::handle_request`](crate::RequestHandler::handle_request) for each
 //!    and appends each response to the output buffer, in order (pipelining);
@@ -141,8 +141,10 @@ pub trait Respond {
 
 /// A protocol's framing.
 ///
-/// One codec value serves a worker's connections one after another; [`reset`](Codec::reset)
-/// runs before each new connection.
+/// One codec value serves one connection: [`RequestHandler::codec`](crate::RequestHandler::codec)
+/// makes a new one for each connection, so a codec may keep per-connection state (how far
+/// it got in a request that arrives in pieces, buffers it reuses between requests) in
+/// itself, and is dropped when the connection closes.
 pub trait Codec {
     /// A decoded request, borrowing from the connection's read buffer.
     type Request<'a>;
@@ -186,9 +188,6 @@ pub trait Codec {
     fn announces_close(&self) -> bool {
         false
     }
-
-    /// Forgets per-connection state. Does nothing by default.
-    fn reset(&mut self) {}
 }
 
 /// Finds `needle` in `haystack` (a short delimiter).

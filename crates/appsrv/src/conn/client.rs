@@ -465,12 +465,20 @@ impl Client {
         if self.bufs.room(max).is_empty() {
             return Ok(0);
         }
-        let mut bufs = std::mem::replace(&mut self.bufs, Buffers::none());
-        let r = self.recv_from_socket(bufs.room(max), interruptible);
-        self.bufs = bufs;
+        // Only the read buffer is lent to the receive: the output stays, to be flushed
+        // before it waits.
+        let end = self.bufs.end;
+        let mut read = std::mem::take(&mut self.bufs.read);
+        let r = self.recv_from_socket(&mut read[end..], interruptible);
+        self.bufs.read = read;
         let n = r?;
         self.bufs.filled(n);
         Ok(n)
+    }
+
+    /// For the request step: the buffers, with the peer and the TLS session beside them.
+    pub(crate) fn parts(&mut self) -> (&mut Buffers, &Addr, Option<&TlsSession>) {
+        (&mut self.bufs, &self.peer, self.tls.as_deref())
     }
 
     /// For the request loop: the received bytes not yet consumed.
@@ -482,11 +490,6 @@ impl Client {
     /// `write_vectored`/`sendfile` included).
     pub(crate) fn traffic(&self) -> (u64, u64) {
         (self.received, self.sent)
-    }
-
-    /// For the request loop: the unconsumed input and the output buffer, together.
-    pub(crate) fn split_buffers(&mut self) -> (&mut [u8], &mut Vec<u8>) {
-        self.bufs.split()
     }
 
     /// For the request loop: marks `n` received bytes as consumed.
@@ -543,11 +546,6 @@ impl Client {
             }
         }
         self.closed = true;
-    }
-
-    /// For the request loop: the output buffer.
-    pub(crate) fn output(&mut self) -> &mut Vec<u8> {
-        &mut self.bufs.write
     }
 
     /// For the request loop: the socket, to wait on it together with the listeners.
@@ -639,9 +637,12 @@ impl Client {
     }
 
     fn fill(&mut self) -> io::Result<()> {
-        let mut bufs = std::mem::replace(&mut self.bufs, Buffers::none());
-        let r = self.recv(bufs.refill_space());
-        self.bufs = bufs;
+        // Empty the buffer first: if the read fails (a timeout the handler may retry), the
+        // bytes already consumed must not come back. Only the read buffer is lent.
+        self.bufs.refill_space();
+        let mut read = std::mem::take(&mut self.bufs.read);
+        let r = self.recv(&mut read);
+        self.bufs.read = read;
         self.bufs.filled(r?);
         Ok(())
     }

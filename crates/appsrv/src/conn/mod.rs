@@ -1,5 +1,8 @@
 //! One connection's data plane: its buffers, its transport (plain or TLS) and the
-//! blocking [`Client`](client::Client) that `handle_client` users see.
+//! blocking [`Client`](client::Client) that `handle_client` users see, the I/O-free
+//! request step, and the connection context given to request handlers.
 
 pub(crate) mod buffers;
 pub(crate) mod client;
+pub(crate) mod context;
+pub(crate) mod step;

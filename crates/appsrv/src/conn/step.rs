@@ -1,0 +1,1062 @@
+//! The request step: one connection's request level, free of I/O.
+//!
+//! Given the bytes received so far (in [`Buffers`]), [`Requests::advance`] decodes every
+//! complete request (pipelining), calls the handler for each, encodes the responses into
+//! the output buffer, and says what comes next ([`Next`]): read more (with the kind of wait
+//! and its socket timeout), send a file, close (lingering or not), or fail. The driver does
+//! the I/O and reports back what happened: bytes arrived ([`Requests::received`]), the
+//! output went out ([`Requests::output_sent`]), the peer closed ([`Requests::peer_closed`]),
+//! the wait's timeout expired ([`Requests::timed_out`]).
+//!
+//! Slow-client deadlines (`--header-timeout` with `--min-rate`, `--read-timeout`) are
+//! computed from the clock given to each call, not by changing the socket's timeout before
+//! each read: a driver sets its timeout only when the kind of wait changes ([`Wait`]), and
+//! the step tells it, when that timeout expires, whether a deadline has really passed.
+//!
+//! The same step serves the blocking driver of today (`worker::serve`) and can serve an
+//! event loop: nothing here blocks, reads a socket or reads the clock by itself.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
+
+use super::buffers::Buffers;
+use crate::codec::{Codec, Decoded, FileBody, ProtocolError, Respond};
+use crate::net::listener::Addr;
+use crate::scoreboard::{HEAD_BYTES, State};
+
+/// What the request loop asks at a request boundary before it waits for the next request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Boundary {
+    /// Wait for the next request.
+    Wait,
+    /// Close the connection: clients wait in the listen queue and no worker is idle, so
+    /// an idle keep-alive connection must not hold this worker.
+    GiveUp,
+}
+
+/// How long a keep-alive connection may stay quiet, while clients wait in the listen
+/// queue and no worker is idle, before its worker gives it up: for protocols that can
+/// announce a close (an HTTP client reconnects and retries as a matter of course)...
+pub(crate) const IDLE_GRACE: Duration = Duration::from_millis(100);
+/// ... and for those that cannot, whose clients may take a close for a failure: only a
+/// connection that is really idle is given up.
+pub(crate) const IDLE_GRACE_SILENT: Duration = Duration::from_secs(1);
+
+/// How long a keep-alive connection that is between requests when its worker is told to
+/// stop (a stop, a reload, an upgrade, recycling) may take to send its next request, which
+/// is then answered with the close announcement, at most (and never longer than the
+/// keep-alive timeout). A client that talks to a server (a benchmark, a proxy's pooled
+/// connection, a script) sends its next request within microseconds of the last response;
+/// closing the connection at once instead, as most servers do, races with that request and
+/// loses it (the client sees a reset). One that stays quiet this long is a client at rest,
+/// for which a close is as good a time as any.
+pub(crate) const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// How long the close of a connection that ends because its worker stops lingers for the
+/// client's own close (reading and discarding what it still sends), at most.
+pub(crate) const STOP_LINGER: Duration = Duration::from_millis(500);
+
+/// How long, at most, a close after an error reply, or after a last response with
+/// pipelined requests left unanswered, keeps reading and discarding.
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
+/// How much such a close reads at most meanwhile.
+pub(crate) const LINGER_BYTES: usize = 256 * 1024;
+
+/// A timeout that the kernel would read as "none" (under a microsecond) is not one: below
+/// this, what is left of a wait counts as nothing.
+const MIN_WAIT: Duration = Duration::from_millis(1);
+
+/// A socket timeout may expire a little before the clock says the deadline is there (the
+/// kernel's timer granularity): a deadline this close counts as passed.
+const SLACK: Duration = Duration::from_millis(10);
+
+/// The worker's side of the request level: what the step asks and tells it. Nothing here
+/// may block, except [`at_boundary`](Context::at_boundary), which only a blocking driver
+/// calls.
+pub(crate) trait Context {
+    /// Called by a blocking driver at a request boundary when it is about to wait on
+    /// `conn`; `grace` is how long the connection may stay quiet while others wait.
+    fn at_boundary(&mut self, conn: &Socket, grace: Duration) -> Boundary;
+
+    /// Whether clients wait in the listen queue while no worker is idle: a codec that can
+    /// announce a close then makes the current response the connection's last, so the
+    /// client reconnects cleanly (rather than finding its keep-alive connection dropped
+    /// with its next request in flight).
+    fn saturated(&mut self) -> bool;
+
+    /// Whether the worker has reached its request limit (`--max-requests`): a codec that
+    /// can announce a close ends the connection after this response, so that a keep-alive
+    /// client cannot keep a worker past its limit.
+    fn retiring(&mut self) -> bool {
+        false
+    }
+
+    /// Whether the worker was told to stop (a stop signal).
+    fn stopping(&mut self) -> bool {
+        crate::sys::stop_requested()
+    }
+
+    /// The worker's scoreboard state changes (reading, handling, writing, closing).
+    fn state(&mut self, _state: State) {}
+
+    /// A request begins; `head` is its first bytes (for the status and the timeout's log).
+    fn request_start(&mut self, _head: &[u8]) {}
+
+    /// The request that began is answered: `bytes` is (request, response) length, `ok`
+    /// whether the handler succeeded.
+    fn request_end(&mut self, _bytes: (u64, u64), _ok: bool) {}
+}
+
+/// The handler, as the step calls it: the worker binds the user's handler to the
+/// connection's context and session.
+pub(crate) trait Handle<C: Codec> {
+    /// Handles one request, writing the response into `res`.
+    fn handle(&mut self, req: &C::Request<'_>, res: &mut C::Response<'_>) -> io::Result<()>;
+}
+
+/// Limits of the request level.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// How long an idle connection may wait for its next request (the socket's timeout
+    /// between requests, inherited from the listener).
+    pub(crate) keepalive_timeout: Option<Duration>,
+    /// How long the rest of a request may take to arrive once its first bytes came, at
+    /// most, between two reads that bring bytes.
+    pub(crate) read_timeout: Option<Duration>,
+    /// Requests per connection; the last response closes it.
+    pub(crate) keepalive_requests: u32,
+    /// Slow-client defence: a request that arrives in pieces must be complete within this
+    /// time of its first bytes, extended by one second per `min_rate` bytes received.
+    pub(crate) header_timeout: Option<Duration>,
+    /// Bytes per second that earn a slow request one more second (0: no extension).
+    pub(crate) min_rate: u64,
+}
+
+impl Limits {
+    /// How long a stopping worker waits for an idle keep-alive connection's next request.
+    fn drain_wait(&self) -> Duration {
+        self.keepalive_timeout.map_or(DRAIN_WAIT, |t| t.min(DRAIN_WAIT))
+    }
+
+    /// The socket timeout while a request is incomplete: the read timeout, or, under the
+    /// header timeout, a tick short enough that its deadline is seen on time (a quarter
+    /// of it, between 10 ms and a second), whatever bytes arrive meanwhile.
+    fn request_wait(&self) -> Option<Duration> {
+        match self.header_timeout {
+            None => self.read_timeout,
+            Some(limit) => {
+                let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                Some(self.read_timeout.map_or(tick, |t| t.min(tick)))
+            }
+        }
+    }
+}
+
+/// The kind of wait the step asks for: the driver changes the socket's timeout only when
+/// this changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Between requests: the keep-alive timeout.
+    Idle,
+    /// In the middle of a request: the read timeout, or the header timeout's tick.
+    Request,
+    /// Between requests while the worker stops: what is left of the drain wait.
+    Drain,
+}
+
+/// What the driver does next.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// Send the output buffer (if not empty), then read. `timeout` is the socket timeout
+    /// for this kind of wait (set it when the kind changes); `guarded` says that the
+    /// connection is an idle keep-alive one that the pool-starvation guard may give up,
+    /// after `grace`.
+    Read {
+        wait: Wait,
+        timeout: Option<Duration>,
+        guarded: bool,
+        grace: Duration,
+    },
+    /// Send the output buffer, then this file range, then call [`Requests::advance`].
+    SendFile(FileBody),
+    /// Send the output buffer, then close: with `linger`, shut the connection for writing
+    /// first and read and discard what the client still sends for at most that long
+    /// (`Duration::ZERO`: only what has arrived), so that the close does not reset a
+    /// response the client has not read yet.
+    Close { linger: Option<Duration> },
+    /// The handler failed: its partial response was dropped, the connection ends with
+    /// this error (logged by the worker).
+    Fail(io::Error),
+}
+
+/// One connection's request level: its codec and where it is between requests.
+pub(crate) struct Requests<C: Codec> {
+    codec: C,
+    limits: Limits,
+    max: usize,
+    announces_close: bool,
+    /// Requests answered.
+    served: u32,
+    /// The request in progress was announced to the context.
+    in_request: bool,
+    /// When the request in progress showed its first bytes (header timeout).
+    began: Option<Instant>,
+    /// When bytes last arrived (read timeout).
+    last_input: Instant,
+    /// Until when a stopping worker waits for this idle connection's next request.
+    draining: Option<Instant>,
+    /// A response was made and not sent yet (the slot shows writing).
+    writing: bool,
+    /// The wait last asked for.
+    wait: Wait,
+    /// What follows the file being sent: the close of a last response.
+    after_file: Option<Option<Duration>>,
+    /// The protocol error that ended the connection, and where its reply begins in the
+    /// output.
+    rejected: Option<(ProtocolError, usize)>,
+}
+
+impl<C: Codec> std::fmt::Debug for Requests<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Requests")
+            .field("served", &self.served)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of one decoding turn.
+enum Turn {
+    Handled {
+        len: usize,
+        mark: usize,
+        /// The response was made as the connection's last.
+        last: bool,
+        handled: io::Result<()>,
+        outcome: crate::codec::Outcome,
+    },
+    Incomplete,
+    Bad(ProtocolError),
+}
+
+impl<C: Codec> Requests<C> {
+    /// A new connection's request level, accepted at `now` (the read timeout counts from
+    /// there until the first bytes).
+    pub(crate) fn new(codec: C, limits: Limits, now: Instant) -> Self {
+        let max = codec.max_request_size();
+        let announces_close = codec.announces_close();
+        Requests {
+            codec,
+            limits,
+            max,
+            announces_close,
+            served: 0,
+            in_request: false,
+            began: None,
+            last_input: now,
+            draining: None,
+            writing: false,
+            wait: Wait::Idle,
+            after_file: None,
+            rejected: None,
+        }
+    }
+
+    /// The most bytes the read buffer may hold (the codec's limit).
+    pub(crate) fn max_request_size(&self) -> usize {
+        self.max
+    }
+
+    /// Requests answered so far.
+    #[cfg(test)]
+    pub(crate) fn served(&self) -> u32 {
+        self.served
+    }
+
+    /// The protocol error that ended the connection, if one did, and the offset in the
+    /// output at which its reply begins.
+    pub(crate) fn rejected(&self) -> Option<&(ProtocolError, usize)> {
+        self.rejected.as_ref()
+    }
+
+    /// Bytes arrived at `now` (the driver put them in the buffers).
+    pub(crate) fn received(&mut self, now: Instant) {
+        self.last_input = now;
+    }
+
+    /// The output went out: a response that was being written is done.
+    pub(crate) fn output_sent(&mut self, ctx: &mut dyn Context) {
+        if self.writing {
+            ctx.state(State::Reading);
+            self.writing = false;
+        }
+    }
+
+    /// Whether this idle connection is to be drained now (an HTTP-like connection of a
+    /// stopping worker): the driver asks again after a guard's wait.
+    pub(crate) fn drains(&self, ctx: &mut dyn Context) -> bool {
+        self.announces_close && self.served > 0 && ctx.stopping()
+    }
+
+    /// Answers every complete request in `bufs` and says what comes next.
+    pub(crate) fn advance(
+        &mut self,
+        bufs: &mut Buffers,
+        handler: &mut dyn Handle<C>,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        now: Instant,
+    ) -> Next {
+        if let Some(linger) = self.after_file.take() {
+            return Next::Close { linger };
+        }
+        while !bufs.unconsumed().is_empty() {
+            match self.one(bufs, handler, ctx) {
+                Turn::Handled {
+                    len,
+                    mark,
+                    last,
+                    handled,
+                    outcome,
+                } => {
+                    if let Some(next) = self.answered(bufs, ctx, (len, mark, last), handled, outcome) {
+                        return next;
+                    }
+                }
+                Turn::Incomplete => break,
+                Turn::Bad(e) => return self.protocol_error(bufs, ctx, peer, &e),
+            }
+        }
+        if bufs.unconsumed().is_empty() {
+            self.at_boundary(ctx, now)
+        } else {
+            self.partial(bufs, ctx, peer, now)
+        }
+    }
+
+    /// Decodes the request at the front of the buffer, and handles it if complete.
+    fn one(&mut self, bufs: &mut Buffers, handler: &mut dyn Handle<C>, ctx: &mut dyn Context) -> Turn {
+        if !self.in_request {
+            let input = bufs.unconsumed();
+            ctx.request_start(&input[..input.len().min(HEAD_BYTES)]);
+            self.in_request = true;
+        }
+        // Only a protocol that can tell its client ends a connection between requests:
+        // to a client of one that cannot, a close looks like a failure, so its
+        // connections last until the client leaves (or a timeout, or the grace period),
+        // even while the worker stops or retires.
+        let last = self.announces_close
+            && (ctx.stopping()
+                || self.served + 1 >= self.limits.keepalive_requests
+                || ctx.retiring()
+                || ctx.saturated());
+        let (input, out) = bufs.split();
+        let held = input.len();
+        match self.codec.decode(input) {
+            Ok(Decoded::Request { request, len }) => {
+                // What the loop relies on (the fuzz targets check it): a request takes at
+                // least one byte, no more than the buffer holds, nor than the codec's limit.
+                debug_assert!(len > 0, "a request of 0 bytes: the loop would spin");
+                debug_assert!(len <= held, "decode claimed {len} bytes of a buffer of {held}");
+                debug_assert!(
+                    len <= self.max,
+                    "a request of {len} bytes, above max_request_size()"
+                );
+                let mark = out.len();
+                let mut res = self.codec.respond(&request, out, last);
+                ctx.state(State::Handling);
+                let handled = handler.handle(&request, &mut res);
+                if self.announces_close && !last && ctx.stopping() {
+                    // The stop came while the handler ran: this response can still say
+                    // that it is the last (its head is written by `finish`).
+                    res.close_after();
+                }
+                // The response is written from here on (the slot still names its
+                // request), until the output is sent: a slow reader shows as one.
+                ctx.state(State::Writing);
+                let outcome = res.finish();
+                Turn::Handled {
+                    len,
+                    mark,
+                    last,
+                    handled,
+                    outcome,
+                }
+            }
+            Ok(Decoded::Incomplete { interim }) => {
+                if let Some(bytes) = interim {
+                    out.extend_from_slice(bytes);
+                }
+                Turn::Incomplete
+            }
+            Err(e) => Turn::Bad(e),
+        }
+    }
+
+    /// A request was handled: accounts for it, and says whether the connection goes on
+    /// (`None`) or what ends it.
+    fn answered(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        (len, mark, last): (usize, usize, bool),
+        handled: io::Result<()>,
+        outcome: crate::codec::Outcome,
+    ) -> Option<Next> {
+        self.served += 1;
+        self.began = None;
+        let file_len = outcome
+            .file
+            .as_ref()
+            .map_or(0, |f| f.range.end.saturating_sub(f.range.start));
+        let out_len = bufs.output().len().saturating_sub(mark) as u64 + file_len;
+        ctx.request_end((len as u64, out_len), handled.is_ok());
+        self.in_request = false;
+        if let Err(e) = handled {
+            bufs.output().truncate(mark);
+            return Some(Next::Fail(e));
+        }
+        bufs.consume(len);
+        self.writing = true;
+        let close = if self.draining.is_some() {
+            // Answered with the announcement: the client reconnects for the next one.
+            Some(Some(STOP_LINGER))
+        } else if outcome.close || last {
+            // Requests the client pipelined after this one are not answered: close
+            // lingering, so that their unread bytes do not make the kernel reset the
+            // connection under the response just sent (the client retries them). No
+            // cost when nothing is left unread, the usual case.
+            Some((!bufs.unconsumed().is_empty()).then_some(LINGER))
+        } else {
+            None
+        };
+        match (outcome.file, close) {
+            (Some(body), close) => {
+                self.after_file = close;
+                Some(Next::SendFile(body))
+            }
+            (None, Some(linger)) => Some(Next::Close { linger }),
+            (None, None) => None,
+        }
+    }
+
+    /// Between requests: drain a stopping worker's connection, or wait for the next one.
+    fn at_boundary(&mut self, ctx: &mut dyn Context, now: Instant) -> Next {
+        self.began = None;
+        // Stopping: an HTTP-like connection ends between requests (a connection just
+        // accepted gets its first request answered: the client sent it already). Closing
+        // it now would race with the request the client may be sending: wait a moment for
+        // it, answer it with the close announcement, and close lingering.
+        if self.drains(ctx) {
+            let until = *self
+                .draining
+                .get_or_insert_with(|| now + self.limits.drain_wait());
+            let left = until.saturating_duration_since(now);
+            if left < MIN_WAIT {
+                return Next::Close {
+                    linger: Some(Duration::ZERO),
+                };
+            }
+            ctx.state(State::Finishing);
+            return self.read(Wait::Drain, Some(left));
+        }
+        // Only a keep-alive connection, one that was served already, can be given up: a
+        // new connection whose first request has not arrived yet (a client that is slow
+        // to send, a loaded machine) would see its request dropped.
+        let grace = if self.announces_close {
+            IDLE_GRACE
+        } else {
+            IDLE_GRACE_SILENT
+        };
+        self.wait = Wait::Idle;
+        Next::Read {
+            wait: Wait::Idle,
+            timeout: self.limits.keepalive_timeout,
+            guarded: self.served > 0,
+            grace,
+        }
+    }
+
+    /// In the middle of a request: refuse one too large or too slow, else read on.
+    fn partial(&mut self, bufs: &mut Buffers, ctx: &mut dyn Context, peer: &Addr, now: Instant) -> Next {
+        let pending = bufs.unconsumed().len();
+        if pending >= self.max {
+            let e = ProtocolError::TooLarge {
+                what: "request",
+                limit: self.max,
+            };
+            return self.protocol_error(bufs, ctx, peer, &e);
+        }
+        if self.limits.header_timeout.is_some() {
+            let began = *self.began.get_or_insert(now);
+            if self.too_slow(pending, now) {
+                // Details at debug level: protocol_error logs the one info line.
+                tracing::debug!(
+                    "{peer} sent {pending} bytes of a request in {:?}: too slow (--header-timeout, --min-rate)",
+                    now.duration_since(began)
+                );
+                return self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout);
+            }
+        }
+        // Kept while the kind of wait stays: the timeout depends on the limits only.
+        self.read(Wait::Request, self.limits.request_wait())
+    }
+
+    /// Whether a request of `pending` bytes so far is over the header timeout at `now`:
+    /// like Apache's mod_reqtimeout, it must be complete within the limit of its first
+    /// bytes, plus one second per `min_rate` bytes received.
+    fn too_slow(&self, pending: usize, now: Instant) -> bool {
+        let (Some(limit), Some(began)) = (self.limits.header_timeout, self.began) else {
+            return false;
+        };
+        let earned = match self.limits.min_rate {
+            0 => Duration::ZERO,
+            rate => Duration::from_secs_f64(pending as f64 / rate as f64),
+        };
+        now + SLACK >= began + limit + earned
+    }
+
+    fn read(&mut self, wait: Wait, timeout: Option<Duration>) -> Next {
+        self.wait = wait;
+        Next::Read {
+            wait,
+            timeout,
+            guarded: false,
+            grace: Duration::ZERO,
+        }
+    }
+
+    /// The wait's socket timeout expired at `now`: close an idle connection, refuse a
+    /// request whose deadline has passed, or wait on.
+    pub(crate) fn timed_out(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        now: Instant,
+    ) -> Next {
+        match self.wait {
+            // An idle keep-alive connection timed out: close it quietly.
+            Wait::Idle => Next::Close { linger: None },
+            Wait::Drain => Next::Close {
+                linger: Some(Duration::ZERO),
+            },
+            Wait::Request => {
+                let pending = bufs.unconsumed().len();
+                let read_timeout_passed = self
+                    .limits
+                    .read_timeout
+                    .is_some_and(|t| now + SLACK >= self.last_input + t);
+                // Without a header timeout, the socket's timeout is the read timeout.
+                if self.limits.header_timeout.is_none() || read_timeout_passed {
+                    return self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout);
+                }
+                if self.too_slow(pending, now) {
+                    if let Some(began) = self.began {
+                        tracing::debug!(
+                            "{peer} sent {pending} bytes of a request in {:?}: too slow (--header-timeout, --min-rate)",
+                            now.duration_since(began)
+                        );
+                    }
+                    return self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout);
+                }
+                self.read(Wait::Request, self.limits.request_wait())
+            }
+        }
+    }
+
+    /// The peer closed its side (a read returned end of file).
+    pub(crate) fn peer_closed(&mut self, bufs: &Buffers) -> Next {
+        if bufs.unconsumed().is_empty() {
+            // Between requests (or while draining): the client is done.
+            Next::Close { linger: None }
+        } else {
+            Next::Fail(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the client closed the connection in the middle of a request",
+            ))
+        }
+    }
+
+    /// Bad input: the codec's error reply, then a lingering close; logged once, here.
+    ///
+    /// The close lingers: the connection is shut for writing (the reply is followed by a
+    /// FIN), then what the client still sends is read and discarded for a moment. Closing
+    /// a socket with unread input makes the kernel send a reset, which can destroy the
+    /// reply before the client reads it (a 413 sent while the client is still uploading
+    /// its body).
+    fn protocol_error(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        e: &ProtocolError,
+    ) -> Next {
+        ctx.state(State::Closing);
+        self.rejected = Some((e.clone(), bufs.output().len()));
+        self.codec.encode_error(e, bufs.output());
+        tracing::info!("bad request from {peer}: {e}; closing the connection");
+        Next::Close { linger: Some(LINGER) }
+    }
+
+    /// Refuses the connection before any request: the codec's error reply for `why`
+    /// (HTTP 503, `-ERR refused: …`) goes into the output buffer.
+    pub(crate) fn refuse(&mut self, bufs: &mut Buffers, why: &'static str) {
+        self.codec
+            .encode_error(&ProtocolError::Refused(why.into()), bufs.output());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The request step with byte inputs and a clock given by the test: no socket, no
+    //! waiting.
+    use std::io::Write;
+
+    use super::*;
+    use crate::codec::{Http, HttpRequest, HttpResponse, Lines, LinesResponse};
+
+    /// A worker context whose answers the test sets.
+    #[derive(Default)]
+    struct Fake {
+        saturated: bool,
+        stopping: bool,
+        started: usize,
+        ended: usize,
+    }
+
+    impl Context for Fake {
+        fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
+            Boundary::Wait
+        }
+        fn saturated(&mut self) -> bool {
+            self.saturated
+        }
+        fn stopping(&mut self) -> bool {
+            self.stopping
+        }
+        fn request_start(&mut self, _: &[u8]) {
+            self.started += 1;
+        }
+        fn request_end(&mut self, _: (u64, u64), _: bool) {
+            self.ended += 1;
+        }
+    }
+
+    /// Answers every HTTP request with "hi", or fails when the path is /fail.
+    struct Hello;
+
+    impl Handle<Http> for Hello {
+        fn handle(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+            if req.path() == "/fail" {
+                res.write_all(b"half a respon")?;
+                return Err(io::Error::other("the handler failed"));
+            }
+            res.write_all(b"hi")
+        }
+    }
+
+    /// Echoes each line.
+    struct Echo;
+
+    impl Handle<Lines> for Echo {
+        fn handle(&mut self, line: &&[u8], res: &mut LinesResponse<'_>) -> io::Result<()> {
+            res.push(line);
+            res.push(b"\n");
+            Ok(())
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        keepalive_timeout: Some(Duration::from_secs(5)),
+        read_timeout: Some(Duration::from_secs(60)),
+        keepalive_requests: 1000,
+        header_timeout: Some(Duration::from_secs(20)),
+        min_rate: 500,
+    };
+
+    const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: example\r\n\r\n";
+
+    /// A connection's request level with its buffers and context.
+    struct Conn<C: Codec> {
+        step: Requests<C>,
+        bufs: Buffers,
+        ctx: Fake,
+        peer: Addr,
+        t0: Instant,
+    }
+
+    impl<C: Codec> Conn<C> {
+        fn new(codec: C, limits: Limits) -> Self {
+            let t0 = Instant::now();
+            Conn {
+                step: Requests::new(codec, limits, t0),
+                bufs: Buffers::new(),
+                ctx: Fake::default(),
+                peer: Addr::Unix(None),
+                t0,
+            }
+        }
+
+        /// `bytes` arrive `at` after the accept; the step answers what it can.
+        fn feed(&mut self, bytes: &[u8], at: Duration, handler: &mut dyn Handle<C>) -> Next {
+            let mut left = bytes;
+            while !left.is_empty() {
+                let room = self.bufs.room(usize::MAX);
+                let n = room.len().min(left.len());
+                room[..n].copy_from_slice(&left[..n]);
+                self.bufs.filled(n);
+                left = &left[n..];
+            }
+            self.step.received(self.t0 + at);
+            self.step
+                .advance(&mut self.bufs, handler, &mut self.ctx, &self.peer, self.t0 + at)
+        }
+
+        /// The wait's socket timeout expired `at` after the accept.
+        fn timeout(&mut self, at: Duration) -> Next {
+            self.step
+                .timed_out(&mut self.bufs, &mut self.ctx, &self.peer, self.t0 + at)
+        }
+
+        /// The output the driver would send now, taken.
+        fn sent(&mut self) -> String {
+            let out = String::from_utf8(std::mem::take(self.bufs.output())).unwrap();
+            self.step.output_sent(&mut self.ctx);
+            out
+        }
+    }
+
+    fn is_idle_read(next: &Next) -> bool {
+        matches!(next, Next::Read { wait: Wait::Idle, .. })
+    }
+
+    fn is_request_read(next: &Next) -> bool {
+        matches!(
+            next,
+            Next::Read {
+                wait: Wait::Request,
+                ..
+            }
+        )
+    }
+
+    /// A response without its Date line (which may change between two runs).
+    fn dateless(response: &str) -> String {
+        response
+            .lines()
+            .filter(|l| !l.starts_with("Date:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn a_request_split_at_every_byte_boundary_gets_the_same_one_response() {
+        let mut whole = Conn::new(Http::default(), LIMITS);
+        let next = whole.feed(GET, Duration::ZERO, &mut Hello);
+        assert!(is_idle_read(&next), "{next:?}");
+        let expected = dateless(&whole.sent());
+        assert!(expected.starts_with("HTTP/1.1 200 OK"), "{expected}");
+        for split in 1..GET.len() {
+            let mut c = Conn::new(Http::default(), LIMITS);
+            let next = c.feed(&GET[..split], Duration::ZERO, &mut Hello);
+            assert!(is_request_read(&next), "split at {split}: {next:?}");
+            assert!(
+                c.bufs.output().is_empty(),
+                "nothing answered before the request is whole"
+            );
+            let next = c.feed(&GET[split..], Duration::from_millis(1), &mut Hello);
+            assert!(is_idle_read(&next), "split at {split}: {next:?}");
+            assert_eq!(dateless(&c.sent()), expected, "split at {split}");
+            assert_eq!(c.step.served(), 1);
+        }
+    }
+
+    #[test]
+    fn a_request_that_arrives_a_byte_at_a_time_is_answered_once() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        for (i, b) in GET.iter().enumerate() {
+            let next = c.feed(&[*b], Duration::from_millis(i as u64), &mut Hello);
+            if i + 1 < GET.len() {
+                assert!(is_request_read(&next), "byte {i}: {next:?}");
+            } else {
+                assert!(is_idle_read(&next), "{next:?}");
+            }
+        }
+        assert_eq!(c.sent().matches("200 OK").count(), 1);
+        assert_eq!((c.ctx.started, c.ctx.ended), (1, 1));
+    }
+
+    #[test]
+    fn a_pipelined_batch_is_answered_in_order_with_one_output() {
+        let mut c = Conn::new(Lines::default(), LIMITS);
+        let next = c.feed(b"one\ntwo\nthree\nfo", Duration::ZERO, &mut Echo);
+        assert!(is_request_read(&next), "the fourth is incomplete: {next:?}");
+        assert_eq!(c.sent(), "one\ntwo\nthree\n");
+        assert_eq!(c.step.served(), 3);
+        let next = c.feed(b"ur\n", Duration::from_millis(1), &mut Echo);
+        assert!(is_idle_read(&next), "{next:?}");
+        assert_eq!(c.sent(), "four\n");
+    }
+
+    #[test]
+    fn a_slow_header_that_is_complete_within_the_deadline_is_served() {
+        let limits = Limits {
+            header_timeout: Some(Duration::from_secs(1)),
+            min_rate: 0,
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        let next = c.feed(&GET[..10], Duration::ZERO, &mut Hello);
+        // The socket waits a tick (a quarter of the header timeout), whatever arrives.
+        let Next::Read {
+            wait: Wait::Request,
+            timeout: Some(tick),
+            ..
+        } = next
+        else {
+            panic!("{next:?}")
+        };
+        assert_eq!(tick, Duration::from_millis(250));
+        // The tick expires: not the deadline yet, the wait goes on (same kind: no new
+        // socket timeout).
+        assert!(is_request_read(&c.timeout(Duration::from_millis(500))));
+        let next = c.feed(&GET[10..], Duration::from_millis(900), &mut Hello);
+        assert!(is_idle_read(&next), "{next:?}");
+        assert!(c.sent().starts_with("HTTP/1.1 200 OK"));
+    }
+
+    #[test]
+    fn a_slow_header_past_the_deadline_gets_408_and_a_lingering_close() {
+        let limits = Limits {
+            header_timeout: Some(Duration::from_secs(1)),
+            min_rate: 0,
+            ..LIMITS
+        };
+        // Seen when the tick expires...
+        let mut c = Conn::new(Http::default(), limits.clone());
+        c.feed(&GET[..10], Duration::ZERO, &mut Hello);
+        let next = c.timeout(Duration::from_millis(1000));
+        assert!(matches!(next, Next::Close { linger: Some(LINGER) }), "{next:?}");
+        assert!(c.sent().starts_with("HTTP/1.1 408"));
+        // ... and when bytes keep coming, a byte at a time, too slowly.
+        let mut c = Conn::new(Http::default(), limits);
+        let mut at = Duration::ZERO;
+        let mut last = None;
+        for b in &GET[..20] {
+            let next = c.feed(&[*b], at, &mut Hello);
+            if !is_request_read(&next) {
+                last = Some((at, next));
+                break;
+            }
+            at += Duration::from_millis(100);
+        }
+        let (at, next) = last.expect("the trickle was stopped");
+        assert!(
+            at >= Duration::from_millis(990) && at <= Duration::from_millis(1100),
+            "{at:?}"
+        );
+        assert!(matches!(next, Next::Close { linger: Some(LINGER) }), "{next:?}");
+        assert!(c.sent().starts_with("HTTP/1.1 408"));
+    }
+
+    #[test]
+    fn min_rate_earns_a_slow_request_more_time() {
+        let limits = Limits {
+            header_timeout: Some(Duration::from_secs(1)),
+            min_rate: 10, // 20 bytes earn two more seconds
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        c.feed(&GET[..20], Duration::ZERO, &mut Hello);
+        assert!(is_request_read(&c.timeout(Duration::from_millis(2500))));
+        let next = c.timeout(Duration::from_millis(3000));
+        assert!(matches!(next, Next::Close { .. }), "{next:?}");
+    }
+
+    #[test]
+    fn the_read_timeout_counts_from_the_last_bytes() {
+        let limits = Limits {
+            read_timeout: Some(Duration::from_secs(2)),
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        c.feed(&GET[..5], Duration::ZERO, &mut Hello);
+        c.feed(&GET[5..10], Duration::from_millis(1500), &mut Hello);
+        assert!(is_request_read(&c.timeout(Duration::from_millis(3000))));
+        let next = c.timeout(Duration::from_millis(3500));
+        assert!(matches!(next, Next::Close { .. }), "{next:?}");
+        assert!(c.sent().starts_with("HTTP/1.1 408"));
+        // Without a header timeout the socket's timeout is the read timeout itself.
+        let limits = Limits {
+            header_timeout: None,
+            read_timeout: Some(Duration::from_secs(2)),
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        let next = c.feed(&GET[..5], Duration::ZERO, &mut Hello);
+        assert!(
+            matches!(next, Next::Read { timeout: Some(t), .. } if t == Duration::from_secs(2)),
+            "{next:?}"
+        );
+        assert!(matches!(c.timeout(Duration::from_secs(2)), Next::Close { .. }));
+    }
+
+    #[test]
+    fn an_idle_keep_alive_connection_that_times_out_closes_quietly() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        c.feed(GET, Duration::ZERO, &mut Hello);
+        c.sent();
+        let next = c.timeout(Duration::from_secs(5));
+        assert!(matches!(next, Next::Close { linger: None }), "{next:?}");
+        assert!(c.sent().is_empty(), "no error reply between requests");
+    }
+
+    #[test]
+    fn the_keepalive_request_limit_announces_the_close_on_the_last_response() {
+        let limits = Limits {
+            keepalive_requests: 2,
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        assert!(is_idle_read(&c.feed(GET, Duration::ZERO, &mut Hello)));
+        assert!(!c.sent().contains("Connection: close"));
+        let next = c.feed(GET, Duration::from_millis(1), &mut Hello);
+        assert!(matches!(next, Next::Close { linger: None }), "{next:?}");
+        assert!(c.sent().contains("Connection: close"));
+    }
+
+    #[test]
+    fn requests_pipelined_after_the_last_response_are_not_answered_and_the_close_lingers() {
+        let limits = Limits {
+            keepalive_requests: 1,
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        let two = [GET, GET].concat();
+        let next = c.feed(&two, Duration::ZERO, &mut Hello);
+        assert!(matches!(next, Next::Close { linger: Some(LINGER) }), "{next:?}");
+        assert_eq!(c.sent().matches("200 OK").count(), 1);
+    }
+
+    #[test]
+    fn on_a_saturated_pool_http_announces_the_close_and_lines_do_not() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        c.ctx.saturated = true;
+        let next = c.feed(&[GET, GET].concat(), Duration::ZERO, &mut Hello);
+        assert!(matches!(next, Next::Close { .. }), "{next:?}");
+        let out = c.sent();
+        assert_eq!(out.matches("200 OK").count(), 1, "{out}");
+        assert!(out.contains("Connection: close"), "{out}");
+        let mut c = Conn::new(Lines::default(), LIMITS);
+        c.ctx.saturated = true;
+        assert!(is_idle_read(&c.feed(b"a\nb\n", Duration::ZERO, &mut Echo)));
+        assert_eq!(c.sent(), "a\nb\n");
+    }
+
+    #[test]
+    fn a_stopping_worker_drains_an_idle_connection_then_closes() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        c.feed(GET, Duration::ZERO, &mut Hello);
+        c.sent();
+        c.ctx.stopping = true;
+        let next = c.feed(b"", Duration::from_millis(10), &mut Hello);
+        let Next::Read {
+            wait: Wait::Drain,
+            timeout: Some(left),
+            ..
+        } = next
+        else {
+            panic!("{next:?}")
+        };
+        assert!(left <= DRAIN_WAIT, "{left:?}");
+        // A request within the drain wait is answered with the announcement.
+        let next = c.feed(GET, Duration::from_millis(20), &mut Hello);
+        assert!(
+            matches!(
+                next,
+                Next::Close {
+                    linger: Some(STOP_LINGER)
+                }
+            ),
+            "{next:?}"
+        );
+        assert!(c.sent().contains("Connection: close"));
+        // No request: the wait ends, the connection closes.
+        let mut c = Conn::new(Http::default(), LIMITS);
+        c.feed(GET, Duration::ZERO, &mut Hello);
+        c.ctx.stopping = true;
+        c.feed(b"", Duration::from_millis(10), &mut Hello);
+        let next = c.timeout(Duration::from_millis(1010));
+        assert!(
+            matches!(
+                next,
+                Next::Close {
+                    linger: Some(Duration::ZERO)
+                }
+            ),
+            "{next:?}"
+        );
+    }
+
+    #[test]
+    fn a_request_too_large_gets_the_error_reply() {
+        let mut c = Conn::new(Lines::new(16), LIMITS);
+        let next = c.feed(b"this line never ends", Duration::ZERO, &mut Echo);
+        assert!(matches!(next, Next::Close { linger: Some(LINGER) }), "{next:?}");
+        assert!(c.sent().starts_with("-ERR"), "the codec's error reply");
+    }
+
+    #[test]
+    fn malformed_input_gets_the_codecs_error_reply() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        let next = c.feed(b"GET / HTTP/1.1\nHost: x\n\n", Duration::ZERO, &mut Hello);
+        assert!(matches!(next, Next::Close { linger: Some(LINGER) }), "{next:?}");
+        assert!(c.sent().starts_with("HTTP/1.1 400"));
+    }
+
+    #[test]
+    fn a_handler_error_drops_its_partial_response_and_ends_the_connection() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        let next = c.feed(
+            b"GET /fail HTTP/1.1\r\nHost: x\r\n\r\n",
+            Duration::ZERO,
+            &mut Hello,
+        );
+        assert!(
+            matches!(next, Next::Fail(ref e) if e.to_string() == "the handler failed"),
+            "{next:?}"
+        );
+        assert!(c.sent().is_empty(), "half a response is never sent");
+    }
+
+    #[test]
+    fn the_peer_closing_between_requests_is_an_end_and_in_the_middle_an_error() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        c.feed(GET, Duration::ZERO, &mut Hello);
+        assert!(matches!(
+            c.step.peer_closed(&c.bufs),
+            Next::Close { linger: None }
+        ));
+        c.feed(&GET[..4], Duration::ZERO, &mut Hello);
+        let next = c.step.peer_closed(&c.bufs);
+        assert!(
+            matches!(next, Next::Fail(ref e) if e.kind() == io::ErrorKind::UnexpectedEof),
+            "{next:?}"
+        );
+    }
+
+    #[test]
+    fn only_a_served_connection_is_guarded() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        let next = c.feed(b"", Duration::ZERO, &mut Hello);
+        assert!(matches!(next, Next::Read { guarded: false, .. }), "{next:?}");
+        let next = c.feed(GET, Duration::ZERO, &mut Hello);
+        assert!(
+            matches!(next, Next::Read { guarded: true, grace, .. } if grace == IDLE_GRACE),
+            "{next:?}"
+        );
+    }
+}
