@@ -275,6 +275,12 @@ impl<C: Codec> Requests<C> {
         self.served
     }
 
+    /// The socket timeout between requests (the keep-alive timeout), which an accepted
+    /// connection has from its listener.
+    pub(crate) fn idle_timeout(&self) -> Option<Duration> {
+        self.limits.keepalive_timeout
+    }
+
     /// The protocol error that ended the connection, if one did, and the offset in the
     /// output at which its reply begins.
     pub(crate) fn rejected(&self) -> Option<&(ProtocolError, usize)> {

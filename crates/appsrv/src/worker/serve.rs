@@ -140,8 +140,10 @@ fn drive<H: RequestHandler>(
     ctx: &mut dyn Context,
 ) -> io::Result<()> {
     let max = step.max_request_size();
-    // The socket's timeout is the listener's: the keep-alive timeout.
-    let mut set = Wait::Idle;
+    // The socket's timeout is the listener's: the keep-alive timeout. It changes when the
+    // kind of wait does, and only if the new kind's timeout differs (with equal read and
+    // keep-alive timeouts, a split request costs no setsockopt at all).
+    let mut set = (Wait::Idle, step.idle_timeout());
     let mut next = advance(&mut step, handler, session, id, client, ctx);
     loop {
         next = match next {
@@ -170,9 +172,11 @@ fn drive<H: RequestHandler>(
                     // The stop came while the guard waited: drain (the step says how).
                     advance(&mut step, handler, session, id, client, ctx)
                 } else {
-                    if wait != set {
-                        client.set_read_timeout(timeout)?;
-                        set = wait;
+                    if wait != set.0 {
+                        if timeout != set.1 {
+                            client.set_read_timeout(timeout)?;
+                        }
+                        set = (wait, timeout);
                     }
                     // A wait between requests ends on a signal, so that a stop is seen.
                     match client.read_more(max, wait != Wait::Request) {
