@@ -24,6 +24,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 worker_ir() {
   local dir=$1 n=$2 flags=$3 out="$work/run.$RANDOM"
   mkdir -p "$out"
+  chmod 1777 "$out" # the worker runs as nobody and writes its own file
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
     "$dir/http_hello" -l 127.0.0.1:0 -w 1 2>"$out/log" &
   local master=$!

@@ -186,6 +186,35 @@ fn kv_keeps_state_per_worker() {
     assert_eq!(b.rest().unwrap(), "");
 }
 
+/// Issue 15: a request handler's session lives as long as its connection. The database
+/// `SELECT` chose is the connection's (a new connection starts in 0 again, on the same
+/// worker), while the map is the worker's (the value is there when database 1 is chosen
+/// again).
+#[test]
+fn issue_15_a_session_lasts_one_connection() {
+    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1"]);
+    let mut a = LineClient::tcp(server.tcp_addr());
+    assert_eq!(a.ask("SELECT 1"), "OK");
+    assert_eq!(a.ask("SET colour blue"), "OK");
+    assert_eq!(a.ask("GET colour"), "VALUE blue");
+    assert_eq!(a.ask("SELECT 99"), "-ERR no such database (0 to 15)");
+    assert_eq!(
+        a.ask("GET colour"),
+        "VALUE blue",
+        "a refused SELECT keeps the database"
+    );
+    assert_eq!(a.ask("QUIT"), "BYE");
+    drop(a);
+    let mut b = LineClient::tcp(server.tcp_addr());
+    assert_eq!(
+        b.ask("GET colour"),
+        "NOT_FOUND",
+        "a new connection starts in database 0"
+    );
+    assert_eq!(b.ask("SELECT 1"), "OK");
+    assert_eq!(b.ask("GET colour"), "VALUE blue", "one worker, one map");
+}
+
 #[test]
 fn ping_answers_redis_benchmark_without_errors() {
     let Ok(out) = Command::new("redis-benchmark").arg("--version").output() else {
