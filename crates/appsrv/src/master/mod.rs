@@ -1,22 +1,33 @@
 //! The master process: a single-threaded supervisor that never runs handler code.
 //!
 //! It owns the listeners (bound before it forks), forks the workers, replaces those that
-//! die, and stops the pool on TERM, INT or QUIT. It sleeps in `poll(2)` on two pipes:
-//! the signal pipe (written by signal handlers, so that no signal is handled in signal
-//! context and none is lost between a check and the poll) and the workers' notification
-//! pipe. Child exits are collected with `waitpid(WNOHANG)` after a SIGCHLD.
+//! die, and stops the pool on TERM, INT or QUIT. It sleeps in one `poll(2)` (`wait`) on:
+//!
+//! - the signal socket pair (`signals.rs`: written by the signal handlers, so that no
+//!   signal is handled in signal context and none is lost between a check and the poll);
+//! - the workers' notification pipe (`Ready`, `StartFailed`, `Retire`);
+//! - the wake-up eventfd, which a worker writes when the pool runs short of idle workers;
+//! - the control socket and its connections (not in a master started by an upgrade until
+//!   it serves), and the `/metrics` listener and its connections (`control.rs`);
+//! - during a binary upgrade, the new master's readiness pipe (`upgrade.rs`);
+//! - with an on-demand pool that has no idle worker, the listening sockets themselves;
+//!
+//! with a timeout at the next deadline (back-off, pacing, pool round, grace period, a
+//! control connection's, the upgrade's). Child exits are collected with
+//! `waitpid(WNOHANG)` after a SIGCHLD.
 
 pub(crate) mod holds;
 pub(crate) mod pool;
+mod signals;
+
+pub(crate) use signals::Signals;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -34,96 +45,6 @@ use crate::scoreboard::{self, Board, State};
 use crate::sys::{self, exit};
 use crate::worker::Recycle;
 use pool::{Backoff, Pacer, Policy, SpawnRate, Verdict};
-
-/// The signals the master listens to.
-#[derive(Debug)]
-pub(crate) struct Signals {
-    wake: UnixStream,
-    /// Every descriptor of the wake pipe (the read end and the write ends held by the
-    /// signal handlers), for workers to close.
-    wake_fds: Vec<RawFd>,
-    term: Arc<AtomicBool>,
-    int: Arc<AtomicBool>,
-    quit: Arc<AtomicBool>,
-    child: Arc<AtomicBool>,
-    reopen: Arc<AtomicBool>,
-    grow: Arc<AtomicBool>,
-    shrink: Arc<AtomicBool>,
-    reload: Arc<AtomicBool>,
-    upgrade: Arc<AtomicBool>,
-    other: Vec<(Signal, Arc<AtomicBool>)>,
-}
-
-impl Signals {
-    /// Installs the master's handlers. Each sets a flag, then writes a byte to the wake
-    /// pipe (signal-hook runs the actions in registration order).
-    pub(crate) fn install() -> io::Result<Self> {
-        let (wake, wake_write) = UnixStream::pair()?;
-        wake.set_nonblocking(true)?;
-        wake_write.set_nonblocking(true)?;
-        let wake_write: OwnedFd = wake_write.into();
-        let mut wake_fds = vec![wake.as_raw_fd()];
-        let mut flag = |sig: Signal| -> io::Result<Arc<AtomicBool>> {
-            let f = Arc::new(AtomicBool::new(false));
-            signal_hook::flag::register(sig as i32, Arc::clone(&f))?;
-            let write_end = wake_write.try_clone()?;
-            wake_fds.push(write_end.as_raw_fd());
-            signal_hook::low_level::pipe::register(sig as i32, write_end)?;
-            Ok(f)
-        };
-        let term = flag(Signal::SIGTERM)?;
-        let int = flag(Signal::SIGINT)?;
-        let quit = flag(Signal::SIGQUIT)?;
-        let child = flag(Signal::SIGCHLD)?;
-        let reopen = flag(Signal::SIGUSR1)?;
-        let grow = flag(Signal::SIGTTIN)?;
-        let shrink = flag(Signal::SIGTTOU)?;
-        let reload = flag(Signal::SIGHUP)?;
-        let upgrade = flag(Signal::SIGUSR2)?;
-        let other = [Signal::SIGWINCH]
-            .into_iter()
-            .map(|s| flag(s).map(|f| (s, f)))
-            .collect::<io::Result<_>>()?;
-        Ok(Signals {
-            wake,
-            wake_fds,
-            term,
-            int,
-            quit,
-            child,
-            reopen,
-            grow,
-            shrink,
-            reload,
-            upgrade,
-            other,
-        })
-    }
-
-    /// Descriptors a worker must close after fork.
-    fn fds(&self) -> &[RawFd] {
-        &self.wake_fds
-    }
-
-    fn drain(&mut self) {
-        let mut buf = [0u8; 64];
-        while matches!(self.wake.read(&mut buf), Ok(n) if n > 0) {}
-    }
-
-    /// The first stop signal pending, if any.
-    fn take_stop(&self) -> Option<Signal> {
-        [
-            (Signal::SIGTERM, &self.term),
-            (Signal::SIGINT, &self.int),
-            (Signal::SIGQUIT, &self.quit),
-        ]
-        .into_iter()
-        .fold(None, |found, (sig, flag)| {
-            let raised = flag.swap(false, Ordering::SeqCst);
-            found.or(raised.then_some(sig))
-        })
-    }
-}
 
 /// The master's phases, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
