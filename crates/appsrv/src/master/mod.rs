@@ -19,8 +19,11 @@
 pub(crate) mod holds;
 pub(crate) mod pool;
 mod signals;
+mod upgrade;
 
 pub(crate) use signals::Signals;
+pub(crate) use upgrade::UpgradeSettings;
+use upgrade::Upgrade;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -168,21 +171,6 @@ pub(crate) struct Settings {
     pub(crate) tls: std::rc::Rc<crate::net::tls::Store>,
 }
 
-/// The binary and arguments a new master is started with, and how long it may take.
-#[derive(Debug, Clone)]
-pub(crate) struct UpgradeSettings {
-    /// The working directory to start the new master in.
-    pub(crate) dir: Option<PathBuf>,
-    pub(crate) exe: Option<PathBuf>,
-    pub(crate) args: Vec<std::ffi::OsString>,
-    /// The whole command line, `argv[0]` included (for re-executed workers).
-    pub(crate) argv: Vec<std::ffi::OsString>,
-    pub(crate) timeout: Duration,
-    /// The descriptors the application keeps (`Server::keep_fd`): the new master inherits
-    /// them, so the hand-over puts nothing at their numbers.
-    pub(crate) keep_fds: Vec<std::os::fd::RawFd>,
-}
-
 /// The application's reload hook.
 pub(crate) struct ReloadHook(pub(crate) Box<dyn FnMut() -> Result<(), crate::error::BoxError>>);
 
@@ -225,22 +213,14 @@ pub(crate) struct Master<'a> {
     generation: u32,
     /// A reload whose old generation has not left yet (systemd hears READY=1 after it).
     reload_pending: bool,
-    /// A binary upgrade in progress.
-    upgrading: Option<crate::process::handover::Pending>,
-    /// The last upgrade that failed: the new master's pid and why.
-    upgrade_failed: Option<(i32, String)>,
-    /// The sockets were handed to a new master: do not remove their files on exit.
-    handed_over: bool,
+    /// The binary upgrade driver.
+    upgrade: Upgrade,
     /// The first workers were ready (the master has served).
     serving: bool,
     /// Replacements owed for workers marked to be recycled (not yet forked): the target
     /// of a dynamic or on-demand pool includes them, so a recycled worker is replaced
     /// before it is stopped, and only once.
     owed: usize,
-    /// Duplicates of the control and metrics listening sockets, to hand to a new master
-    /// (the originals are lent to `service_control` while it answers, an upgrade request
-    /// among others).
-    handover: (Option<socket2::Socket>, Option<socket2::Socket>),
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
@@ -261,20 +241,12 @@ impl<'a> Master<'a> {
             .map_err(|e| Error::sys("creating the wake-up eventfd", e))?;
         sys::set_wake_fd(wake.as_fd().as_raw_fd());
         settings.board.set_min_spare(settings.policy.wake_below() as u32);
-        let dup = |s: Option<&socket2::Socket>| -> Result<Option<socket2::Socket>, Error> {
-            s.map(|s| {
-                s.try_clone()
-                    .map_err(|e| Error::sys("duplicating a listening socket", e))
-            })
-            .transpose()
-        };
-        let handover = (
-            dup(settings.control.as_ref().map(Control::listener))?,
-            dup(settings.metrics.as_ref().map(MetricsListener::listener))?,
-        );
+        let upgrade = Upgrade::new(
+            settings.control.as_ref().map(Control::listener),
+            settings.metrics.as_ref().map(MetricsListener::listener),
+        )?;
         let now = Instant::now();
         Ok(Master {
-            handover,
             settings,
             listeners,
             channel,
@@ -297,9 +269,7 @@ impl<'a> Master<'a> {
             retired: Totals::default(),
             generation: 0,
             reload_pending: false,
-            upgrading: None,
-            upgrade_failed: None,
-            handed_over: false,
+            upgrade,
             serving: false,
             owed: 0,
             rng: (u64::from(std::process::id()) << 32) ^ scoreboard::now_ns() | 1,
@@ -315,9 +285,7 @@ impl<'a> Master<'a> {
             // From here on every exit is expected: no start-up error, no replacement.
             // A pending upgrade is abandoned with this master (which removes the socket
             // files on its way out): nothing of the new binary stays.
-            if let Some(u) = self.upgrading.take() {
-                u.kill_group();
-            }
+            self.upgrade.abandon();
             let now = Instant::now();
             self.phase = Phase::Stopping {
                 deadline: now,
@@ -334,7 +302,7 @@ impl<'a> Master<'a> {
         // After a hand-over the files are the new master's: leave them. A master started
         // by an upgrade that never served leaves them too: they are still the old
         // master's, which goes on serving.
-        if !self.handed_over && !self.settings.shared_listeners && (self.serving || !self.settings.adopted) {
+        if !self.upgrade.handed_over() && !self.settings.shared_listeners && (self.serving || !self.settings.adopted) {
             for l in self.listeners {
                 l.remove_file();
             }
@@ -495,11 +463,7 @@ impl<'a> Master<'a> {
             }
         }
         deadlines.extend(self.settings.control.as_ref().and_then(Control::next_deadline));
-        deadlines.extend(
-            self.upgrading
-                .as_ref()
-                .map(crate::process::handover::Pending::deadline),
-        );
+        deadlines.extend(self.upgrade.deadline());
         deadlines.extend(
             self.settings
                 .metrics
@@ -534,11 +498,7 @@ impl<'a> Master<'a> {
                 fds.extend(c.poll_fds());
             }
         }
-        if let Some(fd) = self
-            .upgrading
-            .as_ref()
-            .and_then(crate::process::handover::Pending::fd)
-        {
+        if let Some(fd) = self.upgrade.poll_fd() {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         if let Some(m) = &self.settings.metrics {
@@ -580,15 +540,13 @@ impl<'a> Master<'a> {
                 };
             }
             Phase::Starting | Phase::Running => {
-                if let Some(u) = self.upgrading.take() {
-                    // The listening sockets are shared with the new master: abandon the
-                    // upgrade before shutting them. Its whole group: it is not reached by
-                    // a signal sent to this master's group (a terminal's Ctrl-C).
-                    u.kill_group();
+                // The listening sockets are shared with the new master: abandon the
+                // upgrade before shutting them. Its whole group: it is not reached by a
+                // signal sent to this master's group (a terminal's Ctrl-C).
+                if let Some(child) = self.upgrade.abandon() {
                     tracing::warn!(
-                        "{} received during an upgrade: the new master (pid {}) is stopped",
-                        sig.as_str(),
-                        u.child
+                        "{} received during an upgrade: the new master (pid {child}) is stopped",
+                        sig.as_str()
                     );
                 }
                 tracing::info!(
@@ -664,99 +622,6 @@ impl<'a> Master<'a> {
         }
     }
 
-    /// Starts a binary upgrade: the binary now on disk, as a new master, with the sockets.
-    fn start_upgrade(&mut self, from: &str) -> Result<i32, String> {
-        if self.phase != Phase::Running {
-            return Err(format!("the server is {}", self.phase.name()));
-        }
-        if let Some(u) = &self.upgrading {
-            return Err(format!(
-                "an upgrade is already in progress (new master pid {})",
-                u.child
-            ));
-        }
-        let up = self.settings.upgrade.clone();
-        let exe = up.exe.ok_or("the path of this program's binary is unknown")?;
-        let pending = crate::process::handover::launch(
-            &exe,
-            up.dir.as_deref(),
-            &up.args,
-            self.listeners,
-            self.handover.0.as_ref(),
-            self.handover.1.as_ref(),
-            &up.keep_fds,
-            up.timeout,
-        )
-        .map_err(|e| e.to_string())?;
-        let pid = pending.child.as_raw();
-        tracing::info!(
-            "upgrade requested by {from}: started {} as new master pid {pid}",
-            exe.display()
-        );
-        self.upgrading = Some(pending);
-        Ok(pid)
-    }
-
-    /// Follows a pending upgrade: hands over once the new master is ready, gives up (and
-    /// goes on serving) if it fails.
-    fn check_upgrade(&mut self) {
-        let Some(u) = self.upgrading.as_mut() else { return };
-        match u.progress() {
-            crate::process::handover::Progress::Waiting => {}
-            crate::process::handover::Progress::Ready => {
-                let pid = u.child;
-                self.upgrading = None;
-                tracing::info!("upgrade: new master pid {pid} is ready; draining this master's workers");
-                // The listening sockets stay open (the new master serves them): no
-                // shutdown(2) here, only the old workers leave, after their connections.
-                self.handed_over = true;
-                self.settings.control = None;
-                self.settings.metrics = None;
-                self.handover = (None, None);
-                self.kill_all(Signal::SIGTERM);
-                let now = Instant::now();
-                self.phase = Phase::Stopping {
-                    deadline: now + self.settings.grace_period,
-                    killed: false,
-                    since: now,
-                };
-            }
-            crate::process::handover::Progress::Failed(why) => {
-                let pid = u.child;
-                // How it ended, if it has, seen without reaping it: its process group is
-                // killed first (everything the new binary started, a wrapper script's
-                // children too), while its zombie still holds the group's id.
-                let ended = nix::sys::wait::waitid(
-                    nix::sys::wait::Id::Pid(pid),
-                    WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
-                );
-                u.kill_group();
-                self.upgrading = None;
-                // Reaped now if it has exited; if it is still dying, by `reap` (as a child
-                // that is no worker).
-                let _ = nix::sys::wait::waitpid(pid, Some(WaitPidFlag::WNOHANG));
-                // The pipe closes when the new master exits: say how it ended, if it has,
-                // unless it said why itself (by now it may well have exited too).
-                let reported = crate::process::handover::is_reported(&why);
-                let why = match ended {
-                    _ if reported => why,
-                    Ok(WaitStatus::Exited(_, code)) => {
-                        format!("the new master {} before it was ready", exit_reason(code))
-                    }
-                    Ok(WaitStatus::Signaled(_, sig, _)) => {
-                        format!(
-                            "the new master was killed by signal {} before it was ready",
-                            sig.as_str()
-                        )
-                    }
-                    _ => why,
-                };
-                tracing::error!("upgrade failed: {why}; this master keeps serving");
-                self.upgrade_failed = Some((pid.as_raw(), why));
-            }
-        }
-    }
-
     /// Reload: runs the application's hook, then starts a new generation of workers; the
     /// old ones finish their connections and leave as the new ones become ready. If the
     /// hook fails, nothing changes and the error is returned.
@@ -801,7 +666,7 @@ impl<'a> Master<'a> {
             // While an upgrade is pending, the next exited child is looked at before it is
             // reaped: if it is the new master, its process group is killed while its zombie
             // still holds the group's id (what a wrapper script started goes with it).
-            let next = match &self.upgrading {
+            let next = match self.upgrade.pending() {
                 None => None,
                 Some(u) => match nix::sys::wait::waitid(
                     nix::sys::wait::Id::All,
@@ -858,12 +723,7 @@ impl<'a> Master<'a> {
         for (p, msg) in self.channel.receive() {
             self.on_message(Pid::from_raw(p as i32), msg);
         }
-        if self.upgrading.as_ref().is_some_and(|u| u.child == pid) {
-            // Its exit may be seen before the reason it wrote on the readiness pipe.
-            let reported = self.upgrading.take().and_then(|mut u| u.reported_failure());
-            let why = reported.unwrap_or_else(|| format!("the new master {reason} before it was ready"));
-            tracing::error!("upgrade failed: {why}; this master keeps serving");
-            self.upgrade_failed = Some((pid.as_raw(), why));
+        if self.upgrade.on_exit(pid, &reason) {
             return Ok(());
         }
         let Some(worker) = self.workers.remove(&pid) else {
@@ -1427,9 +1287,9 @@ impl<'a> Master<'a> {
             Request::UpgradeStatus(pid) if pid == std::process::id() as i32 => {
                 Ok(if self.serving { "done\n" } else { "pending\n" }.into())
             }
-            Request::UpgradeStatus(pid) => match (&self.upgrading, &self.upgrade_failed) {
-                (Some(u), _) if u.child.as_raw() == pid => Ok("pending\n".into()),
-                (_, Some((p, why))) if *p == pid => Err(why.clone()),
+            Request::UpgradeStatus(pid) => match (self.upgrade.pending_pid(), self.upgrade.failed()) {
+                (Some(child), _) if child == pid => Ok("pending\n".into()),
+                (_, Some((p, why))) if p == pid => Err(why.to_owned()),
                 _ => Err(format!("no upgrade to pid {pid}")),
             },
             Request::Workers(delta) => {
@@ -1463,9 +1323,9 @@ impl<'a> Master<'a> {
         Status {
             name: self.settings.name.clone(),
             master_pid: std::process::id(),
-            phase: if self.handed_over {
+            phase: if self.upgrade.handed_over() {
                 "draining"
-            } else if self.upgrading.is_some() {
+            } else if self.upgrade.pending().is_some() {
                 "upgrading"
             } else if self.phase == Phase::Running
                 && self.workers.values().any(|w| w.generation < self.generation)
@@ -1529,19 +1389,7 @@ impl<'a> Master<'a> {
             .chain(self.settings.master_fds.iter().copied())
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
-            .chain(
-                self.handover
-                    .0
-                    .iter()
-                    .chain(self.handover.1.iter())
-                    .map(|s| s.as_raw_fd()),
-            )
-            .chain(
-                self.upgrading
-                    .iter()
-                    .filter_map(|u| u.fd())
-                    .map(|fd| fd.as_raw_fd()),
-            )
+            .chain(self.upgrade.fds())
             .collect();
         let _ = io::stdout().flush();
         self.settings.board.claim(id, self.generation);

@@ -355,6 +355,20 @@ impl Pending {
     }
 }
 
+#[cfg(test)]
+impl Pending {
+    /// A pending upgrade that reads `ready` as its readiness pipe, for the master's unit
+    /// tests: no process is started, so `child` must name no process (group) at all.
+    pub(crate) fn for_tests(child: Pid, ready: File, timeout: Duration) -> Pending {
+        Pending {
+            child,
+            ready,
+            deadline: Instant::now() + timeout,
+            eof: None,
+        }
+    }
+}
+
 /// Starts `exe` with `args` as a new master, handing it the listeners, the control socket
 /// and the metrics listener, at numbers from 3 on that skip `keep` (descriptors the
 /// application keeps, which the new master inherits as they are). Returns once it is
