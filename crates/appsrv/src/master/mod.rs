@@ -18,6 +18,7 @@
 
 pub(crate) mod holds;
 pub(crate) mod pool;
+mod control;
 mod signals;
 mod upgrade;
 
@@ -39,8 +40,8 @@ use nix::sys::signal::{self, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Pid};
 
-use crate::control::status::{ListenerStatus, PoolStatus, Status, Totals};
-use crate::control::{self, Control, MetricsListener, Reply, Request};
+use crate::control::status::Totals;
+use crate::control::{Control, MetricsListener};
 use crate::error::Error;
 use crate::net::listener::Listener;
 use crate::process::notify::{Channel, Message};
@@ -1236,134 +1237,6 @@ impl<'a> Master<'a> {
             .filter_map(|l| sys::listen_queue(l.as_fd()))
             .map(|(q, _)| q)
             .reduce(|a, b| a + b)
-    }
-
-    /// TTIN/TTOU and `workers +N|-N`.
-    fn resize(&mut self, delta: i32) -> String {
-        let d = self.settings.policy.adjust(delta, scoreboard::MAX_WORKERS);
-        self.settings
-            .board
-            .set_min_spare(self.settings.policy.wake_below() as u32);
-        self.next_round = None;
-        d
-    }
-
-    /// Answers the control socket and the metrics listener.
-    fn service_control(&mut self) {
-        // A master started by an upgrade leaves the shared control socket to the old one
-        // until it serves: requests meanwhile reach the master that is in charge.
-        if self.settings.adopted && !self.serving {
-            return;
-        }
-        if let Some(mut control) = self.settings.control.take() {
-            control.service(&mut |req| self.answer(req));
-            self.settings.control = Some(control);
-        }
-        if let Some(mut metrics) = self.settings.metrics.take() {
-            metrics.service(&mut || self.status());
-            self.settings.metrics = Some(metrics);
-        }
-    }
-
-    fn answer(&mut self, req: Request) -> Reply {
-        match req {
-            Request::Status { json: false } => Ok(control::render_text(&self.status())),
-            Request::Status { json: true } => Ok(control::render_json(&self.status())),
-            Request::Metrics => Ok(control::render_metrics(&self.status())),
-            Request::Reload => self
-                .reload("the control socket")
-                .map(|g| format!("reloading: generation {g}\n")),
-            Request::ReloadStatus(g) if g > self.generation => Err(format!("no generation {g} yet")),
-            // Old workers leave only once their replacements are ready: when none is left,
-            // the new generation serves alone.
-            Request::ReloadStatus(g) => Ok(if self.workers.values().any(|w| w.generation < g) {
-                "pending\n".into()
-            } else {
-                "done\n".into()
-            }),
-            Request::Upgrade => self
-                .start_upgrade("the control socket")
-                .map(|pid| format!("upgrading: new master pid {pid}\n")),
-            Request::UpgradeStatus(pid) if pid == std::process::id() as i32 => {
-                Ok(if self.serving { "done\n" } else { "pending\n" }.into())
-            }
-            Request::UpgradeStatus(pid) => match (self.upgrade.pending_pid(), self.upgrade.failed()) {
-                (Some(child), _) if child == pid => Ok("pending\n".into()),
-                (_, Some((p, why))) if p == pid => Err(why.to_owned()),
-                _ => Err(format!("no upgrade to pid {pid}")),
-            },
-            Request::Workers(delta) => {
-                if !matches!(self.phase, Phase::Running) {
-                    return Err(format!("the server is {}", self.phase.name()));
-                }
-                let d = self.resize(delta);
-                tracing::info!("workers {delta:+} (control socket): {d}");
-                Ok(format!("{d}\n"))
-            }
-        }
-    }
-
-    /// A snapshot for `status` and `metrics`.
-    fn status(&self) -> Status {
-        let board = self.settings.board;
-        let workers: Vec<_> = self
-            .workers
-            .values()
-            .filter_map(|w| board.read(w.id).map(|v| (w.id, v)))
-            .collect();
-        let slots = self
-            .settings
-            .policy
-            .max()
-            .max(workers.iter().map(|(id, _)| *id as usize).max().unwrap_or(0));
-        let scoreboard = (1..=slots as u32)
-            .map(|id| board.read(id).map_or('.', |v| v.state.letter()))
-            .collect();
-        let (min_spare, max_spare) = self.settings.policy.spares();
-        Status {
-            name: self.settings.name.clone(),
-            master_pid: std::process::id(),
-            phase: if self.upgrade.handed_over() {
-                "draining"
-            } else if self.upgrade.pending().is_some() {
-                "upgrading"
-            } else if self.phase == Phase::Running
-                && self.workers.values().any(|w| w.generation < self.generation)
-            {
-                "reloading"
-            } else {
-                self.phase.name()
-            },
-            uptime: self.started.elapsed(),
-            pool: PoolStatus {
-                policy: self.settings.policy.name(),
-                target: self.target(),
-                min_spare,
-                max_spare,
-                max: self.settings.policy.max(),
-            },
-            listeners: self
-                .listeners
-                .iter()
-                .map(|l| {
-                    let q = sys::listen_queue(l.as_fd());
-                    ListenerStatus {
-                        addr: l.local_addr().to_string(),
-                        queued: q.map(|(n, _)| n),
-                        backlog: q.map(|(_, b)| b),
-                    }
-                })
-                .collect(),
-            workers,
-            scoreboard,
-            retired: self.retired.clone(),
-            max_workers_reached: self.max_reached_total,
-            slow_clients: self.holds.episode().cloned(),
-            restarts: ["exit", "signal", "timeout", "recycled", "backoff"]
-                .into_iter()
-                .map(|r| (r, self.restarts.get(r).copied().unwrap_or(0)))
-                .collect(),
-        }
     }
 
     fn spawn(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {

@@ -1,0 +1,378 @@
+//! The master's side of the control socket and the metrics listener: which requests it
+//! answers from its state alone and which it acts on (`dispatch`, free of I/O), the
+//! status snapshot, and the pool's resizing (also TTIN and TTOU).
+
+use std::os::fd::AsFd;
+
+use super::{Master, Phase};
+use crate::control::status::{ListenerStatus, PoolStatus, Status};
+use crate::control::{Reply, Request, render_json, render_metrics, render_text};
+use crate::scoreboard;
+use crate::sys;
+
+/// What the control requests read of the master's state.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct View<'v> {
+    pub(super) phase: Phase,
+    /// This master's pid.
+    pub(super) pid: i32,
+    /// The current generation of workers.
+    pub(super) generation: u32,
+    /// The oldest generation that still has workers (none: no worker).
+    pub(super) oldest: Option<u32>,
+    /// The first workers were ready (this master has served).
+    pub(super) serving: bool,
+    /// The new master of the pending upgrade.
+    pub(super) upgrading: Option<i32>,
+    /// The last upgrade that failed: the new master's pid and why.
+    pub(super) upgrade_failed: Option<(i32, &'v str)>,
+    /// The sockets were handed to a new master.
+    pub(super) handed_over: bool,
+}
+
+impl View<'_> {
+    /// The phase `status` shows: the master's own, or what it is busy with.
+    pub(super) fn phase_name(&self) -> &'static str {
+        if self.handed_over {
+            "draining"
+        } else if self.upgrading.is_some() {
+            "upgrading"
+        } else if self.phase == Phase::Running && self.oldest.is_some_and(|g| g < self.generation) {
+            "reloading"
+        } else {
+            self.phase.name()
+        }
+    }
+}
+
+/// A rendering of the status snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rendering {
+    Text,
+    Json,
+    Metrics,
+}
+
+/// What the master does for a request that its state alone does not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    /// Render a status snapshot.
+    Render(Rendering),
+    /// Reload (the reply names the new generation).
+    Reload,
+    /// Start a binary upgrade (the reply names the new master's pid).
+    Upgrade,
+    /// Grow or shrink the pool.
+    Resize(i32),
+}
+
+/// The answer to a request, or what to do for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Dispatch {
+    Reply(Reply),
+    Act(Action),
+}
+
+/// Answers `req` from `view`, or says what the master must do for it.
+pub(super) fn dispatch(req: Request, view: &View<'_>) -> Dispatch {
+    let reply = |r: Reply| Dispatch::Reply(r);
+    match req {
+        Request::Status { json: false } => Dispatch::Act(Action::Render(Rendering::Text)),
+        Request::Status { json: true } => Dispatch::Act(Action::Render(Rendering::Json)),
+        Request::Metrics => Dispatch::Act(Action::Render(Rendering::Metrics)),
+        Request::Reload => Dispatch::Act(Action::Reload),
+        Request::ReloadStatus(g) if g > view.generation => reply(Err(format!("no generation {g} yet"))),
+        // Old workers leave only once their replacements are ready: when none is left,
+        // the new generation serves alone.
+        Request::ReloadStatus(g) => reply(Ok(if view.oldest.is_some_and(|o| o < g) {
+            "pending\n".into()
+        } else {
+            "done\n".into()
+        })),
+        Request::Upgrade => Dispatch::Act(Action::Upgrade),
+        Request::UpgradeStatus(pid) if pid == view.pid => {
+            reply(Ok(if view.serving { "done\n" } else { "pending\n" }.into()))
+        }
+        Request::UpgradeStatus(pid) => reply(match (view.upgrading, view.upgrade_failed) {
+            (Some(child), _) if child == pid => Ok("pending\n".into()),
+            (_, Some((p, why))) if p == pid => Err(why.to_owned()),
+            _ => Err(format!("no upgrade to pid {pid}")),
+        }),
+        Request::Workers(_) if view.phase != Phase::Running => {
+            reply(Err(format!("the server is {}", view.phase.name())))
+        }
+        Request::Workers(delta) => Dispatch::Act(Action::Resize(delta)),
+    }
+}
+
+impl Master<'_> {
+    /// TTIN/TTOU and `workers +N|-N`.
+    pub(super) fn resize(&mut self, delta: i32) -> String {
+        let d = self.settings.policy.adjust(delta, scoreboard::MAX_WORKERS);
+        self.settings
+            .board
+            .set_min_spare(self.settings.policy.wake_below() as u32);
+        self.next_round = None;
+        d
+    }
+
+    /// Answers the control socket and the metrics listener.
+    pub(super) fn service_control(&mut self) {
+        // A master started by an upgrade leaves the shared control socket to the old one
+        // until it serves: requests meanwhile reach the master that is in charge.
+        if self.settings.adopted && !self.serving {
+            return;
+        }
+        if let Some(mut control) = self.settings.control.take() {
+            control.service(&mut |req| self.answer(req));
+            self.settings.control = Some(control);
+        }
+        if let Some(mut metrics) = self.settings.metrics.take() {
+            metrics.service(&mut || self.status());
+            self.settings.metrics = Some(metrics);
+        }
+    }
+
+    /// What the control requests read of the master's state.
+    fn view(&self) -> View<'_> {
+        View {
+            phase: self.phase,
+            pid: std::process::id() as i32,
+            generation: self.generation,
+            oldest: self.workers.values().map(|w| w.generation).min(),
+            serving: self.serving,
+            upgrading: self.upgrade.pending_pid(),
+            upgrade_failed: self.upgrade.failed(),
+            handed_over: self.upgrade.handed_over(),
+        }
+    }
+
+    fn answer(&mut self, req: Request) -> Reply {
+        let action = match dispatch(req, &self.view()) {
+            Dispatch::Reply(reply) => return reply,
+            Dispatch::Act(action) => action,
+        };
+        match action {
+            Action::Render(Rendering::Text) => Ok(render_text(&self.status())),
+            Action::Render(Rendering::Json) => Ok(render_json(&self.status())),
+            Action::Render(Rendering::Metrics) => Ok(render_metrics(&self.status())),
+            Action::Reload => self
+                .reload("the control socket")
+                .map(|g| format!("reloading: generation {g}\n")),
+            Action::Upgrade => self
+                .start_upgrade("the control socket")
+                .map(|pid| format!("upgrading: new master pid {pid}\n")),
+            Action::Resize(delta) => {
+                let d = self.resize(delta);
+                tracing::info!("workers {delta:+} (control socket): {d}");
+                Ok(format!("{d}\n"))
+            }
+        }
+    }
+
+    /// A snapshot for `status` and `metrics`.
+    fn status(&self) -> Status {
+        let board = self.settings.board;
+        let workers: Vec<_> = self
+            .workers
+            .values()
+            .filter_map(|w| board.read(w.id).map(|v| (w.id, v)))
+            .collect();
+        let slots = self
+            .settings
+            .policy
+            .max()
+            .max(workers.iter().map(|(id, _)| *id as usize).max().unwrap_or(0));
+        let scoreboard = (1..=slots as u32)
+            .map(|id| board.read(id).map_or('.', |v| v.state.letter()))
+            .collect();
+        let (min_spare, max_spare) = self.settings.policy.spares();
+        Status {
+            name: self.settings.name.clone(),
+            master_pid: std::process::id(),
+            phase: self.view().phase_name(),
+            uptime: self.started.elapsed(),
+            pool: PoolStatus {
+                policy: self.settings.policy.name(),
+                target: self.target(),
+                min_spare,
+                max_spare,
+                max: self.settings.policy.max(),
+            },
+            listeners: self
+                .listeners
+                .iter()
+                .map(|l| {
+                    let q = sys::listen_queue(l.as_fd());
+                    ListenerStatus {
+                        addr: l.local_addr().to_string(),
+                        queued: q.map(|(n, _)| n),
+                        backlog: q.map(|(_, b)| b),
+                    }
+                })
+                .collect(),
+            workers,
+            scoreboard,
+            retired: self.retired.clone(),
+            max_workers_reached: self.max_reached_total,
+            slow_clients: self.holds.episode().cloned(),
+            restarts: ["exit", "signal", "timeout", "recycled", "backoff"]
+                .into_iter()
+                .map(|r| (r, self.restarts.get(r).copied().unwrap_or(0)))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// A running master of generation 1 whose workers are all of generation 1.
+    fn running() -> View<'static> {
+        View {
+            phase: Phase::Running,
+            pid: 100,
+            generation: 1,
+            oldest: Some(1),
+            serving: true,
+            upgrading: None,
+            upgrade_failed: None,
+            handed_over: false,
+        }
+    }
+
+    fn stopping() -> Phase {
+        let now = Instant::now();
+        Phase::Stopping {
+            deadline: now,
+            killed: false,
+            since: now,
+        }
+    }
+
+    fn reply(r: Result<&str, &str>) -> Dispatch {
+        Dispatch::Reply(r.map(str::to_owned).map_err(str::to_owned))
+    }
+
+    #[test]
+    fn status_metrics_reload_and_upgrade_are_left_to_the_master() {
+        let v = running();
+        let act = |req| dispatch(req, &v);
+        assert_eq!(
+            act(Request::Status { json: false }),
+            Dispatch::Act(Action::Render(Rendering::Text))
+        );
+        assert_eq!(
+            act(Request::Status { json: true }),
+            Dispatch::Act(Action::Render(Rendering::Json))
+        );
+        assert_eq!(act(Request::Metrics), Dispatch::Act(Action::Render(Rendering::Metrics)));
+        // Their phase checks are the master's (SIGHUP and SIGUSR2 share them).
+        let starting = View {
+            phase: Phase::Starting,
+            ..running()
+        };
+        assert_eq!(dispatch(Request::Reload, &starting), Dispatch::Act(Action::Reload));
+        assert_eq!(dispatch(Request::Upgrade, &starting), Dispatch::Act(Action::Upgrade));
+    }
+
+    #[test]
+    fn a_reload_is_done_once_no_older_worker_is_left() {
+        let v = View {
+            generation: 2,
+            oldest: Some(1),
+            ..running()
+        };
+        assert_eq!(dispatch(Request::ReloadStatus(2), &v), reply(Ok("pending\n")));
+        assert_eq!(dispatch(Request::ReloadStatus(1), &v), reply(Ok("done\n")));
+        assert_eq!(
+            dispatch(Request::ReloadStatus(3), &v),
+            reply(Err("no generation 3 yet"))
+        );
+        let v = View {
+            oldest: Some(2),
+            ..v
+        };
+        assert_eq!(dispatch(Request::ReloadStatus(2), &v), reply(Ok("done\n")));
+        let v = View { oldest: None, ..v };
+        assert_eq!(dispatch(Request::ReloadStatus(2), &v), reply(Ok("done\n")));
+    }
+
+    #[test]
+    fn upgrade_status_is_answered_by_both_masters() {
+        // Asked of the new master itself: done once it serves.
+        let new = View {
+            serving: false,
+            ..running()
+        };
+        assert_eq!(dispatch(Request::UpgradeStatus(100), &new), reply(Ok("pending\n")));
+        assert_eq!(
+            dispatch(Request::UpgradeStatus(100), &running()),
+            reply(Ok("done\n"))
+        );
+        // Asked of the old master.
+        let old = View {
+            upgrading: Some(200),
+            upgrade_failed: Some((150, "the new master was not ready in time")),
+            ..running()
+        };
+        assert_eq!(dispatch(Request::UpgradeStatus(200), &old), reply(Ok("pending\n")));
+        assert_eq!(
+            dispatch(Request::UpgradeStatus(150), &old),
+            reply(Err("the new master was not ready in time"))
+        );
+        assert_eq!(
+            dispatch(Request::UpgradeStatus(300), &old),
+            reply(Err("no upgrade to pid 300"))
+        );
+    }
+
+    #[test]
+    fn the_pool_is_resized_only_while_running() {
+        assert_eq!(
+            dispatch(Request::Workers(-2), &running()),
+            Dispatch::Act(Action::Resize(-2))
+        );
+        for (phase, name) in [(Phase::Starting, "starting"), (stopping(), "stopping")] {
+            let v = View { phase, ..running() };
+            assert_eq!(
+                dispatch(Request::Workers(1), &v),
+                reply(Err(&format!("the server is {name}")))
+            );
+        }
+    }
+
+    #[test]
+    fn the_status_phase_says_what_the_master_is_busy_with() {
+        assert_eq!(running().phase_name(), "running");
+        let reloading = View {
+            generation: 2,
+            ..running()
+        };
+        assert_eq!(reloading.phase_name(), "reloading");
+        let upgrading = View {
+            upgrading: Some(200),
+            ..reloading
+        };
+        assert_eq!(upgrading.phase_name(), "upgrading");
+        let draining = View {
+            handed_over: true,
+            phase: stopping(),
+            ..running()
+        };
+        assert_eq!(draining.phase_name(), "draining");
+        let stopping = View {
+            phase: stopping(),
+            ..reloading
+        };
+        assert_eq!(stopping.phase_name(), "stopping", "a stop is no reload");
+        let starting = View {
+            phase: Phase::Starting,
+            oldest: None,
+            ..running()
+        };
+        assert_eq!(starting.phase_name(), "starting");
+    }
+}
