@@ -38,6 +38,7 @@ pub mod codec;
 mod confine;
 mod conn;
 mod control;
+mod dispatch;
 mod error;
 mod handler;
 mod master;

@@ -268,14 +268,23 @@ mod tests {
             act(Request::Status { json: true }),
             Dispatch::Act(Action::Render(Rendering::Json))
         );
-        assert_eq!(act(Request::Metrics), Dispatch::Act(Action::Render(Rendering::Metrics)));
+        assert_eq!(
+            act(Request::Metrics),
+            Dispatch::Act(Action::Render(Rendering::Metrics))
+        );
         // Their phase checks are the master's (SIGHUP and SIGUSR2 share them).
         let starting = View {
             phase: Phase::Starting,
             ..running()
         };
-        assert_eq!(dispatch(Request::Reload, &starting), Dispatch::Act(Action::Reload));
-        assert_eq!(dispatch(Request::Upgrade, &starting), Dispatch::Act(Action::Upgrade));
+        assert_eq!(
+            dispatch(Request::Reload, &starting),
+            Dispatch::Act(Action::Reload)
+        );
+        assert_eq!(
+            dispatch(Request::Upgrade, &starting),
+            Dispatch::Act(Action::Upgrade)
+        );
     }
 
     #[test]
@@ -291,10 +300,7 @@ mod tests {
             dispatch(Request::ReloadStatus(3), &v),
             reply(Err("no generation 3 yet"))
         );
-        let v = View {
-            oldest: Some(2),
-            ..v
-        };
+        let v = View { oldest: Some(2), ..v };
         assert_eq!(dispatch(Request::ReloadStatus(2), &v), reply(Ok("done\n")));
         let v = View { oldest: None, ..v };
         assert_eq!(dispatch(Request::ReloadStatus(2), &v), reply(Ok("done\n")));
@@ -307,7 +313,10 @@ mod tests {
             serving: false,
             ..running()
         };
-        assert_eq!(dispatch(Request::UpgradeStatus(100), &new), reply(Ok("pending\n")));
+        assert_eq!(
+            dispatch(Request::UpgradeStatus(100), &new),
+            reply(Ok("pending\n"))
+        );
         assert_eq!(
             dispatch(Request::UpgradeStatus(100), &running()),
             reply(Ok("done\n"))
@@ -318,7 +327,10 @@ mod tests {
             upgrade_failed: Some((150, "the new master was not ready in time")),
             ..running()
         };
-        assert_eq!(dispatch(Request::UpgradeStatus(200), &old), reply(Ok("pending\n")));
+        assert_eq!(
+            dispatch(Request::UpgradeStatus(200), &old),
+            reply(Ok("pending\n"))
+        );
         assert_eq!(
             dispatch(Request::UpgradeStatus(150), &old),
             reply(Err("the new master was not ready in time"))

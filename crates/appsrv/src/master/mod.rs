@@ -16,15 +16,16 @@
 //! control connection's, the upgrade's). Child exits are collected with
 //! `waitpid(WNOHANG)` after a SIGCHLD.
 
+mod control;
 pub(crate) mod holds;
 pub(crate) mod pool;
-mod control;
 mod signals;
+pub(crate) mod startup;
 mod upgrade;
 
 pub(crate) use signals::Signals;
-pub(crate) use upgrade::UpgradeSettings;
 use upgrade::Upgrade;
+pub(crate) use upgrade::UpgradeSettings;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -303,7 +304,10 @@ impl<'a> Master<'a> {
         // After a hand-over the files are the new master's: leave them. A master started
         // by an upgrade that never served leaves them too: they are still the old
         // master's, which goes on serving.
-        if !self.upgrade.handed_over() && !self.settings.shared_listeners && (self.serving || !self.settings.adopted) {
+        if !self.upgrade.handed_over()
+            && !self.settings.shared_listeners
+            && (self.serving || !self.settings.adopted)
+        {
             for l in self.listeners {
                 l.remove_file();
             }

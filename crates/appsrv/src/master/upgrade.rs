@@ -145,7 +145,7 @@ impl Upgrade {
     /// The new master `pid` exited with `reason` ("exited with status 1"): if it is the
     /// pending upgrade's, records the failure and returns true.
     pub(super) fn on_exit(&mut self, pid: Pid, reason: &str) -> bool {
-        if !self.pending.as_ref().is_some_and(|u| u.child == pid) {
+        if self.pending_pid() != Some(pid.as_raw()) {
             return false;
         }
         // Its exit may be seen before the reason it wrote on the readiness pipe.
@@ -358,13 +358,19 @@ mod tests {
     #[test]
     fn the_new_masters_exit_before_it_is_ready_fails_the_upgrade() {
         let (mut up, _pipe) = pending(Duration::from_secs(60));
-        assert!(!up.on_exit(Pid::from_raw(NO_PROCESS - 1), "exited"), "not the new master");
+        assert!(
+            !up.on_exit(Pid::from_raw(NO_PROCESS - 1), "exited"),
+            "not the new master"
+        );
         assert_eq!(up.pending_pid(), Some(NO_PROCESS));
         assert!(up.on_exit(Pid::from_raw(NO_PROCESS), "exited with status 1"));
         assert_eq!(up.pending_pid(), None);
         assert_eq!(
             up.failed(),
-            Some((NO_PROCESS, "the new master exited with status 1 before it was ready"))
+            Some((
+                NO_PROCESS,
+                "the new master exited with status 1 before it was ready"
+            ))
         );
         // Its own reason, written before it exited, is the better message.
         let (mut up, mut pipe) = pending(Duration::from_secs(60));
@@ -394,7 +400,10 @@ mod tests {
             "the new master exited with status 3 before it was ready"
         );
         assert_eq!(
-            failure(closed.clone(), Some(WaitStatus::Signaled(pid, Signal::SIGSEGV, false))),
+            failure(
+                closed.clone(),
+                Some(WaitStatus::Signaled(pid, Signal::SIGSEGV, false))
+            ),
             "the new master was killed by signal SIGSEGV before it was ready"
         );
         assert_eq!(failure(closed.clone(), None), closed, "still running");

@@ -1,0 +1,356 @@
+//! The subcommand dispatch: what a program does with its parsed command line. `run` and
+//! `start` resolve the configuration and hand it to the master's start-up (or, in a
+//! re-executed worker, to the worker's); `check` checks it; `stop`, `reload`, `upgrade`,
+//! `status`, `metrics` and `workers` act on a running server and exit the process.
+//!
+//! The worker's code is chosen here, at the user-API level (a handler for whole
+//! connections or for requests), and handed to the master as a plain entry function.
+
+use std::convert::Infallible;
+use std::ffi::OsString;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::ArgMatches;
+
+use crate::cli::{self, Config};
+use crate::confine::privilege;
+use crate::confine::sandbox::Sandbox;
+use crate::control;
+use crate::error::{BoxError, Error, Result};
+use crate::master::pool::Policy;
+use crate::master::startup::{self, Startup};
+use crate::master::{Limits as MasterLimits, ReloadHook, UpgradeSettings};
+use crate::net::listener::{BindOptions, ListenAddr};
+use crate::process::daemon;
+use crate::worker::serve::{Connections, Limits};
+use crate::worker::{self, Recycle, StartHook};
+
+/// An application hook run in the master (reload, check).
+pub(crate) type Hook = Box<dyn FnMut() -> std::result::Result<(), BoxError>>;
+
+/// What the builder collected for the dispatch: the program's name, hooks and command line.
+pub(crate) struct Program {
+    pub(crate) name: String,
+    /// The program's own sandbox profile (`Server::sandbox`).
+    pub(crate) sandbox_profile: Sandbox,
+    pub(crate) start_hook: Option<StartHook>,
+    /// This program's binary, as found at start (a binary upgrade starts the file now at
+    /// that path).
+    pub(crate) exe: Option<PathBuf>,
+    /// The working directory at start (a new master re-reads the same, maybe relative,
+    /// command line from there).
+    pub(crate) dir: Option<PathBuf>,
+    pub(crate) reload_hook: Option<Hook>,
+    pub(crate) check_hook: Option<Hook>,
+    /// The command line, the program's name first.
+    pub(crate) args: Vec<OsString>,
+    /// Inherited descriptors the master keeps open at start (`Server::keep_fd`).
+    pub(crate) keep_fds: Vec<RawFd>,
+}
+
+/// Runs the subcommand of `matches`. `make_factory` makes the workers' handler factory
+/// from the request-level limits (`request_level`: the handler gets requests, not whole
+/// connections). Returns after a clean stop; the subcommands that act on a running server
+/// and `check` exit the process.
+pub(crate) fn launch<C, F, M>(
+    mut program: Program,
+    matches: &ArgMatches,
+    request_level: bool,
+    make_factory: M,
+) -> Result<()>
+where
+    C: Connections,
+    F: FnMut() -> std::result::Result<C, BoxError>,
+    M: FnOnce(Limits) -> F,
+{
+    let mut config = serve_config(&mut program, matches, request_level)?;
+    crate::process::log::init(&program.name, config.log_level);
+    resolve_paths(&program.name, &mut config)?;
+    let limits = Limits {
+        keepalive_timeout: config.keepalive_timeout,
+        read_timeout: config.read_timeout,
+        keepalive_requests: config.keepalive_requests,
+        header_timeout: config.header_timeout,
+        min_rate: config.min_rate,
+    };
+    if request_level {
+        // Connections inherit the listener's timeout: between requests, that is the
+        // keep-alive timeout (the loop switches to the read timeout only when a
+        // request arrives in pieces).
+        config.read_timeout = config.keepalive_timeout;
+    }
+    let policy = pool_policy(&config)?;
+    let master_limits = master_limits(&config, request_level)?;
+    let mut factory = make_factory(limits);
+    let mut start_hook = program.start_hook.take();
+    let mut entry =
+        |setup: worker::Setup<'_>| -> Infallible { worker::run(setup, &mut start_hook, &mut factory) };
+    let upgrade = UpgradeSettings {
+        dir: program.dir.clone(),
+        exe: program.exe.clone(),
+        args: program.args.iter().skip(1).cloned().collect(),
+        argv: program.args.clone(),
+        timeout: config.start_timeout,
+        keep_fds: program.keep_fds.clone(),
+    };
+    let startup = Startup {
+        name: &program.name,
+        bind: bind_options(&config),
+        config,
+        policy,
+        limits: master_limits,
+        on_reload: program.reload_hook.take().map(ReloadHook),
+        upgrade,
+        entry: &mut entry,
+    };
+    // Started by a master as a re-executed worker (--exec-workers): be that worker.
+    if let Some(handoff) = crate::process::exec::from_env() {
+        return startup::exec_worker(startup, handoff).map(|never| match never {});
+    }
+    startup::start(startup)
+}
+
+/// The configuration of `run`, `start` (as `run --daemon`) and `check`; the other
+/// subcommands run here and exit the process.
+fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool) -> Result<Config> {
+    let config = |m: &ArgMatches| {
+        let mut c = cli::config(m);
+        c.sandbox_profile = program.sandbox_profile.clone();
+        c
+    };
+    match matches.subcommand() {
+        Some(("run", m)) => Ok(config(m)),
+        Some(("start", m)) => Ok(Config {
+            daemon: true,
+            ..config(m)
+        }),
+        Some(("stop", m)) => std::process::exit(daemon::stop_command(
+            &program.name,
+            m.get_one::<PathBuf>("pid-file").cloned(),
+            m.get_flag("now"),
+            *m.get_one::<Duration>("grace-period").expect("has a default"),
+        )),
+        Some(("reload", m)) => {
+            let path = control_path(&program.name, m);
+            let timeout = *m.get_one::<Duration>("timeout").expect("has a default");
+            std::process::exit(control::reload_command(&program.name, &path, timeout))
+        }
+        Some(("upgrade", m)) => {
+            let path = control_path(&program.name, m);
+            let timeout = *m.get_one::<Duration>("timeout").expect("has a default");
+            std::process::exit(control::upgrade_command(&program.name, &path, timeout))
+        }
+        Some(("check", m)) => {
+            let config = config(m);
+            match check(program, &config, request_level) {
+                Ok(()) => {
+                    println!("{}: configuration OK", program.name);
+                    std::process::exit(0)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    std::process::exit(1)
+                }
+            }
+        }
+        Some((sub @ ("status" | "metrics" | "workers"), m)) => {
+            let request = match sub {
+                "status" => control::Request::Status {
+                    json: m.get_flag("json"),
+                },
+                "metrics" => control::Request::Metrics,
+                _ => control::Request::Workers(*m.get_one::<i32>("delta").expect("required")),
+            };
+            let path = control_path(&program.name, m);
+            std::process::exit(control::client_command(&program.name, &path, request))
+        }
+        _ => Err(Error::Config("no subcommand".into())),
+    }
+}
+
+/// The control socket a client subcommand talks to: `--control`, or the default location
+/// (without one, the process exits with an error).
+fn control_path(name: &str, m: &ArgMatches) -> PathBuf {
+    match m
+        .get_one::<PathBuf>("control")
+        .cloned()
+        .or_else(|| control::default_path(name))
+    {
+        Some(path) => path,
+        None => {
+            eprintln!("error: no default control socket location: set --control or XDG_RUNTIME_DIR");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Makes the configuration's paths absolute, and gives a daemon its default pid file and
+/// log file.
+fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
+    // Paths are made absolute now: a daemon changes to `/` before it writes its pid
+    // file or removes its socket files.
+    let abs = |p: &mut Option<PathBuf>| {
+        if let Some(path) = p.take() {
+            *p = Some(std::path::absolute(&path).unwrap_or(path));
+        }
+    };
+    abs(&mut config.pid_file);
+    abs(&mut config.log_file);
+    abs(&mut config.access_log);
+    abs(&mut config.control);
+    config.listen = std::mem::take(&mut config.listen)
+        .into_iter()
+        .map(ListenAddr::absolute)
+        .collect();
+    if config.daemon {
+        config.pid_file = config.pid_file.take().or_else(|| daemon::default_pid_file(name));
+        if config.pid_file.is_none() {
+            return Err(Error::Config(
+                "no default pid file location: set --pid-file or XDG_RUNTIME_DIR".into(),
+            ));
+        }
+        config.log_file = config.log_file.take().or_else(|| daemon::default_log_file(name));
+        if config.log_file.is_none() {
+            return Err(Error::Config(
+                "no default log file location: set --log-file or HOME".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The master's recycling and timeout limits, checked against the handler's level.
+fn master_limits(config: &Config, request_level: bool) -> Result<MasterLimits> {
+    let request_timeout = match config.request_timeout {
+        Some(t) if t.is_zero() => None,
+        Some(t) => Some(t),
+        None if request_level => Some(cli::DEFAULT_REQUEST_TIMEOUT),
+        None => None,
+    };
+    if !request_level && config.max_requests > 0 {
+        return Err(Error::Config(
+            "--max-requests counts requests, which a handle_client handler does not have \
+             (it owns the whole connection): use --max-connections"
+                .into(),
+        ));
+    }
+    Ok(MasterLimits {
+        recycle: Recycle {
+            max_requests: config.max_requests,
+            max_connections: config.max_connections,
+        },
+        jitter: config.max_jitter,
+        max_memory_kib: config.max_worker_memory_mib.saturating_mul(1024),
+        max_age: config.max_worker_age,
+        request_timeout,
+    })
+}
+
+/// The socket options of every listener, bound or adopted.
+fn bind_options(config: &Config) -> BindOptions {
+    BindOptions {
+        backlog: config.backlog,
+        read_timeout: config.read_timeout,
+        // With --min-send-rate, a write that waits comes back every second to be checked;
+        // the write timeout is then kept by the worker (client::SendWatch).
+        write_timeout: crate::conn::client::SendWatch::socket_timeout(
+            config.min_send_rate,
+            config.write_timeout,
+        ),
+    }
+}
+
+/// The `check` subcommand: what `run` would refuse, found without binding or serving.
+fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<()> {
+    privilege::resolve(
+        config.user.as_deref(),
+        config.group.as_deref(),
+        config.allow_root_workers,
+    )?;
+    pool_policy(config)?;
+    config.confinement()?.check()?;
+    if !request_level && config.max_requests > 0 {
+        return Err(Error::Config(
+            "--max-requests needs a request-level handler: use --max-connections".into(),
+        ));
+    }
+    for path in [
+        &config.pid_file,
+        &config.log_file,
+        &config.access_log,
+        &config.control,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !dir.is_dir() {
+            return Err(Error::Config(format!(
+                "{}: the directory {} does not exist",
+                path.display(),
+                dir.display()
+            )));
+        }
+    }
+    for addr in &config.listen {
+        if let Some(source) = addr.tls_source(&config.tls)? {
+            crate::net::tls::load(&source)?;
+        }
+    }
+    if let Some(hook) = program.check_hook.as_mut() {
+        hook().map_err(|e| Error::Config(format!("the application's check failed: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The pool policy of the command line, checked.
+fn pool_policy(config: &Config) -> Result<Policy> {
+    let max_allowed = crate::scoreboard::MAX_WORKERS;
+    let bad = |m: String| Err(Error::Config(m));
+    match config.pool {
+        cli::PoolKind::Static => Ok(Policy::Static(config.workers)),
+        cli::PoolKind::Dynamic => {
+            let (start, min_spare, max_spare, max) = (
+                config.start_workers,
+                config.min_spare,
+                config.max_spare,
+                config.max_workers,
+            );
+            if max == 0 || max > max_allowed {
+                return bad(format!("--max-workers {max}: expected 1 to {max_allowed}"));
+            }
+            if min_spare > max {
+                return bad(format!("--min-spare {min_spare} is above --max-workers {max}"));
+            }
+            if min_spare > max_spare {
+                return bad(format!(
+                    "--min-spare {min_spare} is above --max-spare {max_spare}"
+                ));
+            }
+            if start > max {
+                return bad(format!("--start-workers {start} is above --max-workers {max}"));
+            }
+            Ok(Policy::Dynamic {
+                start,
+                min_spare,
+                max_spare,
+                max,
+            })
+        }
+        cli::PoolKind::Ondemand => {
+            let max = config.max_workers;
+            if max == 0 || max > max_allowed {
+                return bad(format!("--max-workers {max}: expected 1 to {max_allowed}"));
+            }
+            Ok(Policy::Ondemand {
+                max,
+                idle_timeout: config.worker_idle_timeout,
+            })
+        }
+    }
+}

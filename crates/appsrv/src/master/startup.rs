@@ -1,0 +1,725 @@
+//! The master's start-up, from the resolved command line to the supervision loop: take
+//! over what systemd or an upgrading master handed over, close the other inherited
+//! descriptors, resolve users, claim the pid file, bind, open the control socket, the
+//! metrics listener and the log files (all of which report errors on the terminal),
+//! detach if asked, publish the pid, install signal handlers, then supervise. Also the
+//! start of a re-executed worker (`--exec-workers`), which adopts what its master handed
+//! over instead.
+//!
+//! Everything comes in one [`Startup`]; the worker's code comes as its `entry`, so that the
+//! master never names a connection driver.
+
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::unistd::Pid;
+
+use super::pool::Policy;
+use super::{Limits, Master, ReloadHook, Settings, Signals, UpgradeSettings};
+use crate::cli::Config;
+use crate::confine::privilege::{self, Confinement, Plan};
+use crate::control::{self, Control, MetricsListener};
+use crate::error::{Error, Result};
+use crate::net::listener::{self, BindOptions, ListenAddr, Listener};
+use crate::net::tls::Store;
+use crate::process::daemon::{self, PidClaim, PidFile, Readiness};
+use crate::process::exec::Handoff;
+use crate::process::handover::{self, Inherited};
+use crate::process::notify::{Channel, Message};
+use crate::scoreboard::Board;
+use crate::worker::{self, Recycle};
+
+/// What the start-up is given: the resolved command line and what the program adds to it.
+pub(crate) struct Startup<'a> {
+    /// The server's name (log lines, default paths).
+    pub(crate) name: &'a str,
+    pub(crate) config: Config,
+    /// The socket options of the listeners, bound or adopted.
+    pub(crate) bind: BindOptions,
+    pub(crate) policy: Policy,
+    pub(crate) limits: Limits,
+    pub(crate) on_reload: Option<ReloadHook>,
+    pub(crate) upgrade: UpgradeSettings,
+    /// Runs a worker to its end, in the child side of a fork or in a re-executed worker
+    /// (the handler and its level are the caller's).
+    pub(crate) entry: &'a mut dyn FnMut(worker::Setup<'_>) -> Infallible,
+}
+
+/// What the master prepares before it detaches, so that every error in it reaches the
+/// terminal: users, the pid file's claim, listeners, the control socket and the metrics
+/// listener.
+struct Prepared {
+    plan: Plan,
+    warning: Option<String>,
+    claim: Option<PidClaim>,
+    listeners: Vec<Listener>,
+    control: Option<Control>,
+    metrics: Option<MetricsListener>,
+    access_log: Option<File>,
+    /// Started by an upgrading master: publish the pid file by rename, once serving.
+    publish_pid: bool,
+    /// Started by systemd socket activation: the listeners are systemd's too.
+    from_systemd: bool,
+    /// The listeners' TLS material.
+    tls: Store,
+    /// With --exec-workers: the program (opened at start) and its command line.
+    exec: Option<(File, Vec<CString>)>,
+}
+
+/// The master's start-up (see the module's documentation). Returns after a clean stop;
+/// an error once detached is also reported to whoever waits for the master to be ready.
+pub(crate) fn start(mut s: Startup<'_>) -> Result<()> {
+    let mut inherited = inherit(&s.upgrade.keep_fds)?;
+    let (plan, warning) = resolve_users(&s.config)?;
+    s.config.confinement()?.check()?;
+    let from_upgrade = matches!(
+        inherited.as_ref().map(|i| i.source),
+        Some(handover::Source::Upgrade { .. })
+    );
+    let from_systemd = matches!(
+        inherited.as_ref().map(|i| i.source),
+        Some(handover::Source::Systemd)
+    );
+    if from_upgrade {
+        // Already detached (the old master's child, in its session); the pid file is
+        // taken over by rename, not claimed (the old master still holds its lock).
+        s.config.daemon = false;
+    }
+    let config = &s.config;
+    let claim = match from_upgrade {
+        true => None,
+        false => config.pid_file.as_deref().map(PidClaim::acquire).transpose()?,
+    };
+    let listeners = open_listeners(config, &s.bind, inherited.as_mut())?;
+    let tls = load_tls(config, &listeners)?;
+    let exec = open_program(config, &s.upgrade.argv)?;
+    let (control, metrics) = open_control(s.name, config, inherited.as_mut())?;
+    let access_log = open_log(config.access_log.as_deref(), &plan)?;
+    let log_file = open_log(config.log_file.as_deref(), &plan)?;
+    let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
+    let mut readiness = detach(config, log_file, ready_pipe)?;
+    let prepared = Prepared {
+        plan,
+        warning,
+        claim,
+        listeners,
+        control,
+        metrics,
+        access_log,
+        publish_pid: from_upgrade,
+        from_systemd,
+        tls,
+        exec,
+    };
+    let result = serve(s, prepared, &mut readiness);
+    if let Err(e) = &result {
+        readiness.failed(&e.to_string());
+    }
+    result
+}
+
+/// Adopts the sockets handed over by an upgrading master, or by systemd, as the
+/// environment names them, then closes every other inherited descriptor but `keep_fds`,
+/// before the master opens anything of its own.
+fn inherit(keep_fds: &[RawFd]) -> Result<Option<Inherited>> {
+    if let Some(fd) = keep_fds.iter().find(|fd| **fd < 0) {
+        return Err(Error::Config(format!("keep_fd({fd}): not a descriptor number")));
+    }
+    let inherited = handover::inherited()?;
+    close_strays(keep_fds, inherited.as_ref())?;
+    Ok(inherited)
+}
+
+fn resolve_users(config: &Config) -> Result<(Plan, Option<String>)> {
+    privilege::resolve(
+        config.user.as_deref(),
+        config.group.as_deref(),
+        config.allow_root_workers,
+    )
+}
+
+/// The listeners: those inherited, or bound now.
+fn open_listeners(
+    config: &Config,
+    bind: &BindOptions,
+    inherited: Option<&mut Inherited>,
+) -> Result<Vec<Listener>> {
+    match inherited {
+        Some(i) => {
+            if i.source == handover::Source::Systemd && !config.listen.is_empty() {
+                tracing::info!(
+                    "using the {} socket(s) systemd passed (LISTEN_FDS); --listen is not bound",
+                    i.listeners.len()
+                );
+            }
+            adopt_all(config, bind, std::mem::take(&mut i.listeners), i.origins.take())
+        }
+        None => bind_all(config, bind),
+    }
+}
+
+/// The listeners' TLS material, read now, as root if started so, and before detaching: a
+/// bad file is reported on the terminal.
+fn load_tls(config: &Config, listeners: &[Listener]) -> Result<Store> {
+    let tls = Store::load(tls_sources(config, listeners)?)?;
+    // Said by the master only (a re-executed worker reads the same sources again).
+    if !config.listen.iter().any(ListenAddr::is_tls)
+        && (config.tls.cert.is_some() || config.tls.key.is_some())
+    {
+        tracing::warn!(
+            "--tls-cert/--tls-key are set but no listener has the tls option (ADDR?tls): they are not used"
+        );
+    }
+    Ok(tls)
+}
+
+/// With --exec-workers: this program's binary, opened now so that workers run this
+/// program even if the file is replaced or removed later (a new binary is for
+/// `upgrade`), and its command line `argv`.
+fn open_program(config: &Config, argv: &[std::ffi::OsString]) -> Result<Option<(File, Vec<CString>)>> {
+    if !config.exec_workers {
+        return Ok(None);
+    }
+    Ok(Some((
+        File::open("/proc/self/exe")
+            .map_err(|e| Error::sys("opening this program's binary (/proc/self/exe)", e))?,
+        crate::process::exec::c_args(argv).map_err(Error::Config)?,
+    )))
+}
+
+/// The control socket and the metrics listener: those inherited, or bound now.
+fn open_control(
+    name: &str,
+    config: &Config,
+    mut inherited: Option<&mut Inherited>,
+) -> Result<(Option<Control>, Option<MetricsListener>)> {
+    // The control socket is on when asked for, or by default for a server with a pid file
+    // (an instance that commands address by name).
+    let control_path = config
+        .control
+        .clone()
+        .or_else(|| config.pid_file.as_ref().and_then(|_| control::default_path(name)));
+    let owner = nix::unistd::Uid::effective().as_raw();
+    let control = match (
+        control_path.as_deref(),
+        inherited.as_mut().and_then(|i| i.control.take()),
+    ) {
+        (Some(p), Some(sock)) => Some(Control::adopt(sock, p, owner)?),
+        (Some(p), None) => Some(Control::bind(p, owner)?),
+        (None, _) => None,
+    };
+    let metrics = match (
+        config.metrics_listen.as_deref(),
+        inherited.and_then(|i| i.metrics.take()),
+    ) {
+        (Some(_), Some(sock)) => Some(MetricsListener::adopt(sock)?),
+        (Some(addr), None) => Some(MetricsListener::bind(addr)?),
+        (None, _) => None,
+    };
+    Ok((control, metrics))
+}
+
+/// Opens the log file at `path`, if any, with the workers' group (see `open_log`).
+fn open_log(path: Option<&Path>, plan: &Plan) -> Result<Option<File>> {
+    path.map(|p| crate::process::log::open_log(p, plan_gid(plan)))
+        .transpose()
+}
+
+/// Detaches with `--daemon`, and sends stderr to the log file if there is one. Returns
+/// where to report readiness: the `start` command's pipe, an upgrading master's
+/// (`ready_pipe`), or nowhere.
+fn detach(config: &Config, log_file: Option<File>, ready_pipe: Option<File>) -> Result<Readiness> {
+    let mut readiness = match (&log_file, config.daemon) {
+        (Some(log), true) => daemon::daemonize(log, config.start_timeout)?,
+        (Some(log), false) => {
+            crate::process::log::redirect_stderr(log)
+                .map_err(|e| Error::sys("redirecting stderr to the log file", e))?;
+            Readiness::none()
+        }
+        (None, _) => Readiness::none(),
+    };
+    drop(log_file); // stderr holds it now
+    if let Some(pipe) = ready_pipe {
+        readiness = Readiness::to(pipe);
+    }
+    Ok(readiness)
+}
+
+/// The master's life once detached: the pid file around the supervision.
+fn serve(s: Startup<'_>, mut prepared: Prepared, readiness: &mut Readiness) -> Result<()> {
+    // A master started by an upgrade publishes its pid only once it serves: until then the
+    // old master's pid stays in the file (it goes on serving if this one fails).
+    let late_pid = match (&s.config.pid_file, prepared.publish_pid) {
+        (Some(path), true) => Some(path.clone()),
+        _ => None,
+    };
+    let pid_file = match prepared.claim.take() {
+        Some(c) => Some(c.commit(Pid::this())?),
+        None => None,
+    };
+    let result = supervise(
+        s,
+        prepared,
+        Announce {
+            pid_file: pid_file.as_ref(),
+            late_pid,
+            readiness,
+        },
+    );
+    if let Some(p) = &pid_file {
+        p.remove();
+    }
+    result
+}
+
+/// How the master says it serves: the readiness pipe, and the pid file (claimed at start,
+/// or published by rename once serving after an upgrade).
+struct Announce<'r> {
+    pid_file: Option<&'r PidFile>,
+    /// The pid file to publish once serving.
+    late_pid: Option<PathBuf>,
+    readiness: &'r mut Readiness,
+}
+
+impl Announce<'_> {
+    /// The descriptors workers close: the pid file's and the readiness pipe's.
+    fn fds(&self) -> Vec<RawFd> {
+        self.pid_file
+            .map(PidFile::raw_fd)
+            .into_iter()
+            .chain(self.readiness.raw_fd())
+            .collect()
+    }
+
+    /// The first workers are ready: publishes the pid file if it is late, and tells
+    /// whoever waits. Returns the published pid file, for the master to remove on exit.
+    fn ready(&mut self) -> Option<PidFile> {
+        let published = self
+            .late_pid
+            .as_deref()
+            .and_then(|path| match daemon::publish(path, Pid::this()) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::error!("{e}");
+                    None
+                }
+            });
+        self.readiness.ready();
+        published
+    }
+}
+
+/// Logs what the master serves and how, then runs the master until it stops.
+fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> Result<()> {
+    let Startup {
+        name,
+        config,
+        policy,
+        limits,
+        on_reload,
+        upgrade,
+        entry,
+        ..
+    } = s;
+    let config = &config;
+    let adopted = prepared.publish_pid;
+    let shared_listeners = prepared.from_systemd;
+    let Prepared {
+        plan,
+        warning,
+        listeners,
+        control,
+        metrics,
+        access_log,
+        tls,
+        exec,
+        ..
+    } = prepared;
+    let tls = std::rc::Rc::new(tls);
+    let listeners = &listeners[..];
+    log_start(listeners, metrics.as_ref(), warning, &plan);
+    let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
+    let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
+    let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
+    let worker_dir = upgrade.dir.clone();
+    let settings = Settings {
+        name: name.to_owned(),
+        policy,
+        board,
+        grace_period: config.grace_period,
+        log_file: config.log_file.clone().map(|p| (p, plan_gid(&plan))),
+        access_log: config.access_log.clone().map(|p| (p, plan_gid(&plan))),
+        master_fds: announce.fds(),
+        limits,
+        control,
+        metrics,
+        on_reload,
+        upgrade,
+        adopted,
+        shared_listeners,
+        tls: tls.clone(),
+    };
+    let confinement = confinement(config, &plan)?;
+    let workers = Workers {
+        config,
+        master: Pid::this(),
+        listeners,
+        plan: &plan,
+        channel: &channel,
+        board,
+        access_log: access_log.as_ref(),
+        confinement: &confinement,
+        tls: &tls,
+    };
+    let mut spawn = |id: u32, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
+        if let Some((exe, argv)) = &exec {
+            workers.exec(exe, argv, worker_dir.as_deref(), id, recycle);
+        }
+        entry(workers.setup(id, recycle, master_fds))
+    };
+    let mut published: Option<PidFile> = None;
+    let result = Master::new(settings, listeners, &channel, signals)?
+        .run(&mut spawn, &mut || published = announce.ready());
+    if let Some(p) = &published {
+        p.remove();
+    }
+    result
+}
+
+/// The start's log lines: the listeners, the metrics listener, a warning about the users,
+/// the workers' user.
+fn log_start(
+    listeners: &[Listener],
+    metrics: Option<&MetricsListener>,
+    warning: Option<String>,
+    plan: &Plan,
+) {
+    for l in listeners {
+        tracing::info!("listening on {}", l.local_addr());
+    }
+    if let Some(m) = metrics {
+        tracing::info!("serving metrics on http://{}/metrics", m.local_addr());
+    }
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    if let Plan::Drop(c) = plan {
+        tracing::info!(
+            "workers will run as user {} (uid {}, gid {})",
+            c.user,
+            c.uid,
+            c.gid
+        );
+    }
+}
+
+/// How workers are confined, with a warning for a chroot that root can leave.
+fn confinement(config: &Config, plan: &Plan) -> Result<Confinement> {
+    let confinement = config.confinement()?;
+    if let Some(dir) = &confinement.chroot {
+        tracing::info!("workers chroot to {}", dir.display());
+        if matches!(plan, Plan::Keep) && nix::unistd::Uid::effective().is_root() {
+            tracing::warn!(
+                "--chroot {} with workers that stay root: root can leave a chroot; give --user",
+                dir.display()
+            );
+        }
+    }
+    Ok(confinement)
+}
+
+/// What every worker is started with: by the master at fork, or by a re-executed worker
+/// from its master's hand-off.
+struct Workers<'a> {
+    config: &'a Config,
+    master: Pid,
+    listeners: &'a [Listener],
+    plan: &'a Plan,
+    channel: &'a Channel,
+    board: &'static Board,
+    access_log: Option<&'a File>,
+    confinement: &'a Confinement,
+    tls: &'a Store,
+}
+
+impl Workers<'_> {
+    /// The set-up of worker `id`.
+    fn setup<'s>(&'s self, id: u32, recycle: Recycle, master_fds: &'s [RawFd]) -> worker::Setup<'s> {
+        let config = self.config;
+        worker::Setup {
+            id,
+            master: self.master,
+            listeners: self.listeners,
+            plan: self.plan,
+            channel: self.channel,
+            master_fds,
+            log_path: config.log_file.as_deref(),
+            board: self.board,
+            keepalive_timeout: config.keepalive_timeout,
+            recycle,
+            access_log: config.access_log.as_deref().zip(self.access_log),
+            max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
+            confinement: self.confinement,
+            tls: crate::net::tls::ForWorker {
+                acceptors: self.tls.current(),
+                handshake_timeout: config.tls_handshake_timeout,
+            },
+            conn: worker::ConnLimits {
+                header_timeout: config.header_timeout,
+                min_send_rate: config.min_send_rate,
+                write_timeout: config.write_timeout,
+            },
+        }
+    }
+
+    /// In the child just forked: becomes the program again (`--exec-workers`), as worker
+    /// `id`, in `dir` (the master's working directory at start, so that the command line's
+    /// relative paths mean the same to the worker). Reports a failure to the master.
+    fn exec(&self, exe: &File, argv: &[CString], dir: Option<&Path>, id: u32, recycle: Recycle) -> ! {
+        let handoff = Handoff {
+            id,
+            master: self.master.as_raw(),
+            max_requests: recycle.max_requests,
+            max_connections: recycle.max_connections,
+            board: Board::memfd().unwrap_or(-1),
+            channel: self.channel.write_fd(),
+            wake: crate::sys::wake_fd(),
+            access: self.access_log.map(AsRawFd::as_raw_fd),
+            listeners: self
+                .listeners
+                .iter()
+                .map(|l| (l.socket().as_raw_fd(), l.origin()))
+                .collect(),
+        };
+        if let Some(dir) = dir {
+            let _ = nix::unistd::chdir(dir);
+        }
+        let env = handoff.environment();
+        // SAFETY: this runs in the child just forked by the master (single-threaded),
+        // which is replaced by the exec; the descriptors are the master's open
+        // listeners, scoreboard memfd, notification pipe, wake-up eventfd and access
+        // log, which the child owns copies of.
+        let e = unsafe { crate::sys::exec_keeping(exe, argv, &env, &handoff.fds()) };
+        let _ = self.channel.send(
+            std::process::id(),
+            &Message::StartFailed(format!("re-executing the program: {e}")),
+        );
+        crate::sys::exit_now(crate::sys::exit::START_FAILED);
+    }
+}
+
+/// A re-executed worker (`--exec-workers`): takes what the master handed over and runs as
+/// worker. Never returns once the handoff is read; an error before the worker runs is
+/// reported to the master, as a worker's start failure.
+pub(crate) fn exec_worker(
+    s: Startup<'_>,
+    handoff: std::result::Result<Handoff, String>,
+) -> Result<Infallible> {
+    let handoff = handoff.map_err(Error::Config)?;
+    let config = &s.config;
+    // SAFETY: the master listed this descriptor as the notification pipe's write end and
+    // kept it open across the exec for this process alone; nothing else here owns it.
+    let channel = unsafe { crate::sys::adopt_fd(handoff.channel) }
+        .map(Channel::from_write_end)
+        .map_err(|e| Error::sys("adopting the notification pipe", e))?;
+    let fail = |reason: String| -> ! {
+        tracing::error!("cannot start: {reason}");
+        let _ = channel.send(std::process::id(), &Message::StartFailed(reason));
+        crate::sys::exit_now(crate::sys::exit::START_FAILED)
+    };
+    let (plan, listeners, tls, board, access, confinement) = match adopt_handoff(config, &s.bind, &handoff) {
+        Ok(p) => p,
+        Err(e) => fail(e.to_string()),
+    };
+    let workers = Workers {
+        config,
+        master: Pid::from_raw(handoff.master),
+        listeners: &listeners,
+        plan: &plan,
+        channel: &channel,
+        board,
+        access_log: access.as_ref(),
+        confinement: &confinement,
+        tls: &tls,
+    };
+    let recycle = Recycle {
+        max_requests: handoff.max_requests,
+        max_connections: handoff.max_connections,
+    };
+    // `entry` never returns (the worker ends in `_exit`); `Ok` only gives it the type.
+    #[allow(unreachable_code)]
+    Ok((s.entry)(workers.setup(handoff.id, recycle, &[])))
+}
+
+/// What a re-executed worker adopts from its master's hand-off, and what it reads again as
+/// the master did: users, listeners, TLS material, the scoreboard, the access log, the
+/// wake-up eventfd, the confinement.
+#[allow(clippy::type_complexity)] // the parts, named once, taken apart by the caller
+fn adopt_handoff(
+    config: &Config,
+    bind: &BindOptions,
+    handoff: &Handoff,
+) -> Result<(
+    Plan,
+    Vec<Listener>,
+    Store,
+    &'static Board,
+    Option<File>,
+    Confinement,
+)> {
+    let adopt = |fd: RawFd, what: &'static str| {
+        // SAFETY: a descriptor the master kept open across the exec for this process
+        // alone; nothing else here owns it.
+        unsafe { crate::sys::adopt_fd(fd) }.map_err(|e| Error::sys(what, e))
+    };
+    let (plan, _) = resolve_users(config)?;
+    let sockets = handoff
+        .listeners
+        .iter()
+        .map(|(fd, _)| adopt(*fd, "adopting a listener").map(socket2::Socket::from))
+        .collect::<Result<Vec<_>>>()?;
+    let origins = handoff.listeners.iter().map(|(_, o)| *o).collect();
+    let listeners = adopt_all(config, bind, sockets, Some(origins))?;
+    // Read again, as the master did at start (this process is still root if it is).
+    let tls = Store::load(tls_sources(config, &listeners)?)?;
+    let board = Board::adopt(adopt(handoff.board, "adopting the scoreboard")?)
+        .map_err(|e| Error::sys("mapping the scoreboard", e))?;
+    let access = handoff
+        .access
+        .map(|fd| adopt(fd, "adopting the access log").map(File::from))
+        .transpose()?;
+    if let Some(fd) = handoff.wake {
+        crate::sys::set_wake_fd(std::os::fd::IntoRawFd::into_raw_fd(adopt(
+            fd,
+            "adopting the wake-up eventfd",
+        )?));
+    }
+    Ok((plan, listeners, tls, board, access, config.confinement()?))
+}
+
+/// Closes the descriptors the master inherited from whatever started it, but stdio, the
+/// hand-over of systemd or of an upgrading master (`inherited`) and those the application
+/// keeps (see `Server::keep_fd`).
+fn close_strays(keep: &[RawFd], inherited: Option<&Inherited>) -> Result<()> {
+    let mut keep = keep.to_vec();
+    keep.extend(inherited.map(Inherited::fds).unwrap_or_default());
+    // SAFETY: this runs at the master's start, before it opens anything; what appsrv and
+    // Rust's std open is close-on-exec (and so is what `inherited` adopted, which is kept
+    // too), so the descriptors without close-on-exec are those the parent left open and
+    // those the application opened so, which `keep_fd` documents it must name.
+    let closed = unsafe { crate::sys::close_stray_fds(&keep) }
+        .map_err(|e| Error::sys("closing inherited descriptors", e))?;
+    if !closed.is_empty() {
+        tracing::info!(
+            "closed {} descriptor(s) inherited from the process that started this one",
+            closed.len()
+        );
+        tracing::debug!("inherited descriptors closed: {closed:?}");
+    }
+    Ok(())
+}
+
+fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {
+    match plan {
+        Plan::Drop(c) => Some(c.gid),
+        Plan::Keep => None,
+    }
+}
+
+/// Takes over inherited listening sockets (upgrade, socket activation), with this
+/// configuration's options.
+fn adopt_all(
+    config: &Config,
+    opts: &BindOptions,
+    sockets: Vec<socket2::Socket>,
+    origins: Option<Vec<Option<usize>>>,
+) -> Result<Vec<Listener>> {
+    let mut all: Vec<Listener> = sockets
+        .into_iter()
+        .map(|s| listener::adopt(s, opts))
+        .collect::<Result<_>>()?;
+    // Each listener gets the options of the --listen address it serves: an upgrading
+    // master says which one (the same command line, so the same indexes); a socket from
+    // systemd (or from an older master) is matched by its address. Matching by position
+    // would be wrong as soon as a host name resolves to several addresses, and would give
+    // one listener's deny= rules to another.
+    let global = global_policy(config);
+    for (k, l) in all.iter_mut().enumerate() {
+        let origin = match &origins {
+            Some(o) => o.get(k).copied().flatten(),
+            None => config.listen.iter().position(|a| a.names(l.local_addr())),
+        }
+        .filter(|i| *i < config.listen.len());
+        l.set_origin(origin);
+        l.set_policy(match origin {
+            Some(i) => global.with(&config.listen[i]),
+            None => global.clone(),
+        });
+    }
+    for (i, addr) in config.listen.iter().enumerate() {
+        if addr.has_options() && !all.iter().any(|l| l.origin() == Some(i)) {
+            tracing::warn!("no inherited socket is bound at {addr}: its options apply to no listener");
+        }
+    }
+    for l in &all {
+        l.socket()
+            .set_nonblocking(all.len() > 1)
+            .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
+    }
+    Ok(all)
+}
+
+/// Where each listener's TLS material comes from (by listener index), from the `--listen`
+/// address it serves. Every TLS address is checked, even one no socket serves.
+fn tls_sources(config: &Config, listeners: &[Listener]) -> Result<Vec<Option<crate::net::tls::Source>>> {
+    let by_address = config
+        .listen
+        .iter()
+        .map(|a| a.tls_source(&config.tls))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(listeners
+        .iter()
+        .map(|l| l.origin().and_then(|i| by_address.get(i).cloned().flatten()))
+        .collect())
+}
+
+/// The access policy of the command line, for every listener (each adds its own options).
+fn global_policy(config: &Config) -> listener::Policy {
+    listener::Policy {
+        allow: config.allow.clone(),
+        deny: config.deny.clone(),
+        proxy: config.proxy_protocol,
+        proxy_from: config.proxy_from.clone(),
+    }
+}
+
+fn bind_all(config: &Config, opts: &BindOptions) -> Result<Vec<Listener>> {
+    if config.listen.is_empty() {
+        return Err(Error::Config(
+            "no listen address: give -l/--listen ADDR (or start the server with systemd socket activation)"
+                .into(),
+        ));
+    }
+    let mut all = Vec::new();
+    let global = global_policy(config);
+    for (all_origin, addr) in config.listen.iter().enumerate() {
+        for mut l in listener::bind(addr, opts)? {
+            l.set_policy(global.with(addr));
+            l.set_origin(Some(all_origin));
+            all.push(l);
+        }
+    }
+    if all.len() > 1 {
+        // Several listeners are watched with epoll by each worker; accept must then not
+        // block on a listener another worker emptied first.
+        for l in &all {
+            l.socket()
+                .set_nonblocking(true)
+                .map_err(|e| Error::sys("making a listener non-blocking", e))?;
+        }
+    }
+    Ok(all)
+}
