@@ -2,13 +2,44 @@
 //! answers from its state alone and which it acts on (`dispatch`, free of I/O), the
 //! status snapshot, and the pool's resizing (also TTIN and TTOU).
 
+use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 
 use super::{Master, Phase};
-use crate::control::status::{ListenerStatus, PoolStatus, Status};
+use crate::control::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::control::{Reply, Request, render_json, render_metrics, render_text};
 use crate::scoreboard;
 use crate::sys;
+
+/// The reasons of worker restarts, in the order `status` and `metrics` show them.
+const RESTART_REASONS: [&str; 5] = ["exit", "signal", "timeout", "recycled", "backoff"];
+
+/// What `status` and `metrics` count, kept by the master as workers come and go.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    /// Worker restarts by reason (one of [`RESTART_REASONS`]).
+    restarts: BTreeMap<&'static str, u64>,
+    /// Counters of workers that are gone (so that totals do not drop when a worker exits).
+    pub(super) retired: Totals,
+    /// How many times the pool reached its maximum while clients waited.
+    pub(super) max_reached: u64,
+}
+
+impl Counters {
+    /// A worker was replaced for `reason`.
+    pub(super) fn restart(&mut self, reason: &'static str) {
+        debug_assert!(RESTART_REASONS.contains(&reason), "{reason}");
+        *self.restarts.entry(reason).or_default() += 1;
+    }
+
+    /// Every reason with its count, zeros included.
+    fn restarts(&self) -> Vec<(&'static str, u64)> {
+        RESTART_REASONS
+            .into_iter()
+            .map(|r| (r, self.restarts.get(r).copied().unwrap_or(0)))
+            .collect()
+    }
+}
 
 /// What the control requests read of the master's state.
 #[derive(Debug, Clone, Copy)]
@@ -213,13 +244,10 @@ impl Master<'_> {
                 .collect(),
             workers,
             scoreboard,
-            retired: self.retired.clone(),
-            max_workers_reached: self.max_reached_total,
+            retired: self.counters.retired.clone(),
+            max_workers_reached: self.counters.max_reached,
             slow_clients: self.holds.episode().cloned(),
-            restarts: ["exit", "signal", "timeout", "recycled", "backoff"]
-                .into_iter()
-                .map(|r| (r, self.restarts.get(r).copied().unwrap_or(0)))
-                .collect(),
+            restarts: self.counters.restarts(),
         }
     }
 }
@@ -354,6 +382,24 @@ mod tests {
                 reply(Err(&format!("the server is {name}")))
             );
         }
+    }
+
+    #[test]
+    fn restarts_are_counted_by_reason_all_reasons_shown() {
+        let mut c = Counters::default();
+        c.restart("recycled");
+        c.restart("recycled");
+        c.restart("backoff");
+        assert_eq!(
+            c.restarts(),
+            [
+                ("exit", 0),
+                ("signal", 0),
+                ("timeout", 0),
+                ("recycled", 2),
+                ("backoff", 1)
+            ]
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod signals;
 pub(crate) mod startup;
 mod upgrade;
 
+use control::Counters;
 pub(crate) use signals::Signals;
 use upgrade::Upgrade;
 pub(crate) use upgrade::UpgradeSettings;
@@ -41,7 +42,6 @@ use nix::sys::signal::{self, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::{Gid, Pid};
 
-use crate::control::status::Totals;
 use crate::control::{Control, MetricsListener};
 use crate::error::Error;
 use crate::net::listener::Listener;
@@ -49,7 +49,7 @@ use crate::process::notify::{Channel, Message};
 use crate::scoreboard::{self, Board, State};
 use crate::sys::{self, exit};
 use crate::worker::Recycle;
-use pool::{Backoff, Pacer, Policy, SpawnRate, Verdict};
+use pool::{Backoff, Jitter, Pacer, Policy, SpawnRate, Verdict};
 
 /// The master's phases, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,19 +198,16 @@ pub(crate) struct Master<'a> {
     pacer: Pacer,
     /// Slow or idle clients holding the pool (the operator's warning).
     holds: crate::master::holds::HoldWatch,
-    /// Replacements are being held back by the pacing (logged once per episode).
-    pacing: bool,
     rate: SpawnRate,
     started: Instant,
     next_round: Option<Instant>,
     last_retire: Instant,
     last_memory_check: Instant,
     max_reached: bool,
-    max_reached_total: u64,
-    restarts: BTreeMap<&'static str, u64>,
-    /// Counters of workers that are gone.
-    retired: Totals,
-    rng: u64,
+    /// What `status` and `metrics` count.
+    counters: Counters,
+    /// Draws each worker's share of `--max-jitter`.
+    jitter: Jitter,
     /// The current generation of workers: 0 at start, one more with each reload.
     generation: u32,
     /// A reload whose old generation has not left yet (systemd hears READY=1 after it).
@@ -259,22 +256,19 @@ impl<'a> Master<'a> {
             backoff: Backoff::default(),
             pacer: Pacer::default(),
             holds: crate::master::holds::HoldWatch::default(),
-            pacing: false,
             rate: SpawnRate::default(),
             started: now,
             next_round: None,
             last_retire: now,
             last_memory_check: now,
             max_reached: false,
-            max_reached_total: 0,
-            restarts: BTreeMap::new(),
-            retired: Totals::default(),
+            counters: Counters::default(),
             generation: 0,
             reload_pending: false,
             upgrade,
             serving: false,
             owed: 0,
-            rng: (u64::from(std::process::id()) << 32) ^ scoreboard::now_ns() | 1,
+            jitter: Jitter::new((u64::from(std::process::id()) << 32) ^ scoreboard::now_ns()),
         })
     }
 
@@ -711,18 +705,8 @@ impl<'a> Master<'a> {
     }
 
     fn on_exit(&mut self, status: WaitStatus) -> Result<(), Error> {
-        let (pid, reason, signaled) = match status {
-            WaitStatus::Exited(pid, code) => (pid, exit_reason(code), false),
-            WaitStatus::Signaled(pid, sig, core) => (
-                pid,
-                format!(
-                    "was killed by signal {}{}",
-                    sig.as_str(),
-                    if core { " (core dumped)" } else { "" }
-                ),
-                true,
-            ),
-            _ => return Ok(()),
+        let Some((pid, reason, signaled)) = describe_exit(status) else {
+            return Ok(());
         };
         // Late messages (a failure reason written just before exit) are read first.
         for (p, msg) in self.channel.receive() {
@@ -743,7 +727,7 @@ impl<'a> Master<'a> {
             _ => None,
         });
         if let Some(v) = &view {
-            self.retired.add(v);
+            self.counters.retired.add(v);
         }
         self.settings.board.release(worker.id);
         let serving = serving.unwrap_or_default();
@@ -754,96 +738,76 @@ impl<'a> Master<'a> {
             WaitStatus::Signaled(_, sig, _) => pool::is_crash_signal(sig),
             _ => true,
         };
-        let start_failure = pool::is_start_failure(worker.ready, on_its_own);
-        match self.phase {
-            Phase::Starting if start_failure => {
+        let id = worker.id;
+        match fate(
+            self.phase,
+            &worker,
+            pool::is_start_failure(worker.ready, on_its_own),
+        ) {
+            Fate::NoStart => {
                 let reason = worker.failure.unwrap_or(reason);
-                tracing::error!(
-                    "worker {} (pid {pid}) failed to start: {reason}; stopping",
-                    worker.id
-                );
+                tracing::error!("worker {id} (pid {pid}) failed to start: {reason}; stopping");
                 return Err(Error::WorkerStart {
                     pid: pid.as_raw(),
                     reason,
                 });
             }
-            Phase::Stopping { .. } => {
-                tracing::debug!("worker {} (pid {pid}) {reason}", worker.id);
+            Fate::Stopping => tracing::debug!("worker {id} (pid {pid}) {reason}"),
+            Fate::TimedOut => {
+                self.counters.restart("timeout");
+                tracing::info!("worker {id} (pid {pid}) {reason}; starting a replacement");
             }
-            Phase::Starting | Phase::Running => {
-                if worker.timed_out.is_some() {
-                    self.count_restart("timeout");
-                    tracing::info!(
-                        "worker {} (pid {pid}) {reason}; starting a replacement",
-                        worker.id
-                    );
-                    return Ok(());
-                }
-                match worker.leaving {
-                    Some(Leave::Recycle(_)) if worker.stop_sent => {
-                        self.count_restart("recycled");
-                        tracing::info!("worker {} (pid {pid}) recycled", worker.id);
-                        return Ok(());
+            Fate::Recycled => {
+                self.counters.restart("recycled");
+                tracing::info!("worker {id} (pid {pid}) recycled");
+            }
+            Fate::Retired => tracing::info!("worker {id} (pid {pid}) retired (surplus)"),
+            Fate::Died => {
+                let reason = with_failure(reason, worker.failure.as_deref());
+                self.counters.restart(if signaled { "signal" } else { "exit" });
+                tracing::warn!(
+                    "worker {id} (pid {pid}) {reason}{serving}; {}: starting a replacement",
+                    if worker.ready {
+                        "it was serving"
+                    } else {
+                        "killed from outside while starting, not a start failure"
                     }
-                    Some(Leave::Surplus) if worker.stop_sent => {
-                        tracing::info!("worker {} (pid {pid}) retired (surplus)", worker.id);
-                        return Ok(());
-                    }
-                    _ => {}
-                }
-                let reason = match worker.failure {
-                    Some(f) => format!("{reason}: {f}"),
-                    None => reason,
-                };
-                if !start_failure {
-                    self.count_restart(if signaled { "signal" } else { "exit" });
-                    tracing::warn!(
-                        "worker {} (pid {pid}) {reason}{serving}; {}: starting a replacement",
-                        worker.id,
-                        if worker.ready {
-                            "it was serving"
-                        } else {
-                            "killed from outside while starting, not a start failure"
-                        }
-                    );
-                    return Ok(());
-                }
-                // Each death counts once: by its cause, or as "backoff" when it is one of
-                // a run of start failures (then replaced only after a delay).
-                let verdict = self.backoff.record(Instant::now());
-                self.count_restart(match verdict {
-                    Verdict::Replace if signaled => "signal",
-                    Verdict::Replace => "exit",
-                    Verdict::BackOffStarted { .. } | Verdict::BackOff { .. } => "backoff",
-                });
-                match verdict {
-                    Verdict::Replace => tracing::warn!(
-                        "worker {} (pid {pid}) {reason} before it was ready; starting a replacement",
-                        worker.id
-                    ),
-                    Verdict::BackOffStarted { delay, in_a_row } => {
-                        tracing::error!(
-                            "worker {} (pid {pid}) {reason} before it was ready; workers keep failing to start \
-                             ({in_a_row} in a row): restarting them one at a time with exponential back-off, \
-                             next in {delay:?} (at most {:?} while no worker serves)",
-                            worker.id,
-                            pool::EMPTY_POOL_DELAY
-                        )
-                    }
-                    Verdict::BackOff { delay, in_a_row } => {
-                        tracing::debug!(
-                            "worker {} (pid {pid}) {reason}; {in_a_row} in a row, next in {delay:?}",
-                            worker.id
-                        )
-                    }
-                }
+                );
+            }
+            Fate::StartFailed => {
+                let reason = with_failure(reason, worker.failure.as_deref());
+                self.on_start_failure(id, pid, &reason, signaled);
             }
         }
         Ok(())
     }
 
-    fn count_restart(&mut self, reason: &'static str) {
-        *self.restarts.entry(reason).or_default() += 1;
+    /// A worker failed to start while the pool runs: each death counts once, by its cause,
+    /// or as "backoff" when it is one of a run of start failures (then replaced only after
+    /// a delay).
+    fn on_start_failure(&mut self, id: u32, pid: Pid, reason: &str, signaled: bool) {
+        let verdict = self.backoff.record(Instant::now());
+        self.counters.restart(match verdict {
+            Verdict::Replace if signaled => "signal",
+            Verdict::Replace => "exit",
+            Verdict::BackOffStarted { .. } | Verdict::BackOff { .. } => "backoff",
+        });
+        match verdict {
+            Verdict::Replace => {
+                tracing::warn!("worker {id} (pid {pid}) {reason} before it was ready; starting a replacement")
+            }
+            Verdict::BackOffStarted { delay, in_a_row } => {
+                tracing::error!(
+                    "worker {id} (pid {pid}) {reason} before it was ready; workers keep failing to start \
+                     ({in_a_row} in a row): restarting them one at a time with exponential back-off, \
+                     next in {delay:?} (at most {:?} while no worker serves)",
+                    pool::EMPTY_POOL_DELAY
+                )
+            }
+            Verdict::BackOff { delay, in_a_row } => {
+                tracing::debug!("worker {id} (pid {pid}) {reason}; {in_a_row} in a row, next in {delay:?}")
+            }
+        }
     }
 
     /// Workers that count towards the pool's size.
@@ -862,14 +826,7 @@ impl<'a> Master<'a> {
 
     /// How many workers the pool wants now.
     fn target(&self) -> usize {
-        match &self.settings.policy {
-            Policy::Static(n) => *n,
-            // Dynamic and on-demand pools grow in rounds; between rounds they keep what
-            // they have, counting the workers waiting to be recycled (not yet told to
-            // stop): those are replaced first, then stopped, so capacity never dips.
-            Policy::Dynamic { start, max, .. } => (self.active() + self.owed).max(*start).min(*max),
-            Policy::Ondemand { max, .. } => (self.active() + self.owed).min(*max),
-        }
+        self.settings.policy.target(self.active(), self.owed)
     }
 
     /// Keeps the pool at its target size and runs the dynamic policies' rounds.
@@ -882,8 +839,7 @@ impl<'a> Master<'a> {
                 break; // one at a time while failures are counted: wait for its outcome
             }
             if !self.pacer.may_spawn(now) {
-                if !self.pacing {
-                    self.pacing = true;
+                if self.pacer.hold_back() {
                     tracing::info!(
                         "{missing} worker(s) to replace: pacing replacements at {} per {:?}",
                         pool::PACING_BURST,
@@ -903,7 +859,7 @@ impl<'a> Master<'a> {
             }
         }
         if missing == 0 {
-            self.pacing = false;
+            self.pacer.caught_up();
         }
         if self.phase == Phase::Running {
             self.pool_round(entry, now)?;
@@ -975,7 +931,7 @@ impl<'a> Master<'a> {
             let queued = self.queue_length();
             if !self.max_reached && queued.is_some_and(|q| q > 0) {
                 self.max_reached = true;
-                self.max_reached_total += 1;
+                self.counters.max_reached += 1;
                 tracing::warn!(
                     "max workers reached ({max}): {} connection(s) waiting in the listen queue",
                     queued.unwrap_or(0)
@@ -1305,19 +1261,9 @@ impl<'a> Master<'a> {
     fn draw_limits(&mut self) -> Recycle {
         let base = self.settings.limits.recycle;
         let jitter = self.settings.limits.jitter;
-        let mut draw = |limit: u64| {
-            if limit == 0 || jitter == 0 {
-                return limit;
-            }
-            // xorshift64: enough to spread restarts, no crate needed.
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            limit + self.rng % (jitter + 1)
-        };
         Recycle {
-            max_requests: draw(base.max_requests),
-            max_connections: draw(base.max_connections),
+            max_requests: self.jitter.draw(base.max_requests, jitter),
+            max_connections: self.jitter.draw(base.max_connections, jitter),
         }
     }
 
@@ -1380,6 +1326,71 @@ fn fmt_duration(d: Duration) -> String {
     }
 }
 
+/// The exited process, how it ended ("exited with status 1", "was killed by signal
+/// SIGKILL"), and whether by a signal; none for a status that is no exit.
+fn describe_exit(status: WaitStatus) -> Option<(Pid, String, bool)> {
+    match status {
+        WaitStatus::Exited(pid, code) => Some((pid, exit_reason(code), false)),
+        WaitStatus::Signaled(pid, sig, core) => Some((
+            pid,
+            format!(
+                "was killed by signal {}{}",
+                sig.as_str(),
+                if core { " (core dumped)" } else { "" }
+            ),
+            true,
+        )),
+        _ => None,
+    }
+}
+
+/// What a worker's exit means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// One of the first workers failed to start: the server does not start.
+    NoStart,
+    /// The pool is stopping: every exit is expected.
+    Stopping,
+    /// Killed by the master for exceeding the request timeout: replaced.
+    TimedOut,
+    /// Recycled as asked (its replacement is started or ready).
+    Recycled,
+    /// A surplus worker that left as asked: not replaced.
+    Retired,
+    /// Died while serving, or killed from outside while starting: replaced at once.
+    Died,
+    /// Failed to start while the pool runs: replaced, within the crash-loop back-off.
+    StartFailed,
+}
+
+/// What the exit of worker `w` in `phase` means; `start_failure`: it ended on its own
+/// before it was ready (`pool::is_start_failure`).
+fn fate(phase: Phase, w: &Worker, start_failure: bool) -> Fate {
+    match phase {
+        Phase::Starting if start_failure => Fate::NoStart,
+        Phase::Stopping { .. } => Fate::Stopping,
+        Phase::Starting | Phase::Running => {
+            if w.timed_out.is_some() {
+                return Fate::TimedOut;
+            }
+            match w.leaving {
+                Some(Leave::Recycle(_)) if w.stop_sent => Fate::Recycled,
+                Some(Leave::Surplus) if w.stop_sent => Fate::Retired,
+                _ if start_failure => Fate::StartFailed,
+                _ => Fate::Died,
+            }
+        }
+    }
+}
+
+/// How a worker ended, with the start failure it reported first, if any.
+fn with_failure(reason: String, failure: Option<&str>) -> String {
+    match failure {
+        Some(f) => format!("{reason}: {f}"),
+        None => reason,
+    }
+}
+
 fn exit_reason(code: i32) -> String {
     match code {
         exit::OK => "exited".into(),
@@ -1387,5 +1398,117 @@ fn exit_reason(code: i32) -> String {
         exit::START_FAILED => format!("exited with status {code}: it could not start"),
         exit::ORPHANED => format!("exited with status {code}: its master was gone"),
         _ => format!("exited with status {code}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> Worker {
+        Worker {
+            id: 1,
+            generation: 0,
+            spawned: Instant::now(),
+            ready: true,
+            failure: None,
+            leaving: None,
+            stop_sent: false,
+            stop_at: None,
+            timed_out: None,
+            memory_killed: false,
+        }
+    }
+
+    fn stopping() -> Phase {
+        let now = Instant::now();
+        Phase::Stopping {
+            deadline: now,
+            killed: false,
+            since: now,
+        }
+    }
+
+    #[test]
+    fn an_exit_is_expected_or_replaced_by_what_the_worker_was_doing() {
+        let w = worker();
+        assert_eq!(fate(Phase::Running, &w, false), Fate::Died);
+        assert_eq!(fate(Phase::Running, &w, true), Fate::StartFailed);
+        assert_eq!(fate(Phase::Starting, &w, true), Fate::NoStart);
+        assert_eq!(
+            fate(Phase::Starting, &w, false),
+            Fate::Died,
+            "a first worker that was ready, or killed from outside, is replaced"
+        );
+        assert_eq!(fate(stopping(), &w, true), Fate::Stopping);
+        let timed_out = Worker {
+            timed_out: Some(Instant::now()),
+            leaving: Some(Leave::Recycle("memory")),
+            stop_sent: true,
+            ..worker()
+        };
+        assert_eq!(fate(Phase::Running, &timed_out, false), Fate::TimedOut);
+        let recycled = Worker {
+            leaving: Some(Leave::Recycle("age")),
+            stop_sent: true,
+            ..worker()
+        };
+        assert_eq!(fate(Phase::Running, &recycled, false), Fate::Recycled);
+        let surplus = Worker {
+            leaving: Some(Leave::Surplus),
+            stop_sent: true,
+            ..worker()
+        };
+        assert_eq!(fate(Phase::Running, &surplus, false), Fate::Retired);
+        // Marked to leave but not yet told: it died on its own, and is replaced as such.
+        let marked = Worker {
+            leaving: Some(Leave::Recycle("reload")),
+            ..worker()
+        };
+        assert_eq!(fate(Phase::Running, &marked, false), Fate::Died);
+    }
+
+    #[test]
+    fn exits_are_described_for_the_log() {
+        let pid = Pid::from_raw(42);
+        assert_eq!(
+            describe_exit(WaitStatus::Exited(pid, exit::PANIC)),
+            Some((
+                pid,
+                format!("exited with status {} after a panic", exit::PANIC),
+                false
+            ))
+        );
+        assert_eq!(
+            describe_exit(WaitStatus::Signaled(pid, Signal::SIGSEGV, true)),
+            Some((pid, "was killed by signal SIGSEGV (core dumped)".into(), true))
+        );
+        assert_eq!(
+            describe_exit(WaitStatus::Signaled(pid, Signal::SIGKILL, false)),
+            Some((pid, "was killed by signal SIGKILL".into(), true))
+        );
+        assert_eq!(describe_exit(WaitStatus::StillAlive), None);
+        assert_eq!(exit_reason(exit::OK), "exited");
+        assert_eq!(
+            exit_reason(exit::START_FAILED),
+            format!("exited with status {}: it could not start", exit::START_FAILED)
+        );
+        assert_eq!(
+            exit_reason(exit::ORPHANED),
+            format!("exited with status {}: its master was gone", exit::ORPHANED)
+        );
+        assert_eq!(exit_reason(7), "exited with status 7");
+        assert_eq!(
+            with_failure("exited with status 3".into(), Some("the factory failed: no db")),
+            "exited with status 3: the factory failed: no db"
+        );
+        assert_eq!(with_failure("exited".into(), None), "exited");
+    }
+
+    #[test]
+    fn durations_are_short_in_log_lines() {
+        assert_eq!(fmt_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(fmt_duration(Duration::from_secs(125)), "2m05s");
     }
 }

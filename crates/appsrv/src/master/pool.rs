@@ -47,6 +47,8 @@ pub(crate) fn is_crash_signal(sig: nix::sys::signal::Signal) -> bool {
 pub(crate) struct Pacer {
     /// The start of the current window and the spawns made in it.
     window: Option<(Instant, usize)>,
+    /// Replacements are being held back (logged once per episode).
+    held_back: bool,
 }
 
 impl Pacer {
@@ -64,6 +66,17 @@ impl Pacer {
             Some((start, n)) if now.duration_since(start) < PACING_WINDOW => Some((start, n + 1)),
             _ => Some((now, 1)),
         };
+    }
+
+    /// A replacement is held back by the pacing: returns true at the first of an episode
+    /// (to log it once).
+    pub(crate) fn hold_back(&mut self) -> bool {
+        !std::mem::replace(&mut self.held_back, true)
+    }
+
+    /// Nothing is left to replace: the episode of held-back replacements is over.
+    pub(crate) fn caught_up(&mut self) {
+        self.held_back = false;
     }
 
     /// When the next replacement may start, if the current window is full.
@@ -164,6 +177,19 @@ impl Policy {
         }
     }
 
+    /// How many workers the pool wants now, with `active` workers counting towards its
+    /// size and `owed` replacements of workers waiting to be recycled.
+    pub(crate) fn target(&self, active: usize, owed: usize) -> usize {
+        match self {
+            Policy::Static(n) => *n,
+            // Dynamic and on-demand pools grow in rounds; between rounds they keep what
+            // they have, counting the workers waiting to be recycled (not yet told to
+            // stop): those are replaced first, then stopped, so capacity never dips.
+            Policy::Dynamic { start, max, .. } => (active + owed).max(*start).min(*max),
+            Policy::Ondemand { max, .. } => (active + owed).min(*max),
+        }
+    }
+
     /// `(min_spare, max_spare)`, where they apply.
     pub(crate) fn spares(&self) -> (usize, usize) {
         match self {
@@ -197,6 +223,29 @@ impl SpawnRate {
     /// The shortage is over.
     pub(crate) fn reset(&mut self) {
         self.0 = 1;
+    }
+}
+
+/// Draws each worker's share of `--max-jitter`, so that workers started together do not
+/// all retire together: a xorshift64, enough to spread restarts, no crate needed.
+#[derive(Debug)]
+pub(crate) struct Jitter(u64);
+
+impl Jitter {
+    /// A generator seeded with `seed` (any value: the state is made non-zero).
+    pub(crate) fn new(seed: u64) -> Self {
+        Jitter(seed | 1)
+    }
+
+    /// `limit` plus a number from 0 to `jitter`; a limit of 0 (none) stays 0.
+    pub(crate) fn draw(&mut self, limit: u64, jitter: u64) -> u64 {
+        if limit == 0 || jitter == 0 {
+            return limit;
+        }
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        limit + self.0 % (jitter + 1)
     }
 }
 
@@ -389,5 +438,50 @@ mod tests {
         assert!(p.may_spawn(t1));
         p.spawned(t1);
         assert_eq!(p.not_before(), None);
+    }
+
+    #[test]
+    fn a_held_back_episode_is_told_once() {
+        let mut p = Pacer::default();
+        assert!(p.hold_back(), "the first replacement held back is logged");
+        assert!(!p.hold_back(), "not the next ones");
+        p.caught_up();
+        assert!(p.hold_back(), "a new episode is logged again");
+    }
+
+    #[test]
+    fn the_target_counts_replacements_owed_within_the_policy() {
+        assert_eq!(Policy::Static(4).target(1, 3), 4, "a static pool is its size");
+        let d = Policy::Dynamic {
+            start: 2,
+            min_spare: 1,
+            max_spare: 4,
+            max: 8,
+        };
+        assert_eq!(d.target(0, 0), 2, "at least the start size");
+        assert_eq!(d.target(5, 0), 5, "keeps what it has between rounds");
+        assert_eq!(
+            d.target(5, 2),
+            7,
+            "recycled workers are replaced before they stop"
+        );
+        assert_eq!(d.target(7, 3), 8, "never above the maximum");
+        let o = Policy::Ondemand {
+            max: 3,
+            idle_timeout: Duration::from_secs(10),
+        };
+        assert_eq!(o.target(0, 0), 0, "no worker until a client comes");
+        assert_eq!(o.target(1, 1), 2);
+        assert_eq!(o.target(3, 1), 3);
+    }
+
+    #[test]
+    fn jitter_adds_at_most_its_bound_and_keeps_no_limit() {
+        let mut j = Jitter::new(0);
+        let drawn: Vec<u64> = (0..1000).map(|_| j.draw(100, 10)).collect();
+        assert!(drawn.iter().all(|n| (100..=110).contains(n)), "{drawn:?}");
+        assert!(drawn.iter().any(|n| *n != drawn[0]), "the limits are spread");
+        assert_eq!(j.draw(0, 10), 0, "0 is no limit, and stays so");
+        assert_eq!(j.draw(100, 0), 100, "no jitter");
     }
 }
