@@ -10,11 +10,19 @@
 //! - the control socket and its connections (not in a master started by an upgrade until
 //!   it serves), and the `/metrics` listener and its connections (`control.rs`);
 //! - during a binary upgrade, the new master's readiness pipe (`upgrade.rs`);
-//! - with an on-demand pool that has no idle worker, the listening sockets themselves;
+//! - with an on-demand pool that has no idle worker and may grow, the listening sockets;
 //!
-//! with a timeout at the next deadline (back-off, pacing, pool round, grace period, a
-//! control connection's, the upgrade's). Child exits are collected with
-//! `waitpid(WNOHANG)` after a SIGCHLD.
+//! with a timeout at the next deadline: the next replacement (back-off, pacing), the next
+//! pool round, the slow-client watch, a periodic look at the workers (`TICK`: timeouts,
+//! recycling by age or memory), the end of the grace period, a control or metrics
+//! connection's, the upgrade's. Child exits are collected with `waitpid(WNOHANG)` after a
+//! SIGCHLD.
+//!
+//! The parts of the master have files of their own: `startup.rs` (from the command line to
+//! the loop), `signals.rs`, `control.rs` (the control dispatch and the status snapshot),
+//! `upgrade.rs` (the binary upgrade driver), `pool.rs` (the pool policy, pacing and
+//! back-off) and `holds.rs` (the slow-client watch); the loop, spawning, reaping,
+//! recycling and reload are here.
 
 mod control;
 pub(crate) mod holds;

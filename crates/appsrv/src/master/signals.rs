@@ -1,6 +1,6 @@
-//! The master's signals: each handler sets a flag and writes a byte to a wake pipe, so that
-//! no work runs in signal context and a signal that arrives between a check and `poll`
-//! still wakes the master.
+//! The master's signals: each handler sets a flag and writes a byte to a wake socket pair,
+//! so that no work runs in signal context and a signal that arrives between a check and
+//! `poll` still wakes the master.
 
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

@@ -84,17 +84,15 @@ impl Upgrade {
             .exe
             .as_deref()
             .ok_or("the path of this program's binary is unknown")?;
-        let pending = handover::launch(
+        let new = handover::NewMaster {
             exe,
-            settings.dir.as_deref(),
-            &settings.args,
-            listeners,
-            self.sockets.0.as_ref(),
-            self.sockets.1.as_ref(),
-            &settings.keep_fds,
-            settings.timeout,
-        )
-        .map_err(|e| e.to_string())?;
+            dir: settings.dir.as_deref(),
+            args: &settings.args,
+            keep: &settings.keep_fds,
+            timeout: settings.timeout,
+        };
+        let pending = handover::launch(&new, listeners, self.sockets.0.as_ref(), self.sockets.1.as_ref())
+            .map_err(|e| e.to_string())?;
         let pid = pending.child.as_raw();
         tracing::info!(
             "upgrade requested by {from}: started {} as new master pid {pid}",

@@ -369,21 +369,38 @@ impl Pending {
     }
 }
 
-/// Starts `exe` with `args` as a new master, handing it the listeners, the control socket
-/// and the metrics listener, at numbers from 3 on that skip `keep` (descriptors the
-/// application keeps, which the new master inherits as they are). Returns once it is
-/// started (not ready).
-#[allow(clippy::too_many_arguments)] // what the new master is given, each once
+/// How a new master is started.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewMaster<'a> {
+    /// The binary, started as a new master.
+    pub(crate) exe: &'a Path,
+    /// Its working directory (default: this process's).
+    pub(crate) dir: Option<&'a Path>,
+    /// Its arguments, without `argv[0]`.
+    pub(crate) args: &'a [OsString],
+    /// Descriptors the application keeps, which the new master inherits as they are: the
+    /// hand-over puts nothing at their numbers.
+    pub(crate) keep: &'a [RawFd],
+    /// How long it may take to be ready.
+    pub(crate) timeout: Duration,
+}
+
+/// Starts a new master as `new` says, handing it the listeners, the control socket and the
+/// metrics listener, at numbers from 3 on that skip `new.keep`. Returns once it is started
+/// (not ready).
 pub(crate) fn launch(
-    exe: &Path,
-    dir: Option<&Path>,
-    args: &[OsString],
+    new: &NewMaster<'_>,
     listeners: &[Listener],
     control: Option<&Socket>,
     metrics: Option<&Socket>,
-    keep: &[RawFd],
-    timeout: Duration,
 ) -> Result<Pending, Error> {
+    let NewMaster {
+        exe,
+        dir,
+        args,
+        keep,
+        timeout,
+    } = *new;
     if sys::stderr_is_tostop_terminal() {
         // The new master's first log line would stop it (its own process group is not the
         // terminal's foreground group): better a refusal now than a timeout.
