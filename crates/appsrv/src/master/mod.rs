@@ -32,7 +32,7 @@ pub(crate) mod startup;
 mod upgrade;
 
 use control::Counters;
-pub(crate) use signals::Signals;
+use signals::Signals;
 use upgrade::Upgrade;
 pub(crate) use upgrade::UpgradeSettings;
 
