@@ -277,3 +277,116 @@ impl<C: Codec + 'static> RequestStep<C> {
         self.step.rejected().cloned()
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Admission (issue 15), for the fuzz target `admission`: the crate's own admission machine
+// (`worker::admission`) on a listener that expects a PROXY header, without TLS. Nothing
+// here adds behaviour: each method calls the machine's method of the same name.
+
+/// A listener with `--proxy-protocol` and the sources it trusts (`--proxy-from`).
+#[derive(Debug, Clone)]
+pub struct ProxyListener {
+    policy: crate::net::listener::Policy,
+    header_timeout: Option<std::time::Duration>,
+}
+
+impl ProxyListener {
+    /// Trusts the networks `trusted` (as `--proxy-from` takes them: `127.0.0.1`,
+    /// `10.0.0.0/8`); the header must be complete within `header_timeout` of the accept.
+    pub fn new(trusted: &[&str], header_timeout: Option<std::time::Duration>) -> Result<Self, String> {
+        let proxy_from = trusted
+            .iter()
+            .map(|c| c.parse().map_err(|e| format!("{c}: {e}")))
+            .collect::<Result<_, _>>()?;
+        Ok(ProxyListener {
+            policy: crate::net::listener::Policy {
+                proxy: true,
+                proxy_from,
+                ..Default::default()
+            },
+            header_timeout,
+        })
+    }
+}
+
+/// What the admission machine needs next (`admission::Next`, without TLS writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionNext {
+    /// More bytes, by this deadline (none: no deadline).
+    Read(Option<std::time::Instant>),
+    /// Close the connection: [`Admission::rejection`] says why.
+    Close,
+    /// Serve the connection: [`Admission::peer`] is the client.
+    Serve,
+}
+
+/// A scoreboard where no one else is served (the fuzz target has no cap).
+#[derive(Debug, Clone, Copy)]
+pub struct NoBoard;
+
+impl crate::worker::admission::Seat for NoBoard {
+    fn permitted(&mut self, _peer: &Addr) {}
+    fn connections_from(&self, _ip: IpAddr) -> usize {
+        1
+    }
+}
+
+/// One connection's admission on a [`ProxyListener`] (`admission::Admission`).
+#[derive(Debug)]
+pub struct Admission<'a>(crate::worker::admission::Admission<'a, NoBoard>);
+
+impl<'a> Admission<'a> {
+    /// A connection from `peer` accepted at `now` (`Admission::new`).
+    pub fn new(listener: &'a ProxyListener, peer: std::net::SocketAddr, now: std::time::Instant) -> Self {
+        let rules = crate::worker::admission::Rules {
+            policy: &listener.policy,
+            tls: None,
+            header_timeout: listener.header_timeout,
+            handshake_timeout: None,
+            max_per_ip: None,
+        };
+        Admission(crate::worker::admission::Admission::new(
+            rules,
+            Addr::Inet(peer),
+            NoBoard,
+            now,
+        ))
+    }
+
+    /// What it needs next (`Admission::next`).
+    pub fn next(&self) -> AdmissionNext {
+        use crate::worker::admission::Next;
+        match self.0.next() {
+            Next::Read { by } => AdmissionNext::Read(by),
+            Next::Serve => AdmissionNext::Serve,
+            // No TLS: nothing to write.
+            Next::Write { .. } | Next::Close => AdmissionNext::Close,
+        }
+    }
+
+    /// Bytes arrived at `now`, all those not consumed yet; returns how many it consumed
+    /// (`Admission::received`).
+    pub fn received(&mut self, bytes: &[u8], now: std::time::Instant) -> usize {
+        self.0.received(bytes, now)
+    }
+
+    /// The client closed its end (`Admission::closed`).
+    pub fn closed(&mut self) {
+        self.0.closed();
+    }
+
+    /// The clock says `now` (`Admission::deadline_passed`).
+    pub fn deadline_passed(&mut self, now: std::time::Instant) {
+        self.0.deadline_passed(now);
+    }
+
+    /// The client as known so far (`Admission::peer`).
+    pub fn peer(&self) -> &Addr {
+        self.0.peer()
+    }
+
+    /// Why the connection is refused, once it is (`Admission::rejection`).
+    pub fn rejection(&self) -> Option<String> {
+        self.0.rejection().map(ToString::to_string)
+    }
+}

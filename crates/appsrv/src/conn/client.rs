@@ -11,7 +11,7 @@ use socket2::Socket;
 
 pub(crate) use super::buffers::{BUFFER_SIZE, Buffers};
 use crate::net::listener::Addr;
-use crate::net::tls::{Acceptor, TlsSession};
+use crate::net::tls::TlsSession;
 
 /// How often a write that waits for a slow reader returns to check its progress, when
 /// `--min-send-rate` is on: the socket's send timeout (`SO_SNDTIMEO`), set once on the
@@ -300,33 +300,12 @@ impl Client {
         self.tls.as_deref()
     }
 
-    /// Performs the server side of a TLS handshake, within `timeout` (`None`: no limit)
-    /// of its start. Bytes already received (after a PROXY header) are the first of it.
-    pub(crate) fn accept_tls(&mut self, config: Acceptor, timeout: Option<Duration>) -> io::Result<()> {
-        let mut session = Box::new(TlsSession::new(config)?);
-        // What the PROXY header's reads brought in beyond the header belongs to TLS.
-        let mut early = self.bufs.unconsumed();
-        while !early.is_empty() {
-            session.conn.read_tls(&mut early)?;
-            session
-                .conn
-                .process_new_packets()
-                .map_err(|e| tls_failed(&mut session.conn, &self.socket, e))?;
-        }
-        self.bufs.discard_input();
-        let saved = (self.socket.read_timeout()?, self.socket.write_timeout()?);
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        let result = handshake(&mut session.conn, &self.socket, deadline);
-        // The connection's own timeouts apply again, whatever the outcome.
-        let restored = self
-            .socket
-            .set_read_timeout(saved.0)
-            .and_then(|()| self.socket.set_write_timeout(saved.1));
-        result?;
-        restored?;
-        session.established();
+    /// Installs the TLS session of a handshake done before (admission): from now on the
+    /// connection reads and writes through it. The handshake's bytes were all the TLS
+    /// layer's: none may be left in the read buffer, where they would pass for clear text.
+    pub(crate) fn set_tls(&mut self, session: Box<TlsSession>) {
+        debug_assert!(self.bufs.unconsumed().is_empty(), "encrypted bytes left in the read buffer");
         self.tls = Some(session);
-        Ok(())
     }
 
     /// Whether decrypted input waits inside the TLS layer (so the socket need not be
@@ -693,63 +672,6 @@ impl Client {
     }
 }
 
-/// The TLS handshake, on a blocking socket, within `deadline`: each wait for the peer is
-/// bounded by the time left, so a client that sends its handshake a byte at a time cannot
-/// stretch it.
-fn handshake(
-    conn: &mut rustls::ServerConnection,
-    socket: &Socket,
-    deadline: Option<std::time::Instant>,
-) -> io::Result<()> {
-    let expired = || io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake took too long");
-    while conn.is_handshaking() {
-        // With a deadline, each wait gets the time left (under a millisecond counts as
-        // none: the kernel would read a sub-microsecond timeout as "no timeout"); without
-        // one, the connection's own read and write timeouts stay.
-        let left = match deadline {
-            Some(d) => Some(
-                d.checked_duration_since(std::time::Instant::now())
-                    .filter(|l| *l >= Duration::from_millis(1))
-                    .ok_or_else(expired)?,
-            ),
-            None => None,
-        };
-        if left.is_some() {
-            socket.set_write_timeout(left)?;
-        }
-        write_tls(conn, socket).map_err(|e| {
-            if e.kind() == io::ErrorKind::TimedOut {
-                expired()
-            } else {
-                e
-            }
-        })?;
-        if !conn.is_handshaking() {
-            break;
-        }
-        if left.is_some() {
-            socket.set_read_timeout(left)?;
-        }
-        match conn.read_tls(&mut &*socket) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the client closed the connection during the TLS handshake",
-                ));
-            }
-            Ok(_) => {
-                conn.process_new_packets()
-                    .map_err(|e| tls_failed(conn, socket, e))?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(expired()),
-            Err(e) => return Err(e),
-        }
-    }
-    // Session tickets and the like, sent right after the handshake.
-    write_tls(conn, socket)
-}
-
 /// A TLS protocol error: the alert rustls prepared goes out (best effort), and the error
 /// becomes an `InvalidData` I/O error.
 fn tls_failed(conn: &mut rustls::ServerConnection, socket: &Socket, e: rustls::Error) -> io::Error {
@@ -1034,9 +956,13 @@ mod tests {
             tls.read_to_end(&mut all).unwrap();
             all
         });
+        let mut session = TlsSession::new(Arc::new(server)).unwrap();
+        while session.conn.is_handshaking() {
+            session.conn.complete_io(&mut &socket).unwrap();
+        }
+        session.established();
         let mut c = Client::new(socket, Addr::Unix(None), Buffers::new());
-        c.accept_tls(Arc::new(server), Some(Duration::from_secs(30)))
-            .unwrap();
+        c.set_tls(Box::new(session));
         (c, go, reader)
     }
 

@@ -4,22 +4,27 @@
 //! many connections per process) can share everything else.
 
 use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsFd;
 use std::panic::{self, AssertUnwindSafe};
-use std::time::Duration;
-
-use crate::conn::client::{Buffers, Client, SendWatch};
-use crate::net::listener::{Addr, Listener};
-use crate::scoreboard::{Board, Slot, State};
-
-use super::access::{AccessLog, Outcome};
-use crate::sys::{self, exit};
-use crate::worker::serve::Connections;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use super::Recycle;
-use super::guard::Guard;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use socket2::Socket;
+
+use crate::conn::client::{BUFFER_SIZE, Buffers, Client, SendWatch};
+use crate::net::listener::{Addr, Listener};
+use crate::net::tls::ForWorker;
+use crate::scoreboard::{Board, Slot, State};
+use crate::sys::{self, exit};
 
 use super::accept::{Accepted, Acceptor};
+use super::access::{AccessLog, Outcome};
+use super::admission::{Admission, Kind, Next, Rejection, Rules, Seat};
+use super::guard::Guard;
+use super::serve::Connections;
+use super::{ConnLimits, Recycle};
 
 /// What the blocking loop needs from the system before the worker may say it is ready:
 /// its scoreboard slot and its way of waiting for connections (an epoll instance with
@@ -43,24 +48,45 @@ pub(crate) fn prepare<'a>(
     Ok(Prepared { slot, acceptor })
 }
 
-/// Serves connections until a stop; returns the worker's exit status. `reopen_log` runs
-/// between connections after a USR1.
-#[allow(clippy::too_many_arguments)] // the worker's whole context, passed once
-pub(crate) fn serve<C: Connections>(
-    id: u32,
-    prepared: Prepared<'_>,
-    listeners: &[Listener],
-    board: &'static Board,
-    keepalive_timeout: Option<Duration>,
-    recycle: Recycle,
-    handler: &mut C,
-    access: Option<(&Path, AccessLog)>,
-    max_per_ip: Option<usize>,
-    tls: &crate::net::tls::ForWorker,
-    limits: super::ConnLimits,
-    reopen_log: &mut dyn FnMut(),
-    retire: &mut dyn FnMut(),
-) -> i32 {
+/// Everything the blocking loop works with: the worker's whole context, passed once.
+pub(crate) struct Worker<'a, C> {
+    pub(crate) id: u32,
+    pub(crate) prepared: Prepared<'a>,
+    pub(crate) listeners: &'a [Listener],
+    pub(crate) board: &'static Board,
+    /// The idle timeout between requests, for the keep-alive guard.
+    pub(crate) keepalive_timeout: Option<Duration>,
+    pub(crate) recycle: Recycle,
+    pub(crate) handler: &'a mut C,
+    /// The access log's path (to reopen it) and the log.
+    pub(crate) access: Option<(&'a Path, AccessLog)>,
+    /// `--max-conns-per-ip`.
+    pub(crate) max_per_ip: Option<usize>,
+    pub(crate) tls: &'a ForWorker,
+    pub(crate) limits: ConnLimits,
+    /// Runs between connections after a USR1.
+    pub(crate) reopen_log: &'a mut dyn FnMut(),
+    /// Asks the master for a replacement (the recycling limit is reached).
+    pub(crate) retire: &'a mut dyn FnMut(),
+}
+
+/// Serves connections until a stop; returns the worker's exit status.
+pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
+    let Worker {
+        id,
+        prepared,
+        listeners,
+        board,
+        keepalive_timeout,
+        recycle,
+        handler,
+        access,
+        max_per_ip,
+        tls,
+        limits,
+        reopen_log,
+        retire,
+    } = worker;
     let (access_path, access) = match access {
         Some((p, log)) => (Some(p), Some(log)),
         None => (None, None),
@@ -80,10 +106,7 @@ pub(crate) fn serve<C: Connections>(
         head: Vec::new(),
     };
     let mut retire_sent = false;
-    let mut refusals = Episodes::default();
-    let mut denials = Episodes::default();
-    let mut proxy_errors = Episodes::default();
-    let mut tls_errors = Episodes::default();
+    let mut rejections = Rejections::default();
     let mut buffers = Some(Buffers::new());
     let mut reopen = |guard: &mut Guard<'_>| {
         reopen_log();
@@ -109,144 +132,27 @@ pub(crate) fn serve<C: Connections>(
             reopen(&mut guard);
         }
         let peer = Addr::from_sockaddr(&peer);
-        let policy = listeners[index].policy();
         let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
         if limits.min_send_rate > 0 {
             client.watch_sends(SendWatch::new(limits.min_send_rate, limits.write_timeout));
         }
-        // Behind a balancer, the client is the one its PROXY header names: read it first,
-        // so that the rules, the cap, the scoreboard, the logs and the handler all see it.
-        if policy.proxy {
-            if let Err(why) = read_proxy_header(&mut client, &policy.proxy_from, limits.header_timeout) {
-                if proxy_errors.note(
-                    client
-                        .peer_addr()
-                        .ip()
-                        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
-                ) {
-                    tracing::warn!("closing a connection from {}: {why}", client.peer_addr());
-                }
-                let (_, bufs) = client.finish();
-                buffers = Some(bufs);
-                continue;
-            }
-        }
-        let peer = client.peer_addr();
-        if !policy.permits(peer.ip()) {
-            // Closed at once, before any handler code; logged once per episode.
-            if let Some(ip) = peer.ip() {
-                if denials.note(ip) {
-                    tracing::info!("denied connections from {ip} (--allow/--deny)");
-                }
-            }
-            slot.denied();
-            let _ = client.close();
+        let rules = Rules {
+            policy: listeners[index].policy(),
+            tls: tls.acceptor(index),
+            header_timeout: limits.header_timeout,
+            handshake_timeout: tls.handshake_timeout,
+            max_per_ip,
+        };
+        if let Err(rejection) = admit(&mut client, rules, SlotSeat { slot, board }) {
+            rejections.reject(rejection, &mut client, slot, handler);
             let (_, bufs) = client.finish();
             buffers = Some(bufs);
             continue;
         }
-        tracing::debug!("serving {peer}");
-        slot.connection(&peer);
-        if let Some(config) = tls.acceptor(index) {
-            if let Err(e) = client.accept_tls(config.clone(), tls.handshake_timeout) {
-                // A plain-text client, a scanner, an expired client certificate: one line
-                // per episode, then the next connection.
-                if tls_errors.note(peer.ip().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into())) {
-                    tracing::warn!("TLS handshake with {peer} failed: {e}");
-                }
-                slot.tls_failed();
-                let _ = client.close();
-                let (_, bufs) = client.finish();
-                buffers = Some(bufs);
-                continue;
-            }
-        }
-        if let (Some(cap), Some(ip)) = (max_per_ip, peer.ip()) {
-            if board.connections_from(ip) > cap {
-                if refusals.note(ip) {
-                    tracing::warn!(
-                        "refusing connections from {ip}: more than {cap} at once (--max-conns-per-ip)"
-                    );
-                }
-                slot.refused();
-                handler.refuse(&mut client, "too many connections from your address");
-                let (_, bufs) = client.finish();
-                buffers = Some(bufs);
-                continue;
-            }
-        }
-        // The request-level loop times each request; for `handle_client` the connection is
-        // the unit (its clock covers the whole connection).
-        let connection_clock = (!handler.request_level()).then(|| {
-            client.show_reads(board, id);
-            board.set_state(id, State::Handling);
-            slot.request_start(&[])
-        });
-        if guard.access.is_some() {
-            guard.peer = Some(peer.to_string());
-        }
-        let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, &mut guard)));
-        let peer = client.peer_addr();
-        let (received, sent) = client.traffic();
-        slot.add_bytes(received, sent);
-        if let Some(started) = connection_clock {
-            slot.request_end(started, false);
-            if let (Some(log), Ok(result)) = (guard.access.as_mut(), outcome.as_ref()) {
-                let took =
-                    std::time::Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
-                let how = match result {
-                    Ok(()) => Outcome::Ok,
-                    Err(e) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
-                    Err(_) => Outcome::Closed,
-                };
-                log.line(
-                    guard.peer.as_deref().unwrap_or_default(),
-                    how,
-                    took,
-                    (received, sent),
-                    b"",
-                );
-            }
-        }
-        // A request still in progress when the connection ended (a bad request, a client
-        // that left or timed out half way): close its clock, so that the next connection
-        // does not inherit it (the request timeout would kill an innocent worker), and log
-        // it with how it ended.
-        if let Some(started) = guard.request.take() {
-            slot.request_end(started, false);
-            if let (Some(log), Some(p)) = (guard.access.as_mut(), guard.peer.as_deref()) {
-                let took =
-                    std::time::Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
-                let how = match &outcome {
-                    Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
-                    Ok(Ok(())) => Outcome::Error, // answered with the codec's error reply
-                    _ => Outcome::Closed,
-                };
-                log.line(p, how, took, (received, sent), &guard.head);
-            }
-        }
-        match outcome {
-            Ok(result) => {
-                let (flushed, bufs) = client.finish();
-                buffers = Some(bufs);
-                if let Err(e) = result.and(flushed) {
-                    log_connection_error(&peer, &e);
-                }
-            }
-            Err(payload) => {
-                tracing::error!(
-                    "handler panicked while serving {peer}: {}; connection closed, \
-                     this worker exits and is replaced",
-                    super::panic_message(&payload)
-                );
-                // Close the connection now, then leave: the handler's state may be broken.
-                drop(client);
-                if let Some(log) = guard.access.as_mut() {
-                    log.flush();
-                }
-                return exit::PANIC;
-            }
-        }
+        let Some(bufs) = serve_admitted(client, handler, &mut guard, board) else {
+            return exit::PANIC;
+        };
+        buffers = Some(bufs);
         if sys::stop_requested() {
             if let Some(log) = guard.access.as_mut() {
                 log.flush();
@@ -263,83 +169,249 @@ pub(crate) fn serve<C: Connections>(
     }
 }
 
-/// Reads the PROXY protocol header at the start of a connection (in as many reads as it
-/// takes) and makes the client it names the connection's peer. Refused from a source that
-/// is not a trusted balancer, and when the header is malformed or does not come.
-///
-/// The whole header must arrive within `timeout` of the accept (`--header-timeout`): each
-/// read waits no longer than what is left, so a header trickled a byte at a time cannot
-/// hold the worker longer than that (issue 14). The connection's own read timeout applies
-/// again afterwards.
-fn read_proxy_header(
-    client: &mut Client,
-    trusted: &[crate::net::proxy::Cidr],
-    timeout: Option<Duration>,
-) -> Result<(), String> {
-    if let Some(ip) = client.peer_addr().ip() {
-        if !trusted.iter().any(|c| c.contains(ip)) {
-            return Err(format!(
-                "{ip} is not a trusted PROXY protocol source (--proxy-from)"
-            ));
+/// Serves an admitted connection, accounts for it, closes it and gives its buffers back;
+/// `None` when the handler panicked (the connection is closed, and the worker must exit:
+/// the handler's state may be broken).
+fn serve_admitted<C: Connections>(
+    mut client: Client,
+    handler: &mut C,
+    guard: &mut Guard<'_>,
+    board: &'static Board,
+) -> Option<Buffers> {
+    let (id, slot) = (guard.id, guard.slot);
+    // The request-level loop times each request; for `handle_client` the connection is
+    // the unit (its clock covers the whole connection).
+    let connection_clock = (!handler.request_level()).then(|| {
+        client.show_reads(board, id);
+        board.set_state(id, State::Handling);
+        slot.request_start(&[])
+    });
+    if guard.access.is_some() {
+        guard.peer = Some(client.peer_addr().to_string());
+    }
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard)));
+    account(guard, &client, connection_clock, &outcome);
+    let peer = client.peer_addr();
+    match outcome {
+        Ok(result) => {
+            let (flushed, bufs) = client.finish();
+            if let Err(e) = result.and(flushed) {
+                log_connection_error(&peer, &e);
+            }
+            Some(bufs)
+        }
+        Err(payload) => {
+            tracing::error!(
+                "handler panicked while serving {peer}: {}; connection closed, \
+                 this worker exits and is replaced",
+                super::panic_message(&payload)
+            );
+            // Close the connection now, then leave.
+            drop(client);
+            if let Some(log) = guard.access.as_mut() {
+                log.flush();
+            }
+            None
         }
     }
-    let deadline = timeout.map(|t| (std::time::Instant::now() + t, t));
-    // The socket's own timeout, read once if the header does not come in one read.
-    let mut saved: Option<Option<Duration>> = None;
-    let result = loop {
-        match crate::net::proxy::parse(client.unconsumed_mut()) {
-            Ok(crate::net::proxy::Parsed::Header { len, source }) => {
-                client.consume_input(len);
-                if let Some(source) = source {
-                    client.set_peer(Addr::Inet(source));
-                }
-                break Ok(());
-            }
-            Ok(crate::net::proxy::Parsed::Incomplete) => {
-                if let Some((at, limit)) = deadline {
-                    let left = at.saturating_duration_since(std::time::Instant::now());
-                    // Under a millisecond counts as none (the kernel would read a timeout
-                    // under a microsecond as no timeout at all).
-                    if left < Duration::from_millis(1) {
-                        break Err(too_slow(limit));
-                    }
-                    let own = match saved {
-                        Some(own) => own,
-                        None => match client.read_timeout() {
-                            Ok(own) => *saved.insert(own),
-                            Err(e) => break Err(format!("reading its PROXY header: {e}")),
-                        },
-                    };
-                    if let Err(e) = client.set_read_timeout(Some(own.map_or(left, |t| t.min(left)))) {
-                        break Err(format!("reading its PROXY header: {e}"));
-                    }
-                }
-                match client.read_more(crate::net::proxy::MAX_LEN, false) {
-                    Ok(0) => break Err("closed before the end of its PROXY header".into()),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::TimedOut => match deadline {
-                        Some((at, limit)) if std::time::Instant::now() >= at => break Err(too_slow(limit)),
-                        _ => break Err(format!("reading its PROXY header: {e}")),
-                    },
-                    Err(e) => break Err(format!("reading its PROXY header: {e}")),
-                }
-            }
-            Err(e) => break Err(e.to_string()),
-        }
-    };
-    if let Some(own) = saved {
-        if let Err(e) = client.set_read_timeout(own) {
-            return Err(format!("restoring the read timeout after its PROXY header: {e}"));
-        }
-    }
-    result
 }
 
-fn too_slow(limit: Duration) -> String {
-    format!(
-        "its PROXY header was not complete within {:?} (--header-timeout)",
-        limit
-    )
+/// The accounting of a served connection: its bytes on the scoreboard, and the clock
+/// still running when it ended, closed and logged: the connection's own (`handle_client`),
+/// or that of a request in progress (a bad request, a client that left or timed out half
+/// way), so that the next connection does not inherit it (the request timeout would kill
+/// an innocent worker). Requests answered in full were logged by the guard.
+fn account(
+    guard: &mut Guard<'_>,
+    client: &Client,
+    connection_clock: Option<u64>,
+    outcome: &std::thread::Result<io::Result<()>>,
+) {
+    let (received, sent) = client.traffic();
+    guard.slot.add_bytes(received, sent);
+    let open = match (connection_clock, guard.request.take()) {
+        (Some(started), _) => Some((started, false)),
+        (None, Some(started)) => Some((started, true)),
+        (None, None) => None,
+    };
+    let Some((started, unanswered)) = open else {
+        return;
+    };
+    guard.slot.request_end(started, false);
+    if let (Some(log), Some(peer)) = (guard.access.as_mut(), guard.peer.as_deref()) {
+        let took = Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+        let head: &[u8] = if unanswered { &guard.head } else { b"" };
+        log.line(peer, ended(outcome, unanswered), took, (received, sent), head);
+    }
+}
+
+/// How a connection (`handle_client`) or a request left unanswered when its connection
+/// ended (`unanswered`) is recorded in the access log: `timeout` when it timed out,
+/// `closed` when the client left, an I/O error ended it or the handler panicked; otherwise
+/// `ok` for a connection, and `error` for a request (the request loop answered it with the
+/// codec's error reply).
+fn ended(outcome: &std::thread::Result<io::Result<()>>, unanswered: bool) -> Outcome {
+    match outcome {
+        Ok(Ok(())) if unanswered => Outcome::Error,
+        Ok(Ok(())) => Outcome::Ok,
+        Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
+        Ok(Err(_)) | Err(_) => Outcome::Closed,
+    }
+}
+
+/// The scoreboard, as admission sees it: this worker's slot, and the others'.
+#[derive(Debug, Clone, Copy)]
+struct SlotSeat<'a> {
+    slot: &'a Slot,
+    board: &'a Board,
+}
+
+impl Seat for SlotSeat<'_> {
+    fn permitted(&mut self, peer: &Addr) {
+        tracing::debug!("serving {peer}");
+        self.slot.connection(peer);
+    }
+
+    fn connections_from(&self, ip: IpAddr) -> usize {
+        self.board.connections_from(ip)
+    }
+}
+
+/// Runs [`Admission`] on `client`'s socket and read buffer: Ok when the connection is to
+/// be served, with the client's address (from its PROXY header) and TLS session in place.
+///
+/// Waits are bounded by the phase's deadline with `poll(2)`, from the clock: no socket
+/// timeout is changed, so the connection's own (`--read-timeout`, `--write-timeout`)
+/// apply afterwards as they were, and a header or handshake trickled a byte at a time is
+/// cut at its deadline, not at the first read after it. A phase without a deadline is
+/// bounded by the socket's own timeouts. A normal client's header costs one `poll` and one
+/// `read`.
+fn admit<S: Seat>(client: &mut Client, rules: Rules<'_>, seat: S) -> Result<(), Rejection> {
+    let mut machine = Admission::new(rules, client.peer_addr(), seat, Instant::now());
+    loop {
+        match machine.next() {
+            Next::Read { by } => read(client, &mut machine, by),
+            Next::Write { by } => write(client.socket(), &mut machine, by),
+            Next::Serve | Next::Close => break,
+        }
+    }
+    let verdict = machine.finish();
+    if !verdict.unsent.is_empty() {
+        // A TLS alert: best effort, without waiting.
+        let _ = client
+            .socket()
+            .send_with_flags(&verdict.unsent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+    }
+    client.set_peer(verdict.peer);
+    if let Some(session) = verdict.tls {
+        client.set_tls(session);
+    }
+    verdict.rejected.map_or(Ok(()), Err)
+}
+
+/// One read for the machine, into the client's read buffer (where bytes after a PROXY
+/// header stay for the handler).
+fn read<S: Seat>(client: &mut Client, machine: &mut Admission<'_, S>, by: Option<Instant>) {
+    if let Some(by) = by {
+        if !wait(client.socket(), PollFlags::POLLIN, by) {
+            machine.deadline_passed(Instant::now());
+            return;
+        }
+    }
+    match client.read_more(BUFFER_SIZE, false) {
+        Ok(0) => machine.closed(),
+        Ok(_) => {
+            let n = machine.received(client.unconsumed_mut(), Instant::now());
+            client.consume_input(n);
+        }
+        Err(e) => machine.failed(&e),
+    }
+}
+
+/// One write of the machine's pending bytes (TLS records), straight to the socket (they
+/// are not the handler's output).
+fn write<S: Seat>(socket: &Socket, machine: &mut Admission<'_, S>, by: Option<Instant>) {
+    // With a deadline, the wait is ours (poll); without, the socket's send timeout.
+    let flags = libc::MSG_NOSIGNAL | if by.is_some() { libc::MSG_DONTWAIT } else { 0 };
+    match socket.send_with_flags(machine.pending(), flags) {
+        Ok(0) => machine.failed(&io::ErrorKind::WriteZero.into()),
+        Ok(n) => machine.sent(n, Instant::now()),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && by.is_some() => {
+            if by.is_some_and(|by| !wait(socket, PollFlags::POLLOUT, by)) {
+                machine.deadline_passed(Instant::now());
+            }
+        }
+        Err(e) => machine.failed(&e),
+    }
+}
+
+/// Waits until `socket` is ready for `events` (or in error) or `by` passes: false when
+/// it passed. Signals do not end the wait (a stop does not interrupt a connection).
+fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
+    loop {
+        let left = by.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        // Whole milliseconds, rounded up: the wait never ends before the deadline.
+        let ms = i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+        let mut fds = [PollFd::new(socket.as_fd(), events)];
+        match nix::poll::poll(&mut fds, PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => {}
+            // Ready, or an error the read or write will report.
+            Ok(_) | Err(_) => return true,
+        }
+    }
+}
+
+/// The one rejection path: the kind's scoreboard counter, its log line once per episode,
+/// then the close (for a client over the cap, after the codec's refusal). Rejected
+/// connections have no access-log line.
+#[derive(Debug, Default)]
+struct Rejections {
+    episodes: [Episodes; Kind::COUNT],
+}
+
+impl Rejections {
+    fn reject<C: Connections>(&mut self, why: Rejection, client: &mut Client, slot: &Slot, handler: &mut C) {
+        let peer = client.peer_addr();
+        let new = self.episodes[why.kind() as usize].note(peer.ip().unwrap_or(Ipv4Addr::UNSPECIFIED.into()));
+        match &why {
+            Rejection::Denied(ip) => {
+                slot.denied();
+                if new {
+                    tracing::info!("denied connections from {ip} (--allow/--deny)");
+                }
+            }
+            Rejection::BadProxy(reason) => {
+                if new {
+                    tracing::warn!("closing a connection from {peer}: {reason}");
+                }
+            }
+            // A plain-text client, a scanner, an expired client certificate.
+            Rejection::Tls(reason) => {
+                slot.tls_failed();
+                if new {
+                    tracing::warn!("TLS handshake with {peer} failed: {reason}");
+                }
+            }
+            Rejection::OverCap { ip, cap } => {
+                slot.refused();
+                if new {
+                    tracing::warn!(
+                        "refusing connections from {ip}: more than {cap} at once (--max-conns-per-ip)"
+                    );
+                }
+            }
+        }
+        if matches!(why, Rejection::OverCap { .. }) {
+            handler.refuse(client, "too many connections from your address");
+        } else {
+            // Closed at once, before any handler code.
+            let _ = client.close();
+        }
+    }
 }
 
 /// Logs a kind of event once per episode: again only after a minute without it.
@@ -366,5 +438,100 @@ fn log_connection_error(peer: &Addr, e: &io::Error) {
         | io::ErrorKind::ConnectionAborted
         | io::ErrorKind::UnexpectedEof => tracing::debug!("connection from {peer} ended early: {e}"),
         _ => tracing::warn!("connection from {peer} ended with an error: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One rule set for the access log's outcome, for connections (`handle_client`) and
+    /// for requests cut short alike.
+    #[test]
+    fn the_access_logs_outcome_follows_one_rule_set() {
+        let timed_out = || Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")));
+        let reset = || Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)));
+        let panicked = || -> std::thread::Result<io::Result<()>> { Err(Box::new("boom")) };
+        for unanswered in [false, true] {
+            assert_eq!(ended(&timed_out(), unanswered), Outcome::Timeout);
+            assert_eq!(ended(&reset(), unanswered), Outcome::Closed);
+            assert_eq!(ended(&panicked(), unanswered), Outcome::Closed);
+        }
+        assert_eq!(ended(&Ok(Ok(())), false), Outcome::Ok);
+        // The request loop answered the request with the codec's error reply.
+        assert_eq!(ended(&Ok(Ok(())), true), Outcome::Error);
+    }
+
+    /// A wait ends at its deadline, not before, when nothing comes.
+    #[test]
+    fn a_wait_for_the_client_ends_at_the_deadline() {
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
+        let by = Instant::now() + Duration::from_millis(50);
+        assert!(!wait(&socket, PollFlags::POLLIN, by));
+        assert!(Instant::now() >= by);
+        assert!(wait(
+            &socket,
+            PollFlags::POLLOUT,
+            Instant::now() + Duration::from_secs(30)
+        ));
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    struct Nobody;
+
+    impl Seat for Nobody {
+        fn permitted(&mut self, _: &Addr) {}
+        fn connections_from(&self, _: IpAddr) -> usize {
+            1
+        }
+    }
+
+    /// The driver's waits end at the phase's deadline, from the clock: a PROXY header that
+    /// stops half way is cut at the header timeout, although the socket's own read
+    /// timeout is far longer (and is left as it was, for the handler).
+    #[test]
+    fn admission_cuts_a_stalled_proxy_header_at_its_deadline() {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
+        socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut client = Client::new(socket, Addr::Unix(None), Buffers::new());
+        let policy = crate::net::listener::Policy {
+            proxy: true,
+            ..Default::default()
+        };
+        let rules = Rules {
+            policy: &policy,
+            tls: None,
+            header_timeout: Some(Duration::from_millis(300)),
+            handshake_timeout: None,
+            max_per_ip: None,
+        };
+        std::io::Write::write_all(&mut theirs, b"PROXY TCP4 203.0.113.9 ").unwrap();
+        let started = Instant::now();
+        let why = admit(&mut client, rules, Nobody).unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(
+            why.to_string(),
+            "its PROXY header was not complete within 300ms (--header-timeout)"
+        );
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(
+            took < Duration::from_secs(30),
+            "the socket's timeout ended it: {took:?}"
+        );
+        assert_eq!(client.read_timeout().unwrap(), Some(Duration::from_secs(60)));
+
+        // A whole header with the request behind it: admitted, the request kept.
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
+        let mut client = Client::new(socket, Addr::Unix(None), Buffers::new());
+        std::io::Write::write_all(&mut theirs, b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\nGET /").unwrap();
+        admit(&mut client, rules, Nobody).unwrap();
+        assert_eq!(
+            client.peer_addr(),
+            Addr::Inet("203.0.113.9:5555".parse().unwrap())
+        );
+        assert_eq!(client.buffered(), b"GET /");
     }
 }

@@ -18,6 +18,7 @@
 
 mod accept;
 mod access;
+pub(crate) mod admission;
 pub(crate) mod blocking;
 mod guard;
 pub(crate) mod serve;
@@ -181,23 +182,23 @@ where
         Some((_, Err(e))) => fail(format!("opening the access log: {e}")),
         None => None,
     };
-    let code = blocking::serve(
-        setup.id,
+    let code = blocking::serve(blocking::Worker {
+        id: setup.id,
         prepared,
-        setup.listeners,
-        setup.board,
-        setup.keepalive_timeout,
-        setup.recycle,
-        &mut handler,
+        listeners: setup.listeners,
+        board: setup.board,
+        keepalive_timeout: setup.keepalive_timeout,
+        recycle: setup.recycle,
+        handler: &mut handler,
         access,
-        setup.max_per_ip,
-        &setup.tls,
-        setup.conn,
-        &mut || reopen_log(log_path),
-        &mut || {
+        max_per_ip: setup.max_per_ip,
+        tls: &setup.tls,
+        limits: setup.conn,
+        reopen_log: &mut || reopen_log(log_path),
+        retire: &mut || {
             let _ = channel.send(pid, &Message::Retire);
         },
-    );
+    });
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
             tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
