@@ -322,7 +322,7 @@ pub enum AdmissionNext {
 
 /// A scoreboard where no one else is served (the fuzz target has no cap).
 #[derive(Debug, Clone, Copy)]
-pub struct NoBoard;
+struct NoBoard;
 
 impl crate::worker::admission::Seat for NoBoard {
     fn permitted(&mut self, _peer: &Addr) {}
@@ -359,8 +359,8 @@ impl<'a> Admission<'a> {
         match self.0.next() {
             Next::Read { by } => AdmissionNext::Read(by),
             Next::Serve => AdmissionNext::Serve,
-            // No TLS: nothing to write.
-            Next::Write { .. } | Next::Close => AdmissionNext::Close,
+            Next::Close => AdmissionNext::Close,
+            Next::Write { .. } => unreachable!("without TLS, admission has nothing to write"),
         }
     }
 
