@@ -1,6 +1,7 @@
 //! Admission with a PROXY header in front of HTTP: the crate's own admission machine
 //! (through `appsrv::bench_support`) on a listener that expects a PROXY header, fed the
-//! input in pieces, then what follows the header to the `Http` codec.
+//! input in pieces, then what follows the header to the request step with the `Http` codec
+//! (the crate's own, as the other targets drive it).
 //!
 //! The first byte is the driver's: its low 6 bits choose the size of the pieces (1 to 64
 //! bytes), bit 6 whether the connection comes from a trusted balancer, bit 7 whether each
@@ -8,13 +9,13 @@
 //!
 //! Panics (a finding) if the machine consumes more than it was given, consumes anything
 //! before it admits (a PROXY header is consumed whole), admits a client that is not the
-//! one a trusted header named, or if the codec does.
+//! one a trusted header named, or if the request step or the codec does.
 #![no_main]
 
 use std::time::{Duration, Instant};
 
 use appsrv::bench_support::{Admission, AdmissionNext, ProxyListener};
-use appsrv::codec::{Codec, Decoded, Http};
+use appsrv::codec::Http;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,7 +30,11 @@ fn run(control: u8, input: &[u8]) {
     let trusted = control & 0x40 == 0;
     let slow = control & 0x80 != 0;
     let listener = ProxyListener::new(&["127.0.0.0/8"], Some(Duration::from_secs(20))).unwrap();
-    let peer = if trusted { "127.0.0.1:40000" } else { "192.0.2.1:40000" };
+    let peer = if trusted {
+        "127.0.0.1:40000"
+    } else {
+        "192.0.2.1:40000"
+    };
     let t0 = Instant::now();
     let mut now = t0;
     let mut admission = Admission::new(&listener, peer.parse().unwrap(), now);
@@ -40,12 +45,20 @@ fn run(control: u8, input: &[u8]) {
             AdmissionNext::Read(by) => {
                 if by.is_some_and(|by| now >= by) {
                     admission.deadline_passed(now);
-                    assert_ne!(admission.next(), AdmissionNext::Serve, "admitted past its deadline");
+                    assert_ne!(
+                        admission.next(),
+                        AdmissionNext::Serve,
+                        "admitted past its deadline"
+                    );
                     continue;
                 }
                 if fed == input.len() {
                     admission.closed();
-                    assert_eq!(admission.next(), AdmissionNext::Close, "admitted without a header");
+                    assert_eq!(
+                        admission.next(),
+                        AdmissionNext::Close,
+                        "admitted without a header"
+                    );
                     continue;
                 }
                 let to = (fed + chunk).min(input.len());
@@ -73,14 +86,6 @@ fn run(control: u8, input: &[u8]) {
     let _ = admission.peer();
     // The client's bytes: what was left after the header, then the rest of the input.
     held.extend_from_slice(&input[fed..]);
-    let mut codec = Http::default();
-    codec.reset();
-    while !held.is_empty() {
-        let len = match codec.decode(&mut held) {
-            Ok(Decoded::Request { len, .. }) => len,
-            _ => break,
-        };
-        assert!(len > 0 && len <= held.len(), "decode claimed {len} of {}", held.len());
-        held.drain(..len);
-    }
+    // The same pieces, no request limit: the crate's own request step takes it from here.
+    appsrv_fuzz::run(Http::default(), control & 0x3f, &held);
 }

@@ -304,7 +304,10 @@ impl Client {
     /// connection reads and writes through it. The handshake's bytes were all the TLS
     /// layer's: none may be left in the read buffer, where they would pass for clear text.
     pub(crate) fn set_tls(&mut self, session: Box<TlsSession>) {
-        debug_assert!(self.bufs.unconsumed().is_empty(), "encrypted bytes left in the read buffer");
+        debug_assert!(
+            self.bufs.unconsumed().is_empty(),
+            "encrypted bytes left in the read buffer"
+        );
         self.tls = Some(session);
     }
 
