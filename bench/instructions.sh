@@ -18,6 +18,7 @@ N1=${N1:-1000}
 N2=${N2:-4000}
 REPS=${REPS:-2}
 work=$(mktemp -d)
+chmod 755 "$work" # the worker (user nobody) writes its profile in a folder below
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 # worker_ir EXAMPLES_DIR N AB_FLAGS → the worker's instruction count (Ir)

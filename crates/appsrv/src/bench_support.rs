@@ -234,7 +234,7 @@ impl<C: Codec + 'static> RequestStep<C> {
             min_rate: 0,
         };
         RequestStep {
-            step: crate::conn::step::Requests::new(codec, limits, std::time::Instant::now()),
+            step: crate::conn::step::Requests::new(codec, limits),
             bufs: crate::conn::buffers::Buffers::new(),
             peer: Addr::Unix(None),
         }
@@ -248,14 +248,14 @@ impl<C: Codec + 'static> RequestStep<C> {
         let n = room.len().min(bytes.len());
         room[..n].copy_from_slice(&bytes[..n]);
         self.bufs.filled(n);
-        let now = std::time::Instant::now();
-        self.step.received(now);
+        let mut now = std::time::Instant::now;
+        self.step.received(&mut now);
         let next = self.step.advance(
             &mut self.bufs,
             &mut Closure::<C>(handle),
             &mut Quiet,
             &self.peer,
-            now,
+            &mut now,
         );
         let next = match next {
             crate::conn::step::Next::Read { .. } => StepNext::Read,

@@ -92,10 +92,11 @@ const KEEP_SCRATCH: usize = 256 * 1024;
 ///
 /// Decoding allocates nothing: the headers are located by offsets in a fixed array inside
 /// [`HttpRequest`], which borrows the read buffer. Responses are built in buffers the codec
-/// keeps from one request to the next.
+/// keeps from one request to the next, and gives back to the worker when it is dropped
+/// (at the connection's close), for the next connection's codec: a connection per request
+/// allocates nothing either.
 ///
 /// The `Host` header is not required (requests typed by hand are served).
-#[derive(Clone)]
 pub struct Http {
     max_header_bytes: usize,
     max_headers: usize,
@@ -119,6 +120,76 @@ impl fmt::Debug for Http {
     }
 }
 
+impl Clone for Http {
+    /// The same limits, with buffers of its own (for another connection).
+    fn clone(&self) -> Self {
+        Http {
+            max_header_bytes: self.max_header_bytes,
+            max_headers: self.max_headers,
+            max_body: self.max_body,
+            pending: Pending::default(),
+            head: scratch::take(HEAD_CAPACITY),
+            body: scratch::take(BODY_CAPACITY),
+            date: HttpDate,
+        }
+    }
+}
+
+impl Drop for Http {
+    fn drop(&mut self) {
+        scratch::give(std::mem::take(&mut self.head));
+        scratch::give(std::mem::take(&mut self.body));
+    }
+}
+
+/// The first capacity of a codec's response head and body buffers.
+const HEAD_CAPACITY: usize = 256;
+const BODY_CAPACITY: usize = 1024;
+
+mod scratch {
+    //! The response buffers of codecs that are gone, kept for the next ones: a codec is
+    //! made for each connection, and a worker serves one connection after another (or
+    //! many at once, in an event loop), so a few buffers go round instead of two
+    //! allocations and two frees per connection. Per thread (a worker is one), no lock.
+    use std::cell::RefCell;
+
+    /// Buffers kept at most, and the largest kept (a response that grew a buffer larger
+    /// does not pin that memory).
+    const KEPT: usize = 16;
+    const LARGEST: usize = 64 * 1024;
+
+    thread_local! {
+        static FREE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A buffer of at least `capacity` bytes: a kept one, or a new one.
+    pub(super) fn take(capacity: usize) -> Vec<u8> {
+        FREE.with(|free| {
+            let mut free = free.borrow_mut();
+            match free.iter().rposition(|b| b.capacity() >= capacity) {
+                Some(i) => free.swap_remove(i),
+                None => Vec::with_capacity(capacity),
+            }
+        })
+    }
+
+    /// Keeps `buf` for a later codec (emptied), unless enough are kept or it is large.
+    pub(super) fn give(mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > LARGEST {
+            return;
+        }
+        buf.clear();
+        // A thread that is ending has no cache any more: the buffer is just freed.
+        let _ = FREE.try_with(|free| {
+            if let Ok(mut free) = free.try_borrow_mut() {
+                if free.len() < KEPT {
+                    free.push(buf);
+                }
+            }
+        });
+    }
+}
+
 impl Default for Http {
     /// Heads up to 8 KiB with at most 64 headers, bodies up to 1 MiB.
     fn default() -> Self {
@@ -127,9 +198,9 @@ impl Default for Http {
             max_headers: MAX_HEADERS,
             max_body: 1024 * 1024,
             pending: Pending::default(),
-            head: Vec::with_capacity(256),
-            body: Vec::with_capacity(1024),
-            date: HttpDate::new(),
+            head: scratch::take(HEAD_CAPACITY),
+            body: scratch::take(BODY_CAPACITY),
+            date: HttpDate,
         }
     }
 }
@@ -726,7 +797,7 @@ impl Codec for Http {
         out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: ");
         write_decimal(out, self.body.len() as u64);
         out.extend_from_slice(b"\r\nDate: ");
-        out.extend_from_slice(self.date.now());
+        out.extend_from_slice(&self.date.now());
         out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
         out.extend_from_slice(&self.body);
         self.body.clear();
@@ -1020,7 +1091,7 @@ impl Respond for HttpResponse<'_> {
             out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"Date: ");
-        out.extend_from_slice(self.date.now());
+        out.extend_from_slice(&self.date.now());
         if self.close {
             out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
         } else if self.version == 0 {
@@ -1119,31 +1190,34 @@ fn reason(status: u16) -> &'static str {
 }
 
 /// The `Date` header's value, formatted again only when the second changes.
-#[derive(Debug, Clone)]
-struct HttpDate {
-    secs: u64,
-    text: [u8; 29],
+/// The `Date` header's value, formatted once a second for the whole worker (every codec,
+/// so every connection, shares it: a new connection's first response does not format the
+/// date again).
+#[derive(Debug, Clone, Copy)]
+struct HttpDate;
+
+thread_local! {
+    /// The second last formatted, and its text.
+    static DATE: std::cell::Cell<(u64, [u8; 29])> =
+        const { std::cell::Cell::new((u64::MAX, *b"Thu, 01 Jan 1970 00:00:00 GMT")) };
 }
 
 impl HttpDate {
-    fn new() -> Self {
-        HttpDate {
-            secs: u64::MAX,
-            text: *b"Thu, 01 Jan 1970 00:00:00 GMT",
-        }
-    }
-
     /// The current time as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`): one clock read
     /// (no system call with the vDSO), a formatting once a second.
-    fn now(&mut self) -> &[u8; 29] {
+    fn now(&mut self) -> [u8; 29] {
         let secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        if secs != self.secs {
-            self.secs = secs;
-            self.text = format_date(secs);
-        }
-        &self.text
+        DATE.with(|date| {
+            let (cached, text) = date.get();
+            if cached == secs {
+                return text;
+            }
+            let text = format_date(secs);
+            date.set((secs, text));
+            text
+        })
     }
 }
 
@@ -1867,8 +1941,8 @@ mod tests {
         assert_eq!(&format_date(951_782_400), b"Tue, 29 Feb 2000 00:00:00 GMT");
         assert_eq!(&format_date(4_107_542_399), b"Sun, 28 Feb 2100 23:59:59 GMT");
         assert_eq!(&format_date(0), b"Thu, 01 Jan 1970 00:00:00 GMT");
-        let mut d = HttpDate::new();
-        let a = *d.now();
+        let mut d = HttpDate;
+        let a = d.now();
         assert_ne!(&a, b"Thu, 01 Jan 1970 00:00:00 GMT");
     }
 

@@ -50,7 +50,8 @@ pub(crate) struct ConnInfo<'a> {
 ///         out: &mut LinesResponse<'_>,
 ///     ) -> io::Result<()> {
 ///         *conn.session() += 1;
-///         out.push(format!("request {} from {}\n", conn.session(), conn.peer_addr()).as_bytes());
+///         let n = *conn.session();
+///         out.push(format!("request {n} from {}\n", conn.peer_addr()).as_bytes());
 ///         Ok(())
 ///     }
 /// }

@@ -203,8 +203,8 @@ pub(crate) struct Requests<C: Codec> {
     in_request: bool,
     /// When the request in progress showed its first bytes (header timeout).
     began: Option<Instant>,
-    /// When bytes last arrived (read timeout).
-    last_input: Instant,
+    /// When bytes of the request in progress last arrived (read timeout).
+    last_input: Option<Instant>,
     /// Until when a stopping worker waits for this idle connection's next request.
     draining: Option<Instant>,
     /// A response was made and not sent yet (the slot shows writing).
@@ -242,9 +242,8 @@ enum Turn {
 }
 
 impl<C: Codec> Requests<C> {
-    /// A new connection's request level, accepted at `now` (the read timeout counts from
-    /// there until the first bytes).
-    pub(crate) fn new(codec: C, limits: Limits, now: Instant) -> Self {
+    /// A new connection's request level.
+    pub(crate) fn new(codec: C, limits: Limits) -> Self {
         let max = codec.max_request_size();
         let announces_close = codec.announces_close();
         Requests {
@@ -255,7 +254,7 @@ impl<C: Codec> Requests<C> {
             served: 0,
             in_request: false,
             began: None,
-            last_input: now,
+            last_input: None,
             draining: None,
             writing: false,
             wait: Wait::Idle,
@@ -287,9 +286,13 @@ impl<C: Codec> Requests<C> {
         self.rejected.as_ref()
     }
 
-    /// Bytes arrived at `now` (the driver put them in the buffers).
-    pub(crate) fn received(&mut self, now: Instant) {
-        self.last_input = now;
+    /// Bytes arrived (the driver put them in the buffers); `now` reads the clock, which
+    /// only a request in progress needs (for its read timeout): a request that arrives in
+    /// one read costs no clock read.
+    pub(crate) fn received(&mut self, now: &mut dyn FnMut() -> Instant) {
+        if self.wait == Wait::Request {
+            self.last_input = Some(now());
+        }
     }
 
     /// The output went out: a response that was being written is done.
@@ -313,7 +316,7 @@ impl<C: Codec> Requests<C> {
         handler: &mut dyn Handle<C>,
         ctx: &mut dyn Context,
         peer: &Addr,
-        now: Instant,
+        now: &mut dyn FnMut() -> Instant,
     ) -> Next {
         if let Some(linger) = self.after_file.take() {
             return Next::Close { linger };
@@ -449,13 +452,15 @@ impl<C: Codec> Requests<C> {
     }
 
     /// Between requests: drain a stopping worker's connection, or wait for the next one.
-    fn at_boundary(&mut self, ctx: &mut dyn Context, now: Instant) -> Next {
+    fn at_boundary(&mut self, ctx: &mut dyn Context, now: &mut dyn FnMut() -> Instant) -> Next {
         self.began = None;
+        self.last_input = None;
         // Stopping: an HTTP-like connection ends between requests (a connection just
         // accepted gets its first request answered: the client sent it already). Closing
         // it now would race with the request the client may be sending: wait a moment for
         // it, answer it with the close announcement, and close lingering.
         if self.drains(ctx) {
+            let now = now();
             let until = *self
                 .draining
                 .get_or_insert_with(|| now + self.limits.drain_wait());
@@ -486,8 +491,21 @@ impl<C: Codec> Requests<C> {
     }
 
     /// In the middle of a request: refuse one too large or too slow, else read on.
-    fn partial(&mut self, bufs: &mut Buffers, ctx: &mut dyn Context, peer: &Addr, now: Instant) -> Next {
+    fn partial(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        now: &mut dyn FnMut() -> Instant,
+    ) -> Next {
         let pending = bufs.unconsumed().len();
+        // The clock is read only here, for a request split across reads.
+        let now = now();
+        if self.wait != Wait::Request {
+            // The request's first bytes (or the first since a boundary): the read timeout
+            // counts from now.
+            self.last_input = Some(now);
+        }
         if pending >= self.max {
             let e = ProtocolError::TooLarge {
                 what: "request",
@@ -551,10 +569,8 @@ impl<C: Codec> Requests<C> {
             },
             Wait::Request => {
                 let pending = bufs.unconsumed().len();
-                let read_timeout_passed = self
-                    .limits
-                    .read_timeout
-                    .is_some_and(|t| now + SLACK >= self.last_input + t);
+                let since = self.last_input.unwrap_or(now);
+                let read_timeout_passed = self.limits.read_timeout.is_some_and(|t| now + SLACK >= since + t);
                 // Without a header timeout, the socket's timeout is the read timeout.
                 if self.limits.header_timeout.is_none() || read_timeout_passed {
                     return self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout);
@@ -698,7 +714,7 @@ mod tests {
         fn new(codec: C, limits: Limits) -> Self {
             let t0 = Instant::now();
             Conn {
-                step: Requests::new(codec, limits, t0),
+                step: Requests::new(codec, limits),
                 bufs: Buffers::new(),
                 ctx: Fake::default(),
                 peer: Addr::Unix(None),
@@ -716,9 +732,10 @@ mod tests {
                 self.bufs.filled(n);
                 left = &left[n..];
             }
-            self.step.received(self.t0 + at);
+            let now = self.t0 + at;
+            self.step.received(&mut || now);
             self.step
-                .advance(&mut self.bufs, handler, &mut self.ctx, &self.peer, self.t0 + at)
+                .advance(&mut self.bufs, handler, &mut self.ctx, &self.peer, &mut || now)
         }
 
         /// The wait's socket timeout expired `at` after the accept.

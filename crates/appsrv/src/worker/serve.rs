@@ -75,7 +75,7 @@ impl<H: RequestHandler> RequestLevel<H> {
 impl<H: RequestHandler> Connections for RequestLevel<H> {
     fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context) -> io::Result<()> {
         self.connections += 1;
-        let step = Requests::new(self.handler.codec(), self.limits.clone(), Instant::now());
+        let step = Requests::new(self.handler.codec(), self.limits.clone());
         let mut session = H::Session::default();
         drive(
             step,
@@ -96,7 +96,7 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
     }
 
     fn refuse(&mut self, client: &mut Client, why: &'static str) {
-        let mut step = Requests::new(self.handler.codec(), self.limits.clone(), Instant::now());
+        let mut step = Requests::new(self.handler.codec(), self.limits.clone());
         step.refuse(client.parts().0, why);
         if client.flush_output().is_ok() {
             // No waiting: a refused client may be one of many slow ones (a slowloris);
@@ -182,7 +182,7 @@ fn drive<H: RequestHandler>(
                     match client.read_more(max, wait != Wait::Request) {
                         Ok(0) => step.peer_closed(client.parts().0),
                         Ok(_) => {
-                            step.received(Instant::now());
+                            step.received(&mut Instant::now);
                             advance(&mut step, handler, session, id, client, ctx)
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {
@@ -229,7 +229,7 @@ fn advance<H: RequestHandler>(
         handler,
         conn: Conn::new(info, session),
     };
-    step.advance(bufs, &mut bound, ctx, peer, Instant::now())
+    step.advance(bufs, &mut bound, ctx, peer, &mut Instant::now)
 }
 
 #[cfg(test)]
