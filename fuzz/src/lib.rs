@@ -60,7 +60,7 @@ where
         fed += taken;
         match what {
             StepNext::Read if fed < input.len() => continue,
-            StepNext::SendFile => continue,
+            StepNext::SendFile | StepNext::More => continue,
             StepNext::Fail => unreachable!("the fuzz handlers do not fail"),
             StepNext::Read | StepNext::Close => break,
         }

@@ -170,6 +170,8 @@ pub enum StepNext {
     Read,
     /// A file range after the output; [`RequestStep::feed`] with no bytes goes on.
     SendFile,
+    /// A pass's limit of requests was answered; [`RequestStep::feed`] with no bytes goes on.
+    More,
     /// The connection ends after the output.
     Close,
     /// The handler failed; the connection ends.
@@ -260,6 +262,7 @@ impl<C: Codec + 'static> RequestStep<C> {
         let next = match next {
             crate::conn::step::Next::Read { .. } => StepNext::Read,
             crate::conn::step::Next::SendFile(_) => StepNext::SendFile,
+            crate::conn::step::Next::More => StepNext::More,
             crate::conn::step::Next::Close { .. } => StepNext::Close,
             crate::conn::step::Next::Fail(_) => StepNext::Fail,
         };

@@ -64,6 +64,12 @@ pub(crate) const LINGER: Duration = Duration::from_secs(2);
 /// How much such a close reads at most meanwhile.
 pub(crate) const LINGER_BYTES: usize = 256 * 1024;
 
+/// Requests answered in one call of [`Requests::advance`] at most: a client that pipelines
+/// thousands of requests gets their responses sent in batches (the output buffer does not
+/// grow with the batch), and an event loop serving many connections turns to the others
+/// between two passes.
+pub(crate) const PASS_LIMIT: u32 = 64;
+
 /// A timeout that the kernel would read as "none" (under a microsecond) is not one: below
 /// this, what is left of a wait counts as nothing.
 const MIN_WAIT: Duration = Duration::from_millis(1);
@@ -181,6 +187,9 @@ pub(crate) enum Next {
     },
     /// Send the output buffer, then this file range, then call [`Requests::advance`].
     SendFile(FileBody),
+    /// The pass answered [`PASS_LIMIT`] requests and more are buffered: send the output
+    /// buffer, then call [`Requests::advance`] again.
+    More,
     /// Send the output buffer, then close: with `linger`, shut the connection for writing
     /// first and read and discard what the client still sends for at most that long
     /// (`Duration::ZERO`: only what has arrived), so that the close does not reset a
@@ -321,7 +330,11 @@ impl<C: Codec> Requests<C> {
         if let Some(linger) = self.after_file.take() {
             return Next::Close { linger };
         }
+        let mut answered = 0;
         while !bufs.unconsumed().is_empty() {
+            if answered == PASS_LIMIT {
+                return Next::More;
+            }
             match self.one(bufs, handler, ctx) {
                 Turn::Handled {
                     len,
@@ -333,6 +346,7 @@ impl<C: Codec> Requests<C> {
                     if let Some(next) = self.answered(bufs, ctx, (len, mark, last), handled, outcome) {
                         return next;
                     }
+                    answered += 1;
                 }
                 Turn::Incomplete => break,
                 Turn::Bad(e) => return self.protocol_error(bufs, ctx, peer, &e),
@@ -822,6 +836,25 @@ mod tests {
         let next = c.feed(b"ur\n", Duration::from_millis(1), &mut Echo);
         assert!(is_idle_read(&next), "{next:?}");
         assert_eq!(c.sent(), "four\n");
+    }
+
+    #[test]
+    fn a_long_pipelined_batch_is_answered_a_pass_at_a_time() {
+        let mut c = Conn::new(Lines::default(), LIMITS);
+        let batch = "x\n".repeat(PASS_LIMIT as usize * 2 + 1);
+        let next = c.feed(batch.as_bytes(), Duration::ZERO, &mut Echo);
+        assert!(matches!(next, Next::More), "{next:?}");
+        assert_eq!(c.sent().len(), PASS_LIMIT as usize * 2, "one pass's responses");
+        let mut now = || c.t0;
+        let next = c
+            .step
+            .advance(&mut c.bufs, &mut Echo, &mut c.ctx, &c.peer, &mut now);
+        assert!(matches!(next, Next::More), "{next:?}");
+        let next = c
+            .step
+            .advance(&mut c.bufs, &mut Echo, &mut c.ctx, &c.peer, &mut now);
+        assert!(is_idle_read(&next), "{next:?}");
+        assert_eq!(c.step.served(), PASS_LIMIT * 2 + 1);
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //! 7. no-new-privs, then the sandbox (Landlock, then seccomp), when asked for;
 //! 8. the `on_worker_start` hook, then the factory, run; a failure is reported to the
 //!    master with its reason and the worker exits;
-//! 9. its scoreboard slot and its way of waiting for connections (epoll, with several
-//!    listeners) are set up, so that a failure there is a start failure;
+//! 9. its scoreboard slot, its way of waiting for connections (epoll, with several
+//!    listeners) and its copy of the access log are set up, so that a failure there is a
+//!    start failure;
 //! 10. the worker tells the master it is ready and serves connections until asked to stop.
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.
@@ -169,6 +170,11 @@ where
         Ok(p) => p,
         Err(reason) => fail(reason),
     };
+    let access = match setup.access_log.map(|(p, f)| (p, f.try_clone())) {
+        Some((path, Ok(file))) => Some((path, access::AccessLog::new(file))),
+        Some((_, Err(e))) => fail(format!("opening the access log: {e}")),
+        None => None,
+    };
     if setup.channel.send(pid, &Message::Ready).is_err() {
         // The master is gone or broken; the parent-death signal will follow.
         sys::exit_now(exit::ORPHANED);
@@ -177,11 +183,6 @@ where
 
     let log_path = setup.log_path;
     let channel = setup.channel;
-    let access = match setup.access_log.map(|(p, f)| (p, f.try_clone())) {
-        Some((path, Ok(file))) => Some((path, access::AccessLog::new(file))),
-        Some((_, Err(e))) => fail(format!("opening the access log: {e}")),
-        None => None,
-    };
     let code = blocking::serve(blocking::Worker {
         id: setup.id,
         prepared,

@@ -196,6 +196,11 @@ fn drive<H: RequestHandler>(
                     }
                 }
             }
+            Next::More => {
+                client.flush_output()?;
+                step.output_sent(ctx);
+                advance(&mut step, handler, session, id, client, ctx)
+            }
             Next::SendFile(body) => {
                 client.send_file(&body.file, body.range)?;
                 advance(&mut step, handler, session, id, client, ctx)
