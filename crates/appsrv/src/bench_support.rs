@@ -339,7 +339,7 @@ impl crate::worker::admission::Seat for NoBoard {
 pub struct Admission<'a>(crate::worker::admission::Admission<'a, NoBoard>);
 
 impl<'a> Admission<'a> {
-    /// A connection from `peer` accepted at `now` (`Admission::new`).
+    /// A connection from `peer` accepted at `now` (`Admission::start`).
     pub fn new(listener: &'a ProxyListener, peer: std::net::SocketAddr, now: std::time::Instant) -> Self {
         let rules = crate::worker::admission::Rules {
             policy: &listener.policy,
@@ -348,11 +348,11 @@ impl<'a> Admission<'a> {
             handshake_timeout: None,
             max_per_ip: None,
         };
-        Admission(crate::worker::admission::Admission::new(
+        Admission(crate::worker::admission::Admission::start(
             rules,
             Addr::Inet(peer),
             NoBoard,
-            now,
+            &mut || now,
         ))
     }
 

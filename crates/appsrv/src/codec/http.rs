@@ -123,13 +123,14 @@ impl fmt::Debug for Http {
 impl Clone for Http {
     /// The same limits, with buffers of its own (for another connection).
     fn clone(&self) -> Self {
+        let (head, body) = scratch::take(HEAD_CAPACITY, BODY_CAPACITY);
         Http {
             max_header_bytes: self.max_header_bytes,
             max_headers: self.max_headers,
             max_body: self.max_body,
             pending: Pending::default(),
-            head: scratch::take(HEAD_CAPACITY),
-            body: scratch::take(BODY_CAPACITY),
+            head,
+            body,
             date: HttpDate,
         }
     }
@@ -137,8 +138,7 @@ impl Clone for Http {
 
 impl Drop for Http {
     fn drop(&mut self) {
-        scratch::give(std::mem::take(&mut self.head));
-        scratch::give(std::mem::take(&mut self.body));
+        scratch::give(std::mem::take(&mut self.head), std::mem::take(&mut self.body));
     }
 }
 
@@ -147,44 +147,52 @@ const HEAD_CAPACITY: usize = 256;
 const BODY_CAPACITY: usize = 1024;
 
 mod scratch {
-    //! The response buffers of codecs that are gone, kept for the next ones: a codec is
-    //! made for each connection, and a worker serves one connection after another (or
-    //! many at once, in an event loop), so a few buffers go round instead of two
-    //! allocations and two frees per connection. Per thread (a worker is one), no lock.
-    use std::cell::RefCell;
+    //! The response buffers of a codec that is gone, kept for the next one: a codec is
+    //! made for each connection, and a blocking worker serves one connection after
+    //! another, so the same two buffers go round instead of two allocations and two frees
+    //! per connection. One spare pair per thread (a worker is one), no lock; codecs made
+    //! while it is taken (an event loop's many connections) allocate their own.
+    use std::cell::Cell;
 
-    /// Buffers kept at most, and the largest kept (a response that grew a buffer larger
-    /// does not pin that memory).
-    const KEPT: usize = 16;
+    /// The largest buffer kept (a response that grew a buffer larger does not pin that
+    /// memory).
     const LARGEST: usize = 64 * 1024;
 
     thread_local! {
-        static FREE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+        static SPARE: Cell<(Vec<u8>, Vec<u8>)> = const { Cell::new((Vec::new(), Vec::new())) };
     }
 
-    /// A buffer of at least `capacity` bytes: a kept one, or a new one.
-    pub(super) fn take(capacity: usize) -> Vec<u8> {
-        FREE.with(|free| {
-            let mut free = free.borrow_mut();
-            match free.iter().rposition(|b| b.capacity() >= capacity) {
-                Some(i) => free.swap_remove(i),
-                None => Vec::with_capacity(capacity),
-            }
-        })
+    /// A head buffer and a body buffer: the spare ones, or new ones.
+    pub(super) fn take(head: usize, body: usize) -> (Vec<u8>, Vec<u8>) {
+        let (h, b) = SPARE.with(Cell::take);
+        (
+            if h.capacity() >= head {
+                h
+            } else {
+                Vec::with_capacity(head)
+            },
+            if b.capacity() >= body {
+                b
+            } else {
+                Vec::with_capacity(body)
+            },
+        )
     }
 
-    /// Keeps `buf` for a later codec (emptied), unless enough are kept or it is large.
-    pub(super) fn give(mut buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > LARGEST {
+    /// Keeps the pair for a later codec (emptied), unless one is kept or it is large.
+    pub(super) fn give(mut head: Vec<u8>, mut body: Vec<u8>) {
+        if head.capacity() > LARGEST || body.capacity() > LARGEST {
             return;
         }
-        buf.clear();
-        // A thread that is ending has no cache any more: the buffer is just freed.
-        let _ = FREE.try_with(|free| {
-            if let Ok(mut free) = free.try_borrow_mut() {
-                if free.len() < KEPT {
-                    free.push(buf);
-                }
+        head.clear();
+        body.clear();
+        // A thread that is ending has no spare any more: the buffers are just freed.
+        let _ = SPARE.try_with(|spare| {
+            let kept = spare.take();
+            if kept.0.capacity() == 0 {
+                spare.set((head, body));
+            } else {
+                spare.set(kept);
             }
         });
     }
@@ -193,13 +201,14 @@ mod scratch {
 impl Default for Http {
     /// Heads up to 8 KiB with at most 64 headers, bodies up to 1 MiB.
     fn default() -> Self {
+        let (head, body) = scratch::take(HEAD_CAPACITY, BODY_CAPACITY);
         Http {
             max_header_bytes: 8 * 1024,
             max_headers: MAX_HEADERS,
             max_body: 1024 * 1024,
             pending: Pending::default(),
-            head: scratch::take(HEAD_CAPACITY),
-            body: scratch::take(BODY_CAPACITY),
+            head,
+            body,
             date: HttpDate,
         }
     }

@@ -201,7 +201,13 @@ impl<'a, S: Seat> Admission<'a, S> {
     /// may be [`Next::Serve`] or [`Next::Close`] from the start.
     ///
     /// [`next`]: Admission::next
+    /// As [`start`](Admission::start), at `now`.
+    #[cfg(test)]
     pub(crate) fn new(rules: Rules<'a>, peer: Addr, seat: S, now: Instant) -> Self {
+        Self::start(rules, peer, seat, &mut || now)
+    }
+
+    pub(crate) fn start(rules: Rules<'a>, peer: Addr, seat: S, now: &mut dyn FnMut() -> Instant) -> Self {
         let mut admission = Admission {
             rules,
             seat,
@@ -222,7 +228,7 @@ impl<'a, S: Seat> Admission<'a, S> {
             }
             _ => {
                 admission.phase = Phase::Proxy {
-                    deadline: rules.header_timeout.map(|t| now + t),
+                    deadline: rules.header_timeout.map(|t| now() + t),
                 };
             }
         }
@@ -276,7 +282,7 @@ impl<'a, S: Seat> Admission<'a, S> {
                         if let Some(source) = source {
                             self.peer = Addr::Inet(source);
                         }
-                        self.after_header(now);
+                        self.after_header(&mut || now);
                         if matches!(self.phase, Phase::Tls { .. }) {
                             // What follows the header belongs to TLS.
                             return len + self.feed_tls(&bytes[len..], now);
@@ -372,7 +378,7 @@ impl<'a, S: Seat> Admission<'a, S> {
     }
 
     /// The PROXY header is read (or not expected): the access rules, then TLS or the cap.
-    fn after_header(&mut self, now: Instant) {
+    fn after_header(&mut self, now: &mut dyn FnMut() -> Instant) {
         if !self.rules.policy.permits(self.peer.ip()) {
             if let Some(ip) = self.peer.ip() {
                 self.reject(Rejection::Denied(ip));
@@ -388,7 +394,7 @@ impl<'a, S: Seat> Admission<'a, S> {
             Ok(session) => {
                 self.phase = Phase::Tls {
                     session: Box::new(session),
-                    deadline: self.rules.handshake_timeout.map(|t| now + t),
+                    deadline: self.rules.handshake_timeout.map(|t| now() + t),
                     established: false,
                 };
             }

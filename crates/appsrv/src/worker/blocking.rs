@@ -287,7 +287,8 @@ impl Seat for SlotSeat<'_> {
 /// bounded by the socket's own timeouts. A normal client's header costs one `poll` and one
 /// `read`.
 fn admit<S: Seat>(client: &mut Client, rules: Rules<'_>, seat: S) -> Result<(), Rejection> {
-    let mut machine = Admission::new(rules, client.peer_addr(), seat, Instant::now());
+    // The clock is read only for a phase with a deadline (a PROXY header, a TLS handshake).
+    let mut machine = Admission::start(rules, client.peer_addr(), seat, &mut Instant::now);
     loop {
         match machine.next() {
             Next::Read { by } => read(client, &mut machine, by),
