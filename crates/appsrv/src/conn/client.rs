@@ -10,146 +10,9 @@ use std::time::Duration;
 use socket2::Socket;
 
 pub(crate) use super::buffers::{BUFFER_SIZE, Buffers};
+pub(crate) use super::send_watch::SendWatch;
 use crate::net::listener::Addr;
 use crate::net::tls::TlsSession;
-
-/// How often a write that waits for a slow reader returns to check its progress, when
-/// `--min-send-rate` is on: the socket's send timeout (`SO_SNDTIMEO`), set once on the
-/// listener. The write timeout the handler sees is kept by [`SendWatch`], not the kernel.
-pub(crate) const SEND_CHECK: Duration = Duration::from_secs(1);
-
-/// The window over which a reader's progress is measured for `--min-send-rate`...
-pub(crate) const SEND_WINDOW: Duration = Duration::from_secs(10);
-/// ... or longer, up to this, when the connection's segments are so large that a reader at
-/// the minimum rate frees less than two of them in [`SEND_WINDOW`] (its window, and so what
-/// we see acknowledged, opens a segment at a time: loopback's 64 KiB MSS needs over two
-/// minutes at 500 bytes/s, a network's 1448 bytes under six seconds).
-pub(crate) const MAX_SEND_WINDOW: Duration = Duration::from_secs(60);
-
-/// Watches writes that wait for the client (its receive window and our send buffer are
-/// full): the client must take at least `rate` bytes per second, measured on what it has
-/// acknowledged (not on what the kernel accepted: a 4 MiB send buffer would hide a reader
-/// that takes nothing), over each [`SEND_WINDOW`] of waiting. A window starts at the first
-/// wait and ends after [`SEND_WINDOW`], or when the writes stop waiting (a handler that
-/// streams slowly is not the client's fault).
-///
-/// With a rate, the socket's send timeout is [`SEND_CHECK`], so that a waiting write comes
-/// back every second; the write timeout (`--write-timeout`, [`Client::set_write_timeout`])
-/// is then kept here: a write that makes no progress for that long fails with `TimedOut`,
-/// as the kernel's timeout would have.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SendWatch {
-    /// Bytes per second (0: no limit).
-    rate: u64,
-    /// The handler's write timeout, when the kernel's is [`SEND_CHECK`].
-    write_timeout: Option<Duration>,
-    /// The socket's own send timeout ([`SendWatch::socket_timeout`]).
-    kernel_timeout: Option<Duration>,
-    /// The current window: when it began and what the peer had taken then.
-    window: Option<(std::time::Instant, u64)>,
-    /// The last time a write waited (a gap of two checks ends the window).
-    last_wait: Option<std::time::Instant>,
-    /// Since when writes have made no progress at all.
-    stalled_since: Option<std::time::Instant>,
-    /// The client was cut off for being too slow.
-    cut: bool,
-}
-
-impl SendWatch {
-    /// A watch for `rate` bytes per second (0: none) and the handler's `write_timeout`.
-    pub(crate) fn new(rate: u64, write_timeout: Option<Duration>) -> Self {
-        SendWatch {
-            rate,
-            write_timeout,
-            kernel_timeout: Self::socket_timeout(rate, write_timeout),
-            ..SendWatch::default()
-        }
-    }
-
-    /// The send timeout the socket must have for this watch.
-    pub(crate) fn socket_timeout(rate: u64, write_timeout: Option<Duration>) -> Option<Duration> {
-        match (rate, write_timeout) {
-            (0, t) => t,
-            (_, None) => Some(SEND_CHECK),
-            (_, Some(t)) => Some(t.min(SEND_CHECK)),
-        }
-    }
-
-    fn active(&self) -> bool {
-        self.rate > 0
-    }
-
-    /// A write made progress (`n` bytes).
-    fn progress(&mut self) {
-        self.stalled_since = None;
-    }
-
-    /// A write waited for the client and came back (its send timeout expired, with or
-    /// without progress): `Err` when the client is too slow, and the write must give up.
-    fn waited(&mut self, socket: &Socket, progressed: bool) -> io::Result<()> {
-        let now = std::time::Instant::now();
-        if !progressed {
-            let since = *self.stalled_since.get_or_insert_with(|| {
-                now.checked_sub(self.kernel_timeout.unwrap_or_default())
-                    .unwrap_or(now)
-            });
-            if let Some(limit) = self.write_timeout {
-                if now.duration_since(since) >= limit {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "timed out waiting for the peer",
-                    ));
-                }
-            }
-        } else {
-            self.progress();
-        }
-        // Writes that stopped waiting for a while (more than two checks) start afresh.
-        if self
-            .last_wait
-            .is_some_and(|t| now.duration_since(t) > 2 * SEND_CHECK)
-        {
-            self.window = None;
-        }
-        self.last_wait = Some(now);
-        let Some((taken, mss)) = crate::sys::peer_progress(socket.as_fd()) else {
-            return Ok(()); // not TCP: only the write timeout applies
-        };
-        let window = Duration::from_secs_f64(2.0 * f64::from(mss) / self.rate as f64)
-            .clamp(SEND_WINDOW, MAX_SEND_WINDOW);
-        let Some((began, at_start)) = self.window else {
-            self.window = Some((now, taken));
-            return Ok(());
-        };
-        let elapsed = now.duration_since(began);
-        if elapsed < window {
-            return Ok(());
-        }
-        let got = taken.saturating_sub(at_start);
-        let needed = (self.rate as f64 * elapsed.as_secs_f64()) as u64;
-        if got < needed {
-            self.cut = true;
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "the client took {got} bytes of the response in {:.1} s, below --min-send-rate \
-                     {} bytes/s: cut off",
-                    elapsed.as_secs_f64(),
-                    self.rate
-                ),
-            ));
-        }
-        self.window = Some((now, taken));
-        Ok(())
-    }
-
-    /// A response is done (the connection reads again): the next one starts afresh.
-    fn reset(&mut self) {
-        self.window = None;
-        self.last_wait = None;
-        self.stalled_since = None;
-    }
-}
 
 /// An accepted connection: `Read`, `BufRead` and `Write`, with buffered output.
 ///
@@ -258,7 +121,7 @@ impl Client {
             }
             Err(e) => Err(timed_out(e)),
         };
-        if self.watch.cut {
+        if self.watch.cut() {
             // Too slow: the connection is over, whatever the handler does next.
             self.abort();
         }
@@ -272,7 +135,7 @@ impl Client {
         } else {
             self.flush().and_then(|()| self.close_notify())
         };
-        if self.watch.cut {
+        if self.watch.cut() {
             // Too slow a reader (cut during this last flush, or earlier): reset the
             // connection rather than leave the kernel to trickle the rest to it.
             self.abort();
@@ -348,10 +211,9 @@ impl Client {
         if self.watch.active() {
             // The kernel's timeout stays short so that waits come back to be checked
             // against --min-send-rate; the handler's timeout is kept by the watch.
-            let kernel = SendWatch::socket_timeout(self.watch.rate, timeout);
-            self.socket.set_write_timeout(kernel)?;
-            self.watch.write_timeout = timeout;
-            self.watch.kernel_timeout = kernel;
+            self.socket
+                .set_write_timeout(self.watch.kernel_timeout_for(timeout))?;
+            self.watch.keep_write_timeout(timeout);
             return Ok(());
         }
         self.socket.set_write_timeout(timeout)
@@ -365,7 +227,7 @@ impl Client {
     /// The current write timeout.
     pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
         if self.watch.active() {
-            return Ok(self.watch.write_timeout);
+            return Ok(self.watch.write_timeout());
         }
         self.socket.write_timeout()
     }
@@ -637,7 +499,7 @@ impl Client {
             let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.bufs.write, watch);
             self.sent += taken as u64;
             self.bufs.write.drain(..taken);
-            if self.watch.cut {
+            if self.watch.cut() {
                 self.abort();
             }
             return result;
@@ -869,6 +731,7 @@ impl AsFd for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::send_watch::SEND_CHECK;
     use std::sync::Arc;
 
     /// With `--min-send-rate` on, the kernel's send timeout is at most a second (so that
@@ -911,7 +774,7 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        assert!(!c.watch.cut, "the write timeout, not the rate, ended it");
+        assert!(!c.watch.cut(), "the write timeout, not the rate, ended it");
     }
 
     /// A server `Client` over a socket pair after a TLS handshake with a rustls client in

@@ -5,4 +5,5 @@
 pub(crate) mod buffers;
 pub(crate) mod client;
 pub(crate) mod context;
+pub(crate) mod send_watch;
 pub(crate) mod step;
