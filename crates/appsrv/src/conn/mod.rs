@@ -7,3 +7,4 @@ pub(crate) mod client;
 pub(crate) mod context;
 pub(crate) mod send_watch;
 pub(crate) mod step;
+pub(crate) mod transport;
