@@ -1,9 +1,13 @@
-//! The accepted connection a handler reads from and writes to.
+//! The accepted connection a handler reads from and writes to: the blocking adaptor over
+//! the connection's [`Buffers`], its [`Transport`] and the [`SendWatch`]. The transport
+//! does one system call per operation and answers "would block"; here the calls are
+//! looped until done, an expired socket timeout becomes `TimedOut`, `--min-send-rate` is
+//! applied to the waits, and the scoreboard shows the worker reading while it waits.
 
 use std::fs::File;
 use std::io::{self, BufRead, IoSlice, Read, Write};
 use std::ops::Range;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
@@ -11,6 +15,7 @@ use socket2::Socket;
 
 pub(crate) use super::buffers::{BUFFER_SIZE, Buffers};
 pub(crate) use super::send_watch::SendWatch;
+use super::transport::Transport;
 use crate::net::listener::Addr;
 use crate::net::tls::TlsSession;
 
@@ -48,9 +53,8 @@ use crate::net::tls::TlsSession;
 /// messages, as the codecs do); [`as_fd`](AsFd::as_fd) gives the encrypted socket.
 #[derive(Debug)]
 pub struct Client {
-    socket: Socket,
-    /// The TLS session, on a TLS listener.
-    tls: Option<Box<TlsSession>>,
+    /// The socket, and the TLS session on a TLS listener.
+    transport: Transport,
     peer: Addr,
     /// What was received and not consumed yet, and the output not sent yet.
     bufs: Buffers,
@@ -69,8 +73,7 @@ pub struct Client {
 impl Client {
     pub(crate) fn new(socket: Socket, peer: Addr, buffers: Buffers) -> Self {
         Client {
-            socket,
-            tls: None,
+            transport: Transport::new(socket),
             peer,
             bufs: buffers,
             closed: false,
@@ -95,7 +98,7 @@ impl Client {
     /// Cuts the connection off at once (a reset, no lingering data in the kernel): for a
     /// client too slow to take its response.
     pub(crate) fn abort(&mut self) {
-        let _ = self.socket.set_linger(Some(Duration::ZERO));
+        let _ = self.transport.socket().set_linger(Some(Duration::ZERO));
         self.closed = true;
         self.bufs.write.clear();
     }
@@ -107,7 +110,7 @@ impl Client {
         let checked = match r {
             Ok(n) if self.watch.active() && n > 0 && n < wanted => {
                 // A short write: it waited and gave up with part of the data.
-                self.watch.waited(&self.socket, true).map(|()| Some(n))
+                self.watch.waited(self.transport.socket(), true).map(|()| Some(n))
             }
             Ok(n) => {
                 if self.watch.active() {
@@ -117,7 +120,7 @@ impl Client {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.watch.active() => {
-                self.watch.waited(&self.socket, false).map(|()| None)
+                self.watch.waited(self.transport.socket(), false).map(|()| None)
             }
             Err(e) => Err(timed_out(e)),
         };
@@ -160,7 +163,7 @@ impl Client {
     /// The TLS session of a connection accepted on a TLS listener (`ADDR?tls`): protocol,
     /// ALPN, the client's verified certificate. `None` on a plain listener.
     pub fn tls(&self) -> Option<&TlsSession> {
-        self.tls.as_deref()
+        self.transport.tls()
     }
 
     /// Installs the TLS session of a handshake done before (admission): from now on the
@@ -171,24 +174,40 @@ impl Client {
             self.bufs.unconsumed().is_empty(),
             "encrypted bytes left in the read buffer"
         );
-        self.tls = Some(session);
+        self.transport.set_tls(session);
     }
 
     /// Whether decrypted input waits inside the TLS layer (so the socket need not be
     /// readable for the next read to return data).
     pub(crate) fn input_pending(&mut self) -> bool {
-        self.tls.as_mut().is_some_and(|t| {
-            t.conn
-                .process_new_packets()
-                .is_ok_and(|state| state.plaintext_bytes_to_read() > 0)
-        })
+        self.transport.input_pending()
     }
 
     /// Sends TLS's `close_notify` (nothing on a plain connection). Best effort.
     fn close_notify(&mut self) -> io::Result<()> {
-        if let Some(t) = self.tls.as_mut() {
-            t.conn.send_close_notify();
-            write_tls(&mut t.conn, &self.socket)?;
+        self.transport.close_notify();
+        self.flush_records(false)
+    }
+
+    /// Writes every pending TLS record (none on a plain connection), each write waiting as
+    /// long as the socket's send timeout; with `watched`, `--min-send-rate` watches the
+    /// waits (the response's records), otherwise an expired timeout is `TimedOut` at once
+    /// (alerts, `close_notify`, answers written before a read).
+    fn flush_records(&mut self, watched: bool) -> io::Result<()> {
+        while self.transport.records_pending() {
+            let r = self.transport.write_records();
+            let written = if watched {
+                // No short-write check (`wanted` 0): the size of the records is rustls's.
+                self.after_write(r, 0)?
+            } else {
+                match r {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
+                    r => Some(r.map_err(timed_out)?),
+                }
+            };
+            if written == Some(0) {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
         }
         Ok(())
     }
@@ -196,13 +215,13 @@ impl Client {
     /// The local address of this connection (the address the client connected to, which
     /// for a listener on `0.0.0.0` or `[::]` is a specific address).
     pub fn local_addr(&self) -> io::Result<Addr> {
-        Ok(Addr::from_sockaddr(&self.socket.local_addr()?))
+        Ok(Addr::from_sockaddr(&self.transport.socket().local_addr()?))
     }
 
     /// Sets the timeout of each blocking read (`None`: wait forever). The default comes
     /// from `--read-timeout` (60 s).
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        self.socket.set_read_timeout(timeout)
+        self.transport.socket().set_read_timeout(timeout)
     }
 
     /// Sets the timeout of each blocking write (`None`: wait forever). The default comes
@@ -211,17 +230,18 @@ impl Client {
         if self.watch.active() {
             // The kernel's timeout stays short so that waits come back to be checked
             // against --min-send-rate; the handler's timeout is kept by the watch.
-            self.socket
+            self.transport
+                .socket()
                 .set_write_timeout(self.watch.kernel_timeout_for(timeout))?;
             self.watch.keep_write_timeout(timeout);
             return Ok(());
         }
-        self.socket.set_write_timeout(timeout)
+        self.transport.socket().set_write_timeout(timeout)
     }
 
     /// The current read timeout.
     pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        self.socket.read_timeout()
+        self.transport.socket().read_timeout()
     }
 
     /// The current write timeout.
@@ -229,7 +249,7 @@ impl Client {
         if self.watch.active() {
             return Ok(self.watch.write_timeout());
         }
-        self.socket.write_timeout()
+        self.transport.socket().write_timeout()
     }
 
     /// Flushes buffered output and closes the connection in both directions. Later reads
@@ -242,7 +262,7 @@ impl Client {
         self.closed = true;
         self.bufs.discard_input();
         self.bufs.write.clear();
-        let shut = self.socket.shutdown(std::net::Shutdown::Both);
+        let shut = self.transport.shutdown(std::net::Shutdown::Both);
         flushed.and(shut.or_else(|e| {
             if e.kind() == io::ErrorKind::NotConnected {
                 Ok(())
@@ -284,19 +304,23 @@ impl Client {
             self.flush_buffer()?;
         }
         self.watch.reset();
-        if let Some(t) = self.tls.as_mut() {
-            let n = tls_read(&mut t.conn, &self.socket, buf, interruptible)?;
-            self.received += n as u64;
-            return Ok(n);
-        }
         loop {
-            match (&self.socket).read(buf) {
+            // Alerts or key-update answers the TLS layer wants to send go out before waiting.
+            self.flush_records(false)?;
+            match self.transport.read(buf) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => continue,
                 Ok(n) => {
                     self.received += n as u64;
                     return Ok(n);
                 }
-                Err(e) => return Err(timed_out(e)),
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::InvalidData {
+                        // A TLS protocol error: the alert rustls prepared goes out, best
+                        // effort.
+                        let _ = self.flush_records(false);
+                    }
+                    return Err(timed_out(e));
+                }
             }
         }
     }
@@ -322,7 +346,7 @@ impl Client {
 
     /// For the request step: the buffers, with the peer and the TLS session beside them.
     pub(crate) fn parts(&mut self) -> (&mut Buffers, &Addr, Option<&TlsSession>) {
-        (&mut self.bufs, &self.peer, self.tls.as_deref())
+        (&mut self.bufs, &self.peer, self.transport.tls())
     }
 
     /// For the request loop: the received bytes not yet consumed.
@@ -354,7 +378,7 @@ impl Client {
         if self.closed {
             return;
         }
-        if self.close_notify().is_err() || self.socket.shutdown(std::net::Shutdown::Write).is_err() {
+        if self.close_notify().is_err() || self.transport.shutdown(std::net::Shutdown::Write).is_err() {
             // A peer that does not take the close_notify will not take more: give up now
             // rather than wait for it again when the connection is finished.
             self.closed = true;
@@ -365,11 +389,7 @@ impl Client {
         if max_wait.is_zero() {
             // Only what has arrived already: never wait.
             while discarded < max_bytes {
-                match nix::sys::socket::recv(
-                    self.socket.as_raw_fd(),
-                    &mut scratch,
-                    nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-                ) {
+                match self.transport.discard(&mut scratch, false) {
                     Ok(n) if n > 0 => discarded += n,
                     _ => break,
                 }
@@ -378,11 +398,12 @@ impl Client {
             return;
         }
         let _ = self
-            .socket
+            .transport
+            .socket()
             .set_read_timeout(Some(max_wait.min(Duration::from_millis(500))));
         let deadline = std::time::Instant::now() + max_wait;
         while discarded < max_bytes && std::time::Instant::now() < deadline {
-            match (&self.socket).read(&mut scratch) {
+            match self.transport.discard(&mut scratch, true) {
                 Ok(0) => break,
                 Ok(n) => discarded += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -394,7 +415,7 @@ impl Client {
 
     /// For the request loop: the socket, to wait on it together with the listeners.
     pub(crate) fn socket(&self) -> &Socket {
-        &self.socket
+        self.transport.socket()
     }
 
     /// Sends `range` of `file` after the buffered output.
@@ -412,7 +433,7 @@ impl Client {
         let len = range.end.saturating_sub(range.start);
         let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
         let capacity = self.bufs.write.capacity().max(BUFFER_SIZE);
-        if self.tls.is_some() && self.bufs.write.len() + len_usize > capacity {
+        if self.transport.is_tls() && self.bufs.write.len() + len_usize > capacity {
             return self.send_file_copy(file, range);
         }
         if self.bufs.write.len() + len_usize <= capacity {
@@ -427,10 +448,8 @@ impl Client {
         let mut done = 0;
         while done < self.bufs.write.len() {
             let wanted = self.bufs.write.len() - done;
-            let r = self
-                .socket
-                .send_with_flags(&self.bufs.write[done..], libc::MSG_MORE);
-            match self.after_write(r, wanted) {
+            let (n, r) = self.transport.write_more(&self.bufs.write[done..]);
+            match self.after_write(r.map(|()| n), wanted) {
                 Ok(Some(n)) => {
                     done += n;
                     self.sent += n as u64;
@@ -448,8 +467,7 @@ impl Client {
         let mut left = len;
         while left > 0 {
             let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
-            let r = nix::sys::sendfile::sendfile64(&self.socket, file, Some(&mut offset), chunk)
-                .map_err(io::Error::from);
+            let r = self.transport.send_file(file, &mut offset, chunk);
             match self.after_write(r, chunk)? {
                 Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Some(n) => {
@@ -492,17 +510,8 @@ impl Client {
     }
 
     fn flush_buffer(&mut self) -> io::Result<()> {
-        if let Some(t) = self.tls.as_mut() {
-            // What rustls took is encrypted and queued (or sent): it leaves the buffer
-            // even when the write fails, or a later flush would send it twice.
-            let watch = self.watch.active().then_some(&mut self.watch);
-            let (taken, result) = tls_write(&mut t.conn, &self.socket, &self.bufs.write, watch);
-            self.sent += taken as u64;
-            self.bufs.write.drain(..taken);
-            if self.watch.cut() {
-                self.abort();
-            }
-            return result;
+        if self.transport.is_tls() {
+            return self.flush_tls();
         }
         let mut done = 0;
         let result = loop {
@@ -510,8 +519,8 @@ impl Client {
                 break Ok(());
             }
             let wanted = self.bufs.write.len() - done;
-            let r = (&self.socket).write(&self.bufs.write[done..]);
-            match self.after_write(r, wanted) {
+            let (n, r) = self.transport.write(&[IoSlice::new(&self.bufs.write[done..])]);
+            match self.after_write(r.map(|()| n), wanted) {
                 Ok(Some(0)) => break Err(io::ErrorKind::WriteZero.into()),
                 Ok(Some(n)) => {
                     done += n;
@@ -525,6 +534,43 @@ impl Client {
         result
     }
 
+    /// `flush_buffer` under TLS: the output is encrypted and its records written, until
+    /// rustls has taken all of it and sent every record.
+    fn flush_tls(&mut self) -> io::Result<()> {
+        // Lent out of `bufs` for the loop, which also borrows `self`.
+        let mut out = std::mem::take(&mut self.bufs.write);
+        let mut taken = 0;
+        let result = loop {
+            if taken < out.len() {
+                let (n, r) = self.transport.write(&[IoSlice::new(&out[taken..])]);
+                taken += n;
+                if n == 0 && r.is_ok() && !self.transport.records_pending() {
+                    // Nothing taken, nothing to send: it would never end.
+                    break Err(io::ErrorKind::WriteZero.into());
+                }
+                // Only the outcome of the records' write (no short-write check).
+                if let Err(e) = self.after_write(r.map(|()| n), 0) {
+                    break Err(e);
+                }
+            }
+            if let Err(e) = self.flush_records(self.watch.active()) {
+                break Err(e);
+            }
+            if taken == out.len() {
+                break Ok(());
+            }
+        };
+        // What rustls took is encrypted and queued (or sent): it leaves the buffer even
+        // when the write fails, or a later flush would send it twice.
+        self.sent += taken as u64;
+        out.drain(..taken);
+        self.bufs.write = out;
+        if self.watch.cut() {
+            self.abort();
+        }
+        result
+    }
+
     fn check_open(&self) -> io::Result<()> {
         if self.closed {
             Err(io::Error::new(
@@ -533,95 +579,6 @@ impl Client {
             ))
         } else {
             Ok(())
-        }
-    }
-}
-
-/// A TLS protocol error: the alert rustls prepared goes out (best effort), and the error
-/// becomes an `InvalidData` I/O error.
-fn tls_failed(conn: &mut rustls::ServerConnection, socket: &Socket, e: rustls::Error) -> io::Error {
-    let _ = write_tls(conn, socket);
-    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
-}
-
-/// Writes every pending TLS record to the socket.
-fn write_tls(conn: &mut rustls::ServerConnection, socket: &Socket) -> io::Result<()> {
-    write_tls_watched(conn, socket, None)
-}
-
-/// As [`write_tls`], with `--min-send-rate` watching the waits.
-fn write_tls_watched(
-    conn: &mut rustls::ServerConnection,
-    socket: &Socket,
-    mut watch: Option<&mut SendWatch>,
-) -> io::Result<()> {
-    while conn.wants_write() {
-        match conn.write_tls(&mut &*socket) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(_) => {
-                if let Some(w) = watch.as_deref_mut() {
-                    w.progress();
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && watch.is_some() => {
-                if let Some(w) = watch.as_deref_mut() {
-                    w.waited(socket, false)?;
-                }
-            }
-            Err(e) => return Err(timed_out(e)),
-        }
-    }
-    Ok(())
-}
-
-/// Encrypts `data` and writes it all.
-/// Returns how many bytes of `data` rustls took (encrypted into records, sent or queued),
-/// with the outcome: on an error, those bytes must not be written again.
-fn tls_write(
-    conn: &mut rustls::ServerConnection,
-    socket: &Socket,
-    data: &[u8],
-    mut watch: Option<&mut SendWatch>,
-) -> (usize, io::Result<()>) {
-    let mut taken = 0;
-    while taken < data.len() {
-        match conn.writer().write(&data[taken..]) {
-            Ok(n) => taken += n,
-            Err(e) => return (taken, Err(e)),
-        }
-        if let Err(e) = write_tls_watched(conn, socket, watch.as_deref_mut()) {
-            return (taken, Err(e));
-        }
-    }
-    (taken, Ok(()))
-}
-
-/// Reads decrypted bytes, receiving and decrypting records as needed. A `close_notify`, or
-/// the end of the TCP stream without one, is an end of file.
-fn tls_read(
-    conn: &mut rustls::ServerConnection,
-    socket: &Socket,
-    buf: &mut [u8],
-    interruptible: bool,
-) -> io::Result<usize> {
-    loop {
-        match conn.reader().read(buf) {
-            Ok(n) => return Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
-            Err(e) => return Err(e),
-        }
-        // Alerts or key-update answers the layer wants to send go out before waiting.
-        write_tls(conn, socket)?;
-        match conn.read_tls(&mut &*socket) {
-            Ok(_) => {
-                // Ok(0), the end of the stream, is reported by the reader above.
-                conn.process_new_packets()
-                    .map_err(|e| tls_failed(conn, socket, e))?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => {}
-            Err(e) => return Err(timed_out(e)),
         }
     }
 }
@@ -670,7 +627,7 @@ impl Write for Client {
             self.bufs.write.extend_from_slice(data);
             return Ok(data.len());
         }
-        if self.tls.is_some() {
+        if self.transport.is_tls() {
             // Encrypted: the buffer goes out, then `data` in buffer-sized pieces.
             self.flush_buffer()?;
             let n = data.len().min(capacity);
@@ -682,8 +639,8 @@ impl Write for Client {
         while !self.bufs.write.is_empty() {
             let n = loop {
                 let iov = [IoSlice::new(&self.bufs.write), IoSlice::new(data)];
-                let r = (&self.socket).write_vectored(&iov);
-                if let Some(n) = self.after_write(r, self.bufs.write.len() + data.len())? {
+                let (n, r) = self.transport.write(&iov);
+                if let Some(n) = self.after_write(r.map(|()| n), self.bufs.write.len() + data.len())? {
                     break n;
                 }
             };
@@ -706,8 +663,8 @@ impl Write for Client {
             return Ok(data.len());
         }
         loop {
-            let r = (&self.socket).write(data);
-            if let Some(n) = self.after_write(r, data.len())? {
+            let (n, r) = self.transport.write(&[IoSlice::new(data)]);
+            if let Some(n) = self.after_write(r.map(|()| n), data.len())? {
                 self.sent += n as u64;
                 return Ok(n);
             }
@@ -724,7 +681,7 @@ impl AsFd for Client {
     /// The connection's socket, for options appsrv does not wrap. Reading or writing it
     /// directly bypasses the buffers: flush first.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.socket.as_fd()
+        self.transport.socket().as_fd()
     }
 }
 
@@ -732,7 +689,6 @@ impl AsFd for Client {
 mod tests {
     use super::*;
     use crate::conn::send_watch::SEND_CHECK;
-    use std::sync::Arc;
 
     /// With `--min-send-rate` on, the kernel's send timeout is at most a second (so that
     /// waits come back to be checked), and the handler's write timeout is kept by the
@@ -784,35 +740,14 @@ mod tests {
         std::sync::mpsc::Sender<()>,
         std::thread::JoinHandle<Vec<u8>>,
     ) {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.der().clone()).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let (server, client) = crate::conn::transport::tests::tls_configs();
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
         socket.set_send_buffer_size(4096).unwrap();
         let (go, wait) = std::sync::mpsc::channel::<()>();
         let reader = std::thread::spawn(move || {
             let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            let conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+            let conn = rustls::ClientConnection::new(client, name).unwrap();
             let mut tls = rustls::StreamOwned::new(conn, theirs);
             while tls.conn.is_handshaking() {
                 tls.conn.complete_io(&mut tls.sock).unwrap();
@@ -822,7 +757,7 @@ mod tests {
             tls.read_to_end(&mut all).unwrap();
             all
         });
-        let mut session = TlsSession::new(Arc::new(server)).unwrap();
+        let mut session = TlsSession::new(server).unwrap();
         while session.conn.is_handshaking() {
             session.conn.complete_io(&mut &socket).unwrap();
         }
