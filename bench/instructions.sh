@@ -7,9 +7,10 @@
 #
 # Each directory holds release examples (target/release/examples of a checkout). For each
 # workload (keep-alive, and a connection per request) and each build, the server runs
-# under callgrind with one worker, serves N1 then, in another run, N2 requests from ab
-# (one client), and the worker's instruction count difference divided by N2 - N1 is the
-# cost of one request, start-up and shutdown cancelled out. Needs valgrind and ab
+# under callgrind with two workers (so that one is idle, as in syscalls.sh: a pool that is
+# not saturated), serves N1 then, in another run, N2 requests from ab (one client), and
+# the busy worker's instruction count difference divided by N2 - N1 is the cost of one
+# request, start-up and shutdown cancelled out. Needs valgrind and ab
 # (apache2-utils). Prints a markdown table.
 set -euo pipefail
 BEFORE=${1:?before examples dir}
@@ -27,7 +28,7 @@ worker_ir() {
   mkdir -p "$out"
   chmod 1777 "$out" # the worker runs as nobody and writes its own file
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
-    "$dir/http_hello" -l 127.0.0.1:0 -w 1 2>"$out/log" &
+    "$dir/http_hello" -l 127.0.0.1:0 -w 2 2>"$out/log" &
   local master=$!
   for _ in $(seq 600); do
     grep -q " ready" "$out/log" 2>/dev/null && break
@@ -47,7 +48,7 @@ worker_ir() {
     sleep 0.5
   done
   wait "$master" 2>/dev/null || true
-  # The worker's file is the one that is not the master's.
+  # The busy worker's file: the largest that is not the master's.
   for f in "$out"/cg.*; do
     [ "$f" = "$out/cg.$master" ] && continue
     grep '^summary:' "$f" | awk '{print $2}'
