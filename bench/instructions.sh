@@ -9,8 +9,8 @@
 # workload (keep-alive, and a connection per request) and each build, the server runs
 # under callgrind with two workers (so that one is idle, as in syscalls.sh: a pool that is
 # not saturated), serves N1 then, in another run, N2 requests from ab (one client), and
-# the busy worker's instruction count difference divided by N2 - N1 is the cost of one
-# request, start-up and shutdown cancelled out. Needs valgrind and ab
+# the workers' instruction count (summed: either may take a connection) difference divided
+# by N2 - N1 is the cost of one request, start-up and shutdown cancelled out. Needs valgrind and ab
 # (apache2-utils). Prints a markdown table.
 set -euo pipefail
 BEFORE=${1:?before examples dir}
@@ -22,7 +22,7 @@ work=$(mktemp -d)
 chmod 755 "$work" # the worker (user nobody) writes its profile in a folder below
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-# worker_ir EXAMPLES_DIR N AB_FLAGS → the worker's instruction count (Ir)
+# worker_ir EXAMPLES_DIR N AB_FLAGS → the workers' instruction count (Ir)
 worker_ir() {
   local dir=$1 n=$2 flags=$3 out="$work/run.$RANDOM"
   mkdir -p "$out"
@@ -48,11 +48,11 @@ worker_ir() {
     sleep 0.5
   done
   wait "$master" 2>/dev/null || true
-  # The busy worker's file: the largest that is not the master's.
+  # The workers' files: all but the master's.
   for f in "$out"/cg.*; do
     [ "$f" = "$out/cg.$master" ] && continue
     grep '^summary:' "$f" | awk '{print $2}'
-  done | sort -n | tail -1
+  done | awk '{s += $1} END {print s}' 
 }
 
 per_request() {

@@ -21,6 +21,11 @@
 //! }
 //! ```
 //!
+//! For a request/response protocol, implement [`RequestHandler::handle_request`] instead
+//! and run it with [`Server::run_requests`]: a [`codec`] frames the requests, and the
+//! framework does keep-alive, pipelining, limits and timeouts. Its per-connection state is
+//! its [`Session`](RequestHandler::Session), reached through [`Conn`].
+//!
 //! The program gets the standard command line (see [`cli`]): `hello --workers 8 -l
 //! '[::]:7000' --user nobody`, with `--help` documenting every default, and environment
 //! overrides (`HELLO_WORKERS=8`).
