@@ -2,7 +2,9 @@
 //!
 //! Each worker writes only its own slot; the master reads all of them (for the status, the
 //! request timeout, the pool's spare count, the log line naming a dead worker's client)
-//! and resets the slot of a worker that died. Only `#[repr(C)]` atomics live here, in a
+//! and resets the slot of a worker that died. Beside the slots, the board holds the idle
+//! count and two flags: the workers' wake-up of the master, and the master's sighting of
+//! clients queued while no worker is idle (for the keep-alive guard). Only `#[repr(C)]` atomics live here, in a
 //! `MAP_SHARED` mapping of a memfd made before the first fork (see [`sys::map_shared`]): a private
 //! mapping would give every worker its own copy. Nothing here is a lock: a reader may see a
 //! slot in the middle of an update (a request's first bytes from the previous request,
@@ -143,6 +145,10 @@ pub(crate) struct Slot {
     refused: AtomicU64,
     /// Connections closed because their TLS handshake failed.
     tls_failed: AtomicU64,
+    /// The worker waits for the next request of a keep-alive connection (set by the
+    /// keep-alive guard at each request boundary, cleared when the worker accepts a new
+    /// connection): the master may wake it when clients queue (see `master/queue.rs`).
+    keepalive: AtomicBool,
 }
 
 /// The shared table.
@@ -157,8 +163,21 @@ pub(crate) struct Board {
     /// Set by the worker that wakes the master, cleared by the master: one wake-up per
     /// shortage, not one per connection.
     wake_pending: AtomicBool,
+    /// When the master last saw clients waiting in a listen queue while no worker was idle
+    /// (monotonic ns; 0: it has not, or they were served since). The keep-alive guard reads
+    /// it at every request boundary, one load, instead of polling the listeners itself; the
+    /// master refreshes it while the queue lasts, and a flag older than [`QUEUED_FRESH`]
+    /// counts as down, so that a master that is late (or gone) cannot leave the workers
+    /// giving up their connections for nothing.
+    queued_seen: AtomicU64,
     slots: [Slot; MAX_WORKERS],
 }
+
+/// How long the master's sighting of queued clients ([`Board::mark_queued`]) holds without
+/// a refresh. The master looks again every 100 ms while the queue lasts (`master/queue.rs`):
+/// this is ten of those, so a master that is merely busy (a fork, a reload hook) does not
+/// let it lapse, while one that stopped looking does within a second.
+pub(crate) const QUEUED_FRESH: Duration = Duration::from_secs(1);
 
 // SAFETY: `Board` and `Slot` are `#[repr(C)]`, made only of atomics and arrays of atomics
 // (valid when zero), and hold no pointers.
@@ -278,6 +297,42 @@ impl Board {
         self.wake_pending.store(false, Ordering::Release);
     }
 
+    /// The master sees clients waiting in a listen queue while no worker is idle (or still
+    /// sees them: the sighting is refreshed).
+    pub(crate) fn mark_queued(&self) {
+        self.queued_seen.store(now_ns().max(1), Ordering::Release);
+    }
+
+    /// The master sees the queue served.
+    pub(crate) fn clear_queued(&self) {
+        self.queued_seen.store(0, Ordering::Release);
+    }
+
+    /// Whether clients wait in a listen queue while no worker is idle, as the master last
+    /// saw it (within [`QUEUED_FRESH`]). For the keep-alive guard at every request boundary:
+    /// one load while the flag is down, the usual case; a second one and a clock read
+    /// (`CLOCK_MONOTONIC`, through the vDSO) while it is up. No system call.
+    pub(crate) fn clients_queued(&self) -> bool {
+        self.queued_seen.load(Ordering::Acquire) != 0 && self.queued_at(now_ns())
+    }
+
+    fn queued_at(&self, now: u64) -> bool {
+        let seen = self.queued_seen.load(Ordering::Acquire);
+        seen != 0 && self.idle() == 0 && now.saturating_sub(seen) < QUEUED_FRESH.as_nanos() as u64
+    }
+
+    /// Whether worker `id` waits for the next request of a keep-alive connection: its slot
+    /// is marked so by the guard, shows it reading, and names no request in progress (a
+    /// request half received, or a connection whose first request has not come, is not
+    /// given up by the guard: no wake-up for those).
+    pub(crate) fn at_keepalive_boundary(&self, id: u32) -> bool {
+        self.slot(id).is_some_and(|s| {
+            s.keepalive.load(Ordering::Acquire)
+                && s.state.load(Ordering::Acquire) == State::Reading as u8
+                && s.request_started.load(Ordering::Acquire) == 0
+        })
+    }
+
     /// Reads slot `id`.
     pub(crate) fn read(&self, id: u32) -> Option<SlotView> {
         let s = self.slot(id)?;
@@ -334,6 +389,19 @@ impl Slot {
         self.head_len.store(0, Ordering::Relaxed);
         self.peer_family.store(0, Ordering::Relaxed);
         self.peer_port.store(0, Ordering::Relaxed);
+        self.keepalive.store(false, Ordering::Relaxed);
+    }
+
+    /// The guard: the worker is about to wait for the next request of a keep-alive
+    /// connection. One store, no system call.
+    pub(crate) fn keepalive_wait(&self) {
+        self.keepalive.store(true, Ordering::Release);
+    }
+
+    /// The worker took a new connection: it is no longer at a keep-alive boundary (until
+    /// the guard says so again). Before the slot shows it reading.
+    pub(crate) fn new_connection(&self) {
+        self.keepalive.store(false, Ordering::Release);
     }
 
     /// A connection was accepted whose client is not known yet (its PROXY header is still
@@ -493,6 +561,60 @@ mod tests {
         b.set_state(0, State::Idle); // no such slot: ignored
         b.set_state(MAX_WORKERS as u32 + 1, State::Idle);
         assert_eq!(b.idle(), 0);
+    }
+
+    #[test]
+    fn issue_15_the_queued_flag_holds_while_no_worker_is_idle_and_expires() {
+        let b = Board::new().unwrap();
+        b.claim(1, 0);
+        b.claim(2, 0);
+        assert!(!b.clients_queued(), "down on a new board");
+        b.mark_queued();
+        assert!(b.clients_queued());
+        b.set_state(2, State::Idle);
+        assert!(!b.clients_queued(), "an idle worker will take the queued client");
+        b.set_state(2, State::Reading);
+        assert!(b.clients_queued());
+        let now = now_ns();
+        let fresh = QUEUED_FRESH.as_nanos() as u64;
+        assert!(b.queued_at(now + fresh / 2));
+        assert!(
+            !b.queued_at(now + fresh + 1),
+            "a sighting the master did not refresh lapses by itself"
+        );
+        b.mark_queued();
+        b.clear_queued();
+        assert!(!b.clients_queued());
+    }
+
+    #[test]
+    fn issue_15_only_a_worker_between_keepalive_requests_counts_as_at_a_boundary() {
+        let b = Board::new().unwrap();
+        b.claim(4, 0);
+        let s = b.slot(4).unwrap();
+        b.set_state(4, State::Idle);
+        s.new_connection();
+        b.set_state(4, State::Reading);
+        assert!(
+            !b.at_keepalive_boundary(4),
+            "a new connection waits for its first request"
+        );
+        let t = s.request_start(b"GET / HTTP/1.1\r\n");
+        b.set_state(4, State::Handling);
+        s.request_end(t, true);
+        b.set_state(4, State::Reading);
+        s.keepalive_wait();
+        assert!(b.at_keepalive_boundary(4));
+        s.request_start(b"GET /half");
+        assert!(!b.at_keepalive_boundary(4), "a request is half received");
+        s.request_end(t, false);
+        b.set_state(4, State::Closing);
+        assert!(!b.at_keepalive_boundary(4));
+        b.set_state(4, State::Idle);
+        s.new_connection();
+        b.set_state(4, State::Reading);
+        assert!(!b.at_keepalive_boundary(4), "the next connection starts unmarked");
+        assert!(!b.at_keepalive_boundary(0) && !b.at_keepalive_boundary(5));
     }
 
     #[test]
