@@ -482,6 +482,23 @@ extern "C" fn on_reopen_signal(_: libc::c_int) {
 
 extern "C" fn on_ignored_signal(_: libc::c_int) {}
 
+/// The signal the master sends a worker that waits for the next request of a keep-alive
+/// connection when clients queue while no worker is idle: its blocking `read` returns
+/// `EINTR` and the request loop asks the keep-alive guard again (`worker/guard.rs`).
+///
+/// SIGURG, because nothing else sends it to appsrv's processes: the kernel raises it only
+/// for a socket's urgent data when the process has claimed the socket with `F_SETOWN`
+/// (appsrv never does), no terminal or service manager sends it, and its default action is
+/// to ignore it, so a process that did not install the worker's handler (the master, a
+/// command a worker starts) is unaffected by a stray one. (The Go runtime picked it for
+/// its preemption signal for the same reasons.)
+pub(crate) const GUARD_SIGNAL: Signal = Signal::SIGURG;
+
+/// Sends [`GUARD_SIGNAL`] to worker `pid`; false if it is gone.
+pub(crate) fn wake_worker(pid: Pid) -> bool {
+    signal::kill(pid, GUARD_SIGNAL).is_ok()
+}
+
 /// Whether USR1 arrived since the last call (the flag is cleared).
 pub(crate) fn take_reopen_request() -> bool {
     REOPEN.swap(false, Ordering::SeqCst)
@@ -498,6 +515,10 @@ pub(crate) fn stop_requested() -> bool {
 ///   worker blocked in `accept` or `read` gets `EINTR` and notices the stop.
 /// - USR1 sets the reopen flag (the log file is reopened between connections), also
 ///   without `SA_RESTART`, so that an idle worker reopens at once.
+/// - URG ([`GUARD_SIGNAL`]) is caught by a handler that does nothing, installed without
+///   `SA_RESTART`: the master sends it to wake a worker blocked in `read` between
+///   keep-alive requests when clients queue (the interrupted reads that are not at a
+///   request boundary are retried).
 /// - HUP, USR2, WINCH, TTIN and TTOU are caught by a handler that does nothing
 ///   (rather than ignored), so that a worker survives the signals meant for its master
 ///   when they reach the whole process group, and commands the worker spawns still start
@@ -522,6 +543,11 @@ pub(crate) fn install_worker_signals() -> io::Result<()> {
         SaFlags::empty(),
         SigSet::empty(),
     );
+    let recheck = SigAction::new(
+        SigHandler::Handler(on_ignored_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
     let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
     let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
     let table = [
@@ -534,6 +560,7 @@ pub(crate) fn install_worker_signals() -> io::Result<()> {
         (Signal::SIGWINCH, &noop),
         (Signal::SIGTTIN, &noop),
         (Signal::SIGTTOU, &noop),
+        (GUARD_SIGNAL, &recheck),
         (Signal::SIGCHLD, &default),
         (Signal::SIGALRM, &default),
         (Signal::SIGPIPE, &ignore),
