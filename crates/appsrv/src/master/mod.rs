@@ -27,6 +27,7 @@
 mod control;
 pub(crate) mod holds;
 pub(crate) mod pool;
+pub(crate) mod queue;
 mod signals;
 pub(crate) mod startup;
 mod upgrade;
@@ -206,6 +207,8 @@ pub(crate) struct Master<'a> {
     pacer: Pacer,
     /// Slow or idle clients holding the pool (the operator's warning).
     holds: crate::master::holds::HoldWatch,
+    /// The listen queue, watched for the keep-alive guard (its flag on the board).
+    queue: queue::QueueWatch,
     rate: SpawnRate,
     started: Instant,
     next_round: Option<Instant>,
@@ -264,6 +267,7 @@ impl<'a> Master<'a> {
             backoff: Backoff::default(),
             pacer: Pacer::default(),
             holds: crate::master::holds::HoldWatch::default(),
+            queue: queue::QueueWatch::default(),
             rate: SpawnRate::default(),
             started: now,
             next_round: None,
@@ -332,6 +336,11 @@ impl<'a> Master<'a> {
             let mut buf = [0u8; 8];
             let _ = nix::unistd::read(&self.wake, &mut buf);
             self.settings.board.clear_wake();
+            let workers = self.workers.iter().map(|(pid, w)| (*pid, w.id));
+            let running = self.phase == Phase::Running;
+            let board = self.settings.board;
+            self.queue
+                .on_wake(board, self.listeners, workers, running, Instant::now());
             if let Some(sig) = self.signals.take_stop() {
                 self.on_stop_signal(sig);
             }
@@ -470,6 +479,8 @@ impl<'a> Master<'a> {
             }
         }
         deadlines.extend(self.settings.control.as_ref().and_then(Control::next_deadline));
+        let running = self.phase == Phase::Running;
+        deadlines.extend(self.queue.before_poll(running));
         deadlines.extend(self.upgrade.deadline());
         deadlines.extend(
             self.settings
@@ -511,6 +522,7 @@ impl<'a> Master<'a> {
         if let Some(m) = &self.settings.metrics {
             fds.extend(m.poll_fds());
         }
+        fds.extend(self.queue.poll_fds(self.listeners));
         if watch_listeners {
             fds.extend(
                 self.listeners
