@@ -515,6 +515,104 @@ fn a_request_that_stalls_gets_408() {
     assert!(c.closed_by_server());
 }
 
+/// Starts `http_hello` with `workers` workers, `extra` arguments and a control socket in
+/// `dir`, and waits until every worker is idle (the scoreboard says so): a test of the
+/// keep-alive guard must not begin with a client queued behind a worker still starting.
+fn http_hello_settled(dir: &TempDir, workers: usize, extra: &[&str]) -> Server {
+    let sock = dir.0.join("control");
+    let sock = sock.to_str().unwrap();
+    let w = workers.to_string();
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", &w, "--control", sock];
+    args.extend_from_slice(extra);
+    let server = Server::start("http_hello", &args);
+    let all_idle = format!("Scoreboard:    {}", "_".repeat(workers));
+    let settled = wait_until(|| {
+        let out = std::process::Command::new(example("http_hello"))
+            .args(["status", "--control", sock])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == all_idle)
+            .then_some(())
+    });
+    assert!(settled.is_some(), "the workers never were all idle");
+    server
+}
+
+#[test]
+fn issue_15_a_queued_client_is_served_while_every_worker_holds_an_idle_keepalive_connection() {
+    // Two workers, each holding a keep-alive connection that has gone quiet: a third client
+    // is served long before the keep-alive timeout, because the master, watching the listen
+    // queue while no worker is idle, wakes the workers waiting between requests and they
+    // give their idle connections up.
+    let dir = TempDir::new("queued");
+    let server = http_hello_settled(&dir, 2, &["--keepalive-timeout", "60"]);
+    let mut idle = [Conn::open(server.tcp_addr()), Conn::open(server.tcp_addr())];
+    for c in &mut idle {
+        let r = c.get("/");
+        assert_hello(&r);
+        assert_eq!(r.header("connection"), None, "kept alive: {r:?}");
+    }
+    // Both workers asleep, which after their responses means blocked in the read of the
+    // next request: the queued client must wake them (not find them on their way there).
+    let workers = server.worker_pids();
+    let asleep = wait_until(|| {
+        workers
+            .iter()
+            .all(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('S')))
+            })
+            .then_some(())
+    });
+    assert!(asleep.is_some(), "the workers never waited for a request");
+    let started = std::time::Instant::now();
+    let mut queued = Conn::open(server.tcp_addr());
+    let r = queued.get("/");
+    assert_hello(&r);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "served after {:?}, not at the keep-alive timeout (60 s)",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn issue_15_a_busy_keepalive_client_is_told_to_close_when_clients_wait() {
+    // One worker, kept busy by a client that sends its next request as soon as it has the
+    // response (a benchmark, a proxy's pooled connection): while another client waits in
+    // the listen queue, a response announces the close, so the busy client reconnects
+    // cleanly (no request lost in flight) and the waiting client is served.
+    let dir = TempDir::new("busy");
+    let server = http_hello_settled(
+        &dir,
+        1,
+        // Not the per-connection limit's close: the queue's.
+        &["--keepalive-timeout", "60", "--keepalive-requests", "1000000000"],
+    );
+    let mut busy = Conn::open(server.tcp_addr());
+    assert_hello(&busy.get("/"));
+    let mut waiting = Conn::open(server.tcp_addr());
+    waiting.send(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut served = 0;
+    loop {
+        let r = busy.get("/");
+        assert_hello(&r);
+        served += 1;
+        if r.header("connection") == Some("close") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{served} keep-alive responses and no Connection: close while a client waits"
+        );
+    }
+    assert!(busy.closed_by_server(), "closed after the announcement");
+    assert_hello(&waiting.response());
+}
+
 /// The codec driven as the request loop drives it: decoding, responding (status, a
 /// header, a body) and finishing allocate nothing once the buffers have grown.
 #[test]

@@ -73,6 +73,12 @@ impl<'a> Acceptor<'a> {
     pub(crate) fn accept(&mut self) -> Accepted {
         self.board.set_state(self.id, State::Idle);
         let accepted = self.wait();
+        if let (Accepted::Connection(..), Some(slot)) = (&accepted, self.board.slot(self.id)) {
+            // Not at a keep-alive boundary (the guard marks it again after a response),
+            // before the slot shows it reading: the master wakes no worker whose new
+            // connection still waits for its first request.
+            slot.new_connection();
+        }
         let next = match accepted {
             Accepted::Connection(..) => State::Reading,
             Accepted::Stop => State::Finishing,

@@ -3,8 +3,9 @@
 //! gives up an idle keep-alive connection when clients wait and no worker is idle.
 
 use std::os::fd::AsFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use socket2::Socket;
 
@@ -37,8 +38,11 @@ pub(crate) struct Guard<'a> {
 }
 
 impl Guard<'_> {
-    /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
-    fn clients_queued(&self) -> bool {
+    /// Whether a connection waits in some listener's queue right now (a zero-timeout
+    /// `poll`): the last word before a response announces the close or a connection is
+    /// given up, since the board's flag may lag the queue by up to one of the master's
+    /// looks.
+    fn listeners_queued(&self) -> bool {
         let mut fds: Vec<PollFd<'_>> = self
             .listeners
             .iter()
@@ -49,10 +53,14 @@ impl Guard<'_> {
 }
 
 impl Context for Guard<'_> {
-    /// One atomic load while some worker is idle; a zero-timeout `poll` of the listeners
-    /// only when none is.
+    /// The master's flag on the board (`master/queue.rs`): one atomic load while it is
+    /// down, the usual case. While it is up, a zero-timeout `poll` of the listeners
+    /// confirms it: the flag lags the queue by up to one of the master's looks, and a
+    /// connection told to close for a client that has been served already is one lost for
+    /// nothing (the first request of a new connection, while the flag of the last queue
+    /// is still up).
     fn saturated(&mut self) -> bool {
-        self.board.idle() == 0 && self.clients_queued()
+        self.board.clients_queued() && self.listeners_queued()
     }
 
     fn retiring(&mut self) -> bool {
@@ -84,48 +92,56 @@ impl Context for Guard<'_> {
         }
     }
 
-    /// While some worker is idle (one atomic load), the connection keeps this worker.
-    /// When none is, the worker waits on the connection *and* the listeners. If clients
-    /// are queued, the connection gets `grace` more to send its next request (a
-    /// pipelining or benchmarking client sends it within microseconds); a connection still
-    /// idle then is given up, so that the queued client is served instead of waiting for
-    /// the keep-alive timeout. This costs a `poll` or two per request only while the pool
-    /// is saturated.
+    /// While the master's flag is down (clients are not queued, or some worker is idle),
+    /// the connection keeps this worker: one store (the slot shows the worker at a
+    /// keep-alive boundary) and one load, then the loop's blocking read. The master,
+    /// which watches the listen queue, raises the flag when clients queue while no worker
+    /// is idle and wakes the workers waiting at a boundary with [`sys::GUARD_SIGNAL`]: the
+    /// read returns `EINTR` and the loop asks again.
+    ///
+    /// With the flag up, the connection gets `grace` (never more than the keep-alive
+    /// timeout) to send its next request, which a pipelining or benchmarking client does
+    /// within microseconds; still quiet then, and clients still queued with no worker idle
+    /// (a `poll` of the listeners: the flag may lag the queue), it is given up, so that
+    /// the queued client is served instead of waiting for the keep-alive timeout. System
+    /// calls only while the flag is up: a `poll` of the connection per request, and one of
+    /// the listeners when the grace runs out.
     fn at_boundary(&mut self, conn: &Socket, grace: Duration) -> Boundary {
-        if self.board.idle() > 0 {
+        // The mark comes before the flag is read: a worker the master finds unmarked has
+        // not looked yet. (A wake-up that lands between the look and the read is lost:
+        // the master wakes the marked workers again at each look while clients wait.)
+        self.slot.keepalive_wait();
+        if !self.board.clients_queued() {
             return Boundary::Wait;
         }
-        let mut fds: Vec<PollFd<'_>> = std::iter::once(PollFd::new(conn.as_fd(), PollFlags::POLLIN))
-            .chain(
-                self.listeners
-                    .iter()
-                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
-            )
-            .collect();
+        let grace = self.keepalive_timeout.map_or(grace, |t| grace.min(t));
+        let until = Instant::now() + grace;
+        let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
         loop {
-            match nix::poll::poll(&mut fds, poll_timeout(self.keepalive_timeout)) {
-                Ok(0) => return Boundary::GiveUp, // idle for the whole keep-alive timeout
-                Ok(_) if fds[0].revents().is_some_and(|r| !r.is_empty()) => return Boundary::Wait,
-                Ok(_) => break,
-                // A stop: the loop checks for it. Another signal (USR1, a HUP sent to the
-                // process group): wait again, keeping the guard.
-                Err(_) if sys::stop_requested() => return Boundary::Wait,
-                Err(_) => {}
+            let left = until.saturating_duration_since(Instant::now());
+            match nix::poll::poll(&mut fds, poll_timeout(left)) {
+                Ok(0) => break,
+                Ok(_) => return Boundary::Wait, // the next request (or the client's close)
+                // A stop: the loop checks for it. The master's next wake-up, USR1, a HUP
+                // sent to the process group: the grace goes on.
+                Err(Errno::EINTR) if sys::stop_requested() => return Boundary::Wait,
+                Err(Errno::EINTR) => {}
+                Err(_) => return Boundary::Wait,
             }
         }
-        // Clients are queued and this connection is quiet: a short grace, then give up.
-        let mut conn_only = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
-        match nix::poll::poll(&mut conn_only, poll_timeout(Some(grace))) {
-            Ok(0) => Boundary::GiveUp,
-            _ => Boundary::Wait,
+        if self.board.idle() == 0 && self.listeners_queued() {
+            Boundary::GiveUp
+        } else {
+            Boundary::Wait
         }
     }
 }
 
-fn poll_timeout(t: Option<Duration>) -> PollTimeout {
-    t.map_or(PollTimeout::NONE, |t| {
-        PollTimeout::try_from(t.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX)
-    })
+/// A poll timeout of `t`, rounded up to the millisecond (a rounded-down timeout would wake
+/// the loop early, to poll again for nothing).
+fn poll_timeout(t: Duration) -> PollTimeout {
+    let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
 }
 
 impl Guard<'_> {
