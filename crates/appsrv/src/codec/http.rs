@@ -179,7 +179,8 @@ mod scratch {
         )
     }
 
-    /// Keeps the pair for a later codec (emptied), unless one is kept or it is large.
+    /// Keeps the pair for a later codec (emptied), unless it is large. A pair kept already
+    /// (an event loop's codecs end in any order) is freed instead.
     pub(super) fn give(mut head: Vec<u8>, mut body: Vec<u8>) {
         if head.capacity() > LARGEST || body.capacity() > LARGEST {
             return;
@@ -187,14 +188,7 @@ mod scratch {
         head.clear();
         body.clear();
         // A thread that is ending has no spare any more: the buffers are just freed.
-        let _ = SPARE.try_with(|spare| {
-            let kept = spare.take();
-            if kept.0.capacity() == 0 {
-                spare.set((head, body));
-            } else {
-                spare.set(kept);
-            }
-        });
+        let _ = SPARE.try_with(|spare| spare.set((head, body)));
     }
 }
 

@@ -41,6 +41,11 @@ impl Buffers {
         }
     }
 
+    /// Whether received bytes wait to be consumed.
+    pub(crate) fn has_input(&self) -> bool {
+        self.end > self.start
+    }
+
     /// The received bytes not yet consumed.
     pub(crate) fn unconsumed(&self) -> &[u8] {
         &self.read[self.start..self.end]

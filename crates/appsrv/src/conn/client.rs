@@ -306,7 +306,9 @@ impl Client {
         self.watch.reset();
         loop {
             // Alerts or key-update answers the TLS layer wants to send go out before waiting.
-            self.flush_records(false)?;
+            if self.transport.is_tls() {
+                self.flush_records(false)?;
+            }
             match self.transport.read(buf) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => continue,
                 Ok(n) => {
@@ -512,6 +514,9 @@ impl Client {
     fn flush_buffer(&mut self) -> io::Result<()> {
         if self.transport.is_tls() {
             return self.flush_tls();
+        }
+        if self.bufs.write.is_empty() {
+            return Ok(());
         }
         let mut done = 0;
         let result = loop {

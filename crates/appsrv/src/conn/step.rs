@@ -318,6 +318,22 @@ impl<C: Codec> Requests<C> {
         self.announces_close && self.served > 0 && ctx.stopping()
     }
 
+    /// What a connection just accepted does first: wait for its first request, or, when
+    /// bytes came with the accept (after a PROXY header), answer them.
+    pub(crate) fn start(
+        &mut self,
+        bufs: &mut Buffers,
+        handler: &mut dyn Handle<C>,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        now: &mut dyn FnMut() -> Instant,
+    ) -> Next {
+        if bufs.has_input() {
+            return self.advance(bufs, handler, ctx, peer, now);
+        }
+        self.read(Wait::Idle, self.limits.keepalive_timeout)
+    }
+
     /// Answers every complete request in `bufs` and says what comes next.
     pub(crate) fn advance(
         &mut self,
@@ -331,7 +347,7 @@ impl<C: Codec> Requests<C> {
             return Next::Close { linger };
         }
         let mut answered = 0;
-        while !bufs.unconsumed().is_empty() {
+        while bufs.has_input() {
             if answered == PASS_LIMIT {
                 return Next::More;
             }
@@ -352,7 +368,7 @@ impl<C: Codec> Requests<C> {
                 Turn::Bad(e) => return self.protocol_error(bufs, ctx, peer, &e),
             }
         }
-        if bufs.unconsumed().is_empty() {
+        if !bufs.has_input() {
             self.at_boundary(ctx, now)
         } else {
             self.partial(bufs, ctx, peer, now)
@@ -451,7 +467,7 @@ impl<C: Codec> Requests<C> {
             // lingering, so that their unread bytes do not make the kernel reset the
             // connection under the response just sent (the client retries them). No
             // cost when nothing is left unread, the usual case.
-            Some((!bufs.unconsumed().is_empty()).then_some(LINGER))
+            Some(bufs.has_input().then_some(LINGER))
         } else {
             None
         };
@@ -605,7 +621,7 @@ impl<C: Codec> Requests<C> {
 
     /// The peer closed its side (a read returned end of file).
     pub(crate) fn peer_closed(&mut self, bufs: &Buffers) -> Next {
-        if bufs.unconsumed().is_empty() {
+        if !bufs.has_input() {
             // Between requests (or while draining): the client is done.
             Next::Close { linger: None }
         } else {
@@ -1102,6 +1118,36 @@ mod tests {
             matches!(next, Next::Fail(ref e) if e.kind() == io::ErrorKind::UnexpectedEof),
             "{next:?}"
         );
+    }
+
+    #[test]
+    fn a_new_connection_waits_for_its_first_request_or_answers_what_came_with_it() {
+        let mut c = Conn::new(Http::default(), LIMITS);
+        let mut now = || c.t0;
+        let next = c
+            .step
+            .start(&mut c.bufs, &mut Hello, &mut c.ctx, &c.peer, &mut now);
+        assert!(
+            matches!(
+                next,
+                Next::Read {
+                    wait: Wait::Idle,
+                    guarded: false,
+                    ..
+                }
+            ),
+            "{next:?}"
+        );
+        // Bytes read with a PROXY header, before the level began.
+        let mut c = Conn::new(Http::default(), LIMITS);
+        c.bufs.room(usize::MAX)[..GET.len()].copy_from_slice(GET);
+        c.bufs.filled(GET.len());
+        let mut now = || c.t0;
+        let next = c
+            .step
+            .start(&mut c.bufs, &mut Hello, &mut c.ctx, &c.peer, &mut now);
+        assert!(matches!(next, Next::Read { guarded: true, .. }), "{next:?}");
+        assert!(c.sent().starts_with("HTTP/1.1 200 OK"));
     }
 
     #[test]

@@ -52,6 +52,19 @@ pub(crate) struct Rules<'a> {
     pub(crate) max_per_ip: Option<usize>,
 }
 
+impl Rules<'_> {
+    /// Whether the machine would take no step: no PROXY header, no access rules, no TLS,
+    /// no cap. Every client is then admitted as it is, so the driver need not build the
+    /// machine (a connection per request pays nothing for admission it does not use).
+    pub(crate) fn open(&self) -> bool {
+        !self.policy.proxy
+            && self.policy.allow.is_empty()
+            && self.policy.deny.is_empty()
+            && self.tls.is_none()
+            && self.max_per_ip.is_none()
+    }
+}
+
 /// The worker's place on the scoreboard, as admission sees it.
 pub(crate) trait Seat {
     /// The access rules let `peer` in: from now on the worker serves it (its slot names
@@ -556,6 +569,44 @@ mod tests {
             handshake_timeout: Some(Duration::from_secs(10)),
             max_per_ip: None,
         }
+    }
+
+    /// The driver skips the machine on an open listener: only where the machine would
+    /// admit at once, having told the seat, with no read, write or deadline.
+    #[test]
+    fn only_a_listener_without_any_check_is_open_and_the_machine_admits_there_at_once() {
+        let open = Policy::default();
+        assert!(rules(&open).open());
+        let seat = FakeSeat::default();
+        let m = Admission::new(rules(&open), inet("192.0.2.7:1"), seat.clone(), Instant::now());
+        assert_eq!(m.next(), Next::Serve);
+        assert_eq!(*seat.permitted.borrow(), vec![inet("192.0.2.7:1")]);
+        let proxy = Policy {
+            proxy: true,
+            ..Policy::default()
+        };
+        let allow = Policy {
+            allow: vec!["10.0.0.0/8".parse().unwrap()],
+            ..Policy::default()
+        };
+        let deny = Policy {
+            deny: vec!["10.0.0.0/8".parse().unwrap()],
+            ..Policy::default()
+        };
+        for policy in [&proxy, &allow, &deny] {
+            assert!(!rules(policy).open(), "{policy:?}");
+        }
+        let capped = Rules {
+            max_per_ip: Some(4),
+            ..rules(&open)
+        };
+        assert!(!capped.open());
+        let (config, _) = tls_configs();
+        let with_tls = Rules {
+            tls: Some(&config),
+            ..rules(&open)
+        };
+        assert!(!with_tls.open());
     }
 
     /// Feeds `input` in the pieces `cuts` makes of it while the machine reads, keeping

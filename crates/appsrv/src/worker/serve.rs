@@ -144,7 +144,15 @@ fn drive<H: RequestHandler>(
     // kind of wait does, and only if the new kind's timeout differs (with equal read and
     // keep-alive timeouts, a split request costs no setsockopt at all).
     let mut set = (Wait::Idle, step.idle_timeout());
-    let mut next = advance(&mut step, handler, session, id, client, ctx);
+    let mut next = {
+        let (bufs, peer, tls) = client.parts();
+        let info = ConnInfo { peer, tls, id };
+        let mut bound = Bound {
+            handler: &mut *handler,
+            conn: Conn::new(info, &mut *session),
+        };
+        step.start(bufs, &mut bound, ctx, peer, &mut Instant::now)
+    };
     loop {
         next = match next {
             Next::Read {
@@ -168,7 +176,7 @@ fn drive<H: RequestHandler>(
                     );
                     return Ok(());
                 }
-                if wait == Wait::Idle && step.drains(ctx) {
+                if guarded && step.drains(ctx) {
                     // The stop came while the guard waited: drain (the step says how).
                     advance(&mut step, handler, session, id, client, ctx)
                 } else {
