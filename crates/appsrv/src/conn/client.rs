@@ -745,7 +745,7 @@ mod tests {
         std::sync::mpsc::Sender<()>,
         std::thread::JoinHandle<Vec<u8>>,
     ) {
-        let (server, client) = crate::conn::transport::tests::tls_configs();
+        let (server, client) = crate::net::tls::testing::configs();
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
         socket.set_send_buffer_size(4096).unwrap();

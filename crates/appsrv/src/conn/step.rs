@@ -544,18 +544,26 @@ impl<C: Codec> Requests<C> {
             return self.protocol_error(bufs, ctx, peer, &e);
         }
         if self.limits.header_timeout.is_some() {
-            let began = *self.began.get_or_insert(now);
+            self.began.get_or_insert(now);
             if self.too_slow(pending, now) {
-                // Details at debug level: protocol_error logs the one info line.
-                tracing::debug!(
-                    "{peer} sent {pending} bytes of a request in {:?}: too slow (--header-timeout, --min-rate)",
-                    now.duration_since(began)
-                );
-                return self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout);
+                return self.slow_request(bufs, ctx, peer, now);
             }
         }
         // Kept while the kind of wait stays: the timeout depends on the limits only.
         self.read(Wait::Request, self.limits.request_wait())
+    }
+
+    /// Refuses a request too slow for the header timeout (the details at debug level: the
+    /// protocol error logs the one info line).
+    fn slow_request(&mut self, bufs: &mut Buffers, ctx: &mut dyn Context, peer: &Addr, now: Instant) -> Next {
+        if let Some(began) = self.began {
+            tracing::debug!(
+                "{peer} sent {} bytes of a request in {:?}: too slow (--header-timeout, --min-rate)",
+                bufs.unconsumed().len(),
+                now.duration_since(began)
+            );
+        }
+        self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout)
     }
 
     /// Whether a request of `pending` bytes so far is over the header timeout at `now`:
@@ -606,13 +614,7 @@ impl<C: Codec> Requests<C> {
                     return self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout);
                 }
                 if self.too_slow(pending, now) {
-                    if let Some(began) = self.began {
-                        tracing::debug!(
-                            "{peer} sent {pending} bytes of a request in {:?}: too slow (--header-timeout, --min-rate)",
-                            now.duration_since(began)
-                        );
-                    }
-                    return self.protocol_error(bufs, ctx, peer, &ProtocolError::Timeout);
+                    return self.slow_request(bufs, ctx, peer, now);
                 }
                 self.read(Wait::Request, self.limits.request_wait())
             }

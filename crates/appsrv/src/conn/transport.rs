@@ -201,35 +201,8 @@ pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
     use std::os::unix::net::UnixStream;
-    use std::sync::Arc;
 
-    /// A server and a client TLS configuration that trust each other (a self-signed
-    /// certificate for `localhost`).
-    pub(crate) fn tls_configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.der().clone()).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        (Arc::new(server), Arc::new(client))
-    }
+    pub(crate) use crate::net::tls::testing::configs as tls_configs;
 
     /// A socket pair, both ends non-blocking, ours with a small send buffer (so that
     /// filling it is quick).

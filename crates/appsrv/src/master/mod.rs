@@ -1202,12 +1202,7 @@ impl<'a> Master<'a> {
 
     /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
     fn clients_queued(&self) -> bool {
-        let mut fds: Vec<PollFd<'_>> = self
-            .listeners
-            .iter()
-            .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
-            .collect();
-        matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        crate::sys::any_readable(self.listeners)
     }
 
     /// Connections waiting in the TCP listeners' accept queues (None without TCP listeners).

@@ -32,7 +32,7 @@
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags};
 use nix::unistd::Pid;
 
 use crate::scoreboard::Board;
@@ -145,11 +145,7 @@ impl QueueWatch {
 
 /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
 fn queued<L: AsFd>(listeners: &[L]) -> bool {
-    let mut fds: Vec<PollFd<'_>> = listeners
-        .iter()
-        .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
-        .collect();
-    matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    crate::sys::any_readable(listeners)
 }
 
 #[cfg(test)]

@@ -282,6 +282,40 @@ impl TlsSession {
 }
 
 #[cfg(test)]
+pub(crate) mod testing {
+    //! TLS configurations for the unit tests of the layers that use TLS.
+    use std::sync::Arc;
+
+    /// A server and a client TLS configuration that trust each other (a self-signed
+    /// certificate for `localhost`).
+    pub(crate) fn configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

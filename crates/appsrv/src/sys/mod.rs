@@ -627,6 +627,16 @@ pub(crate) fn somaxconn() -> Option<u32> {
         .ok()
 }
 
+/// Whether any of `fds` is readable now (a zero-timeout `poll`): for listening sockets,
+/// whether a connection waits in one of their queues. An error counts as "no".
+pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {
+    let mut polled: Vec<nix::poll::PollFd<'_>> = fds
+        .iter()
+        .map(|f| nix::poll::PollFd::new(f.as_fd(), nix::poll::PollFlags::POLLIN))
+        .collect();
+    matches!(nix::poll::poll(&mut polled, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -850,32 +850,7 @@ mod tests {
         assert_eq!(m.next(), Next::Serve);
     }
 
-    /// A self-signed server configuration and a client configuration that trusts it.
-    fn tls_configs() -> (Acceptor, Arc<rustls::ClientConfig>) {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.der().clone()).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        (Arc::new(server), Arc::new(client))
-    }
+    use crate::net::tls::testing::configs as tls_configs;
 
     fn tls_client(config: &Arc<rustls::ClientConfig>) -> rustls::ClientConnection {
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();

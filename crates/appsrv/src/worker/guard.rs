@@ -43,12 +43,7 @@ impl Guard<'_> {
     /// given up, since the board's flag may lag the queue by up to one of the master's
     /// looks.
     fn listeners_queued(&self) -> bool {
-        let mut fds: Vec<PollFd<'_>> = self
-            .listeners
-            .iter()
-            .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
-            .collect();
-        matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        crate::sys::any_readable(self.listeners)
     }
 }
 
