@@ -82,7 +82,11 @@ impl Buffers {
     /// Room to receive more bytes after the unconsumed ones, which move to the front; the
     /// buffer grows (doubling) up to `max` bytes. Empty when it holds `max` bytes already.
     pub(crate) fn room(&mut self, max: usize) -> &mut [u8] {
-        if self.start > 0 {
+        if self.start == self.end {
+            // Everything was consumed (the usual case between requests): nothing to move.
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0 {
             self.read.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
