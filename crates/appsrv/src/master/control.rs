@@ -255,7 +255,6 @@ impl Master<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     /// A running master of generation 1 whose workers are all of generation 1.
     fn running() -> View<'static> {
@@ -271,14 +270,7 @@ mod tests {
         }
     }
 
-    fn stopping() -> Phase {
-        let now = Instant::now();
-        Phase::Stopping {
-            deadline: now,
-            killed: false,
-            since: now,
-        }
-    }
+    use crate::master::tests::stopping;
 
     fn reply(r: Result<&str, &str>) -> Dispatch {
         Dispatch::Reply(r.map(str::to_owned).map_err(str::to_owned))

@@ -77,6 +77,16 @@ enum Phase {
 }
 
 impl Phase {
+    /// A graceful stop that begins now, with `grace` for the connections in progress.
+    fn stopping(grace: Duration) -> Phase {
+        let now = Instant::now();
+        Phase::Stopping {
+            deadline: now + grace,
+            killed: false,
+            since: now,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Phase::Starting => "starting",
@@ -128,6 +138,22 @@ struct Worker {
 }
 
 impl Worker {
+    /// A worker just forked into slot `id`.
+    fn new(id: u32, generation: u32) -> Worker {
+        Worker {
+            id,
+            generation,
+            spawned: Instant::now(),
+            ready: false,
+            failure: None,
+            leaving: None,
+            stop_sent: false,
+            stop_at: None,
+            timed_out: None,
+            memory_killed: false,
+        }
+    }
+
     /// Whether the worker counts towards the pool's size: not on its way out.
     fn active(&self) -> bool {
         self.leaving.is_none() && self.timed_out.is_none()
@@ -583,12 +609,7 @@ impl<'a> Master<'a> {
                     }
                 }
                 self.kill_all(Signal::SIGTERM);
-                let now = Instant::now();
-                self.phase = Phase::Stopping {
-                    deadline: now + self.settings.grace_period,
-                    killed: false,
-                    since: now,
-                };
+                self.phase = Phase::stopping(self.settings.grace_period);
             }
         }
     }
@@ -1253,21 +1274,7 @@ impl<'a> Master<'a> {
         };
         self.settings.board.set_pid(id, pid.as_raw() as u32);
         tracing::debug!("started worker {id} (pid {pid})");
-        self.workers.insert(
-            pid,
-            Worker {
-                id,
-                generation: self.generation,
-                spawned: Instant::now(),
-                ready: false,
-                failure: None,
-                leaving: None,
-                stop_sent: false,
-                stop_at: None,
-                timed_out: None,
-                memory_killed: false,
-            },
-        );
+        self.workers.insert(pid, Worker::new(id, self.generation));
         Ok(())
     }
 
@@ -1417,31 +1424,19 @@ fn exit_reason(code: i32) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn worker() -> Worker {
         Worker {
-            id: 1,
-            generation: 0,
-            spawned: Instant::now(),
             ready: true,
-            failure: None,
-            leaving: None,
-            stop_sent: false,
-            stop_at: None,
-            timed_out: None,
-            memory_killed: false,
+            ..Worker::new(1, 0)
         }
     }
 
-    fn stopping() -> Phase {
-        let now = Instant::now();
-        Phase::Stopping {
-            deadline: now,
-            killed: false,
-            since: now,
-        }
+    /// A master that began to stop, its grace period over.
+    pub(in crate::master) fn stopping() -> Phase {
+        Phase::stopping(Duration::ZERO)
     }
 
     #[test]

@@ -246,12 +246,7 @@ impl Master<'_> {
         self.settings.control = None;
         self.settings.metrics = None;
         self.kill_all(Signal::SIGTERM);
-        let now = Instant::now();
-        self.phase = Phase::Stopping {
-            deadline: now + self.settings.grace_period,
-            killed: false,
-            since: now,
-        };
+        self.phase = Phase::stopping(self.settings.grace_period);
     }
 }
 
