@@ -414,6 +414,17 @@ fn issue_14_a_kill_storm_is_replaced_at_once_without_back_off() {
         unsafe { libc::kill(victim, libc::SIGKILL) };
         killed.insert(victim);
     }
+    // Every kill is reaped and logged (a victim killed last may still be an unreaped
+    // zombie, counted among the workers, when the pool looks full again).
+    let logged = wait_until(|| {
+        (server.log_text().matches("was killed by signal SIGKILL").count() >= 12).then_some(())
+    });
+    assert!(
+        logged.is_some(),
+        "not every kill was reaped; log:
+{}",
+        server.log_text()
+    );
     server.wait_for_workers(3);
     let log = server.log_text();
     assert!(
