@@ -109,6 +109,12 @@ pub trait RequestHandler {
     /// came on (the client's address, TLS, the connection's session). An error ends the
     /// connection (logged with the peer's address); a panic ends the connection and the
     /// worker, which is replaced.
+    ///
+    /// A blocking call the handler makes itself (a read from a database socket, a
+    /// `connect`) may return [`io::ErrorKind::Interrupted`]: the worker's signals (a stop,
+    /// USR1, and the master's SIGURG that wakes a worker between keep-alive requests, which
+    /// can land just as a request arrives) are caught without `SA_RESTART`. Retry on it, as
+    /// `std`'s `read_exact` and `write_all` do.
     fn handle_request(
         &mut self,
         conn: &mut Conn<'_, Self::Session>,

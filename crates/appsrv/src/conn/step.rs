@@ -148,13 +148,22 @@ impl Limits {
 
     /// The socket timeout while a request is incomplete: the read timeout, or, under the
     /// header timeout, a tick short enough that its deadline is seen on time (a quarter
-    /// of it, between 10 ms and a second), whatever bytes arrive meanwhile.
+    /// of it, between 10 ms and a second), whatever bytes arrive meanwhile. The tick
+    /// divides the read timeout evenly, so that a client that stops sending is refused
+    /// when its read timeout ends, not at the next tick after it.
     fn request_wait(&self) -> Option<Duration> {
         match self.header_timeout {
             None => self.read_timeout,
             Some(limit) => {
                 let tick = (limit / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
-                Some(self.read_timeout.map_or(tick, |t| t.min(tick)))
+                Some(match self.read_timeout {
+                    None => tick,
+                    Some(t) if t <= tick => t,
+                    Some(t) => {
+                        let ticks = t.as_nanos().div_ceil(tick.as_nanos()).max(1);
+                        t / u32::try_from(ticks).unwrap_or(u32::MAX)
+                    }
+                })
             }
         }
     }
@@ -976,6 +985,25 @@ mod tests {
             "{next:?}"
         );
         assert!(matches!(c.timeout(Duration::from_secs(2)), Next::Close { .. }));
+    }
+
+    /// Review of issue 15: with a read timeout that is not a whole number of header ticks,
+    /// a stalled request was refused at the next tick after its read timeout.
+    #[test]
+    fn a_read_timeout_between_two_ticks_ends_on_time() {
+        let limits = Limits {
+            read_timeout: Some(Duration::from_millis(1500)),
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        let next = c.feed(&GET[..5], Duration::ZERO, &mut Hello);
+        assert!(
+            matches!(next, Next::Read { timeout: Some(t), .. } if t == Duration::from_millis(750)),
+            "{next:?}"
+        );
+        assert!(is_request_read(&c.timeout(Duration::from_millis(750))));
+        let next = c.timeout(Duration::from_millis(1500));
+        assert!(matches!(next, Next::Close { .. }), "{next:?}");
     }
 
     #[test]

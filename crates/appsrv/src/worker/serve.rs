@@ -140,10 +140,11 @@ fn drive<H: RequestHandler>(
     ctx: &mut dyn Context,
 ) -> io::Result<()> {
     let max = step.max_request_size();
-    // The socket's timeout is the listener's: the keep-alive timeout. It changes when the
-    // kind of wait does, and only if the new kind's timeout differs (with equal read and
-    // keep-alive timeouts, a split request costs no setsockopt at all).
-    let mut set = (Wait::Idle, step.idle_timeout());
+    // The socket's timeout is the listener's: the keep-alive timeout. It changes only when
+    // the wait's timeout does: when the kind of wait changes (with equal read and
+    // keep-alive timeouts, a split request costs no setsockopt at all), and for a drain
+    // that a signal interrupted, to what is left of it.
+    let mut set = step.idle_timeout();
     let mut next = {
         let (bufs, peer, tls) = client.parts();
         let info = ConnInfo { peer, tls, id };
@@ -180,11 +181,11 @@ fn drive<H: RequestHandler>(
                     // The stop came while the guard waited: drain (the step says how).
                     advance(&mut step, handler, session, id, client, ctx)
                 } else {
-                    if wait != set.0 {
-                        if timeout != set.1 {
-                            client.set_read_timeout(timeout)?;
-                        }
-                        set = (wait, timeout);
+                    // The Idle and Request waits keep one value for the whole connection;
+                    // a drain's shrinks (what is left of it, after a signal).
+                    if timeout != set {
+                        client.set_read_timeout(timeout)?;
+                        set = timeout;
                     }
                     // A wait between requests ends on a signal, so that a stop is seen.
                     match client.read_more(max, wait != Wait::Request) {
