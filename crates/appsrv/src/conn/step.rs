@@ -327,19 +327,10 @@ impl<C: Codec> Requests<C> {
         self.announces_close && self.served > 0 && ctx.stopping()
     }
 
-    /// What a connection just accepted does first: wait for its first request, or, when
-    /// bytes came with the accept (after a PROXY header), answer them.
-    pub(crate) fn start(
-        &mut self,
-        bufs: &mut Buffers,
-        handler: &mut dyn Handle<C>,
-        ctx: &mut dyn Context,
-        peer: &Addr,
-        now: &mut dyn FnMut() -> Instant,
-    ) -> Next {
-        if bufs.has_input() {
-            return self.advance(bufs, handler, ctx, peer, now);
-        }
+    /// What a connection just accepted does first when nothing has come with it yet:
+    /// wait for its first request (with bytes already there, after a PROXY header, the
+    /// driver calls [`advance`](Requests::advance) instead).
+    pub(crate) fn first_read(&mut self) -> Next {
         self.read(Wait::Idle, self.limits.keepalive_timeout)
     }
 
@@ -1153,10 +1144,7 @@ mod tests {
     #[test]
     fn a_new_connection_waits_for_its_first_request_or_answers_what_came_with_it() {
         let mut c = Conn::new(Http::default(), LIMITS);
-        let mut now = || c.t0;
-        let next = c
-            .step
-            .start(&mut c.bufs, &mut Hello, &mut c.ctx, &c.peer, &mut now);
+        let next = c.step.first_read();
         assert!(
             matches!(
                 next,
@@ -1170,12 +1158,7 @@ mod tests {
         );
         // Bytes read with a PROXY header, before the level began.
         let mut c = Conn::new(Http::default(), LIMITS);
-        c.bufs.room(usize::MAX)[..GET.len()].copy_from_slice(GET);
-        c.bufs.filled(GET.len());
-        let mut now = || c.t0;
-        let next = c
-            .step
-            .start(&mut c.bufs, &mut Hello, &mut c.ctx, &c.peer, &mut now);
+        let next = c.feed(GET, Duration::ZERO, &mut Hello);
         assert!(matches!(next, Next::Read { guarded: true, .. }), "{next:?}");
         assert!(c.sent().starts_with("HTTP/1.1 200 OK"));
     }

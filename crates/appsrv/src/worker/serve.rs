@@ -128,9 +128,10 @@ impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
 /// The syscall floor: a request that arrives in one read costs that `read` and one
 /// `write` of its response (the responses of pipelined requests share the write); no
 /// timer or poll call, no allocation (buffers are reused). The socket's timeout is the
-/// keep-alive timeout, set once on the listener; it changes only when the step's kind of
-/// wait does ([`Wait`]): a request split across reads switches it to the request's
-/// timeout, and the next boundary back. Deadlines themselves are the step's, by the clock.
+/// keep-alive timeout, set once on the listener; it changes only when the timeout of the
+/// step's wait does ([`Wait`]): a request split across reads switches it to the request's
+/// timeout, the next boundary back, and a drain a signal interrupted to what is left of
+/// it. Deadlines themselves are the step's, by the clock.
 fn drive<H: RequestHandler>(
     mut step: Requests<H::Codec>,
     handler: &mut H,
@@ -145,14 +146,10 @@ fn drive<H: RequestHandler>(
     // keep-alive timeouts, a split request costs no setsockopt at all), and for a drain
     // that a signal interrupted, to what is left of it.
     let mut set = step.idle_timeout();
-    let mut next = {
-        let (bufs, peer, tls) = client.parts();
-        let info = ConnInfo { peer, tls, id };
-        let mut bound = Bound {
-            handler: &mut *handler,
-            conn: Conn::new(info, &mut *session),
-        };
-        step.start(bufs, &mut bound, ctx, peer, &mut Instant::now)
+    let mut next = if client.parts().0.has_input() {
+        advance(&mut step, handler, session, id, client, ctx)
+    } else {
+        step.first_read()
     };
     loop {
         next = match next {
