@@ -13,6 +13,7 @@
 # by N2 - N1 is the cost of one request, start-up and shutdown cancelled out. Needs valgrind and ab
 # (apache2-utils). Prints a markdown table.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 BEFORE=${1:?before examples dir}
 AFTER=${2:?after examples dir}
 N1=${N1:-1000}
@@ -30,12 +31,8 @@ worker_ir() {
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
     "$dir/http_hello" -l 127.0.0.1:0 -w 2 2>"$out/log" &
   local master=$!
-  for _ in $(seq 600); do
-    grep -q " ready" "$out/log" 2>/dev/null && break
-    sleep 0.1
-  done
   local port
-  port=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$out/log" | head -1 | cut -d: -f2)
+  port=$(ready_port "$out/log" 60) # valgrind starts slowly
   # shellcheck disable=SC2086
   ab -q $flags -n "$n" -c 1 "http://127.0.0.1:$port/" >"$out/ab" 2>&1
   grep -q "Failed requests: *0" "$out/ab" || { echo "ab failed:" >&2; cat "$out/ab" >&2; exit 1; }

@@ -9,6 +9,7 @@
 # connection per request), DURATION seconds / N requests each, ROUNDS rounds. Needs wrk and
 # ab (apache2-utils). Prints a markdown table.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 BEFORE=${1:?before examples dir}
 AFTER=${2:?after examples dir}
 ROUNDS=${ROUNDS:-3}
@@ -22,9 +23,8 @@ rate() {
   local dir=$1 workload=$2
   "$dir/http_hello" -l 127.0.0.1:0 -w 2 2>"$work/log" &
   local pid=$!
-  for _ in $(seq 200); do grep -q " ready" "$work/log" 2>/dev/null && break; sleep 0.05; done
   local port
-  port=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$work/log" | head -1 | cut -d: -f2)
+  port=$(ready_port "$work/log")
   if [ "$workload" = keepalive ]; then
     wrk -t1 -c1 -d"${DURATION}s" "http://127.0.0.1:$port/" | awk '/Requests\/sec/ {print int($2)}'
   else

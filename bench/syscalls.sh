@@ -11,6 +11,7 @@
 # cargo builds the release examples first. Prints a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 N=${N:-20000}
 cargo build --release --quiet --examples -p appsrv
 EX=target/release/examples
@@ -24,12 +25,8 @@ start() {
   log=$(mktemp "$work/$ex.XXXXXX.log")
   "$EX/$ex" -l 127.0.0.1:0 -w "$workers" 2>"$log" &
   local pid=$!
-  for _ in $(seq 200); do
-    grep -qa " ready" "$log" 2>/dev/null && break
-    sleep 0.05
-  done
   local port
-  port=$(grep -ao 'listening on 127.0.0.1:[0-9]*' "$log" | head -1 | cut -d: -f2)
+  port=$(ready_port "$log")
   echo "$pid $port"
 }
 
