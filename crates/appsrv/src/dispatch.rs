@@ -90,7 +90,6 @@ where
     let upgrade = UpgradeSettings {
         dir: program.dir.clone(),
         exe: program.exe.clone(),
-        args: program.args.iter().skip(1).cloned().collect(),
         argv: program.args.clone(),
         timeout: config.start_timeout,
         keep_fds: program.keep_fds.clone(),

@@ -313,11 +313,19 @@ impl Board {
     /// one load while the flag is down, the usual case; a second one and a clock read
     /// (`CLOCK_MONOTONIC`, through the vDSO) while it is up. No system call.
     pub(crate) fn clients_queued(&self) -> bool {
-        self.queued_seen.load(Ordering::Acquire) != 0 && self.queued_at(now_ns())
+        let seen = self.queued_seen.load(Ordering::Acquire);
+        seen != 0 && self.sighting_holds(seen, now_ns())
     }
 
+    /// [`clients_queued`](Board::clients_queued) as of `now`.
+    #[cfg(test)]
     fn queued_at(&self, now: u64) -> bool {
-        let seen = self.queued_seen.load(Ordering::Acquire);
+        self.sighting_holds(self.queued_seen.load(Ordering::Acquire), now)
+    }
+
+    /// Whether the master's sighting at `seen` (0: none) still says clients are queued at
+    /// `now` while no worker is idle.
+    fn sighting_holds(&self, seen: u64, now: u64) -> bool {
         seen != 0 && self.idle() == 0 && now.saturating_sub(seen) < QUEUED_FRESH.as_nanos() as u64
     }
 

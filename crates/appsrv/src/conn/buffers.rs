@@ -51,12 +51,6 @@ impl Buffers {
         &self.read[self.start..self.end]
     }
 
-    /// The received bytes not yet consumed, mutable (a codec may rewrite a request in
-    /// place).
-    pub(crate) fn unconsumed_mut(&mut self) -> &mut [u8] {
-        &mut self.read[self.start..self.end]
-    }
-
     /// Marks `n` received bytes as consumed.
     pub(crate) fn consume(&mut self, n: usize) {
         self.start = (self.start + n).min(self.end);

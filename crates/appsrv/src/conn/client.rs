@@ -138,11 +138,8 @@ impl Client {
         } else {
             self.flush().and_then(|()| self.close_notify())
         };
-        if self.watch.cut() {
-            // Too slow a reader (cut during this last flush, or earlier): reset the
-            // connection rather than leave the kernel to trickle the rest to it.
-            self.abort();
-        }
+        // A reader too slow (cut during this last flush, or earlier) was reset by
+        // `after_write` already (`abort`), so the kernel does not trickle the rest to it.
         let mut buffers = std::mem::replace(&mut self.bufs, Buffers::none());
         buffers.reset();
         (flushed, buffers)
@@ -349,11 +346,6 @@ impl Client {
     /// For the request step: the buffers, with the peer and the TLS session beside them.
     pub(crate) fn parts(&mut self) -> (&mut Buffers, &Addr, Option<&TlsSession>) {
         (&mut self.bufs, &self.peer, self.transport.tls())
-    }
-
-    /// For the request loop: the received bytes not yet consumed.
-    pub(crate) fn unconsumed_mut(&mut self) -> &mut [u8] {
-        self.bufs.unconsumed_mut()
     }
 
     /// Bytes received and sent on this connection so far (those written directly by
@@ -571,6 +563,8 @@ impl Client {
         out.drain(..taken);
         self.bufs.write = out;
         if self.watch.cut() {
+            // `after_write` aborted while the output was lent to this loop: what it put
+            // back must go too.
             self.abort();
         }
         result

@@ -39,8 +39,6 @@ pub(crate) struct SendWatch {
     rate: u64,
     /// The handler's write timeout, when the kernel's is [`SEND_CHECK`].
     write_timeout: Option<Duration>,
-    /// The socket's own send timeout ([`SendWatch::socket_timeout`]).
-    kernel_timeout: Option<Duration>,
     /// The current window: when it began and what the peer had taken then.
     window: Option<(std::time::Instant, u64)>,
     /// The last time a write waited (a gap of two checks ends the window).
@@ -57,7 +55,6 @@ impl SendWatch {
         SendWatch {
             rate,
             write_timeout,
-            kernel_timeout: Self::socket_timeout(rate, write_timeout),
             ..SendWatch::default()
         }
     }
@@ -91,7 +88,6 @@ impl SendWatch {
     /// The socket's send timeout is now [`kernel_timeout_for`](SendWatch::kernel_timeout_for)
     /// of `write_timeout`, which this watch keeps.
     pub(crate) fn keep_write_timeout(&mut self, write_timeout: Option<Duration>) {
-        self.kernel_timeout = self.kernel_timeout_for(write_timeout);
         self.write_timeout = write_timeout;
     }
 
@@ -110,10 +106,11 @@ impl SendWatch {
     pub(crate) fn waited(&mut self, socket: &Socket, progressed: bool) -> io::Result<()> {
         let now = std::time::Instant::now();
         if !progressed {
-            let since = *self.stalled_since.get_or_insert_with(|| {
-                now.checked_sub(self.kernel_timeout.unwrap_or_default())
-                    .unwrap_or(now)
-            });
+            // The socket's own send timeout: the first wait began that long ago.
+            let kernel = self.kernel_timeout_for(self.write_timeout).unwrap_or_default();
+            let since = *self
+                .stalled_since
+                .get_or_insert_with(|| now.checked_sub(kernel).unwrap_or(now));
             if let Some(limit) = self.write_timeout {
                 if now.duration_since(since) >= limit {
                     return Err(io::Error::new(

@@ -197,12 +197,12 @@ impl Transport {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
     use std::os::unix::net::UnixStream;
 
-    pub(crate) use crate::net::tls::testing::configs as tls_configs;
+    use crate::net::tls::testing::configs as tls_configs;
 
     /// A socket pair, both ends non-blocking, ours with a small send buffer (so that
     /// filling it is quick).

@@ -549,7 +549,9 @@ impl<'a> Master<'a> {
             fds.extend(m.poll_fds());
         }
         fds.extend(self.queue.poll_fds(self.listeners));
-        if watch_listeners {
+        // The on-demand pool's own watch of the listeners, unless the queue watch has them
+        // in the set already.
+        if watch_listeners && !self.queue.watching() {
             fds.extend(
                 self.listeners
                     .iter()

@@ -74,6 +74,12 @@ impl QueueWatch {
         self.next_look.filter(|_| running)
     }
 
+    /// Whether the master's next `poll` watches the listeners (set by
+    /// [`before_poll`](QueueWatch::before_poll)).
+    pub(crate) fn watching(&self) -> bool {
+        self.watching
+    }
+
     /// The listeners, for the master's `poll`, while it watches them.
     pub(crate) fn poll_fds<'l, L: AsFd>(&self, listeners: &'l [L]) -> impl Iterator<Item = PollFd<'l>> {
         listeners
@@ -104,7 +110,7 @@ impl QueueWatch {
         if !watched && !timer {
             return 0;
         }
-        let queued = queued(listeners);
+        let queued = sys::any_readable(listeners);
         let sighted = std::mem::take(&mut self.sighted);
         if queued && board.idle() == 0 {
             if !self.flagged && !sighted {
@@ -141,11 +147,6 @@ impl QueueWatch {
             board.clear_queued();
         }
     }
-}
-
-/// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
-fn queued<L: AsFd>(listeners: &[L]) -> bool {
-    crate::sys::any_readable(listeners)
 }
 
 #[cfg(test)]

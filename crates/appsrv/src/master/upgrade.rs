@@ -24,8 +24,8 @@ pub(crate) struct UpgradeSettings {
     /// The working directory to start the new master in.
     pub(crate) dir: Option<PathBuf>,
     pub(crate) exe: Option<PathBuf>,
-    pub(crate) args: Vec<std::ffi::OsString>,
-    /// The whole command line, `argv[0]` included (for re-executed workers).
+    /// The whole command line, `argv[0]` included: the new master gets the arguments after
+    /// it, re-executed workers all of it.
     pub(crate) argv: Vec<std::ffi::OsString>,
     pub(crate) timeout: Duration,
     /// The descriptors the application keeps (`Server::keep_fd`): the new master inherits
@@ -87,7 +87,7 @@ impl Upgrade {
         let new = handover::NewMaster {
             exe,
             dir: settings.dir.as_deref(),
-            args: &settings.args,
+            args: settings.argv.get(1..).unwrap_or_default(),
             keep: &settings.keep_fds,
             timeout: settings.timeout,
         };
@@ -277,7 +277,6 @@ mod tests {
         UpgradeSettings {
             dir: None,
             exe: None,
-            args: Vec::new(),
             argv: Vec::new(),
             timeout: Duration::from_secs(60),
             keep_fds: Vec::new(),

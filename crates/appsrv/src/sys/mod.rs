@@ -627,6 +627,13 @@ pub(crate) fn somaxconn() -> Option<u32> {
         .ok()
 }
 
+/// `t` as a `poll(2)` timeout: whole milliseconds rounded up, so that a wait never ends
+/// before its deadline; past `i32::MAX` ms, the longest `poll` takes.
+pub(crate) fn poll_timeout(t: std::time::Duration) -> nix::poll::PollTimeout {
+    let ms = i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+    nix::poll::PollTimeout::try_from(ms).unwrap_or(nix::poll::PollTimeout::MAX)
+}
+
 /// Whether any of `fds` is readable now (a zero-timeout `poll`): for listening sockets,
 /// whether a connection waits in one of their queues. An error counts as "no".
 pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {

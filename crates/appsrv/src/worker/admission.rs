@@ -79,7 +79,6 @@ pub(crate) trait Seat {
 /// Why a connection is not admitted. Each kind has its own scoreboard counter (but a bad
 /// PROXY header, which has none) and its own log line, written once per episode.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub(crate) enum Rejection {
     /// The access rules (`--allow`, `--deny`) do not let the client in.
     Denied(IpAddr),
@@ -209,17 +208,17 @@ pub(crate) struct Admission<'a, S: Seat> {
 }
 
 impl<'a, S: Seat> Admission<'a, S> {
-    /// The admission of a connection from `peer`, accepted at `now`. A phase that needs
-    /// no bytes (the rules of a plain listener, the cap) is passed at once: [`next`]
-    /// may be [`Next::Serve`] or [`Next::Close`] from the start.
-    ///
-    /// [`next`]: Admission::next
     /// As [`start`](Admission::start), at `now`.
     #[cfg(test)]
     pub(crate) fn new(rules: Rules<'a>, peer: Addr, seat: S, now: Instant) -> Self {
         Self::start(rules, peer, seat, &mut || now)
     }
 
+    /// The admission of a connection from `peer`, accepted at `now` (the clock, read only for a phase with a deadline). A phase that needs
+    /// no bytes (the rules of a plain listener, the cap) is passed at once: [`next`]
+    /// may be [`Next::Serve`] or [`Next::Close`] from the start.
+    ///
+    /// [`next`]: Admission::next
     pub(crate) fn start(rules: Rules<'a>, peer: Addr, seat: S, now: &mut dyn FnMut() -> Instant) -> Self {
         let mut admission = Admission {
             rules,

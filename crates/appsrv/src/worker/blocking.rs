@@ -10,7 +10,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags};
 use socket2::Socket;
 
 use crate::conn::client::{BUFFER_SIZE, Buffers, Client, SendWatch};
@@ -327,7 +327,7 @@ fn read<S: Seat>(client: &mut Client, machine: &mut Admission<'_, S>, by: Option
     match client.read_more(BUFFER_SIZE, false) {
         Ok(0) => machine.closed(),
         Ok(_) => {
-            let n = machine.received(client.unconsumed_mut(), Instant::now());
+            let n = machine.received(client.buffered(), Instant::now());
             client.consume_input(n);
         }
         Err(e) => machine.failed(&e),
@@ -360,10 +360,8 @@ fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
         if left.is_zero() {
             return false;
         }
-        // Whole milliseconds, rounded up: the wait never ends before the deadline.
-        let ms = i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
         let mut fds = [PollFd::new(socket.as_fd(), events)];
-        match nix::poll::poll(&mut fds, PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)) {
+        match nix::poll::poll(&mut fds, sys::poll_timeout(left)) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => {}
             // Ready, or an error the read or write will report.
             Ok(_) | Err(_) => return true,

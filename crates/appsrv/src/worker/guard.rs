@@ -6,7 +6,7 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags};
 use socket2::Socket;
 
 use crate::net::listener::Listener;
@@ -114,7 +114,7 @@ impl Context for Guard<'_> {
         let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            match nix::poll::poll(&mut fds, poll_timeout(left)) {
+            match nix::poll::poll(&mut fds, sys::poll_timeout(left)) {
                 Ok(0) => break,
                 Ok(_) => return Boundary::Wait, // the next request (or the client's close)
                 // A stop: the loop checks for it. The master's next wake-up, USR1, a HUP
@@ -134,11 +134,6 @@ impl Context for Guard<'_> {
 
 /// A poll timeout of `t`, rounded up to the millisecond (a rounded-down timeout would wake
 /// the loop early, to poll again for nothing).
-fn poll_timeout(t: Duration) -> PollTimeout {
-    let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
-}
-
 impl Guard<'_> {
     pub(crate) fn limit_reached(&self) -> bool {
         let (connections, requests) = self.slot.served();
