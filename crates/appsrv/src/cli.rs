@@ -67,7 +67,42 @@ pub(crate) struct Defaults {
     pub(crate) sandbox: bool,
     pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
     pub(crate) exec_workers: bool,
+    pub(crate) io: Io,
+    pub(crate) worker_connections: usize,
+    pub(crate) slow_request: Option<Duration>,
 }
+
+/// How a request-level server's workers do their I/O (`--io`, [`Server::io`](crate::Server::io)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum Io {
+    /// One connection at a time per worker, with blocking reads and writes: the handler
+    /// may block (a database call, a command) without delaying anyone else. The default.
+    #[default]
+    Blocking,
+    /// One epoll loop per worker over all its connections (up to
+    /// `--worker-connections`), calling the handler inline for each complete request: a
+    /// worker per CPU serves thousands of connections, but a handler call that blocks
+    /// stalls every connection of its worker (see `--slow-request`). Request-level
+    /// handlers only.
+    Event,
+}
+
+impl Io {
+    /// The name `--io` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Io::Blocking => "blocking",
+            Io::Event => "event",
+        }
+    }
+}
+
+/// The default `--worker-connections` (event mode), as nginx's order of magnitude for a
+/// worker that serves small requests.
+pub(crate) const DEFAULT_WORKER_CONNECTIONS: usize = 10_000;
+/// The default `--slow-request` (event mode).
+pub(crate) const DEFAULT_SLOW_REQUEST: Duration = Duration::from_millis(100);
 
 /// The pool policies of `--pool`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -139,6 +174,9 @@ impl Default for Defaults {
             sandbox: false,
             sandbox_profile: crate::confine::sandbox::Sandbox::default(),
             exec_workers: false,
+            io: Io::Blocking,
+            worker_connections: DEFAULT_WORKER_CONNECTIONS,
+            slow_request: Some(DEFAULT_SLOW_REQUEST),
         }
     }
 }
@@ -201,6 +239,11 @@ pub(crate) struct Config {
     /// The program's own profile ([`Server::sandbox`](crate::Server::sandbox)).
     pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
     pub(crate) exec_workers: bool,
+    pub(crate) io: Io,
+    /// Event mode: connections per worker at most.
+    pub(crate) worker_connections: usize,
+    /// Event mode: a handler call longer than this is logged (`None`: never).
+    pub(crate) slow_request: Option<Duration>,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -611,6 +654,21 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         .arg(
             cidrs(prefix, "proxy-from", &d.proxy_from, "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
         )
+        .arg(
+            env_opt(prefix, "io")
+                .value_name("MODEL")
+                .value_parser(clap::value_parser!(Io))
+                .default_value(d.io.name())
+                .help("Request-level servers: blocking (one connection at a time per worker; the handler may block) or event (one epoll loop per worker over up to --worker-connections connections, the handler called inline: it must not block). handle_client servers are blocking only. Event mode has a static pool of --workers"),
+        )
+        .arg(count(prefix, "worker-connections", d.worker_connections, "Event mode: connections per worker at most; a worker stops accepting at this many and resumes below it. The soft RLIMIT_NOFILE is raised to what this needs (up to the hard limit)"))
+        .arg(
+            env_opt(prefix, "slow-request")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(d.slow_request.unwrap_or_default()))
+                .help("Event mode: log a handler call that holds the loop longer than this (once per episode, with the client, the request and the connections it held up), and count it (0: off)"),
+        )
         .arg(count(prefix, "max-conns-per-ip", d.max_conns_per_ip, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
@@ -752,6 +810,9 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
         access_log: m.get_one::<PathBuf>("access-log").cloned(),
         max_conns_per_ip: n(m, "max-conns-per-ip"),
+        io: *m.get_one::<Io>("io").expect("has a default"),
+        worker_connections: n(m, "worker-connections") as usize,
+        slow_request: timeout(m, "slow-request"),
         allow: cidr_list(m, "allow"),
         deny: cidr_list(m, "deny"),
         proxy_protocol: m.get_flag("proxy-protocol"),

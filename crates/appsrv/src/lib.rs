@@ -57,6 +57,7 @@ mod worker;
 pub use net::{listener, tls};
 
 pub use clap;
+pub use cli::Io;
 pub use confine::sandbox::Sandbox;
 pub use conn::client::Client;
 pub use conn::context::Conn;

@@ -149,6 +149,38 @@ pub(crate) struct Slot {
     /// keep-alive guard at each request boundary, cleared when the worker accepts a new
     /// connection): the master may wake it when clients queue (see `master/queue.rs`).
     keepalive: AtomicBool,
+    /// An event-loop worker (`--io event`): the counts below describe its connections,
+    /// and `request_started` is the start of the loop's current turn (0 while it waits in
+    /// `epoll_wait`), so that the request timeout catches a loop that stopped turning.
+    event: AtomicBool,
+    /// Event worker: its connections, in total and by what each waits for.
+    open: AtomicU32,
+    reading: AtomicU32,
+    writing: AtomicU32,
+    idle_keepalive: AtomicU32,
+    /// Event worker: a handler call is running (0 or 1).
+    handling: AtomicU32,
+    /// Event worker: it stopped accepting (at `--worker-connections`, or out of
+    /// descriptors).
+    accepts_paused: AtomicBool,
+    /// Event worker: when its loop last began a turn (monotonic ns).
+    last_turn: AtomicU64,
+    /// Handler calls slower than `--slow-request`.
+    slow_calls: AtomicU64,
+}
+
+/// An event worker's connections, by what each is waiting for (published once per turn of
+/// its loop).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ConnCounts {
+    /// Open connections (admitted or not yet).
+    pub(crate) open: u32,
+    /// Waiting for (the rest of) a request, or in admission (PROXY header, TLS handshake).
+    pub(crate) reading: u32,
+    /// With output not sent yet (a response, a file), or closing.
+    pub(crate) writing: u32,
+    /// Idle keep-alive connections, between requests.
+    pub(crate) idle_keepalive: u32,
 }
 
 /// The shared table.
@@ -370,6 +402,18 @@ impl Board {
             denied: s.denied.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
             tls_failed: s.tls_failed.load(Ordering::Relaxed),
+            event: s.event.load(Ordering::Acquire).then(|| EventView {
+                counts: ConnCounts {
+                    open: s.open.load(Ordering::Relaxed),
+                    reading: s.reading.load(Ordering::Relaxed),
+                    writing: s.writing.load(Ordering::Relaxed),
+                    idle_keepalive: s.idle_keepalive.load(Ordering::Relaxed),
+                },
+                handling: s.handling.load(Ordering::Relaxed) != 0,
+                accepts_paused: s.accepts_paused.load(Ordering::Relaxed),
+                last_turn: ago(s.last_turn.load(Ordering::Relaxed)),
+            }),
+            slow_calls: s.slow_calls.load(Ordering::Relaxed),
         })
     }
 }
@@ -398,6 +442,77 @@ impl Slot {
         self.peer_family.store(0, Ordering::Relaxed);
         self.peer_port.store(0, Ordering::Relaxed);
         self.keepalive.store(false, Ordering::Relaxed);
+        self.event.store(false, Ordering::Relaxed);
+        for a in [
+            &self.open,
+            &self.reading,
+            &self.writing,
+            &self.idle_keepalive,
+            &self.handling,
+        ] {
+            a.store(0, Ordering::Relaxed);
+        }
+        self.accepts_paused.store(false, Ordering::Relaxed);
+        self.last_turn.store(0, Ordering::Relaxed);
+        self.slow_calls.store(0, Ordering::Relaxed);
+    }
+
+    /// The worker is an event-loop worker (set once, before it says it is ready).
+    pub(crate) fn set_event(&self) {
+        self.event.store(true, Ordering::Release);
+    }
+
+    /// An event loop's turn begins at `now` (monotonic ns): the request timeout counts
+    /// from here until [`turn_end`](Slot::turn_end). Two stores, no system call.
+    pub(crate) fn turn_begin(&self, now: u64) {
+        self.last_turn.store(now, Ordering::Relaxed);
+        self.request_started.store(now.max(1), Ordering::Release);
+    }
+
+    /// The loop is about to wait in `epoll_wait`: not stuck, whatever the time.
+    pub(crate) fn turn_end(&self) {
+        self.request_started.store(0, Ordering::Release);
+    }
+
+    /// An event loop calls the handler for a request of `peer` whose first bytes are
+    /// `head` (for the status and the request timeout's log line).
+    pub(crate) fn handler_call(&self, peer: &Addr, head: &[u8]) {
+        self.store_head(head);
+        self.store_peer(peer);
+        self.handling.store(1, Ordering::Relaxed);
+    }
+
+    /// The handler call is over; `micros` is how long the request took from its first
+    /// bytes to its response, for the duration histogram.
+    pub(crate) fn handler_done(&self, micros: u64, count: bool) {
+        self.handling.store(0, Ordering::Relaxed);
+        if count {
+            self.count_request(micros);
+        }
+    }
+
+    /// A handler call slower than `--slow-request`.
+    pub(crate) fn slow_call(&self) {
+        self.slow_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An event loop publishes its connection counts (once per turn).
+    pub(crate) fn publish_counts(&self, c: ConnCounts) {
+        self.open.store(c.open, Ordering::Relaxed);
+        self.reading.store(c.reading, Ordering::Relaxed);
+        self.writing.store(c.writing, Ordering::Relaxed);
+        self.idle_keepalive.store(c.idle_keepalive, Ordering::Relaxed);
+    }
+
+    /// An event loop stops or resumes accepting.
+    pub(crate) fn set_accepts_paused(&self, paused: bool) {
+        self.accepts_paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// An event loop accepted a connection (counted as the blocking loop counts them).
+    pub(crate) fn accepted(&self) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        self.last_activity.store(now_ns(), Ordering::Relaxed);
     }
 
     /// The guard: the worker is about to wait for the next request of a keep-alive
@@ -422,6 +537,11 @@ impl Slot {
     /// A connection was accepted from `peer`.
     pub(crate) fn connection(&self, peer: &Addr) {
         self.connections.fetch_add(1, Ordering::Relaxed);
+        self.store_peer(peer);
+        self.last_activity.store(now_ns(), Ordering::Relaxed);
+    }
+
+    fn store_peer(&self, peer: &Addr) {
         let (family, ip, port) = match peer {
             Addr::Inet(SocketAddr::V4(a)) => (4, a.ip().to_ipv6_mapped().to_bits(), a.port()),
             Addr::Inet(SocketAddr::V6(a)) => (6, a.ip().to_bits(), a.port()),
@@ -431,7 +551,6 @@ impl Slot {
         self.peer_ip[1].store(ip as u64, Ordering::Relaxed);
         self.peer_port.store(u32::from(port), Ordering::Relaxed);
         self.peer_family.store(family, Ordering::Release);
-        self.last_activity.store(now_ns(), Ordering::Relaxed);
     }
 
     fn peer(&self) -> Option<Addr> {
@@ -454,6 +573,12 @@ impl Slot {
     /// A request (or, for `handle_client`, a connection) starts; `head` is its first bytes.
     pub(crate) fn request_start(&self, head: &[u8]) -> u64 {
         let now = now_ns();
+        self.store_head(head);
+        self.request_started.store(now, Ordering::Release);
+        now
+    }
+
+    fn store_head(&self, head: &[u8]) {
         let head = &head[..head.len().min(HEAD_BYTES)];
         for (i, word) in self.head.iter().enumerate() {
             let mut bytes = [0u8; 8];
@@ -463,8 +588,6 @@ impl Slot {
             word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
         }
         self.head_len.store(head.len() as u8, Ordering::Relaxed);
-        self.request_started.store(now, Ordering::Release);
-        now
     }
 
     /// The request that started at `started` (from [`request_start`](Slot::request_start))
@@ -474,15 +597,19 @@ impl Slot {
         self.request_started.store(0, Ordering::Release);
         self.last_activity.store(now, Ordering::Relaxed);
         if count {
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            let us = now.saturating_sub(started) / 1_000;
-            let bucket = DURATION_BUCKETS_US
-                .iter()
-                .position(|b| us <= *b)
-                .unwrap_or(DURATION_BUCKETS_US.len());
-            self.durations[bucket].fetch_add(1, Ordering::Relaxed);
-            self.duration_sum_us.fetch_add(us, Ordering::Relaxed);
+            self.count_request(now.saturating_sub(started) / 1_000);
         }
+    }
+
+    /// One request answered in `us` microseconds: the count and the histogram.
+    fn count_request(&self, us: u64) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let bucket = DURATION_BUCKETS_US
+            .iter()
+            .position(|b| us <= *b)
+            .unwrap_or(DURATION_BUCKETS_US.len());
+        self.durations[bucket].fetch_add(1, Ordering::Relaxed);
+        self.duration_sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
     /// A connection closed by the access rules.
@@ -545,6 +672,22 @@ pub(crate) struct SlotView {
     pub(crate) refused: u64,
     /// Connections whose TLS handshake failed.
     pub(crate) tls_failed: u64,
+    /// An event-loop worker: its connection counts, whether it stopped accepting, and
+    /// how long ago its loop last began a turn.
+    pub(crate) event: Option<EventView>,
+    /// Handler calls slower than `--slow-request`.
+    pub(crate) slow_calls: u64,
+}
+
+/// What an event worker's slot says of its loop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct EventView {
+    pub(crate) counts: ConnCounts,
+    /// A handler call is running.
+    pub(crate) handling: bool,
+    pub(crate) accepts_paused: bool,
+    /// Since the loop last began a turn.
+    pub(crate) last_turn: Option<Duration>,
 }
 
 #[cfg(test)]

@@ -301,6 +301,35 @@ impl Server {
         self
     }
 
+    /// The I/O model of a request-level server (`--io`). Default: [`Io::Blocking`](crate::Io::Blocking).
+    ///
+    /// [`Io::Event`](crate::Io::Event) runs one epoll loop per worker over all its
+    /// connections and calls [`RequestHandler::handle_request`](crate::RequestHandler)
+    /// inline for each complete request: a worker per CPU (the pool is static, `--workers`)
+    /// holds thousands of connections, and the handler must not block, since a call that
+    /// does holds up every connection of its worker (`--slow-request` logs such calls). A
+    /// handler that must sometimes block (a database query, a command) belongs in the
+    /// blocking model. [`run`](Server::run) servers (`handle_client`) are blocking only:
+    /// asking for `event` with one is a configuration error.
+    pub fn io(mut self, io: crate::Io) -> Self {
+        self.defaults.io = io;
+        self
+    }
+
+    /// The default `--worker-connections` (event mode): connections per worker at most.
+    /// Default: 10000.
+    pub fn worker_connections(mut self, n: usize) -> Self {
+        self.defaults.worker_connections = n;
+        self
+    }
+
+    /// The default `--slow-request` (event mode): a handler call longer than this is
+    /// logged and counted (`None`: never). Default: 100 ms.
+    pub fn slow_request(mut self, limit: Option<Duration>) -> Self {
+        self.defaults.slow_request = limit;
+        self
+    }
+
     /// Keeps the inherited descriptor `fd` open at start (repeatable). Default: none (only
     /// stdio and the hand-overs below are kept).
     ///

@@ -127,6 +127,8 @@ mod tests {
             denied: 0,
             refused: 0,
             tls_failed: 0,
+            event: None,
+            slow_calls: 0,
         }
     }
 
