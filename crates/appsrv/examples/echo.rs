@@ -14,6 +14,9 @@
 //! on serving. (Read without a limit, a client that never sends `\n` makes its worker hold
 //! everything it sends.)
 //!
+//! I/O model: blocking only (`handle_client` servers read and write their connection
+//! themselves, blocking); `--io event` is refused at start.
+//!
 //! What to observe: each open `nc` holds one worker (`--workers`, default one per CPU,
 //! at least 2); one more client waits in the listen queue until a worker is free. Send
 //! TERM to the master while a client is connected: new connections are refused, the

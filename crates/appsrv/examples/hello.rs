@@ -14,6 +14,8 @@
 //! Hello, Client! You are 127.0.0.1:50312
 //! ```
 //!
+//! I/O model: blocking only (`handle_client`); `--io event` is refused at start.
+//!
 //! What to observe: the log names the bound address, the workers and `ready`; `ps -f
 //! --forest` shows one master and its workers; Ctrl-C stops everything.
 

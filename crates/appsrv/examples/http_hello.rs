@@ -25,7 +25,15 @@
 //! NAME of `--static-dir` with `sendfile(2)`, its `Content-Type` taken from the extension;
 //! a missing file is `404`, a name that tries to leave the directory (`..`, an absolute
 //! path, a NUL byte, a symbolic link to a file outside) is `400` or `404`; methods other
-//! than `GET` and `HEAD` get `405` with `Allow: GET, HEAD`.
+//! than `GET` and `HEAD` get `405` with `Allow: GET, HEAD`. `GET /sleep?ms=N` (N up to
+//! 10000) sleeps N ms in the handler, then answers `slept`: a handler that blocks, to see
+//! what it does in each I/O model.
+//!
+//! I/O model: blocking by default (one connection at a time per worker: the handler may
+//! block, as `/sleep` does, without delaying other clients). `--io event -w 2` serves every
+//! connection from one epoll loop per worker, as nginx does: the way to hold thousands of
+//! keep-alive clients with two processes, as long as handlers do not block (a `/sleep`
+//! call there holds up every connection of its worker, and is logged by `--slow-request`).
 //!
 //! What to observe: a keep-alive client (`ab -k`, `wrk`, `curl` with several URLs) keeps
 //! its connection and its worker; pipelined requests are answered in order with their
@@ -79,6 +87,18 @@ impl appsrv::RequestHandler for HttpHello {
         if path == "/" {
             res.content_type("text/plain");
             return res.write_all(b"Hello, World!");
+        }
+        if path == "/sleep" {
+            let ms = req
+                .query()
+                .and_then(|q| q.strip_prefix("ms="))
+                .and_then(|n| n.parse::<u64>().ok())
+                .filter(|n| *n <= 10_000);
+            let Some(ms) = ms else {
+                return plain(res, 400, "expected /sleep?ms=N with N from 0 to 10000\n");
+            };
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            return plain(res, 200, "slept\n");
         }
         match path.strip_prefix("/static/") {
             Some(name) => self.static_file(name, res),

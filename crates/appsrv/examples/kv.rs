@@ -22,6 +22,10 @@
 //! (for that, the workers need an external store). Run with `-w 1` to see one map.
 //! `SELECT 1` on one connection changes the database of that connection only: it is kept
 //! in the connection's session, which the framework makes for each connection.
+//!
+//! I/O model: event (`Server::io(Io::Event)` below): every command is answered from the
+//! worker's memory without blocking, so one epoll loop per worker serves all its clients;
+//! sessions are per connection in either model. `--io blocking` gives the classic model.
 
 use std::collections::HashMap;
 use std::io;
@@ -101,5 +105,6 @@ fn main() -> appsrv::Result<()> {
     appsrv::Server::new("kv")
         .about("A key-value server over a line protocol; each worker keeps its own map")
         .listen("127.0.0.1:7003")
+        .io(appsrv::Io::Event)
         .run_requests(|| Ok(Kv { map: HashMap::new() }))
 }

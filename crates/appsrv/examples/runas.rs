@@ -33,6 +33,9 @@
 //! content type `415`, a body over 64 KiB `413` (the codec's own limit, before the body is
 //! read), a malformed request `400`.
 //!
+//! I/O model: blocking (the only one for it): each request runs a command and waits for it,
+//! which would hold up every other client of an event-loop worker.
+//!
 //! Run it (as root: the workers switch to the policy's users for each command):
 //!
 //! ```text

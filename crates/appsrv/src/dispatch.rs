@@ -81,6 +81,7 @@ where
         // request arrives in pieces).
         config.read_timeout = config.keepalive_timeout;
     }
+    check_io(&config, request_level)?;
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
@@ -308,6 +309,70 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
 }
 
 /// The pool policy of the command line, checked.
+/// What `--io event` asks of the rest of the configuration, checked before start: a
+/// request-level handler, a static pool, and descriptors for `--worker-connections`.
+fn check_io(config: &Config, request_level: bool) -> Result<()> {
+    if config.io != crate::Io::Event {
+        return Ok(());
+    }
+    if !request_level {
+        return Err(Error::Config(
+            "--io event: this server's handler takes whole connections (handle_client), which block; it runs with --io blocking only".into(),
+        ));
+    }
+    if config.pool != cli::PoolKind::Static {
+        // The dynamic and ondemand pools size themselves by idle workers, and an event
+        // worker is never idle: it holds many connections at once.
+        return Err(Error::Config(format!(
+            "--io event --pool {}: event workers each serve up to --worker-connections clients, so their pool is static: give --workers N (default: the number of CPUs) instead",
+            match config.pool {
+                cli::PoolKind::Dynamic => "dynamic",
+                _ => "ondemand",
+            }
+        )));
+    }
+    if config.worker_connections == 0 {
+        return Err(Error::Config(
+            "--worker-connections 0: expected at least 1".into(),
+        ));
+    }
+    raise_nofile(config);
+    Ok(())
+}
+
+/// Raises the soft `RLIMIT_NOFILE` (inherited by the workers) to what
+/// `--worker-connections` needs, up to the hard limit, with a warning when that is too
+/// low. With `--rlimit-nofile`, the workers get that limit instead: only a warning when it
+/// is too low.
+fn raise_nofile(config: &Config) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let need = config.worker_connections as u64 + worker::event::SPARE_FDS;
+    if let Some(given) = config.rlimit_nofile {
+        if given < need {
+            tracing::warn!(
+                "--rlimit-nofile {given} is below what --worker-connections {} needs ({need}): a worker runs out of descriptors first, and pauses accepting then",
+                config.worker_connections
+            );
+        }
+        return;
+    }
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= need {
+        return;
+    }
+    let target = need.min(hard);
+    if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, target, hard) {
+        tracing::warn!("raising the descriptor limit to {target}: {e}");
+    } else if target < need {
+        tracing::warn!(
+            "--worker-connections {} needs {need} descriptors per worker, but the hard RLIMIT_NOFILE is {hard}: raised to {hard} (raise the hard limit: --rlimit-nofile as root, LimitNOFILE= under systemd, ulimit -Hn)",
+            config.worker_connections
+        );
+    }
+}
+
 fn pool_policy(config: &Config) -> Result<Policy> {
     let max_allowed = crate::scoreboard::MAX_WORKERS;
     let bad = |m: String| Err(Error::Config(m));

@@ -5,6 +5,9 @@
 /// Size of each connection's read buffer and of its write buffer.
 pub(crate) const BUFFER_SIZE: usize = 16 * 1024;
 
+/// The smallest read buffer that [`Buffers::room`] grows to.
+const MIN_GROWTH: usize = 2048;
+
 /// A connection's read and write buffers.
 ///
 /// The blocking driver lends one pair to each connection in turn (a worker serves one at a
@@ -68,7 +71,6 @@ impl Buffers {
     }
 
     /// The output buffer.
-    #[allow(dead_code)] // the request step uses it (next commit)
     pub(crate) fn output(&mut self) -> &mut Vec<u8> {
         &mut self.write
     }
@@ -86,7 +88,9 @@ impl Buffers {
             self.start = 0;
         }
         if self.end == self.read.len() && self.read.len() < max {
-            let grown = (self.read.len() * 2).clamp(BUFFER_SIZE, max);
+            // An event loop's private buffers start at the size of what they keep; they
+            // grow from a small size, so that many slow clients cost little memory each.
+            let grown = (self.read.len() * 2).clamp(MIN_GROWTH.min(max), max);
             self.read.resize(grown, 0);
         }
         &mut self.read[self.end..]
@@ -95,6 +99,52 @@ impl Buffers {
     /// `n` bytes were received into [`room`](Buffers::room).
     pub(crate) fn filled(&mut self, n: usize) {
         self.end = (self.end + n).min(self.read.len());
+    }
+
+    /// Whether nothing waits in either buffer.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.start == self.end && self.write.is_empty()
+    }
+
+    /// For an event loop's worker-wide buffers: moves what is left in them (a partial
+    /// request, output not sent yet) into new buffers of that size, which the connection
+    /// keeps until they are empty again; these are left empty for the next connection.
+    pub(crate) fn take_leftover(&mut self) -> Buffers {
+        // Small output is copied (exactly its size: a slow reader costs what it has not
+        // read); large output is moved, and the worker-wide buffer starts anew.
+        let write = if self.write.len() <= BUFFER_SIZE {
+            let copy = self.write.clone();
+            self.write.clear();
+            copy
+        } else {
+            std::mem::replace(&mut self.write, Vec::with_capacity(BUFFER_SIZE))
+        };
+        let kept = Buffers {
+            read: self.read[self.start..self.end].to_vec(),
+            start: 0,
+            end: self.end - self.start,
+            write,
+        };
+        self.start = 0;
+        self.end = 0;
+        if self.read.len() > 4 * BUFFER_SIZE {
+            self.read = vec![0; BUFFER_SIZE];
+        }
+        kept
+    }
+
+    /// The output not sent yet, from its front (for a driver that writes it itself).
+    pub(crate) fn pending_output(&self) -> &[u8] {
+        &self.write
+    }
+
+    /// `n` bytes of the output were sent.
+    pub(crate) fn output_written(&mut self, n: usize) {
+        if n >= self.write.len() {
+            self.write.clear();
+        } else {
+            self.write.drain(..n);
+        }
     }
 
     /// Whole read buffer for one receive, emptied first (for `handle_client`'s buffered

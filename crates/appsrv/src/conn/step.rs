@@ -287,7 +287,6 @@ impl<C: Codec> Requests<C> {
     }
 
     /// Requests answered so far.
-    #[cfg(test)]
     pub(crate) fn served(&self) -> u32 {
         self.served
     }

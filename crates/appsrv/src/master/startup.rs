@@ -472,6 +472,9 @@ impl Workers<'_> {
                 min_send_rate: config.min_send_rate,
                 write_timeout: config.write_timeout,
             },
+            io: config.io,
+            worker_connections: config.worker_connections,
+            slow_request: config.slow_request,
         }
     }
 
@@ -666,7 +669,7 @@ fn adopt_all(
     }
     for l in &all {
         l.socket()
-            .set_nonblocking(all.len() > 1)
+            .set_nonblocking(all.len() > 1 || config.io == crate::Io::Event)
             .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
     }
     Ok(all)
@@ -712,9 +715,10 @@ fn bind_all(config: &Config, opts: &BindOptions) -> Result<Vec<Listener>> {
             all.push(l);
         }
     }
-    if all.len() > 1 {
-        // Several listeners are watched with epoll by each worker; accept must then not
-        // block on a listener another worker emptied first.
+    if all.len() > 1 || config.io == crate::Io::Event {
+        // Several listeners are watched with epoll by each worker, and an event worker
+        // watches even one: accept must then not block on a listener another worker
+        // emptied first.
         for l in &all {
             l.socket()
                 .set_nonblocking(true)

@@ -634,6 +634,64 @@ pub(crate) fn poll_timeout(t: std::time::Duration) -> nix::poll::PollTimeout {
     nix::poll::PollTimeout::try_from(ms).unwrap_or(nix::poll::PollTimeout::MAX)
 }
 
+/// The signals whose handlers set the worker's flags (stop, reopen): an event loop keeps
+/// them blocked while it works and lets them in only while it waits
+/// ([`epoll_wait_signals`]), so that a signal that arrives between its look at the flags
+/// and the wait is not lost until the next event. Commands a handler spawns start with an
+/// empty mask (std resets it in the child).
+pub(crate) fn flag_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGUSR1] {
+        set.add(s);
+    }
+    set
+}
+
+/// Blocks [`flag_signals`] in this (single-threaded) worker; returns the mask to wait
+/// with (the previous one, without them).
+pub(crate) fn block_flag_signals() -> io::Result<SigSet> {
+    let mut old = SigSet::empty();
+    nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&flag_signals()),
+        Some(&mut old),
+    )?;
+    for s in flag_signals().iter() {
+        old.remove(s);
+    }
+    Ok(old)
+}
+
+/// `epoll_pwait(2)`: waits for events on `epoll` for at most `timeout` (`None`: no limit)
+/// with the signal mask `mask` in place for the wait only (atomically: see
+/// [`block_flag_signals`]). Returns the number of events written to the front of
+/// `events`; `EINTR` when a signal arrived.
+pub(crate) fn epoll_wait_signals(
+    epoll: &nix::sys::epoll::Epoll,
+    events: &mut [nix::sys::epoll::EpollEvent],
+    timeout: Option<std::time::Duration>,
+    mask: &SigSet,
+) -> nix::Result<usize> {
+    let ms = match timeout {
+        None => -1,
+        Some(t) => i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX),
+    };
+    let max = i32::try_from(events.len()).unwrap_or(i32::MAX);
+    // SAFETY: `EpollEvent` is `#[repr(transparent)]` over `libc::epoll_event`, so the
+    // slice is `max` valid, writable `epoll_event`s; the kernel writes at most `max`. The
+    // epoll descriptor is borrowed for the call, and `mask` is a valid `sigset_t`.
+    let n = unsafe {
+        libc::epoll_pwait(
+            std::os::fd::AsRawFd::as_raw_fd(&epoll.0),
+            events.as_mut_ptr().cast::<libc::epoll_event>(),
+            max,
+            ms,
+            mask.as_ref(),
+        )
+    };
+    nix::errno::Errno::result(n).map(|n| n as usize)
+}
+
 /// Whether any of `fds` is readable now (a zero-timeout `poll`): for listening sockets,
 /// whether a connection waits in one of their queues. An error counts as "no".
 pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {

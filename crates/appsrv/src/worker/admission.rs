@@ -247,6 +247,11 @@ impl<'a, S: Seat> Admission<'a, S> {
         admission
     }
 
+    /// The worker's seat, as the machine holds it.
+    pub(crate) fn seat(&self) -> &S {
+        &self.seat
+    }
+
     /// What the machine needs next.
     pub(crate) fn next(&self) -> Next {
         match &self.phase {

@@ -373,13 +373,25 @@ fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
 /// then the close (for a client over the cap, after the codec's refusal). Rejected
 /// connections have no access-log line.
 #[derive(Debug, Default)]
-struct Rejections {
+pub(crate) struct Rejections {
     episodes: [Episodes; Kind::COUNT],
 }
 
 impl Rejections {
     fn reject<C: Connections>(&mut self, why: Rejection, client: &mut Client, slot: &Slot, handler: &mut C) {
-        let peer = client.peer_addr();
+        let over_cap = matches!(why, Rejection::OverCap { .. });
+        self.note(why, &client.peer_addr(), slot);
+        if over_cap {
+            handler.refuse(client, "too many connections from your address");
+        } else {
+            // Closed at once, before any handler code.
+            let _ = client.close();
+        }
+    }
+
+    /// The kind's scoreboard counter and its log line, once per episode (the close is the
+    /// driver's: for a client over the cap, after the codec's refusal).
+    pub(crate) fn note(&mut self, why: Rejection, peer: &Addr, slot: &Slot) {
         let new = self.episodes[why.kind() as usize].note(peer.ip().unwrap_or(Ipv4Addr::UNSPECIFIED.into()));
         match &why {
             Rejection::Denied(ip) => {
@@ -408,12 +420,6 @@ impl Rejections {
                     );
                 }
             }
-        }
-        if matches!(why, Rejection::OverCap { .. }) {
-            handler.refuse(client, "too many connections from your address");
-        } else {
-            // Closed at once, before any handler code.
-            let _ = client.close();
         }
     }
 }

@@ -21,6 +21,7 @@ mod accept;
 mod access;
 pub(crate) mod admission;
 pub(crate) mod blocking;
+pub(crate) mod event;
 mod guard;
 pub(crate) mod serve;
 
@@ -80,6 +81,12 @@ pub(crate) struct Setup<'a> {
     pub(crate) tls: crate::net::tls::ForWorker,
     /// Deadlines of each connection outside the request loop.
     pub(crate) conn: ConnLimits,
+    /// The I/O model (`--io`).
+    pub(crate) io: crate::Io,
+    /// Event mode: `--worker-connections`.
+    pub(crate) worker_connections: usize,
+    /// Event mode: `--slow-request`.
+    pub(crate) slow_request: Option<Duration>,
 }
 
 /// Per-connection limits that the worker enforces outside the request loop.
@@ -166,40 +173,66 @@ where
     };
     // Everything the loop needs from the system comes before `Ready`: a failure is a start
     // failure, with its reason.
-    let prepared = match blocking::prepare(setup.id, setup.listeners, setup.board) {
-        Ok(p) => p,
-        Err(reason) => fail(reason),
-    };
     let access = match setup.access_log.map(|(p, f)| (p, f.try_clone())) {
         Some((path, Ok(file))) => Some((path, access::AccessLog::new(file))),
         Some((_, Err(e))) => fail(format!("opening the access log: {e}")),
         None => None,
     };
-    if setup.channel.send(pid, &Message::Ready).is_err() {
-        // The master is gone or broken; the parent-death signal will follow.
-        sys::exit_now(exit::ORPHANED);
-    }
-    tracing::debug!("ready");
-
     let log_path = setup.log_path;
     let channel = setup.channel;
-    let code = blocking::serve(blocking::Worker {
-        id: setup.id,
-        prepared,
-        listeners: setup.listeners,
-        board: setup.board,
-        keepalive_timeout: setup.keepalive_timeout,
-        recycle: setup.recycle,
-        handler: &mut handler,
-        access,
-        max_per_ip: setup.max_per_ip,
-        tls: &setup.tls,
-        limits: setup.conn,
-        reopen_log: &mut || reopen_log(log_path),
-        retire: &mut || {
-            let _ = channel.send(pid, &Message::Retire);
-        },
-    });
+    let code = if setup.io == crate::Io::Event {
+        let Some(slot) = setup.board.slot(setup.id) else {
+            fail(format!("no scoreboard slot {}", setup.id))
+        };
+        let prepared = match event::prepare(setup.listeners) {
+            Ok(p) => p,
+            Err(reason) => fail(reason),
+        };
+        ready(setup.channel, pid);
+        handler.serve_events(
+            event::Worker {
+                id: setup.id,
+                slot,
+                board: setup.board,
+                listeners: setup.listeners,
+                recycle: setup.recycle,
+                access,
+                max_per_ip: setup.max_per_ip,
+                tls: &setup.tls,
+                limits: setup.conn,
+                max_connections: setup.worker_connections,
+                slow_request: setup.slow_request,
+                reopen_log: &mut || reopen_log(log_path),
+                retire: &mut || {
+                    let _ = channel.send(pid, &Message::Retire);
+                },
+            },
+            prepared,
+        )
+    } else {
+        let prepared = match blocking::prepare(setup.id, setup.listeners, setup.board) {
+            Ok(p) => p,
+            Err(reason) => fail(reason),
+        };
+        ready(setup.channel, pid);
+        blocking::serve(blocking::Worker {
+            id: setup.id,
+            prepared,
+            listeners: setup.listeners,
+            board: setup.board,
+            keepalive_timeout: setup.keepalive_timeout,
+            recycle: setup.recycle,
+            handler: &mut handler,
+            access,
+            max_per_ip: setup.max_per_ip,
+            tls: &setup.tls,
+            limits: setup.conn,
+            reopen_log: &mut || reopen_log(log_path),
+            retire: &mut || {
+                let _ = channel.send(pid, &Message::Retire);
+            },
+        })
+    };
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
             tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
@@ -207,6 +240,15 @@ where
         tracing::debug!("stopped");
     }
     sys::exit_now(code)
+}
+
+/// Tells the master that the worker is ready.
+fn ready(channel: &Channel, pid: u32) {
+    if channel.send(pid, &Message::Ready).is_err() {
+        // The master is gone or broken; the parent-death signal will follow.
+        sys::exit_now(exit::ORPHANED);
+    }
+    tracing::debug!("ready");
 }
 
 /// Reopens the log file by path (after USR1), as the worker's stderr.

@@ -26,6 +26,11 @@ pub(crate) trait Connections {
     /// Refuses a connection before serving it: the codec's error reply when there is one
     /// (HTTP 503, `-ERR refused: …`), then a lingering close.
     fn refuse(&mut self, _client: &mut Client, _why: &'static str) {}
+
+    /// Serves this worker's connections with an event loop (`--io event`) until a stop;
+    /// returns the worker's exit status. Request level only: the configuration refuses
+    /// `--io event` for `handle_client` servers before start.
+    fn serve_events(&mut self, worker: super::event::Worker<'_>, prepared: super::event::Prepared) -> i32;
 }
 
 /// The client level.
@@ -43,6 +48,11 @@ impl<H: Handler> Connections for ClientLevel<H> {
 
     fn request_level(&self) -> bool {
         false
+    }
+
+    fn serve_events(&mut self, _: super::event::Worker<'_>, _: super::event::Prepared) -> i32 {
+        tracing::error!("handle_client servers are blocking only (--io blocking)");
+        crate::sys::exit::START_FAILED
     }
 }
 
@@ -93,6 +103,10 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
 
     fn request_level(&self) -> bool {
         true
+    }
+
+    fn serve_events(&mut self, worker: super::event::Worker<'_>, prepared: super::event::Prepared) -> i32 {
+        super::event::serve(worker, prepared, &mut self.handler, self.limits.clone())
     }
 
     fn refuse(&mut self, client: &mut Client, why: &'static str) {

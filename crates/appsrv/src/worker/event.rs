@@ -1,0 +1,1511 @@
+//! The event loop (`--io event`): one epoll instance per worker, made after the fork, over
+//! the worker's listeners and all its connections; the user's `RequestHandler` is called
+//! inline for each complete request, through the same I/O-free steps as the blocking loop
+//! (admission, `conn/step.rs`).
+//!
+//! What each turn does, and why (see also docs/ARCHITECTURE.md, "The event loop"):
+//! - **Accepting without a thundering herd.** The master's listeners are shared by every
+//!   worker. Each worker registers them level-triggered with `EPOLLEXCLUSIVE`: a new
+//!   connection wakes one waiting worker (or a few), not all. Linux wakes the waiters in
+//!   the order they registered, so the first worker would take nearly every connection of
+//!   a lightly loaded server; a worker re-registers its listeners (delete and add: an
+//!   exclusive registration cannot be modified) every [`REQUEUE_EVERY`] accepts, which puts
+//!   it at the back of the queue. At most [`ACCEPT_BATCH`] accepts per listener per turn.
+//! - **Limits.** At `--worker-connections` open connections the worker takes its listeners
+//!   out of its epoll set and puts them back below 7/8 of it; out of descriptors or memory
+//!   (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) it pauses accepting for
+//!   [`RESOURCE_BACKOFF`] instead of spinning on a listener that stays readable.
+//! - **Connections are registered once**, edge-triggered for input, output and the peer's
+//!   close (`EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET`), as nginx does: no `epoll_ctl` per
+//!   request. The loop remembers what the last edge said (readable, writable) and what the
+//!   last read or write found (a short read drained the socket).
+//! - **One read, one write.** A connection's bytes are read into a worker-wide buffer, every
+//!   complete request in it is decoded and answered (the step, up to its `PASS_LIMIT`),
+//!   and the responses go out in one write. A connection keeps buffers of its own only
+//!   while it holds a partial request or output the socket did not take (their size is
+//!   what they hold), and gives them back once empty: an idle keep-alive connection costs
+//!   its socket and a small record, no buffer.
+//! - **Output cap.** While a connection's output is not all sent, the loop reads nothing
+//!   more from it: a client that does not read its responses stops being served (and its
+//!   memory stops growing at one pass of responses) until it does, or its write timeout
+//!   ends it. Nobody else waits for it.
+//! - **Fairness.** A connection gets one pass per turn: a pass that hit the step's request
+//!   limit, or a read that filled the buffer (more may be waiting in the socket, and no
+//!   new edge will say so), puts the connection on the ready list for the next turn, and
+//!   the next `epoll_wait` does not wait.
+//! - **Timers without system calls.** Each connection has one deadline (its wait's: the
+//!   keep-alive timeout, the request's read timeout or header tick, the drain, the TLS
+//!   handshake or PROXY header, the write timeout, the lingering close) and at most one
+//!   live entry in a heap ordered by deadline. A request that moves a deadline later
+//!   changes a field; the heap entry, when it comes due, finds the later deadline and is
+//!   pushed again. `epoll_wait`'s timeout is the earliest entry: no `timerfd` (which the
+//!   default sandbox profile does not allow), no system call per request.
+//! - **Signals.** The stop and reopen signals are blocked while the loop works and let in
+//!   only during `epoll_pwait`, so that one arriving just before the wait is not missed.
+//! - **Head-of-line guard.** Every handler call is timed; one longer than `--slow-request`
+//!   is logged once per episode (with the client, the request and how many connections
+//!   it held up) and counted. The slot shows each turn's start: the master kills a worker
+//!   whose turn lasts longer than `--request-timeout` (a handler that blocked).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::io::Read;
+use std::io::{self, IoSlice};
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::signal::SigSet;
+use socket2::Socket;
+
+use crate::codec::{Codec, FileBody};
+use crate::conn::buffers::{BUFFER_SIZE, Buffers};
+use crate::conn::context::{Conn as HandlerConn, ConnInfo};
+use crate::conn::step::{self, Handle, Next, Requests, Wait};
+use crate::conn::transport::Transport;
+use crate::handler::RequestHandler;
+use crate::net::listener::{Addr, Listener};
+use crate::net::tls::ForWorker;
+use crate::scoreboard::{Board, ConnCounts, Slot, State};
+use crate::sys::{self, exit};
+
+use super::access::{AccessLog, Outcome};
+use super::admission::{self, Admission, Rejection, Rules, Seat};
+use super::serve::{Boundary, Context, Limits};
+use super::{ConnLimits, Recycle};
+
+/// Accepts per listener per turn, at most.
+pub(crate) const ACCEPT_BATCH: usize = 16;
+/// A worker re-registers its listeners after this many accepts (see the module's notes).
+pub(crate) const REQUEUE_EVERY: u32 = 32;
+/// How long accepting pauses when the process or the system is out of descriptors or
+/// memory.
+pub(crate) const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
+/// Events taken from the kernel per `epoll_wait`.
+const EVENTS: usize = 512;
+/// Reads of one connection per pass at most, when each fills the buffer (a client that
+/// sends without pause must not keep the loop to itself).
+const READS_PER_PASS: usize = 4;
+/// How long a slow handler call's log line covers: one line per episode, the calls
+/// within it counted.
+const SLOW_EPISODE: Duration = Duration::from_secs(60);
+/// Descriptors a worker needs besides its connections (listeners, logs, epoll, the
+/// master's channel, files the handler opens).
+pub(crate) const SPARE_FDS: u64 = 64;
+
+/// The epoll data of a listener: this bit, and its index.
+const LISTENER: u64 = 1 << 63;
+
+/// Everything the event loop works with, passed once.
+pub(crate) struct Worker<'a> {
+    pub(crate) id: u32,
+    pub(crate) slot: &'a Slot,
+    pub(crate) board: &'static Board,
+    pub(crate) listeners: &'a [Listener],
+    pub(crate) recycle: Recycle,
+    pub(crate) access: Option<(&'a Path, AccessLog)>,
+    pub(crate) max_per_ip: Option<usize>,
+    pub(crate) tls: &'a ForWorker,
+    pub(crate) limits: ConnLimits,
+    /// `--worker-connections`.
+    pub(crate) max_connections: usize,
+    /// `--slow-request`.
+    pub(crate) slow_request: Option<Duration>,
+    /// Runs after a USR1.
+    pub(crate) reopen_log: &'a mut dyn FnMut(),
+    /// Asks the master for a replacement (a recycling limit is reached).
+    pub(crate) retire: &'a mut dyn FnMut(),
+}
+
+/// The epoll instance and the listeners' registrations, made before the worker says it is
+/// ready (a failure is a start failure).
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    epoll: Epoll,
+    mask: SigSet,
+}
+
+/// Creates the worker's epoll instance (after the fork: never inherited) with its
+/// listeners, and blocks the flag signals outside the wait.
+pub(crate) fn prepare(listeners: &[Listener]) -> Result<Prepared, String> {
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| format!("epoll_create: {e}"))?;
+    for (i, l) in listeners.iter().enumerate() {
+        register_listener(&epoll, l, i).map_err(|e| format!("watching {}: {e}", l.local_addr()))?;
+    }
+    let mask = sys::block_flag_signals().map_err(|e| format!("blocking the stop signals: {e}"))?;
+    Ok(Prepared { epoll, mask })
+}
+
+fn register_listener(epoll: &Epoll, l: &Listener, i: usize) -> nix::Result<()> {
+    let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
+    epoll.add(l.socket().as_fd(), EpollEvent::new(flags, LISTENER | i as u64))
+}
+
+/// What a connection waits for, for the counts on the scoreboard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Reading,
+    Writing,
+    Idle,
+}
+
+/// What a connection does once its output is sent.
+#[derive(Debug)]
+enum Then {
+    /// Read: the step's wait, with its timeout.
+    Read { wait: Wait, timeout: Option<Duration> },
+    /// Run the step again (its pass limit was reached), on the next turn.
+    Yield,
+    /// Send this file range, then run the step again.
+    File(FileBody),
+    /// Close (lingering or not).
+    Close { linger: Option<Duration> },
+}
+
+/// Where a connection is.
+enum Pending {
+    /// Admission (PROXY header, rules, TLS handshake, cap).
+    Admit,
+    /// Send the output, then `Then`.
+    Output(Then),
+    /// Sending a file: from `offset`, `left` bytes.
+    File { body: FileBody, offset: u64, left: u64 },
+    /// Waiting for input (what the step asked).
+    Read { wait: Wait },
+    /// Run the step without new input: its pass limit was reached, or a stop arrived while
+    /// the connection was idle (the step decides whether to drain it).
+    Advance,
+    /// The wait's deadline passed: the step decides (an idle connection closes, a request
+    /// too slow is refused, a header tick reads on).
+    TimedOut,
+    /// Shut for writing; reading and discarding until the client's close or the deadline.
+    Linger { discarded: usize },
+    /// Done: close it.
+    Done,
+}
+
+/// One connection.
+struct Connection<'a, H: RequestHandler> {
+    generation: u32,
+    transport: Transport,
+    peer: Addr,
+    /// Its number among this worker's connections ([`Conn::id`](crate::Conn::id)).
+    id: u64,
+    admission: Option<Box<Admission<'a, EventSeat<'a>>>>,
+    step: Requests<H::Codec>,
+    session: H::Session,
+    pending: Pending,
+    /// Private buffers (a partial request, unsent output); `None` while empty.
+    bufs: Option<Box<Buffers>>,
+    /// What the last edge and the last I/O said.
+    readable: bool,
+    writable: bool,
+    closed_by_peer: bool,
+    queued: bool,
+    deadline: Option<Instant>,
+    armed: Option<Instant>,
+    class: Class,
+    /// The request in progress: when its first bytes came (monotonic ns).
+    request: Option<u64>,
+    received: u64,
+    sent: u64,
+    /// The client's IP, counted for the per-address cap.
+    counted_ip: Option<IpAddr>,
+    /// The connection is served (admitted): its close is logged at the connection level.
+    served: bool,
+}
+
+/// The per-address cap's seat: this worker's own connections and the other workers'
+/// through the board (blocking workers publish one client each); the event workers' counts
+/// are local to each worker here.
+struct EventSeat<'a> {
+    peers: &'a std::cell::RefCell<std::collections::HashMap<IpAddr, u32>>,
+    counted: Option<IpAddr>,
+}
+
+impl Seat for EventSeat<'_> {
+    fn permitted(&mut self, peer: &Addr) {
+        if let Some(ip) = peer.ip() {
+            *self.peers.borrow_mut().entry(ip).or_insert(0) += 1;
+            self.counted = Some(ip);
+        }
+    }
+
+    fn connections_from(&self, ip: IpAddr) -> usize {
+        self.peers.borrow().get(&ip).copied().unwrap_or(0) as usize
+    }
+}
+
+/// The worker's side of a connection's step, for one pass.
+struct Turn<'t> {
+    slot: &'t Slot,
+    stopping: bool,
+    retiring: bool,
+    peer: &'t Addr,
+    request: &'t mut Option<u64>,
+    head: &'t mut Head,
+    now_ns: u64,
+    access: Option<&'t mut AccessLog>,
+    requests: &'t mut u64,
+    slow: &'t mut Slow,
+    handler_started: Option<Instant>,
+    open: usize,
+}
+
+/// The first bytes of the request in progress (for the slot, the slow-call line and the
+/// access log).
+struct Head {
+    bytes: [u8; crate::scoreboard::HEAD_BYTES],
+    len: usize,
+}
+
+impl Head {
+    fn get(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// Slow handler calls: the limit, and the episode being logged.
+struct Slow {
+    limit: Option<Duration>,
+    logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Context for Turn<'_> {
+    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
+        // Only a blocking driver waits at a boundary.
+        Boundary::Wait
+    }
+
+    fn saturated(&mut self) -> bool {
+        false
+    }
+
+    fn retiring(&mut self) -> bool {
+        self.retiring
+    }
+
+    fn stopping(&mut self) -> bool {
+        self.stopping
+    }
+
+    fn state(&mut self, state: State) {
+        match state {
+            State::Handling => {
+                self.slot.handler_call(self.peer, self.head.get());
+                self.handler_started = Some(Instant::now());
+            }
+            State::Writing => {
+                if let Some(started) = self.handler_started.take() {
+                    let took = started.elapsed();
+                    if self.slow.limit.is_some_and(|l| took > l) {
+                        self.slow_call(took);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn request_start(&mut self, head: &[u8]) {
+        *self.request = Some(self.now_ns);
+        let n = head.len().min(self.head.bytes.len());
+        self.head.bytes[..n].copy_from_slice(&head[..n]);
+        self.head.len = n;
+    }
+
+    fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
+        let Some(started) = self.request.take() else {
+            return;
+        };
+        let took = Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+        self.slot.handler_done(took.as_micros() as u64, true);
+        *self.requests += 1;
+        if let Some(log) = self.access.as_deref_mut() {
+            let outcome = if ok { Outcome::Ok } else { Outcome::Error };
+            log.line(&self.peer.to_string(), outcome, took, bytes, self.head.get());
+        }
+    }
+}
+
+impl Turn<'_> {
+    fn slow_call(&mut self, took: Duration) {
+        self.slot.slow_call();
+        let now = Instant::now();
+        if self
+            .slow
+            .logged
+            .is_some_and(|t| now.duration_since(t) < SLOW_EPISODE)
+        {
+            self.slow.unlogged += 1;
+            return;
+        }
+        let more = std::mem::take(&mut self.slow.unlogged);
+        tracing::warn!(
+            "a handler call for {} took {} ms (--slow-request {} ms), request {:?}: it held up this worker's {} other connections{}; a handler that blocks belongs in --io blocking",
+            self.peer,
+            took.as_millis(),
+            self.slow.limit.unwrap_or_default().as_millis(),
+            String::from_utf8_lossy(self.head.get()),
+            self.open.saturating_sub(1),
+            if more > 0 {
+                format!(" ({more} more slow calls in the last minute)")
+            } else {
+                String::new()
+            }
+        );
+        self.slow.logged = Some(now);
+    }
+}
+
+/// The user's handler bound to one connection, as the step calls it.
+struct Bound<'h, 'c, H: RequestHandler> {
+    handler: &'h mut H,
+    conn: HandlerConn<'c, H::Session>,
+}
+
+impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
+    fn handle(
+        &mut self,
+        req: &<H::Codec as Codec>::Request<'_>,
+        res: &mut <H::Codec as Codec>::Response<'_>,
+    ) -> io::Result<()> {
+        self.handler.handle_request(&mut self.conn, req, res)
+    }
+}
+
+/// What a pass of a connection ended with.
+enum Pass {
+    /// Waiting (for an edge or its deadline).
+    Wait,
+    /// To be run again next turn.
+    Ready,
+    /// Closed.
+    Closed,
+}
+
+/// The event loop.
+struct Loop<'a, H: RequestHandler> {
+    id: u32,
+    slot: &'a Slot,
+    listeners: &'a [Listener],
+    epoll: Epoll,
+    mask: SigSet,
+    tls: &'a ForWorker,
+    limits: ConnLimits,
+    step_limits: Limits,
+    max_per_ip: Option<usize>,
+    max_connections: usize,
+    recycle: Recycle,
+    conns: Vec<Option<Connection<'a, H>>>,
+    free: Vec<usize>,
+    open: usize,
+    counts: ConnCounts,
+    published: ConnCounts,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    ready: VecDeque<u64>,
+    shared: Buffers,
+    scratch: Vec<u8>,
+    now: Instant,
+    now_ns: u64,
+    stopping: bool,
+    accepting: bool,
+    resume_at: Option<Instant>,
+    since_requeue: u32,
+    accept_trouble: Option<Errno>,
+    connections: u64,
+    requests: u64,
+    head: Head,
+    slow: Slow,
+    access: Option<AccessLog>,
+    rejections: super::blocking::Rejections,
+    peers: &'a std::cell::RefCell<std::collections::HashMap<IpAddr, u32>>,
+    board: &'static Board,
+    generation: u32,
+}
+
+/// Serves connections with `handler` until a stop; returns the worker's exit status.
+pub(crate) fn serve<H: RequestHandler>(
+    worker: Worker<'_>,
+    prepared: Prepared,
+    handler: &mut H,
+    step_limits: Limits,
+) -> i32 {
+    let Worker {
+        id,
+        slot,
+        board,
+        listeners,
+        recycle,
+        access,
+        max_per_ip,
+        tls,
+        limits,
+        max_connections,
+        slow_request,
+        reopen_log,
+        retire,
+    } = worker;
+    let (access_path, access) = match access {
+        Some((p, log)) => (Some(p), Some(log)),
+        None => (None, None),
+    };
+    let peers = std::cell::RefCell::new(std::collections::HashMap::new());
+    slot.set_event();
+    board.set_state(id, State::Reading);
+    let mut lp = Loop::<H> {
+        id,
+        slot,
+        listeners,
+        epoll: prepared.epoll,
+        mask: prepared.mask,
+        tls,
+        limits,
+        step_limits,
+        max_per_ip,
+        max_connections: max_connections.max(1),
+        recycle,
+        conns: Vec::new(),
+        free: Vec::new(),
+        open: 0,
+        counts: ConnCounts::default(),
+        published: ConnCounts::default(),
+        timers: BinaryHeap::new(),
+        ready: VecDeque::new(),
+        shared: Buffers::new(),
+        scratch: vec![0; 4096],
+        now: Instant::now(),
+        now_ns: crate::scoreboard::now_ns(),
+        stopping: false,
+        accepting: true,
+        resume_at: None,
+        since_requeue: 0,
+        accept_trouble: None,
+        connections: 0,
+        requests: 0,
+        head: Head {
+            bytes: [0; crate::scoreboard::HEAD_BYTES],
+            len: 0,
+        },
+        slow: Slow {
+            limit: slow_request,
+            logged: None,
+            unlogged: 0,
+        },
+        access,
+        rejections: super::blocking::Rejections::default(),
+        peers: &peers,
+        board,
+        generation: 0,
+    };
+    let mut events = vec![EpollEvent::empty(); EVENTS];
+    let mut retire_sent = false;
+    loop {
+        if let Some(log) = lp.access.as_mut() {
+            log.flush();
+        }
+        lp.publish();
+        if lp.stopping && lp.open == 0 {
+            tracing::debug!("no connection left");
+            return exit::OK;
+        }
+        let timeout = lp.wait_timeout();
+        slot.turn_end();
+        let n = match sys::epoll_wait_signals(&lp.epoll, &mut events, timeout, &lp.mask) {
+            Ok(n) => n,
+            Err(Errno::EINTR) => 0,
+            Err(e) => {
+                tracing::error!("epoll_wait: {e}; stopping");
+                return exit::OK;
+            }
+        };
+        lp.now = Instant::now();
+        lp.now_ns = crate::scoreboard::now_ns();
+        slot.turn_begin(lp.now_ns);
+        if sys::stop_requested() && !lp.stopping {
+            lp.begin_stop();
+        }
+        if sys::take_reopen_request() {
+            reopen_log();
+            if let (Some(log), Some(path)) = (lp.access.as_mut(), access_path) {
+                log.reopen(path);
+            }
+        }
+        // The ready list as it stands: connections queued during this turn wait for the
+        // next one.
+        let ready = lp.ready.len();
+        for ev in &events[..n] {
+            let data = ev.data();
+            if data & LISTENER != 0 {
+                let index = (data & !LISTENER) as usize;
+                if ev.events().contains(EpollFlags::EPOLLHUP) {
+                    // The master shut the listeners down: a stop.
+                    if !lp.stopping {
+                        lp.begin_stop();
+                    }
+                    continue;
+                }
+                lp.accept(index, handler);
+            } else {
+                lp.event(data, ev.events(), handler);
+            }
+        }
+        for _ in 0..ready {
+            let Some(token) = lp.ready.pop_front() else { break };
+            if let Some(c) = lp.get(token) {
+                c.queued = false;
+                lp.run(token, handler);
+            }
+        }
+        lp.expire(handler);
+        lp.resume_accepting();
+        if !retire_sent && lp.limit_reached() {
+            tracing::info!("reached its recycling limit; asking the master for a replacement");
+            retire();
+            retire_sent = true;
+        }
+    }
+}
+
+impl<'a, H: RequestHandler> Loop<'a, H> {
+    fn token(index: usize, generation: u32) -> u64 {
+        (u64::from(generation) << 32) | index as u64
+    }
+
+    fn get(&mut self, token: u64) -> Option<&mut Connection<'a, H>> {
+        let index = (token & 0xffff_ffff) as usize;
+        let generation = (token >> 32) as u32;
+        self.conns
+            .get_mut(index)?
+            .as_mut()
+            .filter(|c| c.generation == generation)
+    }
+
+    fn limit_reached(&self) -> bool {
+        (self.recycle.max_connections > 0 && self.connections >= self.recycle.max_connections)
+            || (self.recycle.max_requests > 0 && self.requests >= self.recycle.max_requests)
+    }
+
+    /// The wait's timeout: none when connections are ready, else until the earliest timer.
+    fn wait_timeout(&mut self) -> Option<Duration> {
+        if !self.ready.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let next = self
+            .timers
+            .peek()
+            .map(|Reverse((t, _))| *t)
+            .into_iter()
+            .chain(self.resume_at)
+            .min()?;
+        Some(next.saturating_duration_since(Instant::now()))
+    }
+
+    /// Publishes the counts on the scoreboard when they changed (a few stores per turn).
+    fn publish(&mut self) {
+        self.counts.open = self.open as u32;
+        if self.counts != self.published {
+            self.slot.publish_counts(self.counts);
+            self.published = self.counts;
+        }
+    }
+
+    /// A stop (or a retirement's stop, a reload, an upgrade): accept no more; idle
+    /// keep-alive connections of protocols that can announce a close are drained (their
+    /// next request, if it comes within the drain wait, is answered as the last).
+    fn begin_stop(&mut self) {
+        self.stopping = true;
+        self.slot.set_accepts_paused(true);
+        self.board.set_state(self.id, State::Finishing);
+        self.pause_accepting();
+        for (index, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            if matches!(c.pending, Pending::Read { wait: Wait::Idle }) {
+                c.pending = Pending::Advance;
+                if !c.queued {
+                    c.queued = true;
+                    self.ready.push_back(Self::token(index, c.generation));
+                }
+            }
+        }
+        tracing::debug!("stopping: {} connections to finish", self.open);
+    }
+
+    fn pause_accepting(&mut self) {
+        if self.accepting {
+            for l in self.listeners {
+                let _ = self.epoll.delete(l.socket().as_fd());
+            }
+            self.accepting = false;
+        }
+    }
+
+    /// Puts the listeners back when below the limit again and not paused for resources.
+    fn resume_accepting(&mut self) {
+        if self.accepting || self.stopping {
+            return;
+        }
+        if self.resume_at.is_some_and(|t| self.now < t) {
+            return;
+        }
+        self.resume_at = None;
+        if self.open > self.max_connections - self.max_connections / 8 {
+            return;
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            if let Err(e) = register_listener(&self.epoll, l, i) {
+                tracing::error!("watching {} again: {e}", l.local_addr());
+            }
+        }
+        self.accepting = true;
+        self.since_requeue = 0;
+        self.slot.set_accepts_paused(false);
+    }
+
+    /// Accepts up to [`ACCEPT_BATCH`] connections from listener `index`.
+    fn accept(&mut self, index: usize, handler: &mut H) {
+        if !self.accepting {
+            return;
+        }
+        let listener = &self.listeners[index];
+        for _ in 0..ACCEPT_BATCH {
+            if self.open >= self.max_connections {
+                tracing::debug!(
+                    "{} connections open (--worker-connections): not accepting until some close",
+                    self.open
+                );
+                self.pause_accepting();
+                self.slot.set_accepts_paused(true);
+                return;
+            }
+            match listener
+                .socket()
+                .accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+            {
+                Ok((socket, peer)) => {
+                    if let Some(e) = self.accept_trouble.take() {
+                        tracing::info!("accepting again after {}", e.desc());
+                    }
+                    self.add(socket, Addr::from_sockaddr(&peer), index, handler);
+                    self.since_requeue += 1;
+                }
+                Err(e) => {
+                    let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
+                    match errno {
+                        Errno::EAGAIN | Errno::EINTR => break,
+                        Errno::ECONNABORTED
+                        | Errno::EPROTO
+                        | Errno::ENETDOWN
+                        | Errno::ENOPROTOOPT
+                        | Errno::EHOSTDOWN
+                        | Errno::ENONET
+                        | Errno::EHOSTUNREACH
+                        | Errno::EOPNOTSUPP
+                        | Errno::ENETUNREACH
+                        | Errno::ETIMEDOUT => {}
+                        Errno::EINVAL => {
+                            if !self.stopping {
+                                self.begin_stop();
+                            }
+                            return;
+                        }
+                        other => {
+                            if self.accept_trouble.is_none() {
+                                tracing::error!(
+                                    "accepting connections: {} ({other}); pausing {} ms between attempts until it clears",
+                                    other.desc(),
+                                    RESOURCE_BACKOFF.as_millis()
+                                );
+                            }
+                            self.accept_trouble = Some(other);
+                            self.pause_accepting();
+                            self.resume_at = Some(self.now + RESOURCE_BACKOFF);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        if self.since_requeue >= REQUEUE_EVERY && self.accepting {
+            // To the back of the listeners' queues of waiters: the next connection wakes
+            // another worker first.
+            self.since_requeue = 0;
+            for (i, l) in self.listeners.iter().enumerate() {
+                let _ = self.epoll.delete(l.socket().as_fd());
+                if let Err(e) = register_listener(&self.epoll, l, i) {
+                    tracing::error!("watching {} again: {e}", l.local_addr());
+                }
+            }
+        }
+    }
+
+    /// A new connection: registered once, then admitted and served.
+    fn add(&mut self, socket: Socket, peer: Addr, listener: usize, handler: &mut H) {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        self.connections += 1;
+        self.slot.accepted();
+        self.generation = self.generation.wrapping_add(1);
+        let generation = self.generation;
+        let token = Self::token(index, generation);
+        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
+        if let Err(e) = self.epoll.add(socket.as_fd(), EpollEvent::new(flags, token)) {
+            tracing::warn!("watching a connection from {peer}: {e}; closing it");
+            self.free.push(index);
+            return;
+        }
+        let rules = Rules {
+            policy: self.listeners[listener].policy(),
+            tls: self.tls.acceptor(listener),
+            header_timeout: self.limits.header_timeout,
+            handshake_timeout: self.tls.handshake_timeout,
+            max_per_ip: self.max_per_ip,
+        };
+        let step = Requests::new(handler.codec(), self.step_limits.clone());
+        let mut c = Connection {
+            generation,
+            transport: Transport::new(socket),
+            peer: peer.clone(),
+            id: self.connections,
+            admission: None,
+            step,
+            session: H::Session::default(),
+            pending: Pending::Admit,
+            bufs: None,
+            // Registration reports what is there already: the first read waits for it.
+            readable: false,
+            writable: true,
+            closed_by_peer: false,
+            queued: false,
+            deadline: None,
+            armed: None,
+            class: Class::Reading,
+            request: None,
+            received: 0,
+            sent: 0,
+            counted_ip: None,
+            served: false,
+        };
+        if rules.open() {
+            c.served = true;
+            c.pending = Pending::Read { wait: Wait::Idle };
+            let first = c.step.first_read();
+            if let Next::Read { timeout, .. } = first {
+                c.deadline = timeout.map(|t| self.now + t);
+            }
+        } else {
+            let now = self.now;
+            c.admission = Some(Box::new(Admission::start(
+                rules,
+                peer,
+                EventSeat {
+                    peers: self.peers,
+                    counted: None,
+                },
+                &mut || now,
+            )));
+        }
+        self.counts.reading += 1;
+        self.open += 1;
+        self.conns[index] = Some(c);
+        self.run(token, handler);
+    }
+
+    /// An edge on connection `token`.
+    fn event(&mut self, token: u64, events: EpollFlags, handler: &mut H) {
+        let Some(c) = self.get(token) else { return };
+        if events.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+            c.readable = true;
+        }
+        if events.intersects(EpollFlags::EPOLLOUT | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+            c.writable = true;
+        }
+        if events.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
+            c.closed_by_peer = true;
+        }
+        if c.queued {
+            // It runs from the ready list anyway.
+            return;
+        }
+        self.run(token, handler);
+    }
+
+    /// Fires the timers that are due.
+    fn expire(&mut self, handler: &mut H) {
+        let now = self.now;
+        while let Some(Reverse((t, token))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(c) = self.get(token) else { continue };
+            if c.armed != Some(t) {
+                continue; // a stale entry: a newer, earlier one was pushed
+            }
+            c.armed = None;
+            match c.deadline {
+                None => {}
+                Some(d) if d > now => {
+                    c.armed = Some(d);
+                    self.timers.push(Reverse((d, token)));
+                }
+                Some(_) => {
+                    c.deadline = None;
+                    self.timed_out(token, handler);
+                }
+            }
+        }
+    }
+
+    /// Runs a connection as far as it goes without waiting.
+    fn run(&mut self, token: u64, handler: &mut H) {
+        let index = (token & 0xffff_ffff) as usize;
+        let Some(mut c) = self.conns.get_mut(index).and_then(Option::take) else {
+            return;
+        };
+        let mut private = c.bufs.take();
+        let using_shared = private.is_none();
+        // Lent out of the loop for the pass, which also borrows the loop.
+        let mut shared = std::mem::replace(&mut self.shared, Buffers::none());
+        let outcome = {
+            let bufs: &mut Buffers = match private.as_deref_mut() {
+                Some(b) => b,
+                None => &mut shared,
+            };
+            let r = panic::catch_unwind(AssertUnwindSafe(|| self.drive(&mut c, bufs, handler)));
+            match r {
+                Ok(pass) => pass,
+                Err(payload) => {
+                    tracing::error!(
+                        "handler panicked while serving {}: {}; connection closed, this worker exits and is replaced (closing its {} other connections)",
+                        c.peer,
+                        super::panic_message(&payload),
+                        self.open.saturating_sub(1)
+                    );
+                    if let Some(log) = self.access.as_mut() {
+                        log.flush();
+                    }
+                    sys::exit_now(exit::PANIC);
+                }
+            }
+        };
+        self.shared = shared;
+        if let Pass::Closed = outcome {
+            self.shared.discard_input();
+            self.shared.output().clear();
+            self.close(index, c);
+            return;
+        }
+        // Private buffers only for what is left; empty ones are given back.
+        if using_shared {
+            if !self.shared.is_empty() {
+                c.bufs = Some(Box::new(self.shared.take_leftover()));
+            }
+        } else if let Some(b) = private {
+            if !b.is_empty() {
+                c.bufs = Some(b);
+            }
+        }
+        let new_class = match c.pending {
+            Pending::Read { wait: Wait::Idle } if c.step.served() > 0 => Class::Idle,
+            Pending::Read { .. } | Pending::Admit => Class::Reading,
+            _ => Class::Writing,
+        };
+        if new_class != c.class {
+            self.uncount(c.class);
+            self.count(new_class);
+            c.class = new_class;
+        }
+        if let Some(d) = c.deadline {
+            if c.armed.is_none_or(|a| a > d) {
+                c.armed = Some(d);
+                self.timers.push(Reverse((d, token)));
+            }
+        }
+        if let Pass::Ready = outcome {
+            if !c.queued {
+                c.queued = true;
+                self.ready.push_back(token);
+            }
+        }
+        self.conns[index] = Some(c);
+    }
+
+    fn count(&mut self, class: Class) {
+        match class {
+            Class::Reading => self.counts.reading += 1,
+            Class::Writing => self.counts.writing += 1,
+            Class::Idle => self.counts.idle_keepalive += 1,
+        }
+    }
+
+    fn uncount(&mut self, class: Class) {
+        let n = match class {
+            Class::Reading => &mut self.counts.reading,
+            Class::Writing => &mut self.counts.writing,
+            Class::Idle => &mut self.counts.idle_keepalive,
+        };
+        *n = n.saturating_sub(1);
+    }
+
+    /// A connection's deadline passed.
+    fn timed_out(&mut self, token: u64, handler: &mut H) {
+        let index = (token & 0xffff_ffff) as usize;
+        let Some(c) = self.conns.get_mut(index).and_then(Option::as_mut) else {
+            return;
+        };
+        match c.pending {
+            Pending::Read { .. } => {
+                c.pending = Pending::TimedOut;
+                self.run(token, handler);
+            }
+            Pending::Admit => {
+                if let Some(a) = c.admission.as_mut() {
+                    a.deadline_passed(self.now);
+                }
+                self.run(token, handler);
+            }
+            Pending::Output(_) | Pending::File { .. } => {
+                tracing::info!(
+                    "connection from {}: timed out writing its response (--write-timeout)",
+                    c.peer
+                );
+                let c = self.conns[index].take().expect("present");
+                let _ = c.transport.socket().set_linger(Some(Duration::ZERO));
+                self.close(index, c);
+            }
+            Pending::Linger { .. } | Pending::Done | Pending::Advance | Pending::TimedOut => {
+                let c = self.conns[index].take().expect("present");
+                self.close(index, c);
+            }
+        }
+    }
+
+    /// Closes a connection: out of the epoll set (closing the socket does it), its counts
+    /// and its place freed.
+    fn close(&mut self, index: usize, mut c: Connection<'a, H>) {
+        self.uncount(c.class);
+        self.open -= 1;
+        let (received, sent) = (c.received, c.sent);
+        self.slot.add_bytes(received, sent);
+        if let Some(started) = c.request.take() {
+            // A request left unanswered when the connection ended.
+            self.slot.handler_done(0, false);
+            if let Some(log) = self.access.as_mut() {
+                let took = Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+                // As the blocking loop records them: refused as too slow, answered with
+                // the codec's error reply, or cut by the client (or an error).
+                let outcome = match c.step.rejected() {
+                    Some((crate::codec::ProtocolError::Timeout, _)) => Outcome::Timeout,
+                    Some(_) => Outcome::Error,
+                    None => Outcome::Closed,
+                };
+                log.line(
+                    &c.peer.to_string(),
+                    outcome,
+                    took,
+                    (received, sent),
+                    self.head.get(),
+                );
+            }
+        }
+        let counted = c
+            .counted_ip
+            .take()
+            .or_else(|| c.admission.as_ref().and_then(|a| a.seat().counted));
+        if let Some(ip) = counted {
+            let mut peers = self.peers.borrow_mut();
+            if let Some(n) = peers.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    peers.remove(&ip);
+                }
+            }
+        }
+        drop(c);
+        self.free.push(index);
+    }
+
+    /// The connection's pass: as far as it goes without waiting.
+    fn drive(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Pass {
+        let mut reads = 0;
+        loop {
+            match std::mem::replace(&mut c.pending, Pending::Done) {
+                Pending::Admit => match self.admit(c, bufs, handler) {
+                    Some(pass) => return pass,
+                    None => continue,
+                },
+                Pending::Output(then) => match self.flush(c, bufs) {
+                    Ok(true) => {
+                        c.step.output_sent(&mut Quiet {
+                            stopping: self.stopping,
+                        });
+                        match then {
+                            Then::Read { wait, timeout } => {
+                                c.deadline = timeout.map(|t| self.now + t);
+                                c.pending = Pending::Read { wait };
+                            }
+                            Then::Yield => {
+                                c.pending = Pending::Advance;
+                                return Pass::Ready;
+                            }
+                            Then::File(body) => {
+                                let offset = body.range.start;
+                                let left = body.range.end.saturating_sub(body.range.start);
+                                c.pending = Pending::File { body, offset, left };
+                            }
+                            Then::Close { linger } => {
+                                c.transport.close_notify();
+                                if c.transport.records_pending() && c.writable {
+                                    let _ = c.transport.write_records();
+                                }
+                                match linger {
+                                    Some(d) if c.transport.shutdown(std::net::Shutdown::Write).is_ok() => {
+                                        c.deadline = Some(self.now + d);
+                                        c.pending = Pending::Linger { discarded: 0 };
+                                        if d.is_zero() {
+                                            self.discard(c);
+                                            return Pass::Closed;
+                                        }
+                                    }
+                                    _ => return Pass::Closed,
+                                }
+                            }
+                        }
+                    }
+                    Ok(false) => {
+                        c.pending = Pending::Output(then);
+                        self.write_deadline(c);
+                        return Pass::Wait;
+                    }
+                    Err(e) => {
+                        log_connection_error(&c.peer, &e);
+                        return Pass::Closed;
+                    }
+                },
+                Pending::File { body, offset, left } => match self.send_file(c, bufs, body, offset, left) {
+                    Ok(None) => {
+                        let next = self.advance(c, bufs, handler);
+                        self.follow(c, next);
+                    }
+                    Ok(Some(pending)) => {
+                        c.pending = pending;
+                        self.write_deadline(c);
+                        return Pass::Wait;
+                    }
+                    Err(e) => {
+                        log_connection_error(&c.peer, &e);
+                        return Pass::Closed;
+                    }
+                },
+                Pending::Advance => {
+                    let next = self.advance(c, bufs, handler);
+                    self.follow(c, next);
+                }
+                Pending::TimedOut => {
+                    let next = c.step.timed_out(
+                        bufs,
+                        &mut Quiet {
+                            stopping: self.stopping,
+                        },
+                        &c.peer,
+                        self.now,
+                    );
+                    self.follow(c, next);
+                }
+                Pending::Read { wait } => {
+                    if !c.readable && !c.closed_by_peer && !c.transport.input_pending() {
+                        c.pending = Pending::Read { wait };
+                        return Pass::Wait;
+                    }
+                    if reads == READS_PER_PASS {
+                        c.pending = Pending::Read { wait };
+                        return Pass::Ready;
+                    }
+                    reads += 1;
+                    let max = c.step.max_request_size();
+                    let room = bufs.room(max);
+                    let room_len = room.len();
+                    match c.transport.read(room) {
+                        Ok(0) if room_len > 0 => {
+                            let next = c.step.peer_closed(bufs);
+                            if let Next::Fail(e) = &next {
+                                tracing::debug!("connection from {} ended early: {e}", c.peer);
+                                return Pass::Closed;
+                            }
+                            self.follow(c, next);
+                        }
+                        Ok(n) => {
+                            bufs.filled(n);
+                            c.received += n as u64;
+                            if n < room_len && !c.transport.is_tls() {
+                                // A short read drained the socket: the next edge says when more comes.
+                                c.readable = false;
+                            }
+                            let now = self.now;
+                            c.step.received(&mut || now);
+                            let next = self.advance(c, bufs, handler);
+                            self.follow(c, next);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            c.readable = false;
+                            c.pending = Pending::Read { wait };
+                            return Pass::Wait;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                            c.pending = Pending::Read { wait };
+                        }
+                        Err(e) => {
+                            log_connection_error(&c.peer, &e);
+                            return Pass::Closed;
+                        }
+                    }
+                }
+                Pending::Linger { discarded } => {
+                    c.pending = Pending::Linger { discarded };
+                    if self.discard(c) {
+                        return Pass::Closed;
+                    }
+                    return Pass::Wait;
+                }
+                Pending::Done => return Pass::Closed,
+            }
+        }
+    }
+
+    /// Reads and drops what the client still sends, in a lingering close: true when done
+    /// (its close, an error, or enough bytes).
+    fn discard(&mut self, c: &mut Connection<'a, H>) -> bool {
+        let Pending::Linger { discarded } = &mut c.pending else {
+            return true;
+        };
+        loop {
+            match c.transport.discard(&mut self.scratch, false) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    *discarded += n;
+                    if *discarded >= step::LINGER_BYTES {
+                        return true;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    c.readable = false;
+                    return false;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// Sets the write deadline of a connection whose output waits for the socket.
+    fn write_deadline(&self, c: &mut Connection<'a, H>) {
+        c.deadline = self.limits.write_timeout.map(|t| self.now + t);
+    }
+
+    /// Turns the step's answer into the connection's next move.
+    fn follow(&mut self, c: &mut Connection<'a, H>, next: Next) {
+        c.pending = match next {
+            Next::Read { wait, timeout, .. } => Pending::Output(Then::Read { wait, timeout }),
+            Next::More => Pending::Output(Then::Yield),
+            Next::SendFile(body) => Pending::Output(Then::File(body)),
+            Next::Close { linger } => Pending::Output(Then::Close { linger }),
+            Next::Fail(e) => {
+                log_connection_error(&c.peer, &e);
+                Pending::Output(Then::Close { linger: None })
+            }
+        };
+    }
+
+    /// One call of the step with the handler bound to the connection.
+    fn advance(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Next {
+        let retiring = self.recycle.max_requests > 0 && self.requests + 1 >= self.recycle.max_requests;
+        let mut ctx = Turn {
+            slot: self.slot,
+            stopping: self.stopping,
+            retiring,
+            peer: &c.peer,
+            request: &mut c.request,
+            head: &mut self.head,
+            now_ns: self.now_ns,
+            access: self.access.as_mut(),
+            requests: &mut self.requests,
+            slow: &mut self.slow,
+            handler_started: None,
+            open: self.open,
+        };
+        let info = ConnInfo {
+            peer: &c.peer,
+            tls: c.transport.tls(),
+            id: c.id,
+        };
+        let mut bound = Bound {
+            handler,
+            conn: HandlerConn::new(info, &mut c.session),
+        };
+        let now = self.now;
+        c.step.advance(bufs, &mut bound, &mut ctx, &c.peer, &mut || now)
+    }
+
+    /// Writes the pending output (and TLS records): `Ok(true)` when all of it went out,
+    /// `Ok(false)` when the socket is full (the next edge resumes it).
+    fn flush(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers) -> io::Result<bool> {
+        loop {
+            if c.transport.records_pending() {
+                if !c.writable {
+                    return Ok(false);
+                }
+                match c.transport.write_records() {
+                    Ok(n) => c.sent += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        c.writable = false;
+                        return Ok(false);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            let out = bufs.pending_output();
+            if out.is_empty() {
+                return Ok(true);
+            }
+            if !c.writable {
+                return Ok(false);
+            }
+            let wanted = out.len();
+            let (n, r) = c.transport.write(&[IoSlice::new(out)]);
+            bufs.output_written(n);
+            if !c.transport.is_tls() {
+                c.sent += n as u64;
+            }
+            match r {
+                Ok(()) if n == 0 && !c.transport.records_pending() => {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                Ok(()) => {
+                    if n < wanted && !c.transport.is_tls() {
+                        c.writable = false;
+                        return Ok(false);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    c.writable = false;
+                    return Ok(false);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends a file range after the output: a range that fits in the output buffer is
+    /// copied into it (one `pread`, one write with the head); a larger one is sent with
+    /// `sendfile(2)` (copied through TLS), resumed on the next edge when the socket is
+    /// full. `Ok(None)` when all of it went out.
+    fn send_file(
+        &mut self,
+        c: &mut Connection<'a, H>,
+        bufs: &mut Buffers,
+        body: FileBody,
+        mut offset: u64,
+        mut left: u64,
+    ) -> io::Result<Option<Pending>> {
+        let small = usize::try_from(left).is_ok_and(|l| bufs.pending_output().len() + l <= BUFFER_SIZE);
+        if small && offset == body.range.start {
+            let out = bufs.output();
+            let at = out.len();
+            out.resize(at + left as usize, 0);
+            if let Err(e) = body.file.read_exact_at(&mut out[at..], offset) {
+                out.truncate(at);
+                return Err(e);
+            }
+            return Ok(None);
+        }
+        loop {
+            if !self.flush(c, bufs)? {
+                return Ok(Some(Pending::File { body, offset, left }));
+            }
+            if left == 0 {
+                return Ok(None);
+            }
+            if c.transport.is_tls() {
+                let chunk = left.min(BUFFER_SIZE as u64) as usize;
+                let out = bufs.output();
+                out.resize(chunk, 0);
+                if let Err(e) = body.file.read_exact_at(out, offset) {
+                    out.clear();
+                    return Err(e);
+                }
+                offset += chunk as u64;
+                left -= chunk as u64;
+                continue;
+            }
+            if !c.writable {
+                return Ok(Some(Pending::File { body, offset, left }));
+            }
+            let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
+            let mut off = i64::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            match c.transport.send_file(&body.file, &mut off, chunk) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    offset += n as u64;
+                    left -= n as u64;
+                    c.sent += n as u64;
+                    if n < chunk {
+                        c.writable = false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    c.writable = false;
+                    return Ok(Some(Pending::File { body, offset, left }));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs admission as far as it goes: `None` when the connection is admitted (its
+    /// pending state set to serve), `Some` when it waits or closed.
+    fn admit(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Option<Pass> {
+        let Some(machine) = c.admission.as_mut() else {
+            c.pending = Pending::Read { wait: Wait::Idle };
+            return None;
+        };
+        loop {
+            match machine.next() {
+                admission::Next::Read { by } => {
+                    c.deadline = by;
+                    if !c.readable && !c.closed_by_peer {
+                        c.pending = Pending::Admit;
+                        return Some(Pass::Wait);
+                    }
+                    let room = bufs.room(BUFFER_SIZE);
+                    let room_len = room.len();
+                    match c.transport.socket().read(room) {
+                        Ok(0) => machine.closed(),
+                        Ok(n) => {
+                            bufs.filled(n);
+                            c.received += n as u64;
+                            if n < room_len {
+                                c.readable = false;
+                            }
+                            let used = machine.received(bufs.unconsumed(), self.now);
+                            bufs.consume(used);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            c.readable = false;
+                            c.pending = Pending::Admit;
+                            return Some(Pass::Wait);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => machine.failed(&e),
+                    }
+                }
+                admission::Next::Write { by } => {
+                    c.deadline = by;
+                    if !c.writable {
+                        c.pending = Pending::Admit;
+                        return Some(Pass::Wait);
+                    }
+                    match c
+                        .transport
+                        .socket()
+                        .send_with_flags(machine.pending(), libc::MSG_NOSIGNAL)
+                    {
+                        Ok(0) => machine.failed(&io::ErrorKind::WriteZero.into()),
+                        Ok(n) => {
+                            c.sent += n as u64;
+                            machine.sent(n, self.now);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            c.writable = false;
+                            c.pending = Pending::Admit;
+                            return Some(Pass::Wait);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => machine.failed(&e),
+                    }
+                }
+                admission::Next::Serve | admission::Next::Close => break,
+            }
+        }
+        let machine = c.admission.take().expect("present");
+        let counted = machine.seat().counted;
+        let verdict = machine.finish();
+        if !verdict.unsent.is_empty() {
+            let _ = c
+                .transport
+                .socket()
+                .send_with_flags(&verdict.unsent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        }
+        c.peer = verdict.peer;
+        c.counted_ip = counted;
+        if let Some(session) = verdict.tls {
+            c.transport.set_tls(session);
+        }
+        if let Some(why) = verdict.rejected {
+            let over_cap = matches!(why, Rejection::OverCap { .. });
+            self.rejections.note(why, &c.peer, self.slot);
+            if over_cap {
+                c.step.refuse(bufs, "too many connections from your address");
+                bufs.discard_input();
+                c.pending = Pending::Output(Then::Close {
+                    linger: Some(Duration::ZERO),
+                });
+                return None;
+            }
+            return Some(Pass::Closed);
+        }
+        c.served = true;
+        tracing::debug!("serving {}", c.peer);
+        if bufs.has_input() || c.transport.input_pending() {
+            let next = self.advance(c, bufs, handler);
+            self.follow(c, next);
+        } else {
+            let first = c.step.first_read();
+            self.follow(c, first);
+        }
+        None
+    }
+}
+
+/// The step's context outside a handler call (the output went out, a deadline passed).
+struct Quiet {
+    stopping: bool,
+}
+
+impl Context for Quiet {
+    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
+        Boundary::Wait
+    }
+    fn saturated(&mut self) -> bool {
+        false
+    }
+    fn stopping(&mut self) -> bool {
+        self.stopping
+    }
+}
+
+fn log_connection_error(peer: &Addr, e: &io::Error) {
+    match e.kind() {
+        io::ErrorKind::TimedOut => tracing::info!("connection from {peer}: {e}"),
+        io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::UnexpectedEof => tracing::debug!("connection from {peer} ended early: {e}"),
+        _ => tracing::warn!("connection from {peer} ended with an error: {e}"),
+    }
+}
