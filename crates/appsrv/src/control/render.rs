@@ -630,6 +630,8 @@ pub(crate) mod tests {
             denied: 0,
             refused: 0,
             tls_failed: 0,
+            event: None,
+            slow_calls: 0,
         }
     }
 
