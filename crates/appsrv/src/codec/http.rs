@@ -80,9 +80,6 @@ const UNSUPPORTED_VERSION: &str = "HTTP version (only HTTP/1.0 and HTTP/1.1 are 
 /// Longest chunk-size line (size and extensions) accepted.
 const MAX_CHUNK_LINE: usize = 4096;
 
-/// The response body scratch buffer keeps at most this capacity between requests.
-const KEEP_SCRATCH: usize = 256 * 1024;
-
 /// The HTTP/1.x codec.
 ///
 /// Defaults: request heads up to 8 KiB, at most 64 headers, bodies up to 1 MiB; change
@@ -123,14 +120,13 @@ impl fmt::Debug for Http {
 impl Clone for Http {
     /// The same limits, with buffers of its own (for another connection).
     fn clone(&self) -> Self {
-        let (head, body) = scratch::take(HEAD_CAPACITY, BODY_CAPACITY);
         Http {
             max_header_bytes: self.max_header_bytes,
             max_headers: self.max_headers,
             max_body: self.max_body,
             pending: Pending::default(),
-            head,
-            body,
+            head: Vec::new(),
+            body: Vec::new(),
             date: HttpDate,
         }
     }
@@ -138,7 +134,9 @@ impl Clone for Http {
 
 impl Drop for Http {
     fn drop(&mut self) {
-        scratch::give(std::mem::take(&mut self.head), std::mem::take(&mut self.body));
+        if self.head.capacity() > 0 {
+            scratch::give(std::mem::take(&mut self.head), std::mem::take(&mut self.body));
+        }
     }
 }
 
@@ -147,16 +145,18 @@ const HEAD_CAPACITY: usize = 256;
 const BODY_CAPACITY: usize = 1024;
 
 mod scratch {
-    //! The response buffers of a codec that is gone, kept for the next one: a codec is
-    //! made for each connection, and a blocking worker serves one connection after
-    //! another, so the same two buffers go round instead of two allocations and two frees
-    //! per connection. One spare pair per thread (a worker is one), no lock; codecs made
-    //! while it is taken (an event loop's many connections) allocate their own.
+    //! The response buffers, lent to a codec for one response and given back when it is
+    //! finished: a worker builds one response at a time, whether it serves one
+    //! connection (blocking) or thousands (an event loop), so the same two buffers go
+    //! round instead of two allocations and two frees per response, and an idle
+    //! connection's codec holds none (10,000 idle keep-alive clients would otherwise pin
+    //! 1.3 KB each). One spare pair per thread (a worker is one), no lock; a response
+    //! made while the pair is lent out (not the case in appsrv's loops) allocates its own.
     use std::cell::Cell;
 
     /// The largest buffer kept (a response that grew a buffer larger does not pin that
     /// memory).
-    const LARGEST: usize = 64 * 1024;
+    const LARGEST: usize = 256 * 1024;
 
     thread_local! {
         static SPARE: Cell<(Vec<u8>, Vec<u8>)> = const { Cell::new((Vec::new(), Vec::new())) };
@@ -179,8 +179,8 @@ mod scratch {
         )
     }
 
-    /// Keeps the pair for a later codec (emptied), unless it is large. A pair kept already
-    /// (an event loop's codecs end in any order) is freed instead.
+    /// Keeps the pair for the next response (emptied), unless it is large. A pair kept
+    /// already is freed instead.
     pub(super) fn give(mut head: Vec<u8>, mut body: Vec<u8>) {
         if head.capacity() > LARGEST || body.capacity() > LARGEST {
             return;
@@ -195,14 +195,14 @@ mod scratch {
 impl Default for Http {
     /// Heads up to 8 KiB with at most 64 headers, bodies up to 1 MiB.
     fn default() -> Self {
-        let (head, body) = scratch::take(HEAD_CAPACITY, BODY_CAPACITY);
         Http {
             max_header_bytes: 8 * 1024,
             max_headers: MAX_HEADERS,
             max_body: 1024 * 1024,
             pending: Pending::default(),
-            head,
-            body,
+            // Lent for each response (see `scratch`).
+            head: Vec::new(),
+            body: Vec::new(),
             date: HttpDate,
         }
     }
@@ -766,6 +766,9 @@ impl Codec for Http {
         out: &'a mut Vec<u8>,
         last: bool,
     ) -> HttpResponse<'a> {
+        if self.head.capacity() == 0 {
+            (self.head, self.body) = scratch::take(HEAD_CAPACITY, BODY_CAPACITY);
+        }
         self.head.clear();
         self.body.clear();
         HttpResponse {
@@ -1108,10 +1111,8 @@ impl Respond for HttpResponse<'_> {
         } else {
             out.extend_from_slice(self.body);
         }
-        self.body.clear();
-        if self.body.capacity() > KEEP_SCRATCH {
-            self.body.shrink_to(KEEP_SCRATCH / 4);
-        }
+        // Given back for the next response (a large one is freed instead).
+        scratch::give(std::mem::take(self.head), std::mem::take(self.body));
         Outcome {
             close: self.close,
             file,

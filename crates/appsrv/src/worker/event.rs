@@ -1304,13 +1304,19 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// Writes the pending output (and TLS records): `Ok(true)` when all of it went out,
     /// `Ok(false)` when the socket is full (the next edge resumes it).
     fn flush(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers) -> io::Result<bool> {
+        Self::write_out(c, bufs, false)
+    }
+
+    /// [`flush`](Loop::flush); with `more`, a file's first bytes follow at once
+    /// (`MSG_MORE`: the kernel packs the head with them).
+    fn write_out(c: &mut Connection<'a, H>, bufs: &mut Buffers, more: bool) -> io::Result<bool> {
         loop {
             if c.transport.records_pending() {
                 if !c.writable {
                     return Ok(false);
                 }
                 match c.transport.write_records() {
-                    Ok(n) => c.sent += n as u64,
+                    Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         c.writable = false;
                         return Ok(false);
@@ -1328,11 +1334,14 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 return Ok(false);
             }
             let wanted = out.len();
-            let (n, r) = c.transport.write(&[IoSlice::new(out)]);
+            let (n, r) = if more {
+                c.transport.write_more(out)
+            } else {
+                c.transport.write(&[IoSlice::new(out)])
+            };
             bufs.output_written(n);
-            if !c.transport.is_tls() {
-                c.sent += n as u64;
-            }
+            // The response's bytes (under TLS, the plaintext rustls took).
+            c.sent += n as u64;
             match r {
                 Ok(()) if n == 0 && !c.transport.records_pending() => {
                     return Err(io::ErrorKind::WriteZero.into());
@@ -1377,7 +1386,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return Ok(None);
         }
         loop {
-            if !self.flush(c, bufs)? {
+            if !Self::write_out(c, bufs, left > 0)? {
                 return Ok(Some(Pending::File { body, offset, left }));
             }
             if left == 0 {
