@@ -93,7 +93,10 @@ const SCOREBOARD_WIDTH: usize = 64;
 
 /// Renders `status` as a table, in the manner of Apache's mod_status: the server, its
 /// pool, totals, listeners, restarts, the scoreboard line, then one row per worker (the
-/// client, the time and the first bytes of the request for busy ones).
+/// client, the time and the first bytes of the request for busy ones). With event workers
+/// (`--io event`), a `Connections:` line sums their connections by state, and a second
+/// table gives each one's counts, whether it accepts, and how long ago its loop last began
+/// a turn; the rows of blocking workers are the same in both.
 pub(crate) fn render_text(status: &Status) -> String {
     let totals = status.totals();
     let mut out = String::new();
@@ -120,6 +123,22 @@ pub(crate) fn render_text(status: &Status) -> String {
         totals.bytes_out,
         requests_per_second(totals.requests, status.uptime)
     );
+    let ev = status.event_totals();
+    if ev.workers > 0 {
+        let _ = writeln!(
+            o,
+            "Connections:   {} open in {} event workers: {} reading, {} handling, {} writing, \
+             {} idle keep-alive; accepts paused in {}",
+            ev.open, ev.workers, ev.reading, ev.handling, ev.writing, ev.idle_keepalive, ev.accepts_paused
+        );
+    }
+    if totals.slow_calls > 0 {
+        let _ = writeln!(
+            o,
+            "Slow requests: {} handler calls over --slow-request",
+            totals.slow_calls
+        );
+    }
     if totals.requests > 0 {
         let mean = totals.duration_sum / u32::try_from(totals.requests).unwrap_or(u32::MAX);
         let _ = writeln!(o, "Request time:  {} mean", human(mean));
@@ -193,13 +212,58 @@ pub(crate) fn render_text(status: &Status) -> String {
         ]);
     }
     // Numbers right-aligned, words left-aligned; the last column unpadded.
-    const RIGHT: [bool; 12] = [
-        true, true, true, false, true, true, true, true, true, false, true, false,
-    ];
-    let widths: Vec<usize> = (0..RIGHT.len())
+    table(
+        o,
+        &rows,
+        &[
+            true, true, true, false, true, true, true, true, true, false, true, false,
+        ],
+    );
+    let loops: Vec<_> = workers_by_id(status)
+        .into_iter()
+        .filter_map(|(id, w)| w.event.map(|e| (id, e)))
+        .collect();
+    if !loops.is_empty() {
+        let _ = writeln!(o);
+        let mut rows: Vec<Vec<String>> = vec![
+            [
+                "ID",
+                "OPEN",
+                "READING",
+                "HANDLING",
+                "WRITING",
+                "IDLE-KA",
+                "ACCEPTS",
+                "LAST TURN",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ];
+        for (id, e) in loops {
+            rows.push(vec![
+                id.to_string(),
+                e.counts.open.to_string(),
+                e.counts.reading.to_string(),
+                u8::from(e.handling).to_string(),
+                e.counts.writing.to_string(),
+                e.counts.idle_keepalive.to_string(),
+                if e.accepts_paused { "paused" } else { "open" }.to_owned(),
+                e.last_turn
+                    .map_or_else(|| "never".to_owned(), |t| format!("{} ago", human(t))),
+            ]);
+        }
+        table(o, &rows, &[true, true, true, true, true, true, false, false]);
+    }
+    out
+}
+
+/// Writes `rows` (the first one the header) as columns two spaces apart: right-aligned
+/// where `right` says so, left-aligned elsewhere, the last column unpadded.
+fn table(o: &mut String, rows: &[Vec<String>], right: &[bool]) {
+    let widths: Vec<usize> = (0..right.len())
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
-    for row in &rows {
+    for row in rows {
         let mut line = String::new();
         for (c, cell) in row.iter().enumerate() {
             if c > 0 {
@@ -207,7 +271,7 @@ pub(crate) fn render_text(status: &Status) -> String {
             }
             if c + 1 == row.len() {
                 line.push_str(cell);
-            } else if RIGHT[c] {
+            } else if right[c] {
                 let _ = write!(line, "{cell:>w$}", w = widths[c]);
             } else {
                 let _ = write!(line, "{cell:<w$}", w = widths[c]);
@@ -215,7 +279,6 @@ pub(crate) fn render_text(status: &Status) -> String {
         }
         let _ = writeln!(o, "{}", line.trim_end());
     }
-    out
 }
 
 /// A JSON string literal.
@@ -273,11 +336,18 @@ fn json_f64(v: f64) -> String {
 ///     "connections": 10, "requests": 25, "bytes_in": 1200, "bytes_out": 4000,
 ///     "denied": 0, "refused": 0,                by --allow/--deny, by --max-conns-per-ip
 ///     "tls_handshake_failures": 0,              TLS listeners: handshakes that failed
+///     "slow_requests": 0,                       handler calls over --slow-request (event
+///                                               workers; blocking ones count none)
 ///     "requests_per_second": 0.01,              since the master started
 ///     "request_duration_seconds_sum": 0.25,
 ///     "request_duration_buckets": [{"le": 0.0005, "count": 3}, ..., {"le": null, "count": 0}]
 ///                                  per bucket (not cumulative); le null is +Inf
 ///   },
+///   "event": null,                 without event workers (--io event); with them, their
+///                                  connections now, summed over the live ones:
+///                                  {"workers": 2, "open": 1200, "reading": 10,
+///                                   "handling": 1, "writing": 3, "idle_keepalive": 1186,
+///                                   "accepts_paused": 0}    (workers that stopped accepting)
 ///   "listeners": [{"addr": "127.0.0.1:7000", "queued": 0, "backlog": 511}],
 ///                                  queued and backlog are null for Unix sockets
 ///   "restarts": {"exit": 0, "signal": 1, "timeout": 0, "recycled": 0, "backoff": 0},
@@ -298,6 +368,12 @@ fn json_f64(v: f64) -> String {
 ///     "request": "GET / HTTP/1.1\r\n..."
 ///                                  its first bytes, escaped as in the table (bytes
 ///                                  outside printable ASCII as \xNN), or null
+///     "slow_requests": 0,          handler calls over --slow-request
+///     "event": null                a blocking worker; an event worker's loop:
+///                                  {"open": 600, "reading": 5, "handling": 1, "writing": 1,
+///                                   "idle_keepalive": 593, "accepts_paused": false,
+///                                   "last_turn_seconds": 0.002}
+///                                  (since its loop last began a turn, null if it never did)
 ///   }]
 /// }
 /// ```
@@ -330,14 +406,38 @@ pub(crate) fn render_json(status: &Status) -> String {
         .iter()
         .map(|(reason, n)| format!("{}:{n}", json_str(reason)))
         .collect();
+    let ev = status.event_totals();
+    let event = if ev.workers == 0 {
+        "null".to_owned()
+    } else {
+        format!(
+            "{{\"workers\":{},\"open\":{},\"reading\":{},\"handling\":{},\"writing\":{},\
+             \"idle_keepalive\":{},\"accepts_paused\":{}}}",
+            ev.workers, ev.open, ev.reading, ev.handling, ev.writing, ev.idle_keepalive, ev.accepts_paused
+        )
+    };
     let workers: Vec<String> = workers_by_id(status)
         .into_iter()
         .map(|(id, w)| {
             let serving = busy(w);
+            let event = json_opt(w.event, |e| {
+                format!(
+                    "{{\"open\":{},\"reading\":{},\"handling\":{},\"writing\":{},\
+                     \"idle_keepalive\":{},\"accepts_paused\":{},\"last_turn_seconds\":{}}}",
+                    e.counts.open,
+                    e.counts.reading,
+                    u8::from(e.handling),
+                    e.counts.writing,
+                    e.counts.idle_keepalive,
+                    e.accepts_paused,
+                    json_opt(e.last_turn, secs),
+                )
+            });
             format!(
                 "{{\"id\":{id},\"pid\":{},\"generation\":{},\"state\":{},\"connections\":{},\
                  \"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\"age_seconds\":{},\
-                 \"idle_seconds\":{},\"client\":{},\"request_seconds\":{},\"request\":{}}}",
+                 \"idle_seconds\":{},\"client\":{},\"request_seconds\":{},\"request\":{},\
+                 \"slow_requests\":{},\"event\":{event}}}",
                 w.pid,
                 w.generation,
                 json_str(w.state.name()),
@@ -352,6 +452,7 @@ pub(crate) fn render_json(status: &Status) -> String {
                 json_opt((serving && !w.head.is_empty()).then_some(&w.head), |h| {
                     json_str(&escape_bytes(h))
                 }),
+                w.slow_calls,
             )
         })
         .collect();
@@ -359,7 +460,8 @@ pub(crate) fn render_json(status: &Status) -> String {
         "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"uptime_seconds\":{},\
          \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
          \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
-         \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
+         \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"slow_requests\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
+         \"event\":{},\
          \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"slow_clients\":{},\"scoreboard\":{},\
          \"workers\":[{}]}}\n",
         json_str(&status.name),
@@ -378,9 +480,11 @@ pub(crate) fn render_json(status: &Status) -> String {
         t.denied,
         t.refused,
         t.tls_failed,
+        t.slow_calls,
         json_f64(requests_per_second(t.requests, status.uptime)),
         secs(t.duration_sum),
         buckets.join(","),
+        event,
         listeners.join(","),
         restarts.join(","),
         status.max_workers_reached,
@@ -465,6 +569,10 @@ impl Exposition {
 /// | `appsrv_connections_denied_total` | counter | |
 /// | `appsrv_connections_refused_total` | counter | |
 /// | `appsrv_tls_handshake_failures_total` | counter | |
+/// | `appsrv_slow_requests_total` | counter | |
+/// | `appsrv_open_connections` | gauge | `state`: reading, handling, writing, idle_keepalive |
+/// | `appsrv_open_connections_all` | gauge | |
+/// | `appsrv_accepts_paused` | gauge | |
 /// | `appsrv_max_workers_reached_total` | counter | |
 /// | `appsrv_worker_restarts_total` | counter | `reason` |
 /// | `appsrv_request_duration_seconds` | histogram | `le` |
@@ -472,6 +580,16 @@ impl Exposition {
 ///
 /// The counters cover workers that have exited too, so they only grow while the master
 /// lives.
+///
+/// The connection gauges describe event workers (`--io event`), summed over the live ones
+/// (zeros without any: a blocking worker's connection is its state in `appsrv_workers`).
+/// `appsrv_open_connections` splits them by what each waits for; their total is its own
+/// gauge, `appsrv_open_connections_all`, rather than a `state="all"` sample, so that a
+/// `sum()` over the states stays meaningful (and a connection the loop has not classified
+/// yet, such as one accepted during the turn, still counts in the total).
+/// `appsrv_accepts_paused` is how many event workers stopped accepting (at
+/// `--worker-connections`, or out of descriptors). `appsrv_slow_requests_total` counts
+/// handler calls over `--slow-request` in every worker (blocking workers count none).
 pub(crate) fn render_metrics(status: &Status) -> String {
     let t = status.totals();
     let mut e = Exposition(String::new());
@@ -563,6 +681,38 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "counter",
         "Connections closed because their TLS handshake failed (plain-text clients, timeouts, refused client certificates).",
         t.tls_failed,
+    );
+    e.single(
+        "appsrv_slow_requests_total",
+        "counter",
+        "Handler calls that held an event loop longer than --slow-request.",
+        t.slow_calls,
+    );
+    let ev = status.event_totals();
+    e.family(
+        "appsrv_open_connections",
+        "gauge",
+        "Connections open in event workers, by what each waits for.",
+    );
+    for (state, n) in [
+        ("reading", ev.reading),
+        ("handling", ev.handling),
+        ("writing", ev.writing),
+        ("idle_keepalive", ev.idle_keepalive),
+    ] {
+        e.sample("appsrv_open_connections", &[("state", state)], n);
+    }
+    e.single(
+        "appsrv_open_connections_all",
+        "gauge",
+        "Connections open in event workers, in all states.",
+        ev.open,
+    );
+    e.single(
+        "appsrv_accepts_paused",
+        "gauge",
+        "Event workers that stopped accepting (at --worker-connections, or out of descriptors).",
+        ev.accepts_paused,
     );
     e.single(
         "appsrv_max_workers_reached_total",
@@ -1060,6 +1210,230 @@ pub(crate) mod tests {
                 .iter()
                 .any(|(n, l, _)| n == "appsrv_listen_queue" && l[0].1 == "odd\"host\\name\n:1")
         );
+    }
+
+    /// `sample_status` with two event workers beside the blocking ones: worker 3 with
+    /// connections in every state and a handler call running, worker 4 paused, its loop
+    /// never turned; and slow calls in a live and a retired worker.
+    fn event_status() -> Status {
+        use crate::scoreboard::{ConnCounts, EventView};
+        let mut s = sample_status();
+        let mut busy = slot(4103, State::Handling);
+        busy.event = Some(EventView {
+            counts: ConnCounts {
+                open: 1200,
+                reading: 10,
+                writing: 3,
+                idle_keepalive: 1186,
+            },
+            handling: true,
+            accepts_paused: false,
+            last_turn: Some(Duration::from_millis(2)),
+        });
+        busy.slow_calls = 5;
+        busy.current = Some(Duration::from_millis(2));
+        busy.peer = Some(Addr::Inet("198.51.100.9:5555".parse().unwrap()));
+        busy.head = b"GET /event HTTP/1.1\r\n".to_vec();
+        let mut full = slot(4104, State::Reading);
+        full.event = Some(EventView {
+            counts: ConnCounts {
+                open: 10000,
+                reading: 7,
+                writing: 0,
+                idle_keepalive: 9993,
+            },
+            handling: false,
+            accepts_paused: true,
+            last_turn: None,
+        });
+        s.workers.push((4, full));
+        s.workers.push((3, busy));
+        s.retired.slow_calls = 2;
+        s
+    }
+
+    #[test]
+    fn issue_16_status_shows_each_event_workers_connections_and_the_totals() {
+        let text = render_text(&event_status());
+        assert!(
+            text.contains(
+                "Connections:   11200 open in 2 event workers: 17 reading, 1 handling, 3 writing, \
+                 11179 idle keep-alive; accepts paused in 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("Slow requests: 7 handler calls over --slow-request\n"),
+            "{text}"
+        );
+        let header = text
+            .lines()
+            .find(|l| l.starts_with("ID") && l.contains("OPEN"))
+            .unwrap_or_else(|| panic!("no event-loop table in\n{text}"));
+        let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(
+            words(header),
+            [
+                "ID", "OPEN", "READING", "HANDLING", "WRITING", "IDLE-KA", "ACCEPTS", "LAST", "TURN"
+            ]
+        );
+        let rows: Vec<Vec<String>> = text
+            .lines()
+            .skip_while(|l| *l != header)
+            .skip(1)
+            .map(words)
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                words("3 1200 10 1 3 1186 open 2ms ago"),
+                words("4 10000 7 0 0 9993 paused never"),
+            ],
+            "one row per event worker, by id:\n{text}"
+        );
+        // The blocking workers' rows are those of a status without event workers, and
+        // each event worker has its row in the main table too.
+        let main: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !(l.starts_with("ID") && l.contains("PID")))
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert_eq!(main.len(), 5, "{text}");
+        let plain = render_text(&sample_status());
+        let plain_main: Vec<&str> = plain
+            .lines()
+            .skip_while(|l| !(l.starts_with("ID") && l.contains("PID")))
+            .collect();
+        assert_eq!(plain_main.len(), 3);
+        for (a, b) in main[1..3].iter().zip(&plain_main[1..]) {
+            assert_eq!(
+                a.split_whitespace().collect::<Vec<_>>(),
+                b.split_whitespace().collect::<Vec<_>>()
+            );
+        }
+        assert!(
+            !plain.contains("Connections:") && !plain.contains("OPEN") && !plain.contains("Slow requests")
+        );
+    }
+
+    #[test]
+    fn issue_16_status_json_has_the_event_workers_counts() {
+        let json = render_json(&event_status());
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+        assert_eq!(v["totals"]["slow_requests"], 7);
+        let e = &v["event"];
+        assert_eq!(
+            (e["workers"].as_u64(), e["open"].as_u64(), e["reading"].as_u64()),
+            (Some(2), Some(11200), Some(17))
+        );
+        assert_eq!(
+            (
+                e["handling"].as_u64(),
+                e["writing"].as_u64(),
+                e["idle_keepalive"].as_u64()
+            ),
+            (Some(1), Some(3), Some(11179))
+        );
+        assert_eq!(e["accepts_paused"], 1);
+        let w = v["workers"].as_array().unwrap();
+        assert_eq!(w.len(), 4);
+        assert!(
+            w[0]["event"].is_null() && w[1]["event"].is_null(),
+            "blocking workers"
+        );
+        assert_eq!(w[2]["id"], 3);
+        assert_eq!(w[2]["slow_requests"], 5);
+        let e3 = &w[2]["event"];
+        assert_eq!(
+            (
+                e3["open"].as_u64(),
+                e3["reading"].as_u64(),
+                e3["handling"].as_u64()
+            ),
+            (Some(1200), Some(10), Some(1))
+        );
+        assert_eq!(
+            (e3["writing"].as_u64(), e3["idle_keepalive"].as_u64()),
+            (Some(3), Some(1186))
+        );
+        assert_eq!(e3["accepts_paused"], false);
+        assert_eq!(e3["last_turn_seconds"], 0.002);
+        let e4 = &w[3]["event"];
+        assert_eq!(e4["accepts_paused"], true);
+        assert!(e4["last_turn_seconds"].is_null());
+        let plain: serde_json::Value = serde_json::from_str(&render_json(&sample_status())).unwrap();
+        assert!(plain["event"].is_null());
+        assert_eq!(plain["totals"]["slow_requests"], 0);
+    }
+
+    #[test]
+    fn issue_16_metrics_export_open_connections_paused_accepts_and_slow_requests() {
+        let text = render_metrics(&event_status());
+        let strict = strict_parse(&text);
+        let get = |name: &str, state: Option<&str>| -> Vec<f64> {
+            strict
+                .iter()
+                .filter(|(n, l, _)| {
+                    n == name && state.is_none_or(|st| l.iter().any(|(k, v)| k == "state" && v == st))
+                })
+                .map(|(_, _, v)| *v)
+                .collect()
+        };
+        assert_eq!(get("appsrv_open_connections", Some("reading")), [17.0]);
+        assert_eq!(get("appsrv_open_connections", Some("handling")), [1.0]);
+        assert_eq!(get("appsrv_open_connections", Some("writing")), [3.0]);
+        assert_eq!(get("appsrv_open_connections", Some("idle_keepalive")), [11179.0]);
+        assert_eq!(
+            get("appsrv_open_connections", None).len(),
+            4,
+            "no total among the states"
+        );
+        assert_eq!(get("appsrv_open_connections_all", None), [11200.0]);
+        assert_eq!(get("appsrv_accepts_paused", None), [1.0]);
+        assert_eq!(
+            get("appsrv_slow_requests_total", None),
+            [7.0],
+            "live and retired workers"
+        );
+        assert_eq!(
+            get("appsrv_connections_total", None),
+            [107.0],
+            "the counter is unchanged"
+        );
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        let kind = |name: &str| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| s.metric == name)
+                .unwrap()
+                .value
+                .clone()
+        };
+        assert_eq!(
+            kind("appsrv_slow_requests_total"),
+            prometheus_parse::Value::Counter(7.0)
+        );
+        assert_eq!(kind("appsrv_accepts_paused"), prometheus_parse::Value::Gauge(1.0));
+        assert_eq!(
+            kind("appsrv_open_connections_all"),
+            prometheus_parse::Value::Gauge(11200.0)
+        );
+        // Without event workers, the gauges are there, at zero.
+        let plain = strict_parse(&render_metrics(&sample_status()));
+        for (name, n) in [
+            ("appsrv_open_connections", 4),
+            ("appsrv_open_connections_all", 1),
+            ("appsrv_accepts_paused", 1),
+            ("appsrv_slow_requests_total", 1),
+        ] {
+            let found: Vec<f64> = plain
+                .iter()
+                .filter(|(m, _, _)| m == name)
+                .map(|(_, _, v)| *v)
+                .collect();
+            assert_eq!(found, vec![0.0; n], "{name}");
+        }
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub(crate) struct Totals {
     pub(crate) refused: u64,
     /// Connections whose TLS handshake failed.
     pub(crate) tls_failed: u64,
+    /// Handler calls slower than `--slow-request` (event workers; blocking ones count
+    /// none).
+    pub(crate) slow_calls: u64,
 }
 
 impl Totals {
@@ -89,7 +92,26 @@ impl Totals {
         self.denied += w.denied;
         self.refused += w.refused;
         self.tls_failed += w.tls_failed;
+        self.slow_calls += w.slow_calls;
     }
+}
+
+/// The live event workers' connections (`--io event`), summed: gauges, so workers that
+/// are gone do not count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct EventTotals {
+    /// Live event workers.
+    pub(crate) workers: usize,
+    /// Connections open, and by what each waits for.
+    pub(crate) open: u64,
+    pub(crate) reading: u64,
+    /// Connections in a handler call (at most one per worker).
+    pub(crate) handling: u64,
+    pub(crate) writing: u64,
+    pub(crate) idle_keepalive: u64,
+    /// Event workers that stopped accepting (at `--worker-connections`, or out of
+    /// descriptors).
+    pub(crate) accepts_paused: usize,
 }
 
 impl Status {
@@ -98,6 +120,21 @@ impl Status {
         let mut t = self.retired.clone();
         for (_, w) in &self.workers {
             t.add(w);
+        }
+        t
+    }
+
+    /// The live event workers' connection counts, summed (all zero without event workers).
+    pub(crate) fn event_totals(&self) -> EventTotals {
+        let mut t = EventTotals::default();
+        for e in self.workers.iter().filter_map(|(_, w)| w.event) {
+            t.workers += 1;
+            t.open += u64::from(e.counts.open);
+            t.reading += u64::from(e.counts.reading);
+            t.handling += u64::from(e.handling);
+            t.writing += u64::from(e.counts.writing);
+            t.idle_keepalive += u64::from(e.counts.idle_keepalive);
+            t.accepts_paused += usize::from(e.accepts_paused);
         }
         t
     }
