@@ -67,7 +67,11 @@ impl HoldWatch {
         let mut held = 0;
         let mut by_ip: HashMap<IpAddr, usize> = HashMap::new();
         let mut live = HashMap::new();
-        for (id, v) in ready {
+        // An event worker (`--io event`) holds thousands of connections, and a slow client
+        // holds none of its capacity but one connection: its slot's state and client say
+        // nothing of the kind (the client is that of its last handler call). Its slow
+        // clients are bounded by the timeouts and the per-address cap.
+        for (id, v) in ready.filter(|(_, v)| v.event.is_none()) {
             workers += 1;
             let key = (v.pid, v.connections, v.requests);
             let since = match self.seen.get(&id) {
@@ -175,6 +179,35 @@ mod tests {
             Some(None)
         );
         assert!(w.episode().is_none());
+    }
+
+    #[test]
+    fn issue_16_event_workers_are_not_counted_as_held() {
+        let t0 = Instant::now();
+        let mut pool: Vec<SlotView> = (1..=4).map(|i| view(i, State::Reading, "192.0.2.7", 0)).collect();
+        for v in &mut pool {
+            v.event = Some(crate::scoreboard::EventView::default());
+        }
+        let mut w = HoldWatch::default();
+        w.observe(t0, each(&pool).into_iter());
+        assert_eq!(
+            w.observe(t0 + HELD_FOR, each(&pool).into_iter()),
+            None,
+            "event workers reading from one address for long are not held"
+        );
+        let mut w = HoldWatch::default();
+        let mut mixed = pool[..1].to_vec();
+        mixed.push(view(5, State::Reading, "192.0.2.7", 0));
+        mixed.push(view(6, State::Reading, "192.0.2.7", 0));
+        mixed.push(view(7, State::Reading, "192.0.2.8", 0));
+        mixed.push(view(8, State::Handling, "192.0.2.9", 3));
+        w.observe(t0, each(&mixed).into_iter());
+        let held = w.observe(t0 + HELD_FOR, each(&mixed).into_iter()).flatten();
+        assert_eq!(
+            held.map(|h| (h.workers, h.held)),
+            Some((4, 3)),
+            "only the blocking workers count"
+        );
     }
 
     #[test]

@@ -1146,11 +1146,9 @@ impl<'a> Master<'a> {
                 continue;
             }
             if let (Some(limit), Some(v)) = (limits.request_timeout, board.read(w.id)) {
-                if let Some(elapsed) = v.current.filter(|t| *t > limit) {
-                    if v.state != State::Idle && v.state != State::Starting {
-                        expired.push((*pid, w.id, elapsed, v));
-                        continue;
-                    }
+                if let Some(elapsed) = over_request_timeout(&v, limit) {
+                    expired.push((*pid, w.id, elapsed, v));
+                    continue;
                 }
             }
             if w.leaving.is_some() || !w.ready {
@@ -1167,17 +1165,16 @@ impl<'a> Master<'a> {
         }
         let abort = sys::core_dumps_enabled();
         for (pid, id, elapsed, v) in expired {
-            let peer = v
-                .peer
-                .map(|p| p.to_string())
-                .unwrap_or_else(|| "no client".into());
             tracing::error!(
-                "worker {id} (pid {pid}) exceeded the request timeout of {}: serving {peer} for {}, \
-                 request {:?}; killing it{}",
-                fmt_duration(limits.request_timeout.unwrap_or_default()),
-                fmt_duration(elapsed),
-                String::from_utf8_lossy(&v.head),
-                if abort { " (SIGABRT, for a core dump)" } else { "" }
+                "{}",
+                timeout_message(
+                    id,
+                    pid,
+                    limits.request_timeout.unwrap_or_default(),
+                    elapsed,
+                    &v,
+                    abort
+                )
             );
             let _ = signal::kill(pid, if abort { Signal::SIGABRT } else { Signal::SIGKILL });
             if let Some(w) = self.workers.get_mut(&pid) {
@@ -1338,6 +1335,53 @@ fn pss_kib(pid: Pid) -> Option<u64> {
         .ok()
 }
 
+/// How long the current request (a blocking worker) or loop turn (an event worker: see
+/// `Slot::turn_begin`; none while it waits in `epoll_wait`) of the worker whose slot is `v`
+/// has run, if over `limit`. An event worker's clock is its turn's whatever state its
+/// slot shows between handler calls; a blocking worker's only while it serves a client.
+fn over_request_timeout(v: &scoreboard::SlotView, limit: Duration) -> Option<Duration> {
+    let elapsed = v.current.filter(|t| *t > limit)?;
+    (v.state != State::Starting && (v.event.is_some() || v.state != State::Idle)).then_some(elapsed)
+}
+
+/// The request timeout's log line for worker `id` (`pid`), whose slot `v` shows its
+/// current request (a blocking worker) or its loop's current turn (an event worker) running
+/// for `elapsed`, over `limit`.
+fn timeout_message(
+    id: u32,
+    pid: Pid,
+    limit: Duration,
+    elapsed: Duration,
+    v: &scoreboard::SlotView,
+    abort: bool,
+) -> String {
+    let peer = v
+        .peer
+        .as_ref()
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| "no client".into());
+    let head = String::from_utf8_lossy(&v.head);
+    let how = if abort { " (SIGABRT, for a core dump)" } else { "" };
+    match &v.event {
+        // The loop is stuck (a handler call that blocks, a loop in user code): every
+        // connection of the worker goes with it, which the operator must be told.
+        Some(e) => format!(
+            "worker {id} (pid {pid}) exceeded the request timeout of {}: its event loop has not \
+             turned for {} (the last handler call was for {peer}, request {head:?}); killing it{how} \
+             drops {} connections",
+            fmt_duration(limit),
+            fmt_duration(elapsed),
+            e.counts.open
+        ),
+        None => format!(
+            "worker {id} (pid {pid}) exceeded the request timeout of {}: serving {peer} for {}, \
+             request {head:?}; killing it{how}",
+            fmt_duration(limit),
+            fmt_duration(elapsed),
+        ),
+    }
+}
+
 /// `1.5s`, `250ms`, `2m05s`.
 fn fmt_duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -1428,6 +1472,61 @@ fn exit_reason(code: i32) -> String {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+
+    #[test]
+    fn issue_16_a_stuck_event_loop_is_killed_and_the_log_says_how_many_connections_go() {
+        use crate::net::listener::Addr;
+        use crate::scoreboard::ConnCounts;
+        let board = Board::new().unwrap();
+        let limit = Duration::from_secs(30);
+        board.claim(2, 0);
+        board.set_pid(2, 4242);
+        let s = board.slot(2).unwrap();
+        s.set_event();
+        board.set_state(2, State::Idle);
+        s.publish_counts(ConnCounts {
+            open: 812,
+            reading: 3,
+            writing: 1,
+            idle_keepalive: 807,
+        });
+        s.handler_call(
+            &Addr::Inet("192.0.2.5:6000".parse().unwrap()),
+            b"GET /block HTTP/1.1\r\n",
+        );
+        // Waiting in epoll_wait: never over the limit.
+        s.turn_end();
+        assert_eq!(over_request_timeout(&board.read(2).unwrap(), limit), None);
+        // A turn that began 40 s ago and has not ended, whatever the slot's state.
+        s.turn_begin(scoreboard::now_ns() - 40_000_000_000);
+        let v = board.read(2).unwrap();
+        let elapsed = over_request_timeout(&v, limit).expect("a loop stuck past the limit");
+        assert!(elapsed >= Duration::from_secs(40));
+        let line = timeout_message(2, Pid::from_raw(4242), limit, Duration::from_secs(40), &v, false);
+        assert_eq!(
+            line,
+            "worker 2 (pid 4242) exceeded the request timeout of 30.0s: its event loop has not turned \
+             for 40.0s (the last handler call was for 192.0.2.5:6000, request \"GET /block HTTP/1.1\\r\\n\"); \
+             killing it drops 812 connections"
+        );
+        // A blocking worker's line is as it was, and an idle one is not timed.
+        board.claim(3, 0);
+        board.set_pid(3, 4343);
+        let b = board.slot(3).unwrap();
+        b.connection(&Addr::Inet("192.0.2.6:7000".parse().unwrap()));
+        board.set_state(3, State::Handling);
+        b.request_start(b"GET /slow");
+        let mut v = board.read(3).unwrap();
+        v.current = Some(Duration::from_secs(31));
+        assert_eq!(over_request_timeout(&v, limit), Some(Duration::from_secs(31)));
+        assert_eq!(
+            timeout_message(3, Pid::from_raw(4343), limit, Duration::from_secs(31), &v, true),
+            "worker 3 (pid 4343) exceeded the request timeout of 30.0s: serving 192.0.2.6:7000 for 31.0s, \
+             request \"GET /slow\"; killing it (SIGABRT, for a core dump)"
+        );
+        v.state = State::Idle;
+        assert_eq!(over_request_timeout(&v, limit), None);
+    }
 
     fn worker() -> Worker {
         Worker {

@@ -169,6 +169,28 @@ mod tests {
         b
     }
 
+    #[test]
+    fn issue_16_an_event_worker_is_never_at_a_keepalive_boundary() {
+        // The guard's mark is set only by `keepalive_wait`, which only the blocking
+        // driver's guard calls (`worker/guard.rs`); an event worker's slot, whatever it
+        // shows, is never woken by the queue watch.
+        let b = Board::new().unwrap();
+        b.claim(3, 0);
+        let s = b.slot(3).unwrap();
+        s.set_event();
+        b.set_state(3, State::Reading);
+        s.publish_counts(crate::scoreboard::ConnCounts {
+            open: 50,
+            reading: 0,
+            writing: 0,
+            idle_keepalive: 50,
+        });
+        s.turn_end();
+        assert!(!b.at_keepalive_boundary(3));
+        b.set_state(3, State::Idle);
+        assert!(!b.at_keepalive_boundary(3));
+    }
+
     /// This process, standing for both workers: SIGURG's default action is to ignore it.
     fn workers() -> impl Iterator<Item = (Pid, u32)> {
         [(Pid::this(), 1), (Pid::this(), 2)].into_iter()
