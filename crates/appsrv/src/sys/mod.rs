@@ -238,45 +238,127 @@ pub(crate) unsafe trait SharedZeroed: Sync + 'static {}
 /// child its own copy); the memfd lets a re-executed worker (`--exec-workers`) map the same
 /// memory again ([`map_shared_fd`]). The mapping lives as long as the process.
 pub(crate) fn map_shared<T: SharedZeroed>() -> io::Result<(&'static T, OwnedFd)> {
+    let len = std::mem::size_of::<T>();
+    let fd = shared_memfd(len)?;
+    // SAFETY: the memfd was just sized to hold a `T`.
+    let ptr = unsafe { map_len(&fd, len) }?;
+    // SAFETY: the mapping is page-aligned (enough for any atomic), zero-filled by the kernel
+    // when the memfd was sized (valid for T per `SharedZeroed`), at least size_of::<T>()
+    // long, never unmapped, and only ever accessed through shared references.
+    Ok((unsafe { ptr.cast::<T>().as_ref() }, fd))
+}
+
+/// Maps the `T` that another process made with [`map_shared`], from its memfd.
+pub(crate) fn map_shared_fd<T: SharedZeroed>(fd: OwnedFd) -> io::Result<&'static T> {
+    let len = std::mem::size_of::<T>();
+    if memfd_len(&fd)? < len {
+        return Err(smaller_than_expected());
+    }
+    // SAFETY: the memfd is at least `len` long (checked above).
+    let ptr = unsafe { map_len(&fd, len) }?;
+    // SAFETY: as in `map_shared`; the memory only ever held valid `T` values (written by
+    // processes of this program through `SharedZeroed` types). The mapping stays valid
+    // after the descriptor is closed.
+    Ok(unsafe { ptr.cast::<T>().as_ref() })
+}
+
+/// Maps `n` zeroed `T`s in shared memory, as [`map_shared`] does one, for a table whose
+/// size is known only at run time. The memfd is sized at once, but its pages are
+/// allocated when first touched: a large table costs only what is used.
+pub(crate) fn map_shared_slice<T: SharedZeroed>(n: usize) -> io::Result<(&'static [T], OwnedFd)> {
+    let len = std::mem::size_of::<T>()
+        .checked_mul(n)
+        .filter(|len| isize::try_from(*len).is_ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "shared table too large"))?;
+    let fd = shared_memfd(len)?;
+    // SAFETY: the memfd was just sized to hold `n` `T`s.
+    let ptr = unsafe { map_len(&fd, len) }?;
+    // SAFETY: page-aligned, zero-filled (valid for T per `SharedZeroed`), `n` elements long
+    // (at most isize::MAX bytes, checked above), never unmapped, only ever accessed through
+    // shared references.
+    Ok((
+        unsafe { std::slice::from_raw_parts(ptr.cast::<T>().as_ptr(), n) },
+        fd,
+    ))
+}
+
+/// Maps the `T`s that another process made with [`map_shared_slice`], from its memfd: as
+/// many as it holds.
+pub(crate) fn map_shared_slice_fd<T: SharedZeroed>(fd: OwnedFd) -> io::Result<&'static [T]> {
+    let len = memfd_len(&fd)?;
+    let size = std::mem::size_of::<T>().max(1);
+    if len % size != 0 || len == 0 {
+        return Err(smaller_than_expected());
+    }
+    // SAFETY: the memfd is `len` bytes long (its size, sealed by `shared_memfd`).
+    let ptr = unsafe { map_len(&fd, len) }?;
+    // SAFETY: as in `map_shared_slice`: `len / size` elements fit the mapping exactly, and
+    // the memory only ever held valid `T` values.
+    Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<T>().as_ptr(), len / size) })
+}
+
+/// Zeroes `len` bytes from `offset` of shared memory made by [`map_shared_slice`], in
+/// every process that maps it, and gives the kernel back its whole pages in that range
+/// (`fallocate(FALLOC_FL_PUNCH_HOLE)`: a later access faults in a zeroed page). Atomic
+/// per byte for the other processes: a concurrent reader sees each value either as it was
+/// or as zero.
+pub(crate) fn zero_shared(fd: BorrowedFd<'_>, offset: usize, len: usize) -> io::Result<()> {
+    use nix::fcntl::FallocateFlags;
+    let off = |v: usize| i64::try_from(v).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+    nix::fcntl::fallocate(
+        fd,
+        FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        off(offset)?,
+        off(len)?,
+    )?;
+    Ok(())
+}
+
+fn smaller_than_expected() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "the shared memory is smaller than expected (a different version of the program?)",
+    )
+}
+
+/// The size of a memfd.
+fn memfd_len(fd: &OwnedFd) -> io::Result<usize> {
+    Ok(usize::try_from(nix::sys::stat::fstat(fd)?.st_size).unwrap_or(0))
+}
+
+/// A new memfd (close-on-exec) of `len` bytes (at least 1), zero-filled, sealed at its
+/// size.
+fn shared_memfd(len: usize) -> io::Result<OwnedFd> {
     use nix::fcntl::{FcntlArg, SealFlag};
     use nix::sys::memfd::MFdFlags;
     let fd = nix::sys::memfd::memfd_create(
         c"appsrv-shared",
         MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
     )?;
-    let len = std::mem::size_of::<T>().max(1);
     nix::unistd::ftruncate(
         &fd,
-        i64::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        i64::try_from(len.max(1)).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
     )?;
     // Sealed at its size: a process holding the descriptor cannot shrink it, which would
-    // make every other process's next access to the mapping a SIGBUS.
+    // make every other process's next access to the mapping a SIGBUS. (Punching a hole,
+    // `zero_shared`, keeps the size.)
     nix::fcntl::fcntl(
         &fd,
         FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL),
     )?;
-    let mapped = map_fd::<T>(&fd)?;
-    Ok((mapped, fd))
+    Ok(fd)
 }
 
-/// Maps the `T` that another process made with [`map_shared`], from its memfd.
-pub(crate) fn map_shared_fd<T: SharedZeroed>(fd: OwnedFd) -> io::Result<&'static T> {
-    let size = nix::sys::stat::fstat(&fd)?.st_size;
-    if usize::try_from(size).unwrap_or(0) < std::mem::size_of::<T>() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "the shared memory is smaller than expected (a different version of the program?)",
-        ));
-    }
-    // The mapping stays valid after the descriptor is closed.
-    map_fd::<T>(&fd)
-}
-
-fn map_fd<T: SharedZeroed>(fd: &OwnedFd) -> io::Result<&'static T> {
-    let len = std::num::NonZeroUsize::new(std::mem::size_of::<T>().max(1)).expect("non-zero");
+/// Maps the first `len` bytes (at least 1) of `fd`, shared, readable and writable.
+///
+/// # Safety
+///
+/// `fd` must be at least `len` bytes long (a shorter file makes accesses past its end a
+/// SIGBUS).
+unsafe fn map_len(fd: &OwnedFd, len: usize) -> io::Result<std::ptr::NonNull<std::ffi::c_void>> {
+    let len = std::num::NonZeroUsize::new(len.max(1)).expect("non-zero");
     // SAFETY: a new mapping of `len` bytes of the memfd at an address of the kernel's
-    // choice touches no existing memory; the memfd is at least `len` long (ftruncate in
-    // map_shared, checked by map_shared_fd).
+    // choice touches no existing memory; the caller vouches for the file's length.
     let ptr = unsafe {
         nix::sys::mman::mmap(
             None,
@@ -287,11 +369,7 @@ fn map_fd<T: SharedZeroed>(fd: &OwnedFd) -> io::Result<&'static T> {
             0,
         )
     }?;
-    // SAFETY: the mapping is page-aligned (enough for any atomic), zero-filled by the kernel
-    // when the memfd was sized (valid for T per `SharedZeroed`; a re-executed worker maps
-    // memory that only ever held valid T values), at least size_of::<T>() long, never
-    // unmapped, and only ever accessed through shared references.
-    Ok(unsafe { ptr.cast::<T>().as_ref() })
+    Ok(ptr)
 }
 
 /// The master's wake-up eventfd, inherited by the workers (-1 before it exists).
