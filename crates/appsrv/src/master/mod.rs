@@ -54,6 +54,7 @@ use nix::unistd::{Gid, Pid};
 use crate::control::{Control, MetricsListener};
 use crate::error::Error;
 use crate::net::listener::Listener;
+use crate::peer_counts::PeerCounts;
 use crate::process::notify::{Channel, Message};
 use crate::scoreboard::{self, Board, State};
 use crate::sys::{self, exit};
@@ -257,6 +258,9 @@ pub(crate) struct Master<'a> {
     /// of a dynamic or on-demand pool includes them, so a recycled worker is replaced
     /// before it is stopped, and only once.
     owed: usize,
+    /// The event workers' connections per client address (`--io event` with
+    /// `--max-conns-per-ip`): the master clears a dead worker's table.
+    peer_counts: Option<&'static PeerCounts>,
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
@@ -306,8 +310,19 @@ impl<'a> Master<'a> {
             upgrade,
             serving: false,
             owed: 0,
+            peer_counts: None,
             jitter: Jitter::new((u64::from(std::process::id()) << 32) ^ scoreboard::now_ns()),
         })
+    }
+
+    /// Gives the master the per-address tables its event workers count their connections
+    /// in (made before the first fork, [`PeerCounts::new`]): it clears a dead worker's
+    /// table, and closes the tables' memfd in the workers it forks (they have the mapping).
+    // Called by the start-up once the event loop's cap uses the tables (issue 16).
+    #[allow(dead_code)]
+    pub(crate) fn with_peer_counts(mut self, peers: Option<&'static PeerCounts>) -> Self {
+        self.peer_counts = peers;
+        self
     }
 
     /// Runs the pool until it stops. Returns an error when the first workers cannot
@@ -773,6 +788,11 @@ impl<'a> Master<'a> {
             self.counters.retired.add(v);
         }
         self.settings.board.release(worker.id);
+        // Its connections are gone with it: they no longer count against their clients'
+        // cap (before the id is given to a new worker).
+        if let Some(peers) = self.peer_counts {
+            peers.clear(worker.id);
+        }
         let serving = serving.unwrap_or_default();
         // Only a worker that ended on its own before it was ready is a start failure: one
         // killed from outside (an operator, the OOM killer, a kill storm) proves nothing
@@ -1254,6 +1274,7 @@ impl<'a> Master<'a> {
             // The scoreboard's memfd: a forked worker has the mapping already (and a
             // re-executed one gets the descriptor through its handoff instead).
             .chain(crate::scoreboard::Board::memfd())
+            .chain(self.peer_counts.map(PeerCounts::memfd))
             .chain(self.settings.master_fds.iter().copied())
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
