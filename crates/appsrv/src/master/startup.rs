@@ -25,6 +25,7 @@ use crate::control::{self, Control, MetricsListener};
 use crate::error::{Error, Result};
 use crate::net::listener::{self, BindOptions, ListenAddr, Listener};
 use crate::net::tls::Store;
+use crate::peer_counts::PeerCounts;
 use crate::process::daemon::{self, PidClaim, PidFile, Readiness};
 use crate::process::exec::Handoff;
 use crate::process::handover::{self, Inherited};
@@ -344,6 +345,12 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
     let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
+    // Event workers count their connections per address in shared tables, one per worker
+    // id (any id the master may give: pages are allocated only when used).
+    let peers = (config.io == crate::cli::Io::Event && config.max_conns_per_ip > 0)
+        .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.worker_connections))
+        .transpose()
+        .map_err(|e| Error::sys("mapping the per-address tables", e))?;
     let worker_dir = upgrade.dir.clone();
     let settings = Settings {
         name: name.to_owned(),
@@ -370,6 +377,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         plan: &plan,
         channel: &channel,
         board,
+        peers,
         access_log: access_log.as_ref(),
         confinement: &confinement,
         tls: &tls,
@@ -382,6 +390,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     };
     let mut published: Option<PidFile> = None;
     let result = Master::new(settings, listeners, &channel, signals)?
+        .with_peer_counts(peers)
         .run(&mut spawn, &mut || published = announce.ready());
     if let Some(p) = &published {
         p.remove();
@@ -440,6 +449,7 @@ struct Workers<'a> {
     plan: &'a Plan,
     channel: &'a Channel,
     board: &'static Board,
+    peers: Option<&'static PeerCounts>,
     access_log: Option<&'a File>,
     confinement: &'a Confinement,
     tls: &'a Store,
@@ -462,6 +472,7 @@ impl Workers<'_> {
             recycle,
             access_log: config.access_log.as_deref().zip(self.access_log),
             max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
+            peers: self.peers,
             confinement: self.confinement,
             tls: crate::net::tls::ForWorker {
                 acceptors: self.tls.current(),
@@ -491,6 +502,7 @@ impl Workers<'_> {
             channel: self.channel.write_fd(),
             wake: crate::sys::wake_fd(),
             access: self.access_log.map(AsRawFd::as_raw_fd),
+            peers: self.peers.map(PeerCounts::memfd),
             listeners: self
                 .listeners
                 .iter()
@@ -533,10 +545,11 @@ pub(crate) fn exec_worker(
         let _ = channel.send(std::process::id(), &Message::StartFailed(reason));
         crate::sys::exit_now(crate::sys::exit::START_FAILED)
     };
-    let (plan, listeners, tls, board, access, confinement) = match adopt_handoff(config, &s.bind, &handoff) {
-        Ok(p) => p,
-        Err(e) => fail(e.to_string()),
-    };
+    let (plan, listeners, tls, (board, peers), access, confinement) =
+        match adopt_handoff(config, &s.bind, &handoff) {
+            Ok(p) => p,
+            Err(e) => fail(e.to_string()),
+        };
     let workers = Workers {
         config,
         master: Pid::from_raw(handoff.master),
@@ -544,6 +557,7 @@ pub(crate) fn exec_worker(
         plan: &plan,
         channel: &channel,
         board,
+        peers,
         access_log: access.as_ref(),
         confinement: &confinement,
         tls: &tls,
@@ -569,7 +583,7 @@ fn adopt_handoff(
     Plan,
     Vec<Listener>,
     Store,
-    &'static Board,
+    (&'static Board, Option<&'static PeerCounts>),
     Option<File>,
     Confinement,
 )> {
@@ -590,6 +604,13 @@ fn adopt_handoff(
     let tls = Store::load(tls_sources(config, &listeners)?)?;
     let board = Board::adopt(adopt(handoff.board, "adopting the scoreboard")?)
         .map_err(|e| Error::sys("mapping the scoreboard", e))?;
+    let peers = handoff
+        .peers
+        .map(|fd| adopt(fd, "adopting the per-address tables"))
+        .transpose()?
+        .map(PeerCounts::adopt)
+        .transpose()
+        .map_err(|e| Error::sys("mapping the per-address tables", e))?;
     let access = handoff
         .access
         .map(|fd| adopt(fd, "adopting the access log").map(File::from))
@@ -600,7 +621,14 @@ fn adopt_handoff(
             "adopting the wake-up eventfd",
         )?));
     }
-    Ok((plan, listeners, tls, board, access, config.confinement()?))
+    Ok((
+        plan,
+        listeners,
+        tls,
+        (board, peers),
+        access,
+        config.confinement()?,
+    ))
 }
 
 /// Closes the descriptors the master inherited from whatever started it, but stdio, the

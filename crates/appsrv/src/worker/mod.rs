@@ -75,6 +75,9 @@ pub(crate) struct Setup<'a> {
     pub(crate) access_log: Option<(&'a Path, &'a std::fs::File)>,
     /// At most this many connections from one client address at once.
     pub(crate) max_per_ip: Option<usize>,
+    /// Event mode with a per-address cap: the connections per client address of every
+    /// worker (this one counts its own in its table).
+    pub(crate) peers: Option<&'static crate::peer_counts::PeerCounts>,
     /// Chroot, resource limits, umask, no-new-privs, sandbox.
     pub(crate) confinement: &'a crate::confine::privilege::Confinement,
     /// The TLS listeners' configurations, and the handshake's time limit.
