@@ -48,9 +48,6 @@ mod error;
 mod handler;
 mod master;
 mod net;
-// Used by the event loop's per-address cap, which is being written (issue 16); until then
-// only the master's `clear` and the tests call it.
-#[cfg_attr(not(test), allow(dead_code))]
 mod peer_counts;
 mod process;
 mod scoreboard;

@@ -36,7 +36,7 @@
 //! No locks. Each worker writes only its own table (from its one thread: [`add`],
 //! [`remove`]); any process reads all of them ([`total`]); the master zeroes a dead
 //! worker's table ([`clear`]). All accesses are `SeqCst`, so that two workers admitting
-//! the same address at once (each adds, then sums: [`admit`]) cannot both miss the other's
+//! the same address at once (each adds, then sums, as the event loop's admission does) cannot both miss the other's
 //! count: one of them may refuse for nothing, but the cap is not exceeded.
 //!
 //! A reader that races with the owner reads each entry's key, then its count, then the key
@@ -52,7 +52,6 @@
 //! [`remove`]: PeerCounts::remove
 //! [`total`]: PeerCounts::total
 //! [`clear`]: PeerCounts::clear
-//! [`admit`]: PeerCounts::admit
 
 use std::io;
 use std::net::IpAddr;
@@ -93,7 +92,9 @@ impl Entry {
     }
 }
 
-/// What [`PeerCounts::admit`] decided.
+/// What [`PeerCounts::admit`] decided (the tests' model of the worker's admission, which
+/// does the same with `add` and `total`: `worker/event.rs`, `EventSeat`).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Admission {
     /// Counted: the connection is in.
@@ -262,7 +263,7 @@ impl PeerCounts {
             return false;
         };
         // Published before the count, so that a reader that misses the table's use also
-        // comes before the count in the order of all `SeqCst` accesses (see `admit`).
+        // comes before the count in the order of all `SeqCst` accesses (see the module documentation).
         if self.entries[0].count.load(SeqCst) < id {
             self.entries[0].count.fetch_max(id, SeqCst);
         }
@@ -349,22 +350,6 @@ impl PeerCounts {
         if slots[i].key() == key { n as usize } else { 0 }
     }
 
-    /// Worker `id` admits a connection from `ip` under the per-address cap `limit`: counts
-    /// it, then sums the address over all workers; over the limit, uncounts it. Two workers
-    /// admitting the same address at once each see the other's count (all accesses are
-    /// `SeqCst`), so both may refuse, but not both admit past the cap (except during a
-    /// compaction: see the module documentation).
-    pub(crate) fn admit(&self, id: u32, ip: IpAddr, limit: usize) -> Admission {
-        if !self.add(id, ip) {
-            return Admission::NoRoom;
-        }
-        if self.total(ip) > limit {
-            self.remove(id, ip);
-            return Admission::OverLimit;
-        }
-        Admission::Admitted
-    }
-
     /// The master clears the table of worker `id`, which is gone, before the id is given
     /// to another worker: its connections no longer count. Its pages go back to the
     /// kernel; readers racing with this see each entry as it was or as zero.
@@ -409,6 +394,25 @@ impl PeerCounts {
     fn used(&self, id: u32) -> usize {
         self.table(id)
             .map_or(0, |(head, _)| head.key[0].load(SeqCst) as usize)
+    }
+}
+
+#[cfg(test)]
+impl PeerCounts {
+    /// Worker `id` admits a connection from `ip` under the per-address cap `limit`: counts
+    /// it, then sums the address over all workers; over the limit, uncounts it. Two workers
+    /// admitting the same address at once each see the other's count (all accesses are
+    /// `SeqCst`), so both may refuse, but not both admit past the cap (except during a
+    /// compaction: see the module documentation).
+    pub(crate) fn admit(&self, id: u32, ip: IpAddr, limit: usize) -> Admission {
+        if !self.add(id, ip) {
+            return Admission::NoRoom;
+        }
+        if self.total(ip) > limit {
+            self.remove(id, ip);
+            return Admission::OverLimit;
+        }
+        Admission::Admitted
     }
 }
 

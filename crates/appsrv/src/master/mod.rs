@@ -318,8 +318,6 @@ impl<'a> Master<'a> {
     /// Gives the master the per-address tables its event workers count their connections
     /// in (made before the first fork, [`PeerCounts::new`]): it clears a dead worker's
     /// table, and closes the tables' memfd in the workers it forks (they have the mapping).
-    // Called by the start-up once the event loop's cap uses the tables (issue 16).
-    #[allow(dead_code)]
     pub(crate) fn with_peer_counts(mut self, peers: Option<&'static PeerCounts>) -> Self {
         self.peer_counts = peers;
         self

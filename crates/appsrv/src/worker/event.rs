@@ -72,6 +72,7 @@ use crate::conn::transport::Transport;
 use crate::handler::RequestHandler;
 use crate::net::listener::{Addr, Listener};
 use crate::net::tls::ForWorker;
+use crate::peer_counts::PeerCounts;
 use crate::scoreboard::{Board, ConnCounts, Slot, State};
 use crate::sys::{self, exit};
 
@@ -117,6 +118,8 @@ pub(crate) struct Worker<'a> {
     pub(crate) max_connections: usize,
     /// `--slow-request`.
     pub(crate) slow_request: Option<Duration>,
+    /// The event workers' connections by client address (`--max-conns-per-ip`).
+    pub(crate) peers: Option<&'static PeerCounts>,
     /// Runs after a USR1.
     pub(crate) reopen_log: &'a mut dyn FnMut(),
     /// Asks the master for a replacement (a recycling limit is reached).
@@ -197,7 +200,7 @@ struct Connection<'a, H: RequestHandler> {
     peer: Addr,
     /// Its number among this worker's connections ([`Conn::id`](crate::Conn::id)).
     id: u64,
-    admission: Option<Box<Admission<'a, EventSeat<'a>>>>,
+    admission: Option<Box<Admission<'a, EventSeat>>>,
     step: Requests<H::Codec>,
     session: H::Session,
     pending: Pending,
@@ -225,24 +228,30 @@ struct Connection<'a, H: RequestHandler> {
     sent_at_check: u64,
 }
 
-/// The per-address cap's seat: this worker's own connections and the other workers'
-/// through the board (blocking workers publish one client each); the event workers' counts
-/// are local to each worker here.
-struct EventSeat<'a> {
-    peers: &'a std::cell::RefCell<std::collections::HashMap<IpAddr, u32>>,
+/// The per-address cap's seat: this worker's table of connections by client address, and
+/// the sum over every event worker's table (`peer_counts`), so that the cap counts
+/// connections across the pool, and a killed worker's counts vanish with its table.
+struct EventSeat {
+    id: u32,
+    peers: Option<&'static PeerCounts>,
     counted: Option<IpAddr>,
 }
 
-impl Seat for EventSeat<'_> {
+impl Seat for EventSeat {
     fn permitted(&mut self, peer: &Addr) {
-        if let Some(ip) = peer.ip() {
-            *self.peers.borrow_mut().entry(ip).or_insert(0) += 1;
+        let (Some(peers), Some(ip)) = (self.peers, peer.ip()) else {
+            return;
+        };
+        if peers.add(self.id, ip) {
             self.counted = Some(ip);
+        } else {
+            // Cannot happen with tables twice --worker-connections in size: said, not hidden.
+            tracing::warn!("no room to count the connection from {ip} for --max-conns-per-ip");
         }
     }
 
     fn connections_from(&self, ip: IpAddr) -> usize {
-        self.peers.borrow().get(&ip).copied().unwrap_or(0) as usize
+        self.peers.map_or(0, |p| p.total(ip))
     }
 }
 
@@ -430,7 +439,7 @@ struct Loop<'a, H: RequestHandler> {
     slow: Slow,
     access: Option<AccessLog>,
     rejections: super::blocking::Rejections,
-    peers: &'a std::cell::RefCell<std::collections::HashMap<IpAddr, u32>>,
+    peers: Option<&'static PeerCounts>,
     board: &'static Board,
     generation: u32,
 }
@@ -454,6 +463,7 @@ pub(crate) fn serve<H: RequestHandler>(
         limits,
         max_connections,
         slow_request,
+        peers,
         reopen_log,
         retire,
     } = worker;
@@ -461,7 +471,6 @@ pub(crate) fn serve<H: RequestHandler>(
         Some((p, log)) => (Some(p), Some(log)),
         None => (None, None),
     };
-    let peers = std::cell::RefCell::new(std::collections::HashMap::new());
     slot.set_event();
     board.set_state(id, State::Reading);
     let mut lp = Loop::<H> {
@@ -505,7 +514,7 @@ pub(crate) fn serve<H: RequestHandler>(
         },
         access,
         rejections: super::blocking::Rejections::default(),
-        peers: &peers,
+        peers,
         board,
         generation: 0,
     };
@@ -817,6 +826,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 rules,
                 peer,
                 EventSeat {
+                    id: self.id,
                     peers: self.peers,
                     counted: None,
                 },
@@ -1050,14 +1060,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             .counted_ip
             .take()
             .or_else(|| c.admission.as_ref().and_then(|a| a.seat().counted));
-        if let Some(ip) = counted {
-            let mut peers = self.peers.borrow_mut();
-            if let Some(n) = peers.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    peers.remove(&ip);
-                }
-            }
+        if let (Some(ip), Some(peers)) = (counted, self.peers) {
+            peers.remove(self.id, ip);
         }
         drop(c);
         self.free.push(index);

@@ -205,6 +205,7 @@ where
                 limits: setup.conn,
                 max_connections: setup.worker_connections,
                 slow_request: setup.slow_request,
+                peers: setup.peers,
                 reopen_log: &mut || reopen_log(log_path),
                 retire: &mut || {
                     let _ = channel.send(pid, &Message::Retire);
