@@ -207,6 +207,10 @@ pub(crate) struct Settings {
     /// The listeners' TLS material, re-read on reload (shared with the code that forks
     /// workers, which hands the current material to each new worker).
     pub(crate) tls: std::rc::Rc<crate::net::tls::Store>,
+    /// Watch the listen queue for the keep-alive guard (`queue.rs`): blocking workers
+    /// only; an event worker holds thousands of connections, so no keep-alive client
+    /// starves another, and its loop is never woken by SIGURG.
+    pub(crate) watch_queue: bool,
 }
 
 /// The application's reload hook.
@@ -376,7 +380,7 @@ impl<'a> Master<'a> {
             let _ = nix::unistd::read(&self.wake, &mut buf);
             self.settings.board.clear_wake();
             let workers = self.workers.iter().map(|(pid, w)| (*pid, w.id));
-            let running = self.phase == Phase::Running;
+            let running = self.phase == Phase::Running && self.settings.watch_queue;
             let board = self.settings.board;
             self.queue
                 .on_wake(board, self.listeners, workers, running, Instant::now());
@@ -518,7 +522,7 @@ impl<'a> Master<'a> {
             }
         }
         deadlines.extend(self.settings.control.as_ref().and_then(Control::next_deadline));
-        let running = self.phase == Phase::Running;
+        let running = self.phase == Phase::Running && self.settings.watch_queue;
         deadlines.extend(self.queue.before_poll(running));
         deadlines.extend(self.upgrade.deadline());
         deadlines.extend(

@@ -368,6 +368,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         adopted,
         shared_listeners,
         tls: tls.clone(),
+        watch_queue: config.io != crate::Io::Event,
     };
     let confinement = confinement(config, &plan)?;
     let workers = Workers {
