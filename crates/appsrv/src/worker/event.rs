@@ -438,10 +438,17 @@ struct Loop<'a, H: RequestHandler> {
     head: Head,
     slow: Slow,
     access: Option<AccessLog>,
+    /// The access log's path, to reopen it after USR1.
+    access_path: Option<&'a Path>,
     rejections: super::blocking::Rejections,
     peers: Option<&'static PeerCounts>,
     board: &'static Board,
+    /// The last connection's generation (a token names one connection, never a later one
+    /// in its place).
     generation: u32,
+    reopen_log: &'a mut dyn FnMut(),
+    retire: &'a mut dyn FnMut(),
+    retire_sent: bool,
 }
 
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
@@ -451,75 +458,8 @@ pub(crate) fn serve<H: RequestHandler>(
     handler: &mut H,
     step_limits: Limits,
 ) -> i32 {
-    let Worker {
-        id,
-        slot,
-        board,
-        listeners,
-        recycle,
-        access,
-        max_per_ip,
-        tls,
-        limits,
-        max_connections,
-        slow_request,
-        peers,
-        reopen_log,
-        retire,
-    } = worker;
-    let (access_path, access) = match access {
-        Some((p, log)) => (Some(p), Some(log)),
-        None => (None, None),
-    };
-    slot.set_event();
-    board.set_state(id, State::Reading);
-    let mut lp = Loop::<H> {
-        id,
-        slot,
-        listeners,
-        epoll: prepared.epoll,
-        mask: prepared.mask,
-        tls,
-        limits,
-        step_limits,
-        max_per_ip,
-        max_connections: max_connections.max(1),
-        recycle,
-        conns: Vec::new(),
-        free: Vec::new(),
-        open: 0,
-        counts: ConnCounts::default(),
-        published: ConnCounts::default(),
-        timers: BinaryHeap::new(),
-        ready: VecDeque::new(),
-        shared: Buffers::new(),
-        scratch: vec![0; 4096],
-        now: Instant::now(),
-        now_ns: crate::scoreboard::now_ns(),
-        stopping: false,
-        accepting: true,
-        resume_at: None,
-        since_requeue: 0,
-        accept_trouble: None,
-        connections: 0,
-        requests: 0,
-        head: Head {
-            bytes: [0; crate::scoreboard::HEAD_BYTES],
-            len: 0,
-        },
-        slow: Slow {
-            limit: slow_request,
-            logged: None,
-            unlogged: 0,
-        },
-        access,
-        rejections: super::blocking::Rejections::default(),
-        peers,
-        board,
-        generation: 0,
-    };
+    let mut lp = Loop::<H>::new(worker, prepared, step_limits);
     let mut events = vec![EpollEvent::empty(); EVENTS];
-    let mut retire_sent = false;
     loop {
         if let Some(log) = lp.access.as_mut() {
             log.flush();
@@ -530,7 +470,7 @@ pub(crate) fn serve<H: RequestHandler>(
             return exit::OK;
         }
         let timeout = lp.wait_timeout();
-        slot.turn_end();
+        lp.slot.turn_end();
         let n = match sys::epoll_wait_signals(&lp.epoll, &mut events, timeout, &lp.mask) {
             Ok(n) => n,
             Err(Errno::EINTR) => 0,
@@ -539,50 +479,130 @@ pub(crate) fn serve<H: RequestHandler>(
                 return exit::OK;
             }
         };
-        lp.now = Instant::now();
-        lp.now_ns = crate::scoreboard::now_ns();
-        slot.turn_begin(lp.now_ns);
-        if sys::stop_requested() && !lp.stopping {
-            lp.begin_stop();
+        lp.turn(&events[..n], handler);
+    }
+}
+
+impl<'a, H: RequestHandler> Loop<'a, H> {
+    fn new(worker: Worker<'a>, prepared: Prepared, step_limits: Limits) -> Self {
+        let Worker {
+            id,
+            slot,
+            board,
+            listeners,
+            recycle,
+            access,
+            max_per_ip,
+            tls,
+            limits,
+            max_connections,
+            slow_request,
+            peers,
+            reopen_log,
+            retire,
+        } = worker;
+        let (access_path, access) = match access {
+            Some((p, log)) => (Some(p), Some(log)),
+            None => (None, None),
+        };
+        slot.set_event();
+        board.set_state(id, State::Reading);
+        Loop {
+            id,
+            slot,
+            listeners,
+            epoll: prepared.epoll,
+            mask: prepared.mask,
+            tls,
+            limits,
+            step_limits,
+            max_per_ip,
+            max_connections: max_connections.max(1),
+            recycle,
+            conns: Vec::new(),
+            free: Vec::new(),
+            open: 0,
+            counts: ConnCounts::default(),
+            published: ConnCounts::default(),
+            timers: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            shared: Buffers::new(),
+            scratch: vec![0; 4096],
+            now: Instant::now(),
+            now_ns: crate::scoreboard::now_ns(),
+            stopping: false,
+            accepting: true,
+            resume_at: None,
+            since_requeue: 0,
+            accept_trouble: None,
+            connections: 0,
+            requests: 0,
+            head: Head {
+                bytes: [0; crate::scoreboard::HEAD_BYTES],
+                len: 0,
+            },
+            slow: Slow {
+                limit: slow_request,
+                logged: None,
+                unlogged: 0,
+            },
+            access,
+            access_path,
+            rejections: super::blocking::Rejections::default(),
+            peers,
+            board,
+            generation: 0,
+            reopen_log,
+            retire,
+            retire_sent: false,
+        }
+    }
+
+    /// One turn's work after the wait: the flags, the events, the ready list, the timers.
+    fn turn(&mut self, events: &[EpollEvent], handler: &mut H) {
+        self.now = Instant::now();
+        self.now_ns = crate::scoreboard::now_ns();
+        self.slot.turn_begin(self.now_ns);
+        if sys::stop_requested() && !self.stopping {
+            self.begin_stop();
         }
         if sys::take_reopen_request() {
-            reopen_log();
-            if let (Some(log), Some(path)) = (lp.access.as_mut(), access_path) {
+            (self.reopen_log)();
+            if let (Some(log), Some(path)) = (self.access.as_mut(), self.access_path) {
                 log.reopen(path);
             }
         }
         // The ready list as it stands: connections queued during this turn wait for the
         // next one.
-        let ready = lp.ready.len();
-        for ev in &events[..n] {
+        let ready = self.ready.len();
+        for ev in events {
             let data = ev.data();
-            if data & LISTENER != 0 {
-                let index = (data & !LISTENER) as usize;
-                if ev.events().contains(EpollFlags::EPOLLHUP) {
-                    // The master shut the listeners down: a stop.
-                    if !lp.stopping {
-                        lp.begin_stop();
-                    }
-                    continue;
+            if data & LISTENER == 0 {
+                self.event(data, ev.events(), handler);
+            } else if ev.events().contains(EpollFlags::EPOLLHUP) {
+                // The master shut the listeners down: a stop.
+                if !self.stopping {
+                    self.begin_stop();
                 }
-                lp.accept(index, handler);
             } else {
-                lp.event(data, ev.events(), handler);
+                self.accept((data & !LISTENER) as usize, handler);
             }
         }
         for _ in 0..ready {
-            let Some(token) = lp.ready.pop_front() else { break };
-            if let Some(c) = lp.get(token) {
+            let Some(token) = self.ready.pop_front() else {
+                break;
+            };
+            if let Some(c) = self.get(token) {
                 c.queued = false;
-                lp.run(token, handler);
+                self.run(token, handler);
             }
         }
-        lp.expire(handler);
-        lp.resume_accepting();
-        if !retire_sent && lp.limit_reached() {
+        self.expire(handler);
+        self.resume_accepting();
+        if !self.retire_sent && self.limit_reached() {
             tracing::info!("reached its recycling limit; asking the master for a replacement");
-            retire();
-            retire_sent = true;
+            (self.retire)();
+            self.retire_sent = true;
         }
     }
 }
@@ -1071,147 +1091,163 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn drive(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Pass {
         let mut reads = 0;
         loop {
-            match std::mem::replace(&mut c.pending, Pending::Done) {
-                Pending::Admit => match self.admit(c, bufs, handler) {
-                    Some(pass) => return pass,
-                    None => continue,
-                },
+            let waits = match std::mem::replace(&mut c.pending, Pending::Done) {
+                Pending::Admit => self.admit(c, bufs, handler),
                 Pending::Output(then) => match self.flush(c, bufs) {
-                    Ok(true) => {
-                        // The client took the response: the next one starts afresh.
-                        c.watch = None;
-                        c.step.output_sent(&mut Quiet {
-                            stopping: self.stopping,
-                        });
-                        match then {
-                            Then::Read { wait, timeout } => {
-                                c.deadline = timeout.map(|t| self.now + t);
-                                c.pending = Pending::Read { wait };
-                            }
-                            Then::Yield => {
-                                c.pending = Pending::Advance;
-                                return Pass::Ready;
-                            }
-                            Then::File(body) => {
-                                let offset = body.range.start;
-                                let left = body.range.end.saturating_sub(body.range.start);
-                                c.pending = Pending::File { body, offset, left };
-                            }
-                            Then::Close { linger } => {
-                                c.transport.close_notify();
-                                if c.transport.records_pending() && c.writable {
-                                    let _ = c.transport.write_records();
-                                }
-                                match linger {
-                                    Some(d) if c.transport.shutdown(std::net::Shutdown::Write).is_ok() => {
-                                        c.deadline = Some(self.now + d);
-                                        c.pending = Pending::Linger { discarded: 0 };
-                                        if d.is_zero() {
-                                            self.discard(c);
-                                            return Pass::Closed;
-                                        }
-                                    }
-                                    _ => return Pass::Closed,
-                                }
-                            }
-                        }
-                    }
+                    Ok(true) => self.output_sent(c, then),
                     Ok(false) => {
                         c.pending = Pending::Output(then);
                         self.write_deadline(c);
-                        return Pass::Wait;
+                        Some(Pass::Wait)
                     }
                     Err(e) => {
                         log_connection_error(&c.peer, &e);
-                        return Pass::Closed;
+                        Some(Pass::Closed)
                     }
                 },
                 Pending::File { body, offset, left } => match self.send_file(c, bufs, body, offset, left) {
                     Ok(None) => {
                         let next = self.advance(c, bufs, handler);
                         self.follow(c, next);
+                        None
                     }
                     Ok(Some(pending)) => {
                         c.pending = pending;
                         self.write_deadline(c);
-                        return Pass::Wait;
+                        Some(Pass::Wait)
                     }
                     Err(e) => {
                         log_connection_error(&c.peer, &e);
-                        return Pass::Closed;
+                        Some(Pass::Closed)
                     }
                 },
                 Pending::Advance => {
                     let next = self.advance(c, bufs, handler);
                     self.follow(c, next);
+                    None
                 }
                 Pending::TimedOut => {
-                    let next = c.step.timed_out(
-                        bufs,
-                        &mut Quiet {
-                            stopping: self.stopping,
-                        },
-                        &c.peer,
-                        self.now,
-                    );
+                    let mut quiet = Quiet {
+                        stopping: self.stopping,
+                    };
+                    let next = c.step.timed_out(bufs, &mut quiet, &c.peer, self.now);
                     self.follow(c, next);
+                    None
                 }
-                Pending::Read { wait } => {
-                    if !c.readable && !c.closed_by_peer && !c.transport.input_pending() {
-                        c.pending = Pending::Read { wait };
-                        return Pass::Wait;
-                    }
-                    if reads == READS_PER_PASS {
-                        c.pending = Pending::Read { wait };
-                        return Pass::Ready;
-                    }
-                    reads += 1;
-                    let max = c.step.max_request_size();
-                    let room = bufs.room(max);
-                    let room_len = room.len();
-                    match c.transport.read(room) {
-                        Ok(0) if room_len > 0 => {
-                            let next = c.step.peer_closed(bufs);
-                            if let Next::Fail(e) = &next {
-                                tracing::debug!("connection from {} ended early: {e}", c.peer);
-                                return Pass::Closed;
-                            }
-                            self.follow(c, next);
-                        }
-                        Ok(n) => {
-                            bufs.filled(n);
-                            c.received += n as u64;
-                            if n < room_len && !c.transport.is_tls() {
-                                // A short read drained the socket: the next edge says when more comes.
-                                c.readable = false;
-                            }
-                            let now = self.now;
-                            c.step.received(&mut || now);
-                            let next = self.advance(c, bufs, handler);
-                            self.follow(c, next);
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            c.readable = false;
-                            c.pending = Pending::Read { wait };
-                            return Pass::Wait;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                            c.pending = Pending::Read { wait };
-                        }
-                        Err(e) => {
-                            log_connection_error(&c.peer, &e);
-                            return Pass::Closed;
-                        }
-                    }
-                }
+                Pending::Read { wait } => self.read(c, bufs, handler, wait, &mut reads),
                 Pending::Linger { discarded } => {
                     c.pending = Pending::Linger { discarded };
-                    if self.discard(c) {
-                        return Pass::Closed;
-                    }
-                    return Pass::Wait;
+                    Some(if self.discard(c) { Pass::Closed } else { Pass::Wait })
                 }
-                Pending::Done => return Pass::Closed,
+                Pending::Done => Some(Pass::Closed),
+            };
+            if let Some(pass) = waits {
+                return pass;
+            }
+        }
+    }
+
+    /// The output went out: what the step asked for next (`None`: go on now).
+    fn output_sent(&mut self, c: &mut Connection<'a, H>, then: Then) -> Option<Pass> {
+        // The client took the response: the next one starts afresh.
+        c.watch = None;
+        c.step.output_sent(&mut Quiet {
+            stopping: self.stopping,
+        });
+        match then {
+            Then::Read { wait, timeout } => {
+                c.deadline = timeout.map(|t| self.now + t);
+                c.pending = Pending::Read { wait };
+                None
+            }
+            Then::Yield => {
+                c.pending = Pending::Advance;
+                Some(Pass::Ready)
+            }
+            Then::File(body) => {
+                let offset = body.range.start;
+                let left = body.range.end.saturating_sub(body.range.start);
+                c.pending = Pending::File { body, offset, left };
+                None
+            }
+            Then::Close { linger } => {
+                c.transport.close_notify();
+                if c.transport.records_pending() && c.writable {
+                    let _ = c.transport.write_records();
+                }
+                match linger {
+                    Some(d) if c.transport.shutdown(std::net::Shutdown::Write).is_ok() => {
+                        c.deadline = Some(self.now + d);
+                        c.pending = Pending::Linger { discarded: 0 };
+                        if d.is_zero() {
+                            // Only what has arrived: never wait.
+                            self.discard(c);
+                            return Some(Pass::Closed);
+                        }
+                        None
+                    }
+                    _ => Some(Pass::Closed),
+                }
+            }
+        }
+    }
+
+    /// Waiting for input: one read when the socket may have some, then the step on what
+    /// came (`None`: go on now).
+    fn read(
+        &mut self,
+        c: &mut Connection<'a, H>,
+        bufs: &mut Buffers,
+        handler: &mut H,
+        wait: Wait,
+        reads: &mut usize,
+    ) -> Option<Pass> {
+        if !c.readable && !c.closed_by_peer && !c.transport.input_pending() {
+            c.pending = Pending::Read { wait };
+            return Some(Pass::Wait);
+        }
+        if *reads == READS_PER_PASS {
+            c.pending = Pending::Read { wait };
+            return Some(Pass::Ready);
+        }
+        *reads += 1;
+        let room = bufs.room(c.step.max_request_size());
+        let room_len = room.len();
+        match c.transport.read(room) {
+            Ok(0) if room_len > 0 => {
+                let next = c.step.peer_closed(bufs);
+                if let Next::Fail(e) = &next {
+                    tracing::debug!("connection from {} ended early: {e}", c.peer);
+                    return Some(Pass::Closed);
+                }
+                self.follow(c, next);
+                None
+            }
+            Ok(n) => {
+                bufs.filled(n);
+                c.received += n as u64;
+                if n < room_len && !c.transport.is_tls() {
+                    // A short read drained the socket: the next edge says when more comes.
+                    c.readable = false;
+                }
+                let now = self.now;
+                c.step.received(&mut || now);
+                let next = self.advance(c, bufs, handler);
+                self.follow(c, next);
+                None
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                c.readable = false;
+                c.pending = Pending::Read { wait };
+                Some(Pass::Wait)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                c.pending = Pending::Read { wait };
+                None
+            }
+            Err(e) => {
+                log_connection_error(&c.peer, &e);
+                Some(Pass::Closed)
             }
         }
     }
@@ -1433,19 +1469,15 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
     }
 
-    /// Runs admission as far as it goes: `None` when the connection is admitted (its
-    /// pending state set to serve), `Some` when it waits or closed.
-    fn admit(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Option<Pass> {
-        let Some(machine) = c.admission.as_mut() else {
-            c.pending = Pending::Read { wait: Wait::Idle };
-            return None;
-        };
+    /// Admission's reads and writes, until the machine decides (`None`) or must wait for
+    /// the socket or its deadline (`Some(Pass::Wait)`).
+    fn admission_io(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers) -> Option<Pass> {
+        let machine = c.admission.as_mut()?;
         loop {
             match machine.next() {
                 admission::Next::Read { by } => {
                     c.deadline = by;
                     if !c.readable && !c.closed_by_peer {
-                        c.pending = Pending::Admit;
                         return Some(Pass::Wait);
                     }
                     let room = bufs.room(BUFFER_SIZE);
@@ -1463,7 +1495,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             c.readable = false;
-                            c.pending = Pending::Admit;
                             return Some(Pass::Wait);
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1473,7 +1504,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 admission::Next::Write { by } => {
                     c.deadline = by;
                     if !c.writable {
-                        c.pending = Pending::Admit;
                         return Some(Pass::Wait);
                     }
                     match c
@@ -1488,7 +1518,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             c.writable = false;
-                            c.pending = Pending::Admit;
                             return Some(Pass::Wait);
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1497,6 +1526,20 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 }
                 admission::Next::Serve | admission::Next::Close => break,
             }
+        }
+        None
+    }
+
+    /// Runs admission as far as it goes: `None` when the connection is admitted (its
+    /// pending state set to serve), `Some` when it waits or closed.
+    fn admit(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Option<Pass> {
+        if c.admission.is_none() {
+            c.pending = Pending::Read { wait: Wait::Idle };
+            return None;
+        }
+        if let Some(waits) = self.admission_io(c, bufs) {
+            c.pending = Pending::Admit;
+            return Some(waits);
         }
         let machine = c.admission.take().expect("present");
         let counted = machine.seat().counted;
