@@ -12,10 +12,16 @@ use std::time::{Duration, Instant};
 
 use util::*;
 
-fn ping(args: &[&str]) -> Server {
+fn ping(io: Io, args: &[&str]) -> Server {
     let mut all = vec!["-l", "127.0.0.1:0"];
     all.extend_from_slice(args);
-    Server::start("ping", &all)
+    Server::start_io("ping", io, &all)
+}
+
+fn kv(io: Io, args: &[&str]) -> Server {
+    let mut all = vec!["-l", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Server::start_io("kv", io, &all)
 }
 
 fn connect(server: &Server) -> TcpStream {
@@ -37,9 +43,9 @@ fn read_to_end(s: &mut TcpStream) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-#[test]
-fn pipelined_requests_are_answered_in_order() {
-    let server = ping(&["-w", "2"]);
+both_io!(pipelined_requests_are_answered_in_order);
+fn pipelined_requests_are_answered_in_order(io: Io) {
+    let server = ping(io, &["-w", "2"]);
     let mut s = connect(&server);
     // Inline and RESP array forms, several in one write, the last one split.
     s.write_all(b"PING\r\n*1\r\n$4\r\nPING\r\nECHO x\r\n*1\r\n$4\r\nPI")
@@ -52,9 +58,9 @@ fn pipelined_requests_are_answered_in_order() {
     );
 }
 
-#[test]
-fn a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client() {
-    let server = ping(&["-w", "1"]);
+both_io!(a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client);
+fn a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client(io: Io) {
+    let server = ping(io, &["-w", "1"]);
     let mut bad = connect(&server);
     bad.write_all(b"*1\r\n%4\r\nPING\r\n").unwrap();
     let reply = read_to_end(&mut bad);
@@ -74,9 +80,9 @@ fn a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client() {
     assert!(!server.log_text().contains("exited"), "no worker was replaced");
 }
 
-#[test]
-fn an_oversized_line_is_refused_with_the_codec_error() {
-    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1"]);
+both_io!(an_oversized_line_is_refused_with_the_codec_error);
+fn an_oversized_line_is_refused_with_the_codec_error(io: Io) {
+    let server = kv(io, &["-w", "1"]);
     let mut s = connect(&server);
     let long = vec![b'x'; 70 * 1024];
     let _ = s.write_all(&long); // the server may close before reading it all
@@ -87,9 +93,9 @@ fn an_oversized_line_is_refused_with_the_codec_error() {
     );
 }
 
-#[test]
-fn idle_connections_end_after_the_keepalive_timeout() {
-    let server = ping(&["-w", "2", "--keepalive-timeout", "0.3"]);
+both_io!(idle_connections_end_after_the_keepalive_timeout);
+fn idle_connections_end_after_the_keepalive_timeout(io: Io) {
+    let server = ping(io, &["-w", "2", "--keepalive-timeout", "0.3"]);
     let mut s = connect(&server);
     s.write_all(b"PING\r\n").unwrap();
     assert_eq!(read_n(&mut s, 7), "+PONG\r\n");
@@ -98,9 +104,9 @@ fn idle_connections_end_after_the_keepalive_timeout() {
     assert!(started.elapsed() < PATIENCE);
 }
 
-#[test]
-fn a_request_that_stops_half_way_times_out_with_the_codec_error() {
-    let server = ping(&["-w", "2", "--keepalive-timeout", "30", "--read-timeout", "0.3"]);
+both_io!(a_request_that_stops_half_way_times_out_with_the_codec_error);
+fn a_request_that_stops_half_way_times_out_with_the_codec_error(io: Io) {
+    let server = ping(io, &["-w", "2", "--keepalive-timeout", "30", "--read-timeout", "0.3"]);
     let mut s = connect(&server);
     s.write_all(b"*1\r\n$4\r\nPI").unwrap();
     let reply = read_to_end(&mut s);
@@ -110,11 +116,12 @@ fn a_request_that_stops_half_way_times_out_with_the_codec_error() {
     );
 }
 
-#[test]
-fn an_idle_keepalive_connection_does_not_starve_waiting_clients() {
+both_io!(an_idle_keepalive_connection_does_not_starve_waiting_clients);
+fn an_idle_keepalive_connection_does_not_starve_waiting_clients(io: Io) {
     // One worker; a client that keeps its connection open but idle must not keep a second
-    // client waiting for the keep-alive timeout.
-    let server = ping(&["-w", "1", "--keepalive-timeout", "60"]);
+    // client waiting for the keep-alive timeout. A blocking worker gives the idle
+    // connection up to serve the second; an event worker holds both.
+    let server = ping(io, &["-w", "1", "--keepalive-timeout", "60"]);
     let mut idle = connect(&server);
     idle.write_all(b"PING\r\n").unwrap();
     assert_eq!(read_n(&mut idle, 7), "+PONG\r\n");
@@ -126,15 +133,21 @@ fn an_idle_keepalive_connection_does_not_starve_waiting_clients() {
         started.elapsed() < Duration::from_secs(30),
         "served long before the keep-alive timeout"
     );
-    assert_eq!(read_to_end(&mut idle), "", "the idle connection was given up");
+    match io {
+        Io::Blocking => assert_eq!(read_to_end(&mut idle), "", "the idle connection was given up"),
+        Io::Event => {
+            idle.write_all(b"PING\r\n").unwrap();
+            assert_eq!(read_n(&mut idle, 7), "+PONG\r\n", "the idle connection is kept");
+        }
+    }
 }
 
-#[test]
-fn a_new_connection_is_not_given_up_before_its_first_request() {
+both_io!(a_new_connection_is_not_given_up_before_its_first_request);
+fn a_new_connection_is_not_given_up_before_its_first_request(io: Io) {
     // One worker, held by a client that is slow to send its first request while another
     // client waits: the guard gives up idle keep-alive connections, never one that has not
     // had its first request answered (found under load, where clients are slow to send).
-    let server = ping(&["-w", "1", "--keepalive-timeout", "30"]);
+    let server = ping(io, &["-w", "1", "--keepalive-timeout", "30"]);
     let mut slow = connect(&server);
     let mut waiting = connect(&server); // queued behind `slow` (accepted first, FIFO)
     waiting.write_all(b"PING\r\n").unwrap();
@@ -150,11 +163,11 @@ fn a_new_connection_is_not_given_up_before_its_first_request() {
     assert_eq!(read_n(&mut waiting, 7), "+PONG\r\n");
 }
 
-#[test]
-fn stop_keeps_connections_of_protocols_that_cannot_announce_a_close() {
+both_io!(stop_keeps_connections_of_protocols_that_cannot_announce_a_close);
+fn stop_keeps_connections_of_protocols_that_cannot_announce_a_close(io: Io) {
     // A Redis client takes a closed connection for a failure: on stop, its connection is
     // served until the client leaves (within the grace period), then the master exits.
-    let mut server = ping(&["-w", "2", "--keepalive-timeout", "60"]);
+    let mut server = ping(io, &["-w", "2", "--keepalive-timeout", "60"]);
     let mut s = connect(&server);
     s.write_all(b"PING\r\n").unwrap();
     assert_eq!(read_n(&mut s, 7), "+PONG\r\n");
@@ -171,9 +184,9 @@ fn stop_keeps_connections_of_protocols_that_cannot_announce_a_close() {
     );
 }
 
-#[test]
-fn kv_keeps_state_per_worker() {
-    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1"]);
+both_io!(kv_keeps_state_per_worker);
+fn kv_keeps_state_per_worker(io: Io) {
+    let server = kv(io, &["-w", "1"]);
     let mut a = LineClient::tcp(server.tcp_addr());
     assert_eq!(a.ask("SET colour blue"), "OK");
     assert_eq!(a.ask("GET colour"), "VALUE blue");
@@ -186,13 +199,13 @@ fn kv_keeps_state_per_worker() {
     assert_eq!(b.rest().unwrap(), "");
 }
 
+both_io!(issue_15_a_session_lasts_one_connection);
 /// Issue 15: a request handler's session lives as long as its connection. The database
 /// `SELECT` chose is the connection's (a new connection starts in 0 again, on the same
 /// worker), while the map is the worker's (the value is there when database 1 is chosen
 /// again).
-#[test]
-fn issue_15_a_session_lasts_one_connection() {
-    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1"]);
+fn issue_15_a_session_lasts_one_connection(io: Io) {
+    let server = kv(io, &["-w", "1"]);
     let mut a = LineClient::tcp(server.tcp_addr());
     assert_eq!(a.ask("SELECT 1"), "OK");
     assert_eq!(a.ask("SET colour blue"), "OK");
@@ -215,14 +228,14 @@ fn issue_15_a_session_lasts_one_connection() {
     assert_eq!(b.ask("GET colour"), "VALUE blue", "one worker, one map");
 }
 
-#[test]
-fn ping_answers_redis_benchmark_without_errors() {
+both_io!(ping_answers_redis_benchmark_without_errors);
+fn ping_answers_redis_benchmark_without_errors(io: Io) {
     let Ok(out) = Command::new("redis-benchmark").arg("--version").output() else {
         eprintln!("skipped: redis-benchmark is not installed (.ci/run installs redis-tools)");
         return;
     };
     assert!(out.status.success());
-    let server = ping(&["-w", "4"]);
+    let server = ping(io, &["-w", "4"]);
     let port = server.tcp_addr().port().to_string();
     let out = Command::new("redis-benchmark")
         .args([

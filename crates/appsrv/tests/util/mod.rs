@@ -53,6 +53,56 @@ pub fn example(name: &str) -> PathBuf {
     path
 }
 
+/// The I/O model of a request-level server (issue 16): `--io blocking` (a worker holds one
+/// connection at a time) or `--io event` (each worker runs an event loop over many). Tests
+/// of request-level examples (http_hello, ping, kv) run in both, and always name the model
+/// explicitly: `ping` and `kv` choose event mode in code, `http_hello` blocking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Io {
+    Blocking,
+    Event,
+}
+
+impl Io {
+    /// The value of `--io`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Io::Blocking => "blocking",
+            Io::Event => "event",
+        }
+    }
+
+    /// `args` followed by `--io NAME`.
+    pub fn args<'a>(self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = args.to_vec();
+        all.extend(["--io", self.name()]);
+        all
+    }
+}
+
+/// Generates, for each `name`, the tests `name::blocking` and `name::event`, which call
+/// the function `name(io: Io)` with [`Io::Blocking`] and [`Io::Event`]: one test per I/O
+/// model, so that a failure names its model (and `cargo test event` runs the event ones).
+macro_rules! both_io {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn blocking() {
+                    super::$name($crate::util::Io::Blocking)
+                }
+
+                #[test]
+                fn event() {
+                    super::$name($crate::util::Io::Event)
+                }
+            }
+        )+
+    };
+}
+#[allow(unused_imports)] // not every test binary has request-level tests
+pub(crate) use both_io;
+
 #[derive(Default)]
 struct Log {
     lines: Vec<String>,
@@ -79,6 +129,12 @@ impl Server {
         let server = Self::spawn(example_name, args, env);
         server.wait_for_ready();
         server
+    }
+
+    /// Starts the request-level `example_name` with `args` and `--io` set to `io`, and
+    /// waits for it to be `ready`.
+    pub fn start_io(example_name: &str, io: Io, args: &[&str]) -> Server {
+        Self::start(example_name, &io.args(args))
     }
 
     /// Waits for the master's `ready` line. Not just " ready": at `--log-level debug`
