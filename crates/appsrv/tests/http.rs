@@ -86,7 +86,7 @@ fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn http_hello(workers: usize, static_dir: Option<&Path>) -> Server {
+fn http_hello(io: Io, workers: usize, static_dir: Option<&Path>) -> Server {
     let w = workers.to_string();
     let mut args = vec!["-l", "127.0.0.1:0", "-w", w.as_str()];
     let dir;
@@ -94,7 +94,7 @@ fn http_hello(workers: usize, static_dir: Option<&Path>) -> Server {
         dir = d.to_str().unwrap().to_owned();
         args.extend(["--static-dir", dir.as_str()]);
     }
-    Server::start("http_hello", &args)
+    Server::start_io("http_hello", io, &args)
 }
 
 #[derive(Debug)]
@@ -200,9 +200,9 @@ fn assert_hello(r: &Response) {
     assert!(r.header("date").is_some_and(|d| d.ends_with(" GMT")), "{r:?}");
 }
 
-#[test]
-fn keep_alive_serves_several_requests_on_one_connection() {
-    let server = http_hello(2, None);
+both_io!(keep_alive_serves_several_requests_on_one_connection);
+fn keep_alive_serves_several_requests_on_one_connection(io: Io) {
+    let server = http_hello(io, 2, None);
     let mut c = Conn::open(server.tcp_addr());
     for _ in 0..5 {
         let r = c.get("/");
@@ -217,12 +217,12 @@ fn keep_alive_serves_several_requests_on_one_connection() {
     assert_hello(&c.get("/?query=1"));
 }
 
-#[test]
-fn pipelined_requests_are_answered_in_order() {
+both_io!(pipelined_requests_are_answered_in_order);
+fn pipelined_requests_are_answered_in_order(io: Io) {
     let dir = TempDir::new("pipeline");
     dir.write("a.txt", b"alpha");
     dir.write("b.json", b"{\"b\":1}");
-    let server = http_hello(2, Some(&dir.static_dir()));
+    let server = http_hello(io, 2, Some(&dir.static_dir()));
     let mut c = Conn::open(server.tcp_addr());
     c.send(
         b"GET /static/a.txt HTTP/1.1\r\nHost: t\r\n\r\n\
@@ -248,9 +248,9 @@ fn pipelined_requests_are_answered_in_order() {
     assert!(c.closed_by_server());
 }
 
-#[test]
-fn connection_close_is_honoured() {
-    let server = http_hello(2, None);
+both_io!(connection_close_is_honoured);
+fn connection_close_is_honoured(io: Io) {
+    let server = http_hello(io, 2, None);
     let mut c = Conn::open(server.tcp_addr());
     assert_hello(&c.get("/"));
     c.send(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
@@ -260,9 +260,9 @@ fn connection_close_is_honoured() {
     assert!(c.closed_by_server(), "the server closes after the response");
 }
 
-#[test]
-fn http_1_0_closes_unless_keep_alive_is_asked_for() {
-    let server = http_hello(2, None);
+both_io!(http_1_0_closes_unless_keep_alive_is_asked_for);
+fn http_1_0_closes_unless_keep_alive_is_asked_for(io: Io) {
+    let server = http_hello(io, 2, None);
     let mut c = Conn::open(server.tcp_addr());
     c.send(b"GET / HTTP/1.0\r\n\r\n");
     let r = c.response();
@@ -282,11 +282,11 @@ fn http_1_0_closes_unless_keep_alive_is_asked_for() {
     assert!(c.closed_by_server());
 }
 
-#[test]
-fn head_sends_the_headers_without_the_body() {
+both_io!(head_sends_the_headers_without_the_body);
+fn head_sends_the_headers_without_the_body(io: Io) {
     let dir = TempDir::new("head");
     dir.write("page.html", &[b'x'; 5000]);
-    let server = http_hello(2, Some(&dir.static_dir()));
+    let server = http_hello(io, 2, Some(&dir.static_dir()));
     let mut c = Conn::open(server.tcp_addr());
     c.send(b"HEAD / HTTP/1.1\r\nHost: t\r\n\r\n");
     let r = c.read_response(true);
@@ -303,9 +303,9 @@ fn head_sends_the_headers_without_the_body() {
     assert_eq!(page.body.len(), 5000);
 }
 
-#[test]
-fn a_malformed_request_gets_400_and_the_worker_goes_on() {
-    let server = http_hello(1, None);
+both_io!(a_malformed_request_gets_400_and_the_worker_goes_on);
+fn a_malformed_request_gets_400_and_the_worker_goes_on(io: Io) {
+    let server = http_hello(io, 1, None);
     let workers = server.wait_for_workers(1);
     let mut c = Conn::open(server.tcp_addr());
     assert_hello(&c.get("/"));
@@ -321,12 +321,12 @@ fn a_malformed_request_gets_400_and_the_worker_goes_on() {
     assert_eq!(server.worker_pids(), workers, "served by the same single worker");
 }
 
+both_io!(issue_14_bare_lf_gets_400_and_the_worker_goes_on);
 /// Issue 14: one rule for line ends, CRLF only. A bare LF in the head (as httparse alone
 /// would accept) or in a chunked body's lines gets 400 and a close, as a front proxy that
 /// requires CRLF would see it; the worker goes on serving.
-#[test]
-fn issue_14_bare_lf_gets_400_and_the_worker_goes_on() {
-    let server = http_hello(1, None);
+fn issue_14_bare_lf_gets_400_and_the_worker_goes_on(io: Io) {
+    let server = http_hello(io, 1, None);
     let workers = server.wait_for_workers(1);
     for request in [
         &b"GET / HTTP/1.1\nHost: t\n\n"[..],
@@ -353,9 +353,9 @@ fn issue_14_bare_lf_gets_400_and_the_worker_goes_on() {
     assert_eq!(server.worker_pids(), workers, "served by the same single worker");
 }
 
-#[test]
-fn oversize_and_unsupported_requests_are_refused() {
-    let server = http_hello(1, None);
+both_io!(oversize_and_unsupported_requests_are_refused);
+fn oversize_and_unsupported_requests_are_refused(io: Io) {
+    let server = http_hello(io, 1, None);
     let workers = server.wait_for_workers(1);
     let cases: [(&[u8], u16); 4] = [
         // 413 from the Content-Length alone: the body is never sent.
@@ -382,14 +382,14 @@ fn oversize_and_unsupported_requests_are_refused() {
     assert_eq!(server.worker_pids(), workers);
 }
 
-#[test]
-fn large_files_arrive_intact() {
+both_io!(large_files_arrive_intact);
+fn large_files_arrive_intact(io: Io) {
     let dir = TempDir::new("large");
     let big = random_bytes(1_000_000, 1);
     let medium = random_bytes(100_000, 2);
     dir.write("big.bin", &big);
     dir.write("medium.png", &medium);
-    let server = http_hello(2, Some(&dir.static_dir()));
+    let server = http_hello(io, 2, Some(&dir.static_dir()));
     let mut c = Conn::open(server.tcp_addr());
     let r = c.get("/static/big.bin");
     assert_eq!(r.status, 200);
@@ -407,8 +407,8 @@ fn large_files_arrive_intact() {
     assert_hello(&c.response());
 }
 
-#[test]
-fn missing_files_and_escapes_get_404_or_400() {
+both_io!(missing_files_and_escapes_get_404_or_400);
+fn missing_files_and_escapes_get_404_or_400(io: Io) {
     let dir = TempDir::new("escape");
     dir.write("inside.txt", b"inside");
     std::fs::create_dir(dir.static_dir().join("sub")).unwrap();
@@ -417,7 +417,7 @@ fn missing_files_and_escapes_get_404_or_400() {
     std::os::unix::fs::symlink(dir.0.join("secret.txt"), dir.static_dir().join("leak.txt")).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", dir.static_dir().join("passwd")).unwrap();
     std::os::unix::fs::symlink("inside.txt", dir.static_dir().join("alias.txt")).unwrap();
-    let server = http_hello(2, Some(&dir.static_dir()));
+    let server = http_hello(io, 2, Some(&dir.static_dir()));
     let mut c = Conn::open(server.tcp_addr());
 
     let ok = c.get("/static/sub/nested.css");
@@ -458,9 +458,9 @@ fn missing_files_and_escapes_get_404_or_400() {
     assert_hello(&c.get("/"));
 }
 
-#[test]
-fn other_methods_get_405_and_their_bodies_are_skipped() {
-    let server = http_hello(2, None);
+both_io!(other_methods_get_405_and_their_bodies_are_skipped);
+fn other_methods_get_405_and_their_bodies_are_skipped(io: Io) {
+    let server = http_hello(io, 2, None);
     let mut c = Conn::open(server.tcp_addr());
     c.send(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello");
     let r = c.response();
@@ -473,9 +473,9 @@ fn other_methods_get_405_and_their_bodies_are_skipped() {
     assert_hello(&c.get("/"));
 }
 
-#[test]
-fn expect_100_continue_gets_an_interim_response() {
-    let server = http_hello(2, None);
+both_io!(expect_100_continue_gets_an_interim_response);
+fn expect_100_continue_gets_an_interim_response(io: Io) {
+    let server = http_hello(io, 2, None);
     let mut c = Conn::open(server.tcp_addr());
     c.send(b"POST / HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
     let mut interim = [0; 25];
@@ -486,12 +486,12 @@ fn expect_100_continue_gets_an_interim_response() {
     assert_hello(&c.get("/"));
 }
 
-#[test]
-fn a_missing_static_dir_stops_the_server_with_a_clear_error() {
+both_io!(a_missing_static_dir_stops_the_server_with_a_clear_error);
+fn a_missing_static_dir_stops_the_server_with_a_clear_error(io: Io) {
     let missing = std::env::temp_dir().join(format!("appsrv-http-{}-no-such-dir", std::process::id()));
     let mut server = Server::spawn(
         "http_hello",
-        &["-l", "127.0.0.1:0", "--static-dir", missing.to_str().unwrap()],
+        &io.args(&["-l", "127.0.0.1:0", "--static-dir", missing.to_str().unwrap()]),
         &[],
     );
     let status = server.wait_exit();
@@ -500,10 +500,11 @@ fn a_missing_static_dir_stops_the_server_with_a_clear_error() {
     assert!(line.contains("No such file or directory"), "{line}");
 }
 
-#[test]
-fn a_request_that_stalls_gets_408() {
-    let server = Server::start(
+both_io!(a_request_that_stalls_gets_408);
+fn a_request_that_stalls_gets_408(io: Io) {
+    let server = Server::start_io(
         "http_hello",
+        io,
         &["-l", "127.0.0.1:0", "-w", "1", "--read-timeout", "0.3"],
     );
     let mut c = Conn::open(server.tcp_addr());
@@ -515,8 +516,9 @@ fn a_request_that_stalls_gets_408() {
     assert!(c.closed_by_server());
 }
 
-/// Starts `http_hello` with `workers` workers, `extra` arguments and a control socket in
-/// `dir`, and waits until every worker is idle (the scoreboard says so): a test of the
+/// Starts `http_hello` in blocking mode (the keep-alive guard these tests check is the
+/// blocking worker's: an event worker holds every connection at once) with `workers`
+/// workers, `extra` arguments and a control socket in `dir`, and waits until every worker is idle (the scoreboard says so): a test of the
 /// keep-alive guard must not begin with a client queued behind a worker still starting.
 fn http_hello_settled(dir: &TempDir, workers: usize, extra: &[&str]) -> Server {
     let sock = dir.0.join("control");
@@ -524,7 +526,7 @@ fn http_hello_settled(dir: &TempDir, workers: usize, extra: &[&str]) -> Server {
     let w = workers.to_string();
     let mut args = vec!["-l", "127.0.0.1:0", "-w", &w, "--control", sock];
     args.extend_from_slice(extra);
-    let server = Server::start("http_hello", &args);
+    let server = Server::start_io("http_hello", Io::Blocking, &args);
     let all_idle = format!("Scoreboard:    {}", "_".repeat(workers));
     let settled = wait_until(|| {
         let out = std::process::Command::new(example("http_hello"))
