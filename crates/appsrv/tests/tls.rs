@@ -248,9 +248,9 @@ impl Drop for KillOnDrop {
     }
 }
 
-#[test]
-fn http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox() {
-    let pki = Pki::new("http");
+both_io!(http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox);
+fn http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox(io: Io) {
+    let pki = Pki::new(&format!("http-{}", io.name()));
     pki.issue("server", "localhost", None);
     let site = pki.dir.join("site");
     std::fs::create_dir_all(&site).unwrap();
@@ -262,7 +262,7 @@ fn http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox() {
     let server = start_tls(
         "http_hello",
         &pki,
-        &["--static-dir", &site.to_string_lossy(), "--sandbox"],
+        &io.args(&["--static-dir", &site.to_string_lossy(), "--sandbox"]),
     );
     let addr = server.tcp_addr();
 
@@ -472,6 +472,112 @@ fn issue_14_a_trickled_handshake_is_cut_at_the_timeout() {
     assert!(read_line(&mut tls).starts_with("pid "), "the worker serves on");
 }
 
+/// `GET /` over a new TLS connection to http_hello answers `Hello, World!`.
+fn assert_https_hello(addr: SocketAddr, pki: &Pki) {
+    let mut tls = BufReader::new(connect(addr, &pki.client_config(None, &[])));
+    assert_eq!(https_get(&mut tls, "/").unwrap(), b"Hello, World!");
+}
+
+/// Reads what a server sends on `s` until it closes: the bytes, or an error that is not
+/// a reset (a reset is a close too).
+fn read_until_closed(s: &mut TcpStream) -> Vec<u8> {
+    let mut reply = Vec::new();
+    match s.read_to_end(&mut reply) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset,
+            "closed, not left waiting: {e}"
+        ),
+    }
+    reply
+}
+
+both_io!(a_plain_text_client_of_a_request_level_server_is_closed_and_the_worker_serves_on);
+/// The plain-text and silent-client cases of the testbed's tests above, on a request-level
+/// server (http_hello) in each I/O model: the handshake is the framework's in both, made
+/// without blocking in event mode.
+fn a_plain_text_client_of_a_request_level_server_is_closed_and_the_worker_serves_on(io: Io) {
+    let pki = Pki::new(&format!("rl-plain-{}", io.name()));
+    pki.issue("server", "localhost", None);
+    let server = start_tls(
+        "http_hello",
+        &pki,
+        &io.args(&["-w", "1", "--tls-handshake-timeout", "600"]),
+    );
+    let addr = server.tcp_addr();
+    let mut plain = TcpStream::connect(addr).unwrap();
+    plain.set_read_timeout(Some(PATIENCE)).unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let reply = read_until_closed(&mut plain);
+    assert!(
+        !reply.windows(5).any(|w| w == b"Hello"),
+        "no handler output in clear text"
+    );
+    let log = server.wait_for_log("TLS handshake with 127.0.0.1");
+    assert!(log.contains("failed"), "{log}");
+    assert_https_hello(addr, &pki);
+}
+
+both_io!(a_request_level_servers_handshake_is_cut_at_the_timeout);
+/// Issue 14's overall handshake limit, on a request-level server in each I/O model: a
+/// ClientHello trickled a byte every 100 ms is cut at `--tls-handshake-timeout`, and so is
+/// a client that sends nothing; the worker serves on.
+fn a_request_level_servers_handshake_is_cut_at_the_timeout(io: Io) {
+    let pki = Pki::new(&format!("rl-trickle-{}", io.name()));
+    pki.issue("server", "localhost", None);
+    let server = start_tls(
+        "http_hello",
+        &pki,
+        &io.args(&["-w", "1", "--tls-handshake-timeout", "1"]),
+    );
+    let addr = server.tcp_addr();
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_millis(100)))
+        .unwrap();
+    // A handshake record announcing 512 bytes, then its body, slowly: about 50 s in all.
+    let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    hello.resize(5 + 512, 0x2a);
+    let started = std::time::Instant::now();
+    let mut cut = false;
+    for b in &hello {
+        if s.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) => {
+                cut = true;
+                break;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                cut = true;
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let held = started.elapsed();
+    assert!(cut, "the whole trickled record went through ({held:?})");
+    assert!(held < std::time::Duration::from_secs(10), "held for {held:?}");
+    assert!(
+        read_until_closed(&mut silent).is_empty(),
+        "the silent client is closed without a byte"
+    );
+    server.wait_for_log("the TLS handshake took too long");
+    assert_https_hello(addr, &pki);
+}
+
 #[test]
 fn bad_tls_material_is_refused_before_start_with_the_file_named() {
     let pki = Pki::new("bad");
@@ -538,12 +644,12 @@ fn bad_tls_material_is_refused_before_start_with_the_file_named() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-#[test]
-fn reload_serves_the_new_certificate_without_dropping_a_request() {
-    let pki = Pki::new("reload");
+both_io!(reload_serves_the_new_certificate_without_dropping_a_request);
+fn reload_serves_the_new_certificate_without_dropping_a_request(io: Io) {
+    let pki = Pki::new(&format!("reload-{}", io.name()));
     let first = pki.issue("server", "localhost", None);
     let ctl = socket_path("tls-reload");
-    let server = start_tls("http_hello", &pki, &["-w", "2", "--control", &ctl]);
+    let server = start_tls("http_hello", &pki, &io.args(&["-w", "2", "--control", &ctl]));
     let addr = server.tcp_addr();
     let config = pki.client_config(None, &[]);
     assert_eq!(served_certificate(addr, &config), first);
