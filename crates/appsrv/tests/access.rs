@@ -22,10 +22,11 @@ fn status(s: &mut TcpStream) -> u16 {
     }
 }
 
-#[test]
-fn the_per_address_cap_holds_across_workers_under_a_storm() {
-    let server = Server::start(
+both_io!(the_per_address_cap_holds_across_workers_under_a_storm);
+fn the_per_address_cap_holds_across_workers_under_a_storm(io: Io) {
+    let server = Server::start_io(
         "http_hello",
+        io,
         &["-l", "127.0.0.1:0", "-w", "8", "--max-conns-per-ip", "3"],
     );
     let addr = server.tcp_addr();
@@ -52,10 +53,11 @@ fn the_per_address_cap_holds_across_workers_under_a_storm() {
     assert_eq!(status(&mut other), 200);
 }
 
-#[test]
-fn a_request_trickling_in_is_cut_off_with_408() {
-    let server = Server::start(
+both_io!(a_request_trickling_in_is_cut_off_with_408);
+fn a_request_trickling_in_is_cut_off_with_408(io: Io) {
+    let server = Server::start_io(
         "http_hello",
+        io,
         &[
             "-l",
             "127.0.0.1:0",
@@ -86,21 +88,16 @@ fn a_request_trickling_in_is_cut_off_with_408() {
     server.wait_for_log("timed out waiting for the rest of the request; closing the connection");
 }
 
-#[test]
-fn slowloris_from_one_address_does_not_starve_other_clients() {
-    let server = Server::start(
-        "http_hello",
-        &[
-            "-l",
-            "127.0.0.1:0",
-            "--pool",
-            "dynamic",
-            "--max-workers",
-            "32",
-            "--max-conns-per-ip",
-            "8",
-        ],
-    );
+both_io!(slowloris_from_one_address_does_not_starve_other_clients);
+fn slowloris_from_one_address_does_not_starve_other_clients(io: Io) {
+    // Blocking: a dynamic pool grows to serve; event: two static workers hold them all.
+    let pool: &[&str] = match io {
+        Io::Blocking => &["--pool", "dynamic", "--max-workers", "32"],
+        Io::Event => &["-w", "2"],
+    };
+    let mut args = vec!["-l", "127.0.0.1:0", "--max-conns-per-ip", "8"];
+    args.extend_from_slice(pool);
+    let server = Server::start_io("http_hello", io, &args);
     let addr = server.tcp_addr();
     // 200 connections from 127.0.0.2 that send the start of a request, then nothing.
     let attackers: Vec<TcpStream> = (0..200)
@@ -319,4 +316,171 @@ fn issue_14_a_trickled_proxy_header_is_cut_at_the_header_timeout() {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     assert!(out.contains("203.0.113.9:5555"), "{out}");
+}
+
+/// A GET from `from` on a new connection: its status code, 0 if closed without an answer.
+fn status_from(from: &str, to: std::net::SocketAddr) -> u16 {
+    status(&mut connect_from(from, to))
+}
+
+both_io!(request_level_allow_and_deny_rules_with_deny_winning);
+/// The allow and deny rules (globally and per listener) on a request-level server, in each
+/// I/O model: a denied client is closed before any request is read.
+fn request_level_allow_and_deny_rules_with_deny_winning(io: Io) {
+    let server = Server::start_io(
+        "http_hello",
+        io,
+        &["-l", "127.0.0.1:0", "-w", "2", "--allow", "127.0.0.0/8", "--deny", "127.0.0.2/32"],
+    );
+    let addr = server.tcp_addr();
+    assert_eq!(status_from("127.0.0.1", addr), 200);
+    assert_eq!(status_from("127.0.0.2", addr), 0, "deny wins over allow");
+    assert_eq!(status_from("127.0.0.3", addr), 200);
+    server.wait_for_log("denied connections from 127.0.0.2");
+    let server = Server::start_io("http_hello", io, &["-l", "127.0.0.1:0?deny=127.0.0.2", "-w", "2"]);
+    let addr = server.tcp_addr();
+    assert_eq!(status_from("127.0.0.1", addr), 200);
+    assert_eq!(status_from("127.0.0.2", addr), 0, "the listener's rule");
+}
+
+/// A temporary directory for an access log, removed on drop.
+struct LogDir(std::path::PathBuf);
+
+impl LogDir {
+    fn new(tag: &str) -> LogDir {
+        let dir = std::env::temp_dir().join(format!("appsrv-access-rules-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        LogDir(dir)
+    }
+
+    fn log(&self) -> String {
+        self.0.join("access.log").to_string_lossy().into_owned()
+    }
+
+    /// Waits for an access-log line containing `needle`.
+    fn wait_for_line(&self, needle: &str) -> String {
+        let found = wait_until(|| {
+            let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+            text.lines().find(|l| l.contains(needle)).map(str::to_owned)
+        });
+        found.unwrap_or_else(|| {
+            panic!(
+                "no access-log line with {needle:?}:\n{}",
+                std::fs::read_to_string(self.log()).unwrap_or_default()
+            )
+        })
+    }
+}
+
+impl Drop for LogDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+both_io!(request_level_proxy_headers_give_the_real_client);
+/// The PROXY protocol on a request-level server, in each I/O model: a v2 header sent a
+/// byte at a time names the real client (the access log shows it), the access rules see
+/// the real client of a v1 header, and a connection without a header is closed while the
+/// single worker serves on.
+fn request_level_proxy_headers_give_the_real_client(io: Io) {
+    let dir = LogDir::new(&format!("proxy-{}", io.name()));
+    let log = dir.log();
+    let server = Server::start_io(
+        "http_hello",
+        io,
+        &[
+            "-l",
+            "127.0.0.1:0?proxy",
+            "-w",
+            "1",
+            "--deny",
+            "198.51.100.0/24",
+            "--access-log",
+            &log,
+        ],
+    );
+    let addr = server.tcp_addr();
+    let mut s = connect_from("127.0.0.1", addr);
+    s.set_nodelay(true).unwrap();
+    for b in proxy_v2(
+        "192.0.2.7:4321".parse().unwrap(),
+        "127.0.0.1:7000".parse().unwrap(),
+    ) {
+        s.write_all(&[b]).unwrap();
+    }
+    assert_eq!(status(&mut s), 200);
+    dir.wait_for_line(" 192.0.2.7:4321 ");
+
+    let mut s = connect_from("127.0.0.1", addr);
+    s.write_all(b"PROXY TCP4 198.51.100.1 127.0.0.1 5555 7000\r\n")
+        .unwrap();
+    assert_eq!(status(&mut s), 0, "the real client is denied");
+
+    let mut s = connect_from("127.0.0.1", addr);
+    assert_eq!(status(&mut s), 0, "no header: closed");
+
+    let mut s = connect_from("127.0.0.1", addr);
+    s.write_all(b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n")
+        .unwrap();
+    assert_eq!(status(&mut s), 200, "the single worker serves on");
+    dir.wait_for_line(" 203.0.113.9:5555 ");
+}
+
+both_io!(request_level_trickled_proxy_header_is_cut_at_the_header_timeout);
+/// Issue 14's overall PROXY header deadline on a request-level server, in each I/O model.
+fn request_level_trickled_proxy_header_is_cut_at_the_header_timeout(io: Io) {
+    let server = Server::start_io(
+        "http_hello",
+        io,
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "1",
+            "--proxy-protocol",
+            "--header-timeout",
+            "1",
+        ],
+    );
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    let started = std::time::Instant::now();
+    let header = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n";
+    let mut cut = false;
+    for b in header {
+        if s.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        let mut one = [0u8; 1];
+        s.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        match s.read(&mut one) {
+            Ok(0) => {
+                cut = true;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                cut = true;
+                break;
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let held = started.elapsed();
+    assert!(
+        cut,
+        "the whole header went through in {held:?}: no overall deadline"
+    );
+    assert!(held < std::time::Duration::from_secs(6), "held for {held:?}");
+    server.wait_for_log("its PROXY header was not complete within 1s (--header-timeout)");
+    let mut s = connect_from("127.0.0.1", server.tcp_addr());
+    s.write_all(header).unwrap();
+    assert_eq!(status(&mut s), 200, "the single worker serves on");
 }
