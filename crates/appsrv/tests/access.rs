@@ -413,6 +413,7 @@ fn request_level_proxy_headers_give_the_real_client(io: Io) {
         s.write_all(&[b]).unwrap();
     }
     assert_eq!(status(&mut s), 200);
+    drop(s); // a blocking worker writes its access-log lines when the connection ends
     dir.wait_for_line(" 192.0.2.7:4321 ");
 
     let mut s = connect_from("127.0.0.1", addr);
@@ -427,6 +428,7 @@ fn request_level_proxy_headers_give_the_real_client(io: Io) {
     s.write_all(b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n")
         .unwrap();
     assert_eq!(status(&mut s), 200, "the single worker serves on");
+    drop(s);
     dir.wait_for_line(" 203.0.113.9:5555 ");
 }
 
