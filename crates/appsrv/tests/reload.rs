@@ -19,10 +19,10 @@ fn run(example_name: &str, args: &[&str]) -> std::process::Output {
     Command::new(example(example_name)).args(args).output().unwrap()
 }
 
-#[test]
-fn reload_three_times_under_load_without_a_failed_request() {
+both_io!(reload_three_times_under_load_without_a_failed_request);
+fn reload_three_times_under_load_without_a_failed_request(io: Io) {
     let ctl = ctl_path("load");
-    let server = Server::start("http_hello", &["-l", "127.0.0.1:0", "-w", "3", "--control", &ctl]);
+    let server = Server::start_io("http_hello", io, &["-l", "127.0.0.1:0", "-w", "3", "--control", &ctl]);
     let addr = server.tcp_addr();
     let before: HashSet<i32> = server.worker_pids();
     let (done, failures) = under_http_load(addr, || {
@@ -42,13 +42,13 @@ fn reload_three_times_under_load_without_a_failed_request() {
     assert_eq!(server.log_text().matches("starting generation").count(), 3);
 }
 
+both_io!(issue_14_reloads_lose_no_keepalive_request);
 /// Issue 14: a stopping worker closed an idle keep-alive connection at once, after a
 /// response that did not announce the close, and the client's next request, already on its
 /// way, was answered with a reset. Ten reloads under keep-alive clients that never retry.
-#[test]
-fn issue_14_reloads_lose_no_keepalive_request() {
+fn issue_14_reloads_lose_no_keepalive_request(io: Io) {
     let ctl = ctl_path("ka");
-    let server = Server::start("http_hello", &["-l", "127.0.0.1:0", "-w", "2", "--control", &ctl]);
+    let server = Server::start_io("http_hello", io, &["-l", "127.0.0.1:0", "-w", "2", "--control", &ctl]);
     let addr = server.tcp_addr();
     let (done, failures) = under_http_load(addr, || {
         for _ in 0..10 {
@@ -129,10 +129,11 @@ fn check_validates_without_serving() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--min-spare 9 is above --max-spare 2"));
 }
 
-#[test]
-fn stop_under_load_answers_every_accepted_request_within_the_grace_period() {
-    let mut server = Server::start(
+both_io!(stop_under_load_answers_every_accepted_request_within_the_grace_period);
+fn stop_under_load_answers_every_accepted_request_within_the_grace_period(io: Io) {
+    let mut server = Server::start_io(
         "http_hello",
+        io,
         &["-l", "127.0.0.1:0", "-w", "3", "--grace-period", "5"],
     );
     let addr = server.tcp_addr();
@@ -214,14 +215,15 @@ fn reloading_a_dynamic_pool_replaces_its_workers_once() {
     assert_eq!(forked, 6, "3 at start, 3 replacements:\n{}", server.log_text());
 }
 
+both_io!(issue_14_a_request_in_pieces_during_the_drain_is_answered);
 /// Review of issue 14: a request that began during a stopping worker's wait for it got the
 /// rest of that wait as its read timeout, so with `--header-timeout 0` its second half,
 /// a moment later, met a 408 instead of an answer.
-#[test]
-fn issue_14_a_request_in_pieces_during_the_drain_is_answered() {
+fn issue_14_a_request_in_pieces_during_the_drain_is_answered(io: Io) {
     use std::io::{BufRead, BufReader, Write};
-    let mut server = Server::start(
+    let mut server = Server::start_io(
         "http_hello",
+        io,
         &["-l", "127.0.0.1:0", "-w", "1", "--header-timeout", "0"],
     );
     let conn = std::net::TcpStream::connect(server.tcp_addr()).unwrap();
