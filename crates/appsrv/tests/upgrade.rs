@@ -125,10 +125,10 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-#[test]
-fn reloads_then_an_upgrade_under_load_fail_no_request() {
-    let d = Deploy::new("load", "http_hello");
-    let server = d.start(&["-w", "3"]);
+both_io!(reloads_then_an_upgrade_under_load_fail_no_request);
+fn reloads_then_an_upgrade_under_load_fail_no_request(io: Io) {
+    let d = Deploy::new(&format!("load-{}", io.name()), "http_hello");
+    let server = d.start(&io.args(&["-w", "3"]));
     let addr = server.tcp_addr();
     let old_master = server.pid();
     let (done, failures) = under_http_load(addr, || {
