@@ -130,10 +130,11 @@ fn kv_request(addr: std::net::SocketAddr, line: &str) -> Option<String> {
     Some(out)
 }
 
-#[test]
-fn workers_are_recycled_by_request_count_without_a_failed_request() {
-    let server = Server::start(
+both_io!(workers_are_recycled_by_request_count_without_a_failed_request);
+fn workers_are_recycled_by_request_count_without_a_failed_request(io: Io) {
+    let server = Server::start_io(
         "kv",
+        io,
         &[
             "-l",
             "127.0.0.1:0",
@@ -245,6 +246,28 @@ fn workers_are_recycled_by_age() {
     assert!(replaced.is_some(), "log:\n{}", server.log_text());
 }
 
+both_io!(request_level_workers_are_recycled_by_age);
+/// Recycling by age on a request-level server (kv), in each I/O model.
+fn request_level_workers_are_recycled_by_age(io: Io) {
+    let server = Server::start_io(
+        "kv",
+        io,
+        &["-l", "127.0.0.1:0", "-w", "2", "--max-worker-age", "1"],
+    );
+    let first = server.wait_for_workers(2);
+    server.wait_for_log("reached its age limit; replacing it");
+    server.wait_for_log(") recycled");
+    let replaced = wait_until(|| {
+        let now = server.worker_pids();
+        (now.len() == 2 && now.is_disjoint(&first)).then_some(())
+    });
+    assert!(replaced.is_some(), "log:\n{}", server.log_text());
+    assert_eq!(
+        kv_request(server.tcp_addr(), "GET x").as_deref(),
+        Some("NOT_FOUND\r\nBYE\r\n")
+    );
+}
+
 #[test]
 fn workers_are_recycled_by_memory() {
     let server = Server::start(
@@ -261,16 +284,17 @@ fn workers_are_recycled_by_memory() {
     server.wait_for_log(&format!("(pid {pid}) recycled"));
 }
 
-#[test]
-fn the_access_log_has_one_line_per_request() {
-    let dir = std::env::temp_dir().join(format!("appsrv-access-{}", std::process::id()));
+both_io!(the_access_log_has_one_line_per_request);
+fn the_access_log_has_one_line_per_request(io: Io) {
+    let dir = std::env::temp_dir().join(format!("appsrv-access-{}-{}", std::process::id(), io.name()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let log = dir.join("access.log");
-    let server = Server::start(
+    let server = Server::start_io(
         "kv",
+        io,
         &[
             "-l",
             "127.0.0.1:0",
@@ -302,11 +326,11 @@ fn the_access_log_has_one_line_per_request() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_request_cut_short_does_not_leave_its_clock_running() {
+both_io!(a_request_cut_short_does_not_leave_its_clock_running);
+fn a_request_cut_short_does_not_leave_its_clock_running(io: Io) {
     // A request that never completed (the client left half way) must not make the request
     // timeout kill the worker later, on an innocent connection.
-    let server = Server::start("kv", &["-l", "127.0.0.1:0", "-w", "1", "--request-timeout", "1"]);
+    let server = Server::start_io("kv", io, &["-l", "127.0.0.1:0", "-w", "1", "--request-timeout", "1"]);
     let mut cut = TcpStream::connect(server.tcp_addr()).unwrap();
     cut.write_all(b"GET hal").unwrap();
     drop(cut);
@@ -441,14 +465,15 @@ fn issue_14_a_kill_storm_is_replaced_at_once_without_back_off() {
     assert!(!killed.contains(&c.testbed_pid()));
 }
 
+both_io!(issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period_ends);
 /// Issue 14: `--max-worker-memory` is a hard limit. A kv client that never leaves (its
 /// protocol cannot announce a close) kept growing a worker that had been asked to leave,
 /// to gigabytes within the grace period; past twice the limit it is now killed, and the
 /// log names the connection cut.
-#[test]
-fn issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period_ends() {
-    let server = Server::start(
+fn issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period_ends(io: Io) {
+    let server = Server::start_io(
         "kv",
+        io,
         &[
             "-l",
             "127.0.0.1:0",
