@@ -83,6 +83,7 @@ impl Io {
 /// Generates, for each `name`, the tests `name::blocking` and `name::event`, which call
 /// the function `name(io: Io)` with [`Io::Blocking`] and [`Io::Event`]: one test per I/O
 /// model, so that a failure names its model (and `cargo test event` runs the event ones).
+#[allow(unused_macros)] // not every test binary has request-level tests
 macro_rules! both_io {
     ($($name:ident),+ $(,)?) => {
         $(
