@@ -114,7 +114,19 @@ fn two_event_workers_hold_5000_keepalive_connections_and_answer_each() {
     ]);
     let addr = server.tcp_addr();
     let workers = server.wait_for_workers(2);
-    let mut conns: Vec<BufReader<TcpStream>> = (0..N).map(|_| open(addr)).collect();
+    // One deadline for all the connects: a server that does not accept them would make
+    // each wait out the SYN retries (two minutes) in a full listen queue.
+    let deadline = Instant::now() + PATIENCE;
+    let mut conns: Vec<BufReader<TcpStream>> = (0..N)
+        .map(|i| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "only {i} of {N} connections in {PATIENCE:?}");
+            let s = TcpStream::connect_timeout(&addr, left)
+                .unwrap_or_else(|e| panic!("connection {i} of {N}: {e}"));
+            s.set_read_timeout(Some(PATIENCE)).unwrap();
+            BufReader::new(s)
+        })
+        .collect();
     // Round 1: a request on every connection, all in flight at once.
     for (i, c) in conns.iter_mut().enumerate() {
         c.get_mut()
