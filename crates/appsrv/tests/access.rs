@@ -330,7 +330,16 @@ fn request_level_allow_and_deny_rules_with_deny_winning(io: Io) {
     let server = Server::start_io(
         "http_hello",
         io,
-        &["-l", "127.0.0.1:0", "-w", "2", "--allow", "127.0.0.0/8", "--deny", "127.0.0.2/32"],
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "2",
+            "--allow",
+            "127.0.0.0/8",
+            "--deny",
+            "127.0.0.2/32",
+        ],
     );
     let addr = server.tcp_addr();
     assert_eq!(status_from("127.0.0.1", addr), 200);

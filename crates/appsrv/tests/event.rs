@@ -145,11 +145,7 @@ fn two_event_workers_hold_5000_keepalive_connections_and_answer_each() {
         read_hello(c).unwrap_or_else(|e| panic!("connection {i} of {N}, round 2: {e}"));
     }
     assert_eq!(server.worker_pids(), workers, "the same two workers throughout");
-    assert!(
-        !server.log_text().contains("exited"),
-        "{}",
-        server.log_text()
-    );
+    assert!(!server.log_text().contains("exited"), "{}", server.log_text());
 }
 
 /// Issue 16: 1,000 slowloris connections (half a request head, then nothing) held on two
@@ -227,7 +223,9 @@ fn a_client_that_never_reads_its_responses_does_not_stall_the_others() {
         sent < 64 << 20,
         "the server read 64 MiB of requests without its responses being read: no output cap"
     );
-    eprintln!("the stalled client sent {sent} bytes before the server stopped reading it (closed: {closed:?})");
+    eprintln!(
+        "the stalled client sent {sent} bytes before the server stopped reading it (closed: {closed:?})"
+    );
     for _ in 0..10 {
         served_within(addr, Duration::from_secs(5));
     }
@@ -263,7 +261,10 @@ fn a_slow_handler_call_is_logged_with_its_client() {
     assert!(status.starts_with("HTTP/1.1 200"), "{status:?}");
     let line = server.wait_for_log("--io blocking");
     assert!(line.contains(&me.to_string()), "names the client {me}: {line}");
-    assert!(line.contains("GET /sleep"), "shows the request's first bytes: {line}");
+    assert!(
+        line.contains("GET /sleep"),
+        "shows the request's first bytes: {line}"
+    );
     let metrics = Command::new(example("http_hello"))
         .args(["metrics", "--control", &ctl])
         .output()
@@ -403,8 +404,16 @@ fn status_and_metrics_show_the_event_workers_connection_counts() {
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let workers = &status["workers"];
     assert_eq!(workers.as_array().map(Vec::len), Some(2), "{status:#}");
-    assert_eq!(sum_fields(workers, "idle"), 12.0, "per-worker idle counts: {status:#}");
-    assert_eq!(sum_fields(workers, "reading"), 1.0, "per-worker reading counts: {status:#}");
+    assert_eq!(
+        sum_fields(workers, "idle"),
+        12.0,
+        "per-worker idle counts: {status:#}"
+    );
+    assert_eq!(
+        sum_fields(workers, "reading"),
+        1.0,
+        "per-worker reading counts: {status:#}"
+    );
     let text = run("status");
     assert!(text.contains("12"), "the text status shows the counts: {text}");
     drop(half);

@@ -330,7 +330,11 @@ both_io!(a_request_cut_short_does_not_leave_its_clock_running);
 fn a_request_cut_short_does_not_leave_its_clock_running(io: Io) {
     // A request that never completed (the client left half way) must not make the request
     // timeout kill the worker later, on an innocent connection.
-    let server = Server::start_io("kv", io, &["-l", "127.0.0.1:0", "-w", "1", "--request-timeout", "1"]);
+    let server = Server::start_io(
+        "kv",
+        io,
+        &["-l", "127.0.0.1:0", "-w", "1", "--request-timeout", "1"],
+    );
     let mut cut = TcpStream::connect(server.tcp_addr()).unwrap();
     cut.write_all(b"GET hal").unwrap();
     drop(cut);

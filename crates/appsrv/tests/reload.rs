@@ -22,7 +22,11 @@ fn run(example_name: &str, args: &[&str]) -> std::process::Output {
 both_io!(reload_three_times_under_load_without_a_failed_request);
 fn reload_three_times_under_load_without_a_failed_request(io: Io) {
     let ctl = ctl_path("load");
-    let server = Server::start_io("http_hello", io, &["-l", "127.0.0.1:0", "-w", "3", "--control", &ctl]);
+    let server = Server::start_io(
+        "http_hello",
+        io,
+        &["-l", "127.0.0.1:0", "-w", "3", "--control", &ctl],
+    );
     let addr = server.tcp_addr();
     let before: HashSet<i32> = server.worker_pids();
     let (done, failures) = under_http_load(addr, || {
@@ -48,7 +52,11 @@ both_io!(issue_14_reloads_lose_no_keepalive_request);
 /// way, was answered with a reset. Ten reloads under keep-alive clients that never retry.
 fn issue_14_reloads_lose_no_keepalive_request(io: Io) {
     let ctl = ctl_path("ka");
-    let server = Server::start_io("http_hello", io, &["-l", "127.0.0.1:0", "-w", "2", "--control", &ctl]);
+    let server = Server::start_io(
+        "http_hello",
+        io,
+        &["-l", "127.0.0.1:0", "-w", "2", "--control", &ctl],
+    );
     let addr = server.tcp_addr();
     let (done, failures) = under_http_load(addr, || {
         for _ in 0..10 {

@@ -106,7 +106,10 @@ fn idle_connections_end_after_the_keepalive_timeout(io: Io) {
 
 both_io!(a_request_that_stops_half_way_times_out_with_the_codec_error);
 fn a_request_that_stops_half_way_times_out_with_the_codec_error(io: Io) {
-    let server = ping(io, &["-w", "2", "--keepalive-timeout", "30", "--read-timeout", "0.3"]);
+    let server = ping(
+        io,
+        &["-w", "2", "--keepalive-timeout", "30", "--read-timeout", "0.3"],
+    );
     let mut s = connect(&server);
     s.write_all(b"*1\r\n$4\r\nPI").unwrap();
     let reply = read_to_end(&mut s);
