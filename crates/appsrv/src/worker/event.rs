@@ -1041,7 +1041,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     }
                 }
             }
-            Pending::Linger { .. } | Pending::Done | Pending::Advance | Pending::TimedOut => {
+            // On the ready list: its run sets the deadline of what it waits for next (a
+            // client that pipelines without pause is not cut by an old keep-alive one).
+            Pending::Advance | Pending::TimedOut => {}
+            Pending::Linger { .. } | Pending::Done => {
                 let c = self.conns[index].take().expect("present");
                 self.close(index, c);
             }
