@@ -10,10 +10,12 @@
 //! 7. no-new-privs, then the sandbox (Landlock, then seccomp), when asked for;
 //! 8. the `on_worker_start` hook, then the factory, run; a failure is reported to the
 //!    master with its reason and the worker exits;
-//! 9. its scoreboard slot, its way of waiting for connections (epoll, with several
-//!    listeners) and its copy of the access log are set up, so that a failure there is a
-//!    start failure;
-//! 10. the worker tells the master it is ready and serves connections until asked to stop.
+//! 9. its copy of the access log, its scoreboard slot and its way of waiting for
+//!    connections (the blocking loop: epoll with several listeners; the event loop,
+//!    `--io event`: its epoll instance over the listeners, `event.rs`) are set up, so that
+//!    a failure there is a start failure;
+//! 10. the worker tells the master it is ready and serves connections until asked to stop:
+//!     one at a time (`blocking.rs`) or all at once from its event loop (`event.rs`).
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
