@@ -12,3 +12,100 @@ ready_port() {
   done
   grep -ao 'listening on 127.0.0.1:[0-9]*' "$log" | head -1 | cut -d: -f2
 }
+
+# server_pids PID...: the given pids (masters) and their children, one a line.
+server_pids() {
+  local p
+  for p in "$@"; do
+    echo "$p"
+    pgrep -P "$p" || true
+  done
+}
+
+# pss_kb PID...: "KB COUNT": the summed PSS (/proc/PID/smaps_rollup) of the masters PID...
+# and their children, and how many processes that is.
+pss_kb() {
+  local p kb=0 n=0 v
+  for p in $(server_pids "$@"); do
+    v=$(awk '/^Pss:/ { print $2 }' "/proc/$p/smaps_rollup" 2>/dev/null) || continue
+    [ -n "$v" ] || continue
+    kb=$((kb + v)) n=$((n + 1))
+  done
+  echo "$kb $n"
+}
+
+# proc_counters PID...: "TICKS SWITCHES" summed over the masters PID... and their children:
+# CPU time (utime + stime of each, plus cutime + cstime: the children a master has reaped,
+# such as a recycled worker, keep counting), in clock ticks (getconf CLK_TCK, normally
+# 100 a second), and context switches (voluntary + nonvoluntary, of every thread in
+# /proc/PID/task/*/status). The difference of two samples is the cost of what ran in
+# between; a process that exited in between takes its switches with it (the kernel keeps
+# no per-child sum of them in /proc), its CPU time does not.
+proc_counters() {
+  local p ticks=0 csw=0 t c
+  for p in $(server_pids "$@"); do
+    # Fields after the ")" that ends the command name: utime is the 12th, stime 13th,
+    # cutime 14th, cstime 15th (fields 14-17 of /proc/PID/stat).
+    t=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 + $14 + $15 }') || continue
+    [ -n "$t" ] || continue
+    c=$(cat "/proc/$p"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }')
+    ticks=$((ticks + t)) csw=$((csw + c))
+  done
+  echo "$ticks $csw"
+}
+
+# per_request BEFORE AFTER REQUESTS: "CPU_US CSW" per request from two proc_counters
+# samples ("-" when REQUESTS is 0).
+per_request() {
+  local hz
+  hz=$(getconf CLK_TCK)
+  awk -v b="$1" -v a="$2" -v n="$3" -v hz="$hz" 'BEGIN {
+    split(b, x, " "); split(a, y, " ")
+    if (n > 0) printf "%.1f %.2f\n", (y[1] - x[1]) * 1e6 / hz / n, (y[2] - x[2]) / n
+    else print "- -"
+  }'
+}
+
+# nginx_conf DIR PORT STATIC_DIR KEEPALIVE_TIMEOUT WORKER_CONNECTIONS [RLIMIT_NOFILE]:
+# writes DIR/nginx.conf: worker_processes 2, daemon off, access_log off, error_log in DIR,
+# sendfile on, tcp_nopush on, keepalive_requests 1000, no open_file_cache; `GET /` answers
+# the 13 bytes `Hello, World!` (`return 200`, from memory), /static/ is STATIC_DIR. Workers run
+# as nobody when started as root.
+nginx_conf() {
+  local d=$1 port=$2 static=$3 ka=$4 wc=$5 nofile=${6:-}
+  mkdir -p "$d"
+  cat >"$d/nginx.conf" <<NGINX
+daemon off;
+master_process on;
+worker_processes 2;
+$([ "$(id -u)" = 0 ] && echo "user nobody nogroup;")
+${nofile:+worker_rlimit_nofile $nofile;}
+pid $d/nginx.pid;
+error_log $d/error.log warn;
+events { worker_connections $wc; }
+http {
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_timeout ${ka}s;
+    keepalive_requests 1000;
+    types { text/plain txt; }
+    default_type application/octet-stream;
+    client_body_temp_path $d/body;
+    proxy_temp_path $d/proxy;
+    fastcgi_temp_path $d/fastcgi;
+    uwsgi_temp_path $d/uwsgi;
+    scgi_temp_path $d/scgi;
+    server {
+        listen 127.0.0.1:$port;
+        location = / { default_type text/plain; return 200 'Hello, World!'; }
+        location /static/ { alias $static/; }
+    }
+}
+NGINX
+}
+
+# free_port: a free port on 127.0.0.1 (bound to port 0 and released).
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
