@@ -15,7 +15,12 @@
 #   RUNS           1                3                   ab runs per cell (the median is kept)
 #   N              5000             20000               requests per run (100 KB file: N/2,
 #                                                       1 MB file: N/10; never fewer than c)
-#   CONCURRENCY    "1 32 256"       "1 8 32 128 256"    ab -c levels
+#   CONCURRENCY    "8 32 256"       "1 8 32 128 256"    ab -c levels (HTTP)
+#   PING_CONCURRENCY "8 32 50 256"  "1 8 32 50 128 256" redis-benchmark -c levels (50 is
+#                                                       its default)
+#   PIPELINE       16               16                  redis-benchmark -P of the pipelined
+#                                                       PING row (0 skips it); it gets
+#                                                       PIPELINE_N = 10 N requests per run
 #   WARMUP         3                10                  seconds of unmeasured keep-alive
 #                                                       load at the highest c, before each
 #                                                       workload of each server
@@ -27,6 +32,12 @@
 #   MAX_WORKERS    max(32, highest c), both modes       pool ceiling of every prefork server
 #   HTTP, PING, SYSCALLS, CHARTS   1 (0 skips the part)
 #   HTTP_SERVERS   "appsrv nginx apache php-fpm mod_php"   the servers of parts 1 and 3
+#   APPSRV_IO      "blocking event" the I/O models appsrv is measured in, each its own row(s)
+#                                   in every part (ids: appsrv, appsrv-event-wW)
+#   APPSRV_WORKERS "2 1"            event mode: one row per static pool size W (-w W)
+#   APPSRV_EVENT_FLAGS  "--io event"   what selects event mode on appsrv's command line
+#   APPSRV_BLOCKING_FLAGS  "--io blocking" when the examples know --io (ping defaults to
+#                                   event mode in code), else "" (a build without it)
 #   RESULTS        bench/results    where the CSV files go
 #   CHARTS_DIR     bench/charts     where the SVG charts go
 #   EX             (build)          a directory of prebuilt release examples (http_hello,
@@ -59,10 +70,13 @@
 # for each workload, one connection per request first, then keep-alive, c ascending.
 #
 # Servers and their settings:
-#   appsrv   http_hello (release build), --pool dynamic --start-workers 8 --min-spare 8
-#            --max-spare 32 --max-workers MAX_WORKERS (each keep-alive client holds a
-#            worker: the pool must reach the highest c); defaults otherwise: keep-alive
-#            timeout 5 s, 1000 requests per connection, no access log.
+#   appsrv   http_hello (release build), APPSRV_BLOCKING_FLAGS --pool dynamic
+#            --start-workers 8 --min-spare 8 --max-spare 32 --max-workers MAX_WORKERS (each
+#            keep-alive client holds a worker: the pool must reach the highest c); defaults
+#            otherwise: keep-alive timeout 5 s, 1000 requests per connection, no access log.
+#   appsrv-event-wW  http_hello APPSRV_EVENT_FLAGS -w W (a static pool of W event-loop
+#            workers; --worker-connections at its default, 10000), defaults otherwise as
+#            above. No RAMP: a static pool does not grow.
 #   nginx    worker_processes 2, daemon off, access_log off, error_log in the temp dir,
 #            sendfile on, tcp_nopush on, keepalive_timeout 5s, keepalive_requests 1000,
 #            worker_connections 1024, no open_file_cache.
@@ -87,6 +101,17 @@
 #   (above MaxSpareServers / pm.max_spare_servers / --max-spare 32). The memory table's
 #   process counts show how far each pool grew.
 #
+# Server cost per request (a second table per workload, and the CSV columns
+# cpu_us_per_request, csw_per_request): sampled from /proc before a cell's first run and
+# after its last (outside ab's timing), summed over the master(s), their children and
+# every thread (bench/lib.sh proc_counters): CPU time (each thread's run time from
+# /proc/PID/task/*/schedstat, plus cutime + cstime of /proc/PID/stat, which keep the CPU
+# of the children a master reaped) in microseconds per request, and context switches
+# (voluntary + nonvoluntary, /proc/PID/task/*/status) per request. Where the client
+# saturates its CPU (ab is single-threaded), requests/s is the client's limit and CPU per
+# request compares the servers. A process that exits during the cell takes its switches
+# with it.
+#
 # ab runs with -r (a receive error is counted, not fatal), -s 10 (socket timeout) and
 # under `timeout 120`. A cell is the median req/s of the runs that finished; failures
 # (ab's "Failed requests" plus "Non-2xx responses", summed over the runs) and runs that
@@ -101,11 +126,14 @@
 # and PHP-FPM together.
 #
 # Part 2 (PING=0 skips it): inline `PING\r\n` answered `+PONG\r\n`, loaded by
-# redis-benchmark -t ping_inline -q, keep-alive (-k 1) and a new connection per request
-# (-k 0), at the same CONCURRENCY, RUNS runs of N requests, median req/s, each run under
-# `timeout 120`, after WARMUP seconds of unmeasured keep-alive load at the highest c; then
-# memory idle and after (bench/results/ping-memory.csv) and the ratios. Servers:
-#   appsrv       the ping example (release build), the dynamic pool as http_hello above.
+# redis-benchmark -t ping_inline -q, keep-alive (-k 1), pipelined (-k 1 -P PIPELINE,
+# PIPELINE_N requests; bench/results/ping-pipelined.csv) and a new connection per request
+# (-k 0), at PING_CONCURRENCY, RUNS runs of N requests, median req/s, each run under
+# `timeout 120`, after WARMUP seconds of unmeasured keep-alive load at the highest c, with
+# the server's CPU and context switches per request as above; then memory idle and after
+# (bench/results/ping-memory.csv) and the ratios. Servers:
+#   appsrv       the ping example (release build), APPSRV_BLOCKING_FLAGS and the dynamic
+#                pool as http_hello above; appsrv-event-wW: ping APPSRV_EVENT_FLAGS -w W.
 #   redis        redis-server, one process: --bind 127.0.0.1 --protected-mode no --save ''
 #                --appendonly no --daemonize no --logfile /dev/null.
 #   netserver    a Perl Net::Server::PreFork server written to the temp dir: reads lines,
@@ -124,6 +152,7 @@
 # Then (CHARTS=0 skips it) bench-charts draws bench/charts/*.svg from bench/results/*.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 MODE=${MODE:-quick}
 for arg in "$@"; do
@@ -135,11 +164,14 @@ for arg in "$@"; do
   esac
 done
 case $MODE in
-  quick) d_runs=1 d_n=5000 d_conc="1 32 256" d_warmup=3 d_ramp=12 d_sn=2000 ;;
-  full) d_runs=3 d_n=20000 d_conc="1 8 32 128 256" d_warmup=10 d_ramp=15 d_sn=10000 ;;
+  quick) d_runs=1 d_n=5000 d_conc="8 32 256" d_pconc="8 32 50 256" d_warmup=3 d_ramp=12 d_sn=2000 ;;
+  full) d_runs=3 d_n=20000 d_conc="1 8 32 128 256" d_pconc="1 8 32 50 128 256" d_warmup=10 d_ramp=15 d_sn=10000 ;;
   *) echo "compare.sh: MODE must be quick or full, not '$MODE'" >&2; exit 2 ;;
 esac
 RUNS=${RUNS:-$d_runs} N=${N:-$d_n} CONCURRENCY=${CONCURRENCY:-$d_conc}
+PING_CONCURRENCY=${PING_CONCURRENCY:-$d_pconc} PIPELINE=${PIPELINE:-16}
+APPSRV_IO=${APPSRV_IO:-blocking event} APPSRV_WORKERS=${APPSRV_WORKERS:-2 1}
+APPSRV_EVENT_FLAGS=${APPSRV_EVENT_FLAGS---io event}
 WARMUP=${WARMUP:-$d_warmup} RAMP=${RAMP:-$d_ramp} SYSCALL_N=${SYSCALL_N:-$d_sn}
 RESULTS=${RESULTS:-bench/results} CHARTS_DIR=${CHARTS_DIR:-bench/charts}
 HTTP_SERVERS=${HTTP_SERVERS:-appsrv nginx apache php-fpm mod_php}
@@ -149,14 +181,27 @@ APACHE_MODULES=${APACHE_MODULES:-/usr/lib/apache2/modules}
 PHP_FPM=${PHP_FPM:-$(compgen -G '/usr/sbin/php-fpm*' | sort -V | tail -1 || true)}
 LIBPHP=${LIBPHP:-$(compgen -G "$APACHE_MODULES/libphp*.so" | sort -V | tail -1 || true)}
 
-[[ $CONCURRENCY =~ ^\ *[1-9][0-9]*(\ +[1-9][0-9]*)*\ *$ ]] \
-  || { echo "compare.sh: CONCURRENCY must be numbers separated by spaces, not '$CONCURRENCY'" >&2; exit 1; }
-for v in RUNS N WARMUP RAMP SYSCALL_N; do
+for v in CONCURRENCY PING_CONCURRENCY APPSRV_WORKERS; do
+  [[ ${!v} =~ ^\ *[1-9][0-9]*(\ +[1-9][0-9]*)*\ *$ ]] \
+    || { echo "compare.sh: $v must be numbers separated by spaces, not '${!v}'" >&2; exit 1; }
+done
+for v in RUNS N WARMUP RAMP SYSCALL_N PIPELINE; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "compare.sh: $v must be a number, not '${!v}'" >&2; exit 1; }
 done
-CONCURRENCY=$(tr -s ' ' '\n' <<<"$CONCURRENCY" | grep . | sort -n | uniq | tr '\n' ' ')
-CONCURRENCY=${CONCURRENCY% }
-CMAX=${CONCURRENCY##* }
+levels() { tr -s ' ' '\n' <<<"$1" | grep . | sort -n | uniq | tr '\n' ' ' | sed 's/ $//'; }
+CONCURRENCY=$(levels "$CONCURRENCY") PING_CONCURRENCY=$(levels "$PING_CONCURRENCY")
+# The highest level of either part: the dynamic pools' ceiling and the warm-ups' load.
+CMAX=$(levels "$CONCURRENCY $PING_CONCURRENCY") CMAX=${CMAX##* }
+PIPELINE_N=$((N * 10))
+# The appsrv rows: appsrv (blocking, the dynamic pool) and appsrv-event-wW.
+APPSRV_IDS=""
+for m in $APPSRV_IO; do
+  case $m in
+    blocking) APPSRV_IDS="$APPSRV_IDS appsrv" ;;
+    event) for w in $APPSRV_WORKERS; do APPSRV_IDS="$APPSRV_IDS appsrv-event-w$w"; done ;;
+    *) echo "compare.sh: APPSRV_IO: unknown model '$m' (blocking, event)" >&2; exit 1 ;;
+  esac
+done
 for srv in $HTTP_SERVERS; do
   case $srv in
     appsrv | nginx | apache | php-fpm | mod_php) ;;
@@ -164,6 +209,11 @@ for srv in $HTTP_SERVERS; do
   esac
 done
 MAX_WORKERS=${MAX_WORKERS:-$((CMAX > 32 ? CMAX : 32))}
+# The servers of parts 1 and 3, appsrv expanded into its rows.
+HTTP_IDS=""
+for srv in $HTTP_SERVERS; do
+  if [ "$srv" = appsrv ]; then HTTP_IDS="$HTTP_IDS $APPSRV_IDS"; else HTTP_IDS="$HTTP_IDS $srv"; fi
+done
 
 missing=()
 [ -x "$NGINX" ] || missing+=(nginx)
@@ -183,6 +233,18 @@ if [ -z "${EX:-}" ]; then
 fi
 { [ -x "$EX/http_hello" ] && [ -x "$EX/ping" ]; } \
   || { echo "compare.sh: no http_hello and ping in $EX" >&2; exit 1; }
+# The blocking rows must stay blocking now that ping defaults to event mode; a build
+# without --io is blocking only (and has no event rows).
+if "$EX/http_hello" --help 2>/dev/null | grep -q -- '--io '; then
+  APPSRV_BLOCKING_FLAGS=${APPSRV_BLOCKING_FLAGS---io blocking}
+else
+  APPSRV_BLOCKING_FLAGS=${APPSRV_BLOCKING_FLAGS-}
+  if [[ " $APPSRV_IO " == *" event "* && -n $APPSRV_EVENT_FLAGS ]]; then
+    echo "compare.sh: $EX/http_hello has no --io option (a build without event mode): run with" >&2
+    echo "  APPSRV_IO=blocking, or APPSRV_EVENT_FLAGS='' to run the event rows' pools in blocking mode" >&2
+    exit 1
+  fi
+fi
 
 work=$(mktemp -d)
 PIDS=()
@@ -205,9 +267,6 @@ chmod 644 "$work/static/"* "$work/php/hello.php"
 if [ "$(id -u)" = 0 ]; then RUN_USER=nobody RUN_GROUP=nogroup; else RUN_USER="" RUN_GROUP=""; fi
 mkdir -p "$RESULTS"
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 # check NAME URL FILE: a 200 whose body is exactly FILE's bytes, waiting up to 10 s for
 # the server (and, behind nginx, PHP-FPM) to come up.
@@ -242,16 +301,26 @@ EOF
 SERVERS=()
 started() { SERVERS+=("$1"); PIDS+=("$1"); }
 
-# start_appsrv EXAMPLE [ARGS...]
+# appsrv_flags ID: the command line of appsrv row ID (appsrv, appsrv-event-wW).
+appsrv_flags() {
+  case $1 in
+    appsrv) echo "$APPSRV_BLOCKING_FLAGS --pool dynamic --start-workers 8 --min-spare 8 --max-spare 32 --max-workers $MAX_WORKERS" ;;
+    appsrv-event-w*) echo "$APPSRV_EVENT_FLAGS -w ${1#appsrv-event-w}" ;;
+  esac
+}
+
+# start_appsrv EXAMPLE ID [ARGS...]
 start_appsrv() {
-  local ex=$1
-  shift
-  "$EX/$ex" -l 127.0.0.1:0 --pool dynamic --start-workers 8 --min-spare 8 --max-spare 32 \
-    --max-workers "$MAX_WORKERS" "$@" 2>"$work/$ex.log" &
+  local ex=$1 id=$2 log
+  shift 2
+  # A log of its own (check and ping_check show it): $work/ID.log, ping-ID.log for ping.
+  log=$work/$id.log
+  [ "$ex" = ping ] && log=$work/ping-$id.log
+  # shellcheck disable=SC2046 # the flags are words
+  "$EX/$ex" -l 127.0.0.1:0 $(appsrv_flags "$id") "$@" 2>"$log" &
   started $!
-  for _ in $(seq 200); do grep -q " ready" "$work/$ex.log" 2>/dev/null && break; sleep 0.05; done
-  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$work/$ex.log" | head -1 | cut -d: -f2)
-  [ -n "$PORT" ] || { echo "compare.sh: $ex did not start:" >&2; cat "$work/$ex.log" >&2; exit 1; }
+  PORT=$(ready_port "$log")
+  [ -n "$PORT" ] || { echo "compare.sh: $ex ($id) did not start:" >&2; cat "$log" >&2; exit 1; }
 }
 
 # start_fpm: PHP-FPM on the Unix socket $work/fpm/fpm.sock.
@@ -416,7 +485,7 @@ EOF
 # start_server ID: the servers of the HTTP part by their id in the tables and CSV files.
 start_server() {
   case $1 in
-    appsrv) start_appsrv http_hello --static-dir "$work/static" ;;
+    appsrv*) start_appsrv http_hello "$1" --static-dir "$work/static" ;;
     nginx) start_nginx ;;
     apache) start_apache ;;
     php-fpm) start_fpm; start_nginx fpm ;;
@@ -434,11 +503,13 @@ stop() {
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
 
 # ab_cell PORT PATH CONC KEEPALIVE(1|0) REQUESTS: RUNS runs; sets RPS (the median req/s,
-# empty when no run finished), FAILED (summed over the runs) and UNFINISHED (runs).
+# empty when no run finished), FAILED (summed over the runs), UNFINISHED (runs), and
+# CPUREQ and CSWREQ (the server's CPU µs and context switches per completed request).
 ab_cell() {
-  local k="" out rps=() i f x
+  local k="" out rps=() i f x before
   FAILED=0 UNFINISHED=0 RPS=""
   [ "$4" = 1 ] && k=-k
+  before=$(proc_counters "${SERVERS[@]}")
   for i in $(seq "$RUNS"); do
     if out=$(timeout 120 ab -q -r -s 10 $k -n "$5" -c "$3" "http://127.0.0.1:$1$2" 2>&1) \
       && x=$(awk '/^Requests per second/ { print $4 }' <<<"$out") && [ -n "$x" ]; then
@@ -452,8 +523,12 @@ ab_cell() {
     fi
   done
   [ ${#rps[@]} -gt 0 ] && RPS=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
+  read -r CPUREQ CSWREQ < <(per_request "$before" "$(proc_counters "${SERVERS[@]}")" $((${#rps[@]} * $5)))
   return 0
 }
+
+# cost_text: the markdown cell of CPUREQ and CSWREQ.
+cost_text() { [ "$CPUREQ" = - ] && echo - || echo "$CPUREQ µs, $CSWREQ"; }
 
 # cell_text: the markdown cell of RPS, FAILED and UNFINISHED.
 cell_text() {
@@ -463,7 +538,7 @@ cell_text() {
   echo "$cell"
 }
 
-CSV_HEADER=server,concurrency,keepalive,rps,requests,runs,failed,unfinished_runs
+CSV_HEADER=server,concurrency,keepalive,rps,requests,runs,failed,unfinished_runs,cpu_us_per_request,csw_per_request
 MEM_HEADER=server,phase,processes,pss_kb
 
 # memory CSV SERVER PHASE: summed PSS (kB) and count of the masters in SERVERS and their
@@ -492,11 +567,17 @@ warm_up() {
     "http://127.0.0.1:$1$2" >/dev/null 2>&1 || true
 }
 
-ka_name() { [ "$1" = 1 ] && echo keep-alive || echo "one per request"; }
-header() { # FIRST-COLUMNS...
+ka_name() {
+  case $1 in
+    1) echo keep-alive ;;
+    p) echo "keep-alive, -P $PIPELINE" ;;
+    *) echo "one per request" ;;
+  esac
+}
+header() { # FIRST-COLUMNS..., with a column per level of LEVELS (default CONCURRENCY)
   local h="|" s="|" c col
   for col in "$@"; do h="$h $col |"; s="$s---|"; done
-  for c in $CONCURRENCY; do h="$h c=$c |"; s="$s---|"; done
+  for c in ${LEVELS:-$CONCURRENCY}; do h="$h c=$c |"; s="$s---|"; done
   echo "$h"; echo "$s"
 }
 ratio() { # A B: A/B with two decimals, or - when either is missing
@@ -509,6 +590,8 @@ ratio() { # A B: A/B with two decimals, or - when either is missing
 }
 server_name() {
   case $1 in
+    appsrv) echo "appsrv${APPSRV_BLOCKING_FLAGS:+ $APPSRV_BLOCKING_FLAGS} (dynamic pool)" ;;
+    appsrv-event-w*) echo "appsrv ${APPSRV_EVENT_FLAGS:-(no event flags)} -w ${1#appsrv-event-w}" ;;
     apache) echo "Apache prefork" ;;
     php-fpm) echo "nginx + PHP-FPM" ;;
     mod_php) echo "Apache prefork + mod_php" ;;
@@ -519,7 +602,7 @@ server_name() {
 }
 min_n() { echo $(($1 > CMAX ? $1 : CMAX)); }
 
-declare -A CELL PATHS REQS TITLE SRVS
+declare -A CELL COST PATHS REQS TITLE SRVS
 PATHS=([hello-dynamic]=/ [hello-static]=/static/hello.txt [static-100k]=/static/100k.bin [static-1m]=/static/1m.bin)
 REQS=([hello-dynamic]=$(min_n "$N") [hello-static]=$(min_n "$N") [static-100k]=$(min_n $((N / 2))) [static-1m]=$(min_n $((N / 10))))
 TITLE=([hello-dynamic]="13-byte dynamic \`Hello, World!\` (appsrv \`GET /\`, PHP \`GET /hello.php\`)"
@@ -546,8 +629,8 @@ measure() {
   for ka in 0 1; do
     for c in $CONCURRENCY; do
       ab_cell "$PORT" "$3" "$c" "$ka" "$n"
-      CELL[$1/$2/$ka/$c]=$(cell_text)
-      echo "$1,$c,$ka,$RPS,$n,$RUNS,$FAILED,$UNFINISHED" >>"$RESULTS/$2.csv"
+      CELL[$1/$2/$ka/$c]=$(cell_text) COST[$1/$2/$ka/$c]=$(cost_text)
+      echo "$1,$c,$ka,$RPS,$n,$RUNS,$FAILED,$UNFINISHED,$CPUREQ,$CSWREQ" >>"$RESULTS/$2.csv"
     done
   done
   SRVS[$2]="${SRVS[$2]:-} $1"
@@ -556,7 +639,9 @@ measure() {
 # The versions, for the tables' captions and bench/results/env.txt.
 versions() {
   echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "mode: $MODE (RUNS=$RUNS N=$N CONCURRENCY=\"$CONCURRENCY\" WARMUP=$WARMUP RAMP=$RAMP SYSCALL_N=$SYSCALL_N MAX_WORKERS=$MAX_WORKERS)"
+  echo "mode: $MODE (RUNS=$RUNS N=$N CONCURRENCY=\"$CONCURRENCY\" PING_CONCURRENCY=\"$PING_CONCURRENCY\" PIPELINE=$PIPELINE WARMUP=$WARMUP RAMP=$RAMP SYSCALL_N=$SYSCALL_N MAX_WORKERS=$MAX_WORKERS)"
+  local id
+  for id in $APPSRV_IDS; do echo "appsrv row $id: $(appsrv_flags "$id" | tr -s ' ' | sed 's/^ //')"; done
   if [ -n "$PREBUILT" ]; then
     echo "appsrv: prebuilt examples in $EX"
   else
@@ -585,7 +670,7 @@ if [ "${HTTP:-1}" != 0 ]; then
   for wl in "${WORKLOADS[@]}"; do echo "$CSV_HEADER" >"$RESULTS/$wl.csv"; done
   echo "$MEM_HEADER" >"$RESULTS/memory.csv"
   SKIP=()
-  for srv in $HTTP_SERVERS; do
+  for srv in $HTTP_IDS; do
     case $srv in
       php-fpm) [ -n "$PHP_FPM" ] || { SKIP+=("nginx + PHP-FPM (apt-get install -y php-fpm)"); continue; } ;;
       mod_php) [ -n "$LIBPHP" ] || { SKIP+=("Apache + mod_php (apt-get install -y libapache2-mod-php)"); continue; } ;;
@@ -593,19 +678,20 @@ if [ "${HTTP:-1}" != 0 ]; then
     echo "compare.sh: $(server_name "$srv")" >&2
     start_server "$srv"
     case $srv in
-      appsrv) wls="static-1m static-100k hello-static hello-dynamic" ;;
+      appsrv*) wls="static-1m static-100k hello-static hello-dynamic" ;;
       nginx | apache) wls="static-1m static-100k hello-static" ;;
       *) wls=hello-dynamic ;;
     esac
     first=1
     for wl in $wls; do
       path=${PATHS[$wl]}
-      [ "$wl" = hello-dynamic ] && [ "$srv" != appsrv ] && path=/hello.php
+      [ "$wl" = hello-dynamic ] && [[ $srv != appsrv* ]] && path=/hello.php
       if [ "$first" = 1 ]; then
         # Up and answering (one request), then idle.
         check "$srv" "http://127.0.0.1:$PORT$path" "$(expected "$wl")"
         memory "$RESULTS/memory.csv" "$srv" idle
-        warm_up "$PORT" "$path" "$RAMP"
+        # A static pool (event mode) does not grow: no ramp.
+        [[ $srv == appsrv-event-* ]] || warm_up "$PORT" "$path" "$RAMP"
         first=0
       fi
       measure "$srv" "$wl" "$path"
@@ -627,6 +713,17 @@ if [ "${HTTP:-1}" != 0 ]; then
         echo "$row"
       done
     done
+    echo
+    echo "Server CPU per request and context switches per request, same cells:"
+    echo
+    header server connections
+    for ka in 1 0; do
+      for srv in ${SRVS[$wl]:-}; do
+        row="| $(server_name "$srv") | $(ka_name "$ka") |"
+        for c in $CONCURRENCY; do row="$row ${COST[$srv/$wl/$ka/$c]} |"; done
+        echo "$row"
+      done
+    done
   done
   [ ${#SKIP[@]} -eq 0 ] || printf 'Skipped: %s\n' "${SKIP[@]}"
   echo
@@ -636,18 +733,26 @@ if [ "${HTTP:-1}" != 0 ]; then
   echo "|---|---|---|---|---|"
   printf '%s\n' "${MEM[@]}"
   echo
-  echo "Ratios of the medians, appsrv / the other server, same workload"
+  echo "Ratios of the medians, appsrv / the other server, same workload (hello-dynamic also"
+  echo "beside nginx's hello-static: the same 13 bytes, from a file)"
   echo
-  header workload "appsrv / …" connections
+  header workload appsrv "/ …" connections
   for wl in "${WORKLOADS[@]}"; do
-    for srv in ${SRVS[$wl]:-}; do
-      [ "$srv" = appsrv ] && continue
-      for ka in 1 0; do
-        row="| $wl | $(server_name "$srv") | $(ka_name "$ka") |"
-        for c in $CONCURRENCY; do
-          row="$row $(ratio "${CELL[appsrv/$wl/$ka/$c]:-}" "${CELL[$srv/$wl/$ka/$c]:-}") |"
+    peers=""
+    for srv in ${SRVS[$wl]:-}; do [[ $srv == appsrv* ]] || peers="$peers $wl:$srv"; done
+    [ "$wl" = hello-dynamic ] && [ -n "${SRVS[hello-static]:-}" ] \
+      && [[ " ${SRVS[hello-static]} " == *" nginx "* ]] && peers="$peers hello-static:nginx"
+    for a in ${SRVS[$wl]:-}; do
+      [[ $a == appsrv* ]] || continue
+      for peer in $peers; do
+        pwl=${peer%%:*} srv=${peer#*:}
+        for ka in 1 0; do
+          row="| $wl | $(server_name "$a") | $(server_name "$srv")$([ "$pwl" = "$wl" ] || echo " ($pwl)") | $(ka_name "$ka") |"
+          for c in $CONCURRENCY; do
+            row="$row $(ratio "${CELL[$a/$wl/$ka/$c]:-}" "${CELL[$srv/$pwl/$ka/$c]:-}") |"
+          done
+          echo "$row"
         done
-        echo "$row"
       done
     done
   done
@@ -664,6 +769,7 @@ if [ "${PING:-1}" != 0 ]; then
     N_NS=$(min_n $((N / 4)))
     cp "$work/env.txt" "$RESULTS/env-ping.txt"
     echo "$CSV_HEADER" >"$RESULTS/ping.csv"
+    [ "$PIPELINE" -gt 0 ] && echo "$CSV_HEADER" >"$RESULTS/ping-pipelined.csv"
     echo "$MEM_HEADER" >"$RESULTS/ping-memory.csv"
 
     # ping_check NAME: the server on PORT must answer `PING\r\n` with `+PONG\r\n`,
@@ -738,53 +844,66 @@ EOF
       started $!
     }
 
-    # rb_cell PORT CONC KEEPALIVE(1|0) REQUESTS: RUNS runs of redis-benchmark; sets RPS,
-    # FAILED (always 0: redis-benchmark reports none) and UNFINISHED as ab_cell.
+    # rb_cell PORT CONC KEEPALIVE(1|0|p: pipelined) REQUESTS: RUNS runs of redis-benchmark;
+    # sets RPS, FAILED (always 0: redis-benchmark reports none), UNFINISHED, CPUREQ and
+    # CSWREQ as ab_cell.
     rb_cell() {
-      local out rps=() i x
+      local out rps=() i x before k=(-k "$3")
       FAILED=0 UNFINISHED=0 RPS=""
+      [ "$3" = p ] && k=(-k 1 -P "$PIPELINE")
+      before=$(proc_counters "${SERVERS[@]}")
       for i in $(seq "$RUNS"); do
         if out=$(timeout 120 redis-benchmark -h 127.0.0.1 -p "$1" -t ping_inline -n "$4" -c "$2" \
-          -k "$3" -q 2>&1 | tr '\r' '\n') \
+          "${k[@]}" -q 2>&1 | tr '\r' '\n') \
           && x=$(awk '/^PING_INLINE: [0-9.]+ requests per second/ { print $2 }' <<<"$out" | tail -1) \
           && [ -n "$x" ]; then
           rps+=("$x")
         else
           UNFINISHED=$((UNFINISHED + 1))
-          echo "compare.sh: redis-benchmark -c $2 -k $3 on :$1 did not finish (run $i): $(grep . <<<"$out" | tail -1)" >&2
+          echo "compare.sh: redis-benchmark -c $2 ${k[*]} on :$1 did not finish (run $i): $(grep . <<<"$out" | tail -1)" >&2
         fi
       done
       [ ${#rps[@]} -gt 0 ] && RPS=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
+      read -r CPUREQ CSWREQ < <(per_request "$before" "$(proc_counters "${SERVERS[@]}")" $((${#rps[@]} * $4)))
       return 0
     }
 
-    # ping_measure NAME REQUESTS: fills PCELL[name/ka/c], PROWS and ping.csv, after
-    # WARMUP seconds of unmeasured keep-alive load at the highest concurrency.
-    declare -A PCELL
+    # ping_measure NAME REQUESTS [PIPELINED_REQUESTS]: fills PCELL[name/ka/c],
+    # PCOST[name/ka/c], PROWS, ping.csv and ping-pipelined.csv, after WARMUP seconds of
+    # unmeasured keep-alive load at the highest concurrency.
+    declare -A PCELL PCOST
     PROWS=()
     ping_measure() {
-      local ka c
+      local ka c kas="0 1" n csv
+      [ "$PIPELINE" -gt 0 ] && kas="0 1 p"
       memory "$RESULTS/ping-memory.csv" "$1" idle
       [ "$WARMUP" -gt 0 ] && { timeout "$WARMUP" redis-benchmark -h 127.0.0.1 -p "$PORT" \
         -t ping_inline -n 100000000 -c "$CMAX" -q >/dev/null 2>&1 || true; }
-      for ka in 0 1; do
-        for c in $CONCURRENCY; do
-          rb_cell "$PORT" "$c" "$ka" "$2"
-          PCELL[$1/$ka/$c]=$(cell_text)
-          echo "$1,$c,$ka,$RPS,$2,$RUNS,$FAILED,$UNFINISHED" >>"$RESULTS/ping.csv"
+      for ka in $kas; do
+        n=$2 csv=$RESULTS/ping.csv
+        [ "$ka" = p ] && n=${3:-$PIPELINE_N} csv=$RESULTS/ping-pipelined.csv
+        for c in $PING_CONCURRENCY; do
+          rb_cell "$PORT" "$c" "$ka" "$n"
+          PCELL[$1/$ka/$c]=$(cell_text) PCOST[$1/$ka/$c]=$(cost_text)
+          echo "$1,$c,${ka/p/1},$RPS,$n,$RUNS,$FAILED,$UNFINISHED,$CPUREQ,$CSWREQ" >>"$csv"
         done
       done
-      for ka in 1 0; do PROWS+=("$1/$ka/$2"); done
+      for ka in 1 p 0; do
+        [[ " $kas " == *" $ka "* ]] || continue
+        if [ "$ka" = p ]; then PROWS+=("$1/$ka/${3:-$PIPELINE_N}"); else PROWS+=("$1/$ka/$2"); fi
+      done
       memory "$RESULTS/ping-memory.csv" "$1" after
     }
 
     MEM=()
     PSKIP=()
-    echo "compare.sh: PING, appsrv" >&2
-    start_appsrv ping
-    ping_check ping || exit 1
-    ping_measure appsrv "$(min_n "$N")"
-    stop
+    for id in $APPSRV_IDS; do
+      echo "compare.sh: PING, $(server_name "$id")" >&2
+      start_appsrv ping "$id"
+      ping_check "ping-$id" || exit 1
+      ping_measure "$id" "$(min_n "$N")"
+      stop
+    done
 
     if command -v redis-server >/dev/null; then
       echo "compare.sh: PING, Redis" >&2
@@ -800,7 +919,7 @@ EOF
     if perl -MNet::Server::PreFork -e 1 2>/dev/null; then
       echo "compare.sh: PING, Net::Server" >&2
       start_netserver
-      if ping_check netserver; then ping_measure netserver "$N_NS"; fi
+      if ping_check netserver; then ping_measure netserver "$N_NS" "$N_NS"; fi
       stop
     else
       echo "compare.sh: Net::Server skipped: no Net::Server::PreFork; install with:" >&2
@@ -808,18 +927,29 @@ EOF
       PSKIP+=("Net::Server (not installed: apt-get install -y libnet-server-perl)")
     fi
 
+    LEVELS=$PING_CONCURRENCY
     echo "Inline PING -> +PONG, requests per second, median of $RUNS run(s) (redis-benchmark -t ping_inline; $(nproc) CPUs, client on the same machine; $MODE mode)"
     echo
     header server requests connections
     for r in "${PROWS[@]}"; do
       IFS=/ read -r srv ka n <<<"$r"
       row="| $(server_name "$srv") | $n | $(ka_name "$ka") |"
-      for c in $CONCURRENCY; do row="$row ${PCELL[$srv/$ka/$c]} |"; done
+      for c in $PING_CONCURRENCY; do row="$row ${PCELL[$srv/$ka/$c]} |"; done
+      echo "$row"
+    done
+    echo
+    echo "Server CPU per request and context switches per request, same cells:"
+    echo
+    header server requests connections
+    for r in "${PROWS[@]}"; do
+      IFS=/ read -r srv ka n <<<"$r"
+      row="| $(server_name "$srv") | $n | $(ka_name "$ka") |"
+      for c in $PING_CONCURRENCY; do row="$row ${PCOST[$srv/$ka/$c]} |"; done
       echo "$row"
     done
     [ ${#PSKIP[@]} -eq 0 ] || printf 'Skipped: %s\n' "${PSKIP[@]}"
     echo
-    echo "Memory of the PING servers, idle and after the last run (keep-alive, c=$CMAX)"
+    echo "Memory of the PING servers, idle and after the last run (c=$CMAX)"
     echo
     echo "| server | when | processes | PSS | PSS per process |"
     echo "|---|---|---|---|---|"
@@ -829,14 +959,19 @@ EOF
     echo
     header ratio connections
     for other in redis netserver; do
-      for ka in 1 0; do
-        row="| appsrv / $(server_name "$other") | $(ka_name "$ka") |"
-        for c in $CONCURRENCY; do
-          row="$row $(ratio "${PCELL[appsrv/$ka/$c]:-}" "${PCELL[$other/$ka/$c]:-}") |"
+      [ -n "${PCELL[$other/1/${PING_CONCURRENCY%% *}]:-}" ] || continue
+      for a in $APPSRV_IDS; do
+        for ka in 1 p 0; do
+          [ -n "${PCELL[$a/$ka/${PING_CONCURRENCY%% *}]:-}" ] || continue
+          row="| $(server_name "$a") / $(server_name "$other") | $(ka_name "$ka") |"
+          for c in $PING_CONCURRENCY; do
+            row="$row $(ratio "${PCELL[$a/$ka/$c]:-}" "${PCELL[$other/$ka/$c]:-}") |"
+          done
+          echo "$row"
         done
-        echo "$row"
       done
     done
+    unset LEVELS
   fi
 fi
 
@@ -896,14 +1031,14 @@ if [ "${SYSCALLS:-1}" != 0 ]; then
       by=${by%; }
       echo "| $(server_name "$1") | $2 | $total | ${by:--} | $per |"
     }
-    for srv in $HTTP_SERVERS; do
+    for srv in $HTTP_IDS; do
       case $srv in
         php-fpm) [ -n "$PHP_FPM" ] || continue ;;
         mod_php) [ -n "$LIBPHP" ] || continue ;;
       esac
       start_server "$srv"
       case $srv in
-        appsrv) trace appsrv hello-dynamic /; trace appsrv hello-static /static/hello.txt ;;
+        appsrv*) trace "$srv" hello-dynamic /; trace "$srv" hello-static /static/hello.txt ;;
         nginx | apache) trace "$srv" hello-static /static/hello.txt ;;
         *) trace "$srv" hello-dynamic /hello.php ;;
       esac

@@ -34,34 +34,36 @@ pss_kb() {
   echo "$kb $n"
 }
 
-# proc_counters PID...: "TICKS SWITCHES" summed over the masters PID... and their children:
-# CPU time (utime + stime of each, plus cutime + cstime: the children a master has reaped,
-# such as a recycled worker, keep counting), in clock ticks (getconf CLK_TCK, normally
-# 100 a second), and context switches (voluntary + nonvoluntary, of every thread in
-# /proc/PID/task/*/status). The difference of two samples is the cost of what ran in
-# between; a process that exited in between takes its switches with it (the kernel keeps
-# no per-child sum of them in /proc), its CPU time does not.
+# proc_counters PID...: "CPU_NS SWITCHES" summed over the masters PID... and their
+# children: CPU time in nanoseconds (the first field of /proc/PID/task/*/schedstat, the
+# time each thread ran, exact; plus cutime + cstime of /proc/PID/stat, the children a
+# master has reaped, such as a recycled worker, in clock ticks: 10 ms) and context
+# switches (voluntary + nonvoluntary, /proc/PID/task/*/status). The difference of two
+# samples is the cost of what ran in between; a process that exited in between takes its
+# switches with it (the kernel keeps no per-child sum of them in /proc), not its CPU time.
+LIB_HZ=$(getconf CLK_TCK)
 proc_counters() {
-  local p ticks=0 csw=0 t c
+  local p files=()
   for p in $(server_pids "$@"); do
-    # Fields after the ")" that ends the command name: utime is the 12th, stime 13th,
-    # cutime 14th, cstime 15th (fields 14-17 of /proc/PID/stat).
-    t=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 + $14 + $15 }') || continue
-    [ -n "$t" ] || continue
-    c=$(cat "/proc/$p"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }')
-    ticks=$((ticks + t)) csw=$((csw + c))
+    files+=("/proc/$p/stat" "/proc/$p"/task/*/schedstat "/proc/$p"/task/*/status)
   done
-  echo "$ticks $csw"
+  # One awk over all of them (a server may have hundreds of processes). cat skips (and
+  # the || true forgives) a process that is gone. A stat line is "PID (COMM) STATE ...":
+  # after the last ") ", cutime is the 14th field and cstime the 15th; a schedstat line is
+  # three numbers, the first the nanoseconds on a CPU.
+  { cat "${files[@]}" 2>/dev/null || true; } | awk -v hz="$LIB_HZ" '
+    /^[0-9]+ \(/ { sub(/.*\) /, ""); split($0, f, " "); ticks += f[14] + f[15]; next }
+    /^[0-9]+ [0-9]+ [0-9]+$/ { ns += $1; next }
+    /^(non)?voluntary_ctxt_switches:/ { c += $2 }
+    END { printf "%.0f %d\n", ns + ticks * 1e9 / hz, c }'
 }
 
 # per_request BEFORE AFTER REQUESTS: "CPU_US CSW" per request from two proc_counters
-# samples ("-" when REQUESTS is 0).
+# samples ("- -" when REQUESTS is 0).
 per_request() {
-  local hz
-  hz=$(getconf CLK_TCK)
-  awk -v b="$1" -v a="$2" -v n="$3" -v hz="$hz" 'BEGIN {
+  awk -v b="$1" -v a="$2" -v n="$3" 'BEGIN {
     split(b, x, " "); split(a, y, " ")
-    if (n > 0) printf "%.1f %.2f\n", (y[1] - x[1]) * 1e6 / hz / n, (y[2] - x[2]) / n
+    if (n > 0) printf "%.1f %.2f\n", (y[1] - x[1]) / 1e3 / n, (y[2] - x[2]) / n
     else print "- -"
   }'
 }
