@@ -109,8 +109,8 @@
 # of the children a master reaped) in microseconds per request, and context switches
 # (voluntary + nonvoluntary, /proc/PID/task/*/status) per request. Where the client
 # saturates its CPU (ab is single-threaded), requests/s is the client's limit and CPU per
-# request compares the servers. A process that exits during the cell takes its switches
-# with it.
+# request compares the servers. A process that exits during the cell (a shrinking pool)
+# takes its switches with it: the cell says "≥ X (N exited)", the CSV processes_exited.
 #
 # ab runs with -r (a receive error is counted, not fatal), -s 10 (socket timeout) and
 # under `timeout 120`. A cell is the median req/s of the runs that finished; failures
@@ -523,12 +523,16 @@ ab_cell() {
     fi
   done
   [ ${#rps[@]} -gt 0 ] && RPS=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
-  read -r CPUREQ CSWREQ < <(per_request "$before" "$(proc_counters "${SERVERS[@]}")" $((${#rps[@]} * $5)))
+  read -r CPUREQ CSWREQ EXITED < <(per_request "$before" "$(proc_counters "${SERVERS[@]}")" $((${#rps[@]} * $5)))
   return 0
 }
 
-# cost_text: the markdown cell of CPUREQ and CSWREQ.
-cost_text() { [ "$CPUREQ" = - ] && echo - || echo "$CPUREQ µs, $CSWREQ"; }
+# cost_text: the markdown cell of CPUREQ and CSWREQ (and EXITED: "(N exited)" marks a
+# lower bound of the switches).
+cost_text() {
+  if [ "$CPUREQ" = - ]; then echo -; return; fi
+  if [ "$EXITED" = 0 ]; then echo "$CPUREQ µs, $CSWREQ"; else echo "$CPUREQ µs, ≥ $CSWREQ ($EXITED exited)"; fi
+}
 
 # cell_text: the markdown cell of RPS, FAILED and UNFINISHED.
 cell_text() {
@@ -538,7 +542,7 @@ cell_text() {
   echo "$cell"
 }
 
-CSV_HEADER=server,concurrency,keepalive,rps,requests,runs,failed,unfinished_runs,cpu_us_per_request,csw_per_request
+CSV_HEADER=server,concurrency,keepalive,rps,requests,runs,failed,unfinished_runs,cpu_us_per_request,csw_per_request,processes_exited
 MEM_HEADER=server,phase,processes,pss_kb
 
 # memory CSV SERVER PHASE: summed PSS (kB) and count of the masters in SERVERS and their
@@ -630,7 +634,7 @@ measure() {
     for c in $CONCURRENCY; do
       ab_cell "$PORT" "$3" "$c" "$ka" "$n"
       CELL[$1/$2/$ka/$c]=$(cell_text) COST[$1/$2/$ka/$c]=$(cost_text)
-      echo "$1,$c,$ka,$RPS,$n,$RUNS,$FAILED,$UNFINISHED,$CPUREQ,$CSWREQ" >>"$RESULTS/$2.csv"
+      echo "$1,$c,$ka,$RPS,$n,$RUNS,$FAILED,$UNFINISHED,$CPUREQ,$CSWREQ,$EXITED" >>"$RESULTS/$2.csv"
     done
   done
   SRVS[$2]="${SRVS[$2]:-} $1"
@@ -864,7 +868,7 @@ EOF
         fi
       done
       [ ${#rps[@]} -gt 0 ] && RPS=$(printf '%s\n' "${rps[@]}" | median | xargs printf '%.0f')
-      read -r CPUREQ CSWREQ < <(per_request "$before" "$(proc_counters "${SERVERS[@]}")" $((${#rps[@]} * $4)))
+      read -r CPUREQ CSWREQ EXITED < <(per_request "$before" "$(proc_counters "${SERVERS[@]}")" $((${#rps[@]} * $4)))
       return 0
     }
 
@@ -885,7 +889,7 @@ EOF
         for c in $PING_CONCURRENCY; do
           rb_cell "$PORT" "$c" "$ka" "$n"
           PCELL[$1/$ka/$c]=$(cell_text) PCOST[$1/$ka/$c]=$(cost_text)
-          echo "$1,$c,${ka/p/1},$RPS,$n,$RUNS,$FAILED,$UNFINISHED,$CPUREQ,$CSWREQ" >>"$csv"
+          echo "$1,$c,${ka/p/1},$RPS,$n,$RUNS,$FAILED,$UNFINISHED,$CPUREQ,$CSWREQ,$EXITED" >>"$csv"
         done
       done
       for ka in 1 p 0; do

@@ -34,37 +34,44 @@ pss_kb() {
   echo "$kb $n"
 }
 
-# proc_counters PID...: "CPU_NS SWITCHES" summed over the masters PID... and their
+# proc_counters PID...: "CPU_NS SWITCHES PIDS" summed over the masters PID... and their
 # children: CPU time in nanoseconds (the first field of /proc/PID/task/*/schedstat, the
 # time each thread ran, exact; plus cutime + cstime of /proc/PID/stat, the children a
-# master has reaped, such as a recycled worker, in clock ticks: 10 ms) and context
-# switches (voluntary + nonvoluntary, /proc/PID/task/*/status). The difference of two
-# samples is the cost of what ran in between; a process that exited in between takes its
-# switches with it (the kernel keeps no per-child sum of them in /proc), not its CPU time.
+# master has reaped, such as a recycled worker, in clock ticks: 10 ms), context switches
+# (voluntary + nonvoluntary, /proc/PID/task/*/status), and the pids sampled (comma-
+# separated). The difference of two samples is the cost of what ran in between; a process
+# that exited in between takes its switches with it (the kernel keeps no per-child sum of
+# them in /proc), not its CPU time: per_request counts those processes.
 LIB_HZ=$(getconf CLK_TCK)
 proc_counters() {
-  local p files=()
-  for p in $(server_pids "$@"); do
+  local p files=() pids
+  pids=$(server_pids "$@")
+  for p in $pids; do
     files+=("/proc/$p/stat" "/proc/$p"/task/*/schedstat "/proc/$p"/task/*/status)
   done
   # One awk over all of them (a server may have hundreds of processes). cat skips (and
   # the || true forgives) a process that is gone. A stat line is "PID (COMM) STATE ...":
   # after the last ") ", cutime is the 14th field and cstime the 15th; a schedstat line is
   # three numbers, the first the nanoseconds on a CPU.
-  { cat "${files[@]}" 2>/dev/null || true; } | awk -v hz="$LIB_HZ" '
+  { cat "${files[@]}" 2>/dev/null || true; } | awk -v hz="$LIB_HZ" -v pids="$(echo $pids | tr ' ' ',')" '
     /^[0-9]+ \(/ { sub(/.*\) /, ""); split($0, f, " "); ticks += f[14] + f[15]; next }
     /^[0-9]+ [0-9]+ [0-9]+$/ { ns += $1; next }
     /^(non)?voluntary_ctxt_switches:/ { c += $2 }
-    END { printf "%.0f %d\n", ns + ticks * 1e9 / hz, c }'
+    END { printf "%.0f %d %s\n", ns + ticks * 1e9 / hz, c, pids }'
 }
 
-# per_request BEFORE AFTER REQUESTS: "CPU_US CSW" per request from two proc_counters
-# samples ("- -" when REQUESTS is 0).
+# per_request BEFORE AFTER REQUESTS: "CPU_US CSW EXITED" per request from two
+# proc_counters samples ("- - 0" when REQUESTS is 0); EXITED is how many processes of
+# BEFORE are not in AFTER: when it is not 0, CSW misses their switches.
 per_request() {
   awk -v b="$1" -v a="$2" -v n="$3" 'BEGIN {
     split(b, x, " "); split(a, y, " ")
-    if (n > 0) printf "%.1f %.2f\n", (y[1] - x[1]) / 1e3 / n, (y[2] - x[2]) / n
-    else print "- -"
+    split(x[3], bp, ","); split(y[3], ap, ",")
+    for (i in ap) alive[ap[i]] = 1
+    gone = 0
+    for (i in bp) if (!(bp[i] in alive)) gone++
+    if (n > 0) printf "%.1f %.2f %d\n", (y[1] - x[1]) / 1e3 / n, (y[2] - x[2]) / n, gone
+    else print "- - 0"
   }'
 }
 

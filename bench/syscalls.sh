@@ -245,7 +245,10 @@ row256() {
   wait "$tracer" 2>/dev/null || true
   stop_server
   r=$(strace_total "$work/strace256.txt" "$N256")
-  echo "| $(name256 "$id") | $N256 | $((${#traced[@]} / 2)) | $rps | ${cost% *} | ${cost#* } | ${r%%|*} | $failed | ${r#*|} |"
+  local cpu csw exited
+  read -r cpu csw exited <<<"$cost"
+  [ "$exited" = 0 ] || csw="≥ $csw ($exited exited)"
+  echo "| $(name256 "$id") | $N256 | $((${#traced[@]} / 2)) | $rps | $cpu | $csw | ${r%%|*} | $failed | ${r#*|} |"
 }
 
 if [ "${C256:-1}" != 0 ]; then
