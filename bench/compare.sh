@@ -267,7 +267,6 @@ chmod 644 "$work/static/"* "$work/php/hello.php"
 if [ "$(id -u)" = 0 ]; then RUN_USER=nobody RUN_GROUP=nogroup; else RUN_USER="" RUN_GROUP=""; fi
 mkdir -p "$RESULTS"
 
-
 # check NAME URL FILE: a 200 whose body is exactly FILE's bytes, waiting up to 10 s for
 # the server (and, behind nginx, PHP-FPM) to come up.
 check() {
