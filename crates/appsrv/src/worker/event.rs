@@ -165,8 +165,6 @@ enum Then {
     Read { wait: Wait, timeout: Option<Duration> },
     /// Run the step again (its pass limit was reached), on the next turn.
     Yield,
-    /// Send this file range, then run the step again.
-    File(FileBody),
     /// Close (lingering or not).
     Close { linger: Option<Duration> },
 }
@@ -1167,12 +1165,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 c.pending = Pending::Advance;
                 Some(Pass::Ready)
             }
-            Then::File(body) => {
-                let offset = body.range.start;
-                let left = body.range.end.saturating_sub(body.range.start);
-                c.pending = Pending::File { body, offset, left };
-                None
-            }
             Then::Close { linger } => {
                 c.transport.close_notify();
                 if c.transport.records_pending() && c.writable {
@@ -1305,7 +1297,13 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         c.pending = match next {
             Next::Read { wait, timeout, .. } => Pending::Output(Then::Read { wait, timeout }),
             Next::More => Pending::Output(Then::Yield),
-            Next::SendFile(body) => Pending::Output(Then::File(body)),
+            // Straight to the file, the head still in the output: a small file is copied
+            // after it (one write for both), a large one follows it (MSG_MORE).
+            Next::SendFile(body) => Pending::File {
+                offset: body.range.start,
+                left: body.range.end.saturating_sub(body.range.start),
+                body,
+            },
             Next::Close { linger } => Pending::Output(Then::Close { linger }),
             Next::Fail(e) => {
                 log_connection_error(&c.peer, &e);
