@@ -1391,10 +1391,11 @@ fn timeout_message(
         Some(e) => format!(
             "worker {id} (pid {pid}) exceeded the request timeout of {}: its event loop has not \
              turned for {} (the last handler call was for {peer}, request {head:?}); killing it{how} \
-             drops {} connections",
+             drops {} connection{}",
             fmt_duration(limit),
             fmt_duration(elapsed),
-            e.counts.open
+            e.counts.open,
+            if e.counts.open == 1 { "" } else { "s" }
         ),
         None => format!(
             "worker {id} (pid {pid}) exceeded the request timeout of {}: serving {peer} for {}, \
