@@ -133,18 +133,7 @@ impl<'a> Acceptor<'a> {
                     let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
                     match errno {
                         Errno::EINTR | Errno::EAGAIN => {}
-                        // The connection went away before we took it, or Linux passed up a
-                        // network error that belongs to it: take the next one.
-                        Errno::ECONNABORTED
-                        | Errno::EPROTO
-                        | Errno::ENETDOWN
-                        | Errno::ENOPROTOOPT
-                        | Errno::EHOSTDOWN
-                        | Errno::ENONET
-                        | Errno::EHOSTUNREACH
-                        | Errno::EOPNOTSUPP
-                        | Errno::ENETUNREACH
-                        | Errno::ETIMEDOUT => {}
+                        e if connection_error(e) => {}
                         // shutdown(2) on the listener by the master: we are stopping.
                         Errno::EINVAL => return Accepted::Stop,
                         other => self.trouble(other, "accepting connections"),
@@ -171,4 +160,23 @@ impl<'a> Acceptor<'a> {
             nix::poll::PollTimeout::from(RESOURCE_BACKOFF.as_millis() as u16),
         );
     }
+}
+
+/// Whether an `accept` error belongs to the connection, not to the listener: it went away
+/// before it was taken, or Linux passed up a network error of its own. The next one is
+/// taken as if nothing happened.
+pub(crate) fn connection_error(errno: Errno) -> bool {
+    matches!(
+        errno,
+        Errno::ECONNABORTED
+            | Errno::EPROTO
+            | Errno::ENETDOWN
+            | Errno::ENOPROTOOPT
+            | Errno::EHOSTDOWN
+            | Errno::ENONET
+            | Errno::EHOSTUNREACH
+            | Errno::EOPNOTSUPP
+            | Errno::ENETUNREACH
+            | Errno::ETIMEDOUT
+    )
 }

@@ -440,7 +440,9 @@ impl Episodes {
     }
 }
 
-fn log_connection_error(peer: &Addr, e: &io::Error) {
+/// How a connection's end by an error is logged (the same in both loops): a timeout at
+/// info, a client that left at debug, anything else as a warning.
+pub(crate) fn log_connection_error(peer: &Addr, e: &io::Error) {
     match e.kind() {
         io::ErrorKind::TimedOut => tracing::info!("connection from {peer}: {e}"),
         io::ErrorKind::BrokenPipe

@@ -68,11 +68,11 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::signal::SigSet;
 use socket2::Socket;
 
-use crate::codec::{Codec, FileBody};
+use crate::codec::FileBody;
 use crate::conn::buffers::{BUFFER_SIZE, Buffers};
 use crate::conn::context::{Conn as HandlerConn, ConnInfo};
 use crate::conn::send_watch::{SEND_CHECK, SendWatch};
-use crate::conn::step::{self, Handle, Next, Requests, Wait};
+use crate::conn::step::{self, Next, Requests, Wait};
 use crate::conn::transport::Transport;
 use crate::handler::RequestHandler;
 use crate::net::listener::{Addr, Listener};
@@ -83,7 +83,8 @@ use crate::sys::{self, exit};
 
 use super::access::{AccessLog, Outcome};
 use super::admission::{self, Admission, Rejection, Rules, Seat};
-use super::serve::{Boundary, Context, Limits};
+use super::blocking::log_connection_error;
+use super::serve::{Bound, Boundary, Context, Limits};
 use super::{ConnLimits, Recycle};
 
 /// Accepts per listener per turn.
@@ -378,22 +379,6 @@ impl Turn<'_> {
             }
         );
         self.slow.logged = Some(now);
-    }
-}
-
-/// The user's handler bound to one connection, as the step calls it.
-struct Bound<'h, 'c, H: RequestHandler> {
-    handler: &'h mut H,
-    conn: HandlerConn<'c, H::Session>,
-}
-
-impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
-    fn handle(
-        &mut self,
-        req: &<H::Codec as Codec>::Request<'_>,
-        res: &mut <H::Codec as Codec>::Response<'_>,
-    ) -> io::Result<()> {
-        self.handler.handle_request(&mut self.conn, req, res)
     }
 }
 
@@ -736,16 +721,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
                     match errno {
                         Errno::EAGAIN | Errno::EINTR => break,
-                        Errno::ECONNABORTED
-                        | Errno::EPROTO
-                        | Errno::ENETDOWN
-                        | Errno::ENOPROTOOPT
-                        | Errno::EHOSTDOWN
-                        | Errno::ENONET
-                        | Errno::EHOSTUNREACH
-                        | Errno::EOPNOTSUPP
-                        | Errno::ENETUNREACH
-                        | Errno::ETIMEDOUT => {}
+                        e if super::accept::connection_error(e) => {}
                         Errno::EINVAL => {
                             if !self.stopping {
                                 self.begin_stop();
@@ -1605,17 +1581,6 @@ impl Context for Quiet {
     }
     fn stopping(&mut self) -> bool {
         self.stopping
-    }
-}
-
-fn log_connection_error(peer: &Addr, e: &io::Error) {
-    match e.kind() {
-        io::ErrorKind::TimedOut => tracing::info!("connection from {peer}: {e}"),
-        io::ErrorKind::BrokenPipe
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::UnexpectedEof => tracing::debug!("connection from {peer} ended early: {e}"),
-        _ => tracing::warn!("connection from {peer} ended with an error: {e}"),
     }
 }
 

@@ -121,9 +121,9 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
 }
 
 /// The user's handler bound to one connection, as the step calls it.
-struct Bound<'h, 'c, H: RequestHandler> {
-    handler: &'h mut H,
-    conn: Conn<'c, H::Session>,
+pub(crate) struct Bound<'h, 'c, H: RequestHandler> {
+    pub(crate) handler: &'h mut H,
+    pub(crate) conn: Conn<'c, H::Session>,
 }
 
 impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
