@@ -7,6 +7,7 @@
 #   bench/chaos.sh                  # every scenario, in order (about 5 minutes; at most 13)
 #   bench/chaos.sh kill-storm ...   # only these
 #   bench/chaos.sh --list           # the scenarios' names, with what each one does
+#   IO=event bench/chaos.sh ...     # http_hello's scenarios with --io event (issue 16)
 #
 # Figures (see RELIABILITY.md for the goals and the recorded runs):
 #   reload-keepalive, reload-close   failed requests (wrk's socket errors + non-2xx) of the total,
@@ -151,7 +152,10 @@ workdir() {
 start_server() {
   local log=$1 bin=$2
   shift 2
-  "$bin" "$@" 2>"$log" &
+  # IO=event: http_hello's scenarios in event mode (the other binaries are blocking only).
+  local io=()
+  if [ -n "${IO:-}" ] && [ "$bin" = "$HELLO" ]; then io=(--io "$IO"); fi
+  "$bin" "$@" "${io[@]}" 2>"$log" &
   MASTER=$!
   PIDS+=("$MASTER")
   if ! wait_for 30 ready_in "$log"; then
