@@ -238,14 +238,8 @@ pub(crate) unsafe trait SharedZeroed: Sync + 'static {}
 /// child its own copy); the memfd lets a re-executed worker (`--exec-workers`) map the same
 /// memory again ([`map_shared_fd`]). The mapping lives as long as the process.
 pub(crate) fn map_shared<T: SharedZeroed>() -> io::Result<(&'static T, OwnedFd)> {
-    let len = std::mem::size_of::<T>();
-    let fd = shared_memfd(len)?;
-    // SAFETY: the memfd was just sized to hold a `T`.
-    let ptr = unsafe { map_len(&fd, len) }?;
-    // SAFETY: the mapping is page-aligned (enough for any atomic), zero-filled by the kernel
-    // when the memfd was sized (valid for T per `SharedZeroed`), at least size_of::<T>()
-    // long, never unmapped, and only ever accessed through shared references.
-    Ok((unsafe { ptr.cast::<T>().as_ref() }, fd))
+    let (one, fd) = map_shared_slice::<T>(1)?;
+    Ok((&one[0], fd))
 }
 
 /// Maps the `T` that another process made with [`map_shared`], from its memfd.
@@ -717,7 +711,7 @@ pub(crate) fn poll_timeout(t: std::time::Duration) -> nix::poll::PollTimeout {
 /// ([`epoll_wait_signals`]), so that a signal that arrives between its look at the flags
 /// and the wait is not lost until the next event. Commands a handler spawns start with an
 /// empty mask (std resets it in the child).
-pub(crate) fn flag_signals() -> SigSet {
+fn flag_signals() -> SigSet {
     let mut set = SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGUSR1] {
         set.add(s);

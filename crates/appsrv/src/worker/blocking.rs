@@ -87,10 +87,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         reopen_log,
         retire,
     } = worker;
-    let (access_path, access) = match access {
-        Some((p, log)) => (Some(p), Some(log)),
-        None => (None, None),
-    };
+    let (access_path, access) = access.unzip();
     let Prepared { slot, mut acceptor } = prepared;
     let mut guard = Guard {
         id,

@@ -87,8 +87,6 @@ use super::blocking::log_connection_error;
 use super::serve::{Bound, Boundary, Context, Limits};
 use super::{ConnLimits, Recycle};
 
-/// Accepts per listener per turn.
-pub(crate) const ACCEPT_BATCH: usize = 1;
 /// A worker re-registers its listeners after this many accepts (see the module's notes).
 pub(crate) const REQUEUE_EVERY: u32 = 32;
 /// How long accepting pauses when the process or the system is out of descriptors or
@@ -218,14 +216,12 @@ struct Connection<'a, H: RequestHandler> {
     deadline: Option<Instant>,
     armed: Option<Instant>,
     class: Class,
-    /// The request in progress: when its first bytes came (monotonic ns).
-    request: Option<u64>,
+    /// The request in progress: the turn its first bytes came in.
+    request: Option<Instant>,
     received: u64,
     sent: u64,
     /// The client's IP, counted for the per-address cap.
     counted_ip: Option<IpAddr>,
-    /// The connection is served (admitted): its close is logged at the connection level.
-    served: bool,
     /// `--min-send-rate`, while its output waits for the client; and what had been sent at
     /// the last check.
     watch: Option<Box<SendWatch>>,
@@ -265,13 +261,17 @@ struct Turn<'t> {
     stopping: bool,
     retiring: bool,
     peer: &'t Addr,
-    request: &'t mut Option<u64>,
+    request: &'t mut Option<Instant>,
     head: &'t mut Head,
-    now_ns: u64,
+    /// The turn's clock.
+    now: Instant,
     access: Option<&'t mut AccessLog>,
     requests: &'t mut u64,
     slow: &'t mut Slow,
+    /// The clock at the start and at the end of the handler call (two reads per request;
+    /// the request's duration ends at the second).
     handler_started: Option<Instant>,
+    handler_ended: Option<Instant>,
     open: usize,
 }
 
@@ -321,7 +321,9 @@ impl Context for Turn<'_> {
             }
             State::Writing => {
                 if let Some(started) = self.handler_started.take() {
-                    let took = started.elapsed();
+                    let ended = Instant::now();
+                    self.handler_ended = Some(ended);
+                    let took = ended.saturating_duration_since(started);
                     if self.slow.limit.is_some_and(|l| took > l) {
                         self.slow_call(took);
                     }
@@ -332,7 +334,7 @@ impl Context for Turn<'_> {
     }
 
     fn request_start(&mut self, head: &[u8]) {
-        *self.request = Some(self.now_ns);
+        *self.request = Some(self.now);
         let n = head.len().min(self.head.bytes.len());
         self.head.bytes[..n].copy_from_slice(&head[..n]);
         self.head.len = n;
@@ -342,7 +344,8 @@ impl Context for Turn<'_> {
         let Some(started) = self.request.take() else {
             return;
         };
-        let took = Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+        let ended = self.handler_ended.take().unwrap_or_else(Instant::now);
+        let took = ended.saturating_duration_since(started);
         self.slot.handler_done(took.as_micros() as u64, true);
         *self.requests += 1;
         if let Some(log) = self.access.as_deref_mut() {
@@ -415,7 +418,6 @@ struct Loop<'a, H: RequestHandler> {
     shared: Buffers,
     scratch: Vec<u8>,
     now: Instant,
-    now_ns: u64,
     stopping: bool,
     accepting: bool,
     resume_at: Option<Instant>,
@@ -489,10 +491,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             reopen_log,
             retire,
         } = worker;
-        let (access_path, access) = match access {
-            Some((p, log)) => (Some(p), Some(log)),
-            None => (None, None),
-        };
+        let (access_path, access) = access.unzip();
         slot.set_event();
         board.set_state(id, State::Reading);
         Loop {
@@ -517,7 +516,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             shared: Buffers::new(),
             scratch: vec![0; 4096],
             now: Instant::now(),
-            now_ns: crate::scoreboard::now_ns(),
             stopping: false,
             accepting: true,
             resume_at: None,
@@ -549,8 +547,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// One turn's work after the wait: the flags, the events, the ready list, the timers.
     fn turn(&mut self, events: &[EpollEvent], handler: &mut H) {
         self.now = Instant::now();
-        self.now_ns = crate::scoreboard::now_ns();
-        self.slot.turn_begin(self.now_ns);
+        self.slot.turn_begin(crate::scoreboard::now_ns());
         if sys::stop_requested() && !self.stopping {
             self.begin_stop();
         }
@@ -643,7 +640,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// next request, if it comes within the drain wait, is answered as the last).
     fn begin_stop(&mut self) {
         self.stopping = true;
-        self.slot.set_accepts_paused(true);
         self.board.set_state(self.id, State::Finishing);
         self.pause_accepting();
         for (index, c) in self.conns.iter_mut().enumerate() {
@@ -659,12 +655,27 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         tracing::debug!("stopping: {} connections to finish", self.open);
     }
 
+    /// Takes the listeners out of the epoll set (an exclusive registration cannot be
+    /// modified), shown on the slot.
     fn pause_accepting(&mut self) {
         if self.accepting {
-            for l in self.listeners {
-                let _ = self.epoll.delete(l.socket().as_fd());
-            }
+            self.unregister_listeners();
             self.accepting = false;
+            self.slot.set_accepts_paused(true);
+        }
+    }
+
+    fn unregister_listeners(&self) {
+        for l in self.listeners {
+            let _ = self.epoll.delete(l.socket().as_fd());
+        }
+    }
+
+    fn register_listeners(&self) {
+        for (i, l) in self.listeners.iter().enumerate() {
+            if let Err(e) = register_listener(&self.epoll, l, i) {
+                tracing::error!("watching {} again: {e}", l.local_addr());
+            }
         }
     }
 
@@ -680,11 +691,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if self.open > self.max_connections - self.max_connections / 8 {
             return;
         }
-        for (i, l) in self.listeners.iter().enumerate() {
-            if let Err(e) = register_listener(&self.epoll, l, i) {
-                tracing::error!("watching {} again: {e}", l.local_addr());
-            }
-        }
+        self.register_listeners();
         self.accepting = true;
         self.since_requeue = 0;
         self.slot.set_accepts_paused(false);
@@ -695,66 +702,54 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if !self.accepting {
             return;
         }
+        if self.open >= self.max_connections {
+            tracing::debug!(
+                "{} connections open (--worker-connections): not accepting until some close",
+                self.open
+            );
+            self.pause_accepting();
+            return;
+        }
         let listener = &self.listeners[index];
-        for _ in 0..ACCEPT_BATCH {
-            if self.open >= self.max_connections {
-                tracing::debug!(
-                    "{} connections open (--worker-connections): not accepting until some close",
-                    self.open
-                );
-                self.pause_accepting();
-                self.slot.set_accepts_paused(true);
-                return;
-            }
-            match listener
-                .socket()
-                .accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
-            {
-                Ok((socket, peer)) => {
-                    if let Some(e) = self.accept_trouble.take() {
-                        tracing::info!("accepting again after {}", e.desc());
-                    }
-                    self.add(socket, Addr::from_sockaddr(&peer), index, handler);
-                    self.since_requeue += 1;
+        match listener
+            .socket()
+            .accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+        {
+            Ok((socket, peer)) => {
+                if let Some(e) = self.accept_trouble.take() {
+                    tracing::info!("accepting again after {}", e.desc());
                 }
-                Err(e) => {
-                    let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
-                    match errno {
-                        Errno::EAGAIN | Errno::EINTR => break,
-                        e if super::accept::connection_error(e) => {}
-                        Errno::EINVAL => {
-                            if !self.stopping {
-                                self.begin_stop();
-                            }
-                            return;
-                        }
-                        other => {
-                            if self.accept_trouble.is_none() {
-                                tracing::error!(
-                                    "accepting connections: {} ({other}); pausing {} ms between attempts until it clears",
-                                    other.desc(),
-                                    RESOURCE_BACKOFF.as_millis()
-                                );
-                            }
-                            self.accept_trouble = Some(other);
-                            self.pause_accepting();
-                            self.resume_at = Some(self.now + RESOURCE_BACKOFF);
-                            return;
-                        }
+                self.add(socket, Addr::from_sockaddr(&peer), index, handler);
+                self.since_requeue += 1;
+            }
+            Err(e) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
+                Errno::EAGAIN | Errno::EINTR => {}
+                e if super::accept::connection_error(e) => {}
+                Errno::EINVAL => {
+                    if !self.stopping {
+                        self.begin_stop();
                     }
                 }
-            }
+                other => {
+                    if self.accept_trouble.is_none() {
+                        tracing::error!(
+                            "accepting connections: {} ({other}); pausing {} ms between attempts until it clears",
+                            other.desc(),
+                            RESOURCE_BACKOFF.as_millis()
+                        );
+                    }
+                    self.accept_trouble = Some(other);
+                    self.pause_accepting();
+                    self.resume_at = Some(self.now + RESOURCE_BACKOFF);
+                }
+            },
         }
         if self.since_requeue >= REQUEUE_EVERY && self.accepting {
             // To the back of the listeners' queues of waiters: the next connection wakes
             // another worker first.
             self.since_requeue = 0;
-            for (i, l) in self.listeners.iter().enumerate() {
-                let _ = self.epoll.delete(l.socket().as_fd());
-                if let Err(e) = register_listener(&self.epoll, l, i) {
-                    tracing::error!("watching {} again: {e}", l.local_addr());
-                }
-            }
+            self.unregister_listeners();
+            self.register_listeners();
         }
     }
 
@@ -809,12 +804,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             received: 0,
             sent: 0,
             counted_ip: None,
-            served: false,
             watch: None,
             sent_at_check: 0,
         };
         if rules.open() {
-            c.served = true;
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
             if let Next::Read { timeout, .. } = first {
@@ -1045,7 +1038,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             // A request left unanswered when the connection ended.
             self.slot.handler_done(0, false);
             if let Some(log) = self.access.as_mut() {
-                let took = Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
+                let took = started.elapsed();
                 // As the blocking loop records them: refused as too slow, answered with
                 // the codec's error reply, or cut by the client (or an error).
                 let outcome = match c.step.rejected() {
@@ -1307,11 +1300,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             peer: &c.peer,
             request: &mut c.request,
             head: &mut self.head,
-            now_ns: self.now_ns,
+            now: self.now,
             access: self.access.as_mut(),
             requests: &mut self.requests,
             slow: &mut self.slow,
             handler_started: None,
+            handler_ended: None,
             open: self.open,
         };
         let info = ConnInfo {
@@ -1554,7 +1548,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             }
             return Some(Pass::Closed);
         }
-        c.served = true;
         tracing::debug!("serving {}", c.peer);
         if bufs.has_input() || c.transport.input_pending() {
             let next = self.advance(c, bufs, handler);
@@ -1587,25 +1580,7 @@ impl Context for Quiet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{Http, HttpRequest, HttpResponse};
-
-    struct Hello;
-
-    impl RequestHandler for Hello {
-        type Codec = Http;
-        type Session = ();
-        fn codec(&self) -> Http {
-            Http::default()
-        }
-        fn handle_request(
-            &mut self,
-            _: &mut crate::Conn<'_>,
-            _: &HttpRequest<'_>,
-            _: &mut HttpResponse<'_>,
-        ) -> io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::worker::serve::tests::Hello;
 
     /// What an idle keep-alive connection costs the loop besides its socket: its record
     /// (no buffer). Held to a bound, so that 10,000 idle clients stay within a few MiB.

@@ -258,7 +258,7 @@ fn advance<H: RequestHandler>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
@@ -282,7 +282,8 @@ mod tests {
         }
     }
 
-    struct Hello;
+    /// A handler answering `hi` over HTTP (the event loop's tests use it too).
+    pub(crate) struct Hello;
 
     impl RequestHandler for Hello {
         type Codec = Http;
