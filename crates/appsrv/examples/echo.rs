@@ -49,9 +49,10 @@ impl appsrv::Handler for Echo {
     }
 }
 
-fn main() -> appsrv::Result<()> {
-    appsrv::Server::new("echo")
+fn main() {
+    appsrv::server!("echo")
         .about("Echoes lines back until the client closes the connection")
         .listen("127.0.0.1:7001")
         .run(|| Ok(Echo))
+        .unwrap_or_else(|e| e.exit());
 }

@@ -29,9 +29,10 @@ impl appsrv::Handler for Hello {
     }
 }
 
-fn main() -> appsrv::Result<()> {
-    appsrv::Server::new("hello")
+fn main() {
+    appsrv::server!("hello")
         .about("Greets each client with its address, then closes the connection")
         .listen("127.0.0.1:7000")
         .run(|| Ok(Hello))
+        .unwrap_or_else(|e| e.exit());
 }

@@ -228,8 +228,12 @@ fn static_root(dir: &Path) -> appsrv::Result<PathBuf> {
     }
 }
 
-fn main() -> appsrv::Result<()> {
-    let mut server = appsrv::Server::new("http_hello")
+fn main() {
+    serve().unwrap_or_else(|e| e.exit());
+}
+
+fn serve() -> appsrv::Result<()> {
+    let mut server = appsrv::server!("http_hello")
         .about("Answers Hello, World! over HTTP/1.1 and serves the files of --static-dir")
         .listen("127.0.0.1:8080");
     let args: Args = server.args();

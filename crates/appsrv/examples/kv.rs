@@ -101,10 +101,11 @@ impl appsrv::RequestHandler for Kv {
     }
 }
 
-fn main() -> appsrv::Result<()> {
-    appsrv::Server::new("kv")
+fn main() {
+    appsrv::server!("kv")
         .about("A key-value server over a line protocol; each worker keeps its own map")
         .listen("127.0.0.1:7003")
         .io(appsrv::Io::Event)
         .run_requests(|| Ok(Kv { map: HashMap::new() }))
+        .unwrap_or_else(|e| e.exit());
 }

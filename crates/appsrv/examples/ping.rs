@@ -151,10 +151,11 @@ impl appsrv::RequestHandler for Ping {
     }
 }
 
-fn main() -> appsrv::Result<()> {
-    appsrv::Server::new("ping")
+fn main() {
+    appsrv::server!("ping")
         .about("Answers PING with +PONG, as a Redis server would")
         .listen("127.0.0.1:6380")
         .io(appsrv::Io::Event)
         .run_requests(|| Ok(Ping))
+        .unwrap_or_else(|e| e.exit());
 }

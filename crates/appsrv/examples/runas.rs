@@ -1660,8 +1660,12 @@ fn subcommand() -> String {
 const NOT_ROOT: &str =
     "the workers must run as root to switch to each command's user: start runas as root, without --user";
 
-fn main() -> appsrv::Result<()> {
-    let mut server = appsrv::Server::new("runas")
+fn main() {
+    serve().unwrap_or_else(|e| e.exit());
+}
+
+fn serve() -> appsrv::Result<()> {
+    let mut server = appsrv::server!("runas")
         .about("Runs allow-listed commands as allow-listed users over XML-RPC (see the policy file)")
         .listen("127.0.0.1:8070");
     if Uid::effective().is_root() {

@@ -1,24 +1,41 @@
 //! The standard command line that every appsrv program gets.
 //!
 //! ```text
-//! PROG [run] [OPTIONS]     run in the foreground (the default subcommand)
-//! PROG start [OPTIONS]     run as a daemon (≡ run --daemon); returns once ready
-//! PROG stop [--now]        stop the daemon named by the pid file, and wait
-//! PROG status [--json]     the master's status, through the control socket
-//! PROG metrics             Prometheus/OpenMetrics text, through the control socket
-//! PROG workers +N|-N       grow or shrink the pool, through the control socket
+//! PROG [run] [OPTIONS]      run in the foreground (the default subcommand)
+//! PROG start [OPTIONS]      run as a daemon (≡ run --daemon); returns once ready
+//! PROG stop [--now]         stop the daemon named by the pid file, and wait
+//! PROG check [OPTIONS]      check the configuration without serving (also -t)
+//! PROG reload | upgrade     replace the workers, or the master's binary, dropping nothing
+//! PROG status [--json]      the master's status, through the control socket
+//! PROG metrics              Prometheus text, through the control socket
+//! PROG workers +N|-N        grow or shrink the pool, through the control socket
+//! PROG completions SHELL    a completion script for bash, zsh, fish, elvish, powershell
+//! PROG man [--dir DIR]      the manual page(s), in roff
+//! PROG help [SUBCOMMAND]    help; also PROG --help, PROG SUBCOMMAND --help
+//! PROG -V, --version        the program's version and appsrv's
 //! ```
 //!
-//! Every option can also come from the environment, as `PROG_OPTION` with the program's
-//! name upper-cased and dashes turned into underscores (`HELLO_LISTEN`, `HELLO_WORKERS`),
-//! and from code (the [`Server`](crate::Server) builder). Precedence: code < environment <
-//! flags. `--help` shows each option's default and its variable.
+//! `PROG --help` lists the subcommands, then `run`'s options grouped by topic (listeners,
+//! workers and pool, timeouts, access, TLS, confinement, logs and files) with each one's
+//! default and environment variable; `-h` is the one-line-per-option form.
+//!
+//! Every option of every subcommand, the program's own included, can also come from the
+//! environment, as `PROG_OPTION` with the program's name upper-cased and dashes turned
+//! into underscores (`HELLO_LISTEN`, `HELLO_WORKERS`, `HELLO_DAEMON=1`); flags take `1`/`0`,
+//! `true`/`false`, `yes`/`no` or `on`/`off` there. Precedence: code (the
+//! [`Server`](crate::Server) builder) < environment < flags. A bad value from the
+//! environment is reported against its variable:
+//!
+//! ```text
+//! $ HELLO_WORKERS=abc hello
+//! error: invalid value 'abc' in the environment variable HELLO_WORKERS (for '--workers <N>'): invalid digit found in string
+//! ```
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::builder::{BoolishValueParser, PossibleValuesParser, TypedValueParser};
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use tracing::Level;
 
@@ -303,23 +320,13 @@ pub(crate) fn env_prefix(name: &str) -> String {
         .collect()
 }
 
-const SUBCOMMANDS: &[&str] = &[
-    "run", "start", "stop", "check", "reload", "upgrade", "status", "metrics", "workers", "help",
-];
-
-/// Inserts the default subcommand `run` when the command line names none, so that
-/// `hello -l 127.0.0.1:0` means `hello run -l 127.0.0.1:0` (and `hello --help` shows the
-/// options of `run`, which is what a user looking for options wants).
+/// Spells nginx's and Apache's "test the configuration", `-t`, as the `check` subcommand.
+/// Without a subcommand, the command line is `run`'s: the top-level command carries
+/// `run`'s options (see [`command`]).
 pub(crate) fn with_default_subcommand(args: Vec<OsString>) -> Vec<OsString> {
     let mut args = args;
-    let first = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
-    if first == "-t" {
-        // `-t`, as nginx and Apache spell "test the configuration".
+    if args.get(1).and_then(|a| a.to_str()) == Some("-t") {
         args[1] = "check".into();
-        return args;
-    }
-    if !SUBCOMMANDS.contains(&first) {
-        args.insert(1.min(args.len()), "run".into());
     }
     args
 }
@@ -344,9 +351,7 @@ fn fmt_secs(d: Duration) -> String {
 }
 
 fn env_opt(prefix: &str, id: &'static str) -> Arg {
-    Arg::new(id)
-        .long(id)
-        .env(format!("{prefix}_{}", id.to_ascii_uppercase().replace('-', "_")))
+    Arg::new(id).long(id).env(env_name(prefix, id))
 }
 
 fn pid_file_arg(prefix: &str) -> Arg {
@@ -403,14 +408,17 @@ fn count(prefix: &str, id: &'static str, default: usize, help: &'static str) -> 
 pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
     vec![
         Command::new("status")
-            .about("Print the server's status (uptime, totals, one row per worker, the scoreboard line); exit 3 if it is not running")
+            .about("Print the running server's status")
+            .long_about("Print the server's status (uptime, totals, one row per worker, the scoreboard line), through the control socket; exit 3 if it is not running")
             .arg(control_arg(prefix))
             .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("As JSON")),
         Command::new("metrics")
-            .about("Print the server's metrics in Prometheus/OpenMetrics text format")
+            .about("Print the running server's metrics (Prometheus text)")
+            .long_about("Print the server's metrics in the Prometheus text format, through the control socket; exit 3 if it is not running")
             .arg(control_arg(prefix)),
         Command::new("reload")
-            .about("Re-read the configuration (the application's reload hook) and replace the workers by a new generation, without dropping connections; waits until the new generation serves alone (exit 0), or reports why not (non-zero; the old workers keep serving)")
+            .about("Reload: re-read the configuration and replace the workers, dropping nothing")
+            .long_about("Re-read the configuration (the application's reload hook) and replace the workers by a new generation, without dropping connections; waits until the new generation serves alone (exit 0), or reports why not (non-zero; the old workers keep serving)")
             .arg(control_arg(prefix))
             .arg(
                 Arg::new("timeout")
@@ -421,7 +429,8 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
                     .help("How long to wait for the old workers to finish"),
             ),
         Command::new("upgrade")
-            .about("Start the binary now on disk as a new master with the same sockets; once it is ready the old master drains and exits. Waits and reports: exit 0 when the new master serves, non-zero with the reason otherwise (the old master keeps serving)")
+            .about("Upgrade: replace the running master by the binary now on disk, dropping nothing")
+            .long_about("Start the binary now on disk as a new master with the same sockets; once it is ready the old master drains and exits. Waits and reports: exit 0 when the new master serves, non-zero with the reason otherwise (the old master keeps serving)")
             .arg(control_arg(prefix))
             .arg(
                 Arg::new("timeout")
@@ -432,7 +441,8 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
                     .help("How long to wait for the new master"),
             ),
         Command::new("workers")
-            .about("Grow (+N) or shrink (-N) the pool: the static size, or min-spare and max-workers of a dynamic pool (as TTIN/TTOU do, one at a time)")
+            .about("Grow (+N) or shrink (-N) the running server's pool")
+            .long_about("Grow (+N) or shrink (-N) the pool: the static size, or min-spare and max-workers of a dynamic pool (as TTIN/TTOU do, one at a time)")
             .arg(control_arg(prefix))
             .arg(
                 Arg::new("delta")
@@ -447,27 +457,33 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
 /// The `run` subcommand with the standard options, defaults from `d`, and environment
 /// variables prefixed with `prefix`.
 pub(crate) fn run_command(prefix: &str, d: &Defaults) -> Command {
-    serve_args(Command::new("run"), prefix, d)
+    run_args(Command::new("run"), prefix, d)
         .about("Run the server in the foreground (the default subcommand)")
-        .arg(
-            Arg::new("daemon")
-                .short('d')
-                .long("daemon")
-                .action(ArgAction::SetTrue)
-                .help("Detach and run as a daemon, as `start` does"),
-        )
+}
+
+/// `run`'s options: the serving options and `--daemon`.
+fn run_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
+    serve_args(cmd, prefix, d).arg(
+        env_opt(prefix, "daemon")
+            .short('d')
+            .action(ArgAction::SetTrue)
+            .help_heading(FILES)
+            .help("Detach and run as a daemon, as `start` does"),
+    )
 }
 
 /// The `start` subcommand: `run --daemon`.
 pub(crate) fn start_command(prefix: &str, d: &Defaults) -> Command {
     serve_args(Command::new("start"), prefix, d)
-        .about("Start the server as a daemon; returns 0 once it is ready, non-zero with the reason otherwise")
+        .about("Start the server as a daemon (run --daemon)")
+        .long_about("Start the server as a daemon; returns once it is ready, with exit status 0 and one line saying its pid, addresses, pid file, log file and control socket, or non-zero with the reason")
 }
 
 /// The `stop` subcommand.
 pub(crate) fn stop_command(prefix: &str, d: &Defaults) -> Command {
     Command::new("stop")
-        .about("Stop the daemon named by the pid file and wait until it is gone (exit 0, also when it was not running)")
+        .about("Stop the daemon and wait until it is gone")
+        .long_about("Stop the daemon named by the pid file and wait until it is gone (exit 0, also when it was not running)")
         .arg(pid_file_arg(prefix))
         .arg(
             Arg::new("now")
@@ -478,6 +494,12 @@ pub(crate) fn stop_command(prefix: &str, d: &Defaults) -> Command {
         .arg(grace_arg(prefix, d).help("The server's grace period: stop waits for it plus 10 s"))
 }
 
+/// The heading of the options about the daemon's files and logs.
+const FILES: &str = "Logs and files";
+
+/// The serving options of `run`, `start` and `check`, grouped under one heading per topic
+/// in `--help`, in this order: listeners, workers and pool, timeouts, access, TLS,
+/// confinement, logs and files (the program's own options come first, under "Options").
 fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
     let timeout_default = |t: Option<Duration>| t.map_or_else(|| "0".to_owned(), fmt_secs);
 
@@ -494,7 +516,22 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         listen = listen.default_values(d.listen.clone());
     }
 
-    cmd.arg(listen)
+    cmd
+        .next_help_heading("Listeners")
+        .arg(listen)
+        .arg(
+            env_opt(prefix, "backlog")
+                .value_name("N")
+                .value_parser(clap::value_parser!(u32).range(1..))
+                .default_value(d.backlog.to_string())
+                .help("Listen backlog of each listener, clamped to net.core.somaxconn"),
+        )
+        .arg(
+            env_opt(prefix, "metrics-listen")
+                .value_name("ADDR")
+                .help("Serve /metrics over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100) for Prometheus, from the master"),
+        )
+        .next_help_heading("Workers and pool")
         .arg(
             env_opt(prefix, "workers")
                 .short('w')
@@ -503,6 +540,145 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .default_value(d.workers.unwrap_or_else(default_workers).to_string())
                 .help("Number of worker processes (default: the number of CPUs, at least 2)"),
         )
+        .arg(
+            env_opt(prefix, "pool")
+                .value_name("POLICY")
+                .value_parser(clap::value_parser!(PoolKind))
+                .default_value(match d.pool {
+                    PoolKind::Static => "static",
+                    PoolKind::Dynamic => "dynamic",
+                    PoolKind::Ondemand => "ondemand",
+                })
+                .help("Pool policy: static (--workers), dynamic (--start-workers, --min-spare, --max-spare, --max-workers) or ondemand (--max-workers, --worker-idle-timeout). TTIN/TTOU and `workers +N|-N` change the static size, or min-spare and max-workers"),
+        )
+        .arg(count(prefix, "start-workers", DEFAULT_START, "Dynamic pool: workers at start"))
+        .arg(count(prefix, "min-spare", DEFAULT_MIN_SPARE, "Dynamic pool: below this many idle workers, start more (1, 2, 4 … 32 per round of 50 ms while the shortage lasts)"))
+        .arg(count(prefix, "max-spare", DEFAULT_MAX_SPARE, "Dynamic pool: above this many idle workers, retire one per second"))
+        .arg(count(prefix, "max-workers", DEFAULT_MAX_WORKERS, "Dynamic and ondemand pools: at most this many workers"))
+        .arg(
+            env_opt(prefix, "worker-idle-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(DEFAULT_WORKER_IDLE))
+                .help("Ondemand pool: a worker idle this long leaves"),
+        )
+        .arg(
+            env_opt(prefix, "io")
+                .value_name("MODEL")
+                .value_parser(clap::value_parser!(Io))
+                .default_value(d.io.name())
+                .help("Request-level servers: blocking (one connection at a time per worker; the handler may block) or event (one epoll loop per worker over up to --worker-connections connections, the handler called inline: it must not block). handle_client servers are blocking only. Event mode has a static pool of --workers"),
+        )
+        .arg(count(prefix, "worker-connections", d.worker_connections, "Event mode: connections per worker at most; a worker stops accepting at this many and resumes below it. The soft RLIMIT_NOFILE is raised to what this needs (up to the hard limit)"))
+        .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
+        .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
+        .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))
+        .arg(count(prefix, "max-worker-memory", 0, "Recycle a worker whose memory (PSS, MiB, sampled every second) exceeds this; one over twice the limit while it finishes is killed (0: never)"))
+        .arg(
+            env_opt(prefix, "max-worker-age")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value("0")
+                .help("Recycle a worker after this long (0: never)"),
+        )
+        .arg(
+            env_opt(prefix, "exec-workers")
+                .action(ArgAction::SetTrue)
+                .default_value(if d.exec_workers { "true" } else { "false" })
+                .help("Each worker is forked, then executes this program again (the binary the master started from, by descriptor): a fresh address-space layout per worker, against brute-forcing a layout across respawns. Costs a few milliseconds per worker start"),
+        )
+        .next_help_heading("Timeouts")
+        .arg(
+            env_opt(prefix, "read-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.read_timeout))
+                .help("Timeout of each read from a client (0: none); an expired timeout is a TimedOut error in the handler"),
+        )
+        .arg(
+            env_opt(prefix, "write-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.write_timeout))
+                .help("Timeout of each write to a client (0: none)"),
+        )
+        .arg(
+            env_opt(prefix, "keepalive-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.keepalive_timeout))
+                .help("Request-level servers: how long a connection may stay idle between requests (0: no limit)"),
+        )
+        .arg(
+            env_opt(prefix, "keepalive-requests")
+                .value_name("N")
+                .value_parser(clap::value_parser!(u32).range(1..))
+                .default_value(d.keepalive_requests.to_string())
+                .help("Request-level servers: requests per connection, for protocols that can announce a close (HTTP); the last response closes it"),
+        )
+        .arg(
+            env_opt(prefix, "header-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.header_timeout))
+                .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
+        )
+        .arg(count(prefix, "min-rate", d.min_rate, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
+        .arg(count(prefix, "min-send-rate", d.min_send_rate, "While a worker waits to write a response, the client must acknowledge at least N bytes per second, over each 10 s window; a slower reader is cut off and the worker serves on (0: no limit)"))
+        .arg(
+            env_opt(prefix, "request-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .help("Kill a worker whose handler runs longer than this on one request (handle_client: on one connection), with a log line naming the client and the request [default: 60 for request-level handlers, off for handle_client; 0: off]"),
+        )
+        .arg(
+            env_opt(prefix, "slow-request")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(d.slow_request.unwrap_or_default()))
+                .help("Event mode: log a handler call that holds the loop longer than this (once per episode, with the client, the request and the connections it held up), and count it (0: off)"),
+        )
+        .arg(grace_arg(prefix, d))
+        .arg(
+            env_opt(prefix, "start-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(DEFAULT_START_TIMEOUT))
+                .help("With start: how long to wait for the server to be ready before giving up"),
+        )
+        .next_help_heading("Access")
+        .arg(cidrs(prefix, "allow", &d.allow, "Serve only clients in CIDR (10.0.0.0/8, ::1): repeatable; any allow makes the default deny; per listener too, as ADDR?allow=CIDR"))
+        .arg(cidrs(prefix, "deny", &d.deny, "Close at once connections from CIDR (deny wins over allow): repeatable; per listener too, as ADDR?deny=CIDR"))
+        .arg(
+            env_opt(prefix, "proxy-protocol")
+                .action(ArgAction::SetTrue)
+                .default_value(if d.proxy_protocol { "true" } else { "false" })
+                .help("Connections start with a PROXY protocol (v1 or v2) header from a load balancer: the client's address is the one it names (per listener too, as ADDR?proxy)"),
+        )
+        .arg(
+            cidrs(prefix, "proxy-from", &d.proxy_from, "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
+        )
+        .arg(count(prefix, "max-conns-per-ip", d.max_conns_per_ip, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
+        .next_help_heading("TLS")
+        .arg(path_arg(prefix, "tls-cert", d.tls_cert.as_ref(), "TLS listeners (ADDR?tls): the certificate chain, PEM, leaf first; read by the master before it drops privileges, re-read on reload; per listener too, as ADDR?cert=PATH"))
+        .arg(path_arg(prefix, "tls-key", d.tls_key.as_ref(), "TLS listeners: the private key (PEM: PKCS#8, PKCS#1 or SEC1) matching --tls-cert; per listener too, as ADDR?key=PATH"))
+        .arg(path_arg(prefix, "tls-client-ca", d.tls_client_ca.as_ref(), "TLS listeners: require a client certificate signed by one of these CAs (PEM); the handler sees its subject (Client::tls) [default: no client certificate]; per listener too, as ADDR?client-ca=PATH"))
+        .arg(
+            env_opt(prefix, "tls-alpn")
+                .value_name("PROTOCOLS")
+                .action(ArgAction::Append)
+                .value_delimiter(',')
+                .default_values(d.tls_alpn.clone())
+                .help("TLS listeners: ALPN protocols offered, by preference (http/1.1,my-proto); a client that offers only others is refused [default: no ALPN]"),
+        )
+        .arg(
+            env_opt(prefix, "tls-handshake-timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(d.tls_handshake_timeout))
+                .help("TLS listeners: a client must complete its handshake within SECS (0: no limit)"),
+        )
+        .next_help_heading("Confinement")
         .arg(
             env_opt(prefix, "user")
                 .short('u')
@@ -550,12 +726,6 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .help("Confine workers with Landlock (files: only --sandbox-read/--sandbox-write and the program's own allowances) and a seccomp allow-list of system calls (no new sockets, no exec, no fork); see docs/SECURITY.md"),
         )
         .arg(
-            env_opt(prefix, "exec-workers")
-                .action(ArgAction::SetTrue)
-                .default_value(if d.exec_workers { "true" } else { "false" })
-                .help("Each worker is forked, then executes this program again (the binary the master started from, by descriptor): a fresh address-space layout per worker, against brute-forcing a layout across respawns. Costs a few milliseconds per worker start"),
-        )
-        .arg(
             env_opt(prefix, "sandbox-read")
                 .value_name("PATH")
                 .action(ArgAction::Append)
@@ -569,41 +739,13 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("With --sandbox: workers may read and write beneath PATH (repeatable)"),
         )
+        .next_help_heading(FILES)
+        .arg(pid_file_arg(prefix))
         .arg(
-            env_opt(prefix, "backlog")
-                .value_name("N")
-                .value_parser(clap::value_parser!(u32).range(1..))
-                .default_value(d.backlog.to_string())
-                .help("Listen backlog of each listener, clamped to net.core.somaxconn"),
-        )
-        .arg(grace_arg(prefix, d))
-        .arg(
-            env_opt(prefix, "read-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(timeout_default(d.read_timeout))
-                .help("Timeout of each read from a client (0: none); an expired timeout is a TimedOut error in the handler"),
-        )
-        .arg(
-            env_opt(prefix, "write-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(timeout_default(d.write_timeout))
-                .help("Timeout of each write to a client (0: none)"),
-        )
-        .arg(
-            env_opt(prefix, "keepalive-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(timeout_default(d.keepalive_timeout))
-                .help("Request-level servers: how long a connection may stay idle between requests (0: no limit)"),
-        )
-        .arg(
-            env_opt(prefix, "keepalive-requests")
-                .value_name("N")
-                .value_parser(clap::value_parser!(u32).range(1..))
-                .default_value(d.keepalive_requests.to_string())
-                .help("Request-level servers: requests per connection, for protocols that can announce a close (HTTP); the last response closes it"),
+            env_opt(prefix, "log-file")
+                .value_name("PATH")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("Write log lines to PATH (also in the foreground); USR1 reopens it (default with start: /var/log/NAME.log as root, $XDG_STATE_HOME/NAME.log otherwise; stderr for a foreground run)"),
         )
         .arg(
             env_opt(prefix, "log-level")
@@ -613,152 +755,193 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .help("Log level"),
         )
         .arg(
-            env_opt(prefix, "pool")
-                .value_name("POLICY")
-                .value_parser(clap::value_parser!(PoolKind))
-                .default_value(match d.pool {
-                    PoolKind::Static => "static",
-                    PoolKind::Dynamic => "dynamic",
-                    PoolKind::Ondemand => "ondemand",
-                })
-                .help("Pool policy: static (--workers), dynamic (--start-workers, --min-spare, --max-spare, --max-workers) or ondemand (--max-workers, --worker-idle-timeout). TTIN/TTOU and `workers +N|-N` change the static size, or min-spare and max-workers"),
-        )
-        .arg(count(prefix, "start-workers", DEFAULT_START, "Dynamic pool: workers at start"))
-        .arg(count(prefix, "min-spare", DEFAULT_MIN_SPARE, "Dynamic pool: below this many idle workers, start more (1, 2, 4 … 32 per round of 50 ms while the shortage lasts)"))
-        .arg(count(prefix, "max-spare", DEFAULT_MAX_SPARE, "Dynamic pool: above this many idle workers, retire one per second"))
-        .arg(count(prefix, "max-workers", DEFAULT_MAX_WORKERS, "Dynamic and ondemand pools: at most this many workers"))
-        .arg(
-            env_opt(prefix, "worker-idle-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(fmt_secs(DEFAULT_WORKER_IDLE))
-                .help("Ondemand pool: a worker idle this long leaves"),
-        )
-        .arg(
-            env_opt(prefix, "header-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(timeout_default(d.header_timeout))
-                .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
-        )
-        .arg(count(prefix, "min-rate", d.min_rate, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
-        .arg(count(prefix, "min-send-rate", d.min_send_rate, "While a worker waits to write a response, the client must acknowledge at least N bytes per second, over each 10 s window; a slower reader is cut off and the worker serves on (0: no limit)"))
-        .arg(cidrs(prefix, "allow", &d.allow, "Serve only clients in CIDR (10.0.0.0/8, ::1): repeatable; any allow makes the default deny; per listener too, as ADDR?allow=CIDR"))
-        .arg(cidrs(prefix, "deny", &d.deny, "Close at once connections from CIDR (deny wins over allow): repeatable; per listener too, as ADDR?deny=CIDR"))
-        .arg(
-            env_opt(prefix, "proxy-protocol")
-                .action(ArgAction::SetTrue)
-                .default_value(if d.proxy_protocol { "true" } else { "false" })
-                .help("Connections start with a PROXY protocol (v1 or v2) header from a load balancer: the client's address is the one it names (per listener too, as ADDR?proxy)"),
-        )
-        .arg(
-            cidrs(prefix, "proxy-from", &d.proxy_from, "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
-        )
-        .arg(
-            env_opt(prefix, "io")
-                .value_name("MODEL")
-                .value_parser(clap::value_parser!(Io))
-                .default_value(d.io.name())
-                .help("Request-level servers: blocking (one connection at a time per worker; the handler may block) or event (one epoll loop per worker over up to --worker-connections connections, the handler called inline: it must not block). handle_client servers are blocking only. Event mode has a static pool of --workers"),
-        )
-        .arg(count(prefix, "worker-connections", d.worker_connections, "Event mode: connections per worker at most; a worker stops accepting at this many and resumes below it. The soft RLIMIT_NOFILE is raised to what this needs (up to the hard limit)"))
-        .arg(
-            env_opt(prefix, "slow-request")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(fmt_secs(d.slow_request.unwrap_or_default()))
-                .help("Event mode: log a handler call that holds the loop longer than this (once per episode, with the client, the request and the connections it held up), and count it (0: off)"),
-        )
-        .arg(count(prefix, "max-conns-per-ip", d.max_conns_per_ip, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
-        .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
-        .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
-        .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))
-        .arg(count(prefix, "max-worker-memory", 0, "Recycle a worker whose memory (PSS, MiB, sampled every second) exceeds this; one over twice the limit while it finishes is killed (0: never)"))
-        .arg(
-            env_opt(prefix, "max-worker-age")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value("0")
-                .help("Recycle a worker after this long (0: never)"),
-        )
-        .arg(
-            env_opt(prefix, "request-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .help("Kill a worker whose handler runs longer than this on one request (handle_client: on one connection), with a log line naming the client and the request [default: 60 for request-level handlers, off for handle_client; 0: off]"),
-        )
-        .arg(path_arg(prefix, "tls-cert", d.tls_cert.as_ref(), "TLS listeners (ADDR?tls): the certificate chain, PEM, leaf first; read by the master before it drops privileges, re-read on reload; per listener too, as ADDR?cert=PATH"))
-        .arg(path_arg(prefix, "tls-key", d.tls_key.as_ref(), "TLS listeners: the private key (PEM: PKCS#8, PKCS#1 or SEC1) matching --tls-cert; per listener too, as ADDR?key=PATH"))
-        .arg(path_arg(prefix, "tls-client-ca", d.tls_client_ca.as_ref(), "TLS listeners: require a client certificate signed by one of these CAs (PEM); the handler sees its subject (Client::tls) [default: no client certificate]; per listener too, as ADDR?client-ca=PATH"))
-        .arg(
-            env_opt(prefix, "tls-alpn")
-                .value_name("PROTOCOLS")
-                .action(ArgAction::Append)
-                .value_delimiter(',')
-                .default_values(d.tls_alpn.clone())
-                .help("TLS listeners: ALPN protocols offered, by preference (http/1.1,my-proto); a client that offers only others is refused [default: no ALPN]"),
-        )
-        .arg(
-            env_opt(prefix, "tls-handshake-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(fmt_secs(d.tls_handshake_timeout))
-                .help("TLS listeners: a client must complete its handshake within SECS (0: no limit)"),
-        )
-        .arg(control_arg(prefix))
-        .arg(
-            env_opt(prefix, "metrics-listen")
-                .value_name("ADDR")
-                .help("Serve /metrics over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100) for Prometheus, from the master"),
-        )
-        .arg(
             env_opt(prefix, "access-log")
                 .value_name("PATH")
                 .value_parser(clap::value_parser!(PathBuf))
                 .help("Write one line per request (per connection for handle_client) to PATH: time, client, outcome, duration, bytes, request line; buffered by each worker; reopened on USR1 [default: off]"),
         )
-        .arg(pid_file_arg(prefix))
-        .arg(
-            env_opt(prefix, "log-file")
-                .value_name("PATH")
-                .value_parser(clap::value_parser!(PathBuf))
-                .help("Write log lines to PATH (also in the foreground); USR1 reopens it (default with start: /var/log/NAME.log as root, $XDG_STATE_HOME/NAME.log otherwise; stderr for a foreground run)"),
-        )
-        .arg(
-            env_opt(prefix, "start-timeout")
-                .value_name("SECS")
-                .value_parser(secs)
-                .default_value(fmt_secs(DEFAULT_START_TIMEOUT))
-                .help("With start: how long to wait for the server to be ready before giving up"),
-        )
+        .arg(control_arg(prefix))
+        .next_help_heading(None)
 }
 
-/// The whole command line: `run` (with the program's own options merged in by `app`),
-/// `start` (likewise) and `stop`.
+/// The whole command line. The top-level command is `run` (it carries `run`'s options, so
+/// that `NAME -l ADDR` runs the server and `NAME --help` shows the subcommands and then
+/// `run`'s options, grouped by topic); `app` merges the program's own options into `run`,
+/// `start` and `check`. `version` is the application's (`Server::version`); `-V` prints it
+/// beside appsrv's.
 pub(crate) fn command(
     name: &str,
     about: Option<&str>,
+    version: Option<&str>,
     d: &Defaults,
     app: impl Fn(Command) -> Command,
 ) -> Command {
     let prefix = env_prefix(name);
-    let mut cmd = Command::new(name.to_owned())
-        .subcommand_required(true)
+    let version = match version {
+        Some(v) => format!("{v} (appsrv {})", env!("CARGO_PKG_VERSION")),
+        None => format!("(appsrv {})", env!("CARGO_PKG_VERSION")),
+    };
+    let mut cmd = app(run_args(Command::new(name.to_owned()), &prefix, d))
+        .version(version)
+        .propagate_version(true)
+        .args_conflicts_with_subcommands(true)
         .subcommand(app(run_command(&prefix, d)))
         .subcommand(app(start_command(&prefix, d)))
+        .subcommand(stop_command(&prefix, d))
         .subcommand(app(serve_args(Command::new("check"), &prefix, d).about(
+            "Check the configuration without serving (also -t)",
+        ).long_about(
             "Validate the command line, users, pool and the application's configuration without serving (also -t); exit 0 when valid",
         )))
-        .subcommand(stop_command(&prefix, d))
         .subcommands(control_commands(&prefix))
+        .subcommand(
+            Command::new("completions")
+                .about("Print a shell completion script (bash, zsh, fish, elvish, powershell)")
+                .long_about("Print a completion script for SHELL on stdout: `NAME completions bash > /etc/bash_completion.d/NAME`, `NAME completions zsh > ~/.zfunc/_NAME`, `NAME completions fish > ~/.config/fish/completions/NAME.fish`")
+                .arg(
+                    Arg::new("shell")
+                        .value_name("SHELL")
+                        .required(true)
+                        .value_parser(clap::value_parser!(clap_complete::Shell)),
+                ),
+        )
+        .subcommand(
+            Command::new("man")
+                .about("Print the manual page (roff), or write one per subcommand")
+                .long_about("Print the manual page in roff on stdout (`NAME man | man -l -`), or with --dir write NAME.1 and one NAME-SUBCOMMAND.1 per subcommand into DIR")
+                .arg(
+                    Arg::new("dir")
+                        .long("dir")
+                        .value_name("DIR")
+                        .value_parser(clap::value_parser!(PathBuf))
+                        .help("Write the pages into DIR instead"),
+                ),
+        )
         .after_help(
-            "Signals: TERM, INT or QUIT stop gracefully (a second one, a second later, stops at once); \
-             USR1 reopens the log file.",
+            "Every option can also be set in the environment as shown ([env: ...]); flags take 1/0, \
+             true/false, yes/no or on/off there. Signals: TERM, INT or QUIT stop gracefully (a \
+             second one, a second later, stops at once); HUP reloads; USR1 reopens the log files; \
+             USR2 upgrades.",
         );
     if let Some(about) = about {
         cmd = cmd.about(about.to_owned());
     }
-    cmd
+    finish(cmd, &prefix)
+}
+
+/// What every option of every subcommand gets, the program's own included: an environment
+/// variable (`PREFIX_LONG_NAME`) when it has none, flags that
+/// read 1/0, yes/no, on/off from the environment (and reject anything else), and values
+/// that may look like negative numbers (`--grace-period -1` is then an out-of-range
+/// value, not an unknown argument).
+fn finish(cmd: Command, prefix: &str) -> Command {
+    let prefix = prefix.to_owned();
+    cmd.mut_args(|a| standard_arg(a, &prefix))
+        .mut_subcommands(|sub| finish(sub, &prefix))
+}
+
+fn standard_arg(mut a: Arg, prefix: &str) -> Arg {
+    if a.is_positional() {
+        return a;
+    }
+    if a.get_env().is_none() {
+        if let Some(var) = a.get_long().map(|long| env_name(prefix, long)) {
+            a = a.env(var);
+        }
+    }
+    match a.get_action() {
+        ArgAction::SetTrue | ArgAction::SetFalse => a.value_parser(BoolishValueParser::new()),
+        action if action.takes_values() => a.allow_negative_numbers(true),
+        _ => a,
+    }
+}
+
+/// The environment variable of the option `--long`: `HELLO_GRACE_PERIOD`.
+fn env_name(prefix: &str, long: &str) -> String {
+    format!("{prefix}_{}", long.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// Parses `args` with `cmd`: prints help, the version, completions or the manual page and
+/// exits when asked for them, and exits with status 2 and a message on a bad command line.
+/// A bad value that came from the environment is reported against its variable (clap
+/// names the flag only).
+pub(crate) fn parse(mut cmd: Command, args: Vec<OsString>) -> ArgMatches {
+    let args = with_default_subcommand(args);
+    let matches = match cmd.try_get_matches_from_mut(args.clone()) {
+        Ok(m) => m,
+        Err(e) => from_environment(&cmd, &args, &e)
+            .map_or(e, |e| e.format(&mut cmd))
+            .exit(),
+    };
+    match matches.subcommand() {
+        Some(("completions", m)) => {
+            let shell = *m.get_one::<clap_complete::Shell>("shell").expect("required");
+            let name = cmd.get_name().to_owned();
+            clap_complete::generate(shell, &mut cmd, name, &mut std::io::stdout());
+            std::process::exit(0)
+        }
+        Some(("man", m)) => {
+            let written = match m.get_one::<PathBuf>("dir") {
+                Some(dir) => clap_mangen::generate_to(cmd, dir),
+                None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout()),
+            };
+            match written {
+                Ok(()) => std::process::exit(0),
+                // A closed pipe (`| head`) is not a failure.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+                Err(e) => {
+                    eprintln!("error: writing the manual page: {e}");
+                    std::process::exit(1)
+                }
+            }
+        }
+        _ => matches,
+    }
+}
+
+/// The error for a bad value that came from the environment, naming the variable: the
+/// option was not on the command line, and its variable is set to a value that holds the
+/// bad one.
+fn from_environment(cmd: &Command, args: &[OsString], e: &clap::Error) -> Option<clap::Error> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(e.kind(), ErrorKind::ValueValidation | ErrorKind::InvalidValue) {
+        return None;
+    }
+    let text = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let shown = text(ContextKind::InvalidArg)?;
+    let value = text(ContextKind::InvalidValue)?;
+    let long = shown.strip_prefix("--")?.split([' ', '=']).next()?.to_owned();
+    let arg = std::iter::once(cmd)
+        .chain(cmd.get_subcommands())
+        .flat_map(Command::get_arguments)
+        .find(|a| a.get_long() == Some(long.as_str()))?;
+    let var = arg.get_env()?;
+    let set = std::env::var_os(var)?;
+    let on_command_line = args.iter().skip(1).filter_map(|a| a.to_str()).any(|a| {
+        a == format!("--{long}")
+            || a.starts_with(&format!("--{long}="))
+            || arg.get_short().is_some_and(|c| a.starts_with(&format!("-{c}")))
+    });
+    if on_command_line || !set.to_string_lossy().contains(value.as_str()) {
+        return None;
+    }
+    let why = match (e.kind(), std::error::Error::source(e)) {
+        (ErrorKind::ValueValidation, Some(source)) => source.to_string(),
+        _ => match e.get(ContextKind::ValidValue) {
+            Some(ContextValue::Strings(v)) => format!("expected one of {}", v.join(", ")),
+            _ => "not a valid value".to_owned(),
+        },
+    };
+    Some(clap::Error::raw(
+        e.kind(),
+        format!(
+            "invalid value '{value}' in the environment variable {} (for '{shown}'): {why}",
+            var.to_string_lossy()
+        ),
+    ))
 }
 
 fn timeout(m: &ArgMatches, id: &str) -> Option<Duration> {
@@ -893,10 +1076,10 @@ mod tests {
     use super::*;
 
     fn parse(defaults: &Defaults, args: &[&str]) -> Result<Config, clap::Error> {
-        let cmd = command("hello", None, defaults, |c| c);
+        let cmd = command("hello", None, None, defaults, |c| c);
         let argv = with_default_subcommand(args.iter().map(OsString::from).collect());
         let m = cmd.try_get_matches_from(argv)?;
-        Ok(config(m.subcommand_matches("run").unwrap()))
+        Ok(config(m.subcommand_matches("run").unwrap_or(&m)))
     }
 
     #[test]
@@ -935,7 +1118,9 @@ mod tests {
             workers: Some(5),
             ..Defaults::default()
         };
-        let help = run_command("HELLO", &d).render_long_help().to_string();
+        let help = command("hello", None, None, &d, |c| c)
+            .render_long_help()
+            .to_string();
         for needle in [
             "[default: 127.0.0.1:7000]",
             "[default: 5]",
@@ -1029,6 +1214,34 @@ mod tests {
         };
         let e = parse(&bad, &["hello"]).unwrap_err().to_string();
         assert!(e.contains("--deny"), "{e}");
+    }
+
+    /// Issue #17: every option of every subcommand has its environment variable (options
+    /// added later too: they get one from `finish`), and every option of `run` is under a
+    /// topic of `--help`.
+    #[test]
+    fn every_option_has_a_variable_and_a_topic() {
+        let cmd = command("hello", None, None, &Defaults::default(), |c| c);
+        for sub in std::iter::once(&cmd).chain(cmd.get_subcommands()) {
+            for a in sub.get_arguments().filter(|a| !a.is_positional()) {
+                let long = a.get_long().expect("options have a long name");
+                assert_eq!(
+                    a.get_env().and_then(|e| e.to_str()),
+                    Some(env_name("HELLO", long).as_str()),
+                    "{} --{long}",
+                    sub.get_name()
+                );
+            }
+        }
+        for a in cmd.get_arguments() {
+            assert!(a.get_help_heading().is_some(), "--{} has no topic", a.get_id());
+        }
+        assert_eq!(
+            cmd.get_arguments()
+                .find(|a| a.get_id() == "daemon")
+                .and_then(|a| a.get_env()),
+            Some(std::ffi::OsStr::new("HELLO_DAEMON"))
+        );
     }
 
     #[test]

@@ -121,6 +121,8 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         c
     };
     match matches.subcommand() {
+        // No subcommand: the top-level command is `run`.
+        None => Ok(config(matches)),
         Some(("run", m)) => Ok(config(m)),
         Some(("start", m)) => Ok(Config {
             daemon: true,

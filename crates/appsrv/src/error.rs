@@ -113,6 +113,17 @@ impl fmt::Debug for Error {
 }
 
 impl Error {
+    /// Prints the error on stderr as every other message of the command line is printed
+    /// (`error: cannot listen on 127.0.0.1:80: Permission denied`) and exits the process
+    /// with status 1, as [`clap::Error::exit`] does for a bad command line:
+    /// `server.run(factory).unwrap_or_else(|e| e.exit())`. (A `main` that returns
+    /// `appsrv::Result<()>` works too, but Rust's runtime prints `Error: ` instead.)
+    pub fn exit(&self) -> ! {
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        eprintln!("error: {self}");
+        std::process::exit(1)
+    }
+
     pub(crate) fn sys(op: &'static str, source: impl Into<io::Error>) -> Self {
         Error::Sys {
             op,

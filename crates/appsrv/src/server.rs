@@ -35,6 +35,7 @@ use crate::worker::serve::{ClientLevel, Connections, Limits, RequestLevel};
 pub struct Server {
     name: String,
     about: Option<String>,
+    version: Option<String>,
     defaults: Defaults,
     start_hook: Option<StartHook>,
     /// This program's binary, as found at start (a binary upgrade starts the file now at
@@ -68,6 +69,7 @@ impl Server {
         Server {
             name: name.into(),
             about: None,
+            version: None,
             defaults: Defaults::default(),
             start_hook: None,
             exe: std::env::current_exe().ok(),
@@ -83,6 +85,15 @@ impl Server {
     /// A one-line description for `--help`.
     pub fn about(mut self, about: impl Into<String>) -> Self {
         self.about = Some(about.into());
+        self
+    }
+
+    /// The program's version, which `-V`/`--version` prints beside appsrv's
+    /// (`hello 1.2.0 (appsrv 0.1.0)`). Default: none (`hello (appsrv 0.1.0)`), as a
+    /// library cannot see its caller's version; [`server!`](crate::server!) sets it to the
+    /// calling crate's `CARGO_PKG_VERSION`.
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
         self
     }
 
@@ -410,7 +421,7 @@ impl Server {
     /// value should stop the program with a clear message before anything is bound).
     ///
     /// As with clap, `--help` prints the help and exits, and a bad command line prints the
-    /// error and exits with status 2.
+    /// error and exits with status 2 (a bad value from the environment names its variable).
     ///
     /// ```no_run
     /// #[derive(clap::Args, Debug)]
@@ -426,9 +437,9 @@ impl Server {
     /// The options belong to `run`, `start` and `check`; for the other subcommands, `A`'s
     /// defaults are returned.
     pub fn args<A: clap::Args + FromArgMatches>(&mut self) -> A {
-        let cmd = self.command(A::augment_args);
-        let matches = cmd.get_matches_from(cli::with_default_subcommand(self.args.clone()));
+        let matches = cli::parse(self.command(A::augment_args), self.args.clone());
         let parsed = match matches.subcommand() {
+            None => A::from_arg_matches(&matches),
             Some(("run" | "start" | "check", m)) => A::from_arg_matches(m),
             _ => A::from_arg_matches(
                 &A::augment_args(clap::Command::new("defaults")).get_matches_from(["defaults"]),
@@ -440,7 +451,13 @@ impl Server {
     }
 
     fn command(&self, app: impl Fn(clap::Command) -> clap::Command) -> clap::Command {
-        cli::command(&self.name, self.about.as_deref(), &self.defaults, app)
+        cli::command(
+            &self.name,
+            self.about.as_deref(),
+            self.version.as_deref(),
+            &self.defaults,
+            app,
+        )
     }
 
     /// Runs the server: parses the command line (unless [`args`](Server::args) did),
@@ -486,9 +503,7 @@ impl Server {
     {
         let matches = match self.matches.take() {
             Some(m) => m,
-            None => self
-                .command(|c| c)
-                .get_matches_from(cli::with_default_subcommand(self.args.clone())),
+            None => cli::parse(self.command(|c| c), self.args.clone()),
         };
         let program = Program {
             name: self.name,
@@ -503,4 +518,29 @@ impl Server {
         };
         dispatch::launch(program, &matches, request_level, make_factory)
     }
+}
+
+/// A [`Server`] named `name` (default: the binary's name, `CARGO_BIN_NAME`) whose
+/// [`version`](Server::version) is the calling crate's `CARGO_PKG_VERSION`, so that
+/// `--version` prints the application's version beside appsrv's.
+///
+/// ```no_run
+/// # struct Hello;
+/// # impl appsrv::Handler for Hello {
+/// #     fn handle_client(&mut self, _: &mut appsrv::Client) -> std::io::Result<()> { Ok(()) }
+/// # }
+/// // `hello --version` prints `hello 1.2.0 (appsrv 0.1.0)` for a crate at version 1.2.0.
+/// appsrv::server!("hello")
+///     .listen("127.0.0.1:7000")
+///     .run(|| Ok(Hello))
+///     .unwrap_or_else(|e| e.exit());
+/// ```
+#[macro_export]
+macro_rules! server {
+    () => {
+        $crate::server!(env!("CARGO_BIN_NAME"))
+    };
+    ($name:expr) => {
+        $crate::Server::new($name).version(env!("CARGO_PKG_VERSION"))
+    };
 }

@@ -168,6 +168,93 @@ fn start_serves_and_stop_waits_and_cleans_up() {
     assert!(text(&out.stdout).contains("not running"));
 }
 
+/// Issue #17: `start` says what it took, in one line: pid, addresses, files.
+#[test]
+fn issue_17_start_prints_one_line_with_what_it_took() {
+    let d = Daemon::new("line");
+    let out = d.cmd("start", &["-l", "127.0.0.1:0"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    let pid = d.pid();
+    let log = d.log_text();
+    let tcp = log
+        .lines()
+        .find_map(|l| l.split("listening on ").nth(1).filter(|a| a.starts_with("127.")))
+        .expect("the TCP listener's log line");
+    assert_eq!(
+        said.trim_end(),
+        format!(
+            "testbed: started, pid {pid}, listening on unix:{}, {tcp}; pid file {}, log file {}, control socket {}",
+            d.sock(),
+            d.pid_file(),
+            d.log(),
+            d.path("ctl.sock")
+        )
+    );
+}
+
+/// Issue #17: `--daemon` has its variable like every option, and it detaches as `-d` does.
+#[test]
+fn issue_17_the_daemon_variable_detaches_as_the_flag_does() {
+    let d = Daemon::new("envd");
+    let out = Command::new(example("testbed"))
+        .args(["-l", &format!("unix:{}", d.sock()), "-w", "1"])
+        .args(["--pid-file", &d.pid_file(), "--log-file", &d.log()])
+        .args(["--control", &d.path("ctl.sock")])
+        .env("TESTBED_DAEMON", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("testbed: started, pid "),
+        "{}",
+        text(&out.stdout)
+    );
+    let pid = d.pid();
+    assert!(alive(pid), "the daemon runs on after the command returned");
+    let mut c = LineClient::unix(&d.sock());
+    c.testbed_pid();
+    drop(c);
+    let out = d.cmd("stop", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Issue #17: a start that fails removes the pid file it created, whether it failed before
+/// detaching (a listener that cannot be bound) or after (a worker that cannot start, said
+/// by the waiting parent in the common error style).
+#[test]
+fn issue_17_a_failed_start_leaves_no_pid_file() {
+    let d = Daemon::new("failed");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = d.cmd("start", &["-l", &addr]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("error: cannot listen on {addr}")), "{err}");
+    assert!(
+        !Path::new(&d.pid_file()).exists(),
+        "no pid file after a failed bind"
+    );
+
+    let out = d.cmd("start", &["--fail-factory"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    // Log lines may come first: the daemon logs to the terminal until it detaches.
+    let said = err
+        .lines()
+        .find(|l| !l.contains("Z  INFO ") && !l.contains("Z DEBUG "));
+    assert!(
+        said.is_some_and(|l| l.starts_with("error: worker ") && l.contains("failed to start")),
+        "{err}"
+    );
+    assert!(
+        !Path::new(&d.pid_file()).exists(),
+        "no pid file after a failed worker start"
+    );
+    assert!(wait_until(|| d.processes().is_empty().then_some(())).is_some());
+}
+
 #[test]
 fn a_second_start_refuses_and_names_the_running_pid() {
     let d = Daemon::new("second");

@@ -384,7 +384,7 @@ fn status_without_a_server_exits_3() {
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains(&format!(
-            "testbed: not running (no control socket {})",
+            "testbed: not running: no control socket at {} (the path given with --control)",
             dir.sock()
         )),
         "{}",

@@ -445,8 +445,9 @@ enum Outcome {
     Ok(Vec<u8>),
     /// `ERR`: the message.
     Err(String),
-    /// No server at the path.
-    NotRunning,
+    /// No server at the path: no socket file (`stale`: false), or a socket file nobody
+    /// listens on (true: left by a server that did not stop cleanly).
+    NotRunning { stale: bool },
     /// The socket's permissions kept us out.
     NoPermission(String),
     /// Anything else.
@@ -456,7 +457,8 @@ enum Outcome {
 /// Sends `request` to the socket at `path` and reads the whole reply, with timeouts.
 fn exchange(path: &Path, request: &Request) -> Outcome {
     let fail = |what: &str, e: io::Error| match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => Outcome::NotRunning,
+        io::ErrorKind::NotFound => Outcome::NotRunning { stale: false },
+        io::ErrorKind::ConnectionRefused => Outcome::NotRunning { stale: true },
         io::ErrorKind::PermissionDenied => Outcome::NoPermission(format!("{what}: {e}")),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
             Outcome::Failed(format!("{what}: no answer within {CLIENT_TIMEOUT:?}"))
@@ -586,7 +588,7 @@ pub(crate) fn upgrade_command(name: &str, path: &Path, timeout: std::time::Durat
             // Between the old master closing its copy of the control socket and the new
             // one answering, the socket may refuse for a moment, or a connection in
             // progress may be cut: ask again (a failed upgrade is an ERR reply).
-            Outcome::NotRunning | Outcome::Failed(_) => {}
+            Outcome::NotRunning { .. } | Outcome::Failed(_) => {}
             other => return client_exit(name, path, other),
         }
         if std::time::Instant::now() >= deadline {
@@ -606,6 +608,25 @@ fn client_exit(name: &str, path: &Path, outcome: Outcome) -> i32 {
             if code == 0 { 1 } else { code }
         }
     }
+}
+
+/// What a client subcommand says when no server answers at `path`: what it looked for,
+/// and where a server would be found.
+fn not_running(name: &str, path: &Path, stale: bool) -> String {
+    let shown = path.display();
+    let found = match stale {
+        true => format!(
+            "nothing listens on the control socket {shown} (a socket file left by a server that did not stop cleanly)"
+        ),
+        false => format!("no control socket at {shown}"),
+    };
+    let hint = match default_path(name).as_deref() == Some(path) {
+        true => {
+            " (the default path: a server has it when started with `start` or run with --pid-file; one run with --control PATH is asked with the same --control PATH; a foreground run without either has no control socket)"
+        }
+        false => " (the path given with --control)",
+    };
+    format!("{name}: not running: {found}{hint}")
 }
 
 pub(crate) fn client_command(name: &str, path: &Path, request: Request) -> i32 {
@@ -631,8 +652,8 @@ fn client_command_outcome(name: &str, path: &Path, outcome: Outcome) -> i32 {
                 _ => 0,
             }
         }
-        Outcome::NotRunning => {
-            println!("{name}: not running (no control socket {})", path.display());
+        Outcome::NotRunning { stale } => {
+            println!("{}", not_running(name, path, stale));
             3
         }
         Outcome::Err(msg) if msg == "permission denied" => {

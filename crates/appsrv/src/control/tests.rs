@@ -428,7 +428,7 @@ fn the_client_maps_replies_to_exit_statuses() {
     drop(UnixListener::bind(&path).unwrap());
     assert_eq!(
         exchange(&path, &Request::Metrics),
-        Outcome::NotRunning,
+        Outcome::NotRunning { stale: true },
         "connection refused"
     );
     std::fs::remove_file(&path).unwrap();

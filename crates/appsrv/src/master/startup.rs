@@ -197,12 +197,7 @@ fn open_control(
     config: &Config,
     mut inherited: Option<&mut Inherited>,
 ) -> Result<(Option<Control>, Option<MetricsListener>)> {
-    // The control socket is on when asked for, or by default for a server with a pid file
-    // (an instance that commands address by name).
-    let control_path = config
-        .control
-        .clone()
-        .or_else(|| config.pid_file.as_ref().and_then(|_| control::default_path(name)));
+    let control_path = control_path(name, config);
     let owner = nix::unistd::Uid::effective().as_raw();
     let control = match (
         control_path.as_deref(),
@@ -221,6 +216,36 @@ fn open_control(
         (None, _) => None,
     };
     Ok((control, metrics))
+}
+
+/// The control socket's path: on when asked for, or by default for a server with a pid
+/// file (an instance that commands address by name).
+fn control_path(name: &str, config: &Config) -> Option<PathBuf> {
+    config
+        .control
+        .clone()
+        .or_else(|| config.pid_file.as_ref().and_then(|_| control::default_path(name)))
+}
+
+/// The line `start` prints once the server is ready: its pid, addresses and files.
+fn summary(name: &str, config: &Config, listeners: &[Listener], metrics: Option<&MetricsListener>) -> String {
+    let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().to_string()).collect();
+    let mut line = format!(
+        "{name}: started, pid {}, listening on {}",
+        std::process::id(),
+        addrs.join(", ")
+    );
+    if let Some(m) = metrics {
+        line.push_str(&format!(", metrics on http://{}/metrics", m.local_addr()));
+    }
+    let path = |p: Option<&PathBuf>| p.map_or_else(|| "none".to_owned(), |p| p.display().to_string());
+    line.push_str(&format!(
+        "; pid file {}, log file {}, control socket {}",
+        path(config.pid_file.as_ref()),
+        path(config.log_file.as_ref()),
+        path(control_path(name, config).as_ref())
+    ));
+    line
 }
 
 /// Opens the log file at `path`, if any, with the workers' group (see `open_log`).
@@ -296,8 +321,9 @@ impl Announce<'_> {
     }
 
     /// The first workers are ready: publishes the pid file if it is late, and tells
-    /// whoever waits. Returns the published pid file, for the master to remove on exit.
-    fn ready(&mut self) -> Option<PidFile> {
+    /// whoever waits (with `summary`, the line `start` prints). Returns the published pid
+    /// file, for the master to remove on exit.
+    fn ready(&mut self, summary: &str) -> Option<PidFile> {
         let published = self
             .late_pid
             .as_deref()
@@ -308,7 +334,7 @@ impl Announce<'_> {
                     None
                 }
             });
-        self.readiness.ready();
+        self.readiness.ready(summary);
         published
     }
 }
@@ -342,6 +368,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let tls = std::rc::Rc::new(tls);
     let listeners = &listeners[..];
     log_start(listeners, metrics.as_ref(), warning, &plan);
+    let summary = summary(name, config, listeners, metrics.as_ref());
     let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
     let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
@@ -392,7 +419,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let mut published: Option<PidFile> = None;
     let result = Master::new(settings, listeners, &channel, signals)?
         .with_peer_counts(peers)
-        .run(&mut spawn, &mut || published = announce.ready());
+        .run(&mut spawn, &mut || published = announce.ready(&summary));
     if let Some(p) = &published {
         p.remove();
     }

@@ -70,11 +70,34 @@ fn read_pid(file: &mut File) -> Option<i32> {
 }
 
 /// A claim on the pid file's path, taken before the listeners are bound: the lock on the
-/// file currently at the path (a stale one, or a new empty one).
+/// file currently at the path (a stale one, or a new empty one). A claim dropped without
+/// [`commit`](PidClaim::commit) (the start failed: a listener could not be bound) removes
+/// the file it locked, so that a failed start leaves no empty pid file behind.
 #[derive(Debug)]
 pub(crate) struct PidClaim {
     path: PathBuf,
     current: File,
+    /// Remove the locked file when dropped: false once committed, and for the placeholder
+    /// of [`publish`].
+    remove: bool,
+}
+
+impl Drop for PidClaim {
+    fn drop(&mut self) {
+        if self.remove {
+            // Only if the path still names the file we hold locked (nobody else's).
+            remove_if_same(&self.path, &self.current);
+        }
+    }
+}
+
+/// Removes `path` if it names the same file as `file`.
+fn remove_if_same(path: &Path, file: &File) {
+    if let (Ok(ours), Ok(now)) = (file.metadata(), std::fs::metadata(path)) {
+        if (ours.dev(), ours.ino()) == (now.dev(), now.ino()) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// The pid file of a running master.
@@ -120,6 +143,7 @@ impl PidClaim {
                     return Ok(PidClaim {
                         path: path.to_owned(),
                         current,
+                        remove: true,
                     });
                 }
                 Ok(_) => continue,
@@ -131,7 +155,7 @@ impl PidClaim {
 
     /// Publishes `pid`: writes and locks a new file, renames it over the path, then lets
     /// go of the old one.
-    pub(crate) fn commit(self, pid: Pid) -> Result<PidFile, Error> {
+    pub(crate) fn commit(mut self, pid: Pid) -> Result<PidFile, Error> {
         let err = |source: io::Error| Error::PidFile {
             path: self.path.clone(),
             source,
@@ -161,9 +185,10 @@ impl PidClaim {
             let _ = std::fs::remove_file(&tmp);
             return Err(err(e));
         }
-        drop(self.current);
+        // The path names the new file now; the old one's lock goes with `self`.
+        self.remove = false;
         Ok(PidFile {
-            path: self.path,
+            path: std::mem::take(&mut self.path),
             file,
         })
     }
@@ -180,6 +205,7 @@ pub(crate) fn publish(path: &Path, pid: Pid) -> Result<PidFile, Error> {
     PidClaim {
         path: path.to_owned(),
         current: placeholder,
+        remove: false,
     }
     .commit(pid)
 }
@@ -194,11 +220,7 @@ impl PidFile {
     /// Removes the file on a clean stop, if the path still names our file (an upgraded
     /// master may have published its own since).
     pub(crate) fn remove(&self) {
-        if let (Ok(ours), Ok(now)) = (self.file.metadata(), std::fs::metadata(&self.path)) {
-            if (ours.dev(), ours.ino()) == (now.dev(), now.ino()) {
-                let _ = std::fs::remove_file(&self.path);
-            }
-        }
+        remove_if_same(&self.path, &self.file);
     }
 }
 
@@ -254,12 +276,21 @@ impl Readiness {
         self.pipe.as_ref().map(AsRawFd::as_raw_fd)
     }
 
-    /// Tells the waiting `start` command the server is ready. The pipe stays open (and
-    /// its descriptor number taken) for the master's life: workers forked later close that
-    /// number, which must not name another file by then.
-    pub(crate) fn ready(&mut self) {
+    /// Tells the waiting `start` command the server is ready, with the one line it prints
+    /// (`summary`: what the server took). The pipe stays open (and its descriptor number
+    /// taken) for the master's life: workers forked later close that number, which must
+    /// not name another file by then.
+    pub(crate) fn ready(&mut self, summary: &str) {
         if let Some(p) = self.pipe.as_mut() {
-            let _ = p.write_all(b"R");
+            // One write below PIPE_BUF (the summary is cut to fit): the reader gets it whole.
+            let mut message = format!("R{summary}");
+            let mut cut = message.len().min(4000);
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('\n');
+            let _ = p.write_all(message.as_bytes());
         }
     }
 
@@ -333,8 +364,9 @@ fn report_and_exit(pipe: &OwnedFd, reason: &str) -> ! {
     sys::exit_now(1)
 }
 
-/// The original process: waits for `R` (ready) or `E<reason>` on the pipe, or EOF (the
-/// daemon died without a word), or the timeout. Never returns.
+/// The original process: waits for `R<summary>\n` (ready: prints the summary) or
+/// `E<reason>` on the pipe, or EOF (the daemon died without a word), or the timeout. Never
+/// returns.
 fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
     // The intermediate process exits at once; reap it so it does not linger as a zombie.
     let _ = nix::sys::wait::waitpid(intermediate, None);
@@ -373,13 +405,17 @@ fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
                 std::process::exit(1);
             }
         }
-        if message.first() == Some(&b'R') {
-            std::process::exit(0);
+        if let Some(summary) = message.strip_prefix(b"R") {
+            if summary.ends_with(b"\n") {
+                print!("{}", String::from_utf8_lossy(summary));
+                let _ = io::stdout().flush();
+                std::process::exit(0);
+            }
         }
     }
     match message.split_first() {
-        Some((b'E', reason)) => eprintln!("Error: {}", String::from_utf8_lossy(reason)),
-        _ => eprintln!("Error: the server exited during start-up (see its log file)"),
+        Some((b'E', reason)) => eprintln!("error: {}", String::from_utf8_lossy(reason)),
+        _ => eprintln!("error: the server exited during start-up (see its log file)"),
     }
     std::process::exit(1)
 }
@@ -407,12 +443,20 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
     }
     let pid = match state {
         Ok(Running::No) => {
-            println!("{name}: not running (no pid file {shown})");
+            let hint = match default_pid_file(name).as_deref() == Some(path.as_path()) {
+                true => {
+                    " (the default path: a server has it when started with `start`; one started with --pid-file PATH is stopped with the same --pid-file PATH; a foreground run without --pid-file has none: stop it with TERM or Ctrl-C)"
+                }
+                false => " (the path given with --pid-file)",
+            };
+            println!("{name}: not running: no pid file at {shown}{hint}");
             return 0;
         }
         Ok(Running::Stale(pid)) => {
-            let of = pid.map(|p| format!(" of pid {p}")).unwrap_or_default();
-            println!("{name}: not running (stale pid file {shown}{of})");
+            let master = pid.map(|p| format!(", pid {p},")).unwrap_or_default();
+            println!(
+                "{name}: not running: stale pid file {shown} (its master{master} is gone without removing it)"
+            );
             return 0;
         }
         Ok(Running::Yes(pid)) => Pid::from_raw(pid),

@@ -125,8 +125,12 @@ impl appsrv::Handler for Testbed {
     }
 }
 
-fn main() -> appsrv::Result<()> {
-    let mut server = appsrv::Server::new("testbed");
+fn main() {
+    serve().unwrap_or_else(|e| e.exit());
+}
+
+fn serve() -> appsrv::Result<()> {
+    let mut server = appsrv::server!("testbed");
     let opts: Opts = server.args();
     let (fail_reload, fail_check) = (opts.fail_reload, opts.fail_check);
     for fd in &opts.keep_fd {
