@@ -1,9 +1,15 @@
 //! appsrv: write a preforking network server for your own protocol, don't configure one.
 //!
-//! You implement one method, [`Handler::handle_client`], and get a production daemon: the
-//! master process binds the listeners, forks a pool of worker processes that accept and
-//! serve connections with plain blocking code, drops the workers' privileges, replaces
-//! workers that crash, and stops gracefully on TERM, INT or QUIT.
+//! You write one method in plain blocking Rust and get a production daemon: the master
+//! process binds the listeners, forks a pool of worker processes that accept and serve
+//! connections, drops the workers' privileges, replaces workers that crash, and stops
+//! gracefully on TERM, INT or QUIT. There are two APIs; pick the one that fits the
+//! protocol.
+//!
+//! # The connection level: [`Handler`]
+//!
+//! [`Handler::handle_client`] owns the connection from accept to close: read and write the
+//! [`Client`] as any stream. Run it with [`Server::run`].
 //!
 //! ```no_run
 //! use std::io::{self, Write};
@@ -21,18 +27,71 @@
 //! }
 //! ```
 //!
-//! For a request/response protocol, implement [`RequestHandler::handle_request`] instead
-//! and run it with [`Server::run_requests`]: a [`codec`] frames the requests, and the
-//! framework does keep-alive, pipelining, limits and timeouts. Its per-connection state is
-//! its [`Session`](RequestHandler::Session), reached through [`Conn`].
+//! The closure is the handler *factory*: each worker calls it once, after the fork and the
+//! privilege drop, so per-process state (a database connection) belongs in the handler.
+//!
+//! # The request level: [`RequestHandler`]
+//!
+//! For a request/response protocol, implement [`RequestHandler::handle_request`] and run it
+//! with [`Server::run_requests`]: a [`codec`] frames the requests and responses
+//! (lines, length-prefixed frames, netstrings, HTTP/1.1, or your own
+//! [`Codec`](codec::Codec)), and the framework reads, writes, keeps connections alive,
+//! pipelines, and applies the limits and timeouts. The handler only turns one request into
+//! its response. Per-connection state is the handler's
+//! [`Session`](RequestHandler::Session), reached through the [`Conn`] given with each
+//! request. This one counts the lines of each connection:
+//!
+//! ```no_run
+//! use std::io;
+//! use appsrv::Conn;
+//! use appsrv::codec::{Lines, LinesResponse};
+//!
+//! struct Count;
+//!
+//! impl appsrv::RequestHandler for Count {
+//!     type Codec = Lines;
+//!     /// Lines received on this connection so far.
+//!     type Session = u64;
+//!
+//!     fn codec(&self) -> Lines {
+//!         Lines::default()
+//!     }
+//!
+//!     fn handle_request(
+//!         &mut self,
+//!         conn: &mut Conn<'_, u64>,
+//!         line: &&[u8],
+//!         out: &mut LinesResponse<'_>,
+//!     ) -> io::Result<()> {
+//!         *conn.session() += 1;
+//!         let reply = format!("{} {}\r\n", conn.session(), String::from_utf8_lossy(line));
+//!         out.push(reply.as_bytes());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! fn main() -> appsrv::Result<()> {
+//!     appsrv::Server::new("count").listen("127.0.0.1:7002").run_requests(|| Ok(Count))
+//! }
+//! ```
+//!
+//! Request-level handlers that never block can also run in event-loop workers
+//! ([`Server::io`] with [`Io::Event`]): one epoll loop per worker over all its
+//! connections, the same handler code. The examples (`crates/appsrv/examples`) show a
+//! codec of its own (`ping`), sessions (`kv`) and HTTP (`http_hello`).
+//!
+//! # The command line
 //!
 //! The program gets the standard command line (see [`cli`]): `hello --workers 8 -l
-//! '[::]:7000' --user nobody`, with `--help` documenting every default, and environment
-//! overrides (`HELLO_WORKERS=8`).
+//! '[::]:7000' --user nobody`, with `--help` documenting every default, subcommands for a
+//! daemon (`start`, `stop`, `status`, `reload`, `upgrade`...), and environment overrides
+//! (`HELLO_WORKERS=8`).
 //!
 //! The process model, the life of a worker and of a connection are described in
 //! `docs/ARCHITECTURE.md`.
 
+// Doc tests are examples users copy: a warning in one (an unused import) is a bug.
+#![doc(test(attr(deny(warnings))))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 

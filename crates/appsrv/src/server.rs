@@ -432,6 +432,7 @@ impl Server {
     /// }
     /// let mut server = appsrv::Server::new("files").listen("127.0.0.1:8080");
     /// let opts: Opts = server.args();
+    /// println!("serving {}", opts.static_dir.display());
     /// ```
     ///
     /// The options belong to `run`, `start` and `check`; for the other subcommands, `A`'s

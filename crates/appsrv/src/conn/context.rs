@@ -27,7 +27,7 @@ pub(crate) struct ConnInfo<'a> {
 /// `S` is the handler's session type; a handler without one declares `type Session = ();`
 /// and names this type `Conn<'_>`.
 ///
-/// ```
+/// ```no_run
 /// use std::io;
 /// use appsrv::Conn;
 /// use appsrv::codec::{Lines, LinesResponse};
@@ -54,6 +54,10 @@ pub(crate) struct ConnInfo<'a> {
 ///         out.push(format!("request {n} from {}\n", conn.peer_addr()).as_bytes());
 ///         Ok(())
 ///     }
+/// }
+///
+/// fn main() -> appsrv::Result<()> {
+///     appsrv::Server::new("counter").listen("127.0.0.1:7003").run_requests(|| Ok(Counter))
 /// }
 /// ```
 #[derive(Debug)]
