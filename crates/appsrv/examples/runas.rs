@@ -36,20 +36,51 @@
 //! I/O model: blocking (the only one for it): each request runs a command and waits for it,
 //! which would hold up every other client of an event-loop worker.
 //!
-//! Run it (as root: the workers switch to the policy's users for each command):
+//! Run it as root: the workers switch to the policy's users for each command, and the
+//! policy and token files must belong to root. Build it as yourself, then work in a root
+//! shell: you are in one already in a container; a normal user opens one with `sudo -s`
+//! (prefixing each line with `sudo` does not work for the lines that redirect into a
+//! root-only file).
+//!
+//! ```text
+//! cargo build --release --example runas
+//! sudo -s                                    # a normal user only; as root, skip it
+//! ```
+//!
+//! A quick local try that writes nothing under `/etc`: the token and a copy of the sample
+//! policy, pointing at that token, in a temporary directory (mode 700); the daemon's pid
+//! file, log and control socket there too; one call, then everything stopped and removed.
+//! `start` returns once the server is ready, so the lines can be pasted at once:
+//!
+//! ```text
+//! D=$(mktemp -d)
+//! head -c 32 /dev/urandom | base64 > "$D/token" && chmod 600 "$D/token"
+//! sed "s|/etc/appsrv-runas/token|$D/token|" contrib/runas/policy.toml > "$D/policy.toml"
+//! chmod 644 "$D/policy.toml"
+//! B=target/release/examples/runas
+//! $B start --policy "$D/policy.toml" --pid-file "$D/pid" --log-file "$D/log" \
+//!     --control "$D/ctl.sock"                                   # 127.0.0.1:8070
+//! TOKEN="$D/token" python3 -c 'import os, xmlrpc.client as x
+//! t = open(os.environ["TOKEN"]).read().strip()
+//! print(x.ServerProxy("http://127.0.0.1:8070/RPC2").run(t, "nobody", "id", ["-u", "-n"]))'
+//! # {'status': 0, 'signal': 0, 'timed_out': False, 'stdout': 'nobody\n', 'stderr': '', ...}
+//! $B stop --pid-file "$D/pid"; cat "$D/log"; rm -r "$D"
+//! ```
+//!
+//! Installed for good, with the policy in `/etc/appsrv-runas` (as the sample policy's own
+//! header says):
 //!
 //! ```text
 //! install -d -m 700 /etc/appsrv-runas
 //! head -c 32 /dev/urandom | base64 > /etc/appsrv-runas/token && chmod 600 /etc/appsrv-runas/token
 //! install -m 644 contrib/runas/policy.toml /etc/appsrv-runas/policy.toml
-//! cargo build --release --example runas
-//! sudo target/release/examples/runas --policy /etc/appsrv-runas/policy.toml   # 127.0.0.1:8070
+//! target/release/examples/runas check --policy /etc/appsrv-runas/policy.toml
+//! target/release/examples/runas --policy /etc/appsrv-runas/policy.toml   # 127.0.0.1:8070
 //! # or, with each worker and its commands sandboxed (see "Under --sandbox" below):
-//! sudo target/release/examples/runas --policy /etc/appsrv-runas/policy.toml --sandbox
-//! sudo target/release/examples/runas check --policy /etc/appsrv-runas/policy.toml
+//! target/release/examples/runas --policy /etc/appsrv-runas/policy.toml --sandbox
 //! ```
 //!
-//! Then, from another terminal:
+//! Then, from another root shell (the token is readable by root only):
 //!
 //! ```text
 //! $ python3 -c 'import xmlrpc.client as x; t = open("/etc/appsrv-runas/token").read().strip()
