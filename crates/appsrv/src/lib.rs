@@ -22,10 +22,17 @@
 //!     }
 //! }
 //!
-//! fn main() -> appsrv::Result<()> {
-//!     appsrv::Server::new("hello").listen("127.0.0.1:7000").run(|| Ok(Hello))
+//! fn main() {
+//!     appsrv::server!("hello")
+//!         .listen("127.0.0.1:7000")
+//!         .run(|| Ok(Hello))
+//!         .unwrap_or_else(|e| e.exit());
 //! }
 //! ```
+//!
+//! [`server!`] makes a [`Server`] that knows the calling crate's version (for
+//! `--version`); [`Error::exit`] prints a start-up error as the command line prints every
+//! other (`error: cannot listen on 127.0.0.1:7000: Address already in use`) and exits 1.
 //!
 //! The closure is the handler *factory*: each worker calls it once, after the fork and the
 //! privilege drop, so per-process state (a database connection) belongs in the handler.
@@ -70,8 +77,11 @@
 //!     }
 //! }
 //!
-//! fn main() -> appsrv::Result<()> {
-//!     appsrv::Server::new("count").listen("127.0.0.1:7002").run_requests(|| Ok(Count))
+//! fn main() {
+//!     appsrv::server!("count")
+//!         .listen("127.0.0.1:7002")
+//!         .run_requests(|| Ok(Count))
+//!         .unwrap_or_else(|e| e.exit());
 //! }
 //! ```
 //!
@@ -83,9 +93,11 @@
 //! # The command line
 //!
 //! The program gets the standard command line (see [`cli`]): `hello --workers 8 -l
-//! '[::]:7000' --user nobody`, with `--help` documenting every default, subcommands for a
-//! daemon (`start`, `stop`, `status`, `reload`, `upgrade`...), and environment overrides
-//! (`HELLO_WORKERS=8`).
+//! '[::]:7000' --user nobody`, with `--help` listing the subcommands for a daemon
+//! (`start`, `stop`, `status`, `reload`, `upgrade`...) and documenting every option's
+//! default, `--version`, shell completions and a man page (`hello completions bash`,
+//! `hello man`), and an environment variable for every option (`HELLO_WORKERS=8`,
+//! `HELLO_DAEMON=1`).
 //!
 //! The process model, the life of a worker and of a connection are described in
 //! `docs/ARCHITECTURE.md`.

@@ -148,7 +148,7 @@ fn a_failing_factory_stops_the_server_with_its_error() {
     server.wait_for_log_end();
     let log = server.log_text();
     assert!(
-        log.contains("Error: worker") && log.contains("database unavailable (testbed --fail-factory)"),
+        log.contains("\nerror: worker") && log.contains("database unavailable (testbed --fail-factory)"),
         "the error reaches the terminal:\n{log}"
     );
     assert_eq!(
