@@ -626,7 +626,8 @@ fn not_running(name: &str, path: &Path, stale: bool) -> String {
         }
         false => " (the path given with --control)",
     };
-    format!("{name}: not running: {found}{hint}")
+    let head = crate::process::daemon::not_running_here(name, "this control socket");
+    format!("{head}: {found}{hint}")
 }
 
 pub(crate) fn client_command(name: &str, path: &Path, request: Request) -> i32 {

@@ -449,7 +449,8 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
                 }
                 false => " (the path given with --pid-file)",
             };
-            println!("{name}: not running: no pid file at {shown}{hint}");
+            let head = not_running_here(name, "this pid file");
+            println!("{head}: no pid file at {shown}{hint}");
             return 0;
         }
         Ok(Running::Stale(pid)) => {
@@ -517,6 +518,57 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
             return 1;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The masters of this program that run on this machine, as far as `/proc` shows them
+/// (what `status` and `stop` mention when they find no control socket or pid file: a
+/// server started in the foreground has neither). A master is a process whose command
+/// name (`comm`, the first 15 bytes of the program's name) is this program's and whose
+/// parent's is not (workers are the master's children); this process is left out.
+pub(crate) fn masters_named(name: &str) -> Vec<i32> {
+    let comm: String = name.chars().take(15).collect();
+    let field = |pid: &str, key: &str| -> Option<String> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().to_owned())
+    };
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|pid| *pid != me && pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| field(pid, "Name:").as_deref() == Some(comm.as_str()))
+        .filter(|pid| {
+            field(pid, "PPid:")
+                .and_then(|ppid| field(&ppid, "Name:"))
+                .as_deref()
+                != Some(comm.as_str())
+        })
+        .filter_map(|pid| pid.parse().ok())
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// How a "not running" message begins: `NAME: not running`, or, when masters of this
+/// program run anyway (found by [`masters_named`]) but not where the command looked,
+/// `NAME: not found here (pid N runs without WITHOUT here...)`.
+pub(crate) fn not_running_here(name: &str, without: &str) -> String {
+    match masters_named(name).as_slice() {
+        [] => format!("{name}: not running"),
+        pids => {
+            let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
+            format!(
+                "{name}: not found here (pid {} runs without {without}: a foreground run without --pid-file and --control, or one started with other paths)",
+                pids.join(", ")
+            )
+        }
     }
 }
 
