@@ -413,9 +413,16 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
             .arg(control_arg(prefix))
             .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("As JSON")),
         Command::new("metrics")
-            .about("Print the running server's metrics (Prometheus text)")
-            .long_about("Print the server's metrics in the Prometheus text format, through the control socket; exit 3 if it is not running")
-            .arg(control_arg(prefix)),
+            .about("Print the running server's metrics (Prometheus text or OpenMetrics)")
+            .long_about("Print the server's metrics, through the control socket, in the Prometheus text format 0.0.4 or in OpenMetrics 1.0; exit 3 if it is not running")
+            .arg(control_arg(prefix))
+            .arg(
+                env_opt(prefix, "format")
+                    .value_name("FORMAT")
+                    .value_parser(["prometheus", "openmetrics"])
+                    .default_value("prometheus")
+                    .help("The exposition format: prometheus (text 0.0.4) or openmetrics (OpenMetrics 1.0, ending with # EOF)"),
+            ),
         Command::new("reload")
             .about("Reload: re-read the configuration and replace the workers, dropping nothing")
             .long_about("Re-read the configuration (the application's reload hook) and replace the workers by a new generation, without dropping connections; waits until the new generation serves alone (exit 0), or reports why not (non-zero; the old workers keep serving)")

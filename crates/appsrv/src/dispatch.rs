@@ -157,12 +157,17 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
                 }
             }
         }
-        Some((sub @ ("status" | "metrics" | "workers"), m)) => {
+        Some(("metrics", m)) => {
+            let format = m.get_one::<String>("format").expect("has a default");
+            let format = control::MetricsFormat::from_name(format).expect("one of the possible values");
+            let path = control_path(&program.name, m);
+            std::process::exit(control::metrics_command(&program.name, &path, format))
+        }
+        Some((sub @ ("status" | "workers"), m)) => {
             let request = match sub {
                 "status" => control::Request::Status {
                     json: m.get_flag("json"),
                 },
-                "metrics" => control::Request::Metrics,
                 _ => control::Request::Workers(*m.get_one::<i32>("delta").expect("required")),
             };
             let path = control_path(&program.name, m);

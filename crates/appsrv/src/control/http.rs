@@ -1,6 +1,12 @@
-//! `--metrics-listen`: a minimal HTTP/1.1 server in the master for Prometheus, serving
-//! `GET /metrics` and nothing else, one request per connection (`Connection: close`),
-//! with the same non-blocking deadlines and bounds as the control socket.
+//! `--metrics-listen`: a minimal HTTP/1.1 server in the master, one request per
+//! connection (`Connection: close`), with the same non-blocking deadlines and bounds as
+//! the control socket. It serves `GET` and `HEAD` of:
+//!
+//! - `/metrics`: the Prometheus text exposition format 0.0.4, or OpenMetrics 1.0 when the
+//!   `Accept` header prefers it ([`negotiate`]);
+//! - `/healthz`: 200 `ok` whenever the master answers (its loop turns);
+//! - `/readyz`: 200 `ready` while the server takes traffic, 503 with the reason otherwise
+//!   ([`Status::readiness`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
@@ -10,15 +16,12 @@ use nix::poll::PollFd;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::conn::{Acceptor, Decision};
-use super::render::render_metrics;
+use super::render::MetricsFormat;
 use crate::control::status::Status;
 use crate::error::Error;
 
 /// The largest request head accepted (request line and headers).
 pub(crate) const MAX_HEAD: usize = 4096;
-
-/// The content type of the text exposition format.
-pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
 const BACKLOG: i32 = 64;
 
@@ -77,8 +80,12 @@ fn decide_http(input: &[u8], eof: bool, status: &mut dyn FnMut() -> Status) -> D
     let method = req.method.unwrap_or("");
     let path = req.path.unwrap_or("");
     let path = path.split_once('?').map_or(path, |(p, _)| p);
-    if path != "/metrics" {
-        return Decision::Reply(plain("404 Not Found", "", "not found: metrics are at /metrics\n"));
+    if !["/metrics", "/healthz", "/readyz"].contains(&path) {
+        return Decision::Reply(plain(
+            "404 Not Found",
+            "",
+            "not found: metrics are at /metrics, health at /healthz and /readyz\n",
+        ));
     }
     let head_only = match method {
         "GET" => false,
@@ -91,8 +98,172 @@ fn decide_http(input: &[u8], eof: bool, status: &mut dyn FnMut() -> Status) -> D
             ));
         }
     };
-    let body = render_metrics(&status());
-    Decision::Reply(response("200 OK", "", CONTENT_TYPE, body.as_bytes(), head_only))
+    let text = |status: &str, body: &str| {
+        response(
+            status,
+            "",
+            "text/plain; charset=utf-8",
+            body.as_bytes(),
+            head_only,
+        )
+    };
+    match path {
+        // The master answering is the health: no snapshot needed.
+        "/healthz" => Decision::Reply(text("200 OK", "ok\n")),
+        "/readyz" => Decision::Reply(match status().readiness() {
+            Ok(()) => text("200 OK", "ready\n"),
+            Err(why) => text("503 Service Unavailable", &format!("not ready: {why}\n")),
+        }),
+        _ => {
+            let accept: Vec<&[u8]> = req
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("accept"))
+                .map(|h| h.value)
+                .collect();
+            let Some(format) = negotiate(&accept) else {
+                return Decision::Reply(response(
+                    "406 Not Acceptable",
+                    "Vary: Accept\r\n",
+                    "text/plain; charset=utf-8",
+                    format!(
+                        "not acceptable: metrics are offered as {} and {}\n",
+                        MetricsFormat::Prometheus.content_type(),
+                        MetricsFormat::OpenMetrics.content_type()
+                    )
+                    .as_bytes(),
+                    head_only,
+                ));
+            };
+            let body = format.render(&status());
+            Decision::Reply(response(
+                "200 OK",
+                "Vary: Accept\r\n",
+                format.content_type(),
+                body.as_bytes(),
+                head_only,
+            ))
+        }
+    }
+}
+
+/// The formats `/metrics` offers, the default first: (type, subtype, version).
+const OFFERS: [(MetricsFormat, &str, &str, &str); 2] = [
+    (MetricsFormat::Prometheus, "text", "plain", "0.0.4"),
+    (
+        MetricsFormat::OpenMetrics,
+        "application",
+        "openmetrics-text",
+        "1.0.0",
+    ),
+];
+
+/// One media range of an `Accept` header.
+#[derive(Debug)]
+struct Range<'a> {
+    kind: &'a str,
+    subtype: &'a str,
+    version: Option<&'a str>,
+    /// The q-value in thousandths (0 to 1000).
+    q: u16,
+}
+
+/// A q-value (`0`, `0.5`, `1.000`: at most three decimals, from 0 to 1) in thousandths.
+fn parse_q(v: &str) -> Option<u16> {
+    let (whole, frac) = v.split_once('.').unwrap_or((v, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let frac: u16 = format!("{frac:0<3}").parse().ok()?;
+    match whole {
+        "0" => Some(frac),
+        "1" if frac == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+/// Reads one media range (`type/subtype;param=value;q=0.5`); `None` for a malformed one.
+fn parse_range(text: &str) -> Option<Range<'_>> {
+    let mut parts = text.split(';').map(str::trim);
+    let (kind, subtype) = parts.next()?.split_once('/')?;
+    let (kind, subtype) = (kind.trim(), subtype.trim());
+    if kind.is_empty() || subtype.is_empty() || (kind == "*" && subtype != "*") {
+        return None;
+    }
+    let mut range = Range {
+        kind,
+        subtype,
+        version: None,
+        q: 1000,
+    };
+    for param in parts.filter(|p| !p.is_empty()) {
+        let (key, value) = param.split_once('=')?;
+        let value = value.trim().trim_matches('"');
+        match key.trim() {
+            k if k.eq_ignore_ascii_case("q") => range.q = parse_q(value)?,
+            k if k.eq_ignore_ascii_case("version") => range.version = Some(value),
+            // Other parameters (charset, escaping) do not change what we send.
+            _ => {}
+        }
+    }
+    Some(range)
+}
+
+/// The format `/metrics` answers for these `Accept` header values (RFC 9110 §12.5.1):
+/// each format takes the q-value of the most specific range that matches it (a range
+/// with a `version` matches only that version: `text/plain;version=0.0.4` or
+/// `application/openmetrics-text;version=1.0.0`, or no version; then `type/*`, then
+/// `*/*`), and the format with the highest q-value wins; on a tie, the one matched by the
+/// more specific range, then by the range listed first, then the default, 0.0.4. No
+/// header, or one without a well-formed range, is 0.0.4. `None` when every format has q
+/// 0 (a 406).
+///
+/// Prometheus asks, for example, `application/openmetrics-text;version=1.0.0;q=0.5,
+/// text/plain;version=0.0.4;q=0.4,*/*;q=0.1`: OpenMetrics. `curl` sends `*/*`: 0.0.4.
+pub(crate) fn negotiate(accept: &[&[u8]]) -> Option<MetricsFormat> {
+    // A header that is not text is no preference (RFC 9110 lets a server disregard
+    // Accept), as is a malformed range.
+    let ranges: Vec<Range<'_>> = accept
+        .iter()
+        .filter_map(|v| std::str::from_utf8(v).ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(parse_range)
+        .collect();
+    if ranges.is_empty() {
+        return Some(MetricsFormat::Prometheus);
+    }
+    // For each format: (q, specificity, the matching range's position from the end).
+    let mut best: Option<(MetricsFormat, (u16, u8, usize))> = None;
+    for (format, kind, subtype, version) in OFFERS {
+        let matching = ranges
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let same_type = r.kind.eq_ignore_ascii_case(kind);
+                let specificity = if same_type && r.subtype.eq_ignore_ascii_case(subtype) {
+                    match r.version {
+                        Some(v) if v == version => 3,
+                        Some(_) => return None,
+                        None => 2,
+                    }
+                } else if same_type && r.subtype == "*" {
+                    1
+                } else if r.kind == "*" {
+                    0
+                } else {
+                    return None;
+                };
+                Some((r.q, specificity, ranges.len() - i))
+            })
+            // The most specific range decides; among equals, the first listed.
+            .max_by_key(|&(_, specificity, from_end)| (specificity, from_end));
+        if let Some(rank) = matching.filter(|(q, _, _)| *q > 0) {
+            if best.is_none_or(|(_, b)| rank > b) {
+                best = Some((format, rank));
+            }
+        }
+    }
+    best.map(|(format, _)| format)
 }
 
 /// The optional HTTP listener serving `/metrics` (`--metrics-listen`), owned by the master.
@@ -197,6 +368,7 @@ mod tests {
 
     use super::*;
     use crate::control::render::tests::sample_status;
+    use crate::scoreboard::State;
 
     /// Runs `service` until the client thread `client` is done.
     fn serve_while<T: Send + 'static>(
@@ -239,9 +411,10 @@ mod tests {
         });
         assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
         assert!(
-            r.contains("\r\nContent-Type: text/plain; version=0.0.4\r\n"),
+            r.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
             "{r}"
         );
+        assert!(r.contains("\r\nVary: Accept\r\n"), "{r}");
         assert!(r.contains("\r\nConnection: close\r\n"), "{r}");
         let (head, body) = r.split_once("\r\n\r\n").unwrap();
         assert!(
@@ -249,6 +422,7 @@ mod tests {
             "{head}"
         );
         assert!(body.contains("appsrv_connections_total 107\n"));
+        assert!(!body.contains("# EOF"), "no EOF in 0.0.4");
         assert_eq!(calls, 1);
 
         let r = serve_while(&mut m, &mut calls, |a| ask(a, b"GET /other HTTP/1.1\r\n\r\n"));
@@ -273,7 +447,207 @@ mod tests {
         let r = serve_while(&mut m, &mut calls, move |a| ask(a, &big));
         assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
         assert_eq!(calls, 2, "status() is built only for complete /metrics requests");
+        let r = serve_while(&mut m, &mut calls, |a| ask(a, b"GET /status HTTP/1.1\r\n\r\n"));
+        assert!(
+            r.contains("/metrics") && r.contains("/healthz") && r.contains("/readyz"),
+            "{r}"
+        );
         assert_eq!(m.acceptor.connections(), 0);
+    }
+
+    #[test]
+    fn issue_17_metrics_negotiate_openmetrics() {
+        let mut m = MetricsListener::bind("127.0.0.1:0").unwrap();
+        let mut calls = 0;
+        // What Prometheus sends.
+        let r = serve_while(&mut m, &mut calls, |a| {
+            ask(
+                a,
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0;q=0.5,\
+                  text/plain;version=0.0.4;q=0.4,*/*;q=0.1\r\n\r\n",
+            )
+        });
+        let (head, body) = r.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("Content-Length: {}\r\n", body.len())),
+            "{head}"
+        );
+        assert!(body.ends_with("\n# EOF\n"), "{body}");
+        assert!(body.contains("# TYPE appsrv_connections counter\n"), "{body}");
+        assert!(body.contains("\nappsrv_connections_total 107\n"), "{body}");
+        // Refusing both formats is a 406 that names them.
+        let r = serve_while(&mut m, &mut calls, |a| {
+            ask(a, b"GET /metrics HTTP/1.1\r\nAccept: application/json\r\n\r\n")
+        });
+        assert!(
+            r.starts_with("HTTP/1.1 406 ") && r.contains("application/openmetrics-text"),
+            "{r}"
+        );
+        assert_eq!(calls, 1, "no snapshot for a 406");
+    }
+
+    #[test]
+    fn issue_17_healthz_and_readyz() {
+        let mut m = MetricsListener::bind("127.0.0.1:0").unwrap();
+        let mut calls = 0;
+        let r = serve_while(&mut m, &mut calls, |a| ask(a, b"GET /healthz HTTP/1.1\r\n\r\n"));
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\nok\n"),
+            "{r}"
+        );
+        assert_eq!(calls, 0, "health needs no snapshot");
+        let r = serve_while(&mut m, &mut calls, |a| ask(a, b"HEAD /healthz HTTP/1.1\r\n\r\n"));
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\n"),
+            "{r}"
+        );
+        // sample_status is running with an idle worker.
+        let r = serve_while(&mut m, &mut calls, |a| ask(a, b"GET /readyz HTTP/1.1\r\n\r\n"));
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\nready\n"),
+            "{r}"
+        );
+        let r = serve_while(&mut m, &mut calls, |a| ask(a, b"HEAD /readyz HTTP/1.1\r\n\r\n"));
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\n"),
+            "{r}"
+        );
+        assert_eq!(calls, 2);
+        let r = serve_while(&mut m, &mut calls, |a| ask(a, b"POST /readyz HTTP/1.1\r\n\r\n"));
+        assert!(r.starts_with("HTTP/1.1 405 "), "{r}");
+    }
+
+    #[test]
+    fn issue_17_readyz_says_why_not() {
+        let status = |phase: &'static str, states: &[State], policy: &'static str| {
+            let mut s = sample_status();
+            s.phase = phase;
+            s.pool.policy = policy;
+            for ((_, w), st) in s.workers.iter_mut().zip(states) {
+                w.state = *st;
+            }
+            s.workers.truncate(states.len());
+            s
+        };
+        let reply = |s: Status| {
+            let input = b"GET /readyz HTTP/1.1\r\n\r\n";
+            match decide_http(input, false, &mut || s.clone()) {
+                Decision::Reply(r) => String::from_utf8(r).unwrap(),
+                other => panic!("{other:?}"),
+            }
+        };
+        for (s, want) in [
+            (status("running", &[State::Idle], "static"), "200 OK"),
+            (
+                status("reloading", &[State::Handling, State::Starting], "static"),
+                "200 OK",
+            ),
+            (status("upgrading", &[State::Writing], "dynamic"), "200 OK"),
+            (status("running", &[], "ondemand"), "200 OK"),
+        ] {
+            let r = reply(s);
+            assert!(r.starts_with(&format!("HTTP/1.1 {want}\r\n")), "{r}");
+        }
+        for (s, why) in [
+            (
+                status("starting", &[State::Idle], "static"),
+                "not ready: starting",
+            ),
+            (
+                status("stopping", &[State::Idle], "static"),
+                "not ready: stopping",
+            ),
+            (
+                status("draining", &[State::Idle], "static"),
+                "not ready: draining",
+            ),
+            (
+                status("running", &[State::Starting, State::Finishing], "static"),
+                "not ready: no live worker (1 starting)",
+            ),
+            (
+                status("running", &[], "dynamic"),
+                "not ready: no live worker (0 starting)",
+            ),
+        ] {
+            let r = reply(s);
+            assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{r}");
+            assert!(
+                r.contains("\r\nContent-Type: text/plain; charset=utf-8\r\n"),
+                "{r}"
+            );
+            assert!(r.split("\r\n\r\n").nth(1).unwrap().starts_with(why), "{r}");
+        }
+    }
+
+    #[test]
+    fn issue_17_negotiation_follows_q_values() {
+        let n = |accept: &str| negotiate(&[accept.as_bytes()]);
+        use MetricsFormat::{OpenMetrics as Om, Prometheus as Prom};
+        for (accept, want) in [
+            // Prometheus 2.x and 3.x, and the issue's example.
+            (
+                "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1",
+                Some(Om),
+            ),
+            (
+                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+                 text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+                Some(Om),
+            ),
+            (
+                "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,\
+                 application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,\
+                 text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+                Some(Om),
+            ),
+            // Only a version we do not write: the text format.
+            (
+                "application/openmetrics-text; version=0.0.1,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+                Some(Prom),
+            ),
+            ("application/openmetrics-text", Some(Om)),
+            ("Application/OpenMetrics-Text; Version=\"1.0.0\"", Some(Om)),
+            ("text/plain;q=0.9, application/openmetrics-text", Some(Om)),
+            ("application/openmetrics-text;q=0.3, text/plain", Some(Prom)),
+            ("*/*", Some(Prom)),
+            ("", Some(Prom)),
+            (
+                "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+                Some(Prom),
+            ),
+            // Equal q: the more specific range, then the first listed.
+            ("application/openmetrics-text, */*", Some(Om)),
+            ("application/openmetrics-text, text/plain", Some(Om)),
+            ("text/plain, application/openmetrics-text", Some(Prom)),
+            // A q of 0 refuses, also where a wildcard would accept.
+            ("text/plain;q=0, */*", Some(Om)),
+            ("application/openmetrics-text;q=0, */*;q=0.1", Some(Prom)),
+            ("application/*", Some(Om)),
+            ("application/json", None),
+            ("text/plain;q=0, application/openmetrics-text;q=0", None),
+            // Malformed ranges are ignored; none left is no preference.
+            ("garbage, application/openmetrics-text;q=2", Some(Prom)),
+            ("garbage, application/openmetrics-text;q=0.25", Some(Om)),
+        ] {
+            assert_eq!(n(accept), want, "{accept:?}");
+        }
+        assert_eq!(negotiate(&[]), Some(Prom), "no Accept header");
+        // Two Accept headers are one list.
+        assert_eq!(
+            negotiate(&[b"text/plain;q=0.1", b"application/openmetrics-text;q=0.2"]),
+            Some(Om)
+        );
+        assert_eq!(negotiate(&[b"\xff\xfe"]), Some(Prom));
+        assert_eq!(parse_q("0.125"), Some(125));
+        assert_eq!(parse_q("1.000"), Some(1000));
+        assert_eq!(parse_q("1.5"), None);
+        assert_eq!(parse_q("0.1234"), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The control socket: the master's Unix socket for `status`, `metrics` and `workers`,
-//! and the optional HTTP `/metrics` listener for Prometheus.
+//! and the optional HTTP listener for Prometheus (`/metrics`) and health checks
+//! (`/healthz`, `/readyz`).
 //!
 //! INTERFACE (the master calls these):
 //! - [`Control::bind`] at start-up, in the master, before the privilege drop of workers;
@@ -20,7 +21,9 @@
 //! ```text
 //! status            the status table (render_text)
 //! status json       the status as one JSON object (render_json)
-//! metrics           Prometheus text exposition format 0.0.4 (render_metrics)
+//! metrics           Prometheus text exposition format 0.0.4 (render_metrics); the
+//!                   `metrics --format openmetrics` client re-frames it as OpenMetrics
+//!                   1.0 itself (to_openmetrics), so the request is the same for both
 //! workers +N        grow the pool by N (1 to 1024)
 //! workers -N        shrink it by N
 //! ```
@@ -60,7 +63,7 @@ use crate::error::Error;
 use conn::{Acceptor, Decision};
 
 pub(crate) use http::MetricsListener;
-pub(crate) use render::{render_json, render_metrics, render_text};
+pub(crate) use render::{MetricsFormat, render_json, render_metrics, render_text};
 
 /// The longest request line, with its `\n`.
 pub(crate) const MAX_REQUEST: usize = 1024;
@@ -632,6 +635,19 @@ fn not_running(name: &str, path: &Path, stale: bool) -> String {
 
 pub(crate) fn client_command(name: &str, path: &Path, request: Request) -> i32 {
     let outcome = exchange(path, &request);
+    client_command_outcome(name, path, outcome)
+}
+
+/// The `metrics` subcommand: [`client_command`] for `metrics`, its reply printed in
+/// `format` (the server always answers 0.0.4; OpenMetrics is re-framed here, so this
+/// works against servers that predate the option).
+pub(crate) fn metrics_command(name: &str, path: &Path, format: MetricsFormat) -> i32 {
+    let outcome = match exchange(path, &Request::Metrics) {
+        Outcome::Ok(body) if format == MetricsFormat::OpenMetrics => {
+            Outcome::Ok(render::to_openmetrics(&String::from_utf8_lossy(&body)).into_bytes())
+        }
+        other => other,
+    };
     client_command_outcome(name, path, outcome)
 }
 

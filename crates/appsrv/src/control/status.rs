@@ -1,11 +1,12 @@
 //! What the master reports about itself and its workers: one snapshot type, rendered as
-//! a table (`status`), JSON (`status --json`) and Prometheus/OpenMetrics text (`metrics`).
+//! a table (`status`), JSON (`status --json`) and Prometheus/OpenMetrics text (`metrics`),
+//! and the readiness `/readyz` reports.
 
 use std::time::Duration;
 
 use std::net::IpAddr;
 
-use crate::scoreboard::{DURATION_BUCKETS_US, SlotView};
+use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
 
 /// How long a worker must have been reading without serving anything to count as held.
 pub(crate) const HELD_FOR: Duration = Duration::from_secs(10);
@@ -16,7 +17,8 @@ pub(crate) struct Status {
     /// The server's name.
     pub(crate) name: String,
     pub(crate) master_pid: u32,
-    /// The master's phase: starting, running, stopping.
+    /// The master's phase: starting, running, reloading, upgrading, draining (its sockets
+    /// handed to a new master) or stopping.
     pub(crate) phase: &'static str,
     pub(crate) uptime: Duration,
     pub(crate) pool: PoolStatus,
@@ -137,6 +139,42 @@ impl Status {
             t.accepts_paused += usize::from(e.accepts_paused);
         }
         t
+    }
+
+    /// Whether the server is ready to take traffic (`/readyz`), or why not: the master
+    /// has started (its first workers were ready), is neither stopping nor draining (its
+    /// sockets handed to a new master), and has at least one live worker that accepts
+    /// (idle or serving; not starting, not finishing). An `ondemand` pool counts as ready
+    /// without workers: its master starts one when a connection waits.
+    ///
+    /// The one place readiness is decided; issue 22 refines it.
+    pub(crate) fn readiness(&self) -> Result<(), String> {
+        match self.phase {
+            "running" | "reloading" | "upgrading" => {}
+            "starting" => return Err("starting: the first workers are not ready yet".into()),
+            "stopping" => return Err("stopping".into()),
+            "draining" => return Err("draining: a new master took over the sockets".into()),
+            other => return Err(format!("phase {other}")),
+        }
+        let live = self
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                matches!(
+                    w.state,
+                    State::Idle | State::Reading | State::Handling | State::Writing | State::Closing
+                )
+            })
+            .count();
+        if live == 0 && self.pool.policy != "ondemand" {
+            let starting = self
+                .workers
+                .iter()
+                .filter(|(_, w)| w.state == State::Starting)
+                .count();
+            return Err(format!("no live worker ({starting} starting)"));
+        }
+        Ok(())
     }
 }
 
