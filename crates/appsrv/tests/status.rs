@@ -348,25 +348,45 @@ fn another_uid_is_refused() {
     ok(ctl(&dir, &["status"]));
 }
 
+/// The address of the `--metrics-listen` listener, from the master's log line.
+fn metrics_addr(server: &Server) -> String {
+    let line = server.wait_for_log("serving metrics on");
+    line.split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned()
+}
+
+/// Sends `request` to `addr` and reads the whole response.
+fn http(addr: &str, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The head and body of a `GET path` with these extra header lines.
+fn get(addr: &str, path: &str, headers: &str) -> (String, String) {
+    let r = http(addr, &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n"));
+    let (head, body) = r
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {r:?}"));
+    (head.to_owned(), body.to_owned())
+}
+
+/// What Prometheus (2.x) sends in `Accept`.
+const PROMETHEUS_ACCEPT: &str =
+    "Accept: application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1\r\n";
+
 #[test]
 fn metrics_are_served_over_http() {
     let dir = Dir::new("http", 0o700);
     let server = start(&dir, 2, &["--metrics-listen", "127.0.0.1:0"]);
-    let line = server.wait_for_log("serving metrics on");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    let get = |request: &str| {
-        let mut s = TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(PATIENCE)).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    };
+    let addr = metrics_addr(&server);
+    let get = |request: &str| http(&addr, request);
     let r = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     let (head, body) = r.split_once("\r\n\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
@@ -431,4 +451,200 @@ fn metrics_count_denied_and_refused_connections() {
     assert_eq!(metric(&m, "appsrv_connections_denied_total"), 1.0, "{m}");
     assert_eq!(metric(&m, "appsrv_connections_refused_total"), 1.0, "{m}");
     assert_eq!(held.ask("still here"), "still here");
+}
+
+/// Issue 17: the 0.0.4 text unless the scraper asks for OpenMetrics, which ends with
+/// `# EOF`; health on the same listener.
+#[test]
+fn issue_17_metrics_negotiate_openmetrics_and_health_is_served() {
+    let dir = Dir::new("negotiate", 0o700);
+    let server = start(&dir, 2, &["--metrics-listen", "127.0.0.1:0"]);
+    let addr = metrics_addr(&server);
+    for headers in ["", "Accept: */*\r\n"] {
+        let (head, body) = get(&addr, "/metrics", headers);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{head}"
+        );
+        assert!(!body.contains("# EOF"), "{body}");
+        assert_eq!(metric(&body, "appsrv_workers_target"), 2.0);
+    }
+    for headers in ["Accept: application/openmetrics-text\r\n", PROMETHEUS_ACCEPT] {
+        let (head, body) = get(&addr, "/metrics", headers);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"),
+            "{head}"
+        );
+        assert!(body.ends_with("\n# EOF\n"), "{body}");
+        assert!(body.contains("# TYPE appsrv_connections counter\n"), "{body}");
+        assert!(
+            body.contains("\n# UNIT appsrv_uptime_seconds seconds\n"),
+            "{body}"
+        );
+    }
+    let (head, body) = get(&addr, "/healthz", "");
+    assert!(
+        head.starts_with("HTTP/1.1 200 OK\r\n") && body == "ok\n",
+        "{head}\n{body}"
+    );
+    // The workers are up: ready (polled, in case the phase lags a moment).
+    let ready = wait_until(|| {
+        let (head, body) = get(&addr, "/readyz", "");
+        head.starts_with("HTTP/1.1 200 OK\r\n").then_some(body)
+    });
+    assert_eq!(ready.as_deref(), Some("ready\n"));
+    let r = http(&addr, "HEAD /readyz HTTP/1.1\r\n\r\n");
+    assert!(
+        r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\n"),
+        "{r}"
+    );
+}
+
+/// Issue 17: `metrics --format openmetrics` (and its variable) re-frames the reply;
+/// the default is the 0.0.4 text, without `# EOF`.
+#[test]
+fn issue_17_the_metrics_subcommand_has_a_format() {
+    let dir = Dir::new("format", 0o700);
+    let _server = start(&dir, 2, &[]);
+    let prom = ok(ctl(&dir, &["metrics"]));
+    assert!(!prom.contains("# EOF") && prom.contains("# TYPE appsrv_connections_total counter\n"));
+    assert_eq!(
+        ok(ctl(&dir, &["metrics", "--format", "prometheus"]))
+            .lines()
+            .count(),
+        prom.lines().count()
+    );
+    let om = ok(ctl(&dir, &["metrics", "--format", "openmetrics"]));
+    assert!(
+        om.ends_with("\n# EOF\n") && om.contains("# TYPE appsrv_connections counter\n"),
+        "{om}"
+    );
+    let from_env = Command::new(example("testbed"))
+        .args(["metrics", "--control", &dir.sock()])
+        .env("TESTBED_FORMAT", "openmetrics")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(ok(from_env).ends_with("\n# EOF\n"));
+    let bad = ctl(&dir, &["metrics", "--format", "json"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(text(&bad.stderr).contains("openmetrics"), "{}", text(&bad.stderr));
+}
+
+/// An external checker: `None` (after a note) when it is missing outside CI; a failure
+/// in CI (`CI` set), which installs it (.ci/run).
+fn checker(what: &str, package: &str, found: bool) -> bool {
+    if found {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} is missing: install the Debian package {package} (.ci/run does)"
+    );
+    eprintln!("skipped: {what} is not installed (Debian package {package}; .ci/run installs it)");
+    false
+}
+
+/// Runs `cmd` with `input` on its stdin; returns its status, stdout and stderr.
+fn pipe(mut cmd: Command, input: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the checker");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Issue 17: Prometheus's own checker (`promtool check metrics`: parse and lint, names
+/// and help included) finds no problem in the 0.0.4 text, from the subcommand and from
+/// `/metrics`.
+#[test]
+fn issue_17_promtool_accepts_the_text_format() {
+    let found = Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !checker("promtool", "prometheus", found) {
+        return;
+    }
+    let dir = Dir::new("promtool", 0o700);
+    let server = start(&dir, 2, &["--metrics-listen", "127.0.0.1:0"]);
+    // Some traffic, so that the counters are not all zero.
+    let mut c = LineClient::tcp(server.tcp_addr());
+    c.testbed_pid();
+    assert_eq!(c.ask("hello"), "hello");
+    drop(c);
+    let (_, scraped) = get(&metrics_addr(&server), "/metrics", "");
+    for text in [ok(ctl(&dir, &["metrics"])), scraped] {
+        let mut cmd = Command::new("promtool");
+        cmd.args(["check", "metrics"]);
+        let out = pipe(cmd, &text);
+        assert!(
+            out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+            "promtool check metrics: {:?}\n{}{}\non:\n{text}",
+            out.status,
+            self::text(&out.stdout),
+            self::text(&out.stderr)
+        );
+    }
+}
+
+/// The Python that has `prometheus_client` (Debian's python3-prometheus-client installs
+/// it for /usr/bin/python3, which another python3 on the PATH may not see).
+fn python_with_prometheus_client() -> Option<&'static str> {
+    ["python3", "/usr/bin/python3"].into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import prometheus_client.openmetrics.parser"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// Issue 17: an OpenMetrics parser (prometheus_client's, strict: it requires `# EOF`,
+/// the counters' `_total`, units that suffix the name, canonical bounds) reads what
+/// `/metrics` answers Prometheus's `Accept`, and `metrics --format openmetrics`.
+#[test]
+fn issue_17_an_openmetrics_parser_reads_the_openmetrics_text() {
+    let python = python_with_prometheus_client();
+    if !checker(
+        "python3 with prometheus_client",
+        "python3-prometheus-client",
+        python.is_some(),
+    ) {
+        return;
+    }
+    let dir = Dir::new("openmetrics", 0o700);
+    let server = start(&dir, 2, &["--metrics-listen", "127.0.0.1:0"]);
+    let (head, scraped) = get(&metrics_addr(&server), "/metrics", PROMETHEUS_ACCEPT);
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    // One line per family: name, type, unit, samples; then "ok".
+    let script = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+        for f in parse(sys.stdin.read()):\n    print(f.name, f.type, f.unit or '-', len(f.samples))\n\
+        print('ok')\n";
+    for text in [scraped, ok(ctl(&dir, &["metrics", "--format", "openmetrics"]))] {
+        let mut cmd = Command::new(python.unwrap());
+        cmd.args(["-c", script]);
+        let out = pipe(cmd, &text);
+        let stdout = self::text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.ends_with("ok\n"),
+            "the OpenMetrics parser: {:?}\n{stdout}{}\non:\n{text}",
+            out.status,
+            self::text(&out.stderr)
+        );
+        for family in [
+            "appsrv_connections counter - 1",
+            "appsrv_uptime_seconds gauge seconds 1",
+            "appsrv_request_duration_seconds histogram seconds 15",
+            "appsrv_worker_restarts counter - 5",
+        ] {
+            assert!(stdout.lines().any(|l| l == family), "no {family:?} in\n{stdout}");
+        }
+    }
 }
