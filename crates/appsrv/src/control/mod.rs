@@ -629,8 +629,8 @@ fn not_running(name: &str, path: &Path, stale: bool) -> String {
         }
         false => " (the path given with --control)",
     };
-    let head = crate::process::daemon::not_running_here(name, "this control socket");
-    format!("{head}: {found}{hint}")
+    let elsewhere = crate::process::daemon::running_elsewhere(name, "this control socket");
+    format!("{name}: not running: {found}{hint}{elsewhere}")
 }
 
 pub(crate) fn client_command(name: &str, path: &Path, request: Request) -> i32 {

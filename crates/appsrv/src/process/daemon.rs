@@ -449,8 +449,8 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
                 }
                 false => " (the path given with --pid-file)",
             };
-            let head = not_running_here(name, "this pid file");
-            println!("{head}: no pid file at {shown}{hint}");
+            let elsewhere = running_elsewhere(name, "this pid file");
+            println!("{name}: not running: no pid file at {shown}{hint}{elsewhere}");
             return 0;
         }
         Ok(Running::Stale(pid)) => {
@@ -556,16 +556,15 @@ pub(crate) fn masters_named(name: &str) -> Vec<i32> {
     found
 }
 
-/// How a "not running" message begins: `NAME: not running`, or, when masters of this
-/// program run anyway (found by [`masters_named`]) but not where the command looked,
-/// `NAME: not found here (pid N runs without WITHOUT here...)`.
-pub(crate) fn not_running_here(name: &str, without: &str) -> String {
+/// What a "not running" message adds when masters of this program run anyway (found by
+/// [`masters_named`]), but not where the command looked (`here`: "this pid file").
+pub(crate) fn running_elsewhere(name: &str, here: &str) -> String {
     match masters_named(name).as_slice() {
-        [] => format!("{name}: not running"),
+        [] => String::new(),
         pids => {
             let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
             format!(
-                "{name}: not found here (pid {} runs without {without}: a foreground run without --pid-file and --control, or one started with other paths)",
+                "; {name} runs as pid {} without {here} (a foreground run without --pid-file and --control, or one started with other paths)",
                 pids.join(", ")
             )
         }
