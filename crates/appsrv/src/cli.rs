@@ -19,8 +19,8 @@
 //! workers and pool, timeouts, access, TLS, confinement, logs and files) with each one's
 //! default and environment variable; `-h` is the one-line-per-option form.
 //!
-//! Every option of every subcommand, the program's own included, can also come from the
-//! environment, as `PROG_OPTION` with the program's name upper-cased and dashes turned
+//! Every option of every subcommand (but `completions` and `man`, tools for packaging), the
+//! program's own included, can also come from the environment, as `PROG_OPTION` with the program's name upper-cased and dashes turned
 //! into underscores (`HELLO_LISTEN`, `HELLO_WORKERS`, `HELLO_DAEMON=1`); flags take `1`/`0`,
 //! `true`/`false`, `yes`/`no` or `on`/`off` there. Precedence: code (the
 //! [`Server`](crate::Server) builder) < environment < flags. A bad value from the
@@ -844,7 +844,12 @@ pub(crate) fn command(
 fn finish(cmd: Command, prefix: &str) -> Command {
     let prefix = prefix.to_owned();
     cmd.mut_args(|a| standard_arg(a, &prefix))
-        .mut_subcommands(|sub| finish(sub, &prefix))
+        .mut_subcommands(|sub| match sub.get_name() {
+            // Tools for packaging, not the server's options: `HELLO_DIR` set for some other
+            // purpose must not send `hello man`'s page to a directory.
+            "completions" | "man" => sub,
+            _ => finish(sub, &prefix),
+        })
 }
 
 fn standard_arg(mut a: Arg, prefix: &str) -> Arg {
@@ -1229,7 +1234,10 @@ mod tests {
     #[test]
     fn every_option_has_a_variable_and_a_topic() {
         let cmd = command("hello", None, None, &Defaults::default(), |c| c);
-        for sub in std::iter::once(&cmd).chain(cmd.get_subcommands()) {
+        let subs = cmd
+            .get_subcommands()
+            .filter(|s| !["completions", "man"].contains(&s.get_name()));
+        for sub in std::iter::once(&cmd).chain(subs) {
             for a in sub.get_arguments().filter(|a| !a.is_positional()) {
                 let long = a.get_long().expect("options have a long name");
                 assert_eq!(
