@@ -132,6 +132,17 @@ pub(crate) enum PoolKind {
     Ondemand,
 }
 
+/// The log line formats of `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// `TIME LEVEL NAME[PID] ROLE: MESSAGE FIELDS`.
+    Text,
+    /// `<N>NAME[PID] ROLE: MESSAGE FIELDS`: a syslog priority, no timestamp (journald's).
+    Journal,
+    /// One JSON object per line: time, level, pid, role, worker, message, fields.
+    Json,
+}
+
 /// The default `--min-spare` (dynamic pool).
 pub(crate) const DEFAULT_MIN_SPARE: usize = 2;
 /// The default `--max-spare` (dynamic pool).
@@ -211,6 +222,8 @@ pub(crate) struct Config {
     pub(crate) read_timeout: Option<Duration>,
     pub(crate) write_timeout: Option<Duration>,
     pub(crate) log_level: Level,
+    /// `None`: `journal` under systemd's journal, `text` otherwise.
+    pub(crate) log_format: Option<LogFormat>,
     pub(crate) keepalive_timeout: Option<Duration>,
     pub(crate) keepalive_requests: u32,
     pub(crate) pool: PoolKind,
@@ -762,6 +775,12 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .help("Log level"),
         )
         .arg(
+            env_opt(prefix, "log-format")
+                .value_name("FORMAT")
+                .value_parser(clap::value_parser!(LogFormat))
+                .help("Log line format: text (TIME LEVEL NAME[PID] ROLE: MESSAGE), journal (a <N> syslog priority, no timestamp: journald adds its own) or json (one object per line: time, level, pid, role, worker, message, fields) [default: journal when stderr is systemd's journal (JOURNAL_STREAM) and there is no --log-file, text otherwise]"),
+        )
+        .arg(
             env_opt(prefix, "access-log")
                 .value_name("PATH")
                 .value_parser(clap::value_parser!(PathBuf))
@@ -1071,6 +1090,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         read_timeout: timeout(m, "read-timeout"),
         write_timeout: timeout(m, "write-timeout"),
         log_level: *m.get_one::<Level>("log-level").expect("has a default"),
+        log_format: m.get_one::<LogFormat>("log-format").copied(),
         daemon: m
             .try_get_one::<bool>("daemon")
             .ok()

@@ -66,7 +66,7 @@ where
     M: FnOnce(Limits) -> F,
 {
     let mut config = serve_config(&mut program, matches, request_level)?;
-    crate::process::log::init(&program.name, config.log_level);
+    crate::process::log::init(&program.name, config.log_level, log_format(&config));
     resolve_paths(&program.name, &mut config)?;
     let limits = Limits {
         keepalive_timeout: config.keepalive_timeout,
@@ -174,6 +174,18 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             std::process::exit(control::client_command(&program.name, &path, request))
         }
         _ => Err(Error::Config("no subcommand".into())),
+    }
+}
+
+/// The log line format: `--log-format`, or `journal` when the lines go to stderr (no log
+/// file, no daemon) and stderr is systemd's journal stream.
+fn log_format(config: &Config) -> crate::process::log::Format {
+    use crate::process::log::Format;
+    match config.log_format {
+        Some(cli::LogFormat::Text) => Format::Text,
+        Some(cli::LogFormat::Journal) => Format::Journal,
+        Some(cli::LogFormat::Json) => Format::Json,
+        None => Format::detect(config.log_file.is_none() && !config.daemon),
     }
 }
 

@@ -229,12 +229,12 @@ impl Confinement {
 
     /// The steps after the privilege drop: no-new-privs, then the sandbox (Landlock, then
     /// seccomp). Returns a warning to log when the kernel enforces the sandbox only in part.
-    pub(crate) fn after_drop(&self, log_dirs: &[&std::path::Path]) -> Result<Option<String>, String> {
+    pub(crate) fn after_drop(&self) -> Result<Option<String>, String> {
         if self.no_new_privs || self.sandbox.is_some() {
             nix::sys::prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {}", e.desc()))?;
         }
         match &self.sandbox {
-            Some(sandbox) => sandbox.apply(log_dirs).map_err(|e| format!("sandbox: {e}")),
+            Some(sandbox) => sandbox.apply().map_err(|e| format!("sandbox: {e}")),
             None => Ok(None),
         }
     }

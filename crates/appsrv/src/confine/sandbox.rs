@@ -7,10 +7,10 @@
 //!
 //! **Files (Landlock).** A sandboxed worker may read only beneath the paths given with
 //! [`Sandbox::read`] (`--sandbox-read`), write only beneath [`Sandbox::write`]
-//! (`--sandbox-write`, plus the directories of the log file and the access log, so that it
-//! can reopen them after USR1), and execute only the programs given with
-//! [`Sandbox::execute`]. Descriptors opened before the sandbox (listeners, the log, the
-//! scoreboard) keep working. Paths are resolved in the worker, after `--chroot`. On a
+//! (`--sandbox-write`; not the log directories: a worker never opens the log files, the
+//! master hands it the reopened ones after USR1), and execute only the programs given with
+//! [`Sandbox::execute`]. Descriptors opened before the sandbox or received later
+//! (listeners, the logs, the scoreboard) keep working. Paths are resolved in the worker, after `--chroot`. On a
 //! kernel without Landlock (before 5.13, or with Landlock disabled) the file rules are
 //! skipped with a warning (best effort); the seccomp filter still applies.
 //!
@@ -33,7 +33,7 @@
 //! `execve`, `clone` without `CLONE_THREAD` and the programs themselves in its profile.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
@@ -129,7 +129,7 @@ impl Sandbox {
         })
     }
 
-    fn apply_landlock(&self, log_dirs: &[&Path]) -> Result<Option<String>, String> {
+    fn apply_landlock(&self) -> Result<Option<String>, String> {
         let all = AccessFs::from_all(LANDLOCK_ABI);
         let read = AccessFs::from_read(LANDLOCK_ABI);
         let err = |e: landlock::RulesetError| format!("Landlock: {e}");
@@ -157,9 +157,6 @@ impl Sandbox {
             .add_rules(path_beneath_rules(&self.write, all & !AccessFs::Execute))
             .map_err(err)?
             .add_rules(path_beneath_rules(&self.execute, read | AccessFs::Execute))
-            .map_err(err)?
-            // The logs are reopened by path after USR1: writing existing files there.
-            .add_rules(path_beneath_rules(log_dirs, AccessFs::WriteFile))
             .map_err(err)?
             .restrict_self()
             .map_err(err)?;
@@ -250,8 +247,8 @@ impl Compiled {
     /// Confines the calling worker: Landlock, then seccomp. `no_new_privs` must be set
     /// already. Returns a warning when the kernel enforces the file rules only partly or
     /// not at all.
-    pub(crate) fn apply(&self, log_dirs: &[&Path]) -> Result<Option<String>, String> {
-        let warning = self.profile.apply_landlock(log_dirs)?;
+    pub(crate) fn apply(&self) -> Result<Option<String>, String> {
+        let warning = self.profile.apply_landlock()?;
         seccompiler::apply_filter(&self.seccomp).map_err(|e| format!("seccomp: {e}"))?;
         Ok(warning)
     }

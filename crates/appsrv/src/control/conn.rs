@@ -97,14 +97,14 @@ impl Conn {
     }
 
     /// Makes progress; returns false when the connection is over.
-    fn step(&mut self, limit: usize, decide: &mut dyn FnMut(&[u8], bool) -> Decision) -> bool {
+    fn step(&mut self, limit: usize, decide: &mut dyn FnMut(&Socket, &[u8], bool) -> Decision) -> bool {
         if self.phase == Phase::Reading {
             let eof = match self.fill(limit) {
                 Fill::Pending => false,
                 Fill::Eof => true,
                 Fill::Failed => return false,
             };
-            match decide(&self.input, eof) {
+            match decide(&self.socket, &self.input, eof) {
                 Decision::Wait if eof => return false,
                 Decision::Wait => return true,
                 Decision::Close => return false,
@@ -253,6 +253,16 @@ impl Acceptor {
         &mut self,
         admit: &mut dyn FnMut(&Socket) -> Result<(), Vec<u8>>,
         decide: &mut dyn FnMut(&[u8], bool) -> Decision,
+    ) {
+        self.service_sockets(admit, &mut |_, input, eof| decide(input, eof));
+    }
+
+    /// As [`Acceptor::service`], with each connection's socket given to `decide` as well
+    /// (the control socket reads who asked from it).
+    pub(crate) fn service_sockets(
+        &mut self,
+        admit: &mut dyn FnMut(&Socket) -> Result<(), Vec<u8>>,
+        decide: &mut dyn FnMut(&Socket, &[u8], bool) -> Decision,
     ) {
         let now = Instant::now();
         let before = self.conns.len();

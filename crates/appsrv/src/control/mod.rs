@@ -177,6 +177,24 @@ fn encode(reply: Reply) -> Vec<u8> {
     }
 }
 
+/// Who sent a control request: the peer's credentials (`SO_PEERCRED`, as the kernel
+/// recorded them when the client connected), when they can be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Peer {
+    pub(crate) pid: i32,
+    pub(crate) uid: u32,
+}
+
+impl Peer {
+    /// The credentials of the client at the other end of `socket`.
+    fn of(socket: &Socket) -> Option<Peer> {
+        getsockopt(socket, sockopt::PeerCredentials).ok().map(|c| Peer {
+            pid: c.pid(),
+            uid: c.uid(),
+        })
+    }
+}
+
 /// The control protocol's decision on the bytes received so far.
 fn decide_line(input: &[u8], eof: bool, answer: &mut dyn FnMut(Request) -> Reply) -> Decision {
     let head = &input[..input.len().min(MAX_REQUEST)];
@@ -302,7 +320,14 @@ impl Control {
     /// Accepts connections until `EAGAIN`, reads what they sent, answers complete
     /// requests with `answer`, writes what the sockets take, closes finished and expired
     /// connections. Never blocks.
+    #[cfg(test)]
     pub(crate) fn service(&mut self, answer: &mut dyn FnMut(Request) -> Reply) {
+        self.service_peers(&mut |req, _| answer(req));
+    }
+
+    /// As `service`, `answer` being given who sent each request too (none if the
+    /// credentials cannot be read).
+    pub(crate) fn service_peers(&mut self, answer: &mut dyn FnMut(Request, Option<Peer>) -> Reply) {
         let Control {
             acceptor,
             path,
@@ -310,9 +335,9 @@ impl Control {
             refusals,
             ..
         } = self;
-        acceptor.service(
+        acceptor.service_sockets(
             &mut |socket| admit(socket, *allowed, refusals, path),
-            &mut |input, eof| decide_line(input, eof, answer),
+            &mut |socket, input, eof| decide_line(input, eof, &mut |req| answer(req, Peer::of(socket))),
         );
     }
 

@@ -553,3 +553,30 @@ fn a_large_reply_is_written_in_pieces_and_a_vanished_client_is_dropped() {
     ctl.remove_file();
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn a_request_comes_with_the_credentials_of_who_sent_it() {
+    let d = dir("peer");
+    let path = d.join("ctl.sock");
+    let mut ctl = Control::bind(&path, my_uid()).unwrap();
+    let mut peers = Vec::new();
+    let c = client(&path, b"status\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while peers.is_empty() {
+        assert!(Instant::now() < deadline, "no request answered");
+        ctl.service_peers(&mut |_, peer| {
+            peers.push(peer);
+            Ok(String::new())
+        });
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(c);
+    assert_eq!(
+        peers,
+        [Some(super::Peer {
+            pid: std::process::id() as i32,
+            uid: my_uid()
+        })]
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

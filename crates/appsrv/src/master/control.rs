@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 
 use super::{Master, Phase};
 use crate::control::status::{ListenerStatus, PoolStatus, Status, Totals};
-use crate::control::{Reply, Request, render_json, render_metrics, render_text};
+use crate::control::{Peer, Reply, Request, render_json, render_metrics, render_text};
 use crate::scoreboard;
 use crate::sys;
 
@@ -136,6 +136,14 @@ pub(super) fn dispatch(req: Request, view: &View<'_>) -> Dispatch {
     }
 }
 
+/// Who asked, for the log: "through the control socket (pid 1234, uid 0)".
+fn asked_through(peer: Option<Peer>) -> String {
+    match peer {
+        Some(p) => format!("through the control socket (pid {}, uid {})", p.pid, p.uid),
+        None => "through the control socket (credentials unknown)".to_owned(),
+    }
+}
+
 impl Master<'_> {
     /// TTIN/TTOU and `workers +N|-N`.
     pub(super) fn resize(&mut self, delta: i32) -> String {
@@ -155,7 +163,7 @@ impl Master<'_> {
             return;
         }
         if let Some(mut control) = self.settings.control.take() {
-            control.service(&mut |req| self.answer(req));
+            control.service_peers(&mut |req, peer| self.answer(req, peer));
             self.settings.control = Some(control);
         }
         if let Some(mut metrics) = self.settings.metrics.take() {
@@ -178,7 +186,7 @@ impl Master<'_> {
         }
     }
 
-    fn answer(&mut self, req: Request) -> Reply {
+    fn answer(&mut self, req: Request, peer: Option<Peer>) -> Reply {
         let action = match dispatch(req, &self.view()) {
             Dispatch::Reply(reply) => return reply,
             Dispatch::Act(action) => action,
@@ -188,10 +196,10 @@ impl Master<'_> {
             Action::Render(Rendering::Json) => Ok(render_json(&self.status())),
             Action::Render(Rendering::Metrics) => Ok(render_metrics(&self.status())),
             Action::Reload => self
-                .reload("the control socket")
+                .reload(&asked_through(peer))
                 .map(|g| format!("reloading: generation {g}\n")),
             Action::Upgrade => self
-                .start_upgrade("the control socket")
+                .start_upgrade(&asked_through(peer))
                 .map(|pid| format!("upgrading: new master pid {pid}\n")),
             Action::Resize(delta) => {
                 let d = self.resize(delta);

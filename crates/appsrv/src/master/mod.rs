@@ -40,7 +40,7 @@ pub(crate) use upgrade::UpgradeSettings;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -49,7 +49,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{self, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
-use nix::unistd::{Gid, Pid};
+use nix::unistd::Pid;
 
 use crate::control::{Control, MetricsListener};
 use crate::error::Error;
@@ -136,6 +136,8 @@ struct Worker {
     timed_out: Option<Instant>,
     /// Killed by the master for using over twice `--max-worker-memory` while leaving.
     memory_killed: bool,
+    /// The master's end of the worker's log channel (`process/reopen.rs`).
+    logs: Option<OwnedFd>,
 }
 
 impl Worker {
@@ -152,6 +154,7 @@ impl Worker {
             stop_at: None,
             timed_out: None,
             memory_killed: false,
+            logs: None,
         }
     }
 
@@ -183,11 +186,11 @@ pub(crate) struct Settings {
     /// The shared board; the master clears the slot of a worker that died.
     pub(crate) board: &'static Board,
     pub(crate) grace_period: Duration,
-    /// The log file to reopen on USR1, and the group to give the new file to (the
-    /// workers', so that they can reopen it too).
-    pub(crate) log_file: Option<(PathBuf, Option<Gid>)>,
-    /// The access log, re-created on USR1 (the workers write it and reopen it by path).
-    pub(crate) access_log: Option<(PathBuf, Option<Gid>)>,
+    /// The log file to reopen on USR1 (the master's stderr; the workers get the new one
+    /// through their log channels).
+    pub(crate) log_file: Option<PathBuf>,
+    /// The access log, reopened on USR1 and handed to the workers, which write it.
+    pub(crate) access_log: Option<PathBuf>,
     /// Other descriptors of the master's that workers must close (pid file, readiness pipe).
     pub(crate) master_fds: Vec<RawFd>,
     pub(crate) limits: Limits,
@@ -252,8 +255,9 @@ pub(crate) struct Master<'a> {
     jitter: Jitter,
     /// The current generation of workers: 0 at start, one more with each reload.
     generation: u32,
-    /// A reload whose old generation has not left yet (systemd hears READY=1 after it).
-    reload_pending: bool,
+    /// A reload whose old generation has not left yet (systemd hears READY=1 after it):
+    /// who asked for the last one ("by SIGHUP", "through the control socket (…)").
+    reload_pending: Option<String>,
     /// The binary upgrade driver.
     upgrade: Upgrade,
     /// The first workers were ready (the master has served).
@@ -265,6 +269,9 @@ pub(crate) struct Master<'a> {
     /// The event workers' connections per client address (`--io event` with
     /// `--max-conns-per-ip`): the master clears a dead worker's table.
     peer_counts: Option<&'static PeerCounts>,
+    /// The access log as last reopened on USR1 (none before the first): a worker forked
+    /// since finds it in its log channel (it is given the one opened at start otherwise).
+    access_reopened: Option<std::fs::File>,
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
@@ -310,11 +317,12 @@ impl<'a> Master<'a> {
             max_reached: false,
             counters: Counters::default(),
             generation: 0,
-            reload_pending: false,
+            reload_pending: None,
             upgrade,
             serving: false,
             owed: 0,
             peer_counts: None,
+            access_reopened: None,
             jitter: Jitter::new((u64::from(std::process::id()) << 32) ^ scoreboard::now_ns()),
         })
     }
@@ -390,15 +398,12 @@ impl<'a> Master<'a> {
             if self.signals.reopen.swap(false, Ordering::SeqCst) {
                 self.reopen_log();
             }
+            // Both log their outcome, with who asked.
             if self.signals.reload.swap(false, Ordering::SeqCst) {
-                if let Err(e) = self.reload("SIGHUP") {
-                    tracing::error!("SIGHUP received: reload failed: {e}; the current workers keep serving");
-                }
+                let _ = self.reload("by SIGHUP");
             }
             if self.signals.upgrade.swap(false, Ordering::SeqCst) {
-                if let Err(e) = self.start_upgrade("SIGUSR2") {
-                    tracing::error!("SIGUSR2 received: upgrade not started: {e}");
-                }
+                let _ = self.start_upgrade("by SIGUSR2");
             }
             if self.signals.grow.swap(false, Ordering::SeqCst) {
                 let d = self.resize(1);
@@ -444,9 +449,11 @@ impl<'a> Master<'a> {
                     self.check_workers();
                     self.check_holds();
                     self.maintain(entry)?;
-                    if self.reload_pending && !self.workers.values().any(|w| w.generation < self.generation) {
-                        self.reload_pending = false;
-                        tracing::info!("reload done: generation {} serves", self.generation);
+                    if self.reload_pending.is_some()
+                        && !self.workers.values().any(|w| w.generation < self.generation)
+                    {
+                        let asked = self.reload_pending.take().unwrap_or_default();
+                        tracing::info!("reload done: generation {} serves (asked {asked})", self.generation);
                         crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
                     }
                 }
@@ -681,10 +688,20 @@ impl<'a> Master<'a> {
         }
     }
 
-    /// Reload: runs the application's hook, then starts a new generation of workers; the
-    /// old ones finish their connections and leave as the new ones become ready. If the
-    /// hook fails, nothing changes and the error is returned.
+    /// Reload, asked `from` ("by SIGHUP", "through the control socket (pid 1234, uid 0)"):
+    /// runs the application's hook, then starts a new generation of workers; the old ones
+    /// finish their connections and leave as the new ones become ready. If the hook fails,
+    /// nothing changes and the error is returned. Every outcome is logged with who asked
+    /// (its end, `reload done`, by the loop once the old generation has left).
     fn reload(&mut self, from: &str) -> Result<u32, String> {
+        let result = self.try_reload(from);
+        if let Err(e) = &result {
+            tracing::error!("reload asked {from} failed: {e}; the current workers keep serving");
+        }
+        result
+    }
+
+    fn try_reload(&mut self, from: &str) -> Result<u32, String> {
         if self.phase != Phase::Running {
             return Err(format!("the server is {}", self.phase.name()));
         }
@@ -713,9 +730,9 @@ impl<'a> Master<'a> {
             w.leaving = Some(Leave::Recycle("reload"));
             self.owed += 1;
         }
-        tracing::info!("reload requested by {from}: starting generation {generation}");
+        tracing::info!("reload asked {from}: starting generation {generation}");
         crate::process::systemd::reloading();
-        self.reload_pending = true;
+        self.reload_pending = Some(from.to_owned());
         Ok(generation)
     }
 
@@ -1266,6 +1283,18 @@ impl<'a> Master<'a> {
             )));
         };
         let recycle = self.draw_limits();
+        let (logs, child_logs) =
+            crate::process::reopen::pair().map_err(|e| Error::sys("creating a worker's log channel", e))?;
+        if let Some(access) = &self.access_reopened {
+            // Waits in the channel for the worker, which takes it before it is ready.
+            if let Err(e) = crate::process::reopen::send(logs.as_fd(), None, Some(access.as_fd())) {
+                tracing::warn!(
+                    "worker {id} cannot be handed the reopened access log: {e}; it writes to the one \
+                     opened at start"
+                );
+            }
+        }
+        let child_end = child_logs.as_raw_fd();
         let master_fds: Vec<RawFd> = self
             .signals
             .fds()
@@ -1281,22 +1310,37 @@ impl<'a> Master<'a> {
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
             .chain(self.upgrade.fds())
+            // The master's ends of every log channel, this worker's too.
+            .chain(self.workers.values().filter_map(|w| w.logs.as_ref().map(AsRawFd::as_raw_fd)))
+            .chain(Some(logs.as_raw_fd()))
             .collect();
         let _ = io::stdout().flush();
         self.settings.board.claim(id, self.generation);
+        // The child keeps its end of the log channel (the master's copy closes below).
+        let child = || {
+            crate::process::reopen::set_worker_end(child_end);
+            entry(id, recycle, &master_fds)
+        };
         // SAFETY: the master is single-threaded for its whole life (it starts no thread and
         // uses no crate that does; `sys::fork` checks); the log writer is unbuffered and
         // stdout was flushed above; the child runs `entry`, which ends in `_exit`.
-        let pid = match unsafe { sys::fork_child(|| entry(id, recycle, &master_fds)) } {
+        let pid = match unsafe { sys::fork_child(child) } {
             Ok(pid) => pid,
             Err(e) => {
                 self.settings.board.release(id);
                 return Err(e);
             }
         };
+        drop(child_logs); // the worker's end is the worker's
         self.settings.board.set_pid(id, pid.as_raw() as u32);
         tracing::debug!("started worker {id} (pid {pid})");
-        self.workers.insert(pid, Worker::new(id, self.generation));
+        self.workers.insert(
+            pid,
+            Worker {
+                logs: Some(logs),
+                ..Worker::new(id, self.generation)
+            },
+        );
         Ok(())
     }
 
@@ -1311,32 +1355,64 @@ impl<'a> Master<'a> {
         }
     }
 
-    /// USR1: reopens the log file (after logrotate moved it away), then asks the workers
-    /// to do the same; they reopen it by path between connections.
+    /// USR1: reopens the log file and the access log (after logrotate moved them away),
+    /// then hands the new files to each worker through its log channel and signals it
+    /// (`process/reopen.rs`): the files stay writable by the master's user alone. A file
+    /// that cannot be reopened is kept as it was, by the master and the workers.
     fn reopen_log(&mut self) {
-        if let Some((path, gid)) = &self.settings.access_log {
-            // Created here, with the workers' group, so that they can open it.
-            if let Err(e) = crate::process::log::open_log(path, *gid) {
-                tracing::error!("SIGUSR1 received: cannot reopen the access log: {e}");
+        use crate::process::log::{open_log, redirect_stderr};
+        let access = self.settings.access_log.as_ref().and_then(|path| match open_log(path) {
+            Ok(f) => {
+                tracing::info!("SIGUSR1 received: reopened the access log {}", path.display());
+                Some(f)
             }
-        }
-        let Some((path, gid)) = &self.settings.log_file else {
-            if self.settings.access_log.is_some() {
-                self.kill_all(Signal::SIGUSR1);
+            Err(e) => {
+                tracing::error!("SIGUSR1 received: cannot reopen the access log: {e}; still writing to the old one");
+                None
             }
-            tracing::info!("SIGUSR1 received: no log file to reopen (logging to stderr)");
-            return;
+        });
+        let log = match &self.settings.log_file {
+            None => {
+                tracing::info!("SIGUSR1 received: no log file to reopen (logging to stderr)");
+                false
+            }
+            Some(path) => match open_log(path)
+                .and_then(|f| redirect_stderr(&f).map_err(|e| Error::sys("redirecting stderr", e)))
+            {
+                Ok(()) => {
+                    tracing::info!("SIGUSR1 received: reopened the log file {}", path.display());
+                    true
+                }
+                Err(e) => {
+                    tracing::error!("SIGUSR1 received: cannot reopen the log file: {e}; still logging to the old one");
+                    false
+                }
+            },
         };
-        match crate::process::log::open_log(path, *gid).and_then(|f| {
-            crate::process::log::redirect_stderr(&f).map_err(|e| Error::sys("redirecting stderr", e))
-        }) {
-            Ok(()) => {
-                tracing::info!("SIGUSR1 received: reopened the log file {}", path.display());
-                self.kill_all(Signal::SIGUSR1);
+        if let Some(f) = access {
+            self.access_reopened = Some(f);
+        }
+        if !log && self.access_reopened.is_none() {
+            return;
+        }
+        let stderr = io::stderr();
+        let log_fd = log.then(|| stderr.as_fd());
+        // Every access log reopen is handed over, also when only the log file was reopened
+        // this time (the same file again: harmless), so that a worker that missed one
+        // catches up.
+        let access_fd = self.access_reopened.as_ref().map(AsFd::as_fd);
+        for (pid, w) in &self.workers {
+            let Some(channel) = &w.logs else { continue };
+            match crate::process::reopen::send(channel.as_fd(), log_fd, access_fd) {
+                Ok(()) => {
+                    let _ = signal::kill(*pid, Signal::SIGUSR1);
+                }
+                Err(e) => tracing::warn!(
+                    "worker {} (pid {pid}) cannot be handed the reopened log files: {e}; it keeps \
+                     writing to the old ones",
+                    w.id
+                ),
             }
-            Err(e) => tracing::error!(
-                "SIGUSR1 received: cannot reopen the log file: {e}; still logging to the old one"
-            ),
         }
     }
 

@@ -98,8 +98,8 @@ pub(crate) fn start(mut s: Startup<'_>) -> Result<()> {
     let tls = load_tls(config, &listeners)?;
     let exec = open_program(config, &s.upgrade.argv)?;
     let (control, metrics) = open_control(s.name, config, inherited.as_mut())?;
-    let access_log = open_log(config.access_log.as_deref(), &plan)?;
-    let log_file = open_log(config.log_file.as_deref(), &plan)?;
+    let access_log = open_log(config.access_log.as_deref())?;
+    let log_file = open_log(config.log_file.as_deref())?;
     let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
     let mut readiness = detach(config, log_file, ready_pipe)?;
     let prepared = Prepared {
@@ -248,10 +248,9 @@ fn summary(name: &str, config: &Config, listeners: &[Listener], metrics: Option<
     line
 }
 
-/// Opens the log file at `path`, if any, with the workers' group (see `open_log`).
-fn open_log(path: Option<&Path>, plan: &Plan) -> Result<Option<File>> {
-    path.map(|p| crate::process::log::open_log(p, plan_gid(plan)))
-        .transpose()
+/// Opens the log file at `path`, if any: the master's alone (see `log::open_log`).
+fn open_log(path: Option<&Path>) -> Result<Option<File>> {
+    path.map(crate::process::log::open_log).transpose()
 }
 
 /// Detaches with `--daemon`, and sends stderr to the log file if there is one. Returns
@@ -384,8 +383,8 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         policy,
         board,
         grace_period: config.grace_period,
-        log_file: config.log_file.clone().map(|p| (p, plan_gid(&plan))),
-        access_log: config.access_log.clone().map(|p| (p, plan_gid(&plan))),
+        log_file: config.log_file.clone(),
+        access_log: config.access_log.clone(),
         master_fds: announce.fds(),
         limits,
         control,
@@ -530,6 +529,7 @@ impl Workers<'_> {
             channel: self.channel.write_fd(),
             wake: crate::sys::wake_fd(),
             access: self.access_log.map(AsRawFd::as_raw_fd),
+            logs: crate::process::reopen::worker_end(),
             peers: self.peers.map(PeerCounts::memfd),
             listeners: self
                 .listeners
@@ -643,6 +643,10 @@ fn adopt_handoff(
         .access
         .map(|fd| adopt(fd, "adopting the access log").map(File::from))
         .transpose()?;
+    if let Some(fd) = handoff.logs {
+        let fd = adopt(fd, "adopting the log channel")?;
+        crate::process::reopen::set_worker_end(std::os::fd::IntoRawFd::into_raw_fd(fd));
+    }
     if let Some(fd) = handoff.wake {
         crate::sys::set_wake_fd(std::os::fd::IntoRawFd::into_raw_fd(adopt(
             fd,
@@ -679,13 +683,6 @@ fn close_strays(keep: &[RawFd], inherited: Option<&Inherited>) -> Result<()> {
         tracing::debug!("inherited descriptors closed: {closed:?}");
     }
     Ok(())
-}
-
-fn plan_gid(plan: &Plan) -> Option<nix::unistd::Gid> {
-    match plan {
-        Plan::Drop(c) => Some(c.gid),
-        Plan::Keep => None,
-    }
 }
 
 /// Takes over inherited listening sockets (upgrade, socket activation), with this

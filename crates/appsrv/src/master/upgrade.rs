@@ -42,6 +42,9 @@ pub(super) struct Upgrade {
     sockets: (Option<Socket>, Option<Socket>),
     /// The upgrade in progress.
     pending: Option<Pending>,
+    /// Who asked for the upgrade in progress ("by SIGUSR2", "through the control socket
+    /// (…)"), for the log lines of its outcome.
+    asked: String,
     /// The last upgrade that failed: the new master's pid and why.
     failed: Option<(i32, String)>,
     /// The sockets were handed to a new master: do not remove their files on exit.
@@ -62,6 +65,7 @@ impl Upgrade {
         Ok(Upgrade {
             sockets: (dup(control)?, dup(metrics)?),
             pending: None,
+            asked: String::new(),
             failed: None,
             handed_over: false,
         })
@@ -95,10 +99,11 @@ impl Upgrade {
             .map_err(|e| e.to_string())?;
         let pid = pending.child.as_raw();
         tracing::info!(
-            "upgrade requested by {from}: started {} as new master pid {pid}",
+            "upgrade asked {from}: started {} as new master pid {pid}",
             exe.display()
         );
         self.pending = Some(pending);
+        self.asked = from.to_owned();
         Ok(pid)
     }
 
@@ -115,7 +120,10 @@ impl Upgrade {
             Progress::Ready => {
                 let pid = u.child;
                 self.pending = None;
-                tracing::info!("upgrade: new master pid {pid} is ready; draining this master's workers");
+                tracing::info!(
+                    "upgrade asked {} done: new master pid {pid} is ready; draining this master's workers",
+                    self.asked
+                );
                 self.handed_over = true;
                 self.sockets = (None, None);
                 true
@@ -154,7 +162,7 @@ impl Upgrade {
     }
 
     fn fail(&mut self, pid: Pid, why: String) {
-        tracing::error!("upgrade failed: {why}; this master keeps serving");
+        tracing::error!("upgrade asked {} failed: {why}; this master keeps serving", self.asked);
         self.failed = Some((pid.as_raw(), why));
     }
 
@@ -227,12 +235,19 @@ fn failure(why: String, ended: Option<WaitStatus>) -> String {
 }
 
 impl Master<'_> {
-    /// Starts a binary upgrade: the binary now on disk, as a new master, with the sockets.
+    /// Starts a binary upgrade asked `from` ("by SIGUSR2", "through the control socket
+    /// (…)"): the binary now on disk, as a new master, with the sockets. A refusal is logged
+    /// here, the start by the driver, the later outcome by `check_upgrade` and `reap`.
     pub(super) fn start_upgrade(&mut self, from: &str) -> Result<i32, String> {
-        if self.phase != Phase::Running {
-            return Err(format!("the server is {}", self.phase.name()));
+        let result = if self.phase != Phase::Running {
+            Err(format!("the server is {}", self.phase.name()))
+        } else {
+            self.upgrade.start(from, &self.settings.upgrade, self.listeners)
+        };
+        if let Err(e) = &result {
+            tracing::error!("upgrade asked {from} failed: {e}; this master keeps serving");
         }
-        self.upgrade.start(from, &self.settings.upgrade, self.listeners)
+        result
     }
 
     /// Follows a pending upgrade: hands over once the new master is ready, gives up (and

@@ -57,6 +57,8 @@ pub(crate) struct Handoff {
     pub(crate) wake: Option<RawFd>,
     /// The access log.
     pub(crate) access: Option<RawFd>,
+    /// The worker's end of its log channel (`reopen.rs`).
+    pub(crate) logs: Option<RawFd>,
     /// The per-address tables' memfd (`--io event` with `--max-conns-per-ip`).
     pub(crate) peers: Option<RawFd>,
     /// Each listener, with the index of the `--listen` address it serves.
@@ -70,12 +72,13 @@ impl Handoff {
             .into_iter()
             .chain(self.wake)
             .chain(self.access)
+            .chain(self.logs)
             .chain(self.peers)
             .chain(self.listeners.iter().map(|(fd, _)| *fd))
             .collect()
     }
 
-    /// `v1 id=3 master=120 recycle=0,0 board=5 channel=7 wake=6 access=- peers=- listeners=3:0,4:1`
+    /// `v1 id=3 master=120 recycle=0,0 board=5 channel=7 wake=6 access=- logs=8 peers=- listeners=3:0,4:1`
     fn encode(&self) -> String {
         let opt = |v: Option<RawFd>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         let listeners: Vec<String> = self
@@ -89,7 +92,7 @@ impl Handoff {
             })
             .collect();
         format!(
-            "v1 id={} master={} recycle={},{} board={} channel={} wake={} access={} peers={} listeners={}",
+            "v1 id={} master={} recycle={},{} board={} channel={} wake={} access={} logs={} peers={} listeners={}",
             self.id,
             self.master,
             self.max_requests,
@@ -98,6 +101,7 @@ impl Handoff {
             self.channel,
             opt(self.wake),
             opt(self.access),
+            opt(self.logs),
             opt(self.peers),
             listeners.join(",")
         )
@@ -117,6 +121,7 @@ impl Handoff {
             channel: -1,
             wake: None,
             access: None,
+            logs: None,
             peers: None,
             listeners: Vec::new(),
         };
@@ -142,6 +147,7 @@ impl Handoff {
                 "channel" => h.channel = fd(value, "channel")?,
                 "wake" => h.wake = opt_fd(value, "wake")?,
                 "access" => h.access = opt_fd(value, "access")?,
+                "logs" => h.logs = opt_fd(value, "logs")?,
                 "peers" => h.peers = opt_fd(value, "peers")?,
                 "listeners" => {
                     for item in value.split(',').filter(|i| !i.is_empty()) {
@@ -234,11 +240,12 @@ mod tests {
             channel: 7,
             wake: Some(6),
             access: None,
+            logs: Some(8),
             peers: Some(9),
             listeners: vec![(3, Some(0)), (4, None)],
         };
         assert_eq!(Handoff::decode(&h.encode()), Ok(h.clone()));
-        assert_eq!(h.fds(), vec![5, 7, 6, 9, 3, 4]);
+        assert_eq!(h.fds(), vec![5, 7, 6, 8, 9, 3, 4]);
         let without = Handoff {
             peers: None,
             ..h.clone()

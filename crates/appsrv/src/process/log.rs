@@ -1,8 +1,28 @@
-//! Log lines: one line per event, with the program name, the pid and the role.
+//! Log lines: one line per event, with the program name, the pid and the role, in one of
+//! three formats (`--log-format`).
+//!
+//! `text` (the default):
 //!
 //! ```text
 //! 2026-11-30T07:24:17.123456Z  INFO hello[4242] master: listening on 127.0.0.1:7000
 //! 2026-11-30T07:24:17.130011Z  WARN hello[4250] worker 1: connection from 127.0.0.1:5555 ended: ...
+//! ```
+//!
+//! `journal` (the default when stderr is systemd's journal stream: `JOURNAL_STREAM` names
+//! stderr's device and inode, as systemd.exec(5) describes): each line starts with its
+//! syslog priority as sd-daemon(3) defines the prefix (`<3>` error, `<4>` warn, `<6>`
+//! info, `<7>` debug and trace), and has no timestamp (journald adds its own):
+//!
+//! ```text
+//! <6>hello[4242] master: listening on 127.0.0.1:7000
+//! ```
+//!
+//! `json`: one JSON object per line, for log shippers; `worker` only in a worker's lines,
+//! `fields` always (the event's structured fields, maybe none):
+//!
+//! ```text
+//! {"time":"2026-11-30T07:24:17.123456Z","level":"INFO","pid":4242,"role":"master","message":"ready","fields":{"workers":4,"pool":"static"}}
+//! {"time":"2026-11-30T07:24:17.130011Z","level":"WARN","pid":4250,"role":"worker","worker":1,"message":"connection from ...","fields":{}}
 //! ```
 //!
 //! Lines go to stderr (the daemon mode points stderr at the log file). Each line is
@@ -10,16 +30,20 @@
 //! so nothing is left in a buffer at fork time and lines of different processes sharing
 //! the descriptor never interleave. The subscriber starts no thread; it is installed once in
 //! the master and inherited by workers, which only update the pid and role.
+//!
+//! The log files (`--log-file`, `--access-log`) are the master's: created mode 0640, owned
+//! by the master's user, writable by nobody else (see [`open_log`]). Workers never open
+//! them; after USR1 the master hands them the reopened files (`process/reopen.rs`).
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use nix::unistd::Gid;
+use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
@@ -34,16 +58,53 @@ static NAME: OnceLock<String> = OnceLock::new();
 static PID: AtomicU32 = AtomicU32::new(0);
 static ROLE: AtomicU32 = AtomicU32::new(MASTER);
 
-/// Installs the global subscriber for `name` at `level`. Later calls (a second `Server` in
-/// the same process, as tests do) keep the first subscriber.
-pub(crate) fn init(name: &str, level: Level) {
+/// The shape of a log line (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Timestamp, level, `name[pid] role: message fields`.
+    Text,
+    /// `<N>` syslog priority, then `name[pid] role: message fields`; no timestamp.
+    Journal,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Format {
+    /// The format when none is asked for: `journal` when the lines go to stderr
+    /// (`to_stderr`: no log file) and stderr is systemd's journal stream, `text` otherwise.
+    pub(crate) fn detect(to_stderr: bool) -> Format {
+        let stream = std::env::var("JOURNAL_STREAM").ok();
+        match stream.as_deref().and_then(parse_journal_stream) {
+            Some(id) if to_stderr && stderr_id() == Some(id) => Format::Journal,
+            _ => Format::Text,
+        }
+    }
+}
+
+/// `JOURNAL_STREAM`'s `DEVICE:INODE` (both decimal, as systemd.exec(5) sets it).
+fn parse_journal_stream(value: &str) -> Option<(u64, u64)> {
+    let (dev, ino) = value.split_once(':')?;
+    Some((dev.parse().ok()?, ino.parse().ok()?))
+}
+
+/// Stderr's device and inode: systemd sets `JOURNAL_STREAM` for the stream it connected,
+/// and a program whose stderr was redirected since (to a file, by a shell) still inherits
+/// the variable, so the two are compared (sd_journal_stream_fd(3)).
+fn stderr_id() -> Option<(u64, u64)> {
+    let st = nix::sys::stat::fstat(std::io::stderr()).ok()?;
+    Some((st.st_dev as u64, st.st_ino as u64))
+}
+
+/// Installs the global subscriber for `name` at `level`, writing lines in `format`. Later
+/// calls (a second `Server` in the same process, as tests do) keep the first subscriber.
+pub(crate) fn init(name: &str, level: Level, format: Format) {
     let _ = NAME.set(name.to_owned());
     set_master();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .event_format(LineFormat)
+        .event_format(LineFormat(format))
         .finish();
     let _ = tracing::subscriber::set_global_default(subscriber);
 }
@@ -71,7 +132,7 @@ impl fmt::Display for Role {
     }
 }
 
-struct LineFormat;
+struct LineFormat(Format);
 
 impl<S, N> FormatEvent<S, N> for LineFormat
 where
@@ -79,19 +140,103 @@ where
     N: for<'a> FormatFields<'a> + 'static,
 {
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut w: Writer<'_>, event: &Event<'_>) -> fmt::Result {
-        SystemTime.format_time(&mut w)?;
         let level = *event.metadata().level();
         let name = NAME.get().map_or("appsrv", String::as_str);
-        write!(
-            w,
-            " {:>5} {}[{}] {}: ",
-            level_str(level),
-            name,
-            PID.load(Ordering::Relaxed),
-            Role(ROLE.load(Ordering::Relaxed))
-        )?;
+        let pid = PID.load(Ordering::Relaxed);
+        let role = ROLE.load(Ordering::Relaxed);
+        match self.0 {
+            Format::Text => {
+                SystemTime.format_time(&mut w)?;
+                write!(w, " {:>5} {name}[{pid}] {}: ", level_str(level), Role(role))?;
+            }
+            Format::Journal => write!(w, "<{}>{name}[{pid}] {}: ", priority(level), Role(role))?,
+            Format::Json => return json_line(&mut w, level, pid, role, event),
+        }
         ctx.field_format().format_fields(w.by_ref(), event)?;
         writeln!(w)
+    }
+}
+
+/// The syslog priority of `level`, as sd-daemon(3)'s `SD_ERR` … `SD_DEBUG`.
+fn priority(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// One event as one JSON object on one line.
+fn json_line(w: &mut Writer<'_>, level: Level, pid: u32, role: u32, event: &Event<'_>) -> fmt::Result {
+    let mut time = String::new();
+    SystemTime.format_time(&mut Writer::new(&mut time))?;
+    let mut fields = JsonFields::default();
+    event.record(&mut fields);
+    let mut line = serde_json::Map::new();
+    line.insert("time".into(), time.into());
+    line.insert("level".into(), level_str(level).into());
+    line.insert("pid".into(), pid.into());
+    match role {
+        MASTER => {
+            line.insert("role".into(), "master".into());
+        }
+        id => {
+            line.insert("role".into(), "worker".into());
+            line.insert("worker".into(), id.into());
+        }
+    }
+    line.insert("message".into(), fields.message.unwrap_or_default().into());
+    line.insert("fields".into(), serde_json::Value::Object(fields.fields));
+    // Serialising a map of strings and numbers cannot fail; newlines in values are escaped,
+    // so the object stays on one line.
+    let text = serde_json::to_string(&serde_json::Value::Object(line)).map_err(|_| fmt::Error)?;
+    writeln!(w, "{text}")
+}
+
+/// An event's `message` and its other fields, as JSON values.
+#[derive(Default)]
+struct JsonFields {
+    message: Option<String>,
+    fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl JsonFields {
+    fn put(&mut self, field: &Field, value: serde_json::Value) {
+        self.fields.insert(field.name().to_owned(), value);
+    }
+}
+
+impl Visit for JsonFields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let text = format!("{value:?}");
+        match field.name() {
+            "message" => self.message = Some(text),
+            _ => self.put(field, text.into()),
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "message" => self.message = Some(value.to_owned()),
+            _ => self.put(field, value.into()),
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, value.into());
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, value.into());
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, value.into());
     }
 }
 
@@ -105,10 +250,14 @@ fn level_str(level: Level) -> &'static str {
     }
 }
 
-/// Opens (creating it if needed) the log file for appending. When workers run as another
-/// user, the file's group becomes theirs and gets write permission, so that workers can
-/// reopen it after a rotation (nginx gives the file to the worker user; this gives less).
-pub(crate) fn open_log(path: &Path, worker_gid: Option<Gid>) -> Result<File, Error> {
+/// Opens (creating it if needed) a log file of the master's (`--log-file`, `--access-log`)
+/// for appending: created with mode 0640 and the master's user and group, and kept
+/// writable by nobody but that user. An existing regular file loses any write permission
+/// of its group and of others (an older appsrv, or a `logrotate` `create 0660` line, gave
+/// the workers' group write access); one that belongs to another user is refused, as that
+/// user could write into it. Other kinds of files (`/dev/null`, a pipe) are opened as they
+/// are. Workers never open these files: the master hands them its descriptors.
+pub(crate) fn open_log(path: &Path) -> Result<File, Error> {
     let err = |source: io::Error| Error::LogFile {
         path: path.to_owned(),
         source,
@@ -120,18 +269,69 @@ pub(crate) fn open_log(path: &Path, worker_gid: Option<Gid>) -> Result<File, Err
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .map_err(err)?;
-    if let Some(gid) = worker_gid {
-        nix::unistd::fchown(&file, None, Some(gid)).map_err(|e| err(e.into()))?;
-        let mode = file.metadata().map_err(err)?.permissions().mode() & 0o7777;
-        if mode & 0o020 == 0 {
-            file.set_permissions(std::fs::Permissions::from_mode(mode | 0o020))
-                .map_err(err)?;
-        }
+    let meta = file.metadata().map_err(err)?;
+    if !meta.file_type().is_file() {
+        return Ok(file);
+    }
+    let me = nix::unistd::Uid::effective().as_raw();
+    if meta.uid() != me {
+        return Err(err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the file belongs to uid {}, not to this server's uid {me}, so that user can write \
+                 into it; give it to uid {me} (chown) or remove it",
+                meta.uid()
+            ),
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(mode & !0o022))
+            .map_err(err)?;
     }
     Ok(file)
 }
 
 /// Points stderr (where log lines go) at `file`.
-pub(crate) fn redirect_stderr(file: &File) -> io::Result<()> {
+pub(crate) fn redirect_stderr(file: impl std::os::fd::AsFd) -> io::Result<()> {
     nix::unistd::dup2_stderr(file).map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_priorities_are_sd_daemons() {
+        assert_eq!(priority(Level::ERROR), 3);
+        assert_eq!(priority(Level::WARN), 4);
+        assert_eq!(priority(Level::INFO), 6);
+        assert_eq!(priority(Level::DEBUG), 7);
+        assert_eq!(priority(Level::TRACE), 7);
+    }
+
+    #[test]
+    fn journal_stream_is_device_colon_inode() {
+        assert_eq!(parse_journal_stream("8:12345"), Some((8, 12345)));
+        assert_eq!(parse_journal_stream("8"), None);
+        assert_eq!(parse_journal_stream("a:1"), None);
+        assert_eq!(parse_journal_stream(""), None);
+    }
+
+    #[test]
+    fn a_log_file_is_created_0640_and_loses_group_write() {
+        let dir = std::env::temp_dir().join(format!("appsrv-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.log");
+        let _ = std::fs::remove_file(&path);
+        drop(open_log(&path).unwrap());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        // 0640 less the umask (the tests' umask is not changed: it is the process's).
+        assert_eq!(mode(&path) & !0o640, 0, "{:o}", mode(&path));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        drop(open_log(&path).unwrap());
+        assert_eq!(mode(&path), 0o644, "group and others lose write access");
+        drop(open_log(Path::new("/dev/null")).unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

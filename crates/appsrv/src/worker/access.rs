@@ -13,12 +13,12 @@
 //! passes 32 KiB, or when the worker is about to wait for a new connection (so a quiet
 //! server's lines are not held back), or when it stops. A worker killed by a signal loses
 //! what it had buffered. The file is opened by the master (O_APPEND: lines of different
-//! workers never interleave) and reopened by path on USR1, like the error log.
+//! workers never interleave), and reopened by the master on USR1, like the error log: the
+//! worker gets the new file through its log channel (`process/reopen.rs`).
 
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const FLUSH_AT: usize = 32 * 1024;
@@ -109,13 +109,11 @@ impl AccessLog {
         }
     }
 
-    /// Reopens the file by path (USR1), after writing what is buffered to the old one.
-    pub(crate) fn reopen(&mut self, path: &Path) {
+    /// Writes to `file` from now on (the master reopened the log on USR1), after writing
+    /// what is buffered to the old one.
+    pub(crate) fn replace(&mut self, file: File) {
         self.flush();
-        match crate::process::log::open_log(path, None) {
-            Ok(f) => self.file = f,
-            Err(e) => tracing::error!("cannot reopen the access log: {e}; still writing to the old one"),
-        }
+        self.file = file;
     }
 }
 

@@ -7,7 +7,6 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsFd;
 use std::panic::{self, AssertUnwindSafe};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
@@ -58,14 +57,15 @@ pub(crate) struct Worker<'a, C> {
     pub(crate) keepalive_timeout: Option<Duration>,
     pub(crate) recycle: Recycle,
     pub(crate) handler: &'a mut C,
-    /// The access log's path (to reopen it) and the log.
-    pub(crate) access: Option<(&'a Path, AccessLog)>,
+    /// The access log.
+    pub(crate) access: Option<AccessLog>,
     /// `--max-conns-per-ip`.
     pub(crate) max_per_ip: Option<usize>,
     pub(crate) tls: &'a ForWorker,
     pub(crate) limits: ConnLimits,
-    /// Runs between connections after a USR1.
-    pub(crate) reopen_log: &'a mut dyn FnMut(),
+    /// Runs between connections after a USR1: takes the files the master reopened (the
+    /// log file goes over stderr), returns the new access log if any.
+    pub(crate) reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
     /// Asks the master for a replacement (the recycling limit is reached).
     pub(crate) retire: &'a mut dyn FnMut(),
 }
@@ -87,7 +87,6 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         reopen_log,
         retire,
     } = worker;
-    let (access_path, access) = access.unzip();
     let Prepared { slot, mut acceptor } = prepared;
     let mut guard = Guard {
         id,
@@ -106,9 +105,8 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
     let mut rejections = Rejections::default();
     let mut buffers = Some(Buffers::new());
     let mut reopen = |guard: &mut Guard<'_>| {
-        reopen_log();
-        if let (Some(log), Some(path)) = (guard.access.as_mut(), access_path) {
-            log.reopen(path);
+        if let (Some(file), Some(log)) = (reopen_log(), guard.access.as_mut()) {
+            log.replace(file);
         }
     };
     loop {

@@ -60,7 +60,6 @@ use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::panic::{self, AssertUnwindSafe};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -114,7 +113,7 @@ pub(crate) struct Worker<'a> {
     pub(crate) board: &'static Board,
     pub(crate) listeners: &'a [Listener],
     pub(crate) recycle: Recycle,
-    pub(crate) access: Option<(&'a Path, AccessLog)>,
+    pub(crate) access: Option<AccessLog>,
     pub(crate) max_per_ip: Option<usize>,
     pub(crate) tls: &'a ForWorker,
     pub(crate) limits: ConnLimits,
@@ -124,8 +123,9 @@ pub(crate) struct Worker<'a> {
     pub(crate) slow_request: Option<Duration>,
     /// The event workers' connections by client address (`--max-conns-per-ip`).
     pub(crate) peers: Option<&'static PeerCounts>,
-    /// Runs after a USR1.
-    pub(crate) reopen_log: &'a mut dyn FnMut(),
+    /// Runs after a USR1: takes the files the master reopened (the log file goes over
+    /// stderr), returns the new access log if any.
+    pub(crate) reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
     /// Asks the master for a replacement (a recycling limit is reached).
     pub(crate) retire: &'a mut dyn FnMut(),
 }
@@ -428,15 +428,13 @@ struct Loop<'a, H: RequestHandler> {
     head: Head,
     slow: Slow,
     access: Option<AccessLog>,
-    /// The access log's path, to reopen it after USR1.
-    access_path: Option<&'a Path>,
     rejections: super::blocking::Rejections,
     peers: Option<&'static PeerCounts>,
     board: &'static Board,
     /// The last connection's generation (a token names one connection, never a later one
     /// in its place).
     generation: u32,
-    reopen_log: &'a mut dyn FnMut(),
+    reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
     retire: &'a mut dyn FnMut(),
     retire_sent: bool,
 }
@@ -491,7 +489,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             reopen_log,
             retire,
         } = worker;
-        let (access_path, access) = access.unzip();
         slot.set_event();
         board.set_state(id, State::Reading);
         Loop {
@@ -533,7 +530,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 unlogged: 0,
             },
             access,
-            access_path,
             rejections: super::blocking::Rejections::default(),
             peers,
             board,
@@ -552,9 +548,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             self.begin_stop();
         }
         if sys::take_reopen_request() {
-            (self.reopen_log)();
-            if let (Some(log), Some(path)) = (self.access.as_mut(), self.access_path) {
-                log.reopen(path);
+            if let (Some(file), Some(log)) = ((self.reopen_log)(), self.access.as_mut()) {
+                log.replace(file);
             }
         }
         // The ready list as it stands: connections queued during this turn wait for the

@@ -10,7 +10,8 @@
 //! 7. no-new-privs, then the sandbox (Landlock, then seccomp), when asked for;
 //! 8. the `on_worker_start` hook, then the factory, run; a failure is reported to the
 //!    master with its reason and the worker exits;
-//! 9. its copy of the access log, its scoreboard slot and its way of waiting for
+//! 9. its copy of the access log (the one reopened on USR1 if the master left it in the
+//!    worker's log channel, `process/reopen.rs`), its scoreboard slot and its way of waiting for
 //!    connections (the blocking loop: epoll with several listeners; the event loop,
 //!    `--io event`: its epoll instance over the listeners, `event.rs`) are set up, so that
 //!    a failure there is a start failure;
@@ -65,7 +66,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) channel: &'a Channel,
     /// Descriptors of the master's own that the worker closes.
     pub(crate) master_fds: &'a [RawFd],
-    /// The log file to reopen on USR1.
+    /// The log file (for the log line after USR1, when the master hands the worker the
+    /// reopened one: the worker never opens it).
     pub(crate) log_path: Option<&'a Path>,
     /// The shared board (idle workers).
     pub(crate) board: &'static Board,
@@ -73,7 +75,7 @@ pub(crate) struct Setup<'a> {
     pub(crate) keepalive_timeout: Option<Duration>,
     /// This worker's recycling limits.
     pub(crate) recycle: Recycle,
-    /// The access log's path and the file the master opened, when there is one.
+    /// The access log's path and the file the master opened at start, when there is one.
     pub(crate) access_log: Option<(&'a Path, &'a std::fs::File)>,
     /// At most this many connections from one client address at once.
     pub(crate) max_per_ip: Option<usize>,
@@ -144,18 +146,9 @@ where
         Ok(false) => sys::exit_now(exit::ORPHANED),
         Err(e) => fail(format!("setting the parent-death signal: {e}")),
     }
-    // The logs are reopened by path after USR1: the sandbox lets the worker write there
-    // (not under a chroot, where those paths do not exist).
-    let log_dirs: Vec<&Path> = match setup.confinement.chroot {
-        Some(_) => Vec::new(),
-        None => setup
-            .log_path
-            .into_iter()
-            .chain(setup.access_log.map(|(p, _)| p))
-            .filter_map(Path::parent)
-            .collect(),
-    };
-    match setup.confinement.after_drop(&log_dirs) {
+    // The logs are never opened by path in a worker (the master hands it the reopened
+    // files): the sandbox gives it no access to their directories.
+    match setup.confinement.after_drop() {
         Ok(None) => {}
         Ok(Some(warning)) => tracing::warn!("{warning}"),
         Err(reason) => fail(reason),
@@ -178,11 +171,15 @@ where
     };
     // Everything the loop needs from the system comes before `Ready`: a failure is a start
     // failure, with its reason.
-    let access = match setup.access_log.map(|(p, f)| (p, f.try_clone())) {
-        Some((path, Ok(file))) => Some((path, access::AccessLog::new(file))),
-        Some((_, Err(e))) => fail(format!("opening the access log: {e}")),
+    let mut access = match setup.access_log.map(|(_, f)| f.try_clone()) {
+        Some(Ok(file)) => Some(access::AccessLog::new(file)),
+        Some(Err(e)) => fail(format!("opening the access log: {e}")),
         None => None,
     };
+    // The files the master reopened on a USR1 before this worker was forked, if any.
+    if let (Some(log), Some(file)) = (access.as_mut(), take_logs(None)) {
+        log.replace(file);
+    }
     let log_path = setup.log_path;
     let channel = setup.channel;
     let code = if setup.io == crate::Io::Event {
@@ -208,7 +205,7 @@ where
                 max_connections: setup.worker_connections,
                 slow_request: setup.slow_request,
                 peers: setup.peers,
-                reopen_log: &mut || reopen_log(log_path),
+                reopen_log: &mut || take_logs(Some(log_path)),
                 retire: &mut || {
                     let _ = channel.send(pid, &Message::Retire);
                 },
@@ -233,7 +230,7 @@ where
             max_per_ip: setup.max_per_ip,
             tls: &setup.tls,
             limits: setup.conn,
-            reopen_log: &mut || reopen_log(log_path),
+            reopen_log: &mut || take_logs(Some(log_path)),
             retire: &mut || {
                 let _ = channel.send(pid, &Message::Retire);
             },
@@ -257,16 +254,24 @@ fn ready(channel: &Channel, pid: u32) {
     tracing::debug!("ready");
 }
 
-/// Reopens the log file by path (after USR1), as the worker's stderr.
-fn reopen_log(path: Option<&Path>) {
-    let Some(path) = path else { return };
-    match crate::process::log::open_log(path, None) {
-        Ok(f) => match crate::process::log::redirect_stderr(&f) {
-            Ok(()) => tracing::info!("reopened the log file {}", path.display()),
-            Err(e) => tracing::error!("cannot reopen the log file: {e}"),
-        },
-        Err(e) => tracing::error!("cannot reopen the log file: {e}; still logging to the old one"),
+/// Takes the log files the master reopened and left in this worker's log channel
+/// (`process/reopen.rs`): the new log file goes over stderr at once; the new access log is
+/// returned, for the loop to put in place of its own. `logged`: the log file's path, to say
+/// so in the log (after a USR1; nothing is said at start).
+fn take_logs(logged: Option<Option<&Path>>) -> Option<std::fs::File> {
+    let files = crate::process::reopen::receive();
+    if let Some(fd) = files.log {
+        match crate::process::log::redirect_stderr(&fd) {
+            Ok(()) => {
+                if let Some(path) = logged {
+                    let path = path.map_or_else(String::new, |p| format!(" {}", p.display()));
+                    tracing::info!("reopened the log file{path} (handed over by the master)");
+                }
+            }
+            Err(e) => tracing::error!("cannot switch to the reopened log file: {e}; still logging to the old one"),
+        }
     }
+    files.access.map(std::fs::File::from)
 }
 
 thread_local! {
