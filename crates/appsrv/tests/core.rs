@@ -408,10 +408,11 @@ fn every_descriptor_is_close_on_exec_and_workers_hold_only_theirs() {
     }
     for pid in server.worker_pids() {
         // stdio, two listeners, the notification pipe, the master's wake-up eventfd, the
-        // epoll instance; not the scoreboard's memfd (the mapping is enough, and a worker
+        // epoll instance, its own end of its log channel (not the master's ends of any
+        // worker's); not the scoreboard's memfd (the mapping is enough, and a worker
         // holding it could try to resize it). A worker makes its epoll instance just after
         // it reports ready: wait for it rather than race it.
-        let expected = 3 + 2 + 1 + 1 + 1;
+        let expected = 3 + 2 + 1 + 1 + 1 + 1;
         let settled = wait_until(|| (fds(pid).len() >= expected).then_some(()));
         assert!(
             settled.is_some() && fds(pid).len() == expected,

@@ -89,7 +89,7 @@ fn a_failed_reload_keeps_the_current_workers_serving() {
     assert!(before.contains(&c.testbed_pid()));
     // HUP goes the same way, and says so in the log.
     server.signal(libc::SIGHUP);
-    server.wait_for_log("SIGHUP received: reload failed");
+    server.wait_for_log("reload asked by SIGHUP failed");
     assert_eq!(server.worker_pids(), before);
 }
 
@@ -98,7 +98,7 @@ fn hup_starts_a_new_generation() {
     let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2"]);
     let before = server.worker_pids();
     server.signal(libc::SIGHUP);
-    server.wait_for_log("reload requested by SIGHUP: starting generation 1");
+    server.wait_for_log("reload asked by SIGHUP: starting generation 1");
     let replaced = wait_until(|| {
         let now = server.worker_pids();
         (now.len() == 2 && now.is_disjoint(&before)).then_some(())

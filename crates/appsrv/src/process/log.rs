@@ -173,25 +173,25 @@ fn json_line(w: &mut Writer<'_>, level: Level, pid: u32, role: u32, event: &Even
     SystemTime.format_time(&mut Writer::new(&mut time))?;
     let mut fields = JsonFields::default();
     event.record(&mut fields);
-    let mut line = serde_json::Map::new();
-    line.insert("time".into(), time.into());
-    line.insert("level".into(), level_str(level).into());
-    line.insert("pid".into(), pid.into());
+    // Written key by key, in the documented order (a `serde_json::Map` sorts its keys);
+    // serde_json escapes each value, newlines included, so the object stays on one line.
+    let json = |v: &serde_json::Value| serde_json::to_string(v).map_err(|_| fmt::Error);
+    write!(
+        w,
+        "{{\"time\":{},\"level\":\"{}\",\"pid\":{pid},",
+        json(&time.into())?,
+        level_str(level)
+    )?;
     match role {
-        MASTER => {
-            line.insert("role".into(), "master".into());
-        }
-        id => {
-            line.insert("role".into(), "worker".into());
-            line.insert("worker".into(), id.into());
-        }
+        MASTER => write!(w, "\"role\":\"master\",")?,
+        id => write!(w, "\"role\":\"worker\",\"worker\":{id},")?,
     }
-    line.insert("message".into(), fields.message.unwrap_or_default().into());
-    line.insert("fields".into(), serde_json::Value::Object(fields.fields));
-    // Serialising a map of strings and numbers cannot fail; newlines in values are escaped,
-    // so the object stays on one line.
-    let text = serde_json::to_string(&serde_json::Value::Object(line)).map_err(|_| fmt::Error)?;
-    writeln!(w, "{text}")
+    writeln!(
+        w,
+        "\"message\":{},\"fields\":{}}}",
+        json(&fields.message.unwrap_or_default().into())?,
+        json(&serde_json::Value::Object(fields.fields))?
+    )
 }
 
 /// An event's `message` and its other fields, as JSON values.

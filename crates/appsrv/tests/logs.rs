@@ -1,0 +1,416 @@
+//! Logs: the three line formats (`--log-format text|journal|json`, journal by default on
+//! systemd's journal stream), the log files' permissions (the master's alone) and their
+//! rotation (USR1 reopens them for the master and every worker, forked or re-executed),
+//! and the reload lines that say who asked.
+//!
+//! Regression tests for issue #17 ("What an operator and a crate user meet first"), its
+//! logging part.
+
+mod util;
+
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use util::*;
+
+/// A directory for one test's log files, removed at the end; readable by everyone, so that
+/// the workers (nobody, as root) could reach the files if their permissions let them.
+struct LogDir(PathBuf);
+
+impl LogDir {
+    fn new(tag: &str) -> LogDir {
+        let dir = std::env::temp_dir().join(format!("appsrv-logs-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        LogDir(dir)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+
+    fn text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name)).unwrap_or_default()
+    }
+
+    /// Waits until the file `name` has a line containing `needle`; returns that line.
+    fn wait_for_line(&self, name: &str, needle: &str) -> String {
+        wait_until(|| self.text(name).lines().find(|l| l.contains(needle)).map(str::to_owned))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in {name}:\n{}", self.text(name)))
+    }
+
+    /// Waits until the file `name` has `n` lines containing `needle`.
+    fn wait_for_lines(&self, name: &str, needle: &str, n: usize) {
+        let found = wait_until(|| (self.text(name).matches(needle).count() >= n).then_some(()));
+        assert!(found.is_some(), "no {n}× {needle:?} in {name}:\n{}", self.text(name));
+    }
+}
+
+impl Drop for LogDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Workers as nobody when the tests run as root (CI), as the server's own user otherwise.
+fn user_args() -> Vec<&'static str> {
+    if is_root() { vec!["--user", "nobody"] } else { vec![] }
+}
+
+// ---------------------------------------------------------------- formats
+
+/// `name[pid] role: ` after the prefix, the role `master` or `worker N`.
+fn after_program(rest: &str) -> bool {
+    let Some(rest) = rest.strip_prefix("testbed[") else { return false };
+    let Some((pid, rest)) = rest.split_once("] ") else { return false };
+    if pid.parse::<u32>().is_err() {
+        return false;
+    }
+    rest.starts_with("master: ")
+        || rest
+            .strip_prefix("worker ")
+            .and_then(|r| r.split_once(": "))
+            .is_some_and(|(id, _)| id.parse::<u32>().is_ok())
+}
+
+#[test]
+fn issue_17_journal_lines_carry_a_priority_and_no_timestamp() {
+    let server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2", "--log-format", "journal", "--log-level", "debug"],
+    );
+    let mut c = LineClient::tcp(server.tcp_addr());
+    c.testbed_pid();
+    c.send("panic"); // an error line from the worker, a warning from the master
+    server.wait_for_log("handler panicked while serving");
+    server.wait_for_log("starting a replacement");
+    let log = server.log_text();
+    for line in log.lines() {
+        let (prio, rest) = line
+            .strip_prefix('<')
+            .and_then(|l| l.split_once('>'))
+            .unwrap_or_else(|| panic!("no <N> prefix: {line:?}"));
+        assert!(["3", "4", "6", "7"].contains(&prio), "priority {prio}: {line:?}");
+        assert!(after_program(rest), "no timestamp, then name[pid] role: {line:?}");
+    }
+    let prio_of = |needle: &str| {
+        let line = log.lines().find(|l| l.contains(needle)).unwrap();
+        line[1..2].to_owned()
+    };
+    assert_eq!(prio_of("master: ready"), "6", "info");
+    assert_eq!(prio_of("handler panicked while serving"), "3", "error");
+    assert_eq!(prio_of("starting a replacement"), "4", "warn");
+    assert_eq!(prio_of("] worker 1: ready"), "7", "debug");
+}
+
+#[test]
+fn issue_17_json_lines_are_one_object_each_with_the_keys() {
+    let server = Server::spawn(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "2", "--log-format", "json", "--log-level", "debug"],
+        &[],
+    );
+    server.wait_for_log("\"role\":\"master\",\"message\":\"ready\"");
+    let log = server.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    let mut roles = std::collections::BTreeSet::new();
+    for v in &lines {
+        let o = v.as_object().unwrap_or_else(|| panic!("not an object: {v}"));
+        for key in ["time", "level", "pid", "role", "message", "fields"] {
+            assert!(o.contains_key(key), "no {key}: {v}");
+        }
+        let time = o["time"].as_str().unwrap();
+        // RFC 3339 in UTC: 2026-11-30T07:24:17.123456Z.
+        assert!(
+            time.len() >= 20 && time.as_bytes()[10] == b'T' && time.ends_with('Z'),
+            "time {time:?}"
+        );
+        assert!(["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&o["level"].as_str().unwrap()));
+        assert!(o["pid"].as_u64().is_some_and(|p| p > 0), "{v}");
+        assert!(o["fields"].is_object(), "{v}");
+        match o["role"].as_str().unwrap() {
+            "master" => assert!(!o.contains_key("worker"), "{v}"),
+            "worker" => assert!(o["worker"].as_u64().is_some_and(|id| id >= 1), "{v}"),
+            other => panic!("role {other:?}"),
+        }
+        roles.insert(o["role"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(roles.len(), 2, "lines of both roles:\n{log}");
+    // The master's `ready` line carries its fields as an object, typed.
+    let ready = lines
+        .iter()
+        .find(|v| v["role"] == "master" && v["message"] == "ready")
+        .unwrap_or_else(|| panic!("no ready line:\n{log}"));
+    assert_eq!(ready["level"], "INFO");
+    assert_eq!(ready["pid"], server.pid());
+    assert_eq!(ready["fields"]["workers"], 2);
+    assert_eq!(ready["fields"]["pool"], "static");
+}
+
+/// The testbed with `args`, its stderr a pipe and `JOURNAL_STREAM` set to that pipe's
+/// device and inode, as systemd sets it for a service whose output goes to the journal.
+fn under_journal(args: &[&str]) -> Server {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) exec \"$0\" \"$@\"")
+        .arg(example("testbed"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let server = Server::from_command(cmd);
+    server.wait_for_ready();
+    server
+}
+
+#[test]
+fn issue_17_journal_is_the_default_on_the_journal_stream() {
+    let server = under_journal(&["-l", "127.0.0.1:0", "-w", "1"]);
+    let ready = server.wait_for_log("master: ready");
+    assert!(ready.starts_with("<6>testbed["), "{ready}");
+    // Asked for explicitly, text wins.
+    let server = under_journal(&["-l", "127.0.0.1:0", "-w", "1", "--log-format", "text"]);
+    let ready = server.wait_for_log("master: ready");
+    assert!(ready.as_bytes()[0].is_ascii_digit(), "a timestamp first: {ready}");
+    // A JOURNAL_STREAM that names another file (stderr was redirected since): text.
+    let server = Server::start_with_env(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "1"],
+        &[("JOURNAL_STREAM", "1:1")],
+    );
+    let ready = server.wait_for_log("master: ready");
+    assert!(ready.as_bytes()[0].is_ascii_digit(), "a timestamp first: {ready}");
+    // And the variable, like every option's: TESTBED_LOG_FORMAT.
+    let server = Server::start_with_env(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "1"],
+        &[("TESTBED_LOG_FORMAT", "journal")],
+    );
+    assert!(server.wait_for_log("master: ready").starts_with("<6>"));
+}
+
+// ---------------------------------------------------------------- files
+
+/// The uid, gid and permission bits of `path`.
+fn owner_and_mode(path: &str) -> (u32, u32, u32) {
+    let m = std::fs::metadata(path).unwrap();
+    (m.uid(), m.gid(), m.mode() & 0o7777)
+}
+
+/// What the master's log files must be: its own user and group, no write for anyone else.
+fn assert_masters_alone(path: &str) {
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (u, g, mode) = owner_and_mode(path);
+    assert_eq!((u, g), (uid, gid), "{path}: the master's user and group");
+    assert_eq!(mode & 0o022, 0, "{path}: mode {mode:o}, writable by others");
+    assert_eq!(mode & !0o640, 0, "{path}: mode {mode:o}, above 0640");
+}
+
+#[test]
+fn issue_17_log_files_are_writable_by_the_master_alone() {
+    let dir = LogDir::new("modes");
+    let (log, access) = (dir.path("error.log"), dir.path("access.log"));
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--log-file", &log, "--access-log", &access];
+    args.extend(user_args());
+    let server = Server::spawn("testbed", &args, &[]);
+    dir.wait_for_line("error.log", "master: ready");
+    for path in [&log, &access] {
+        assert_masters_alone(path);
+    }
+    if is_root() {
+        // The worker (nobody) cannot write into them, even where the directory lets it in.
+        let mut c = LineClient::tcp(server_addr(&dir));
+        c.testbed_pid();
+        for path in [&log, &access] {
+            assert_eq!(c.ask(&format!("write {path}")), "write error PermissionDenied");
+        }
+    }
+    drop(server);
+}
+
+/// The address of the `listening on` line in the log file `error.log` of `dir`.
+fn server_addr(dir: &LogDir) -> std::net::SocketAddr {
+    let line = dir.wait_for_line("error.log", "listening on ");
+    line.rsplit_once("listening on ").unwrap().1.trim().parse().unwrap()
+}
+
+/// USR1 after the files were moved away: the master and every worker log into the new
+/// log file, the access lines go to the new access log, and a worker forked after the
+/// rotation writes the new ones too; the new files are the master's alone again.
+fn usr1_reopens_the_logs_for_every_worker(tag: &str, extra: &[&str]) {
+    let dir = LogDir::new(tag);
+    let (log, access) = (dir.path("error.log"), dir.path("access.log"));
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", "2", "--log-file", &log, "--access-log", &access];
+    args.extend(user_args());
+    args.extend(extra);
+    let server = Server::spawn("testbed", &args, &[]);
+    dir.wait_for_line("error.log", "master: ready");
+    let addr = server_addr(&dir);
+    std::fs::rename(&log, dir.path("error.log.1")).unwrap();
+    std::fs::rename(&access, dir.path("access.log.1")).unwrap();
+    server.signal(libc::SIGUSR1);
+    dir.wait_for_line("error.log", "master: SIGUSR1 received: reopened the log file");
+    dir.wait_for_line("error.log", "] worker 1: reopened the log file");
+    dir.wait_for_line("error.log", "] worker 2: reopened the log file");
+    for path in [&log, &access] {
+        assert_masters_alone(path);
+    }
+    // Both workers serve a connection after the rotation (two held at once: one each),
+    // and write its access line to the new file.
+    let mut a = LineClient::tcp(addr);
+    let mut b = LineClient::tcp(addr);
+    let pids = [a.testbed_pid(), b.testbed_pid()];
+    assert_ne!(pids[0], pids[1]);
+    let ports: Vec<u16> = [&mut a, &mut b]
+        .into_iter()
+        .map(|c| c.get_mut().local_addr().unwrap().port())
+        .collect();
+    drop((a, b));
+    for port in &ports {
+        dir.wait_for_line("access.log", &format!("127.0.0.1:{port} ok"));
+    }
+    // A worker's own log line: a handler panic, logged by the worker into the new file.
+    let mut c = LineClient::tcp(addr);
+    let victim = c.testbed_pid();
+    c.send("panic");
+    let line = dir.wait_for_line("error.log", "handler panicked while serving");
+    assert!(line.contains(&format!("testbed[{victim}] worker ")), "{line}");
+    // Its replacement, forked after the rotation, writes to the new files as well.
+    dir.wait_for_line("error.log", &format!("(pid {victim}) exited with status 70"));
+    let fresh = wait_until(|| {
+        let now = server.worker_pids();
+        (now.len() == 2 && !now.contains(&victim)).then_some(now)
+    })
+    .expect("the panicked worker replaced");
+    let newcomer = *fresh.iter().find(|p| !pids.contains(p)).unwrap();
+    // Two connections held at once: one is the newcomer's.
+    let mut held = [LineClient::tcp(addr), LineClient::tcp(addr)];
+    let got = [held[0].testbed_pid(), held[1].testbed_pid()];
+    let i = got
+        .iter()
+        .position(|p| *p == newcomer)
+        .unwrap_or_else(|| panic!("{got:?}, the newcomer {newcomer}"));
+    let port = held[i].get_mut().local_addr().unwrap().port();
+    drop(held);
+    dir.wait_for_line("access.log", &format!("127.0.0.1:{port} ok"));
+    let ports = [ports[0], ports[1], port];
+    let old_log = dir.text("error.log.1");
+    let old_access = dir.text("access.log.1");
+    assert!(!old_log.contains("panicked"), "nothing new in the rotated log:\n{old_log}");
+    for port in &ports {
+        assert!(!old_access.contains(&format!(":{port} ")), "{old_access}");
+    }
+    // A second rotation goes the same way (the channel is used again).
+    std::fs::rename(&log, dir.path("error.log.2")).unwrap();
+    server.signal(libc::SIGUSR1);
+    dir.wait_for_lines("error.log", "reopened the log file", 3);
+    drop(server);
+}
+
+#[test]
+fn issue_17_usr1_reopens_the_logs_of_forked_workers() {
+    usr1_reopens_the_logs_for_every_worker("forked", &[]);
+}
+
+#[test]
+fn issue_17_usr1_reopens_the_logs_of_re_executed_workers() {
+    usr1_reopens_the_logs_for_every_worker("exec", &["--exec-workers"]);
+}
+
+both_io!(issue_17_usr1_reopens_the_access_log_of_request_level_workers);
+/// The request-level loops (blocking and event) take the reopened access log too.
+fn issue_17_usr1_reopens_the_access_log_of_request_level_workers(io: Io) {
+    let dir = LogDir::new(&format!("access-{}", io.name()));
+    let access = dir.path("access.log");
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--access-log", &access];
+    args.extend(user_args());
+    let server = Server::start_io("http_hello", io, &args);
+    let addr = server.tcp_addr();
+    let get = |path: &str| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        use std::io::{Read, Write};
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    };
+    get("/?before");
+    dir.wait_for_line("access.log", "GET /?before");
+    std::fs::rename(&access, dir.path("access.log.1")).unwrap();
+    server.signal(libc::SIGUSR1);
+    server.wait_for_log("master: SIGUSR1 received: reopened the access log");
+    // The worker takes the new file at its next turn: a request after the signal goes
+    // there (the loop takes the message before it serves anything after the signal).
+    let found = wait_until(|| {
+        get("/?after");
+        dir.text("access.log").contains("GET /?after").then_some(())
+    });
+    assert!(found.is_some(), "no line in the new access log:\n{}", dir.text("access.log"));
+    assert_masters_alone(&access);
+}
+
+// ---------------------------------------------------------------- reload lines
+
+#[test]
+fn issue_17_reload_outcomes_say_who_asked() {
+    let ctl = socket_path("logs-reload");
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "1", "--control", &ctl]);
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    server.signal(libc::SIGHUP);
+    server.wait_for_log("master: reload asked by SIGHUP: starting generation 1");
+    server.wait_for_log("master: reload done: generation 1 serves (asked by SIGHUP)");
+    let client = Command::new(example("testbed"))
+        .args(["reload", "--control", &ctl])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = client.id();
+    let out = client.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let who = format!("through the control socket (pid {pid}, uid {uid})");
+    server.wait_for_log(&format!("master: reload asked {who}: starting generation 2"));
+    server.wait_for_log(&format!("master: reload done: generation 2 serves (asked {who})"));
+}
+
+#[test]
+fn issue_17_a_failed_reload_is_logged_whoever_asked() {
+    let ctl = socket_path("logs-fail");
+    let server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "1", "--control", &ctl, "--fail-reload"],
+    );
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let client = Command::new(example("testbed"))
+        .args(["reload", "--control", &ctl])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = client.id();
+    let out = client.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let line = server.wait_for_log(&format!(
+        "master: reload asked through the control socket (pid {pid}, uid {uid}) failed: "
+    ));
+    assert!(
+        line.contains("policy file unreadable (testbed --fail-reload); the current workers keep serving"),
+        "{line}"
+    );
+    server.signal(libc::SIGHUP);
+    let line = server.wait_for_log("master: reload asked by SIGHUP failed: ");
+    assert!(line.contains("policy file unreadable"), "{line}");
+    assert!(line.contains(" ERROR "), "at error level: {line}");
+}
