@@ -39,14 +39,23 @@ impl LogDir {
 
     /// Waits until the file `name` has a line containing `needle`; returns that line.
     fn wait_for_line(&self, name: &str, needle: &str) -> String {
-        wait_until(|| self.text(name).lines().find(|l| l.contains(needle)).map(str::to_owned))
-            .unwrap_or_else(|| panic!("no line with {needle:?} in {name}:\n{}", self.text(name)))
+        wait_until(|| {
+            self.text(name)
+                .lines()
+                .find(|l| l.contains(needle))
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no line with {needle:?} in {name}:\n{}", self.text(name)))
     }
 
     /// Waits until the file `name` has `n` lines containing `needle`.
     fn wait_for_lines(&self, name: &str, needle: &str, n: usize) {
         let found = wait_until(|| (self.text(name).matches(needle).count() >= n).then_some(()));
-        assert!(found.is_some(), "no {n}× {needle:?} in {name}:\n{}", self.text(name));
+        assert!(
+            found.is_some(),
+            "no {n}× {needle:?} in {name}:\n{}",
+            self.text(name)
+        );
     }
 }
 
@@ -58,15 +67,23 @@ impl Drop for LogDir {
 
 /// Workers as nobody when the tests run as root (CI), as the server's own user otherwise.
 fn user_args() -> Vec<&'static str> {
-    if is_root() { vec!["--user", "nobody"] } else { vec![] }
+    if is_root() {
+        vec!["--user", "nobody"]
+    } else {
+        vec![]
+    }
 }
 
 // ---------------------------------------------------------------- formats
 
 /// `name[pid] role: ` after the prefix, the role `master` or `worker N`.
 fn after_program(rest: &str) -> bool {
-    let Some(rest) = rest.strip_prefix("testbed[") else { return false };
-    let Some((pid, rest)) = rest.split_once("] ") else { return false };
+    let Some(rest) = rest.strip_prefix("testbed[") else {
+        return false;
+    };
+    let Some((pid, rest)) = rest.split_once("] ") else {
+        return false;
+    };
     if pid.parse::<u32>().is_err() {
         return false;
     }
@@ -81,7 +98,16 @@ fn after_program(rest: &str) -> bool {
 fn issue_17_journal_lines_carry_a_priority_and_no_timestamp() {
     let server = Server::start(
         "testbed",
-        &["-l", "127.0.0.1:0", "-w", "2", "--log-format", "journal", "--log-level", "debug"],
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "2",
+            "--log-format",
+            "journal",
+            "--log-level",
+            "debug",
+        ],
     );
     let mut c = LineClient::tcp(server.tcp_addr());
     c.testbed_pid();
@@ -111,7 +137,16 @@ fn issue_17_journal_lines_carry_a_priority_and_no_timestamp() {
 fn issue_17_json_lines_are_one_object_each_with_the_keys() {
     let server = Server::spawn(
         "testbed",
-        &["-l", "127.0.0.1:0", "-w", "2", "--log-format", "json", "--log-level", "debug"],
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "2",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+        ],
         &[],
     );
     server.wait_for_log("\"role\":\"master\",\"message\":\"ready\"");
@@ -219,7 +254,16 @@ fn assert_masters_alone(path: &str) {
 fn issue_17_log_files_are_writable_by_the_master_alone() {
     let dir = LogDir::new("modes");
     let (log, access) = (dir.path("error.log"), dir.path("access.log"));
-    let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--log-file", &log, "--access-log", &access];
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "-w",
+        "1",
+        "--log-file",
+        &log,
+        "--access-log",
+        &access,
+    ];
     args.extend(user_args());
     let server = Server::spawn("testbed", &args, &[]);
     dir.wait_for_line("error.log", "master: ready");
@@ -240,7 +284,12 @@ fn issue_17_log_files_are_writable_by_the_master_alone() {
 /// The address of the `listening on` line in the log file `error.log` of `dir`.
 fn server_addr(dir: &LogDir) -> std::net::SocketAddr {
     let line = dir.wait_for_line("error.log", "listening on ");
-    line.rsplit_once("listening on ").unwrap().1.trim().parse().unwrap()
+    line.rsplit_once("listening on ")
+        .unwrap()
+        .1
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// USR1 after the files were moved away: the master and every worker log into the new
@@ -249,7 +298,16 @@ fn server_addr(dir: &LogDir) -> std::net::SocketAddr {
 fn usr1_reopens_the_logs_for_every_worker(tag: &str, extra: &[&str]) {
     let dir = LogDir::new(tag);
     let (log, access) = (dir.path("error.log"), dir.path("access.log"));
-    let mut args = vec!["-l", "127.0.0.1:0", "-w", "2", "--log-file", &log, "--access-log", &access];
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "-w",
+        "2",
+        "--log-file",
+        &log,
+        "--access-log",
+        &access,
+    ];
     args.extend(user_args());
     args.extend(extra);
     let server = Server::spawn("testbed", &args, &[]);
@@ -305,7 +363,10 @@ fn usr1_reopens_the_logs_for_every_worker(tag: &str, extra: &[&str]) {
     let ports = [ports[0], ports[1], port];
     let old_log = dir.text("error.log.1");
     let old_access = dir.text("access.log.1");
-    assert!(!old_log.contains("panicked"), "nothing new in the rotated log:\n{old_log}");
+    assert!(
+        !old_log.contains("panicked"),
+        "nothing new in the rotated log:\n{old_log}"
+    );
     for port in &ports {
         assert!(!old_access.contains(&format!(":{port} ")), "{old_access}");
     }
@@ -355,7 +416,11 @@ fn issue_17_usr1_reopens_the_access_log_of_request_level_workers(io: Io) {
         get("/?after");
         dir.text("access.log").contains("GET /?after").then_some(())
     });
-    assert!(found.is_some(), "no line in the new access log:\n{}", dir.text("access.log"));
+    assert!(
+        found.is_some(),
+        "no line in the new access log:\n{}",
+        dir.text("access.log")
+    );
     assert_masters_alone(&access);
 }
 

@@ -453,7 +453,10 @@ impl<'a> Master<'a> {
                         && !self.workers.values().any(|w| w.generation < self.generation)
                     {
                         let asked = self.reload_pending.take().unwrap_or_default();
-                        tracing::info!("reload done: generation {} serves (asked {asked})", self.generation);
+                        tracing::info!(
+                            "reload done: generation {} serves (asked {asked})",
+                            self.generation
+                        );
                         crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
                     }
                 }
@@ -1311,7 +1314,11 @@ impl<'a> Master<'a> {
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))
             .chain(self.upgrade.fds())
             // The master's ends of every log channel, this worker's too.
-            .chain(self.workers.values().filter_map(|w| w.logs.as_ref().map(AsRawFd::as_raw_fd)))
+            .chain(
+                self.workers
+                    .values()
+                    .filter_map(|w| w.logs.as_ref().map(AsRawFd::as_raw_fd)),
+            )
             .chain(Some(logs.as_raw_fd()))
             .collect();
         let _ = io::stdout().flush();
@@ -1361,16 +1368,22 @@ impl<'a> Master<'a> {
     /// that cannot be reopened is kept as it was, by the master and the workers.
     fn reopen_log(&mut self) {
         use crate::process::log::{open_log, redirect_stderr};
-        let access = self.settings.access_log.as_ref().and_then(|path| match open_log(path) {
-            Ok(f) => {
-                tracing::info!("SIGUSR1 received: reopened the access log {}", path.display());
-                Some(f)
-            }
-            Err(e) => {
-                tracing::error!("SIGUSR1 received: cannot reopen the access log: {e}; still writing to the old one");
-                None
-            }
-        });
+        let access = self
+            .settings
+            .access_log
+            .as_ref()
+            .and_then(|path| match open_log(path) {
+                Ok(f) => {
+                    tracing::info!("SIGUSR1 received: reopened the access log {}", path.display());
+                    Some(f)
+                }
+                Err(e) => {
+                    tracing::error!(
+                        "SIGUSR1 received: cannot reopen the access log: {e}; still writing to the old one"
+                    );
+                    None
+                }
+            });
         let log = match &self.settings.log_file {
             None => {
                 tracing::info!("SIGUSR1 received: no log file to reopen (logging to stderr)");
@@ -1384,7 +1397,9 @@ impl<'a> Master<'a> {
                     true
                 }
                 Err(e) => {
-                    tracing::error!("SIGUSR1 received: cannot reopen the log file: {e}; still logging to the old one");
+                    tracing::error!(
+                        "SIGUSR1 received: cannot reopen the log file: {e}; still logging to the old one"
+                    );
                     false
                 }
             },

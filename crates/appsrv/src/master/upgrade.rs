@@ -162,7 +162,10 @@ impl Upgrade {
     }
 
     fn fail(&mut self, pid: Pid, why: String) {
-        tracing::error!("upgrade asked {} failed: {why}; this master keeps serving", self.asked);
+        tracing::error!(
+            "upgrade asked {} failed: {why}; this master keeps serving",
+            self.asked
+        );
         self.failed = Some((pid.as_raw(), why));
     }
 

@@ -57,7 +57,11 @@ pub(crate) fn worker_end() -> Option<RawFd> {
 
 /// Sends one message on the master's end `to`: the reopened log file and access log, each
 /// if any. Never blocks; `EAGAIN` is returned as an error (the worker keeps its files).
-pub(crate) fn send(to: BorrowedFd<'_>, log: Option<BorrowedFd<'_>>, access: Option<BorrowedFd<'_>>) -> io::Result<()> {
+pub(crate) fn send(
+    to: BorrowedFd<'_>,
+    log: Option<BorrowedFd<'_>>,
+    access: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
     let mut names = Vec::with_capacity(2);
     let mut fds = Vec::with_capacity(2);
     for (name, fd) in [(LOG, log), (ACCESS, access)] {

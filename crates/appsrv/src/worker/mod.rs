@@ -268,7 +268,9 @@ fn take_logs(logged: Option<Option<&Path>>) -> Option<std::fs::File> {
                     tracing::info!("reopened the log file{path} (handed over by the master)");
                 }
             }
-            Err(e) => tracing::error!("cannot switch to the reopened log file: {e}; still logging to the old one"),
+            Err(e) => {
+                tracing::error!("cannot switch to the reopened log file: {e}; still logging to the old one")
+            }
         }
     }
     files.access.map(std::fs::File::from)
