@@ -426,6 +426,19 @@ fn issue_17_usr1_reopens_the_access_log_of_request_level_workers(io: Io) {
 
 // ---------------------------------------------------------------- reload lines
 
+/// Runs `testbed reload --control CTL` to its end: its pid (which the master's log line
+/// names) and its output.
+fn reload_through(ctl: &str) -> (u32, std::process::Output) {
+    let client = Command::new(example("testbed"))
+        .args(["reload", "--control", ctl])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = client.id();
+    (pid, client.wait_with_output().unwrap())
+}
+
 #[test]
 fn issue_17_reload_outcomes_say_who_asked() {
     let ctl = socket_path("logs-reload");
@@ -435,14 +448,7 @@ fn issue_17_reload_outcomes_say_who_asked() {
     server.signal(libc::SIGHUP);
     server.wait_for_log("master: reload asked by SIGHUP: starting generation 1");
     server.wait_for_log("master: reload done: generation 1 serves (asked by SIGHUP)");
-    let client = Command::new(example("testbed"))
-        .args(["reload", "--control", &ctl])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = client.id();
-    let out = client.wait_with_output().unwrap();
+    let (pid, out) = reload_through(&ctl);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let who = format!("through the control socket (pid {pid}, uid {uid})");
     server.wait_for_log(&format!("master: reload asked {who}: starting generation 2"));
@@ -458,14 +464,7 @@ fn issue_17_a_failed_reload_is_logged_whoever_asked() {
     );
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    let client = Command::new(example("testbed"))
-        .args(["reload", "--control", &ctl])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = client.id();
-    let out = client.wait_with_output().unwrap();
+    let (pid, out) = reload_through(&ctl);
     assert!(!out.status.success());
     let line = server.wait_for_log(&format!(
         "master: reload asked through the control socket (pid {pid}, uid {uid}) failed: "
