@@ -268,6 +268,8 @@ pub(crate) struct Config {
     pub(crate) sandbox_write: Vec<PathBuf>,
     /// The program's own profile ([`Server::sandbox`](crate::Server::sandbox)).
     pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
+    /// With a privileged helper: its profile ([`Server::privileged_sandbox`](crate::Server::privileged_sandbox)).
+    pub(crate) helper_profile: Option<crate::confine::sandbox::Sandbox>,
     pub(crate) exec_workers: bool,
     pub(crate) io: Io,
     /// Event mode: connections per worker at most.
@@ -304,12 +306,19 @@ impl Config {
             ),
             false => None,
         };
+        let helper_sandbox = match (self.sandbox, &self.helper_profile) {
+            (true, Some(profile)) => Some(profile.compile().map_err(|e| {
+                crate::Error::Config(format!("--sandbox (the privileged helper's profile): {e}"))
+            })?),
+            _ => None,
+        };
         Ok(crate::confine::privilege::Confinement {
             chroot: self.chroot.clone(),
             rlimits,
             umask: self.umask,
             no_new_privs: self.no_new_privs,
             sandbox,
+            helper_sandbox,
         })
     }
 }
@@ -1074,6 +1083,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
             .map(|v| v.cloned().collect())
             .unwrap_or_default(),
         sandbox_profile: crate::confine::sandbox::Sandbox::default(),
+        helper_profile: None,
         exec_workers: m.get_flag("exec-workers"),
         listen: m
             .get_many::<ListenAddr>("listen")

@@ -48,6 +48,9 @@ pub(crate) struct Program {
     pub(crate) args: Vec<OsString>,
     /// Inherited descriptors the master keeps open at start (`Server::keep_fd`).
     pub(crate) keep_fds: Vec<RawFd>,
+    /// Each worker's privileged helper (`Server::privileged`), and its sandbox profile.
+    pub(crate) helper: Option<Box<dyn crate::privileged::Spawn>>,
+    pub(crate) helper_profile: Sandbox,
 }
 
 /// Runs the subcommand of `matches`. `make_factory` makes the workers' handler factory
@@ -82,12 +85,19 @@ where
         config.read_timeout = config.keepalive_timeout;
     }
     check_io(&config, request_level)?;
+    if config.helper_profile.is_some() && config.io == crate::Io::Event {
+        return Err(Error::Config(
+            "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only".into(),
+        ));
+    }
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
     let mut start_hook = program.start_hook.take();
-    let mut entry =
-        |setup: worker::Setup<'_>| -> Infallible { worker::run(setup, &mut start_hook, &mut factory) };
+    let mut helper = program.helper.take();
+    let mut entry = |setup: worker::Setup<'_>| -> Infallible {
+        worker::run(setup, &mut start_hook, &mut helper, &mut factory)
+    };
     let upgrade = UpgradeSettings {
         dir: program.dir.clone(),
         exe: program.exe.clone(),
@@ -118,6 +128,7 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
     let config = |m: &ArgMatches| {
         let mut c = cli::config(m);
         c.sandbox_profile = program.sandbox_profile.clone();
+        c.helper_profile = program.helper.as_ref().map(|_| program.helper_profile.clone());
         c
     };
     match matches.subcommand() {

@@ -120,6 +120,7 @@ mod handler;
 mod master;
 mod net;
 mod peer_counts;
+pub mod privileged;
 mod process;
 mod scoreboard;
 mod server;

@@ -51,6 +51,9 @@ pub struct Server {
     matches: Option<ArgMatches>,
     /// Inherited descriptors the master keeps open at start ([`Server::keep_fd`]).
     keep_fds: Vec<RawFd>,
+    /// The privileged helper ([`Server::privileged`]) and its sandbox profile.
+    helper: Option<Box<dyn crate::privileged::Spawn>>,
+    helper_profile: crate::Sandbox,
 }
 
 impl std::fmt::Debug for Server {
@@ -79,6 +82,8 @@ impl Server {
             args: std::env::args_os().collect(),
             matches: None,
             keep_fds: Vec::new(),
+            helper: None,
+            helper_profile: crate::Sandbox::new(),
         }
     }
 
@@ -377,6 +382,47 @@ impl Server {
         self
     }
 
+    /// Gives each worker a privileged helper `P`, made by `factory` in the helper process
+    /// (see [`privileged`](crate::privileged)): forked by the worker before it drops its
+    /// privileges, it keeps root with only [`P::CAPABILITIES`](crate::privileged::Privileged::CAPABILITIES)
+    /// and answers the worker's calls
+    /// ([`Conn::privileged`](crate::Conn::privileged), [`Client::privileged`](crate::Client::privileged)),
+    /// while the worker runs as `--user` (or `nobody`). The master must start as root.
+    /// Blocking servers only (`--io event` is then a configuration error). Default: no
+    /// helper.
+    pub fn privileged<P, F>(mut self, factory: F) -> Self
+    where
+        P: crate::privileged::Privileged,
+        F: FnMut() -> std::result::Result<P, BoxError> + 'static,
+    {
+        self.helper = Some(Box::new(crate::privileged::Spawner::new(
+            factory,
+            crate::privileged::DEFAULT_TIMEOUT,
+        )));
+        self
+    }
+
+    /// The sandbox profile of the privileged helper under `--sandbox` (Landlock and seccomp,
+    /// applied after its capabilities are cut, before its factory): what the helper, and
+    /// every command it starts, may do. The workers keep their own profile
+    /// ([`sandbox`](Server::sandbox)). Default: the default profile, which forbids
+    /// identity changes and process creation: a helper that switches users or runs
+    /// commands names those calls here.
+    pub fn privileged_sandbox(mut self, profile: crate::Sandbox) -> Self {
+        self.helper_profile = profile;
+        self
+    }
+
+    /// How long a worker's call to its privileged helper may take before it fails with
+    /// [`CallError::Timeout`](crate::privileged::CallError::Timeout) (per call:
+    /// [`Helper::timeout`](crate::privileged::Helper::timeout)). Default: 60 s.
+    pub fn privileged_timeout(mut self, timeout: Duration) -> Self {
+        if let Some(h) = self.helper.as_mut() {
+            h.set_timeout(timeout);
+        }
+        self
+    }
+
     /// The default log level (`--log-level`); default: `INFO`.
     pub fn log_level(mut self, level: Level) -> Self {
         self.defaults.log_level = level;
@@ -516,6 +562,8 @@ impl Server {
             check_hook: self.check_hook,
             args: self.args,
             keep_fds: self.keep_fds,
+            helper: self.helper,
+            helper_profile: self.helper_profile,
         };
         dispatch::launch(program, &matches, request_level, make_factory)
     }

@@ -188,6 +188,8 @@ pub(crate) struct Confinement {
     pub(crate) no_new_privs: bool,
     /// `--sandbox`: the profile, compiled.
     pub(crate) sandbox: Option<crate::confine::sandbox::Compiled>,
+    /// `--sandbox` with a privileged helper: the helper's profile, compiled.
+    pub(crate) helper_sandbox: Option<crate::confine::sandbox::Compiled>,
 }
 
 impl Confinement {

@@ -145,6 +145,12 @@ impl Client {
         (flushed, buffers)
     }
 
+    /// The worker's privileged helper `P` ([`Server::privileged`](crate::Server::privileged)):
+    /// `client.privileged::<MyHelper>().call(&request)`. See [`privileged`](crate::privileged).
+    pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
+        crate::privileged::helper()
+    }
+
     /// The peer's address: IP and port for TCP, the peer's path (usually none) for Unix
     /// sockets. Returned by value, so that `writeln!(client, "{}", client.peer_addr())`
     /// works; it costs a copy (no allocation for TCP peers and unnamed Unix peers).

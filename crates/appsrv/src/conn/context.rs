@@ -94,4 +94,10 @@ impl<'a, S> Conn<'a, S> {
     pub fn session(&mut self) -> &mut S {
         self.session
     }
+
+    /// The worker's privileged helper `P` ([`Server::privileged`](crate::Server::privileged)):
+    /// `conn.privileged::<MyHelper>().call(&request)`. See [`privileged`](crate::privileged).
+    pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
+        crate::privileged::helper()
+    }
 }

@@ -53,6 +53,8 @@ use tracing_subscriber::registry::LookupSpan;
 use crate::error::Error;
 
 const MASTER: u32 = u32::MAX;
+/// Marks the role of a worker's privileged helper (`worker N helper`).
+const HELPER: u32 = 1 << 31;
 
 static NAME: OnceLock<String> = OnceLock::new();
 static PID: AtomicU32 = AtomicU32::new(0);
@@ -121,12 +123,19 @@ pub(crate) fn set_worker(id: u32) {
     ROLE.store(id, Ordering::Relaxed);
 }
 
+/// Marks this process as the privileged helper of worker `id`; called right after its fork.
+pub(crate) fn set_helper(id: u32) {
+    PID.store(std::process::id(), Ordering::Relaxed);
+    ROLE.store(id | HELPER, Ordering::Relaxed);
+}
+
 struct Role(u32);
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
             MASTER => f.write_str("master"),
+            id if id & HELPER != 0 => write!(f, "worker {} helper", id & !HELPER),
             id => write!(f, "worker {id}"),
         }
     }
@@ -184,6 +193,7 @@ fn json_line(w: &mut Writer<'_>, level: Level, pid: u32, role: u32, event: &Even
     )?;
     match role {
         MASTER => write!(w, "\"role\":\"master\",")?,
+        id if id & HELPER != 0 => write!(w, "\"role\":\"helper\",\"worker\":{},", id & !HELPER)?,
         id => write!(w, "\"role\":\"worker\",\"worker\":{id},")?,
     }
     writeln!(

@@ -137,6 +137,63 @@ pub(crate) unsafe fn close_inherited(fds: &[std::os::fd::RawFd]) {
     }
 }
 
+/// Closes every open descriptor of this process but those in `keep`: for a privileged
+/// helper, which must hold nothing of its worker's (listeners, the scoreboard, client
+/// connections), close-on-exec or not. The descriptors are listed from `/proc/self/fd`
+/// (without it, every number below the soft `RLIMIT_NOFILE` is tried).
+///
+/// # Safety
+///
+/// Only in a process that never uses (nor drops) the objects that own the closed
+/// descriptors again: a forked child that ends with [`exit_now`].
+pub(crate) unsafe fn close_all_but(keep: &[std::os::fd::RawFd]) -> io::Result<()> {
+    use std::os::fd::RawFd;
+    let listed: Option<Vec<RawFd>> = std::fs::read_dir("/proc/self/fd").ok().map(|dir| {
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    });
+    let candidates: Vec<RawFd> = match listed {
+        Some(fds) => fds,
+        None => {
+            let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+            (0..RawFd::try_from(soft).unwrap_or(RawFd::MAX)).collect()
+        }
+    };
+    for fd in candidates {
+        if !keep.contains(&fd) {
+            // SAFETY: per this function's contract, nothing in this process uses `fd`
+            // again; a number that is not open (the listing's own, closed by now) gives
+            // EBADF, which is harmless.
+            unsafe { libc::close(fd) };
+        }
+    }
+    Ok(())
+}
+
+/// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant that is
+/// orphaned becomes its child, not init's.
+pub(crate) fn become_subreaper() -> io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)
+}
+
+/// This process's children (`/proc/self/task/*/children`).
+pub(crate) fn children() -> Vec<Pid> {
+    let mut pids = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+                pids.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse().ok())
+                        .map(Pid::from_raw),
+                );
+            }
+        }
+    }
+    pids
+}
+
 /// Closes the descriptors this process inherited from whatever executed it, other than
 /// stdio (0–2) and those in `keep`, as daemon(7) asks of a daemon: a descriptor left open
 /// by a shell, a supervisor or a test runner would otherwise stay open in the master and

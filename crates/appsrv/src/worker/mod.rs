@@ -114,7 +114,12 @@ pub(crate) struct ConnLimits {
 pub(crate) type StartHook = Box<dyn FnMut(&WorkerInfo)>;
 
 /// Runs a worker to its end. Called in the child right after fork.
-pub(crate) fn run<C, F>(setup: Setup<'_>, start_hook: &mut Option<StartHook>, factory: &mut F) -> !
+pub(crate) fn run<C, F>(
+    setup: Setup<'_>,
+    start_hook: &mut Option<StartHook>,
+    helper: &mut Option<Box<dyn crate::privileged::Spawn>>,
+    factory: &mut F,
+) -> !
 where
     C: Connections,
     F: FnMut() -> Result<C, BoxError>,
@@ -133,6 +138,24 @@ where
     // their owners live in the master's part of this copied address space, which the
     // worker never returns to.
     unsafe { sys::close_inherited(setup.master_fds) };
+    // The privileged helper is forked now, still root and before the chroot, the limits
+    // and the drop: it confines itself (privileged/helper.rs).
+    if let Some(helper) = helper.as_mut() {
+        let (uid, gid) = match setup.plan {
+            Plan::Drop(c) => (c.uid.as_raw(), c.gid.as_raw()),
+            Plan::Keep => (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
+        };
+        let helper_setup = crate::privileged::HelperSetup {
+            worker: setup.id,
+            worker_pid: pid,
+            uid,
+            gid,
+            sandbox: setup.confinement.helper_sandbox.as_ref(),
+        };
+        if let Err(reason) = helper.spawn(&helper_setup) {
+            fail(reason);
+        }
+    }
     if let Err(reason) = setup.confinement.before_drop() {
         fail(reason);
     }

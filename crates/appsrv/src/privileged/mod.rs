@@ -1,0 +1,331 @@
+//! Privilege separation: a small privileged helper beside each worker, so that no byte
+//! from a client is parsed by a process that can do more than serve it.
+//!
+//! The application declares its privileged operations as a typed request and response
+//! ([`Privileged`]) and registers the helper with
+//! [`Server::privileged`](crate::Server::privileged). Each worker then has a helper of
+//! its own: forked by the worker *before* it drops its privileges (as OpenSSH forks its
+//! monitor per session), it keeps root, or only the [capabilities](Privileged::CAPABILITIES)
+//! it names, and serves that one worker's calls. The worker, which reads the network, runs
+//! as `--user` (or `nobody`), confined, and calls the helper through a handle:
+//!
+//! ```no_run
+//! use appsrv::privileged::{Caller, Privileged};
+//!
+//! /// Opens a file as root, for one allowed path.
+//! struct Opener;
+//!
+//! impl Privileged for Opener {
+//!     type Request = String;
+//!     type Response = Result<appsrv::privileged::Fd, String>;
+//!     const CAPABILITIES: &'static [appsrv::privileged::Capability] =
+//!         &[appsrv::privileged::Capability::CAP_DAC_READ_SEARCH];
+//!
+//!     fn handle(&mut self, path: String, _caller: &Caller) -> Self::Response {
+//!         // Check again here: the worker's checks do not count.
+//!         if path != "/etc/shadow" {
+//!             return Err(format!("{path}: not allowed"));
+//!         }
+//!         let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+//!         Ok(std::os::fd::OwnedFd::from(file).into())
+//!     }
+//! }
+//!
+//! // In a handler (blocking model): one call, with a timeout.
+//! fn read_shadow() -> Result<std::fs::File, appsrv::privileged::CallError> {
+//!     let answer = appsrv::privileged::helper::<Opener>().call(&"/etc/shadow".to_owned())?;
+//!     answer
+//!         .map(|fd| std::fs::File::from(fd.into_inner()))
+//!         .map_err(appsrv::privileged::CallError::Refused)
+//! }
+//! ```
+//!
+//! # The model, and why
+//!
+//! One helper per worker, not one shared by all:
+//! - a call blocks its worker until the helper answers, which is what a blocking worker
+//!   does anyway; a shared helper would serialise every worker's calls (a `runas`
+//!   command runs for seconds) or need threads or processes of its own;
+//! - the channel identifies its caller: a socket pair made for one worker, before its
+//!   privileges are dropped (`SO_PEERCRED` on a socket pair reports its creator's
+//!   credentials from then, so it could not tell workers apart anyway), so the helper
+//!   knows which worker calls, by construction ([`Caller`]);
+//! - a helper's life follows its worker's: it ends when its worker's end of the channel
+//!   closes, or at once if its worker dies (`PR_SET_PDEATHSIG`). If the helper dies, the
+//!   call in progress (or the next) fails with [`CallError::Gone`] and the worker stops
+//!   after its connection, to be replaced by the master with a new worker and a new
+//!   helper, as for any worker that dies: the master's back-off applies.
+//!
+//! A helper costs a process per worker; forked from the worker before its factory runs,
+//! it shares the worker's pages until either writes to them.
+//!
+//! # What the helper holds
+//!
+//! In the helper, right after its fork from the worker (still root, not yet chrooted or
+//! sandboxed): every descriptor is closed but stdio and its end of the channel (no
+//! listener, no client socket, no scoreboard); it becomes a child subreaper (what the
+//! commands it starts leave behind becomes its child: see [`kill_leftovers`]); its
+//! capability bounding set is cut to [`Privileged::CAPABILITIES`], which are then its only
+//! effective and permitted capabilities (no inheritable, no ambient ones); with
+//! `--sandbox` it sets `PR_SET_NO_NEW_PRIVS` and applies its own profile
+//! ([`Server::privileged_sandbox`](crate::Server::privileged_sandbox)), which every
+//! command it starts inherits. Then the helper factory runs, and the worker goes on with
+//! its own privilege drop only once the helper reported ready (a factory that fails is a
+//! start failure of the worker, with the reason).
+//!
+//! The helper never sees a client's bytes unless the application puts them in a request.
+//!
+//! # Calls
+//!
+//! [`Helper::call`] sends the request and waits for the response, at most the
+//! [timeout](Helper::timeout) (default: 60 s, as `--request-timeout`); a response that
+//! comes later is dropped. Messages are at most [`MAX_MESSAGE`] bytes, and carry
+//! descriptors ([`Fd`]). A message the helper cannot read (too long, cut short, not its
+//! request type) is refused with the reason ([`CallError::Refused`]), logged, and the
+//! helper serves on. A panic in [`Privileged::handle`] is logged, refused, and ends the
+//! helper (the worker is replaced). Calls from the event loop (`--io event`) would stall
+//! every connection of the worker: a server with a helper must run blocking (a
+//! configuration error otherwise).
+
+mod helper;
+pub(crate) mod wire;
+
+use std::io;
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use caps::Capability;
+pub use helper::kill_leftovers;
+pub(crate) use helper::{HelperSetup, Spawn, Spawner};
+pub use wire::{Fd, MAX_MESSAGE};
+
+/// The default time a call may take: as the default `--request-timeout`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A privileged helper: the operations a worker may ask of a process that keeps
+/// privileges, as one typed request and one typed response.
+///
+/// Keep the request narrow (a closed list of operations with their arguments, never "run
+/// this command line" or "open this path") and check every request again in
+/// [`handle`](Privileged::handle): the worker that sends it parses the network's bytes
+/// and may be compromised; its own checks do not count.
+pub trait Privileged: 'static {
+    /// What a worker asks for (serialized with postcard; an [`Fd`] travels as a
+    /// descriptor).
+    type Request: Serialize + DeserializeOwned;
+    /// What the helper answers.
+    type Response: Serialize + DeserializeOwned;
+    /// The capabilities the helper keeps (it stays uid 0); every other one is dropped from
+    /// its bounding set, so neither it nor a command it starts can regain it. Default:
+    /// none (root's file ownership only).
+    const CAPABILITIES: &'static [Capability] = &[];
+
+    /// Answers one request of the worker `caller`.
+    fn handle(&mut self, request: Self::Request, caller: &Caller) -> Self::Response;
+}
+
+/// The worker that calls a helper: known by construction (each worker has its own
+/// channel), not by what the worker says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub(crate) worker: u32,
+    pub(crate) pid: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+impl Caller {
+    /// The worker's number (as in the log lines: `worker 3`).
+    pub fn worker(&self) -> u32 {
+        self.worker
+    }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The user id the worker runs as, after its privilege drop.
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// The group id the worker runs as, after its privilege drop.
+    pub fn gid(&self) -> u32 {
+        self.gid
+    }
+}
+
+/// Why a call to the privileged helper failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// This server declares no helper ([`Server::privileged`](crate::Server::privileged)),
+    /// or this is not a worker.
+    #[error("no privileged helper in this process")]
+    NoHelper,
+    /// The helper is gone (it died or was killed). The worker stops after its connection,
+    /// and the master replaces it, with a new helper.
+    #[error("the privileged helper is gone")]
+    Gone,
+    /// The helper did not answer within the timeout.
+    #[error("the privileged helper did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The helper refused the request: it could not read it (too long, not its request
+    /// type) or failed answering it (the reason). Also the application's own refusal,
+    /// when it maps one to this variant.
+    #[error("refused by the privileged helper: {0}")]
+    Refused(String),
+    /// The request could not be encoded, or the response decoded.
+    #[error("the privileged channel: {0}")]
+    Encoding(String),
+    /// The channel's system calls failed.
+    #[error("the privileged channel: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl From<CallError> for io::Error {
+    fn from(e: CallError) -> io::Error {
+        let kind = match &e {
+            CallError::Timeout(_) => io::ErrorKind::TimedOut,
+            CallError::Gone => io::ErrorKind::BrokenPipe,
+            CallError::Refused(_) => io::ErrorKind::PermissionDenied,
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// A worker's end of its helper's channel.
+struct WorkerEnd {
+    fd: OwnedFd,
+    /// The sequence number of the last request.
+    seq: u32,
+    /// The helper is known to be gone.
+    gone: bool,
+    /// The default timeout of a call.
+    timeout: Duration,
+    buf: Vec<u8>,
+}
+
+/// This worker's channel (`None` in the master, or without a helper). A std `Mutex` is
+/// right here: it is never shared across processes (each worker sets its own after its
+/// fork), and it serialises calls from the handler's own threads, if any.
+static CHANNEL: Mutex<Option<WorkerEnd>> = Mutex::new(None);
+
+/// Installs this worker's end of its helper's channel (after the helper reported ready).
+pub(crate) fn set_worker_end(fd: OwnedFd, timeout: Duration) {
+    let mut end = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+    *end = Some(WorkerEnd {
+        fd,
+        seq: 0,
+        gone: false,
+        timeout,
+        buf: Vec::new(),
+    });
+}
+
+/// The handle on this worker's privileged helper `P`: `helper::<P>().call(&request)`.
+/// Also reached as [`Conn::privileged`](crate::Conn::privileged) and
+/// [`Client::privileged`](crate::Client::privileged).
+pub fn helper<P: Privileged>() -> Helper<P> {
+    Helper {
+        timeout: None,
+        _helper: PhantomData,
+    }
+}
+
+/// A handle on the worker's privileged helper `P` (see the [module](self)).
+#[derive(Debug)]
+pub struct Helper<P> {
+    timeout: Option<Duration>,
+    _helper: PhantomData<fn() -> P>,
+}
+
+impl<P: Privileged> Helper<P> {
+    /// How long [`call`](Helper::call) waits for the answer. Default: the server's
+    /// ([`Server::privileged_timeout`](crate::Server::privileged_timeout), 60 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sends `request` to the helper and waits for its response. `P` must be the type
+    /// registered with [`Server::privileged`](crate::Server::privileged): another type's
+    /// request does not decode there and is refused.
+    pub fn call(&self, request: &P::Request) -> Result<P::Response, CallError> {
+        let mut guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+        let end = guard.as_mut().ok_or(CallError::NoHelper)?;
+        if end.gone {
+            return Err(CallError::Gone);
+        }
+        let timeout = self.timeout.unwrap_or(end.timeout);
+        end.seq = end.seq.wrapping_add(1);
+        let seq = end.seq;
+        match wire::send(end.fd.as_fd(), wire::Kind::Request, seq, request) {
+            Ok(()) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => {
+                return Err(gone(end));
+            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                return Err(CallError::Encoding(e.to_string()));
+            }
+            Err(e) => return Err(CallError::Io(e)),
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CallError::Timeout(timeout));
+            }
+            let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+            let mut fds = [nix::poll::PollFd::new(
+                end.fd.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(CallError::Io(e.into())),
+            }
+            let msg = match wire::recv(end.fd.as_fd(), &mut end.buf) {
+                Ok(m) => m,
+                Err(wire::WireError::Closed) => return Err(gone(end)),
+                Err(wire::WireError::WouldBlock) => continue,
+                Err(wire::WireError::Malformed { why, .. }) => return Err(CallError::Encoding(why)),
+                Err(wire::WireError::Io(e)) => return Err(CallError::Io(e)),
+            };
+            if msg.seq != seq {
+                // The answer to an earlier call that timed out: dropped.
+                continue;
+            }
+            return match msg.kind {
+                wire::Kind::Response => wire::decode(&msg.payload, msg.fds).map_err(CallError::Encoding),
+                wire::Kind::Refused => Err(CallError::Refused(
+                    wire::decode::<String>(&msg.payload, msg.fds)
+                        .unwrap_or_else(|e| format!("(unreadable reason: {e})")),
+                )),
+                other => Err(CallError::Encoding(format!("unexpected {other:?} message"))),
+            };
+        }
+    }
+}
+
+/// The helper is gone: said once, and the worker stops after its connection (a stop
+/// signal to itself), so that the master replaces it with a worker that has a helper.
+fn gone(end: &mut WorkerEnd) -> CallError {
+    if !end.gone {
+        end.gone = true;
+        tracing::error!(
+            "the privileged helper is gone: this worker stops after its connection, to be replaced with a new helper"
+        );
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+    }
+    CallError::Gone
+}

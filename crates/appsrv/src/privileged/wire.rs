@@ -1,0 +1,405 @@
+//! The channel between a worker and its privileged helper: one `SOCK_SEQPACKET` socket
+//! pair, so that each message keeps its boundaries (a message cut short or one too long
+//! for the receiver is seen as such, and never desynchronises the next one).
+//!
+//! A message is a 16-byte header, then `len` bytes of postcard (serde) payload:
+//!
+//! ```text
+//! magic "APv1" | kind u8 | 0 0 0 | seq u32 (little endian) | len u32
+//! ```
+//!
+//! with the descriptors it carries (an [`Fd`] in the payload is an index into them) as
+//! `SCM_RIGHTS`. The receiver checks the magic, that the datagram is exactly `16 + len`
+//! bytes, that `len` is at most [`MAX_MESSAGE`], that it was not truncated (`MSG_TRUNC`),
+//! and that its descriptors fit (`MSG_CTRUNC`); anything else is a [`WireError`], and the
+//! descriptors that came with it are closed.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The largest payload of one message, request or response: 1 MiB.
+pub const MAX_MESSAGE: usize = 1 << 20;
+/// The most descriptors one message carries.
+pub(crate) const MAX_FDS: usize = 16;
+const HEADER: usize = 16;
+const MAGIC: &[u8; 4] = b"APv1";
+
+/// What a message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    /// Worker → helper: a request.
+    Request = 1,
+    /// Helper → worker: the response to the request with the same sequence number.
+    Response = 2,
+    /// Helper → worker: the request with this sequence number was refused (the payload is
+    /// the reason, a string).
+    Refused = 3,
+    /// Helper → worker, once: the helper is ready (its factory succeeded).
+    Ready = 4,
+    /// Helper → worker, once: the helper could not start (the payload is the reason).
+    Failed = 5,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Request,
+            2 => Kind::Response,
+            3 => Kind::Refused,
+            4 => Kind::Ready,
+            5 => Kind::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// A message as received: its header, its payload and its descriptors.
+#[derive(Debug)]
+pub(crate) struct Message {
+    pub(crate) kind: Kind,
+    pub(crate) seq: u32,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) fds: Vec<OwnedFd>,
+}
+
+/// Why a message was not received.
+#[derive(Debug)]
+pub(crate) enum WireError {
+    /// The other end closed the channel.
+    Closed,
+    /// Nothing arrived in time (non-blocking: nothing waiting).
+    WouldBlock,
+    /// A message was received but is not one: the reason, for the log, and its sequence
+    /// number when its header was readable (to refuse that request by number).
+    Malformed {
+        /// The header's sequence number, if the header was readable.
+        seq: Option<u32>,
+        /// What is wrong.
+        why: String,
+    },
+    /// The system call failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Closed => f.write_str("the channel is closed"),
+            WireError::WouldBlock => f.write_str("no message"),
+            WireError::Malformed { why, .. } => write!(f, "malformed message: {why}"),
+            WireError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A new channel: `(the worker's end, the helper's end)`, both close-on-exec. Their send
+/// buffers are raised so that a message of [`MAX_MESSAGE`] fits (a datagram must fit the
+/// sender's buffer whole); as root the limit `net.core.wmem_max` does not apply.
+pub(crate) fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socket::socketpair(
+        socket::AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    for end in [&a, &b] {
+        let s = socket2::SockRef::from(end);
+        let want = 2 * (MAX_MESSAGE + HEADER);
+        // SO_SNDBUFFORCE needs CAP_NET_ADMIN (the worker is root here); without it, the
+        // plain option, capped by wmem_max.
+        let forced = nix::sys::socket::setsockopt(end, nix::sys::socket::sockopt::SndBufForce, &want);
+        if forced.is_err() {
+            let _ = s.set_send_buffer_size(want);
+        }
+        let _ = nix::sys::socket::setsockopt(end, nix::sys::socket::sockopt::RcvBufForce, &want);
+    }
+    Ok((a, b))
+}
+
+thread_local! {
+    /// The descriptors of the [`Fd`]s serialized into the message being encoded.
+    static OUTGOING: RefCell<Vec<RawFd>> = const { RefCell::new(Vec::new()) };
+    /// The descriptors of the message being decoded, taken by its [`Fd`]s.
+    static INCOMING: RefCell<Vec<Option<OwnedFd>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A descriptor in a request or a response (an opened file, a socket bound to a low port):
+/// it travels as `SCM_RIGHTS`, and the receiver gets its own descriptor for the same open
+/// file, close-on-exec. At most 16 per message.
+///
+/// ```no_run
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// enum Response {
+///     Opened(appsrv::privileged::Fd),
+///     Denied(String),
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Fd(pub OwnedFd);
+
+impl Fd {
+    /// The descriptor.
+    pub fn into_inner(self) -> OwnedFd {
+        self.0
+    }
+}
+
+impl From<OwnedFd> for Fd {
+    fn from(fd: OwnedFd) -> Fd {
+        Fd(fd)
+    }
+}
+
+impl AsFd for Fd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl Serialize for Fd {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let index = OUTGOING.with(|out| {
+            let mut out = out.borrow_mut();
+            out.push(self.0.as_raw_fd());
+            out.len() - 1
+        });
+        if index >= MAX_FDS {
+            return Err(serde::ser::Error::custom(format!(
+                "more than {MAX_FDS} descriptors in one message"
+            )));
+        }
+        s.serialize_u32(index as u32)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fd {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Fd, D::Error> {
+        let index = u32::deserialize(d)? as usize;
+        INCOMING
+            .with(|fds| fds.borrow_mut().get_mut(index).and_then(Option::take))
+            .map(Fd)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("no descriptor {index} in the message (or named twice)"))
+            })
+    }
+}
+
+/// Encodes `value` and sends it as one message of `kind` on `to`. Blocks while the
+/// receiver's queue is full (a busy helper: the worker waits for it, as for any call).
+pub(crate) fn send<T: Serialize>(to: BorrowedFd<'_>, kind: Kind, seq: u32, value: &T) -> io::Result<()> {
+    OUTGOING.with(|out| out.borrow_mut().clear());
+    let encoded = postcard::to_stdvec(value);
+    let fds = OUTGOING.with(|out| std::mem::take(&mut *out.borrow_mut()));
+    let payload =
+        encoded.map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("encoding: {e}")))?;
+    if payload.len() > MAX_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a message of {} bytes is over the limit of {MAX_MESSAGE}",
+                payload.len()
+            ),
+        ));
+    }
+    send_raw(to, kind, seq, &payload, &fds)
+}
+
+/// Sends one message as it is (the header is built here): for [`send`], and for tests that
+/// forge messages.
+pub(crate) fn send_raw(
+    to: BorrowedFd<'_>,
+    kind: Kind,
+    seq: u32,
+    payload: &[u8],
+    fds: &[RawFd],
+) -> io::Result<()> {
+    let mut header = [0u8; HEADER];
+    header[..4].copy_from_slice(MAGIC);
+    header[4] = kind as u8;
+    header[8..12].copy_from_slice(&seq.to_le_bytes());
+    header[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    send_bytes(to, &[&header, payload], fds)
+}
+
+/// Sends the concatenation of `parts` as one datagram with `fds`.
+pub(crate) fn send_bytes(to: BorrowedFd<'_>, parts: &[&[u8]], fds: &[RawFd]) -> io::Result<()> {
+    let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+    let rights = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
+    loop {
+        match socket::sendmsg::<()>(to.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receives one message from `from` (blocking, unless the socket is non-blocking or
+/// `flags` has `MSG_DONTWAIT`). `buf` is reused between calls.
+pub(crate) fn recv(from: BorrowedFd<'_>, buf: &mut Vec<u8>) -> Result<Message, WireError> {
+    buf.resize(HEADER + MAX_MESSAGE + 1, 0);
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let (bytes, flags, fds) = loop {
+        let mut iov = [IoSliceMut::new(buf)];
+        match socket::recvmsg::<()>(
+            from.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::ScmRights(received) = c {
+                            // SAFETY: the kernel just installed these descriptors in this
+                            // process for this message; nothing else knows their numbers.
+                            fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                        }
+                    }
+                }
+                break (msg.bytes, msg.flags, fds);
+            }
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => return Err(WireError::WouldBlock),
+            Err(Errno::ECONNRESET) => return Err(WireError::Closed),
+            Err(e) => return Err(WireError::Io(e.into())),
+        }
+    };
+    if bytes == 0 && fds.is_empty() && !flags.contains(MsgFlags::MSG_TRUNC) {
+        return Err(WireError::Closed);
+    }
+    let seq = header_seq(&buf[..bytes.min(buf.len())]);
+    let bad = |why: String| Err(WireError::Malformed { seq, why });
+    if flags.contains(MsgFlags::MSG_TRUNC) || bytes > HEADER + MAX_MESSAGE {
+        return bad(format!("over the limit of {MAX_MESSAGE} bytes"));
+    }
+    if flags.contains(MsgFlags::MSG_CTRUNC) {
+        return bad(format!("more than {MAX_FDS} descriptors"));
+    }
+    parse(&buf[..bytes], fds)
+}
+
+/// The sequence number of a datagram whose header starts well.
+fn header_seq(datagram: &[u8]) -> Option<u32> {
+    (datagram.len() >= 12 && &datagram[..4] == MAGIC)
+        .then(|| u32::from_le_bytes(datagram[8..12].try_into().expect("4 bytes")))
+}
+
+/// Checks and splits one received datagram.
+pub(crate) fn parse(datagram: &[u8], fds: Vec<OwnedFd>) -> Result<Message, WireError> {
+    let seq = header_seq(datagram);
+    let bad = |why: String| Err(WireError::Malformed { seq, why });
+    if datagram.len() < HEADER {
+        return bad(format!(
+            "{} bytes, shorter than the {HEADER}-byte header",
+            datagram.len()
+        ));
+    }
+    if &datagram[..4] != MAGIC {
+        return bad("no APv1 header".into());
+    }
+    let Some(kind) = Kind::from_u8(datagram[4]) else {
+        return bad(format!("unknown kind {}", datagram[4]));
+    };
+    let seq = u32::from_le_bytes(datagram[8..12].try_into().expect("4 bytes"));
+    let len = u32::from_le_bytes(datagram[12..16].try_into().expect("4 bytes")) as usize;
+    if len > MAX_MESSAGE {
+        return bad(format!(
+            "a length of {len} bytes, over the limit of {MAX_MESSAGE}"
+        ));
+    }
+    let got = datagram.len() - HEADER;
+    if got != len {
+        return bad(format!(
+            "truncated: {got} bytes of the {len} its header announces"
+        ));
+    }
+    Ok(Message {
+        kind,
+        seq,
+        payload: datagram[HEADER..].to_vec(),
+        fds,
+    })
+}
+
+/// Decodes a payload, handing its [`Fd`]s the message's descriptors (those it does not
+/// name are closed).
+pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8], fds: Vec<OwnedFd>) -> Result<T, String> {
+    INCOMING.with(|incoming| *incoming.borrow_mut() = fds.into_iter().map(Some).collect());
+    let decoded = postcard::from_bytes(payload).map_err(|e| e.to_string());
+    INCOMING.with(|incoming| incoming.borrow_mut().clear());
+    decoded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_round_trips_with_its_descriptors() {
+        let (a, b) = pair().unwrap();
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let value = (String::from("open"), Fd(OwnedFd::from(file)), 7u64);
+        send(a.as_fd(), Kind::Request, 9, &value).unwrap();
+        let mut buf = Vec::new();
+        let msg = recv(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((msg.kind, msg.seq, msg.fds.len()), (Kind::Request, 9, 1));
+        let (op, fd, n): (String, Fd, u64) = decode(&msg.payload, msg.fds).unwrap();
+        assert_eq!((op.as_str(), n), ("open", 7));
+        // The descriptor received is close-on-exec, and names /dev/null.
+        let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert!(flags & libc::FD_CLOEXEC != 0);
+        let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())).unwrap();
+        assert_eq!(target, std::path::Path::new("/dev/null"));
+    }
+
+    #[test]
+    fn bad_datagrams_are_refused_with_the_reason() {
+        let (a, b) = pair().unwrap();
+        let mut buf = Vec::new();
+        let expect = |sent: &[&[u8]], needle: &str, buf: &mut Vec<u8>| {
+            send_bytes(a.as_fd(), sent, &[]).unwrap();
+            match recv(b.as_fd(), buf) {
+                Err(WireError::Malformed { why, .. }) => assert!(why.contains(needle), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        };
+        expect(&[b"APv1"], "shorter than", &mut buf);
+        expect(&[b"XXXX\x01\0\0\0\0\0\0\0\0\0\0\0"], "no APv1 header", &mut buf);
+        expect(&[b"APv1\x09\0\0\0\0\0\0\0\0\0\0\0"], "unknown kind 9", &mut buf);
+        expect(
+            &[b"APv1\x01\0\0\0\0\0\0\0\x10\0\0\0", b"abc"],
+            "truncated: 3 bytes of the 16",
+            &mut buf,
+        );
+        expect(
+            &[b"APv1\x01\0\0\0\0\0\0\0\xff\xff\xff\x7f"],
+            "over the limit",
+            &mut buf,
+        );
+        let big = vec![0u8; MAX_MESSAGE + 100];
+        expect(
+            &[b"APv1\x01\0\0\0\0\0\0\0\0\0\0\0", &big],
+            "over the limit",
+            &mut buf,
+        );
+        // A good message still goes through after all of them.
+        send(a.as_fd(), Kind::Request, 1, &5u8).unwrap();
+        let msg = recv(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(decode::<u8>(&msg.payload, msg.fds).unwrap(), 5);
+        // A payload that does not decode as the type is the decoder's error.
+        assert!(decode::<(String, u64)>(&[0xff, 0xff, 0xff], Vec::new()).is_err());
+        drop(a);
+        assert!(matches!(recv(b.as_fd(), &mut buf), Err(WireError::Closed)));
+    }
+}
