@@ -13,6 +13,14 @@
 //! - `tls`: answers `tls VERSION subject=SUBJECT alpn=PROTOCOL sni=NAME` (`-` for what is
 //!   absent) on a TLS connection, `tls none` on a plain one.
 //!
+//! - `helper whoami`, `helper open PATH`, `helper pid`, `helper sleep SECS` (with
+//!   `--helper`): ask the worker's privileged helper for its identity (`helper uid=U
+//!   gid=G capeff=HEX capbnd=HEX fds=N`), to open PATH and hand the descriptor over (the
+//!   worker reads it: `helper opened N bytes`), for its pid, or to sleep (`helper slept`);
+//!   a refusal or failure answers `helper error REASON`.
+//!
+//! `--helper` gives each worker a privileged helper (`Server::privileged`) that keeps
+//! `CAP_DAC_OVERRIDE` only, `--helper-fail` makes its factory fail;
 //! `--fail-factory` makes every worker's factory fail, `--fail-reload` the reload hook and
 //! `--fail-check` the check hook; `--crash-if-exists PATH` makes a
 //! starting worker exit with status 3 while PATH exists; `--keep-fd N` keeps the inherited
@@ -38,6 +46,101 @@ struct Opts {
     /// Keep this inherited descriptor open (Server::keep_fd).
     #[arg(long, value_name = "N")]
     keep_fd: Vec<i32>,
+    /// Give each worker a privileged helper (Server::privileged).
+    #[arg(long)]
+    helper: bool,
+    /// Make the privileged helper's factory fail.
+    #[arg(long)]
+    helper_fail: bool,
+}
+
+/// The testbed's privileged helper: what it is, and one file opened on request.
+struct TestHelper;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum HelperRequest {
+    Whoami,
+    Open(String),
+    Pid,
+    Sleep(f64),
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum HelperResponse {
+    Who(String),
+    Opened(Result<appsrv::privileged::Fd, String>),
+    Pid(u32),
+    Slept,
+}
+
+impl appsrv::privileged::Privileged for TestHelper {
+    type Request = HelperRequest;
+    type Response = HelperResponse;
+    const CAPABILITIES: &'static [appsrv::privileged::Capability] =
+        &[appsrv::privileged::Capability::CAP_DAC_OVERRIDE];
+
+    fn handle(&mut self, request: HelperRequest, _caller: &appsrv::privileged::Caller) -> HelperResponse {
+        match request {
+            HelperRequest::Whoami => {
+                let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+                let field = |key: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(key))
+                        .map_or(String::new(), |v| {
+                            v.split_whitespace().next().unwrap_or("").to_owned()
+                        })
+                };
+                let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count().saturating_sub(1));
+                HelperResponse::Who(format!(
+                    "uid={} gid={} capeff={} capbnd={} fds={fds}",
+                    field("Uid:"),
+                    field("Gid:"),
+                    field("CapEff:"),
+                    field("CapBnd:")
+                ))
+            }
+            HelperRequest::Open(path) => HelperResponse::Opened(
+                std::fs::File::open(&path)
+                    .map(|f| std::os::fd::OwnedFd::from(f).into())
+                    .map_err(|e| format!("{:?}", e.kind())),
+            ),
+            HelperRequest::Pid => HelperResponse::Pid(std::process::id()),
+            HelperRequest::Sleep(secs) => {
+                std::thread::sleep(Duration::from_secs_f64(secs));
+                HelperResponse::Slept
+            }
+        }
+    }
+}
+
+/// A `helper ...` line: the call, and the line that answers it.
+fn ask_helper(client: &appsrv::Client, cmd: &str) -> String {
+    use appsrv::privileged::CallError;
+    let request = match cmd.split_once(' ').unwrap_or((cmd, "")) {
+        ("whoami", _) => HelperRequest::Whoami,
+        ("open", path) => HelperRequest::Open(path.to_owned()),
+        ("pid", _) => HelperRequest::Pid,
+        ("sleep", secs) => HelperRequest::Sleep(secs.parse().unwrap_or(1.0)),
+        _ => return format!("helper error unknown helper command {cmd:?}"),
+    };
+    let helper = client.privileged::<TestHelper>().timeout(Duration::from_secs(5));
+    match helper.call(&request) {
+        Ok(HelperResponse::Who(who)) => format!("helper {who}"),
+        Ok(HelperResponse::Opened(Ok(fd))) => {
+            let mut bytes = Vec::new();
+            let read = std::io::Read::read_to_end(&mut std::fs::File::from(fd.into_inner()), &mut bytes);
+            match read {
+                Ok(n) => format!("helper opened {n} bytes"),
+                Err(e) => format!("helper error reading the descriptor: {e}"),
+            }
+        }
+        Ok(HelperResponse::Opened(Err(e))) => format!("helper error {e}"),
+        Ok(HelperResponse::Pid(pid)) => format!("helper pid {pid}"),
+        Ok(HelperResponse::Slept) => "helper slept".to_owned(),
+        Err(CallError::Timeout(t)) => format!("helper error timeout {t:?}"),
+        Err(e) => format!("helper error {e}"),
+    }
 }
 
 struct Testbed {
@@ -110,6 +213,7 @@ impl appsrv::Handler for Testbed {
                     let r = unsafe { libc::setuid(0) };
                     writeln!(client, "root {}", if r == 0 { "ok" } else { "error" })?;
                 }
+                cmd if cmd.starts_with("helper ") => writeln!(client, "{}", ask_helper(client, &cmd[7..]))?,
                 "tolerate-timeouts" => {
                     tolerate_timeouts = true;
                     writeln!(client, "ok")?;
@@ -135,6 +239,17 @@ fn serve() -> appsrv::Result<()> {
     let (fail_reload, fail_check) = (opts.fail_reload, opts.fail_check);
     for fd in &opts.keep_fd {
         server = server.keep_fd(*fd);
+    }
+    if opts.helper {
+        let fail = opts.helper_fail;
+        // Under --sandbox, the helper reads /proc for `helper whoami`, and nothing else.
+        server = server.privileged_sandbox(appsrv::Sandbox::new().read("/proc"));
+        server = server.privileged(move || {
+            if fail {
+                return Err("no policy (testbed --helper-fail)".into());
+            }
+            Ok(TestHelper)
+        });
     }
     let server = server
         .on_reload(move || {
