@@ -3,7 +3,9 @@
 //! In order, right after fork (see `docs/ARCHITECTURE.md`):
 //! 1. the log lines say `worker N` and the worker's pid;
 //! 2. the master's signal handlers are replaced by the worker's ([`sys::install_worker_signals`]);
-//! 3. descriptors that only the master needs are closed;
+//! 3. descriptors that only the master needs are closed; with `Server::privileged`, the
+//!    worker forks its privileged helper now, still root (`privileged/helper.rs`), and
+//!    waits until it is ready;
 //! 4. the umask, resource limits and chroot are applied (they need root);
 //! 5. privileges are dropped (groups, gid, uid) and checked;
 //! 6. the parent-death signal is set (after the drop, which clears it) and the parent checked;
