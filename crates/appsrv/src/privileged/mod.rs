@@ -31,12 +31,30 @@
 //!     }
 //! }
 //!
-//! // In a handler (blocking model): one call, with a timeout.
+//! // In a handler (blocking model): one call.
 //! fn read_shadow() -> Result<std::fs::File, appsrv::privileged::CallError> {
 //!     let answer = appsrv::privileged::helper::<Opener>().call(&"/etc/shadow".to_owned())?;
 //!     answer
 //!         .map(|fd| std::fs::File::from(fd.into_inner()))
 //!         .map_err(appsrv::privileged::CallError::Refused)
+//! }
+//!
+//! struct Shadow;
+//!
+//! impl appsrv::Handler for Shadow {
+//!     fn handle_client(&mut self, client: &mut appsrv::Client) -> std::io::Result<()> {
+//!         let file = read_shadow()?;
+//!         let len = file.metadata()?.len();
+//!         std::io::Write::write_all(client, format!("{len} bytes\n").as_bytes())
+//!     }
+//! }
+//!
+//! fn main() {
+//!     appsrv::server!("shadow")
+//!         .listen("127.0.0.1:7010")
+//!         .privileged(|| Ok(Opener))
+//!         .run(|| Ok(Shadow))
+//!         .unwrap_or_else(|e| e.exit());
 //! }
 //! ```
 //!

@@ -141,6 +141,15 @@ thread_local! {
 ///     Opened(appsrv::privileged::Fd),
 ///     Denied(String),
 /// }
+///
+/// // In the helper: a file the worker could not open, handed over.
+/// fn open_log() -> Response {
+///     match std::fs::File::open("/var/log/app/today.log") {
+///         Ok(file) => Response::Opened(std::os::fd::OwnedFd::from(file).into()),
+///         Err(e) => Response::Denied(e.to_string()),
+///     }
+/// }
+/// # let _ = open_log();
 /// ```
 #[derive(Debug)]
 pub struct Fd(pub OwnedFd);
