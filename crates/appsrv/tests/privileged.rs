@@ -30,10 +30,15 @@ fn issue_18_the_worker_is_unprivileged_and_its_helper_narrow() {
         println!("skipped: needs root");
         return;
     }
-    for sandbox in [false, true] {
+    // Forked workers, sandboxed ones, and re-executed ones (whose helper is forked by the
+    // re-executed worker).
+    for (sandbox, exec) in [(false, false), (true, false), (false, true)] {
         let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--helper"];
         if sandbox {
             args.push("--sandbox");
+        }
+        if exec {
+            args.push("--exec-workers");
         }
         let server = Server::start("testbed", &args);
         let mut c = LineClient::tcp(server.tcp_addr());
