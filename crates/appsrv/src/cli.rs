@@ -306,10 +306,21 @@ impl Config {
             ),
             false => None,
         };
+        // The helper's profile gets the operator's paths too (the commands a helper starts
+        // inherit its profile, and they are what --sandbox-read is usually for), and its
+        // own task directory, where kill_leftovers finds its children (Landlock covers
+        // procfs: without it the helper would see none, and kill nothing).
         let helper_sandbox = match (self.sandbox, &self.helper_profile) {
-            (true, Some(profile)) => Some(profile.compile().map_err(|e| {
-                crate::Error::Config(format!("--sandbox (the privileged helper's profile): {e}"))
-            })?),
+            (true, Some(profile)) => Some(
+                profile
+                    .clone()
+                    .with_paths(&self.sandbox_read, &self.sandbox_write)
+                    .read("/proc/self/task")
+                    .compile()
+                    .map_err(|e| {
+                        crate::Error::Config(format!("--sandbox (the privileged helper's profile): {e}"))
+                    })?,
+            ),
             _ => None,
         };
         Ok(crate::confine::privilege::Confinement {

@@ -268,30 +268,30 @@ fn keep_only(keep: &[caps::Capability]) -> Result<(), caps::errors::CapsError> {
 /// that left their process group (`setsid`, `setpgid`, a daemonizing fork) and, orphaned,
 /// became the helper's children (it is a child subreaper). Call it after a command has
 /// been waited for; it must not run while another child is meant to live. Returns how
-/// many processes it killed. Outside a helper (a process that is no subreaper) it kills
+/// many processes it killed (one killed before, with its process group say, and not yet
+/// reaped counts too: reap those first to count only the escapees). Outside a helper (a process that is no subreaper) it kills
 /// the caller's own children: call it only in [`Privileged::handle`].
 pub fn kill_leftovers() -> usize {
     let mut killed = 0;
-    // A leftover may fork again while it is being killed: a few rounds.
-    for _ in 0..8 {
+    // Each round kills the children there are and waits for each of them, so that none is
+    // counted twice; what they had started became the helper's children as they died: the
+    // next round. Bounded, for a leftover that forks faster than it is killed (its user's
+    // RLIMIT_NPROC bounds that too).
+    for _ in 0..64 {
         let children = sys::children();
         if children.is_empty() {
             break;
         }
-        for pid in children {
+        for &pid in &children {
             if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
                 killed += 1;
             }
         }
-        // Reap every child that has ended (the killed ones, and their reparented children).
-        while let Ok(status) = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
-            if status == nix::sys::wait::WaitStatus::StillAlive {
-                break;
-            }
+        for pid in children {
+            // SIGKILLed, so this returns; EINTR (a stop signal) is retried.
+            while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
         }
     }
-    // Those killed last may not be reaped yet: wait for each (they were SIGKILLed).
-    while nix::sys::wait::waitpid(None, None).is_ok() {}
     killed
 }
 
