@@ -210,12 +210,13 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use appsrv::codec::{Http, HttpRequest, HttpResponse};
+use appsrv::privileged::{Caller, Capability, Privileged};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::resource::Resource;
 use nix::sys::signal::{self, SigSet, Signal};
 use nix::unistd::{Gid, Pid, Uid, User};
 use quick_xml::events::Event;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// What is kept of each of stdout and stderr.
 const OUTPUT_CAP: usize = 64 * 1024;
@@ -242,6 +243,13 @@ struct Args {
     /// arguments, users and timeout. Required by run, start and check.
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
+    /// For tests only, hidden from the help: the workers skip their own check of the
+    /// policy and forward every `run` call to their helper as it came, so that a test can
+    /// show that the helper refuses what the policy forbids even when a worker (say, a
+    /// compromised one) asks for it. Never use it in production: it only costs a round
+    /// trip per refused call, but it is not how runas is meant to run.
+    #[arg(long, hide = true)]
+    unchecked_workers: bool,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -349,6 +357,41 @@ impl Policy {
             commands.insert(name, rule);
         }
         Ok(Policy { token, commands })
+    }
+}
+
+impl Policy {
+    /// The policy's answer to `run(token, user, command, args)`: the rule and the user,
+    /// or the fault that names what is refused. The worker checks with it, and its helper
+    /// again.
+    fn check<'p>(
+        &'p self,
+        token: &str,
+        user: &str,
+        command: &str,
+        args: &[&str],
+    ) -> Result<(&'p Rule, &'p Target), Fault> {
+        // The token first: a client without it learns nothing about the policy.
+        if !token_matches(token.as_bytes(), &self.token) {
+            return Err(Fault::new(FAULT_AUTH, "authentication failed: bad token"));
+        }
+        let Some(rule) = self.commands.get(command) else {
+            let shown: String = command.chars().take(64).collect();
+            return Err(Fault::new(
+                FAULT_COMMAND,
+                format!("command not allowed: {shown:?}"),
+            ));
+        };
+        let Some(target) = rule.users.get(user) else {
+            let shown: String = user.chars().take(64).collect();
+            return Err(Fault::new(
+                FAULT_USER,
+                format!("user not allowed for command {command:?}: {shown:?}"),
+            ));
+        };
+        rule.check_args(command, args)
+            .map_err(|e| Fault::new(FAULT_ARGUMENT, e))?;
+        Ok((rule, target))
     }
 }
 
@@ -564,7 +607,8 @@ impl Value {
     }
 }
 
-/// A fault: XML-RPC's error reply.
+/// A fault: XML-RPC's error reply (also the helper's refusal, as it travels back).
+#[derive(Serialize, Deserialize)]
 struct Fault {
     code: i32,
     message: String,
@@ -929,13 +973,16 @@ fn response_xml(result: &Result<Value, Fault>) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// The handler
+// The worker: HTTP, XML-RPC, the policy's check, and the call to the helper
 // ---------------------------------------------------------------------------------------
 
+/// A worker's handler: it runs as `--user` (default `nobody`), with no capability, and
+/// cannot start a process as anyone (under `--sandbox`, no process at all): it asks its
+/// privileged helper ([`RunHelper`]) for what the policy allows.
 struct RunAs {
     policy: Rc<Policy>,
-    /// The programs of the policy at start: the only ones a sandboxed worker may execute.
-    at_start: Rc<BTreeSet<PathBuf>>,
+    /// `--unchecked-workers` (tests only): forward every call to the helper unchecked.
+    unchecked: bool,
 }
 
 impl appsrv::RequestHandler for RunAs {
@@ -948,7 +995,7 @@ impl appsrv::RequestHandler for RunAs {
 
     fn handle_request(
         &mut self,
-        _conn: &mut appsrv::Conn<'_>,
+        conn: &mut appsrv::Conn<'_>,
         req: &HttpRequest<'_>,
         res: &mut HttpResponse<'_>,
     ) -> io::Result<()> {
@@ -968,7 +1015,7 @@ impl appsrv::RequestHandler for RunAs {
         if !xml_type {
             return plain(res, 415, "unsupported media type: send text/xml\n");
         }
-        let result = parse_call(req.body()).and_then(|(method, params)| self.call(&method, &params));
+        let result = parse_call(req.body()).and_then(|(method, params)| self.call(conn, &method, &params));
         if let Err(f) = &result {
             tracing::warn!("fault {}: {}", f.code, f.message);
         }
@@ -982,10 +1029,15 @@ fn plain(res: &mut HttpResponse<'_>, status: u16, text: &str) -> io::Result<()> 
     res.write_all(text.as_bytes())
 }
 
+/// How much longer than a command's timeout and its drain ([`DRAIN_AFTER_KILL`]) a worker
+/// waits for its helper's answer: the helper's own work around the command (the fork,
+/// the reap, the leftovers' kill) on a loaded machine.
+const CALL_MARGIN: Duration = Duration::from_secs(10);
+
 impl RunAs {
-    fn call(&self, method: &str, params: &[Value]) -> Result<Value, Fault> {
+    fn call(&self, conn: &appsrv::Conn<'_>, method: &str, params: &[Value]) -> Result<Value, Fault> {
         match method {
-            "run" => self.run(params),
+            "run" => self.run(conn, params),
             other => {
                 let shown: String = other.chars().take(64).collect();
                 Err(Fault::new(FAULT_METHOD, format!("unknown method: {shown:?}")))
@@ -993,8 +1045,9 @@ impl RunAs {
         }
     }
 
-    /// `run(token, user, command, args)`.
-    fn run(&self, params: &[Value]) -> Result<Value, Fault> {
+    /// `run(token, user, command, args)`: checked here, then asked of the helper, which
+    /// checks again and runs it.
+    fn run(&self, conn: &appsrv::Conn<'_>, params: &[Value]) -> Result<Value, Fault> {
         const SIGNATURE: &str = "run(token, user, command, args) takes three strings and an array of strings";
         let [
             Value::Str(token),
@@ -1023,27 +1076,152 @@ impl RunAs {
                 )),
             })
             .collect::<Result<_, _>>()?;
-        // The token first: a client without it learns nothing about the policy.
-        if !token_matches(token.as_bytes(), &self.policy.token) {
-            return Err(Fault::new(FAULT_AUTH, "authentication failed: bad token"));
+        // The worker's check answers what the policy refuses without a round trip to the
+        // helper; the helper's check is the one that counts.
+        if !self.unchecked {
+            self.policy.check(token, user, command, &args)?;
         }
-        let Some(rule) = self.policy.commands.get(command.as_str()) else {
-            let shown: String = command.chars().take(64).collect();
-            return Err(Fault::new(
-                FAULT_COMMAND,
-                format!("command not allowed: {shown:?}"),
-            ));
+        let mut helper = conn.privileged::<RunHelper>();
+        if let Some(rule) = self.policy.commands.get(command.as_str()) {
+            helper = helper.timeout(rule.timeout + DRAIN_AFTER_KILL + CALL_MARGIN);
+        }
+        let request = Request::Run {
+            token: token.clone(),
+            user: user.clone(),
+            command: command.clone(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
         };
-        let Some(target) = rule.users.get(user.as_str()) else {
-            let shown: String = user.chars().take(64).collect();
-            return Err(Fault::new(
-                FAULT_USER,
-                format!("user not allowed for command {command:?}: {shown:?}"),
-            ));
-        };
-        rule.check_args(command, &args)
-            .map_err(|e| Fault::new(FAULT_ARGUMENT, e))?;
-        let outcome = execute(rule, target, &args).map_err(|e| {
+        match helper.call(&request) {
+            Ok(Ok(ran)) => Ok(ran.into_value()),
+            // The helper's refusal (its check failed) or the command's failure to start:
+            // the fault as the helper wrote it.
+            Ok(Err(fault)) => Err(fault),
+            // The helper is gone (the worker stops after this connection and the master
+            // replaces it, with a new helper), did not answer in time, or could not read
+            // the request: the command did not run, or its outcome is lost.
+            Err(e) => {
+                let shown: String = command.chars().take(64).collect();
+                tracing::error!("run {shown:?} as {user:?}: {e}");
+                Err(Fault::new(
+                    FAULT_EXEC,
+                    format!("could not run command {shown:?}: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The privileged helper: the check again, and the command as its user
+// ---------------------------------------------------------------------------------------
+
+/// What a worker may ask of its helper: one operation, with the client's words, never a
+/// program path or a command line (the helper finds the program in its own policy).
+#[derive(Serialize, Deserialize)]
+enum Request {
+    /// Runs the policy's command named `command` as `user` with `args`, if the policy
+    /// allows it with `token`.
+    Run {
+        token: String,
+        user: String,
+        command: String,
+        args: Vec<String>,
+    },
+}
+
+/// How a command ended, as the helper reports it.
+#[derive(Serialize, Deserialize)]
+struct Ran {
+    /// The exit code, -1 when a signal ended the command.
+    status: i32,
+    /// The signal that ended it, 0 if none.
+    signal: i32,
+    timed_out: bool,
+    /// The first [`OUTPUT_CAP`] bytes of each.
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+}
+
+impl Ran {
+    fn into_value(self) -> Value {
+        let text = |b: &[u8]| Value::Str(String::from_utf8_lossy(b).into_owned());
+        Value::Struct(vec![
+            ("status".into(), Value::Int(self.status.into())),
+            ("signal".into(), Value::Int(self.signal.into())),
+            ("timed_out".into(), Value::Bool(self.timed_out)),
+            ("stdout".into(), text(&self.stdout)),
+            ("stderr".into(), text(&self.stderr)),
+            ("stdout_truncated".into(), Value::Bool(self.stdout_truncated)),
+            ("stderr_truncated".into(), Value::Bool(self.stderr_truncated)),
+        ])
+    }
+}
+
+/// The privileged helper of a worker: uid 0 with only the capabilities below, it takes
+/// [`Request`]s, checks each against its own copy of the policy (the master's, as loaded
+/// at start or by the last reload, inherited through the worker's fork), and runs what
+/// the policy allows as the command's user.
+struct RunHelper {
+    policy: Rc<Policy>,
+    /// The programs of the policy at start: the only ones a sandboxed helper may execute.
+    at_start: Rc<BTreeSet<PathBuf>>,
+}
+
+impl Privileged for RunHelper {
+    type Request = Request;
+    type Response = Result<Ran, Fault>;
+    /// What running a command as another user takes, and nothing else:
+    /// - `CAP_SETUID`: `setresuid` to the target user, in the child;
+    /// - `CAP_SETGID`: `setgroups` (the user's groups) and `setresgid`, in the child;
+    /// - `CAP_KILL`: killing the command's process group at its end or its timeout, and
+    ///   what it left behind (`kill_leftovers`), processes of another user.
+    ///
+    /// Not needed: `CAP_SYS_RESOURCE` (the rlimits are only ever lowered), the
+    /// `CAP_DAC_*` capabilities (the helper opens only `/dev/null`; the policy and the
+    /// token are read by the master; the child executes the program and enters the home
+    /// directory as the user), `CAP_SETPCAP` (the child's change of uid clears every
+    /// capability). RLIMIT_NPROC does not limit the helper's forks: uid 0 is exempt.
+    const CAPABILITIES: &'static [Capability] = &[
+        Capability::CAP_SETUID,
+        Capability::CAP_SETGID,
+        Capability::CAP_KILL,
+    ];
+
+    fn handle(&mut self, request: Request, caller: &Caller) -> Result<Ran, Fault> {
+        let Request::Run {
+            token,
+            user,
+            command,
+            args,
+        } = request;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // Again, whatever the worker checked: it parses the network's bytes, and may have
+        // been made to ask anything.
+        let (rule, target) = self
+            .policy
+            .check(&token, &user, &command, &args)
+            .inspect_err(|f| {
+                tracing::warn!(
+                    "refused a request of worker {} (pid {}): fault {}: {}",
+                    caller.worker(),
+                    caller.pid(),
+                    f.code,
+                    f.message
+                );
+            })?;
+        let outcome = execute(rule, target, &args);
+        // What left the command's process group (setsid, setpgid) and outlived it is now
+        // the helper's child (a subreaper): killed, now that the command is reaped.
+        let killed = appsrv::privileged::kill_leftovers();
+        if killed > 0 {
+            tracing::warn!(
+                "ran {command:?} {args:?} as {user:?}: killed {killed} process(es) it left \
+                 running outside its process group (setsid, setpgid)"
+            );
+        }
+        let outcome = outcome.map_err(|e| {
             let reason = match e.raw_os_error() {
                 // From execve after setresuid: the user is over RLIMIT_NPROC.
                 Some(libc::EAGAIN) => format!(
@@ -1055,7 +1233,7 @@ impl RunAs {
                 // Landlock's refusal, for a program a reload added (see sandbox_profile).
                 Some(libc::EACCES) if !self.at_start.contains(&rule.program) => format!(
                     "{e}; {} was not in the policy when runas started, and with --sandbox \
-                     workers can execute only the programs allowed at start: restart runas",
+                     commands can execute only the programs allowed at start: restart runas",
                     rule.program.display()
                 ),
                 _ => e.to_string(),
@@ -1064,8 +1242,9 @@ impl RunAs {
             Fault::new(FAULT_EXEC, format!("could not run command {command:?}: {reason}"))
         })?;
         tracing::info!(
-            "ran {command:?} {args:?} as {user:?} (uid {}): {} in {:.3} s, {} + {} bytes of output",
+            "ran {command:?} {args:?} as {user:?} (uid {}) for worker {}: {} in {:.3} s, {} + {} bytes of output",
             target.uid,
+            caller.worker(),
             outcome.describe(rule.timeout),
             outcome.elapsed.as_secs_f64(),
             outcome.stdout.total,
@@ -1075,11 +1254,11 @@ impl RunAs {
             tracing::warn!(
                 "ran {command:?} {args:?} as {user:?}: its output was still open {} s after it \
                  ended and its process group was killed: a process that left the group \
-                 (setsid, setpgid) holds it and is still running as {user:?}",
+                 (setsid, setpgid) held it",
                 DRAIN_AFTER_KILL.as_secs()
             );
         }
-        Ok(outcome.into_value())
+        Ok(outcome.into_ran())
     }
 }
 
@@ -1126,23 +1305,16 @@ impl Outcome {
         }
     }
 
-    fn into_value(self) -> Value {
-        let text = |c: &Capture| Value::Str(String::from_utf8_lossy(&c.kept).into_owned());
-        Value::Struct(vec![
-            (
-                "status".into(),
-                Value::Int(self.status.code().unwrap_or(-1).into()),
-            ),
-            (
-                "signal".into(),
-                Value::Int(self.status.signal().unwrap_or(0).into()),
-            ),
-            ("timed_out".into(), Value::Bool(self.timed_out)),
-            ("stdout".into(), text(&self.stdout)),
-            ("stderr".into(), text(&self.stderr)),
-            ("stdout_truncated".into(), Value::Bool(self.stdout.truncated())),
-            ("stderr_truncated".into(), Value::Bool(self.stderr.truncated())),
-        ])
+    fn into_ran(self) -> Ran {
+        Ran {
+            status: self.status.code().unwrap_or(-1),
+            signal: self.status.signal().unwrap_or(0),
+            timed_out: self.timed_out,
+            stdout_truncated: self.stdout.truncated(),
+            stderr_truncated: self.stderr.truncated(),
+            stdout: self.stdout.kept,
+            stderr: self.stderr.kept,
+        }
     }
 }
 
@@ -1351,6 +1523,7 @@ fn execute(rule: &Rule, target: &Target, args: &[&str]) -> io::Result<Outcome> {
     };
     // Always reaped, so no zombie is left, whatever failed.
     let status = child.wait();
+    reap_group(&child);
     let timed_out = ended?;
     let closed = drained?;
     let [stdout, stderr] = output.captures;
@@ -1373,6 +1546,21 @@ fn kill_group(child: &Child) {
     // The command itself, should it have left its group (it cannot: it leads its own
     // session, and a session leader cannot change its group; this is cheap insurance).
     let _ = signal::kill(pid, Signal::SIGKILL);
+}
+
+/// Reaps the rest of the command's killed process group: the processes the command started
+/// in it were orphaned as it exited and, the helper being a child subreaper, became the
+/// helper's children. Each was killed with the group, so the wait is short; once none is
+/// left, what the helper still has as children left the group (`kill_leftovers`).
+fn reap_group(child: &Child) {
+    let group = Pid::from_raw(-(child.id() as i32));
+    loop {
+        match nix::sys::wait::waitpid(group, None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            // ECHILD: no child of the helper is left in the group.
+            Err(_) => break,
+        }
+    }
 }
 
 /// The command's stdout and stderr as they are read: the pipes still open, and what is
@@ -1687,23 +1875,22 @@ fn subcommand() -> String {
     }
 }
 
-/// Why a worker that is not root refuses to start.
-const NOT_ROOT: &str =
-    "the workers must run as root to switch to each command's user: start runas as root, without --user";
+/// Why runas refuses to start other than as root (and why a helper that is not root
+/// refuses to start).
+const NOT_ROOT: &str = "runas must start as root: each worker's privileged helper stays root (with \
+     CAP_SETUID, CAP_SETGID and CAP_KILL only) to run the commands as their users; the workers \
+     themselves run as --user (default nobody)";
 
 fn main() {
     serve().unwrap_or_else(|e| e.exit());
 }
 
 fn serve() -> appsrv::Result<()> {
+    // No allow_root_workers: the workers run as --user, or nobody; only their helpers keep
+    // root (see the module documentation).
     let mut server = appsrv::server!("runas")
         .about("Runs allow-listed commands as allow-listed users over XML-RPC (see the policy file)")
         .listen("127.0.0.1:8070");
-    if Uid::effective().is_root() {
-        // The workers must stay root to switch to each command's user (see the module
-        // documentation); appsrv would otherwise run them as nobody.
-        server = server.allow_root_workers(true);
-    }
     let args: Args = server.args();
     let sub = subcommand();
     let needs_policy = matches!(sub.as_str(), "run" | "start" | "check");
@@ -1721,22 +1908,42 @@ fn serve() -> appsrv::Result<()> {
         commands: BTreeMap::new(),
     };
     let initial = if sub == "run" || sub == "start" {
-        Policy::load(&path).map_err(appsrv::Error::Config)?
+        let policy = Policy::load(&path).map_err(appsrv::Error::Config)?;
+        // Said once, before binding, rather than by each helper as it fails to start.
+        if !Uid::effective().is_root() {
+            return Err(appsrv::Error::Config(NOT_ROOT.into()));
+        }
+        policy
     } else {
         empty()
     };
-    // The sandbox profile (used with --sandbox only), from the policy at start: it is
-    // fixed for the server's life, and a reload cannot extend it.
+    // The helper's sandbox profile (used with --sandbox only), from the policy at start:
+    // it is fixed for the server's life, and a reload cannot extend it. The workers keep
+    // appsrv's default profile: no exec, no fork, no change of identity.
     if sub == "run" || sub == "start" {
-        server = server.sandbox(sandbox_profile(&initial).map_err(appsrv::Error::Config)?);
+        server = server.privileged_sandbox(sandbox_profile(&initial).map_err(appsrv::Error::Config)?);
     }
     let at_start: Rc<BTreeSet<PathBuf>> =
         Rc::new(initial.commands.values().map(|r| r.program.clone()).collect());
     let current = Rc::new(std::cell::RefCell::new(Rc::new(initial)));
     let (for_reload, for_check) = (path.clone(), path.clone());
     let reloaded = Rc::clone(&current);
+    let for_helper = Rc::clone(&current);
     let known = Rc::clone(&at_start);
+    let unchecked = args.unchecked_workers;
     server
+        .privileged(move || {
+            // The helper's own copy of the policy: the master's (at start, or from the last
+            // reload), inherited through the forks; after a reload the workers and their
+            // helpers are new.
+            if !Uid::effective().is_root() {
+                return Err(NOT_ROOT.into());
+            }
+            Ok(RunHelper {
+                policy: Rc::clone(&*for_helper.borrow()),
+                at_start: Rc::clone(&at_start),
+            })
+        })
         .on_reload(move || {
             // A bad policy fails the reload; the workers keep the one they have.
             let policy = Policy::load(&for_reload)?;
@@ -1758,7 +1965,7 @@ fn serve() -> appsrv::Result<()> {
                 // in case it is.
                 tracing::warn!(
                     "policy {}: program(s) not in the policy at start: {}; with --sandbox, \
-                     workers cannot execute them until runas is restarted",
+                     the helpers cannot execute them until runas is restarted",
                     for_reload.display(),
                     added.join(", ")
                 );
@@ -1772,12 +1979,12 @@ fn serve() -> appsrv::Result<()> {
             Ok(())
         })
         .run_requests(move || {
-            if !Uid::effective().is_root() {
-                return Err(NOT_ROOT.into());
+            if unchecked {
+                tracing::warn!("--unchecked-workers: this worker does not check the policy (for tests only)");
             }
             Ok(RunAs {
                 policy: Rc::clone(&*current.borrow()),
-                at_start: Rc::clone(&at_start),
+                unchecked,
             })
         })
 }
