@@ -69,7 +69,7 @@ const TOKEN: &str = "s3cret-token-for-the-runas-tests";
 const COMMANDS: &str = r#"
 [commands.id]
 program = "/usr/bin/id"
-users = ["nobody"]
+users = ["nobody", "daemon"]
 max_processes = 100000
 args = ["-u", "-g", "-G", "-n"]
 max_args = 4
@@ -190,16 +190,10 @@ fn start_with(tag: &str, commands: &str, extra: &[&str]) -> (Server, TempDir) {
     let policy = write_policy(&dir, commands);
     let ctl = socket_path(&format!("runas-{tag}"));
     runas_binary();
-    let mut args = vec![
-        "--policy",
-        &policy,
-        "-l",
-        "127.0.0.1:0",
-        "-w",
-        "2",
-        "--control",
-        &ctl,
-    ];
+    let mut args = vec!["--policy", &policy, "-l", "127.0.0.1:0", "--control", &ctl];
+    if !extra.contains(&"-w") {
+        args.extend_from_slice(&["-w", "2"]);
+    }
     args.extend_from_slice(extra);
     let server = Server::start("runas", &args);
     (server, dir)
@@ -296,6 +290,30 @@ fn any_children(parent: i32) -> Vec<i32> {
             })
         })
         .collect()
+}
+
+/// The privileged helper of worker `worker`: its only child.
+fn helper_of(worker: i32) -> i32 {
+    let children = any_children(worker);
+    assert_eq!(
+        children.len(),
+        1,
+        "worker {worker} has one child, its helper: {children:?}"
+    );
+    children[0]
+}
+
+/// Each worker's helper has no child left, zombie or not: it reaps each command, and
+/// kills and reaps what the command left, before it answers.
+fn assert_nothing_left(workers: &HashSet<i32>) {
+    for w in workers {
+        let helper = helper_of(*w);
+        assert_eq!(
+            any_children(helper),
+            Vec::<i32>::new(),
+            "children of worker {w}'s helper {helper}"
+        );
+    }
 }
 
 /// Live (not zombie) processes whose command line is exactly `argv`.
@@ -680,9 +698,7 @@ fn a_command_past_its_timeout_is_killed_with_its_group() {
     assert!(log.contains("killed after its timeout of 1 s"), "{log}");
     // Reaped before the answer: no child of any worker is left, zombie or not; and the
     // background sleep is gone (it may linger for a moment as a zombie of init).
-    for w in &workers {
-        assert_eq!(any_children(*w), Vec::<i32>::new(), "children of worker {w}");
-    }
+    assert_nothing_left(&workers);
     assert!(
         wait_until(|| live_processes(&["sleep", "3739"]).is_empty().then_some(())).is_some(),
         "the background sleep survived"
@@ -753,41 +769,61 @@ fn issue_14_background_children_are_killed() {
     assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
     let log = server.wait_for_log("ran \"detach\" [\"-c\", \"echo $$; sleep 3740");
     assert!(log.contains("exit status 0"), "{log}");
-    for w in &workers {
-        assert_eq!(any_children(*w), Vec::<i32>::new(), "children of worker {w}");
-    }
+    assert_nothing_left(&workers);
     assert_still_serves(&server, &workers);
 }
 
+/// What a `detach` script needs under `--sandbox` to leave its session and watch it do so
+/// (a sandboxed command executes only the policy's programs).
+const ESCAPE_TOOLS: &str = r#"
+[commands.setsid]
+program = "/usr/bin/setsid"
+users = ["nobody"]
+max_processes = 100000
+
+[commands.cut]
+program = "/usr/bin/cut"
+users = ["nobody"]
+max_processes = 100000
+"#;
+
+/// Issue 14 left a limit: a process that leaves the command's session survives the
+/// process group's kill. Issue 18: the helper is a child subreaper, so the escaped process
+/// becomes its child when the command exits, and the helper kills it once the command is
+/// reaped, before it answers; under `--sandbox` too (its profile lets it see its children).
 #[test]
-fn issue_14_a_child_that_leaves_the_session_does_not_hold_the_call() {
+fn issue_18_a_child_that_leaves_the_session_is_killed_by_the_helper() {
     if !root() {
         return;
     }
-    // The known limit (docs/SECURITY.md): a process that leaves the command's session
-    // survives the kill. It is killed here by the test itself.
     let argv: &'static [&'static str] = &["sleep", "3741"];
     let _guard = KillOnDrop(argv);
-    let (server, _dir) = start("escape");
-    let workers = server.worker_pids();
+    let commands = format!("{COMMANDS}{ESCAPE_TOOLS}");
     let script = r#"setsid sleep 3741 & p=$!; until [ "$(cut -d" " -f6 /proc/$p/stat)" = $p ]; do :; done"#;
-    let started = Instant::now();
-    let out = run(&url(&server), "nobody", "detach", &["-c", script]);
-    let elapsed = started.elapsed();
-    // It holds stdout open, but the call does not wait for it, nor for the 20 s timeout:
-    // it answers a bounded time (2 s) after the shell exited, and the log says why.
-    assert_eq!(stdout_of(&out), "", "{out}");
-    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
-    let warning = server.wait_for_log("its output was still open");
-    assert!(warning.contains("left the group"), "{warning}");
-    assert!(
-        !live_processes(argv).is_empty(),
-        "the escaped sleep is not running"
-    );
-    for w in &workers {
-        assert_eq!(any_children(*w), Vec::<i32>::new(), "children of worker {w}");
+    for extra in [&[][..], &["--sandbox", "--sandbox-read", "/proc"][..]] {
+        let (server, _dir) = start_with("escape", &commands, extra);
+        let workers = server.worker_pids();
+        let started = Instant::now();
+        let out = run(&url(&server), "nobody", "detach", &["-c", script]);
+        let elapsed = started.elapsed();
+        // It holds stdout open, but the call does not wait for it, nor for the 20 s
+        // timeout: it answers a bounded time (2 s) after the shell exited, and the log
+        // says why.
+        assert_eq!(stdout_of(&out), "", "{extra:?}: {out}");
+        assert!(elapsed < Duration::from_secs(20), "{extra:?}: {elapsed:?}");
+        let warning = server.wait_for_log("its output was still open");
+        assert!(warning.contains("left the group"), "{warning}");
+        // Killed and reaped before the answer.
+        let killed = server.wait_for_log("process(es) it left running outside its process group");
+        assert!(killed.contains("killed 1 process(es)"), "{extra:?}: {killed}");
+        assert_eq!(
+            live_processes(argv),
+            Vec::<i32>::new(),
+            "{extra:?}: the escaped sleep survived the call"
+        );
+        assert_nothing_left(&workers);
+        assert_still_serves(&server, &workers);
     }
-    assert_still_serves(&server, &workers);
 }
 
 #[test]
@@ -904,12 +940,27 @@ fn a_bad_policy_stops_the_start_with_the_reason() {
     // No policy at all.
     let (ok, err) = run_example(&["-l", "127.0.0.1:0"]);
     assert!(!ok && err.contains("--policy FILE is required"), "{err}");
-    // Workers dropped to another user could not switch users: they refuse to start.
+    // Started by another user than root (here nobody, with a policy and token of its
+    // own, which it may read): the helpers could not switch users, and runas says so
+    // before it binds. (--user is fine: it is the workers' user.)
     if is_root() {
+        use std::os::unix::process::CommandExt;
         std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o644)).unwrap();
         dir.write("token", &format!("{TOKEN}\n"), 0o600);
-        let (ok, err) = run_example(&["--policy", &good, "-l", "127.0.0.1:0", "--user", "nobody"]);
-        assert!(!ok && err.contains("the workers must run as root"), "{err}");
+        let (uid, gid, _, _) = nobody();
+        for file in [&good, &dir.str("token")] {
+            std::os::unix::fs::chown(file, Some(uid), Some(gid)).unwrap();
+        }
+        let out = Command::new(runas_binary())
+            .args(["--policy", &good, "-l", "127.0.0.1:0"])
+            .uid(uid)
+            .gid(gid)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("runas must start as root"), "{err}");
+        assert!(!err.contains("listening on"), "{err}");
     }
 }
 
@@ -1081,9 +1132,7 @@ fn sandboxed_workers_run_the_policy_and_nothing_else() {
         assert!(log.contains("exit status 126"), "{log}");
     }
     assert_still_serves(&server, &workers);
-    for w in &workers {
-        assert_eq!(any_children(*w), Vec::<i32>::new(), "children of worker {w}");
-    }
+    assert_nothing_left(&workers);
 
     // --sandbox-read extends the profile: cat reads /proc, where the command shows that it
     // inherited the worker's filter; whoami is still refused.
@@ -1186,4 +1235,212 @@ fn under_the_sandbox_a_program_added_by_reload_needs_a_restart() {
         "a worker died; log:\n{}",
         server.log_text()
     );
+}
+
+/// The inode of the TCP socket listening on `addr` (IPv4), from `/proc/net/tcp`.
+fn listener_inode(addr: SocketAddr) -> u64 {
+    let SocketAddr::V4(v4) = addr else {
+        panic!("{addr}: an IPv4 address expected");
+    };
+    let local = format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address, st (0A: LISTEN), ..., inode.
+            (f[1] == local && f[3] == "0A").then(|| f[9].parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no listening socket {local} in /proc/net/tcp"))
+}
+
+/// Every process that holds the socket of inode `inode` open.
+fn holders_of(inode: u64) -> HashSet<i32> {
+    let wanted = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == wanted.as_str()))
+            })
+        })
+        .collect()
+}
+
+/// Issue 18: no process that reads the network keeps a privilege. The listener is held by
+/// the master and the workers only; each worker runs as the workers' user (nobody, or
+/// --user) with no capability (and under --sandbox no new privileges and a seccomp
+/// filter); only its helper, which holds no socket but its channel, stays uid 0, with
+/// exactly CAP_SETUID, CAP_SETGID and CAP_KILL left in every set it has.
+#[test]
+fn issue_18_workers_are_unprivileged_and_only_the_helper_keeps_root() {
+    if !root() {
+        return;
+    }
+    let daemon = nix::unistd::User::from_name("daemon")
+        .unwrap()
+        .expect("a user daemon");
+    let (nobody_uid, nobody_gid, _, _) = nobody();
+    let cases: [(&[&str], u32, u32); 2] = [
+        (&["--sandbox"], nobody_uid, nobody_gid),
+        (&["--user", "daemon"], daemon.uid.as_raw(), daemon.gid.as_raw()),
+    ];
+    for (extra, uid, gid) in cases {
+        let (server, _dir) = start_with("privileges", COMMANDS, extra);
+        let workers = server.wait_for_workers(2);
+        let holders = holders_of(listener_inode(server.tcp_addr()));
+        let mut expected = workers.clone();
+        expected.insert(server.pid());
+        assert_eq!(holders, expected, "{extra:?}: the listener's holders");
+        for w in &workers {
+            let status = std::fs::read_to_string(format!("/proc/{w}/status")).unwrap();
+            assert_eq!(proc_ids(*w, "Uid:"), [uid; 4], "{extra:?}: worker {w}:\n{status}");
+            assert_eq!(proc_ids(*w, "Gid:"), [gid; 4], "{extra:?}: worker {w}:\n{status}");
+            for key in ["CapEff", "CapPrm"] {
+                assert_eq!(
+                    status_field(&status, key),
+                    "0000000000000000",
+                    "{extra:?}: {key} of worker {w}"
+                );
+            }
+            if extra.contains(&"--sandbox") {
+                assert_eq!(status_field(&status, "NoNewPrivs"), "1", "worker {w}");
+                assert_eq!(status_field(&status, "Seccomp"), "2", "worker {w}");
+            }
+            let helper = helper_of(*w);
+            let status = std::fs::read_to_string(format!("/proc/{helper}/status")).unwrap();
+            assert_eq!(proc_ids(helper, "Uid:"), [0; 4], "{extra:?}: helper {helper}");
+            for key in ["CapBnd", "CapEff", "CapPrm"] {
+                // CAP_KILL (5), CAP_SETGID (6), CAP_SETUID (7).
+                assert_eq!(
+                    status_field(&status, key),
+                    "00000000000000e0",
+                    "{extra:?}: {key} of helper {helper}"
+                );
+            }
+            for key in ["CapInh", "CapAmb"] {
+                assert_eq!(
+                    status_field(&status, key),
+                    "0000000000000000",
+                    "{extra:?}: {key} of helper {helper}"
+                );
+            }
+            if extra.contains(&"--sandbox") {
+                assert_eq!(status_field(&status, "NoNewPrivs"), "1", "helper {helper}");
+                assert_eq!(status_field(&status, "Seccomp"), "2", "helper {helper}");
+            }
+            // stdin, stdout, stderr and its channel: no listener, no client socket.
+            assert_eq!(
+                open_fds(helper).len(),
+                4,
+                "{extra:?}: helper {helper}'s descriptors"
+            );
+        }
+        // And the commands still run, as each of the policy's users.
+        let out = rpc(
+            &url(&server),
+            json!([
+                ["run", [TOKEN, "nobody", "id", ["-u"]]],
+                ["run", [TOKEN, "daemon", "id", ["-u"]]],
+                ["run", [TOKEN, "daemon", "id", ["-u", "-n"]]],
+            ]),
+        );
+        assert_eq!(stdout_of(&out[0]), format!("{nobody_uid}\n"), "{extra:?}");
+        assert_eq!(stdout_of(&out[1]), format!("{}\n", daemon.uid), "{extra:?}");
+        assert_eq!(stdout_of(&out[2]), "daemon\n", "{extra:?}");
+        assert_still_serves(&server, &workers);
+    }
+}
+
+/// Issue 18: the helper checks every request again. With --unchecked-workers (a test-only
+/// option) the workers forward every call unchecked, as a compromised worker could: the
+/// helper refuses what the policy forbids, with the policy's fault, runs nothing, and
+/// serves on.
+#[test]
+fn issue_18_the_helper_refuses_what_the_policy_forbids_from_an_unchecked_worker() {
+    if !root() {
+        return;
+    }
+    let (server, _dir) = start_with("unchecked", COMMANDS, &["--unchecked-workers"]);
+    let workers = server.worker_pids();
+    server.wait_for_log("this worker does not check the policy");
+    let out = rpc(
+        &url(&server),
+        json!([
+            ["run", ["not-the-token-not-the-token", "nobody", "id", ["-u"]]],
+            ["run", [TOKEN, "root", "id", ["-u"]]],
+            ["run", [TOKEN, "nobody", "rm", ["-rf", "/"]]],
+            ["run", [TOKEN, "nobody", "id", ["-Z"]]],
+            ["run", [TOKEN, "nobody", "cat", ["/etc/shadow"]]],
+        ]),
+    );
+    assert_fault(&out[0], 1, "authentication failed: bad token");
+    assert_fault(&out[1], 3, r#"user not allowed for command "id": "root""#);
+    assert_fault(&out[2], 2, r#"command not allowed: "rm""#);
+    assert_fault(&out[3], 4, r#"argument not allowed for command "id": "-Z""#);
+    assert_fault(
+        &out[4],
+        4,
+        r#"argument not allowed for command "cat": "/etc/shadow""#,
+    );
+    // The refusals are the helper's (the workers checked nothing).
+    let refusal = server.wait_for_log("refused a request of worker");
+    assert!(refusal.contains("helper"), "{refusal}");
+    server.wait_for_nth_log("refused a request of worker", 5);
+    assert!(
+        !server.log_text().contains("ran \""),
+        "log:\n{}",
+        server.log_text()
+    );
+    assert_still_serves(&server, &workers);
+}
+
+/// Issue 18: a helper that dies gets its worker's next call a fault, not a hang; the
+/// worker stops, and the master replaces it with a new worker and a new helper, which
+/// serve.
+#[test]
+fn issue_18_a_killed_helper_fails_the_call_and_is_replaced() {
+    if !root() {
+        return;
+    }
+    let (server, _dir) = start_with("helper-killed", COMMANDS, &["-w", "1"]);
+    let worker = *server.wait_for_workers(1).iter().next().unwrap();
+    let helper = helper_of(worker);
+    // SAFETY: kill(2) on the helper's pid, a child of the server's worker read just now.
+    assert_eq!(unsafe { libc::kill(helper, libc::SIGKILL) }, 0);
+    assert!(
+        wait_until(|| (!alive(helper)).then_some(())).is_some(),
+        "the helper survived SIGKILL"
+    );
+    let u = url(&server);
+    assert_fault(
+        &run(&u, "nobody", "id", &["-u"]),
+        5,
+        r#"could not run command "id": the privileged helper is gone"#,
+    );
+    server.wait_for_log("the privileged helper is gone");
+    // A new worker, with a new helper, serves (it may take the master's back-off).
+    let uid = nobody().0;
+    let served = wait_until(|| {
+        let out = run(&u, "nobody", "id", &["-u"]);
+        (out.get("result")
+            .is_some_and(|r| r["stdout"] == format!("{uid}\n")))
+        .then_some(out)
+    });
+    assert!(
+        served.is_some(),
+        "no call succeeded after the helper's death; log:\n{}",
+        server.log_text()
+    );
+    let workers = server.wait_for_workers(1);
+    assert!(
+        !workers.contains(&worker),
+        "the worker whose helper died still serves"
+    );
+    let new_helper = helper_of(*workers.iter().next().unwrap());
+    assert_ne!(new_helper, helper);
 }
