@@ -1,6 +1,7 @@
 //! Run-as: an XML-RPC endpoint that runs allow-listed commands as allow-listed users, the
-//! way a small `sudo` over the network would (issue #10). It shows how an appsrv server
-//! that must keep root in its workers can still confine what each request may do.
+//! way a small `sudo` over the network would (issue #10). It shows privilege separation
+//! (issue #18): the workers that read the network run as `nobody`, and a small privileged
+//! helper beside each of them checks each request again and starts the command.
 //!
 //! One method, over HTTP POST to `/RPC2` (or `/`) with `Content-Type: text/xml`:
 //!
@@ -23,7 +24,7 @@
 //! | 2 | `command not allowed: "rm"` |
 //! | 3 | `user not allowed for command "id": "root"` |
 //! | 4 | `argument not allowed for command "id": "-Z"` (also: too many arguments) |
-//! | 5 | `could not run command "id": ...` (the program could not be started) |
+//! | 5 | `could not run command "id": ...` (the program could not be started; or the worker's helper is gone, did not answer in time, or could not read the request: the reason follows) |
 //! | -32700 | `parse error: ...` (not well-formed XML, a DOCTYPE, not UTF-8) |
 //! | -32600 | `invalid request: ...` (well-formed, but not a `<methodCall>`) |
 //! | -32601 | `unknown method: "system.shutdown"` |
@@ -36,8 +37,9 @@
 //! I/O model: blocking (the only one for it): each request runs a command and waits for it,
 //! which would hold up every other client of an event-loop worker.
 //!
-//! Run it as root: the workers switch to the policy's users for each command, and the
-//! policy and token files must belong to root. Build it as yourself, then work in a root
+//! Run it as root: the helpers switch to the policy's users for each command (the workers
+//! themselves run as `nobody`, or `--user`), and the policy and token files must belong
+//! to root. Build it as yourself, then work in a root
 //! shell: you are in one already in a container; a normal user opens one with `sudo -s`
 //! (prefixing each line with `sudo` does not work for the lines that redirect into a
 //! root-only file).
@@ -94,8 +96,8 @@
 //! naming what was refused, and the log says what ran, as whom, and how it ended. A
 //! command that outlives its `timeout` is killed with its whole process group and reported
 //! with `timed_out`; a command that exits leaving processes behind (`sh -c "daemon &"`)
-//! has its process group killed too, so nothing it started in its group outlives the
-//! call. Edit the policy and `runas reload`: the new workers use it; a policy
+//! has its process group killed too, and what left the group (`setsid`) is killed after
+//! it, so nothing it started outlives the call (the log counts those). Edit the policy and `runas reload`: the new workers use it; a policy
 //! with an error (a user that does not exist, a program writable by others) makes the
 //! reload fail and the old policy stays in force. A bad policy at start stops `runas` with
 //! the reason before it binds or detaches.
@@ -120,7 +122,7 @@
 //! ```
 //!
 //! The CPU-time limit is the timeout's whole seconds plus one. A limit is only ever
-//! lowered: one above the worker's own hard limit is set to that hard limit. RLIMIT_NPROC
+//! lowered: one above the helper's own hard limit is set to that hard limit. RLIMIT_NPROC
 //! counts *all* the processes of the user, so give the commands a dedicated user: `nobody`,
 //! used here to keep the sample runnable, is shared with other daemons, and with 64 or
 //! more `nobody` processes on the machine every command fails (fault 5, "too many
@@ -140,19 +142,24 @@
 //! the user's home as working directory (or `/`); umask 022; every descriptor but 0, 1 and
 //! 2 closed on exec; stdin from `/dev/null`; an environment of `HOME`, `USER`, `LOGNAME`
 //! and `PATH=/usr/bin:/bin` only; `execve` of the program with the arguments as argv, no
-//! shell. The worker reads stdout and stderr with `poll` until the command exits (it learns
+//! shell. The helper reads stdout and stderr with `poll` until the command exits (it learns
 //! so with `waitid(WNOWAIT)`, without reaping it) or the timeout passes; then it kills the
 //! command's whole process group with SIGKILL, reads what is left in the pipes until they
 //! close (for at most 2 s), and only then reaps the command, so no zombie is left. Until
 //! that reap, the exited command keeps its pid, the group's id, from being reused, so the
-//! kill reaches only its own group. A process that left the group (`setsid`, `setpgid`)
-//! is not killed: if it holds the output open, the call answers after those 2 s with what
-//! was read, and the log warns (see docs/SECURITY.md for what remains possible).
+//! kill reaches only its own group; the rest of the group, orphaned into the helper (a
+//! child subreaper), is reaped too. A process that left the group (`setsid`, `setpgid`) is
+//! then the helper's child, and is killed and reaped before the answer
+//! (`appsrv::privileged::kill_leftovers`; the log says how many); if it held the output
+//! open, the call answers 2 s after the command ended, with what was read, and the log
+//! warns. A process that left the group *and* whose parent is still alive when the
+//! command ends is not yet the helper's child: it is killed with that parent, which is.
 //!
-//! **Under `--sandbox`** (appsrv's worker sandbox: Landlock for files, a seccomp allow-list
-//! for system calls, applied in each worker before the handler runs, and inherited by
-//! every command the worker starts), the workers get a profile built from the policy
-//! loaded at start (`sandbox_profile`):
+//! **Under `--sandbox`** (appsrv's sandbox: Landlock for files, a seccomp allow-list for
+//! system calls), the workers get appsrv's default profile (no exec, no fork, no change
+//! of identity, no new socket, no file: they parse, check and call their helper), and
+//! each helper a profile of its own (`Server::privileged_sandbox`), built from the policy
+//! loaded at start (`sandbox_profile`), which every command it starts inherits:
 //!
 //! - **execute**: exactly the programs of the policy, and what the kernel itself opens to
 //!   run each of them: its ELF loader (`PT_INTERP`, such as `/lib64/ld-linux-x86-64.so.2`)
@@ -160,9 +167,11 @@
 //! - **read**: the shared libraries (`/lib`, `/lib64`, `/usr/lib`, `/usr/lib64`, those that
 //!   exist) and `/etc/ld.so.cache`, for dynamically linked programs; `/etc/nsswitch.conf`,
 //!   `/etc/passwd` and `/etc/group`, for the commands' name lookups (`id -n`);
-//!   `/etc/localtime`, the time zone (`date`); `/dev/null`, the commands' stdin. The worker itself reads no other file: the policy and the token
-//!   are read, and the users resolved, in the master (at start and on `reload`);
-//! - **write**: nothing, beyond appsrv's own rule for the log files' directories;
+//!   `/etc/localtime`, the time zone (`date`); `/dev/null`, the commands' stdin; and
+//!   (appsrv's rule) the helper's own `/proc/self/task`, where it finds what a command
+//!   left behind. The helper itself reads no other file: the policy and the token are
+//!   read, and the users resolved, in the master (at start and on `reload`);
+//! - **write**: nothing;
 //! - **system calls**: appsrv's default list, plus process creation (`fork`, `execve`,
 //!   waiting, and the changes of user, groups, limits and directory the child makes before
 //!   `execve`; with it `socketpair`, which std's `Command::spawn` uses to learn that an
@@ -173,12 +182,13 @@
 //! denied" (`env` exits with 126). It cannot open a socket, write a file, or read outside
 //! those paths (libselinux's probes and NSS lookups through nscd or systemd fail quietly
 //! and fall back to the files); a command that needs more gets it from the command line,
-//! `--sandbox-read /proc` for `cat /proc/self/status`, `--sandbox-write DIR`. The sandbox
+//! `--sandbox-read /proc` for `cat /proc/self/status`, `--sandbox-write DIR` (appsrv adds
+//! these to the helpers' profile as well as the workers'). The sandbox
 //! implies no-new-privs: a setuid program in the policy runs without its privilege. On a
 //! kernel without Landlock, only the system-call filter applies (appsrv logs a warning).
 //!
-//! The profile is fixed when the workers' sandbox is set up, at start: a program that
-//! `reload` adds to the policy cannot be executed by sandboxed workers. The reload logs a
+//! The profile is fixed when the helpers' sandbox is set up, at start: a program that
+//! `reload` adds to the policy cannot be executed by sandboxed helpers. The reload logs a
 //! warning naming it, and a call gets fault 5 (`Permission denied`, with the advice to
 //! restart runas); a restart builds the profile from the new policy. Limits: the
 //! allow-list is one for all the commands, interpreters included (an allowed `#!/bin/sh`
@@ -189,13 +199,33 @@
 //! /lib64/ld-linux-x86-64.so.2 /usr/lib/...`) runs any program it can read beneath the
 //! library directories: never allow the loader as an argument.
 //!
-//! Why the workers stay root: changing to another user (and to that user's groups) needs
-//! root, and each request may name a different user. So this example opts in with
-//! `Server::allow_root_workers(true)` when started as root; without it appsrv would run
-//! the workers as `nobody`, which cannot switch users. The price is that the HTTP and XML
-//! parsing run as root: keep the listener on loopback or a trusted network, and keep the
-//! policy narrow. Passing `--user` makes the workers refuse to start (they could not
-//! switch users).
+//! **Trust boundaries** (issue #18):
+//!
+//! ```text
+//! network ──HTTP──▶ worker ──Request::Run{token, user, command, args}──▶ helper ──fork, setuid──▶ command
+//!                   nobody (or --user), no capability,         uid 0, CAP_SETUID, CAP_SETGID,   the target user,
+//!                   default sandbox: parses, checks            CAP_KILL only; no socket but     the helper's
+//!                                                              its channel; checks again        sandbox, no capability
+//! ```
+//!
+//! - The **worker** (one of `--workers`) holds the listener and the client's connection,
+//!   parses HTTP and XML-RPC and checks the call against the policy, then asks its helper
+//!   for a narrow typed request: the policy's command *name*, the user's name, the
+//!   arguments and the token, never a path or a command line. It cannot start a process,
+//!   change its identity or signal another user's process; under `--sandbox` it executes
+//!   nothing and opens no file.
+//! - The **helper** (one per worker, forked by it before it dropped root) reads nothing
+//!   from the network: only its worker's requests. It checks each again against its own
+//!   copy of the policy (the master's, inherited through the forks: a `reload` makes new
+//!   workers and new helpers), so a worker made to ask for anything gets the policy's fault
+//!   (`--unchecked-workers`, hidden, makes the workers skip their check: for tests that
+//!   show it). It keeps uid 0 for nothing but `CAP_SETUID`, `CAP_SETGID` and `CAP_KILL`
+//!   (see [`RunHelper::CAPABILITIES`]); every other capability is out of its bounding set.
+//! - The **command** runs as its user with the helper's sandbox, and no capability.
+//!
+//! If a helper dies, its worker's call gets fault 5 (`the privileged helper is gone`), the
+//! worker stops after that connection, and the master replaces both. runas must start as
+//! root (it says so at start otherwise); `--user` chooses the workers' user.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
@@ -1320,7 +1350,7 @@ impl Outcome {
 
 /// What the child does between `fork` and `execve`, prepared before the fork so that the
 /// child only makes system calls: no allocation, no lock, nothing that is not
-/// async-signal-safe (the worker's other threads, if any, may have held locks at fork).
+/// async-signal-safe (the helper's other threads, if any, may have held locks at fork).
 struct ChildSetup {
     uid: Uid,
     gid: Gid,
@@ -1328,7 +1358,7 @@ struct ChildSetup {
     home: CString,
     /// The resource limits to set (soft, hard).
     rlimits: [(Resource, u64, u64); 6],
-    /// The worker's pid: the child's parent, checked after the parent-death signal is set.
+    /// The helper's pid: the child's parent, checked after the parent-death signal is set.
     parent: Pid,
     /// Where to stop marking descriptors close-on-exec if `close_range` is unavailable.
     max_fd: i32,
@@ -1364,7 +1394,7 @@ impl ChildSetup {
         nix::unistd::setsid()?;
 
         // Default dispositions for every signal, and an empty mask (dispositions set to
-        // "ignore" and the mask survive exec). The worker catches TERM, INT, QUIT, USR1 and
+        // "ignore" and the mask survive exec). The helper (as its worker) catches TERM, INT, QUIT, USR1 and
         // others and ignores PIPE; and glibc's posix_spawn, which a service manager or a
         // shell may have started this program with, leaves its internal signal 32 ignored,
         // which glibc's sigaction refuses to touch. So this is the raw system call, with
@@ -1414,7 +1444,7 @@ impl ChildSetup {
             return Err(io::Error::from_raw_os_error(libc::ENOTRECOVERABLE));
         }
 
-        // Killed if the worker dies (set after the uid change, which clears it), and
+        // Killed if the helper dies (set after the uid change, which clears it), and
         // checked: the worker may have died before it took effect.
         // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid are plain system calls.
         unsafe {
@@ -1460,7 +1490,7 @@ impl ChildSetup {
     }
 }
 
-/// The resource limits of a command: the policy's, or the worker's own hard limit where
+/// The resource limits of a command: the policy's, or the helper's own hard limit where
 /// that is lower (a limit is only ever lowered). The CPU time's hard limit is one second
 /// above the soft one: SIGXCPU first, then SIGKILL.
 fn rlimits(l: Limits) -> [(Resource, u64, u64); 6] {
@@ -1554,13 +1584,8 @@ fn kill_group(child: &Child) {
 /// left, what the helper still has as children left the group (`kill_leftovers`).
 fn reap_group(child: &Child) {
     let group = Pid::from_raw(-(child.id() as i32));
-    loop {
-        match nix::sys::wait::waitpid(group, None) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            // ECHILD: no child of the helper is left in the group.
-            Err(_) => break,
-        }
-    }
+    // Until ECHILD: no child of the helper is left in the group.
+    while let Ok(_) | Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(group, None) {}
 }
 
 /// The command's stdout and stderr as they are read: the pipes still open, and what is
@@ -1714,7 +1739,7 @@ const SANDBOX_READ: &[&str] = &[
     "/usr/lib",
     "/usr/lib64",
     // Name lookups by the commands (`id -n`, `id -G -n`, `whoami`, `ls -l`): which
-    // databases to use, and the files database. The worker itself resolves no name (the
+    // databases to use, and the files database. The helper itself resolves no name (the
     // users of the policy are resolved in the master, when it is loaded).
     "/etc/nsswitch.conf",
     "/etc/passwd",
@@ -1723,11 +1748,11 @@ const SANDBOX_READ: &[&str] = &[
     // they print UTC, silently. The file it names at start (usually a link into
     // /usr/share/zoneinfo).
     "/etc/localtime",
-    // The command's stdin: the worker opens it (read only) before the fork.
+    // The command's stdin: the helper opens it (read only) before the fork.
     "/dev/null",
 ];
 
-/// The profile of the workers under `--sandbox`, from the policy loaded at start (see the
+/// The profile of the helpers (and so of the commands) under `--sandbox`, from the policy loaded at start (see the
 /// module documentation).
 fn sandbox_profile(policy: &Policy) -> Result<appsrv::Sandbox, String> {
     let mut profile = appsrv::Sandbox::new()
