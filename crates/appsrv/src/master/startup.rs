@@ -366,7 +366,10 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     } = prepared;
     let tls = std::rc::Rc::new(tls);
     let listeners = &listeners[..];
-    log_start(listeners, metrics.as_ref(), warning, &plan);
+    // With a privileged helper, unprivileged workers are the design: "started as root
+    // without --user" is no warning then (the helpers keep what root is needed for).
+    let warning = warning.filter(|_| config.helper_profile.is_none());
+    log_start(listeners, metrics.as_ref(), warning, &plan, config.helper_profile.is_some());
     let summary = summary(name, config, listeners, metrics.as_ref());
     let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
@@ -426,12 +429,13 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
 }
 
 /// The start's log lines: the listeners, the metrics listener, a warning about the users,
-/// the workers' user.
+/// the workers' user (and that each has a privileged helper, `helper`).
 fn log_start(
     listeners: &[Listener],
     metrics: Option<&MetricsListener>,
     warning: Option<String>,
     plan: &Plan,
+    helper: bool,
 ) {
     for l in listeners {
         tracing::info!("listening on {}", l.local_addr());
@@ -444,10 +448,11 @@ fn log_start(
     }
     if let Plan::Drop(c) = plan {
         tracing::info!(
-            "workers will run as user {} (uid {}, gid {})",
+            "workers will run as user {} (uid {}, gid {}{})",
             c.user,
             c.uid,
-            c.gid
+            c.gid,
+            if helper { "), each beside its privileged helper (uid 0" } else { "" }
         );
     }
 }
