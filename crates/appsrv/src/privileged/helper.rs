@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use nix::unistd::Pid;
 
-use super::wire::{self, Kind, WireError};
+use serde::de::DeserializeOwned;
+
+use super::wire::{self, Kind, Message, WireError};
 use super::{Caller, Privileged};
 use crate::confine::sandbox::Compiled;
 use crate::error::BoxError;
@@ -203,18 +205,11 @@ pub(crate) fn serve<P: Privileged>(helper: &mut P, channel: std::os::fd::Borrowe
                 return;
             }
         };
-        if msg.kind != Kind::Request {
-            let why = format!("a {:?} message, not a request", msg.kind);
-            tracing::warn!("refused a message from worker {}: {why}", caller.worker);
-            let _ = wire::send(channel, Kind::Refused, msg.seq, &why);
-            continue;
-        }
-        let request: P::Request = match wire::decode(&msg.payload, msg.fds) {
+        let (seq, request) = match request::<P::Request>(msg) {
             Ok(r) => r,
-            Err(e) => {
-                let why = format!("not a request this helper takes: {e}");
+            Err((seq, why)) => {
                 tracing::warn!("refused a message from worker {}: {why}", caller.worker);
-                let _ = wire::send(channel, Kind::Refused, msg.seq, &why);
+                let _ = wire::send(channel, Kind::Refused, seq, &why);
                 continue;
             }
         };
@@ -223,15 +218,45 @@ pub(crate) fn serve<P: Privileged>(helper: &mut P, channel: std::os::fd::Borrowe
             Err(p) => {
                 let why = format!("the helper panicked: {}", panic_text(&*p));
                 tracing::error!("{why}; the helper exits");
-                let _ = wire::send(channel, Kind::Refused, msg.seq, &why);
+                let _ = wire::send(channel, Kind::Refused, seq, &why);
                 return;
             }
         };
-        if let Err(e) = wire::send(channel, Kind::Response, msg.seq, &response) {
+        if let Err(e) = wire::send(channel, Kind::Response, seq, &response) {
             let why = format!("the response could not be sent: {e}");
             tracing::error!("{why}");
-            let _ = wire::send(channel, Kind::Refused, msg.seq, &why);
+            let _ = wire::send(channel, Kind::Refused, seq, &why);
         }
+    }
+}
+
+/// What [`serve`] makes of a message it received: a request (with its sequence number),
+/// decoded as `R` with the message's descriptors, or the refusal to send back (the
+/// sequence number and the reason): a message of another kind, or a payload that is not
+/// one `R`.
+pub(crate) fn request<R: DeserializeOwned>(msg: Message) -> Result<(u32, R), (u32, String)> {
+    if msg.kind != Kind::Request {
+        return Err((msg.seq, format!("a {:?} message, not a request", msg.kind)));
+    }
+    wire::decode(&msg.payload, msg.fds)
+        .map(|r| (msg.seq, r))
+        .map_err(|e| (msg.seq, format!("not a request this helper takes: {e}")))
+}
+
+/// The helper's reading of one received datagram and the descriptors that came with it:
+/// [`wire::parse`] (a malformed one is refused under its header's sequence number, or 0,
+/// as [`serve`] does), then [`request`]. What the fuzz target `privileged_message` and the
+/// channel's property test run on arbitrary bytes; [`serve`] does the same after
+/// `wire::recv`, which ends with `wire::parse`.
+pub(crate) fn read_request<R: DeserializeOwned>(
+    datagram: &[u8],
+    fds: Vec<OwnedFd>,
+) -> Result<(u32, R), (u32, String)> {
+    match wire::parse(datagram, fds) {
+        Ok(msg) => request(msg),
+        Err(WireError::Malformed { seq, why }) => Err((seq.unwrap_or(0), why)),
+        // `parse` reads no socket: only `recv` closes or fails.
+        Err(e) => Err((0, e.to_string())),
     }
 }
 

@@ -119,7 +119,7 @@ use serde::de::DeserializeOwned;
 
 pub use caps::Capability;
 pub use helper::kill_leftovers;
-pub(crate) use helper::{HelperSetup, Spawn, Spawner};
+pub(crate) use helper::{HelperSetup, Spawn, Spawner, read_request, serve};
 pub use wire::{Fd, MAX_MESSAGE};
 
 /// The default time a call may take: as the default `--request-timeout`.

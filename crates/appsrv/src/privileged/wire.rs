@@ -342,10 +342,16 @@ pub(crate) fn parse(datagram: &[u8], fds: Vec<OwnedFd>) -> Result<Message, WireE
 }
 
 /// Decodes a payload, handing its [`Fd`]s the message's descriptors (those it does not
-/// name are closed).
+/// name are closed). The payload must be exactly one `T`: bytes left over after it are an
+/// error (`postcard::from_bytes` would ignore them), as the header's length announced the
+/// whole payload.
 pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8], fds: Vec<OwnedFd>) -> Result<T, String> {
     INCOMING.with(|incoming| *incoming.borrow_mut() = fds.into_iter().map(Some).collect());
-    let decoded = postcard::from_bytes(payload).map_err(|e| e.to_string());
+    let decoded = match postcard::take_from_bytes(payload) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(format!("{} bytes left over after the value", rest.len())),
+        Err(e) => Err(e.to_string()),
+    };
     INCOMING.with(|incoming| incoming.borrow_mut().clear());
     decoded
 }
@@ -410,5 +416,122 @@ mod tests {
         assert!(decode::<(String, u64)>(&[0xff, 0xff, 0xff], Vec::new()).is_err());
         drop(a);
         assert!(matches!(recv(b.as_fd(), &mut buf), Err(WireError::Closed)));
+    }
+
+    /// The request type of the property test below and of the fuzz target
+    /// `privileged_message`: strings, a sequence, a varint and an optional descriptor.
+    type Request = (String, Vec<String>, u64, Option<Fd>);
+
+    /// A [`Request`] as read, its descriptor reduced to whether it had one.
+    type Read = (String, Vec<String>, u64, bool);
+
+    /// A datagram with a well-formed header of `kind` and `seq` announcing `payload`.
+    fn framed(kind: u8, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let mut d = Vec::with_capacity(HEADER + payload.len());
+        d.extend_from_slice(MAGIC);
+        d.extend_from_slice(&[kind, 0, 0, 0]);
+        d.extend_from_slice(&seq.to_le_bytes());
+        d.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        d.extend_from_slice(payload);
+        d
+    }
+
+    /// Runs the helper's reading of one datagram (`helper::read_request`, as the fuzz target
+    /// does) with `fds` descriptors, each a copy of one pipe's write end: once the result is
+    /// dropped, the pipe's read end sees its end only if every descriptor was closed (those
+    /// the request did not name, and the one it did). Returns what the reading returned,
+    /// the descriptor aside.
+    fn read_one(datagram: &[u8], fds: usize) -> Result<(u32, Read), (u32, String)> {
+        let (rd, wr) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+        let copies = (0..fds).map(|_| wr.try_clone().unwrap()).collect();
+        drop(wr);
+        let read = super::super::read_request::<Request>(datagram, copies);
+        let seq = header_seq(datagram);
+        let read = match read {
+            Ok((s, (a, b, c, fd))) => {
+                // Only a request whose header is right, and whose payload is the rest.
+                assert_eq!(&datagram[..4], MAGIC);
+                assert_eq!(datagram[4], Kind::Request as u8);
+                assert_eq!(Some(s), seq);
+                assert_eq!(
+                    datagram.len() - HEADER,
+                    u32::from_le_bytes(datagram[12..16].try_into().unwrap()) as usize
+                );
+                Ok((s, (a, b, c, fd.is_some())))
+            }
+            Err((s, why)) => {
+                assert!(!why.is_empty());
+                assert_eq!(s, seq.unwrap_or(0));
+                Err((s, why))
+            }
+        };
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            nix::unistd::read(&rd, &mut byte),
+            Ok(0),
+            "a descriptor of the message was left open"
+        );
+        read
+    }
+
+    /// The same descriptor-free request as postcard encodes it (an `Fd` is its index, a u32).
+    fn encoded(a: &str, b: &[String], c: u64, fd: Option<u32>) -> Vec<u8> {
+        postcard::to_stdvec(&(a, b, c, fd)).unwrap()
+    }
+
+    proptest::proptest! {
+        /// Issue #18: arbitrary bytes as a received datagram never panic and never leak a
+        /// descriptor; what is accepted is a well-framed request.
+        #[test]
+        fn issue_18_any_datagram_is_read_or_refused(
+            datagram in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            fds in 0usize..4,
+        ) {
+            let _ = read_one(&datagram, fds);
+        }
+
+        /// Issue #18: a well-formed header around arbitrary bytes (the payload the decoder
+        /// sees), of any kind: no panic, no leak; only a request can be accepted.
+        #[test]
+        fn issue_18_any_payload_is_decoded_or_refused(
+            kind in 0u8..8,
+            seq in proptest::prelude::any::<u32>(),
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..128),
+            fds in 0usize..4,
+        ) {
+            let read = read_one(&framed(kind, seq, &payload), fds);
+            if kind != Kind::Request as u8 {
+                proptest::prop_assert!(read.is_err());
+            }
+        }
+
+        /// Issue #18: an encoded request decodes to itself with its descriptor; cut short or
+        /// followed by anything, it is refused under its sequence number.
+        #[test]
+        fn issue_18_requests_decode_and_damaged_ones_are_refused(
+            a in ".{0,12}",
+            b in proptest::collection::vec(".{0,6}", 0..4),
+            c in proptest::prelude::any::<u64>(),
+            with_fd in proptest::prelude::any::<bool>(),
+            seq in proptest::prelude::any::<u32>(),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+            extra in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..8),
+        ) {
+            let payload = encoded(&a, &b, c, with_fd.then_some(0));
+            let fds = usize::from(with_fd);
+            proptest::prop_assert_eq!(
+                read_one(&framed(1, seq, &payload), fds),
+                Ok((seq, (a, b, c, with_fd)))
+            );
+            let short = &payload[..cut.index(payload.len())];
+            proptest::prop_assert!(read_one(&framed(1, seq, short), fds).is_err());
+            let long = [&payload[..], &extra].concat();
+            let refused = read_one(&framed(1, seq, &long), fds);
+            proptest::prop_assert!(
+                matches!(&refused, Err((s, why)) if *s == seq && why.contains("left over")),
+                "{:?}", refused
+            );
+        }
     }
 }
