@@ -1,7 +1,8 @@
 //! Not part of appsrv's API: this module exists only for the Criterion benchmarks in
 //! `crates/appsrv/benches/` and the fuzz targets in `fuzz/`, which are compiled as separate
-//! crates and cannot reach the crate-private scoreboard and connection steps. It is hidden from the documentation and may change or
-//! disappear at any time, in any release; do not use it.
+//! crates and cannot reach the crate-private scoreboard, connection steps and privileged
+//! helper channel. It is hidden from the documentation and may change or disappear at any
+//! time, in any release; do not use it.
 //!
 //! Each item is a thin wrapper: every method calls the crate's own function of the same
 //! name and adds no behaviour.
@@ -392,4 +393,49 @@ impl<'a> Admission<'a> {
     pub fn rejection(&self) -> Option<String> {
         self.0.rejection().map(ToString::to_string)
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The privileged helper's channel (issue 18), for the fuzz target `privileged_message` and
+// the benchmark `privileged`: each function calls the crate's own of the same role.
+
+/// The privileged helper's reading of one received datagram with the descriptors that
+/// came with it (`privileged::helper::read_request`: `wire::parse`, then what the helper's
+/// loop does with a message: only a request, decoded as one `R`). `Ok((seq, request))`,
+/// or the refusal the helper would send back: `Err((seq, reason))`.
+pub fn privileged_request<R: serde::de::DeserializeOwned>(
+    datagram: &[u8],
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> Result<(u32, R), (u32, String)> {
+    crate::privileged::read_request(datagram, fds)
+}
+
+/// A new helper channel, `(the worker's end, the helper's end)` (`privileged::wire::pair`).
+pub fn privileged_pair() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    crate::privileged::wire::pair()
+}
+
+/// Runs the helper's loop (`privileged::helper::serve`) with `helper` on the helper's end
+/// `channel` until the worker's end closes, in the calling thread (no fork, no
+/// confinement), for worker number `worker`, this process being the worker.
+pub fn privileged_serve<P: crate::privileged::Privileged>(
+    helper: &mut P,
+    channel: std::os::fd::BorrowedFd<'_>,
+    worker: u32,
+) {
+    let caller = crate::privileged::Caller {
+        worker,
+        pid: std::process::id(),
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+    };
+    crate::privileged::serve(helper, channel, &caller);
+}
+
+/// Installs `end` as this process's end of its helper's channel, with a default call
+/// timeout (`privileged::set_worker_end`), which `Helper::call` then uses. For benchmarks
+/// and tests only: in a server, the worker installs its own once its helper is ready, and
+/// this would replace it.
+pub fn privileged_set_worker_end(end: std::os::fd::OwnedFd, timeout: std::time::Duration) {
+    crate::privileged::set_worker_end(end, timeout);
 }
