@@ -85,11 +85,6 @@ where
         config.read_timeout = config.keepalive_timeout;
     }
     check_io(&config, request_level)?;
-    if config.helper_profile.is_some() && config.io == crate::Io::Event {
-        return Err(Error::Config(
-            "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only".into(),
-        ));
-    }
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
@@ -300,6 +295,7 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
         config.allow_root_workers,
     )?;
     pool_policy(config)?;
+    check_io(config, request_level)?;
     config.confinement()?.check()?;
     if !request_level && config.max_requests > 0 {
         return Err(Error::Config(
@@ -344,6 +340,11 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
 fn check_io(config: &Config, request_level: bool) -> Result<()> {
     if config.io != crate::Io::Event {
         return Ok(());
+    }
+    if config.helper_profile.is_some() {
+        return Err(Error::Config(
+            "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only".into(),
+        ));
     }
     if !request_level {
         return Err(Error::Config(

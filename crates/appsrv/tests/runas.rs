@@ -1456,3 +1456,27 @@ fn issue_18_a_killed_helper_fails_the_call_and_is_replaced() {
     let new_helper = helper_of(*workers.iter().next().unwrap());
     assert_ne!(new_helper, helper);
 }
+
+/// Issue #18: a server with a privileged helper runs blocking: `--io event` is refused
+/// before start (by `check` too), naming the helper.
+#[test]
+fn issue_18_event_mode_is_refused_with_a_helper() {
+    if !root() {
+        return;
+    }
+    let dir = TempDir::new("event");
+    let policy = write_policy(&dir, COMMANDS);
+    for sub in [&["check"][..], &[]] {
+        let out = std::process::Command::new(runas_binary())
+            .args(sub)
+            .args(["--policy", &policy, "-l", "127.0.0.1:0", "--io", "event"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{sub:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("error: invalid configuration: --io event: this server has a privileged helper"),
+            "{sub:?}: {err}"
+        );
+    }
+}

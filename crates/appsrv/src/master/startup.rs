@@ -369,7 +369,13 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     // With a privileged helper, unprivileged workers are the design: "started as root
     // without --user" is no warning then (the helpers keep what root is needed for).
     let warning = warning.filter(|_| config.helper_profile.is_none());
-    log_start(listeners, metrics.as_ref(), warning, &plan, config.helper_profile.is_some());
+    log_start(
+        listeners,
+        metrics.as_ref(),
+        warning,
+        &plan,
+        config.helper_profile.is_some(),
+    );
     let summary = summary(name, config, listeners, metrics.as_ref());
     let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
@@ -452,7 +458,11 @@ fn log_start(
             c.user,
             c.uid,
             c.gid,
-            if helper { "), each beside its privileged helper (uid 0" } else { "" }
+            if helper {
+                "), each beside its privileged helper (uid 0"
+            } else {
+                ""
+            }
         );
     }
 }
