@@ -17,6 +17,7 @@
 # Whatever is left is killed by pid at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 [ "$(id -u)" = 0 ] || { echo "runas-leftovers.sh: run as root" >&2; exit 1; }
 if [ -z "${BIN:-}" ]; then
   cargo build --release --quiet -p appsrv --example runas
@@ -61,13 +62,9 @@ chmod 644 "$work/policy.toml"
 
 "$BIN" --policy "$work/policy.toml" -l 127.0.0.1:0 -w 1 --control "$work/ctl" >"$work/log" 2>&1 &
 SERVER=$!
-addr=""
-for _ in $(seq 300); do
-  addr=$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$work/log" | head -1)
-  [ -n "$addr" ] && grep -q "ready" "$work/log" && break
-  sleep 0.1
-done
-[ -n "$addr" ] || { echo "runas did not start:" >&2; cat "$work/log" >&2; exit 1; }
+port=$(ready_port "$work/log" 30)
+[ -n "$port" ] || { echo "runas did not start:" >&2; cat "$work/log" >&2; exit 1; }
+addr=127.0.0.1:$port
 
 printf '%-60s %8s %10s %5s\n' script seconds timed_out left
 for s in "${scripts[@]}"; do

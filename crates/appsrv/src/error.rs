@@ -131,3 +131,14 @@ impl Error {
         }
     }
 }
+
+/// The text of a panic's payload (a `&str` or a `String`; anything else is named so).
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
+    }
+}

@@ -170,7 +170,10 @@ where
     let mut helper = match panic::catch_unwind(AssertUnwindSafe(&mut *factory)) {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => fail(format!("the helper factory failed: {e}")),
-        Err(p) => fail(format!("the helper factory panicked: {}", panic_text(&*p))),
+        Err(p) => fail(format!(
+            "the helper factory panicked: {}",
+            crate::error::panic_text(&*p)
+        )),
     };
     if wire::send(channel.as_fd(), Kind::Ready, 0, &()).is_err() {
         sys::exit_now(1);
@@ -216,7 +219,7 @@ pub(crate) fn serve<P: Privileged>(helper: &mut P, channel: std::os::fd::Borrowe
         let response = match panic::catch_unwind(AssertUnwindSafe(|| helper.handle(request, caller))) {
             Ok(r) => r,
             Err(p) => {
-                let why = format!("the helper panicked: {}", panic_text(&*p));
+                let why = format!("the helper panicked: {}", crate::error::panic_text(&*p));
                 tracing::error!("{why}; the helper exits");
                 let _ = wire::send(channel, Kind::Refused, seq, &why);
                 return;
@@ -257,17 +260,6 @@ pub(crate) fn read_request<R: DeserializeOwned>(
         Err(WireError::Malformed { seq, why }) => Err((seq.unwrap_or(0), why)),
         // `parse` reads no socket: only `recv` closes or fails.
         Err(e) => Err((0, e.to_string())),
-    }
-}
-
-/// The text of a panic's payload.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_owned()
     }
 }
 

@@ -309,7 +309,7 @@ thread_local! {
 }
 
 fn record_panic(info: &panic::PanicHookInfo<'_>) {
-    let msg = payload_text(info.payload());
+    let msg = crate::error::panic_text(info.payload());
     let text = match info.location() {
         Some(l) => format!("{msg} at {}:{}", l.file(), l.line()),
         None => msg,
@@ -321,15 +321,5 @@ fn record_panic(info: &panic::PanicHookInfo<'_>) {
 pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     LAST_PANIC
         .with(|p| p.borrow_mut().take())
-        .unwrap_or_else(|| payload_text(payload))
-}
-
-fn payload_text(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_owned()
-    }
+        .unwrap_or_else(|| crate::error::panic_text(payload))
 }
