@@ -228,6 +228,10 @@ struct WorkerEnd {
     gone: bool,
     /// The default timeout of a call.
     timeout: Duration,
+    /// The send timeout set on `fd` (`SO_SNDTIMEO`), so that a helper that has stopped
+    /// reading (its queue full of requests whose calls timed out) cannot block a send
+    /// forever.
+    send_timeout: Option<Duration>,
     buf: Vec<u8>,
 }
 
@@ -244,6 +248,7 @@ pub(crate) fn set_worker_end(fd: OwnedFd, timeout: Duration) {
         seq: 0,
         gone: false,
         timeout,
+        send_timeout: None,
         buf: Vec::new(),
     });
 }
@@ -283,10 +288,15 @@ impl<P: Privileged> Helper<P> {
             return Err(CallError::Gone);
         }
         let timeout = self.timeout.unwrap_or(end.timeout);
+        if end.send_timeout != Some(timeout) {
+            socket2::SockRef::from(&end.fd).set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+            end.send_timeout = Some(timeout);
+        }
         end.seq = end.seq.wrapping_add(1);
         let seq = end.seq;
         match wire::send(end.fd.as_fd(), wire::Kind::Request, seq, request) {
             Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(CallError::Timeout(timeout)),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => {
                 return Err(gone(end));
             }
@@ -346,4 +356,44 @@ fn gone(end: &mut WorkerEnd) -> CallError {
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
     }
     CallError::Gone
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Big;
+
+    impl Privileged for Big {
+        type Request = String;
+        type Response = ();
+
+        fn handle(&mut self, _: String, _: &Caller) {}
+    }
+
+    /// Issue #18: a helper that stops reading (stuck in a long call) makes the worker's
+    /// calls time out, the sends included once its queue is full: never a hang. (The only
+    /// test of this binary that installs a channel in the process-wide slot.)
+    #[test]
+    fn issue_18_a_helper_that_stops_reading_is_a_timeout_not_a_hang() {
+        let (worker, helper_end) = wire::pair().unwrap();
+        set_worker_end(worker, Duration::from_millis(50));
+        let request = "x".repeat(900 * 1024);
+        let started = Instant::now();
+        // 900 KiB each: the queue (the sender's buffer, a few MiB) is full after a few.
+        for i in 0..12 {
+            match helper::<Big>().call(&request) {
+                Err(CallError::Timeout(t)) => assert_eq!(t, Duration::from_millis(50)),
+                other => panic!("call {i}: {other:?}"),
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(helper_end);
+        // The slot is left empty, as in a process without a helper.
+        *CHANNEL.lock().unwrap() = None;
+    }
 }
