@@ -336,8 +336,14 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
 
 /// The pool policy of the command line, checked.
 /// What `--io event` asks of the rest of the configuration, checked before start: a
-/// request-level handler, a static pool, and descriptors for `--worker-connections`.
+/// request-level handler, a static pool, no privileged helper, and descriptors for
+/// `--worker-connections`. Also that a server with a privileged helper starts as root.
 fn check_io(config: &Config, request_level: bool) -> Result<()> {
+    if config.helper_profile.is_some() && !nix::unistd::Uid::effective().is_root() {
+        return Err(Error::Config(
+            "this server has a privileged helper (Server::privileged), which keeps root's capabilities for its workers: start it as root".into(),
+        ));
+    }
     if config.io != crate::Io::Event {
         return Ok(());
     }

@@ -54,6 +54,7 @@ pub struct Server {
     /// The privileged helper ([`Server::privileged`]) and its sandbox profile.
     helper: Option<Box<dyn crate::privileged::Spawn>>,
     helper_profile: crate::Sandbox,
+    helper_timeout: Duration,
 }
 
 impl std::fmt::Debug for Server {
@@ -84,6 +85,7 @@ impl Server {
             keep_fds: Vec::new(),
             helper: None,
             helper_profile: crate::Sandbox::new(),
+            helper_timeout: crate::privileged::DEFAULT_TIMEOUT,
         }
     }
 
@@ -387,9 +389,13 @@ impl Server {
     /// privileges, it keeps root with only [`P::CAPABILITIES`](crate::privileged::Privileged::CAPABILITIES)
     /// and answers the worker's calls
     /// ([`Conn::privileged`](crate::Conn::privileged), [`Client::privileged`](crate::Client::privileged)),
-    /// while the worker runs as `--user` (or `nobody`). The master must start as root.
-    /// Blocking servers only (`--io event` is then a configuration error). Default: no
-    /// helper.
+    /// while the worker runs as `--user` (or `nobody`). The master must start as root (a
+    /// configuration error otherwise). Blocking servers only (`--io event` is then a
+    /// configuration error). Default: no helper.
+    ///
+    /// The helper closes every descriptor it inherited from its worker before `factory`
+    /// runs: open what the helper needs in `factory` (or in `handle`), not before, and
+    /// capture no `File` or socket in the closure.
     pub fn privileged<P, F>(mut self, factory: F) -> Self
     where
         P: crate::privileged::Privileged,
@@ -397,7 +403,7 @@ impl Server {
     {
         self.helper = Some(Box::new(crate::privileged::Spawner::new(
             factory,
-            crate::privileged::DEFAULT_TIMEOUT,
+            self.helper_timeout,
         )));
         self
     }
@@ -417,6 +423,8 @@ impl Server {
     /// [`CallError::Timeout`](crate::privileged::CallError::Timeout) (per call:
     /// [`Helper::timeout`](crate::privileged::Helper::timeout)). Default: 60 s.
     pub fn privileged_timeout(mut self, timeout: Duration) -> Self {
+        // Before or after `privileged`: either way it applies.
+        self.helper_timeout = timeout;
         if let Some(h) = self.helper.as_mut() {
             h.set_timeout(timeout);
         }

@@ -184,3 +184,39 @@ fn issue_18_a_helper_that_cannot_start_stops_the_server_with_its_reason() {
         "the helper's own line: {log}"
     );
 }
+
+/// Issue #18 with issue 17's rotation: after USR1 the worker hands the reopened log file
+/// to its helper, whose lines go to the new file too.
+#[test]
+fn issue_18_the_helper_logs_to_the_reopened_file() {
+    if !is_root() {
+        println!("skipped: needs root");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("appsrv-priv-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let log_arg = log.display().to_string();
+    // Its log lines go to the file, not to the test's pipe: readiness is read there.
+    let server = Server::spawn(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "1", "--helper", "--log-file", &log_arg],
+        &[],
+    );
+    let ready = wait_until(|| {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|t| t.contains("master: ready"))
+    });
+    assert!(ready.is_some(), "the server never said ready in {log_arg}");
+    std::fs::rename(&log, dir.join("log.1")).unwrap();
+    server.signal(libc::SIGUSR1);
+    let said = wait_until(|| {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|t| t.contains("worker 1 helper: reopened the log file (handed over by its worker)"))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(said.is_some(), "the helper's line in the new log file");
+}

@@ -148,8 +148,15 @@ where
     }
     // SAFETY: the helper never returns into the worker's code, whose objects own these
     // descriptors (listeners, the scoreboard, the log channel): nothing uses them again.
+    // The application's factory and handler run after this, in this process: a
+    // descriptor they captured from before the fork is closed too, which
+    // `Server::privileged` documents (they open what they need in the factory).
     if let Err(e) = unsafe { sys::close_all_but(&[0, 1, 2, channel.as_raw_fd()]) } {
         fail(format!("closing the worker's descriptors: {e}"));
+    }
+    // A worker that stops reading its answers must not block the helper for ever.
+    if let Err(e) = socket2::SockRef::from(channel).set_write_timeout(Some(Duration::from_secs(10))) {
+        fail(format!("the channel's send timeout: {e}"));
     }
     if let Err(e) = sys::become_subreaper() {
         fail(format!("becoming a child subreaper: {e}"));
@@ -208,6 +215,20 @@ pub(crate) fn serve<P: Privileged>(helper: &mut P, channel: std::os::fd::Borrowe
                 return;
             }
         };
+        if msg.kind == Kind::Log {
+            // The log file its worker got from the master after a USR1: no answer.
+            match msg.fds.as_slice() {
+                [fd] => match crate::process::log::redirect_stderr(fd) {
+                    Ok(()) => tracing::info!("reopened the log file (handed over by its worker)"),
+                    Err(e) => tracing::error!("cannot switch to the reopened log file: {e}"),
+                },
+                _ => tracing::warn!(
+                    "refused a log message from worker {} without one descriptor",
+                    caller.worker
+                ),
+            }
+            continue;
+        }
         let (seq, request) = match request::<P::Request>(msg) {
             Ok(r) => r,
             Err((seq, why)) => {
@@ -286,28 +307,54 @@ fn keep_only(keep: &[caps::Capability]) -> Result<(), caps::errors::CapsError> {
 /// became the helper's children (it is a child subreaper). Call it after a command has
 /// been waited for; it must not run while another child is meant to live. Returns how
 /// many processes it killed (one killed before, with its process group say, and not yet
-/// reaped counts too: reap those first to count only the escapees). Outside a helper (a process that is no subreaper) it kills
-/// the caller's own children: call it only in [`Privileged::handle`].
+/// reaped counts too: reap those first to count only the escapees).
+///
+/// Outside a helper (a process that is not a child subreaper: a worker's handler) it does
+/// nothing and returns 0. It never blocks for long: children are killed and reaped
+/// without waiting (`WNOHANG`) for at most two seconds, so a child that cannot be reaped
+/// (a zombie only its ptracer may collect, a process of a user this helper may not
+/// signal) is left, with a warning.
 pub fn kill_leftovers() -> usize {
+    if !sys::is_subreaper() {
+        return 0;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    // Killed and not reaped yet (a pid reaped may name another process later).
+    let mut dying: std::collections::HashSet<Pid> = std::collections::HashSet::new();
     let mut killed = 0;
-    // Each round kills the children there are and waits for each of them, so that none is
-    // counted twice; what they had started became the helper's children as they died: the
-    // next round. Bounded, for a leftover that forks faster than it is killed (its user's
-    // RLIMIT_NPROC bounds that too).
-    for _ in 0..64 {
+    loop {
+        // Reap every child that has ended.
+        while let Ok(status) = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            match status.pid() {
+                Some(pid) => {
+                    dying.remove(&pid);
+                }
+                None => break,
+            }
+        }
         let children = sys::children();
         if children.is_empty() {
             break;
         }
-        for &pid in &children {
-            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(
+                "{} process(es) left by a command could not be killed and reaped within 2 s: {children:?}",
+                children.len()
+            );
+            break;
+        }
+        // A child not killed yet is killed once (a killed one that has not died yet is a
+        // zombie to reap, not another leftover).
+        for pid in children {
+            if !dying.contains(&pid) && nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_ok()
+            {
+                dying.insert(pid);
                 killed += 1;
             }
         }
-        for pid in children {
-            // SIGKILLed, so this returns; EINTR (a stop signal) is retried.
-            while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
-        }
+        // The killed die at once; what they had started becomes this helper's child as they
+        // do: the next round.
+        std::thread::sleep(Duration::from_millis(1));
     }
     killed
 }
@@ -329,6 +376,19 @@ mod tests {
             }
             format!("{} from worker {}", text.repeat(n as usize), caller.worker)
         }
+    }
+
+    /// Issue #18 (review): outside a helper, `kill_leftovers` touches nobody.
+    #[test]
+    fn issue_18_kill_leftovers_does_nothing_outside_a_helper() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        assert_eq!(kill_leftovers(), 0);
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the test's own child lives on"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     /// Issue #18: a bad message on the channel is refused, with the reason, and the helper

@@ -242,15 +242,37 @@ static CHANNEL: Mutex<Option<WorkerEnd>> = Mutex::new(None);
 
 /// Installs this worker's end of its helper's channel (after the helper reported ready).
 pub(crate) fn set_worker_end(fd: OwnedFd, timeout: Duration) {
+    // Until the first call sets its own: a message without an answer (a log hand-over)
+    // must not block for ever either.
+    let _ = socket2::SockRef::from(&fd).set_write_timeout(Some(timeout.max(Duration::from_millis(1))));
     let mut end = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
     *end = Some(WorkerEnd {
         fd,
         seq: 0,
         gone: false,
         timeout,
-        send_timeout: None,
+        send_timeout: Some(timeout),
         buf: Vec::new(),
     });
+}
+
+/// Hands the log file the master reopened (USR1) to this worker's helper, if it has one,
+/// for its stderr: the helper's log lines follow the rotation too. Never blocks longer than
+/// the calls' send timeout; a failure is logged (the helper keeps the old file).
+pub(crate) fn forward_log(fd: std::os::fd::BorrowedFd<'_>) {
+    let mut guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(end) = guard.as_mut().filter(|e| !e.gone) else {
+        return;
+    };
+    if let Err(e) = wire::send_raw(
+        end.fd.as_fd(),
+        wire::Kind::Log,
+        0,
+        b"",
+        &[std::os::fd::AsRawFd::as_raw_fd(&fd)],
+    ) {
+        tracing::warn!("cannot hand the reopened log file to the privileged helper: {e}");
+    }
 }
 
 /// The handle on this worker's privileged helper `P`: `helper::<P>().call(&request)`.

@@ -28,6 +28,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const MAX_MESSAGE: usize = 1 << 20;
 /// The most descriptors one message carries.
 pub(crate) const MAX_FDS: usize = 16;
+/// The most descriptors the kernel passes in one message.
+const SCM_MAX_FD: usize = 253;
 const HEADER: usize = 16;
 const MAGIC: &[u8; 4] = b"APv1";
 
@@ -46,6 +48,9 @@ pub(crate) enum Kind {
     Ready = 4,
     /// Helper → worker, once: the helper could not start (the payload is the reason).
     Failed = 5,
+    /// Worker → helper: the log file the master reopened on USR1 (one descriptor, for the
+    /// helper's stderr); no answer.
+    Log = 6,
 }
 
 impl Kind {
@@ -56,6 +61,7 @@ impl Kind {
             3 => Kind::Refused,
             4 => Kind::Ready,
             5 => Kind::Failed,
+            6 => Kind::Log,
             _ => return None,
         })
     }
@@ -256,7 +262,11 @@ pub(crate) fn send_bytes(to: BorrowedFd<'_>, parts: &[&[u8]], fds: &[RawFd]) -> 
 /// `flags` has `MSG_DONTWAIT`). `buf` is reused between calls.
 pub(crate) fn recv(from: BorrowedFd<'_>, buf: &mut Vec<u8>) -> Result<Message, WireError> {
     buf.resize(HEADER + MAX_MESSAGE + 1, 0);
-    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    // Room for as many descriptors as the kernel passes in one message (SCM_MAX_FD, 253),
+    // not only MAX_FDS: with less, a message carrying more would be cut (MSG_CTRUNC), nix
+    // would not list the descriptors the kernel did install, and they would leak. All
+    // are owned here, and closed with a message that has too many.
+    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     let (bytes, flags, fds) = loop {
         let mut iov = [IoSliceMut::new(buf)];
         match socket::recvmsg::<()>(
@@ -285,14 +295,27 @@ pub(crate) fn recv(from: BorrowedFd<'_>, buf: &mut Vec<u8>) -> Result<Message, W
         }
     };
     if bytes == 0 && fds.is_empty() && !flags.contains(MsgFlags::MSG_TRUNC) {
-        return Err(WireError::Closed);
+        // End of file, or an empty datagram (SEQPACKET has them): only a closed peer
+        // leaves the socket hung up.
+        let mut poll = [nix::poll::PollFd::new(from, nix::poll::PollFlags::POLLIN)];
+        let hung_up = nix::poll::poll(&mut poll, nix::poll::PollTimeout::ZERO).is_ok()
+            && poll[0]
+                .revents()
+                .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLHUP));
+        if hung_up {
+            return Err(WireError::Closed);
+        }
+        return Err(WireError::Malformed {
+            seq: None,
+            why: "an empty message".into(),
+        });
     }
     let seq = header_seq(&buf[..bytes.min(buf.len())]);
     let bad = |why: String| Err(WireError::Malformed { seq, why });
     if flags.contains(MsgFlags::MSG_TRUNC) || bytes > HEADER + MAX_MESSAGE {
         return bad(format!("over the limit of {MAX_MESSAGE} bytes"));
     }
-    if flags.contains(MsgFlags::MSG_CTRUNC) {
+    if flags.contains(MsgFlags::MSG_CTRUNC) || fds.len() > MAX_FDS {
         return bad(format!("more than {MAX_FDS} descriptors"));
     }
     parse(&buf[..bytes], fds)
@@ -414,6 +437,19 @@ mod tests {
         assert_eq!(decode::<u8>(&msg.payload, msg.fds).unwrap(), 5);
         // A payload that does not decode as the type is the decoder's error.
         assert!(decode::<(String, u64)>(&[0xff, 0xff, 0xff], Vec::new()).is_err());
+        // An empty datagram is not the end of the channel.
+        expect(&[], "an empty message", &mut buf);
+        // Too many descriptors: refused, and every one the kernel installed is closed.
+        let before = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let many = vec![null.as_raw_fd(); 20];
+        send_raw(a.as_fd(), Kind::Request, 8, b"", &many).unwrap();
+        match recv(b.as_fd(), &mut buf) {
+            Err(WireError::Malformed { why, .. }) => assert!(why.contains("more than 16"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        drop(null);
+        assert_eq!(std::fs::read_dir("/proc/self/fd").unwrap().count(), before);
         drop(a);
         assert!(matches!(recv(b.as_fd(), &mut buf), Err(WireError::Closed)));
     }

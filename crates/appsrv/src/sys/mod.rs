@@ -177,6 +177,11 @@ pub(crate) fn become_subreaper() -> io::Result<()> {
     nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)
 }
 
+/// Whether this process is a child subreaper.
+pub(crate) fn is_subreaper() -> bool {
+    nix::sys::prctl::get_child_subreaper().unwrap_or(false)
+}
+
 /// This process's children (`/proc/self/task/*/children`).
 pub(crate) fn children() -> Vec<Pid> {
     let mut pids = Vec::new();

@@ -32,7 +32,7 @@ pub(crate) mod serve;
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::time::Duration;
@@ -286,6 +286,8 @@ fn ready(channel: &Channel, pid: u32) {
 fn take_logs(logged: Option<Option<&Path>>) -> Option<std::fs::File> {
     let files = crate::process::reopen::receive();
     if let Some(fd) = files.log {
+        // The worker's privileged helper, if any, logs to the same file.
+        crate::privileged::forward_log(fd.as_fd());
         match crate::process::log::redirect_stderr(&fd) {
             Ok(()) => {
                 if let Some(path) = logged {
