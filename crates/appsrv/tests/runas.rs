@@ -141,8 +141,10 @@ args = [
     # holding stdout open.
     'setsid sleep 3741 & p=$!; until [ "$(cut -d" " -f6 /proc/$p/stat)" = $p ]; do :; done',
     # The same without /proc (for --sandbox): the command substitution returns once the
-    # inner shell, in its new session, has written and closed stdout.
-    "x=$(setsid sh -c 'echo in; exec sleep 3742 >/dev/null 2>&1' &)",
+    # inner shell, in its new session, has written and closed stdout (closed, not sent to
+    # /dev/null, which the helper's sandbox lets commands read only: a redirection there
+    # would fail, and nothing would escape).
+    "x=$(setsid sh -c 'echo in; exec sleep 3742 >&- 2>&-' &)",
 ]
 max_args = 2
 timeout = 20
@@ -809,7 +811,7 @@ fn issue_18_a_child_that_leaves_the_session_is_killed_by_the_helper() {
         ),
         (
             &["--sandbox"],
-            "x=$(setsid sh -c 'echo in; exec sleep 3742 >/dev/null 2>&1' &)",
+            "x=$(setsid sh -c 'echo in; exec sleep 3742 >&- 2>&-' &)",
             quiet,
         ),
     ];

@@ -171,15 +171,23 @@ pub(crate) unsafe fn close_all_but(keep: &[std::os::fd::RawFd]) -> io::Result<()
     Ok(())
 }
 
+/// Whether [`become_subreaper`] succeeded in this process: remembered, not asked of the
+/// kernel, whose answer a sandbox may forbid (`prctl(PR_GET_CHILD_SUBREAPER)` is outside
+/// a helper's seccomp profile). Only a privileged helper sets it; the commands it forks
+/// execute another program, so no process holds a stale copy.
+static SUBREAPER: AtomicBool = AtomicBool::new(false);
+
 /// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant that is
 /// orphaned becomes its child, not init's.
 pub(crate) fn become_subreaper() -> io::Result<()> {
-    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)
+    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
+    SUBREAPER.store(true, Ordering::SeqCst);
+    Ok(())
 }
 
-/// Whether this process is a child subreaper.
+/// Whether this process made itself a child subreaper ([`become_subreaper`]).
 pub(crate) fn is_subreaper() -> bool {
-    nix::sys::prctl::get_child_subreaper().unwrap_or(false)
+    SUBREAPER.load(Ordering::SeqCst)
 }
 
 /// This process's children (`/proc/self/task/*/children`).
