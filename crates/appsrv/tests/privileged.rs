@@ -220,3 +220,33 @@ fn issue_18_the_helper_logs_to_the_reopened_file() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(said.is_some(), "the helper's line in the new log file");
 }
+
+/// Issue #18 (review): a helper that dies while its worker waits for connections retires
+/// the worker at once, with no client's call failing: the master replaces both.
+#[test]
+fn issue_18_a_helper_that_dies_while_its_worker_is_idle_is_replaced_at_once() {
+    if !is_root() {
+        println!("skipped: needs root");
+        return;
+    }
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "1", "--helper"]);
+    let (worker, helper) = {
+        let mut c = LineClient::tcp(server.tcp_addr());
+        let worker = c.testbed_pid();
+        (worker, helper_pid(&mut c))
+    };
+    // The connection is closed: the worker is back in its accept loop.
+    server.wait_for_workers(1);
+    // SAFETY: kill(2) on the helper this test's server started.
+    unsafe { libc::kill(helper, libc::SIGKILL) };
+    server.wait_for_log("the privileged helper is gone: this worker stops, to be replaced with a new helper");
+    let replaced = wait_until(|| {
+        let now = server.worker_pids();
+        (!now.contains(&worker) && now.len() == 1).then_some(now)
+    });
+    assert!(replaced.is_some(), "worker {worker} was not replaced");
+    // The new worker's helper answers the first call.
+    let mut c = LineClient::tcp(server.tcp_addr());
+    assert_ne!(c.testbed_pid(), worker);
+    assert_ne!(helper_pid(&mut c), helper);
+}

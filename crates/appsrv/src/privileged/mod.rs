@@ -69,10 +69,12 @@
 //!   credentials from then, so it could not tell workers apart anyway), so the helper
 //!   knows which worker calls, by construction ([`Caller`]);
 //! - a helper's life follows its worker's: it ends when its worker's end of the channel
-//!   closes, or at once if its worker dies (`PR_SET_PDEATHSIG`). If the helper dies, the
-//!   call in progress (or the next) fails with [`CallError::Gone`] and the worker stops
-//!   after its connection, to be replaced by the master with a new worker and a new
-//!   helper, as for any worker that dies: the master's back-off applies.
+//!   closes, or at once if its worker dies (`PR_SET_PDEATHSIG`). If the helper dies while
+//!   its worker waits for connections, the worker sees its channel hang up and stops at
+//!   once; during a connection, the call in progress (or the next) fails with
+//!   [`CallError::Gone`] and the worker stops after its connection. Either way the master
+//!   replaces it with a new worker and a new helper, as for any worker that exits: the
+//!   master's back-off applies.
 //!
 //! A helper costs a process per worker; forked from the worker before its factory runs,
 //! it shares the worker's pages until either writes to them.
@@ -254,6 +256,28 @@ pub(crate) fn set_worker_end(fd: OwnedFd, timeout: Duration) {
         send_timeout: Some(timeout),
         buf: Vec::new(),
     });
+}
+
+/// This worker's end of its helper's channel, for the accept loop to watch for a hang-up.
+/// The descriptor lives as long as the worker.
+pub(crate) fn channel_fd() -> Option<std::os::fd::BorrowedFd<'static>> {
+    let guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+    // SAFETY: the channel, once installed, is never closed or replaced in a worker (it is
+    // set once, after the helper's start, and the worker never returns): the number stays
+    // this descriptor for the process's life.
+    guard
+        .as_ref()
+        .map(|end| unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&end.fd)) })
+}
+
+/// The accept loop saw the helper's end close: the helper is gone. Said once; the worker
+/// stops (its caller returns), and the master replaces it with a new helper.
+pub(crate) fn helper_hung_up() {
+    let mut guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(end) = guard.as_mut().filter(|e| !e.gone) {
+        end.gone = true;
+        tracing::error!("the privileged helper is gone: this worker stops, to be replaced with a new helper");
+    }
 }
 
 /// Hands the log file the master reopened (USR1) to this worker's helper, if it has one,

@@ -23,6 +23,9 @@ use crate::net::listener::Listener;
 use crate::scoreboard::{Board, State};
 use crate::sys;
 
+/// The epoll key of the privileged helper's channel.
+const HELPER: u64 = u64::MAX;
+
 /// How long to pause accepting when the process or system is out of descriptors or memory.
 const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -50,11 +53,20 @@ pub(crate) struct Acceptor<'a> {
 
 impl<'a> Acceptor<'a> {
     pub(crate) fn new(id: u32, listeners: &'a [Listener], board: &'a Board) -> io::Result<Self> {
-        let epoll = if listeners.len() > 1 {
+        // With a privileged helper, its channel is watched too, so that a helper that dies
+        // while this worker waits retires the worker at once (the master replaces both),
+        // not at the next client's call.
+        let helper = crate::privileged::channel_fd();
+        let epoll = if listeners.len() > 1 || helper.is_some() {
             let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
             for (i, l) in listeners.iter().enumerate() {
                 let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
                 ep.add(l.as_fd(), EpollEvent::new(flags, i as u64))?;
+            }
+            if let Some(fd) = helper {
+                // Hang-up only: a late answer to a call that timed out is for the next
+                // call to drop, not a wake-up.
+                ep.add(fd, EpollEvent::new(EpollFlags::EPOLLRDHUP, HELPER))?;
             }
             Some(ep)
         } else {
@@ -104,6 +116,10 @@ impl<'a> Acceptor<'a> {
                         Ok(0) => continue,
                         // A listener shut down by the master (stop) reports HUP; a
                         // non-blocking Unix listener would then answer EAGAIN forever.
+                        Ok(_) if events[0].data() == HELPER => {
+                            crate::privileged::helper_hung_up();
+                            return Accepted::Stop;
+                        }
                         Ok(_) if events[0].events().contains(EpollFlags::EPOLLHUP) => return Accepted::Stop,
                         Ok(_) => events[0].data() as usize,
                         Err(Errno::EINTR) => continue,
