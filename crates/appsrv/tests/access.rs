@@ -279,31 +279,10 @@ fn issue_14_a_trickled_proxy_header_is_cut_at_the_header_timeout() {
         ],
     );
     let mut s = connect_from("127.0.0.1", server.tcp_addr());
-    let started = std::time::Instant::now();
     // One byte every 200 ms, far more often than any read timeout: only an overall
     // deadline ends it. The header would take about 9 s to arrive in full.
     let header = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n";
-    let mut cut = false;
-    for b in header {
-        if s.write_all(&[*b]).is_err() {
-            cut = true;
-            break;
-        }
-        let mut one = [0u8; 1];
-        s.set_read_timeout(Some(std::time::Duration::from_millis(200)))
-            .unwrap();
-        match s.read(&mut one) {
-            Ok(0) => {
-                cut = true;
-                break;
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    let held = started.elapsed();
+    let (cut, held) = trickle(&mut s, header, std::time::Duration::from_millis(200));
     assert!(
         cut,
         "the whole header went through in {held:?}: no overall deadline"
@@ -458,33 +437,8 @@ fn request_level_trickled_proxy_header_is_cut_at_the_header_timeout(io: Io) {
         ],
     );
     let mut s = connect_from("127.0.0.1", server.tcp_addr());
-    let started = std::time::Instant::now();
     let header = b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 7000\r\n";
-    let mut cut = false;
-    for b in header {
-        if s.write_all(&[*b]).is_err() {
-            cut = true;
-            break;
-        }
-        let mut one = [0u8; 1];
-        s.set_read_timeout(Some(std::time::Duration::from_millis(200)))
-            .unwrap();
-        match s.read(&mut one) {
-            Ok(0) => {
-                cut = true;
-                break;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                cut = true;
-                break;
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    let held = started.elapsed();
+    let (cut, held) = trickle(&mut s, header, std::time::Duration::from_millis(200));
     assert!(
         cut,
         "the whole header went through in {held:?}: no overall deadline"

@@ -477,36 +477,15 @@ fn re_executed_sandboxed_event_workers_serve() {
 #[test]
 fn socket_activation_in_event_mode_chosen_by_the_environment() {
     use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let fd = listener.as_raw_fd();
-    let mut cmd = Command::new("/bin/sh");
-    // LISTEN_PID must name the server itself: the shell execs it, keeping its pid.
-    cmd.args(["-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""])
-        .arg(example("http_hello"))
-        .args(["-l", "127.0.0.1:1", "-w", "2", "--keepalive-timeout", "60"])
-        .env("HTTP_HELLO_IO", "event")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0);
-    // SAFETY: dup2 and fcntl are async-signal-safe; the listener goes to fd 3, as systemd
-    // puts it.
-    unsafe {
-        cmd.pre_exec(move || {
-            let r = if fd == 3 {
-                libc::fcntl(3, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(fd, 3)
-            };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let server = Server::from_command(cmd);
+    let server = spawn_socket_activated(
+        "http_hello",
+        &["-l", "127.0.0.1:1", "-w", "2", "--keepalive-timeout", "60"],
+        &[("HTTP_HELLO_IO", "event")],
+        fd,
+    );
     server.wait_for_ready();
     // Two workers hold many keep-alive connections at once, each answered twice: event
     // mode is on (blocking workers would give idle ones up to serve the queue).

@@ -434,37 +434,10 @@ fn issue_14_a_trickled_handshake_is_cut_at_the_timeout() {
     let server = start_tls("testbed", &pki, &["-w", "1", "--tls-handshake-timeout", "1"]);
     let addr = server.tcp_addr();
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_millis(100)))
-        .unwrap();
     // A handshake record announcing 512 bytes, then its body, slowly: about 50 s in all.
     let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
     hello.resize(5 + 512, 0x2a);
-    let started = std::time::Instant::now();
-    let mut cut = false;
-    for b in &hello {
-        if s.write_all(&[*b]).is_err() {
-            cut = true;
-            break;
-        }
-        let mut buf = [0u8; 64];
-        match s.read(&mut buf) {
-            Ok(0) => {
-                cut = true;
-                break;
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                cut = true;
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    let held = started.elapsed();
+    let (cut, held) = trickle(&mut s, &hello, std::time::Duration::from_millis(100));
     assert!(cut, "the whole trickled record went through ({held:?})");
     assert!(held < std::time::Duration::from_secs(10), "held for {held:?}");
     server.wait_for_log("the TLS handshake took too long");
@@ -537,37 +510,10 @@ fn a_request_level_servers_handshake_is_cut_at_the_timeout(io: Io) {
     let mut silent = TcpStream::connect(addr).unwrap();
     silent.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_millis(100)))
-        .unwrap();
     // A handshake record announcing 512 bytes, then its body, slowly: about 50 s in all.
     let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
     hello.resize(5 + 512, 0x2a);
-    let started = std::time::Instant::now();
-    let mut cut = false;
-    for b in &hello {
-        if s.write_all(&[*b]).is_err() {
-            cut = true;
-            break;
-        }
-        let mut buf = [0u8; 64];
-        match s.read(&mut buf) {
-            Ok(0) => {
-                cut = true;
-                break;
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                cut = true;
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    let held = started.elapsed();
+    let (cut, held) = trickle(&mut s, &hello, std::time::Duration::from_millis(100));
     assert!(cut, "the whole trickled record went through ({held:?})");
     assert!(held < std::time::Duration::from_secs(10), "held for {held:?}");
     assert!(

@@ -435,33 +435,8 @@ fn socket_activation_adopts_the_listener() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let fd = listener.as_raw_fd();
-    let mut cmd = Command::new("/bin/sh");
-    // LISTEN_PID must name the server itself: the shell execs it, keeping its pid.
-    cmd.args(["-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""])
-        .arg(example("testbed"))
-        .args(["-l", "127.0.0.1:1", "-w", "2"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0);
-    // SAFETY: dup2 is async-signal-safe; it puts the listener at fd 3, as systemd does.
-    unsafe {
-        cmd.pre_exec(move || {
-            // dup2 onto itself would leave close-on-exec set: clear it instead.
-            let r = if fd == 3 {
-                libc::fcntl(3, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(fd, 3)
-            };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut server = Server::from_command(cmd);
+    let mut server = spawn_socket_activated("testbed", &["-l", "127.0.0.1:1", "-w", "2"], &[], fd);
     server.wait_for_ready();
     assert!(
         server.log_text().contains(&format!("listening on {addr}")),

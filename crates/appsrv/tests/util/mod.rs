@@ -641,3 +641,62 @@ pub fn under_http_load(addr: SocketAddr, during: impl FnOnce()) -> (u64, Vec<Str
     });
     (done.load(Ordering::Relaxed), failures)
 }
+
+/// Sends `bytes` one at a time to `s`, waiting up to `pause` for an answer after each (a
+/// client that trickles a request, a PROXY header or a TLS record), until the server cuts
+/// the connection (end of file, a reset, a failed write) or everything was sent. Returns
+/// whether it was cut, and how long that took. An answer before the cut fails the test.
+pub fn trickle(s: &mut TcpStream, bytes: &[u8], pause: Duration) -> (bool, Duration) {
+    s.set_read_timeout(Some(pause)).unwrap();
+    let started = Instant::now();
+    for b in bytes {
+        if s.write_all(&[*b]).is_err() {
+            return (true, started.elapsed());
+        }
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) => return (true, started.elapsed()),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (true, started.elapsed()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (false, started.elapsed())
+}
+
+/// Starts `example_name` as systemd's socket activation would (not waiting for it): the
+/// listening socket `fd` at descriptor 3 without close-on-exec, `LISTEN_FDS=1`, and
+/// `LISTEN_PID` naming the server itself (a shell sets it, then execs the server, keeping
+/// its pid).
+pub fn spawn_socket_activated(example_name: &str, args: &[&str], env: &[(&str, &str)], fd: i32) -> Server {
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""])
+        .arg(example(example_name))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: dup2 and fcntl are async-signal-safe; the listener goes to fd 3, as systemd
+    // puts it.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would leave close-on-exec set: clear it instead.
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Server::from_command(cmd)
+}
