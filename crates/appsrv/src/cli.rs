@@ -242,7 +242,13 @@ pub(crate) struct Config {
     pub(crate) control: Option<PathBuf>,
     pub(crate) metrics_listen: Option<String>,
     pub(crate) access_log: Option<PathBuf>,
+    /// `--access-log-sample`: one line per N datagrams.
+    pub(crate) access_log_sample: u64,
     pub(crate) max_conns_per_ip: u64,
+    /// `--max-datagram-size`, `--max-answers-per-ip`, `--answers-slip`.
+    pub(crate) max_datagram_size: u64,
+    pub(crate) max_answers_per_ip: u64,
+    pub(crate) answers_slip: u64,
     pub(crate) allow: Vec<crate::net::proxy::Cidr>,
     pub(crate) deny: Vec<crate::net::proxy::Cidr>,
     pub(crate) proxy_protocol: bool,
@@ -699,6 +705,15 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             cidrs(prefix, "proxy-from", &d.proxy_from, "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
         )
         .arg(count(prefix, "max-conns-per-ip", d.max_conns_per_ip, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
+        .arg(count(prefix, "max-answers-per-ip", 0, "Datagram listeners: answer at most N datagrams per second from one source (an IPv4 address, an IPv6 /64), across all workers; the others are dropped, but one in --answers-slip is answered by the handler's slip (DNS: a truncated answer, so a real client retries over TCP), as DNS response rate limiting does against reflection attacks [0: no limit]"))
+        .arg(count(prefix, "answers-slip", 2, "With --max-answers-per-ip: one in N rate-limited datagrams gets the handler's slip answer instead of none [0: never]"))
+        .arg(
+            env_opt(prefix, "max-datagram-size")
+                .value_name("BYTES")
+                .value_parser(clap::value_parser!(u64).range(1..=65_535))
+                .default_value("65507")
+                .help("Datagram listeners: the largest datagram accepted; a longer one is dropped and counted (65507: the largest UDP payload)"),
+        )
         .next_help_heading("TLS")
         .arg(path_arg(prefix, "tls-cert", d.tls_cert.as_ref(), "TLS listeners (ADDR?tls): the certificate chain, PEM, leaf first; read by the master before it drops privileges, re-read on reload; per listener too, as ADDR?cert=PATH"))
         .arg(path_arg(prefix, "tls-key", d.tls_key.as_ref(), "TLS listeners: the private key (PEM: PKCS#8, PKCS#1 or SEC1) matching --tls-cert; per listener too, as ADDR?key=PATH"))
@@ -804,7 +819,14 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             env_opt(prefix, "access-log")
                 .value_name("PATH")
                 .value_parser(clap::value_parser!(PathBuf))
-                .help("Write one line per request (per connection for handle_client) to PATH: time, client, outcome, duration, bytes, request line; buffered by each worker; reopened on USR1 [default: off]"),
+                .help("Write one line per request (per connection for handle_client, per datagram for datagram listeners) to PATH: time, client, outcome, duration, bytes, request line; buffered by each worker; reopened on USR1 [default: off]"),
+        )
+        .arg(
+            env_opt(prefix, "access-log-sample")
+                .value_name("N")
+                .value_parser(clap::value_parser!(u64).range(1..))
+                .default_value("1")
+                .help("Datagram listeners: write one access-log line per N datagrams (each worker counts its own)"),
         )
         .arg(control_arg(prefix))
         .next_help_heading(None)
@@ -1043,7 +1065,11 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         control: m.get_one::<PathBuf>("control").cloned(),
         metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
         access_log: m.get_one::<PathBuf>("access-log").cloned(),
+        access_log_sample: n(m, "access-log-sample"),
         max_conns_per_ip: n(m, "max-conns-per-ip"),
+        max_datagram_size: n(m, "max-datagram-size"),
+        max_answers_per_ip: n(m, "max-answers-per-ip"),
+        answers_slip: n(m, "answers-slip"),
         io: *m.get_one::<Io>("io").expect("has a default"),
         worker_connections: n(m, "worker-connections") as usize,
         slow_request: timeout(m, "slow-request"),

@@ -51,6 +51,26 @@ pub(crate) struct Program {
     /// Each worker's privileged helper (`Server::privileged`), and its sandbox profile.
     pub(crate) helper: Option<Box<dyn crate::privileged::Spawn>>,
     pub(crate) helper_profile: Sandbox,
+    /// The datagram handler's factory (`Server::datagrams`), and whether the server serves
+    /// datagrams only (`Server::run_datagrams`).
+    pub(crate) datagrams: Option<worker::datagram::Factory>,
+    pub(crate) datagram_only: bool,
+}
+
+/// What a server does with datagrams, for the configuration checks.
+#[derive(Debug, Clone, Copy)]
+struct DatagramUse {
+    handler: bool,
+    only: bool,
+}
+
+impl DatagramUse {
+    fn of(program: &Program) -> Self {
+        DatagramUse {
+            handler: program.datagrams.is_some(),
+            only: program.datagram_only,
+        }
+    }
 }
 
 /// Runs the subcommand of `matches`. `make_factory` makes the workers' handler factory
@@ -84,14 +104,15 @@ where
         // request arrives in pieces).
         config.read_timeout = config.keepalive_timeout;
     }
-    check_io(&config, request_level)?;
+    check_io(&config, request_level, DatagramUse::of(&program))?;
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
     let mut start_hook = program.start_hook.take();
     let mut helper = program.helper.take();
+    let mut datagrams = program.datagrams.take();
     let mut entry = |setup: worker::Setup<'_>| -> Infallible {
-        worker::run(setup, &mut start_hook, &mut helper, &mut factory)
+        worker::run(setup, &mut start_hook, &mut helper, &mut datagrams, &mut factory)
     };
     let upgrade = UpgradeSettings {
         dir: program.dir.clone(),
@@ -124,6 +145,11 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         let mut c = cli::config(m);
         c.sandbox_profile = program.sandbox_profile.clone();
         c.helper_profile = program.helper.as_ref().map(|_| program.helper_profile.clone());
+        // A datagram-only server has no stream connections for --io to choose a model
+        // for: its datagrams are served from the event loop.
+        if program.datagram_only {
+            c.io = crate::Io::Event;
+        }
         c
     };
     match matches.subcommand() {
@@ -295,7 +321,7 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
         config.allow_root_workers,
     )?;
     pool_policy(config)?;
-    check_io(config, request_level)?;
+    check_io(config, request_level, DatagramUse::of(program))?;
     config.confinement()?.check()?;
     if !request_level && config.max_requests > 0 {
         return Err(Error::Config(
@@ -338,7 +364,8 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
 /// What `--io event` asks of the rest of the configuration, checked before start: a
 /// request-level handler, a static pool, no privileged helper, and descriptors for
 /// `--worker-connections`. Also that a server with a privileged helper starts as root.
-fn check_io(config: &Config, request_level: bool) -> Result<()> {
+fn check_io(config: &Config, request_level: bool, datagrams: DatagramUse) -> Result<()> {
+    check_datagrams(config, datagrams)?;
     if config.helper_profile.is_some() && !nix::unistd::Uid::effective().is_root() {
         return Err(Error::Config(
             "this server has a privileged helper (Server::privileged), which keeps root's capabilities for its workers: start it as root".into(),
@@ -374,6 +401,38 @@ fn check_io(config: &Config, request_level: bool) -> Result<()> {
         ));
     }
     raise_nofile(config);
+    Ok(())
+}
+
+/// What datagram listeners ask of the server: a datagram handler, and the event loop
+/// that serves them (beside stream connections, only with `--io event`); a datagram-only
+/// server has no stream listener. Sockets from systemd are checked by the workers, which
+/// refuse to start with a datagram socket and no handler.
+fn check_datagrams(config: &Config, d: DatagramUse) -> Result<()> {
+    let dgram = config.listen.iter().find(|a| a.is_datagram());
+    let stream = config.listen.iter().find(|a| !a.is_datagram());
+    if let (Some(a), false) = (dgram, d.handler) {
+        return Err(Error::Config(format!(
+            "{a} is a datagram listener, and this server has no datagram handler (Server::datagrams): it serves streams only"
+        )));
+    }
+    if d.only {
+        if let Some(a) = stream {
+            return Err(Error::Config(format!(
+                "{a} is a stream listener, and this server serves datagrams only: give udp://HOST:PORT or unixgram:PATH"
+            )));
+        }
+        if !config.listen.is_empty() && dgram.is_none() {
+            return Err(Error::Config(
+                "this server serves datagrams only: give a udp://HOST:PORT or unixgram:PATH listener".into(),
+            ));
+        }
+    }
+    if let (Some(a), Some(_), true) = (dgram, stream, config.io != crate::Io::Event) {
+        return Err(Error::Config(format!(
+            "{a}: datagrams are served from the event loop, beside the stream connections only with --io event (this server runs --io blocking)"
+        )));
+    }
     Ok(())
 }
 

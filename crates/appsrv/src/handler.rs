@@ -5,6 +5,7 @@ use std::io;
 use crate::codec::Codec;
 use crate::conn::client::Client;
 use crate::conn::context::Conn;
+use crate::conn::datagram::Datagram;
 
 /// Serves connections, one at a time, inside a worker process.
 ///
@@ -121,6 +122,63 @@ pub trait RequestHandler {
         req: &<Self::Codec as Codec>::Request<'_>,
         res: &mut <Self::Codec as Codec>::Response<'_>,
     ) -> io::Result<()>;
+
+    /// Called once when the worker stops in an orderly way. Does nothing by default.
+    fn on_worker_exit(&mut self) {}
+}
+
+/// Answers datagrams inside a worker process: the datagram level (`udp://` and `unixgram:`
+/// listeners).
+///
+/// As for the other handlers, one value exists per worker, made by the factory given to
+/// [`Server::datagrams`](crate::Server::datagrams) or
+/// [`Server::run_datagrams`](crate::Server::run_datagrams) after the worker has forked and
+/// dropped its privileges. The framework receives datagrams in batches (`recvmmsg`), calls
+/// this handler for each one that passes the listener's rules, the size limit and the
+/// per-source answer rate, and sends the answers of a batch together (`sendmmsg`), each from
+/// the address its datagram was sent to.
+///
+/// The handler runs in the worker's event loop, beside the stream connections it may also
+/// serve: it must not block. A call longer than `--request-timeout` gets the worker killed
+/// and replaced, as for a stream request.
+///
+/// ```no_run
+/// use std::io;
+///
+/// struct Echo;
+///
+/// impl appsrv::DatagramHandler for Echo {
+///     fn handle_datagram(&mut self, datagram: &appsrv::Datagram<'_>, answer: &mut Vec<u8>) -> io::Result<()> {
+///         answer.extend_from_slice(datagram.data());
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() -> appsrv::Result<()> {
+///     appsrv::Server::new("echo").listen("udp://127.0.0.1:7007").run_datagrams(|| Ok(Echo))
+/// }
+/// ```
+pub trait DatagramHandler {
+    /// Handles one datagram: writes the answer, if any, into `answer`, which is empty on
+    /// entry. Left empty, nothing is sent. An answer longer than a datagram can be (65,507
+    /// bytes over UDP) is refused by the kernel, logged and counted as failed.
+    ///
+    /// An error is logged with the sender's address and counted as dropped; no answer is
+    /// sent, and the worker goes on. A panic is caught, logged with the sender's address,
+    /// and ends the worker, which is replaced (the datagrams of its batch not yet answered
+    /// are lost, as on a network that drops them).
+    fn handle_datagram(&mut self, datagram: &Datagram<'_>, answer: &mut Vec<u8>) -> io::Result<()>;
+
+    /// Called instead of [`handle_datagram`](DatagramHandler::handle_datagram) for one in
+    /// `--answers-slip` datagrams from a source over its `--max-answers-per-ip` rate (the
+    /// others are dropped): a small answer that tells a genuine client to retry another
+    /// way, which is worth nothing to an attacker who forges the source address to
+    /// reflect answers at a victim. DNS answers such a query with the TC bit set and no
+    /// records, so that a real resolver retries over TCP. Does nothing (no answer) by
+    /// default.
+    fn slip(&mut self, datagram: &Datagram<'_>, answer: &mut Vec<u8>) {
+        let _ = (datagram, answer);
+    }
 
     /// Called once when the worker stops in an orderly way. Does nothing by default.
     fn on_worker_exit(&mut self) {}

@@ -167,6 +167,83 @@ pub(crate) struct Slot {
     last_turn: AtomicU64,
     /// Handler calls slower than `--slow-request`.
     slow_calls: AtomicU64,
+    /// Event worker with datagram listeners: its datagram counters ([`DatagramCounts`], in
+    /// its field order), published once per turn.
+    datagrams: [AtomicU64; DATAGRAM_COUNTERS],
+}
+
+/// The number of counters in [`DatagramCounts`].
+const DATAGRAM_COUNTERS: usize = 9;
+
+/// A worker's datagram counters since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DatagramCounts {
+    pub(crate) received: u64,
+    pub(crate) sent: u64,
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
+    /// Dropped by the listener's rules (`allow`/`deny`).
+    pub(crate) denied: u64,
+    /// Dropped: longer than `--max-datagram-size`.
+    pub(crate) too_large: u64,
+    /// Over `--max-answers-per-ip`: dropped, or slipped.
+    pub(crate) rate_limited: u64,
+    /// The handler returned an error (no answer).
+    pub(crate) errors: u64,
+    /// Answers the kernel refused to send (or an unbound Unix sender, which has no address).
+    pub(crate) send_failed: u64,
+}
+
+impl DatagramCounts {
+    fn to_array(self) -> [u64; DATAGRAM_COUNTERS] {
+        [
+            self.received,
+            self.sent,
+            self.bytes_in,
+            self.bytes_out,
+            self.denied,
+            self.too_large,
+            self.rate_limited,
+            self.errors,
+            self.send_failed,
+        ]
+    }
+
+    fn from_array(a: [u64; DATAGRAM_COUNTERS]) -> Self {
+        DatagramCounts {
+            received: a[0],
+            sent: a[1],
+            bytes_in: a[2],
+            bytes_out: a[3],
+            denied: a[4],
+            too_large: a[5],
+            rate_limited: a[6],
+            errors: a[7],
+            send_failed: a[8],
+        }
+    }
+
+    /// Adds another worker's counters.
+    pub(crate) fn add(&mut self, o: &DatagramCounts) {
+        let mut a = self.to_array();
+        for (x, y) in a.iter_mut().zip(o.to_array()) {
+            *x += y;
+        }
+        *self = DatagramCounts::from_array(a);
+    }
+}
+
+/// Sources the answer-rate table (`--max-answers-per-ip`) tracks at once.
+const RATE_ENTRIES: usize = 8192;
+/// Entries probed for a source before the table gives up on it.
+const RATE_PROBES: usize = 8;
+
+/// One source's answers in the current second: its key, and `second << 32 | count`.
+#[derive(Debug)]
+#[repr(C)]
+struct RateEntry {
+    key: AtomicU64,
+    state: AtomicU64,
 }
 
 /// An event worker's connections, by what each is waiting for (published once per turn of
@@ -203,6 +280,10 @@ pub(crate) struct Board {
     /// giving up their connections for nothing.
     queued_seen: AtomicU64,
     slots: [Slot; MAX_WORKERS],
+    /// Answers per source in the current second, shared by every worker, so that
+    /// `--max-answers-per-ip` holds however the kernel spreads one source's datagrams
+    /// over the workers (see [`Board::answer_allowed`]). Untouched pages cost nothing.
+    answers: [RateEntry; RATE_ENTRIES],
 }
 
 /// How long the master's sighting of queued clients ([`Board::mark_queued`]) holds without
@@ -214,6 +295,42 @@ pub(crate) const QUEUED_FRESH: Duration = Duration::from_secs(1);
 // SAFETY: `Board` and `Slot` are `#[repr(C)]`, made only of atomics and arrays of atomics
 // (valid when zero), and hold no pointers.
 unsafe impl SharedZeroed for Board {}
+
+/// The answer-rate table's key of a source: an IPv4 address (IPv4-mapped ones too), or an
+/// IPv6 address's /64; never 0 (a free entry).
+fn rate_key(ip: std::net::IpAddr) -> u64 {
+    let v4 = match ip {
+        std::net::IpAddr::V4(a) => Some(a),
+        std::net::IpAddr::V6(a) => a.to_ipv4_mapped(),
+    };
+    match (v4, ip) {
+        (Some(a), _) => 0xFFFF_0000_0000_0000 | u64::from(u32::from(a)),
+        (None, std::net::IpAddr::V6(a)) => ((u128::from(a) >> 64) as u64).max(1),
+        (None, std::net::IpAddr::V4(_)) => unreachable!("an IPv4 address has its v4 form"),
+    }
+}
+
+/// Counts one answer in `e` if its second's count is below `limit`.
+fn take_answer(e: &RateEntry, second: u32, limit: u32) -> bool {
+    let mut cur = e.state.load(Ordering::Acquire);
+    loop {
+        let (s, n) = ((cur >> 32) as u32, cur as u32);
+        let next = if s != second {
+            u64::from(second) << 32 | 1
+        } else if n < limit {
+            cur + 1
+        } else {
+            return false;
+        };
+        match e
+            .state
+            .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
+    }
+}
 
 /// Monotonic time in nanoseconds, comparable between processes.
 pub(crate) fn now_ns() -> u64 {
@@ -238,6 +355,41 @@ impl Board {
     /// Maps the master's board in a re-executed worker.
     pub(crate) fn adopt(fd: std::os::fd::OwnedFd) -> std::io::Result<&'static Board> {
         sys::map_shared_fd::<Board>(fd)
+    }
+
+    /// Whether one more answer to `ip` fits within `limit` answers in the current second
+    /// (monotonic `now_ns`), counting it if so. Fixed one-second windows per source (an
+    /// IPv4 address, or an IPv6 /64, since one host has a whole /64), in a table shared by
+    /// the workers and updated with compare-and-swap only. A source is looked for in
+    /// [`RATE_PROBES`] entries from its hash; an entry idle for over a second is taken
+    /// over. When all of them hold sources answered within the last second (a flood from
+    /// thousands of sources), the new source is not limited: a table that can only track
+    /// so many sources must fail open rather than refuse everyone.
+    pub(crate) fn answer_allowed(&self, ip: std::net::IpAddr, limit: u32, now_ns: u64) -> bool {
+        let key = rate_key(ip);
+        let second = (now_ns / 1_000_000_000) as u32 + 1;
+        let start =
+            (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RATE_ENTRIES.trailing_zeros())) as usize;
+        for probe in 0..RATE_PROBES {
+            let e = &self.answers[(start + probe) % RATE_ENTRIES];
+            let k = e.key.load(Ordering::Acquire);
+            if k == key {
+                return take_answer(e, second, limit);
+            }
+            let stale = (e.state.load(Ordering::Acquire) >> 32) as u32 + 1 < second;
+            if (k == 0 || stale)
+                && e.key
+                    .compare_exchange(k, key, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                e.state.store(u64::from(second) << 32, Ordering::Release);
+                return take_answer(e, second, limit);
+            }
+            if e.key.load(Ordering::Acquire) == key {
+                return take_answer(e, second, limit);
+            }
+        }
+        true
     }
 
     pub(crate) fn slot(&self, id: u32) -> Option<&Slot> {
@@ -414,6 +566,9 @@ impl Board {
                 last_turn: ago(s.last_turn.load(Ordering::Relaxed)),
             }),
             slow_calls: s.slow_calls.load(Ordering::Relaxed),
+            datagrams: DatagramCounts::from_array(std::array::from_fn(|i| {
+                s.datagrams[i].load(Ordering::Relaxed)
+            })),
         })
     }
 }
@@ -455,6 +610,9 @@ impl Slot {
         self.accepts_paused.store(false, Ordering::Relaxed);
         self.last_turn.store(0, Ordering::Relaxed);
         self.slow_calls.store(0, Ordering::Relaxed);
+        for a in &self.datagrams {
+            a.store(0, Ordering::Relaxed);
+        }
     }
 
     /// The worker is an event-loop worker (set once, before it says it is ready).
@@ -497,6 +655,13 @@ impl Slot {
     }
 
     /// An event loop publishes its connection counts (once per turn).
+    /// An event worker publishes its datagram counters (it alone writes them).
+    pub(crate) fn publish_datagrams(&self, c: DatagramCounts) {
+        for (a, v) in self.datagrams.iter().zip(c.to_array()) {
+            a.store(v, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn publish_counts(&self, c: ConnCounts) {
         self.open.store(c.open, Ordering::Relaxed);
         self.reading.store(c.reading, Ordering::Relaxed);
@@ -677,6 +842,8 @@ pub(crate) struct SlotView {
     pub(crate) event: Option<EventView>,
     /// Handler calls slower than `--slow-request`.
     pub(crate) slow_calls: u64,
+    /// Its datagram counters (all zero without datagram listeners).
+    pub(crate) datagrams: DatagramCounts,
 }
 
 /// What an event worker's slot says of its loop.
@@ -693,6 +860,24 @@ pub(crate) struct EventView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issue_19_answer_rate_holds_per_source_and_second() {
+        let b = Board::new().unwrap();
+        let a: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        let other: std::net::IpAddr = "192.0.2.2".parse().unwrap();
+        let t = 5_000_000_000;
+        assert_eq!((0..10).filter(|_| b.answer_allowed(a, 3, t)).count(), 3);
+        // Another source has its own allowance; the same one gets a new one next second.
+        assert!(b.answer_allowed(other, 3, t));
+        assert!(b.answer_allowed(a, 3, t + 1_000_000_000));
+        // An IPv6 /64 is one source; IPv4-mapped is the IPv4 address.
+        let v6 = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert!(b.answer_allowed(v6("2001:db8::1"), 1, t));
+        assert!(!b.answer_allowed(v6("2001:db8::2"), 1, t));
+        assert!(b.answer_allowed(v6("2001:db8:0:1::1"), 1, t));
+        assert!(!b.answer_allowed(v6("::ffff:192.0.2.1"), 1, t + 1_000_000_000));
+    }
 
     #[test]
     fn idle_count_follows_the_states() {

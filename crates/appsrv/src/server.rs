@@ -12,7 +12,7 @@ use tracing::Level;
 use crate::cli::{self, Defaults};
 use crate::dispatch::{self, Hook, Program};
 use crate::error::{BoxError, Result};
-use crate::handler::{Handler, RequestHandler, WorkerInfo};
+use crate::handler::{DatagramHandler, Handler, RequestHandler, WorkerInfo};
 use crate::worker::StartHook;
 use crate::worker::serve::{ClientLevel, Connections, Limits, RequestLevel};
 
@@ -55,6 +55,9 @@ pub struct Server {
     helper: Option<Box<dyn crate::privileged::Spawn>>,
     helper_profile: crate::Sandbox,
     helper_timeout: Duration,
+    /// The datagram handler's factory ([`Server::datagrams`]).
+    datagrams: Option<crate::worker::datagram::Factory>,
+    datagram_only: bool,
 }
 
 impl std::fmt::Debug for Server {
@@ -86,6 +89,8 @@ impl Server {
             helper: None,
             helper_profile: crate::Sandbox::new(),
             helper_timeout: crate::privileged::DEFAULT_TIMEOUT,
+            datagrams: None,
+            datagram_only: false,
         }
     }
 
@@ -408,6 +413,48 @@ impl Server {
         self
     }
 
+    /// Serves the datagram listeners (`-l udp://HOST:PORT`, `-l unixgram:PATH`) with a
+    /// [`DatagramHandler`] made by `factory` in each worker (after fork and the privilege
+    /// drop, as the stream handler is), beside the stream listeners served by the
+    /// terminal [`run_requests`](Server::run_requests) call: DNS over UDP and TCP on one
+    /// port, for example. The datagrams are served from the worker's event loop, so a
+    /// server with both kinds of listeners runs `--io event` (set it with
+    /// [`io`](Server::io)); a datagram-only server calls
+    /// [`run_datagrams`](Server::run_datagrams) instead. Default: no datagram handler (a
+    /// datagram listener is then a configuration error).
+    ///
+    /// ```no_run
+    /// # use std::io;
+    /// # struct Udp;
+    /// # impl appsrv::DatagramHandler for Udp {
+    /// #     fn handle_datagram(&mut self, _: &appsrv::Datagram<'_>, _: &mut Vec<u8>) -> io::Result<()> { Ok(()) }
+    /// # }
+    /// # struct Tcp;
+    /// # impl appsrv::RequestHandler for Tcp {
+    /// #     type Codec = appsrv::codec::Lines;
+    /// #     type Session = ();
+    /// #     fn codec(&self) -> appsrv::codec::Lines { appsrv::codec::Lines::default() }
+    /// #     fn handle_request(&mut self, _: &mut appsrv::Conn<'_>, _: &&[u8], _: &mut appsrv::codec::LinesResponse<'_>) -> io::Result<()> { Ok(()) }
+    /// # }
+    /// appsrv::Server::new("both")
+    ///     .listen("udp://127.0.0.1:5353")
+    ///     .listen("127.0.0.1:5353")
+    ///     .io(appsrv::Io::Event)
+    ///     .datagrams(|| Ok(Udp))
+    ///     .run_requests(|| Ok(Tcp))
+    /// # .unwrap();
+    /// ```
+    pub fn datagrams<D, F>(mut self, mut factory: F) -> Self
+    where
+        D: DatagramHandler + 'static,
+        F: FnMut() -> std::result::Result<D, BoxError> + 'static,
+    {
+        self.datagrams = Some(Box::new(move || {
+            factory().map(|h| Box::new(h) as Box<dyn DatagramHandler>)
+        }));
+        self
+    }
+
     /// The sandbox profile of the privileged helper under `--sandbox` (Landlock and seccomp,
     /// applied after its capabilities are cut, before its factory): what the helper, and
     /// every command it starts, may do. The workers keep their own profile
@@ -549,6 +596,27 @@ impl Server {
         })
     }
 
+    /// Runs a server that serves datagrams only (`udp://` and `unixgram:` listeners, no
+    /// stream listener): each worker's [`DatagramHandler`], made by `factory`, answers the
+    /// datagrams from the worker's event loop (whatever `--io` says: there are no stream
+    /// connections for it to choose a model for). Otherwise as [`run`](Server::run).
+    pub fn run_datagrams<D, F>(self, factory: F) -> Result<()>
+    where
+        D: DatagramHandler + 'static,
+        F: FnMut() -> std::result::Result<D, BoxError> + 'static,
+    {
+        let mut server = self.datagrams(factory);
+        server.datagram_only = true;
+        server.launch(true, |limits: Limits| {
+            move || {
+                Ok(RequestLevel::new(
+                    crate::worker::datagram::NoStreams,
+                    limits.clone(),
+                ))
+            }
+        })
+    }
+
     /// Parses the command line (unless [`args`](Server::args) did) and runs its subcommand.
     fn launch<C, F, M>(mut self, request_level: bool, make_factory: M) -> Result<()>
     where
@@ -572,6 +640,8 @@ impl Server {
             keep_fds: self.keep_fds,
             helper: self.helper,
             helper_profile: self.helper_profile,
+            datagrams: self.datagrams,
+            datagram_only: self.datagram_only,
         };
         dispatch::launch(program, &matches, request_level, make_factory)
     }

@@ -5,6 +5,7 @@
 pub(crate) mod buffers;
 pub(crate) mod client;
 pub(crate) mod context;
+pub(crate) mod datagram;
 pub(crate) mod send_watch;
 pub(crate) mod step;
 pub(crate) mod transport;

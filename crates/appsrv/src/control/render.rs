@@ -985,6 +985,7 @@ pub(crate) mod tests {
             tls_failed: 0,
             event: None,
             slow_calls: 0,
+            datagrams: Default::default(),
         }
     }
 

@@ -78,6 +78,8 @@ pub(crate) struct Totals {
     /// Handler calls slower than `--slow-request` (event workers; blocking ones count
     /// none).
     pub(crate) slow_calls: u64,
+    /// Datagrams received, answered and dropped (datagram listeners).
+    pub(crate) datagrams: crate::scoreboard::DatagramCounts,
 }
 
 impl Totals {
@@ -95,6 +97,7 @@ impl Totals {
         self.refused += w.refused;
         self.tls_failed += w.tls_failed;
         self.slow_calls += w.slow_calls;
+        self.datagrams.add(&w.datagrams);
     }
 }
 

@@ -229,7 +229,7 @@ fn control_path(name: &str, config: &Config) -> Option<PathBuf> {
 
 /// The line `start` prints once the server is ready: its pid, addresses and files.
 fn summary(name: &str, config: &Config, listeners: &[Listener], metrics: Option<&MetricsListener>) -> String {
-    let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().to_string()).collect();
+    let addrs: Vec<String> = listeners.iter().map(Listener::label).collect();
     let mut line = format!(
         "{name}: started, pid {}, listening on {}",
         std::process::id(),
@@ -444,7 +444,7 @@ fn log_start(
     helper: bool,
 ) {
     for l in listeners {
-        tracing::info!("listening on {}", l.local_addr());
+        tracing::info!("listening on {}", l.label());
     }
     if let Some(m) = metrics {
         tracing::info!("serving metrics on http://{}/metrics", m.local_addr());
@@ -528,6 +528,12 @@ impl Workers<'_> {
             io: config.io,
             worker_connections: config.worker_connections,
             slow_request: config.slow_request,
+            datagram: worker::datagram::Settings {
+                max_size: config.max_datagram_size as usize,
+                max_answers_per_ip: u32::try_from(config.max_answers_per_ip).unwrap_or(u32::MAX),
+                slip: u32::try_from(config.answers_slip).unwrap_or(u32::MAX),
+                access_sample: u32::try_from(config.access_log_sample).unwrap_or(u32::MAX),
+            },
         }
     }
 
@@ -721,7 +727,10 @@ fn adopt_all(
     for (k, l) in all.iter_mut().enumerate() {
         let origin = match &origins {
             Some(o) => o.get(k).copied().flatten(),
-            None => config.listen.iter().position(|a| a.names(l.local_addr())),
+            None => config
+                .listen
+                .iter()
+                .position(|a| a.names(l.kind(), l.local_addr())),
         }
         .filter(|i| *i < config.listen.len());
         l.set_origin(origin);

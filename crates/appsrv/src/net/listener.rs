@@ -6,6 +6,9 @@
 //! HOST:PORT          127.0.0.1:7000, localhost:7000 (every address the name resolves to)
 //! [V6]:PORT          [::1]:7000, [::]:7000 (IPV6_V6ONLY is set, so [::] and 0.0.0.0 coexist)
 //! unix:PATH          unix:/run/hello.sock
+//! udp://HOST:PORT    udp://127.0.0.1:5353, udp://[::1]:5353, udp://0.0.0.0:53: a datagram
+//!                    listener, served by a DatagramHandler (Server::datagrams)
+//! unixgram:PATH      unixgram:/run/hello.dgram: a Unix datagram socket
 //! ADDR?OPT=V&OPT=V   per-listener options:
 //!                      backlog=N   this listener's backlog (default: --backlog)
 //!                      mode=0660   permissions of a Unix socket's file (default: umask)
@@ -19,6 +22,11 @@
 //!                      client-ca=PATH  require client certificates signed by these CAs
 //!                                  (PEM; implies tls; default: --tls-client-ca)
 //! ```
+//!
+//! A datagram listener takes `mode=`, `allow=` and `deny=` (a denied datagram is dropped
+//! and counted, never answered); `backlog`, `proxy` and the TLS options are for streams.
+//! A wildcard datagram listener (`udp://0.0.0.0:53`, `udp://[::]:53`) answers from the
+//! address each datagram came to (`IP_PKTINFO`, `IPV6_RECVPKTINFO`), as clients expect.
 //!
 //! Port 0 asks the kernel for a free port; the bound address (with the real port) is logged
 //! as `listening on ADDR` and reported by [`Addr`]'s `Display`.
@@ -82,6 +90,18 @@ enum Endpoint {
     Inet(String),
     /// A filesystem path.
     Unix(PathBuf),
+    /// `udp://host:port`, resolved when bound.
+    Udp(String),
+    /// `unixgram:PATH`.
+    UnixDgram(PathBuf),
+}
+
+/// Whether a listener takes connections (TCP, Unix stream) or datagrams (UDP, Unix
+/// datagram).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Stream,
+    Datagram,
 }
 
 /// A parsed listen address with its per-listener options; see the [module docs](self).
@@ -120,6 +140,15 @@ impl ListenAddr {
         self.tls.is_some()
     }
 
+    /// Whether it takes connections or datagrams.
+    pub(crate) fn kind(&self) -> Kind {
+        if self.is_datagram() {
+            Kind::Datagram
+        } else {
+            Kind::Stream
+        }
+    }
+
     /// Where this listener's TLS material comes from (`None` for a plain listener), or why
     /// it has none.
     pub(crate) fn tls_source(
@@ -152,12 +181,25 @@ impl ListenAddr {
     /// The same address with a Unix socket's path made absolute (a daemon changes to `/`
     /// after binding, and removes the file at stop).
     pub(crate) fn absolute(mut self) -> Self {
-        if let Endpoint::Unix(path) = &self.endpoint {
-            if let Ok(abs) = std::path::absolute(path) {
-                self.endpoint = Endpoint::Unix(abs);
+        match &self.endpoint {
+            Endpoint::Unix(path) => {
+                if let Ok(abs) = std::path::absolute(path) {
+                    self.endpoint = Endpoint::Unix(abs);
+                }
             }
+            Endpoint::UnixDgram(path) => {
+                if let Ok(abs) = std::path::absolute(path) {
+                    self.endpoint = Endpoint::UnixDgram(abs);
+                }
+            }
+            _ => {}
         }
         self
+    }
+
+    /// Whether this is a datagram listener (`udp://`, `unixgram:`).
+    pub fn is_datagram(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Udp(_) | Endpoint::UnixDgram(_))
     }
 
     /// The address as it was written.
@@ -174,10 +216,13 @@ impl ListenAddr {
     /// Whether a socket bound at `local` is one this address names (for sockets passed by
     /// systemd, which come without the index of the address they serve). A TCP address
     /// is resolved again; port 0 names no socket, since its real port is unknown.
-    pub(crate) fn names(&self, local: &Addr) -> bool {
+    pub(crate) fn names(&self, kind: Kind, local: &Addr) -> bool {
+        if self.kind() != kind {
+            return false;
+        }
         match (&self.endpoint, local) {
-            (Endpoint::Unix(path), Addr::Unix(Some(p))) => path == p,
-            (Endpoint::Inet(hostport), Addr::Inet(a)) => hostport
+            (Endpoint::Unix(path) | Endpoint::UnixDgram(path), Addr::Unix(Some(p))) => path == p,
+            (Endpoint::Inet(hostport) | Endpoint::Udp(hostport), Addr::Inet(a)) => hostport
                 .to_socket_addrs()
                 .map(|mut all| all.any(|r| r.port() != 0 && r.ip() == a.ip() && r.port() == a.port()))
                 .unwrap_or(false),
@@ -209,9 +254,27 @@ impl FromStr for ListenAddr {
                 return Err(bad("a Unix socket needs a path, as unix:/run/NAME.sock".into()));
             }
             Endpoint::Unix(PathBuf::from(path))
+        } else if let Some(path) = addr.strip_prefix("unixgram:") {
+            if path.is_empty() {
+                return Err(bad(
+                    "a Unix datagram socket needs a path, as unixgram:/run/NAME.dgram".into(),
+                ));
+            }
+            Endpoint::UnixDgram(PathBuf::from(path))
         } else {
+            let (udp, addr) = match addr.strip_prefix("udp://") {
+                Some(rest) => (true, rest),
+                None => (false, addr),
+            };
+            if addr.contains("://") {
+                return Err(bad(
+                    "unknown scheme (known: udp://HOST:PORT; TCP is plain HOST:PORT)".into(),
+                ));
+            }
             let Some((host, port)) = addr.rsplit_once(':') else {
-                return Err(bad("expected HOST:PORT, [IPV6]:PORT or unix:PATH".into()));
+                return Err(bad(
+                    "expected HOST:PORT, [IPV6]:PORT, unix:PATH, udp://HOST:PORT or unixgram:PATH".into(),
+                ));
             };
             if host.is_empty() {
                 return Err(bad("missing host (use 0.0.0.0:PORT or [::]:PORT for any)".into()));
@@ -222,7 +285,11 @@ impl FromStr for ListenAddr {
             if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
                 return Err(bad("write IPv6 addresses in brackets, as [::1]:7000".into()));
             }
-            Endpoint::Inet(addr.to_owned())
+            if udp {
+                Endpoint::Udp(addr.to_owned())
+            } else {
+                Endpoint::Inet(addr.to_owned())
+            }
         };
         let mut parsed = ListenAddr {
             text: text.to_owned(),
@@ -269,8 +336,8 @@ impl FromStr for ListenAddr {
                         Some(n.ok_or_else(|| bad(format!("backlog={value:?}: expected a positive number")))?);
                 }
                 "mode" => {
-                    if !matches!(parsed.endpoint, Endpoint::Unix(_)) {
-                        return Err(bad("mode= applies to unix: listeners only".into()));
+                    if !matches!(parsed.endpoint, Endpoint::Unix(_) | Endpoint::UnixDgram(_)) {
+                        return Err(bad("mode= applies to unix: and unixgram: listeners only".into()));
                     }
                     let m = u32::from_str_radix(value, 8).ok().filter(|m| *m <= 0o777);
                     parsed.mode = Some(m.ok_or_else(|| {
@@ -282,6 +349,18 @@ impl FromStr for ListenAddr {
                         "unknown option {key:?} (known: backlog, mode, proxy, allow, deny, tls, cert, key, client-ca)"
                     )));
                 }
+            }
+        }
+        if parsed.is_datagram() {
+            let stream_only = [
+                (parsed.backlog.is_some(), "backlog"),
+                (parsed.proxy, "proxy"),
+                (parsed.tls.is_some(), "tls"),
+            ];
+            if let Some((_, opt)) = stream_only.iter().find(|(set, _)| *set) {
+                return Err(bad(format!(
+                    "{opt} applies to stream listeners only (a datagram listener takes mode, allow and deny)"
+                )));
             }
         }
         Ok(parsed)
@@ -339,6 +418,8 @@ pub(crate) struct BindOptions {
 pub(crate) struct Listener {
     socket: Socket,
     local: Addr,
+    /// Connections or datagrams.
+    kind: Kind,
     /// For a Unix socket: the (device, inode) of the file we created, so that a clean stop
     /// removes our socket file and never one that another instance created since.
     unix_file: Option<(u64, u64)>,
@@ -357,6 +438,27 @@ impl Listener {
     /// The bound address (with the real port when port 0 was asked).
     pub(crate) fn local_addr(&self) -> &Addr {
         &self.local
+    }
+
+    /// Whether it takes connections or datagrams.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Whether it is a datagram listener.
+    pub(crate) fn is_datagram(&self) -> bool {
+        self.kind == Kind::Datagram
+    }
+
+    /// The bound address as a listen address names it: `127.0.0.1:7000`, `unix:/run/x.sock`,
+    /// `udp://127.0.0.1:5353`, `unixgram:/run/x.dgram` (the log's `listening on`, status).
+    pub(crate) fn label(&self) -> String {
+        match (self.kind, &self.local) {
+            (Kind::Stream, local) => local.to_string(),
+            (Kind::Datagram, Addr::Inet(a)) => format!("udp://{a}"),
+            (Kind::Datagram, Addr::Unix(Some(p))) => format!("unixgram:{}", p.display()),
+            (Kind::Datagram, Addr::Unix(None)) => "unixgram:".to_owned(),
+        }
     }
 
     pub(crate) fn socket(&self) -> &Socket {
@@ -399,6 +501,13 @@ impl Listener {
     /// socket is closed, and are reset then. Closing the master's copy alone would not do that: the socket lives on in
     /// each worker until every copy is closed.
     pub(crate) fn shutdown(&self) {
+        // A datagram socket is left alone: the stopping workers read and answer what it
+        // holds (their stop signal tells them to stop), and a socket shut for writing
+        // would refuse those answers (EPIPE); shut for reading, it would stay readable,
+        // with nothing to read, for every worker's level-triggered wait.
+        if self.kind == Kind::Datagram {
+            return;
+        }
         // ENOTCONN and the like only mean there was nothing to shut down.
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
@@ -438,17 +547,44 @@ pub(crate) fn adopt(socket: Socket, opts: &BindOptions) -> Result<Listener, Erro
         addr: "an inherited listener".into(),
         source,
     };
-    if !socket.is_listener().map_err(what)? {
+    // A datagram socket is recognised by its type, and is never listening.
+    let kind = if socket.r#type().map_err(what)? == Type::DGRAM {
+        Kind::Datagram
+    } else if socket.is_listener().map_err(what)? {
+        Kind::Stream
+    } else {
         return Err(what(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "the socket is not listening",
+            "the socket is neither listening nor a datagram socket",
         )));
-    }
+    };
     let local = Addr::from_sockaddr(&socket.local_addr().map_err(what)?);
     let err = |source: io::Error| Error::Bind {
         addr: local.to_string(),
         source,
     };
+    if kind == Kind::Datagram {
+        let unix_file = match &local {
+            Addr::Inet(a) => {
+                set_datagram_options(&socket, a).map_err(err)?;
+                None
+            }
+            Addr::Unix(path) => path
+                .as_deref()
+                .and_then(|p| std::fs::symlink_metadata(p).ok())
+                .map(|m| (m.dev(), m.ino())),
+        };
+        socket.set_nonblocking(true).map_err(err)?;
+        return Ok(Listener {
+            socket,
+            local,
+            kind,
+            unix_file,
+            per_connection: None,
+            policy: Policy::default(),
+            origin: None,
+        });
+    }
     let (unix_file, per_connection) = match &local {
         Addr::Inet(_) => {
             socket.set_tcp_nodelay(true).map_err(err)?;
@@ -468,6 +604,7 @@ pub(crate) fn adopt(socket: Socket, opts: &BindOptions) -> Result<Listener, Erro
     Ok(Listener {
         socket,
         local,
+        kind: Kind::Stream,
         unix_file,
         per_connection,
         policy: Policy::default(),
@@ -483,7 +620,8 @@ pub(crate) fn bind(addr: &ListenAddr, opts: &BindOptions) -> Result<Vec<Listener
         source,
     };
     match &addr.endpoint {
-        Endpoint::Inet(hostport) => {
+        Endpoint::Inet(hostport) | Endpoint::Udp(hostport) => {
+            let udp = matches!(addr.endpoint, Endpoint::Udp(_));
             let resolved: Vec<SocketAddr> = hostport.to_socket_addrs().map_err(err)?.collect();
             if resolved.is_empty() {
                 return Err(err(io::Error::new(
@@ -494,7 +632,12 @@ pub(crate) fn bind(addr: &ListenAddr, opts: &BindOptions) -> Result<Vec<Listener
             resolved
                 .into_iter()
                 .map(|sa| {
-                    bind_inet(sa, backlog, opts).map_err(|source| Error::Bind {
+                    let bound = if udp {
+                        bind_udp(sa)
+                    } else {
+                        bind_inet(sa, backlog, opts)
+                    };
+                    bound.map_err(|source| Error::Bind {
                         addr: if hostport.parse::<SocketAddr>().is_ok() {
                             addr.text.clone()
                         } else {
@@ -506,6 +649,86 @@ pub(crate) fn bind(addr: &ListenAddr, opts: &BindOptions) -> Result<Vec<Listener
                 .collect()
         }
         Endpoint::Unix(path) => Ok(vec![bind_unix(path, addr.mode, backlog, opts).map_err(err)?]),
+        Endpoint::UnixDgram(path) => Ok(vec![bind_unixgram(path, addr.mode).map_err(err)?]),
+    }
+}
+
+/// A UDP socket, non-blocking (the workers' loops read it until `EAGAIN`), with the
+/// destination address of each datagram reported when bound to a wildcard address.
+fn bind_udp(sa: SocketAddr) -> io::Result<Listener> {
+    let socket = Socket::new(Domain::for_address(sa), Type::DGRAM, Some(Protocol::UDP))?;
+    if sa.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&sa.into())?;
+    let local = socket
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("bound socket has no inet address"))?;
+    set_datagram_options(&socket, &local)?;
+    socket.set_nonblocking(true)?;
+    Ok(Listener {
+        socket,
+        local: Addr::Inet(local),
+        kind: Kind::Datagram,
+        unix_file: None,
+        per_connection: None,
+        policy: Policy::default(),
+        origin: None,
+    })
+}
+
+/// On a wildcard UDP socket, asks for each datagram's destination address, which its
+/// answer is sent from (a client drops an answer from another address than it asked).
+fn set_datagram_options(socket: &Socket, local: &SocketAddr) -> io::Result<()> {
+    if local.ip().is_unspecified() {
+        crate::sys::set_recv_pktinfo(socket.as_fd(), local.is_ipv6())?;
+    }
+    Ok(())
+}
+
+fn bind_unixgram(path: &Path, mode: Option<u32>) -> io::Result<Listener> {
+    remove_stale_datagram_socket(path)?;
+    let socket = Socket::new(Domain::UNIX, Type::DGRAM, None)?;
+    socket.bind(&SockAddr::unix(path)?)?;
+    if let Some(mode) = mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    socket.set_nonblocking(true)?;
+    let meta = std::fs::symlink_metadata(path)?;
+    Ok(Listener {
+        socket,
+        local: Addr::Unix(Some(path.to_path_buf())),
+        kind: Kind::Datagram,
+        unix_file: Some((meta.dev(), meta.ino())),
+        per_connection: None,
+        policy: Policy::default(),
+        origin: None,
+    })
+}
+
+/// As [`remove_stale_socket`], for a datagram socket: a live one answers a probe sent to
+/// it (the send succeeds); a dead one refuses it (`ECONNREFUSED`).
+fn remove_stale_datagram_socket(path: &Path) -> io::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "the path exists and is not a socket",
+        ));
+    }
+    let probe = std::os::unix::net::UnixDatagram::unbound()?;
+    match probe.connect(path) {
+        Ok(()) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another process is bound to this datagram socket",
+        )),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
+        Err(e) => Err(e),
     }
 }
 
@@ -531,6 +754,7 @@ fn bind_inet(sa: SocketAddr, backlog: u32, opts: &BindOptions) -> io::Result<Lis
     Ok(Listener {
         socket,
         local,
+        kind: Kind::Stream,
         unix_file: None,
         per_connection: None,
         policy: Policy::default(),
@@ -555,6 +779,7 @@ fn bind_unix(path: &Path, mode: Option<u32>, backlog: u32, opts: &BindOptions) -
     Ok(Listener {
         socket,
         local: Addr::Unix(Some(path.to_path_buf())),
+        kind: Kind::Stream,
         unix_file: Some((meta.dev(), meta.ino())),
         per_connection,
         policy: Policy::default(),
@@ -633,7 +858,7 @@ mod tests {
             ("127.0.0.1:70000", "not a port"),
             ("::1:7000", "brackets"),
             ("unix:", "needs a path"),
-            ("127.0.0.1:1?mode=0600", "unix: listeners only"),
+            ("127.0.0.1:1?mode=0600", "unixgram: listeners only"),
             ("unix:/x?mode=999", "octal"),
             ("unix:/x?backlog=0", "positive"),
             ("unix:/x?tsl", "unknown option"),
@@ -694,15 +919,86 @@ mod tests {
         let inet = |s: &str| Addr::Inet(s.parse().unwrap());
         let a = parse("127.0.0.1:7000?deny=10.0.0.0/8").unwrap();
         assert!(a.has_options());
-        assert!(a.names(&inet("127.0.0.1:7000")));
-        assert!(!a.names(&inet("127.0.0.1:7001")));
-        assert!(!a.names(&inet("127.0.0.2:7000")));
+        assert!(a.names(Kind::Stream, &inet("127.0.0.1:7000")));
+        assert!(!a.names(Kind::Stream, &inet("127.0.0.1:7001")));
+        assert!(!a.names(Kind::Stream, &inet("127.0.0.2:7000")));
         // Port 0 names no socket: its real port is not known from the address.
-        assert!(!parse("127.0.0.1:0").unwrap().names(&inet("127.0.0.1:41234")));
+        assert!(
+            !parse("127.0.0.1:0")
+                .unwrap()
+                .names(Kind::Stream, &inet("127.0.0.1:41234"))
+        );
         let u = parse("unix:/run/x.sock").unwrap();
         assert!(!u.has_options());
-        assert!(u.names(&Addr::Unix(Some("/run/x.sock".into()))));
-        assert!(!u.names(&Addr::Unix(Some("/run/y.sock".into()))));
-        assert!(!u.names(&inet("127.0.0.1:7000")));
+        assert!(u.names(Kind::Stream, &Addr::Unix(Some("/run/x.sock".into()))));
+        assert!(!u.names(Kind::Stream, &Addr::Unix(Some("/run/y.sock".into()))));
+        assert!(!u.names(Kind::Stream, &inet("127.0.0.1:7000")));
+        // A datagram address names datagram sockets only (systemd may pass a TCP and a
+        // UDP socket on the same port).
+        let d = parse("udp://127.0.0.1:5353").unwrap();
+        assert!(d.names(Kind::Datagram, &inet("127.0.0.1:5353")));
+        assert!(!d.names(Kind::Stream, &inet("127.0.0.1:5353")));
+        assert!(!a.names(Kind::Datagram, &inet("127.0.0.1:7000")));
+    }
+
+    #[test]
+    fn issue_19_parses_datagram_addresses() {
+        let d = parse("udp://127.0.0.1:5353").unwrap();
+        assert!(d.is_datagram());
+        assert_eq!(d.endpoint, Endpoint::Udp("127.0.0.1:5353".into()));
+        assert_eq!(
+            parse("udp://[::1]:53").unwrap().endpoint,
+            Endpoint::Udp("[::1]:53".into())
+        );
+        let g = parse("unixgram:/run/x.dgram?mode=0660&deny=10.0.0.0/8").unwrap();
+        assert_eq!(g.endpoint, Endpoint::UnixDgram("/run/x.dgram".into()));
+        assert_eq!(g.mode, Some(0o660));
+        assert!(!parse("127.0.0.1:53").unwrap().is_datagram());
+        for (bad, why) in [
+            ("udp://127.0.0.1:5353?backlog=5", "stream listeners only"),
+            ("udp://127.0.0.1:5353?proxy", "stream listeners only"),
+            ("udp://127.0.0.1:5353?tls", "stream listeners only"),
+            ("udp://:53", "missing host"),
+            ("udp://[::1]:x", "not a port"),
+            ("unixgram:", "needs a path"),
+            ("tcp://127.0.0.1:53", "unknown scheme"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn issue_19_binds_udp_and_unixgram_sockets() {
+        let opts = BindOptions {
+            backlog: 16,
+            read_timeout: None,
+            write_timeout: None,
+        };
+        let l = bind(&parse("udp://127.0.0.1:0").unwrap(), &opts)
+            .unwrap()
+            .remove(0);
+        assert!(l.is_datagram());
+        assert!(l.label().starts_with("udp://127.0.0.1:"), "{}", l.label());
+        assert_eq!(l.socket().r#type().unwrap(), Type::DGRAM);
+        // Adopted (a hand-over, systemd) by its type, without listen().
+        let copy = l.socket().try_clone().unwrap();
+        let adopted = adopt(copy, &opts).unwrap();
+        assert!(adopted.is_datagram());
+        assert_eq!(adopted.local_addr(), l.local_addr());
+        let dir = std::env::temp_dir().join(format!("appsrv-unixgram-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x.dgram");
+        let spec = format!("unixgram:{}", path.display());
+        let g = bind(&parse(&spec).unwrap(), &opts).unwrap().remove(0);
+        assert_eq!(g.label(), spec);
+        // A second bind while the first is alive is "in use", not a silent takeover.
+        let e = bind(&parse(&spec).unwrap(), &opts).unwrap_err().to_string();
+        assert!(e.contains("another process"), "{e}");
+        drop(g);
+        // Once the first is gone its file is stale and is replaced.
+        let g = bind(&parse(&spec).unwrap(), &opts).unwrap().remove(0);
+        g.remove_file();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -17,6 +17,9 @@ use nix::unistd::{ForkResult, Pid};
 
 use crate::error::Error;
 
+pub(crate) mod dgram;
+pub(crate) use dgram::set_recv_pktinfo;
+
 /// Exit statuses of worker processes, read by the master to say why a worker ended.
 pub(crate) mod exit {
     /// The worker stopped on request, or finished normally.

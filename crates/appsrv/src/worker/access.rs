@@ -30,6 +30,10 @@ pub(crate) enum Outcome {
     Error,
     Timeout,
     Closed,
+    /// A datagram over `--max-answers-per-ip`, dropped.
+    Limited,
+    /// A datagram over `--max-answers-per-ip`, answered by the handler's `slip`.
+    Slipped,
 }
 
 impl Outcome {
@@ -39,6 +43,8 @@ impl Outcome {
             Outcome::Error => "error",
             Outcome::Timeout => "timeout",
             Outcome::Closed => "closed",
+            Outcome::Limited => "limited",
+            Outcome::Slipped => "slipped",
         }
     }
 }

@@ -105,6 +105,8 @@ pub(crate) const SPARE_FDS: u64 = 64;
 
 /// The epoll data of a listener: this bit, and its index.
 const LISTENER: u64 = 1 << 63;
+/// The epoll data of a datagram listener: both bits, and its index.
+const DATAGRAM: u64 = LISTENER | 1 << 62;
 
 /// Everything the event loop works with, passed once.
 pub(crate) struct Worker<'a> {
@@ -128,6 +130,8 @@ pub(crate) struct Worker<'a> {
     pub(crate) reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
     /// Asks the master for a replacement (a recycling limit is reached).
     pub(crate) retire: &'a mut dyn FnMut(),
+    /// The datagram side, when the server has a datagram handler (`Server::datagrams`).
+    pub(crate) datagrams: Option<super::datagram::Side<'a>>,
 }
 
 /// The epoll instance and the listeners' registrations, made before the worker says it is
@@ -143,15 +147,18 @@ pub(crate) struct Prepared {
 pub(crate) fn prepare(listeners: &[Listener]) -> Result<Prepared, String> {
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| format!("epoll_create: {e}"))?;
     for (i, l) in listeners.iter().enumerate() {
-        register_listener(&epoll, l, i).map_err(|e| format!("watching {}: {e}", l.local_addr()))?;
+        register_listener(&epoll, l, i).map_err(|e| format!("watching {}: {e}", l.label()))?;
     }
     let mask = sys::block_flag_signals().map_err(|e| format!("blocking the stop signals: {e}"))?;
     Ok(Prepared { epoll, mask })
 }
 
+/// Registers listener `i`: a stream listener for accepting, a datagram listener for
+/// reading; both level-triggered and exclusive (one waiting worker woken per arrival).
 fn register_listener(epoll: &Epoll, l: &Listener, i: usize) -> nix::Result<()> {
     let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
-    epoll.add(l.socket().as_fd(), EpollEvent::new(flags, LISTENER | i as u64))
+    let tag = if l.is_datagram() { DATAGRAM } else { LISTENER };
+    epoll.add(l.socket().as_fd(), EpollEvent::new(flags, tag | i as u64))
 }
 
 /// What a connection waits for, for the counts on the scoreboard.
@@ -437,6 +444,7 @@ struct Loop<'a, H: RequestHandler> {
     reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
     retire: &'a mut dyn FnMut(),
     retire_sent: bool,
+    datagrams: Option<super::datagram::Side<'a>>,
 }
 
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
@@ -455,6 +463,14 @@ pub(crate) fn serve<H: RequestHandler>(
         lp.publish();
         if lp.stopping && lp.open == 0 {
             tracing::debug!("no connection left");
+            if let Some(d) = lp.datagrams.as_mut() {
+                if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| d.on_worker_exit())) {
+                    tracing::error!(
+                        "the datagram handler's on_worker_exit panicked: {}",
+                        super::panic_message(&p)
+                    );
+                }
+            }
             return exit::OK;
         }
         let timeout = lp.wait_timeout();
@@ -488,6 +504,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             peers,
             reopen_log,
             retire,
+            datagrams,
         } = worker;
         slot.set_event();
         board.set_state(id, State::Reading);
@@ -537,6 +554,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             reopen_log,
             retire,
             retire_sent: false,
+            datagrams,
         }
     }
 
@@ -559,6 +577,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             let data = ev.data();
             if data & LISTENER == 0 {
                 self.event(data, ev.events(), handler);
+            } else if data & DATAGRAM == DATAGRAM {
+                self.datagrams_readable((data & !DATAGRAM) as usize);
             } else if ev.events().contains(EpollFlags::EPOLLHUP) {
                 // The master shut the listeners down: a stop.
                 if !self.stopping {
@@ -621,8 +641,22 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         Some(next.saturating_duration_since(Instant::now()))
     }
 
+    /// Reads and answers what datagram listener `index` holds.
+    fn datagrams_readable(&mut self, index: usize) {
+        if self.stopping {
+            return;
+        }
+        let Some(side) = self.datagrams.as_mut() else {
+            return;
+        };
+        self.requests += side.readable(&self.listeners[index], &mut self.access);
+    }
+
     /// Publishes the counts on the scoreboard when they changed (a few stores per turn).
     fn publish(&mut self) {
+        if let Some(d) = self.datagrams.as_mut() {
+            d.publish();
+        }
         self.counts.open = self.open as u32;
         if self.counts != self.published {
             self.slot.publish_counts(self.counts);
@@ -637,6 +671,15 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         self.stopping = true;
         self.board.set_state(self.id, State::Finishing);
         self.pause_accepting();
+        // Datagrams: what the sockets hold now is read and answered once more, then the
+        // sockets are no longer watched (the next generation, or nobody at a stop, reads
+        // what comes later: see datagram.rs).
+        if let Some(side) = self.datagrams.as_mut() {
+            for l in self.listeners.iter().filter(|l| l.is_datagram()) {
+                self.requests += side.readable(l, &mut self.access);
+                let _ = self.epoll.delete(l.socket().as_fd());
+            }
+        }
         for (index, c) in self.conns.iter_mut().enumerate() {
             let Some(c) = c else { continue };
             if matches!(c.pending, Pending::Read { wait: Wait::Idle }) {
@@ -660,14 +703,21 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
     }
 
+    /// The stream listeners only: datagram listeners stay registered until the stop
+    /// (`--worker-connections` limits connections, not datagrams).
     fn unregister_listeners(&self) {
-        for l in self.listeners {
+        for l in self.listeners.iter().filter(|l| !l.is_datagram()) {
             let _ = self.epoll.delete(l.socket().as_fd());
         }
     }
 
     fn register_listeners(&self) {
-        for (i, l) in self.listeners.iter().enumerate() {
+        for (i, l) in self
+            .listeners
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_datagram())
+        {
             if let Err(e) = register_listener(&self.epoll, l, i) {
                 tracing::error!("watching {} again: {e}", l.local_addr());
             }

@@ -26,6 +26,7 @@ mod accept;
 mod access;
 pub(crate) mod admission;
 pub(crate) mod blocking;
+pub(crate) mod datagram;
 pub(crate) mod event;
 mod guard;
 pub(crate) mod serve;
@@ -96,6 +97,8 @@ pub(crate) struct Setup<'a> {
     pub(crate) worker_connections: usize,
     /// Event mode: `--slow-request`.
     pub(crate) slow_request: Option<Duration>,
+    /// The datagram listeners' settings.
+    pub(crate) datagram: datagram::Settings,
 }
 
 /// Per-connection limits that the worker enforces outside the request loop.
@@ -120,6 +123,7 @@ pub(crate) fn run<C, F>(
     setup: Setup<'_>,
     start_hook: &mut Option<StartHook>,
     helper: &mut Option<Box<dyn crate::privileged::Spawn>>,
+    datagrams: &mut Option<datagram::Factory>,
     factory: &mut F,
 ) -> !
 where
@@ -194,6 +198,18 @@ where
         Ok(Err(e)) => fail(format!("the handler factory failed: {e}")),
         Err(p) => fail(format!("the handler factory panicked: {}", panic_message(&p))),
     };
+    let has_datagram_listeners = setup.listeners.iter().any(Listener::is_datagram);
+    let datagram_handler = match datagrams.as_mut() {
+        Some(make) if has_datagram_listeners => match panic::catch_unwind(AssertUnwindSafe(make)) {
+            Ok(Ok(h)) => Some(h),
+            Ok(Err(e)) => fail(format!("the datagram handler factory failed: {e}")),
+            Err(p) => fail(format!("the datagram handler factory panicked: {}", panic_message(&p))),
+        },
+        None if has_datagram_listeners => fail(
+            "this server has datagram listeners (udp://, unixgram:) but no datagram handler (Server::datagrams)".into(),
+        ),
+        _ => None,
+    };
     // Everything the loop needs from the system comes before `Ready`: a failure is a start
     // failure, with its reason.
     let mut access = match setup.access_log.map(|(_, f)| f.try_clone()) {
@@ -207,7 +223,9 @@ where
     }
     let log_path = setup.log_path;
     let channel = setup.channel;
-    let code = if setup.io == crate::Io::Event {
+    // Datagrams are served from the event loop only (the configuration check refuses a
+    // blocking server with datagram listeners before start).
+    let code = if setup.io == crate::Io::Event || has_datagram_listeners {
         let Some(slot) = setup.board.slot(setup.id) else {
             fail(format!("no scoreboard slot {}", setup.id))
         };
@@ -234,6 +252,8 @@ where
                 retire: &mut || {
                     let _ = channel.send(pid, &Message::Retire);
                 },
+                datagrams: datagram_handler
+                    .map(|h| datagram::Side::new(h, setup.datagram, setup.id, slot, setup.board)),
             },
             prepared,
         )

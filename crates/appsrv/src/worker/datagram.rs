@@ -1,0 +1,308 @@
+//! The datagram side of a worker's event loop: `udp://` and `unixgram:` listeners served by
+//! the user's [`DatagramHandler`], from the same loop as the worker's stream connections
+//! (`event.rs`).
+//!
+//! What one readable datagram socket costs, and why (see also docs/ARCHITECTURE.md, "The
+//! life of a datagram"):
+//! - **One socket, every worker, no thundering herd.** The master binds each datagram
+//!   address once; every worker registers that socket level-triggered with
+//!   `EPOLLEXCLUSIVE`, as it does its stream listeners: a datagram wakes one waiting
+//!   worker, and a busy worker leaves the next datagrams to the others. Not an
+//!   `SO_REUSEPORT` group of one socket per worker: the kernel spreads a group by the
+//!   sender's address and port, so a client that sends from one socket (a resolver,
+//!   `dnsperf`) would load one worker only; and a datagram queued on a group member that
+//!   closes (a worker replaced on reload) is lost, where the one shared socket keeps its
+//!   queue for the next reader.
+//! - **Batches.** A readable socket is read with `recvmmsg` into the worker's batch
+//!   ([`sys::dgram::Batch`], [`BATCH`] slots), each datagram is passed to the handler, and
+//!   the answers of the batch go out with one `sendmmsg`. A full batch is followed by
+//!   another, up to [`BATCHES_PER_TURN`] per socket per turn; the socket is level-triggered,
+//!   so what is left is reported again by the next `epoll_wait`, after the worker's
+//!   connections had their turn.
+//! - **What applies to each datagram, in order:** the size limit (`--max-datagram-size`: a
+//!   longer one is dropped), the listener's allow/deny rules (a denied datagram is dropped,
+//!   never answered: an answer would tell a scanner the port is open), the per-source
+//!   answer rate (`--max-answers-per-ip`, with one in `--answers-slip` answered by the
+//!   handler's [`slip`](DatagramHandler::slip)), then the handler. Every drop is counted
+//!   (metrics, status).
+//! - **Stop and reload.** A stopping worker reads what its sockets hold once more, answers
+//!   it, and stops reading them: the master never shuts a datagram socket down (a socket
+//!   shut for writing refuses answers), and datagrams queued later are read by the next
+//!   generation of workers on a reload, or discarded with the socket at the end of a stop.
+//! - **The request timeout** covers a handler call on a datagram as it does a stream
+//!   request: the loop's turn is on the slot, and a turn longer than `--request-timeout`
+//!   gets the worker killed.
+
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::panic::{self, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use crate::conn::datagram::Datagram;
+use crate::error::BoxError;
+use crate::handler::DatagramHandler;
+use crate::net::listener::{Addr, Listener};
+use crate::scoreboard::{Board, DatagramCounts, Slot};
+use crate::sys::dgram::{Batch, Source};
+use crate::sys::{self, exit};
+
+use super::access::{AccessLog, Outcome};
+
+/// Slots of a worker's batch: datagrams taken by one `recvmmsg`.
+pub(crate) const BATCH: usize = 32;
+/// Batches read from one socket per turn of the loop at most.
+const BATCHES_PER_TURN: usize = 4;
+
+/// The factory of a server's datagram handler, type-erased (`Server::datagrams`).
+pub(crate) type Factory = Box<dyn FnMut() -> Result<Box<dyn DatagramHandler>, BoxError>>;
+
+/// The stream handler of a datagram-only server (`Server::run_datagrams`): it has no stream
+/// listener (the configuration check refuses one), so no connection ever reaches it.
+#[derive(Debug)]
+pub(crate) struct NoStreams;
+
+impl crate::handler::RequestHandler for NoStreams {
+    type Codec = crate::codec::Lines;
+    type Session = ();
+
+    fn codec(&self) -> crate::codec::Lines {
+        crate::codec::Lines::default()
+    }
+
+    fn handle_request(
+        &mut self,
+        _: &mut crate::conn::context::Conn<'_>,
+        _: &&[u8],
+        _: &mut crate::codec::LinesResponse<'_>,
+    ) -> std::io::Result<()> {
+        Err(std::io::Error::other("this server serves datagrams only"))
+    }
+}
+
+/// The datagram settings of the command line.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// `--max-datagram-size`.
+    pub(crate) max_size: usize,
+    /// `--max-answers-per-ip` (0: no limit).
+    pub(crate) max_answers_per_ip: u32,
+    /// `--answers-slip` (0: never slip).
+    pub(crate) slip: u32,
+    /// `--access-log-sample` (1: every datagram).
+    pub(crate) access_sample: u32,
+}
+
+/// What the event loop hands the datagram side once.
+pub(crate) struct Side<'a> {
+    handler: Box<dyn DatagramHandler>,
+    settings: Settings,
+    batch: Batch,
+    id: u32,
+    slot: &'a Slot,
+    board: &'static Board,
+    counts: DatagramCounts,
+    published: DatagramCounts,
+    /// Datagrams seen, for the access log's sampling.
+    seen: u64,
+    /// Rate-limited datagrams, for the slip ratio.
+    limited: u64,
+    /// When the last refused send was logged (one line per minute at most).
+    send_trouble: Option<Instant>,
+}
+
+impl std::fmt::Debug for Side<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Side")
+            .field("settings", &self.settings)
+            .field("counts", &self.counts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Side<'a> {
+    pub(crate) fn new(
+        handler: Box<dyn DatagramHandler>,
+        settings: Settings,
+        id: u32,
+        slot: &'a Slot,
+        board: &'static Board,
+    ) -> Self {
+        Side {
+            handler,
+            settings,
+            batch: Batch::new(BATCH, settings.max_size),
+            id,
+            slot,
+            board,
+            counts: DatagramCounts::default(),
+            published: DatagramCounts::default(),
+            seen: 0,
+            limited: 0,
+            send_trouble: None,
+        }
+    }
+
+    /// The handler's exit hook.
+    pub(crate) fn on_worker_exit(&mut self) {
+        self.handler.on_worker_exit();
+    }
+
+    /// Publishes the counters on the scoreboard when they changed.
+    pub(crate) fn publish(&mut self) {
+        if self.counts != self.published {
+            self.slot.publish_datagrams(self.counts);
+            self.published = self.counts;
+        }
+    }
+
+    /// Reads and answers what `listener` holds (up to [`BATCHES_PER_TURN`] batches);
+    /// returns how many datagrams were passed to the handler (for recycling by requests).
+    pub(crate) fn readable(&mut self, listener: &Listener, access: &mut Option<AccessLog>) -> u64 {
+        let mut handled = 0;
+        for _ in 0..BATCHES_PER_TURN {
+            let n = match self.batch.receive(listener.socket().as_fd()) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!("receiving on {}: {e}", listener.label());
+                    break;
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            for i in 0..n {
+                if self.one(listener, i, access) {
+                    handled += 1;
+                }
+            }
+            let sent = self.batch.send_answers(listener.socket().as_fd());
+            self.counts.sent += sent.datagrams;
+            self.counts.bytes_out += sent.bytes;
+            if sent.failed > 0 {
+                self.counts.send_failed += sent.failed;
+                let now = Instant::now();
+                if self
+                    .send_trouble
+                    .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60))
+                {
+                    self.send_trouble = Some(now);
+                    tracing::warn!(
+                        "{}: {} answers refused by the kernel ({}); counted in appsrv_datagrams_dropped_total{{reason=\"send\"}} (logged once a minute)",
+                        listener.label(),
+                        sent.failed,
+                        std::io::Error::from_raw_os_error(sent.error.unwrap_or(0))
+                    );
+                }
+            }
+            if n < self.batch.capacity() {
+                break;
+            }
+        }
+        handled
+    }
+
+    /// Datagram `i` of the batch: checks, then the handler. Returns whether the handler
+    /// (or its slip) was called.
+    fn one(&mut self, listener: &Listener, i: usize, access: &mut Option<AccessLog>) -> bool {
+        let (received, answer) = self.batch.slot(i);
+        self.counts.received += 1;
+        self.counts.bytes_in += received.data.len() as u64;
+        self.seen += 1;
+        if received.truncated {
+            self.counts.too_large += 1;
+            tracing::debug!(
+                "{}: a datagram longer than --max-datagram-size ({} bytes) dropped",
+                listener.label(),
+                self.settings.max_size
+            );
+            return false;
+        }
+        let peer = match &received.source {
+            Source::Inet(a) => Addr::Inet(*a),
+            Source::Unix(p) => Addr::Unix(p.clone()),
+        };
+        if !listener.policy().permits(peer.ip()) {
+            self.counts.denied += 1;
+            return false;
+        }
+        let local_wild;
+        let local = match (received.destination, listener.local_addr()) {
+            (Some(d), Addr::Inet(l)) => {
+                local_wild = Addr::Inet(SocketAddr::new(d.ip(), l.port()));
+                &local_wild
+            }
+            (_, l) => l,
+        };
+        let datagram = Datagram {
+            data: received.data,
+            peer: &peer,
+            local,
+            worker: self.id,
+        };
+        let started = Instant::now();
+        let limit = self.settings.max_answers_per_ip;
+        let over = limit > 0
+            && peer
+                .ip()
+                .is_some_and(|ip| !self.board.answer_allowed(ip, limit, crate::scoreboard::now_ns()));
+        let handler = &mut self.handler;
+        let (outcome, called) = if over {
+            self.counts.rate_limited += 1;
+            self.limited += 1;
+            let slip = self.settings.slip;
+            if slip > 0 && self.limited % u64::from(slip) == 0 {
+                let _ = guarded(&peer, || {
+                    handler.slip(&datagram, answer);
+                    Ok(())
+                });
+                (Outcome::Slipped, true)
+            } else {
+                (Outcome::Limited, false)
+            }
+        } else {
+            match guarded(&peer, || handler.handle_datagram(&datagram, answer)) {
+                Ok(()) => (Outcome::Ok, true),
+                Err(e) => {
+                    answer.clear();
+                    self.counts.errors += 1;
+                    tracing::debug!("datagram from {peer}: {e}; not answered");
+                    (Outcome::Error, true)
+                }
+            }
+        };
+        if !answer.is_empty() && matches!(peer, Addr::Unix(None)) {
+            // An unbound Unix datagram sender has no address to answer to.
+            answer.clear();
+            self.counts.send_failed += 1;
+            tracing::debug!("{}: an answer to an unbound sender dropped", listener.label());
+        }
+        if let Some(log) = access.as_mut() {
+            let sample = u64::from(self.settings.access_sample.max(1));
+            if self.seen % sample == 0 {
+                log.line(
+                    &peer.to_string(),
+                    outcome,
+                    started.elapsed(),
+                    (received.data.len() as u64, answer.len() as u64),
+                    b"",
+                );
+            }
+        }
+        called
+    }
+}
+
+/// Runs a handler call; a panic is logged with the sender and ends the worker, which the
+/// master replaces (the state of a handler that panicked cannot be trusted).
+fn guarded(peer: &Addr, call: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+    match panic::catch_unwind(AssertUnwindSafe(call)) {
+        Ok(r) => r,
+        Err(payload) => {
+            tracing::error!(
+                "datagram handler panicked on a datagram from {peer}: {}; this worker exits and is replaced",
+                super::panic_message(&payload)
+            );
+            sys::exit_now(exit::PANIC)
+        }
+    }
+}
