@@ -123,6 +123,22 @@ pub(crate) fn render_text(status: &Status) -> String {
         totals.bytes_out,
         requests_per_second(totals.requests, status.uptime)
     );
+    let d = &totals.datagrams;
+    if d.received > 0 || status.listeners.iter().any(|l| l.datagram) {
+        let _ = writeln!(
+            o,
+            "Datagrams:     {} received, {} answered, {} bytes in, {} bytes out; dropped: {} denied, {} too large, {} rate-limited, {} handler errors, {} refused sends",
+            d.received,
+            d.sent,
+            d.bytes_in,
+            d.bytes_out,
+            d.denied,
+            d.too_large,
+            d.rate_limited,
+            d.errors,
+            d.send_failed
+        );
+    }
     let ev = status.event_totals();
     if ev.workers > 0 {
         let _ = writeln!(
@@ -342,14 +358,19 @@ fn json_f64(v: f64) -> String {
 ///     "request_duration_seconds_sum": 0.25,
 ///     "request_duration_buckets": [{"le": 0.0005, "count": 3}, ..., {"le": null, "count": 0}]
 ///                                  per bucket (not cumulative); le null is +Inf
+///     "datagrams": {"received": 0, "sent": 0, "bytes_in": 0, "bytes_out": 0,
+///                   "denied": 0, "too_large": 0, "rate_limited": 0, "errors": 0,
+///                   "send_failed": 0}        datagram listeners (udp://, unixgram:)
 ///   },
 ///   "event": null,                 without event workers (--io event); with them, their
 ///                                  connections now, summed over the live ones:
 ///                                  {"workers": 2, "open": 1200, "reading": 10,
 ///                                   "handling": 1, "writing": 3, "idle_keepalive": 1186,
 ///                                   "accepts_paused": 0}    (workers that stopped accepting)
-///   "listeners": [{"addr": "127.0.0.1:7000", "queued": 0, "backlog": 511}],
-///                                  queued and backlog are null for Unix sockets
+///   "listeners": [{"addr": "127.0.0.1:7000", "kind": "stream", "queued": 0, "backlog": 511}],
+///                                  queued and backlog are null for Unix and datagram
+///                                  sockets; kind is "stream" or "datagram" (udp://HOST:PORT,
+///                                  unixgram:PATH)
 ///   "restarts": {"exit": 0, "signal": 1, "timeout": 0, "recycled": 0, "backoff": 0},
 ///   "max_workers_reached": 0,
 ///   "slow_clients": null,          or, while 75 % of the workers are held 10 s or more
@@ -394,8 +415,9 @@ pub(crate) fn render_json(status: &Status) -> String {
         .iter()
         .map(|l| {
             format!(
-                "{{\"addr\":{},\"queued\":{},\"backlog\":{}}}",
+                "{{\"addr\":{},\"kind\":{},\"queued\":{},\"backlog\":{}}}",
                 json_str(&l.addr),
+                json_str(if l.datagram { "datagram" } else { "stream" }),
                 json_opt(l.queued, |q| q.to_string()),
                 json_opt(l.backlog, |b| b.to_string())
             )
@@ -460,7 +482,8 @@ pub(crate) fn render_json(status: &Status) -> String {
         "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"uptime_seconds\":{},\
          \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
          \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
-         \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"slow_requests\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}]}},\
+         \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"slow_requests\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}],\
+         \"datagrams\":{{\"received\":{},\"sent\":{},\"bytes_in\":{},\"bytes_out\":{},\"denied\":{},\"too_large\":{},\"rate_limited\":{},\"errors\":{},\"send_failed\":{}}}}},\
          \"event\":{},\
          \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"slow_clients\":{},\"scoreboard\":{},\
          \"workers\":[{}]}}\n",
@@ -484,6 +507,15 @@ pub(crate) fn render_json(status: &Status) -> String {
         json_f64(requests_per_second(t.requests, status.uptime)),
         secs(t.duration_sum),
         buckets.join(","),
+        t.datagrams.received,
+        t.datagrams.sent,
+        t.datagrams.bytes_in,
+        t.datagrams.bytes_out,
+        t.datagrams.denied,
+        t.datagrams.too_large,
+        t.datagrams.rate_limited,
+        t.datagrams.errors,
+        t.datagrams.send_failed,
         event,
         listeners.join(","),
         restarts.join(","),
@@ -561,6 +593,12 @@ impl Exposition {
 /// | `appsrv_requests_total` | counter | |
 /// | `appsrv_bytes_received_total` | counter | |
 /// | `appsrv_bytes_sent_total` | counter | |
+/// | `appsrv_datagrams_received_total` | counter | |
+/// | `appsrv_datagrams_sent_total` | counter | |
+/// | `appsrv_datagram_bytes_received_total` | counter | |
+/// | `appsrv_datagram_bytes_sent_total` | counter | |
+/// | `appsrv_datagrams_dropped_total` | counter | `reason`: denied, too_large, error, send |
+/// | `appsrv_datagrams_rate_limited_total` | counter | |
 /// | `appsrv_workers` | gauge | `state`: every state but dead, zeros included |
 /// | `appsrv_workers_target` | gauge | |
 /// | `appsrv_workers_max` | gauge | |
@@ -616,6 +654,50 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "counter",
         "Bytes written to clients.",
         t.bytes_out,
+    );
+    let d = &t.datagrams;
+    e.single(
+        "appsrv_datagrams_received_total",
+        "counter",
+        "Datagrams received on datagram listeners (udp://, unixgram:).",
+        d.received,
+    );
+    e.single(
+        "appsrv_datagrams_sent_total",
+        "counter",
+        "Answers sent on datagram listeners.",
+        d.sent,
+    );
+    e.single(
+        "appsrv_datagram_bytes_received_total",
+        "counter",
+        "Bytes of the datagrams received.",
+        d.bytes_in,
+    );
+    e.single(
+        "appsrv_datagram_bytes_sent_total",
+        "counter",
+        "Bytes of the answers sent.",
+        d.bytes_out,
+    );
+    e.family(
+        "appsrv_datagrams_dropped_total",
+        "counter",
+        "Datagrams not answered, by reason: denied (--allow/--deny), too_large (--max-datagram-size), error (the handler failed), send (the kernel refused the answer).",
+    );
+    for (reason, n) in [
+        ("denied", d.denied),
+        ("too_large", d.too_large),
+        ("error", d.errors),
+        ("send", d.send_failed),
+    ] {
+        e.sample("appsrv_datagrams_dropped_total", &[("reason", reason)], n);
+    }
+    e.single(
+        "appsrv_datagrams_rate_limited_total",
+        "counter",
+        "Datagrams over --max-answers-per-ip: dropped, or answered by the handler's slip (one in --answers-slip).",
+        d.rate_limited,
     );
     e.family("appsrv_workers", "gauge", "Live workers by state.");
     for state in State::ALL.into_iter().filter(|s| *s != State::Dead) {
@@ -1011,6 +1093,17 @@ pub(crate) mod tests {
         busy.requests = 3;
         busy.bytes_in = 300;
         busy.bytes_out = 600;
+        busy.datagrams = crate::scoreboard::DatagramCounts {
+            received: 100,
+            sent: 90,
+            bytes_in: 4000,
+            bytes_out: 9000,
+            denied: 2,
+            too_large: 1,
+            rate_limited: 5,
+            errors: 1,
+            send_failed: 1,
+        };
         busy.durations[12] = 3; // +Inf
         busy.duration_sum = Duration::from_secs(18);
         busy.current = Some(Duration::from_millis(2250));
@@ -1043,11 +1136,19 @@ pub(crate) mod tests {
                     addr: "127.0.0.1:7000".into(),
                     queued: Some(3),
                     backlog: Some(511),
+                    datagram: false,
                 },
                 ListenerStatus {
                     addr: "unix:/tmp/a \"b\"\\.sock".into(),
                     queued: None,
                     backlog: None,
+                    datagram: false,
+                },
+                ListenerStatus {
+                    addr: "udp://127.0.0.1:5353".into(),
+                    queued: None,
+                    backlog: None,
+                    datagram: true,
                 },
             ],
             workers: vec![(2, busy), (1, idle)],
@@ -1163,6 +1264,11 @@ pub(crate) mod tests {
         assert_eq!(v["totals"]["connections"], 107);
         assert_eq!(v["totals"]["requests"], 423);
         assert_eq!(v["totals"]["bytes_in"], 11300);
+        assert_eq!(v["totals"]["datagrams"]["received"], 100);
+        assert_eq!(v["totals"]["datagrams"]["rate_limited"], 5);
+        assert_eq!(v["listeners"][2]["addr"], "udp://127.0.0.1:5353");
+        assert_eq!(v["listeners"][2]["kind"], "datagram");
+        assert_eq!(v["listeners"][0]["kind"], "stream");
         assert_eq!(v["totals"]["bytes_out"], 52600);
         assert_eq!(v["totals"]["denied"], 3);
         assert_eq!(v["totals"]["refused"], 4);
@@ -1336,6 +1442,19 @@ pub(crate) mod tests {
         assert_eq!(get("appsrv_requests_total", None), 423.0);
         assert_eq!(get("appsrv_bytes_received_total", None), 11300.0);
         assert_eq!(get("appsrv_bytes_sent_total", None), 52600.0);
+        assert_eq!(get("appsrv_datagrams_received_total", None), 100.0);
+        assert_eq!(get("appsrv_datagrams_sent_total", None), 90.0);
+        assert_eq!(get("appsrv_datagram_bytes_received_total", None), 4000.0);
+        assert_eq!(get("appsrv_datagram_bytes_sent_total", None), 9000.0);
+        assert_eq!(
+            get("appsrv_datagrams_dropped_total", Some(("reason", "denied"))),
+            2.0
+        );
+        assert_eq!(
+            get("appsrv_datagrams_dropped_total", Some(("reason", "too_large"))),
+            1.0
+        );
+        assert_eq!(get("appsrv_datagrams_rate_limited_total", None), 5.0);
         assert_eq!(get("appsrv_workers", Some(("state", "idle"))), 1.0);
         assert_eq!(get("appsrv_workers", Some(("state", "handling"))), 1.0);
         assert_eq!(get("appsrv_workers", Some(("state", "writing"))), 0.0);

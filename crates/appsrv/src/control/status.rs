@@ -59,6 +59,8 @@ pub(crate) struct ListenerStatus {
     pub(crate) queued: Option<u32>,
     /// The queue's capacity (TCP only).
     pub(crate) backlog: Option<u32>,
+    /// A datagram listener (`udp://`, `unixgram:`).
+    pub(crate) datagram: bool,
 }
 
 /// Counters summed over workers.

@@ -244,9 +244,10 @@ impl Master<'_> {
                 .map(|l| {
                     let q = sys::listen_queue(l.as_fd());
                     ListenerStatus {
-                        addr: l.local_addr().to_string(),
+                        addr: l.label(),
                         queued: q.map(|(n, _)| n),
                         backlog: q.map(|(_, b)| b),
+                        datagram: l.is_datagram(),
                     }
                 })
                 .collect(),

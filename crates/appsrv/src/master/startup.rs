@@ -746,7 +746,7 @@ fn adopt_all(
     }
     for l in &all {
         l.socket()
-            .set_nonblocking(all.len() > 1 || config.io == crate::Io::Event)
+            .set_nonblocking(all.len() > 1 || config.io == crate::Io::Event || l.is_datagram())
             .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
     }
     Ok(all)
