@@ -246,6 +246,12 @@ impl<'a> Side<'a> {
                 .ip()
                 .is_some_and(|ip| !self.board.answer_allowed(ip, limit, crate::scoreboard::now_ns()));
         let handler = &mut self.handler;
+        // On the slot while the handler runs: a call that outlasts --request-timeout is
+        // logged by the master with the sender and the datagram's first bytes.
+        self.slot.handler_call(
+            &peer,
+            &received.data[..received.data.len().min(crate::scoreboard::HEAD_BYTES)],
+        );
         let (outcome, called) = if over {
             self.counts.rate_limited += 1;
             self.limited += 1;
@@ -270,6 +276,7 @@ impl<'a> Side<'a> {
                 }
             }
         };
+        self.slot.handler_done(0, false);
         if !answer.is_empty() && matches!(peer, Addr::Unix(None)) {
             // An unbound Unix datagram sender has no address to answer to.
             answer.clear();

@@ -25,6 +25,10 @@
 //! `--fail-check` the check hook; `--crash-if-exists PATH` makes a
 //! starting worker exit with status 3 while PATH exists; `--keep-fd N` keeps the inherited
 //! descriptor N open (`Server::keep_fd`).
+//!
+//! `--datagrams` makes it a datagram-only server (`Server::run_datagrams`, listeners
+//! `udp://…`): each datagram is echoed back, except `pid` (answers `pid PID`), `sleep SECS`
+//! (waits, then answers `slept`) and `panic` (the handler panics).
 
 use std::io::{self, BufRead, Write};
 use std::time::Duration;
@@ -52,6 +56,31 @@ struct Opts {
     /// Make the privileged helper's factory fail.
     #[arg(long)]
     helper_fail: bool,
+    /// Serve datagrams only (Server::run_datagrams).
+    #[arg(long)]
+    datagrams: bool,
+}
+
+/// The testbed's datagram handler.
+struct TestDatagrams;
+
+impl appsrv::DatagramHandler for TestDatagrams {
+    fn handle_datagram(&mut self, datagram: &appsrv::Datagram<'_>, answer: &mut Vec<u8>) -> io::Result<()> {
+        let text = String::from_utf8_lossy(datagram.data());
+        let text = text.trim_end();
+        if text == "pid" {
+            answer.extend_from_slice(format!("pid {}", std::process::id()).as_bytes());
+        } else if text == "panic" {
+            panic!("testbed: a datagram asked for a panic");
+        } else if let Some(secs) = text.strip_prefix("sleep ") {
+            let secs: f64 = secs.parse().map_err(|_| io::Error::other("sleep SECS"))?;
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            answer.extend_from_slice(b"slept");
+        } else {
+            answer.extend_from_slice(datagram.data());
+        }
+        Ok(())
+    }
 }
 
 /// The testbed's privileged helper: what it is, and one file opened on request.
@@ -236,6 +265,9 @@ fn main() {
 fn serve() -> appsrv::Result<()> {
     let mut server = appsrv::server!("testbed");
     let opts: Opts = server.args();
+    if opts.datagrams {
+        return server.run_datagrams(|| Ok(TestDatagrams));
+    }
     let (fail_reload, fail_check) = (opts.fail_reload, opts.fail_check);
     for fd in &opts.keep_fd {
         server = server.keep_fd(*fd);
