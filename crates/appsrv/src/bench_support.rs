@@ -439,3 +439,119 @@ pub fn privileged_serve<P: crate::privileged::Privileged>(
 pub fn privileged_set_worker_end(end: std::os::fd::OwnedFd, timeout: std::time::Duration) {
     crate::privileged::set_worker_end(end, timeout);
 }
+
+// ---------------------------------------------------------------------------------------
+// The datagram side of the event loop (issue 19), for the fuzz target `datagram_dispatch`
+// and the benchmark `datagram`: a real UDP socket on loopback served by the crate's own
+// `worker::datagram::Side` (batch receive, checks, handler, batch send).
+
+/// Datagram counters (`scoreboard::DatagramCounts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatagramCounts {
+    /// Received.
+    pub received: u64,
+    /// Answers sent.
+    pub sent: u64,
+    /// Dropped by allow/deny.
+    pub denied: u64,
+    /// Dropped: over the size limit.
+    pub too_large: u64,
+    /// Over the answer rate.
+    pub rate_limited: u64,
+    /// The handler failed.
+    pub errors: u64,
+    /// Answers the kernel refused.
+    pub send_failed: u64,
+}
+
+/// A datagram listener on `127.0.0.1:0` served by the crate's datagram side, and a client
+/// socket to talk to it.
+pub struct DatagramLoop {
+    listener: crate::net::listener::Listener,
+    side: crate::worker::datagram::Side<'static>,
+    client: std::net::UdpSocket,
+    access: Option<crate::worker::access::AccessLog>,
+}
+
+impl std::fmt::Debug for DatagramLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatagramLoop").finish_non_exhaustive()
+    }
+}
+
+impl DatagramLoop {
+    /// A listener served by `handler` with these limits (`--max-datagram-size`,
+    /// `--max-answers-per-ip`, `--answers-slip`), reading `batch` datagrams per system call.
+    pub fn new(
+        handler: Box<dyn crate::handler::DatagramHandler>,
+        max_size: usize,
+        max_answers_per_ip: u32,
+        slip: u32,
+        batch: usize,
+    ) -> io::Result<DatagramLoop> {
+        let addr: crate::net::listener::ListenAddr = "udp://127.0.0.1:0".parse().map_err(io::Error::other)?;
+        let opts = crate::net::listener::BindOptions {
+            backlog: 1,
+            read_timeout: None,
+            write_timeout: None,
+        };
+        let listener = crate::net::listener::bind(&addr, &opts)
+            .map_err(io::Error::other)?
+            .remove(0);
+        let board = scoreboard::Board::new()?;
+        let slot = board.slot(1).ok_or_else(|| io::Error::other("no slot 1"))?;
+        let settings = crate::worker::datagram::Settings {
+            max_size,
+            max_answers_per_ip,
+            slip,
+            access_sample: 1,
+        };
+        let side = crate::worker::datagram::Side::new(handler, settings, 1, slot, board).with_batch(batch);
+        let client = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        client.set_nonblocking(true)?;
+        Ok(DatagramLoop {
+            listener,
+            side,
+            client,
+            access: None,
+        })
+    }
+
+    /// The listener's address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        match self.listener.local_addr() {
+            Addr::Inet(a) => *a,
+            Addr::Unix(_) => unreachable!("bound on 127.0.0.1"),
+        }
+    }
+
+    /// The client sends one datagram to the listener.
+    pub fn send(&self, data: &[u8]) -> io::Result<()> {
+        self.client.send_to(data, self.addr()).map(|_| ())
+    }
+
+    /// The worker's turn on the readable listener (`Side::readable`): returns the datagrams
+    /// passed to the handler.
+    pub fn serve(&mut self) -> u64 {
+        self.side.readable(&self.listener, &mut self.access)
+    }
+
+    /// One answer the client received, if any is waiting.
+    pub fn answer(&self, buf: &mut [u8]) -> Option<usize> {
+        self.client.recv(buf).ok()
+    }
+
+    /// The side's counters.
+    pub fn counts(&self) -> DatagramCounts {
+        let c = self.side.counts();
+        DatagramCounts {
+            received: c.received,
+            sent: c.sent,
+            denied: c.denied,
+            too_large: c.too_large,
+            rate_limited: c.rate_limited,
+            errors: c.errors,
+            send_failed: c.send_failed,
+        }
+    }
+}

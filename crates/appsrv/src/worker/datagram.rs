@@ -142,6 +142,18 @@ impl<'a> Side<'a> {
         }
     }
 
+    /// The same side with a batch of `capacity` slots instead of [`BATCH`] (the benchmark
+    /// compares batches of 32 with one datagram per system call).
+    pub(crate) fn with_batch(mut self, capacity: usize) -> Self {
+        self.batch = Batch::new(capacity, self.settings.max_size);
+        self
+    }
+
+    /// What it counted so far.
+    pub(crate) fn counts(&self) -> DatagramCounts {
+        self.counts
+    }
+
     /// The handler's exit hook.
     pub(crate) fn on_worker_exit(&mut self) {
         self.handler.on_worker_exit();

@@ -23,7 +23,7 @@
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
 mod accept;
-mod access;
+pub(crate) mod access;
 pub(crate) mod admission;
 pub(crate) mod blocking;
 pub(crate) mod datagram;
