@@ -102,7 +102,8 @@ pub(crate) struct Side<'a> {
     board: &'static Board,
     counts: DatagramCounts,
     published: DatagramCounts,
-    /// Datagrams seen, for the access log's sampling.
+    /// Datagrams that reached the access log's stage (not dropped by the size limit or
+    /// allow/deny, which have no line), for its sampling.
     seen: u64,
     /// Rate-limited datagrams, for the slip ratio.
     limited: u64,
@@ -219,7 +220,6 @@ impl<'a> Side<'a> {
         let (received, answer) = self.batch.slot(i);
         self.counts.received += 1;
         self.counts.bytes_in += received.data.len() as u64;
-        self.seen += 1;
         if received.truncated {
             self.counts.too_large += 1;
             tracing::debug!(
@@ -295,6 +295,10 @@ impl<'a> Side<'a> {
             self.counts.send_failed += 1;
             tracing::debug!("{}: an answer to an unbound sender dropped", listener.label());
         }
+        // Counted here, not on arrival: a datagram dropped above has no line, and
+        // counting it would skew the sample (with a sample of 2 and every other datagram
+        // denied, every answered one would be logged, or none).
+        self.seen += 1;
         if let Some(log) = access.as_mut() {
             let sample = u64::from(self.settings.access_sample.max(1));
             if self.seen % sample == 0 {
