@@ -332,6 +332,23 @@ impl Server {
             .expect("a TCP listener")
     }
 
+    /// The addresses of the `udp://` listeners the server logged (`listening on
+    /// udp://127.0.0.1:PORT`, `udp://[::1]:PORT`), in the order logged.
+    pub fn udp_addrs(&self) -> Vec<SocketAddr> {
+        self.listening()
+            .iter()
+            .filter_map(|a| a.strip_prefix("udp://")?.parse().ok())
+            .collect()
+    }
+
+    /// The first `udp://` address the server listens on.
+    pub fn udp_addr(&self) -> SocketAddr {
+        *self
+            .udp_addrs()
+            .first()
+            .unwrap_or_else(|| panic!("a udp:// listener; log:\n{}", self.log_text()))
+    }
+
     /// Sends `sig` to the master.
     pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child's pid.
