@@ -322,6 +322,27 @@ fn issue_19_a_wildcard_listener_answers_from_the_address_asked() {
 /// Sends five datagrams from 127.0.0.1 (denied) to the only worker's socket, then one from
 /// 127.0.0.2 (allowed): once that one is answered, the five before it on the same socket
 /// were handled, and any answer to them would be queued at their client already.
+#[test]
+fn issue_19_datagrams_are_served_under_the_sandbox() {
+    // Landlock and the default seccomp profile: recvmmsg, sendmmsg and the packet-info
+    // control messages are allowed; a worker that was refused one would be killed.
+    let server = echo(2, &["-l", "udp://0.0.0.0:0", "--sandbox"]);
+    let port = server.udp_addr().port();
+    let c = client("127.0.0.1");
+    let workers = server.wait_for_workers(2);
+    for i in 0..20 {
+        let to: SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
+        let (answer, from) = ask(&c, to, &format!("q{i}"));
+        assert_eq!(answer, format!("q{i}"));
+        assert_eq!(from, to);
+    }
+    assert_eq!(
+        server.worker_pids(),
+        workers,
+        "no worker was killed by the sandbox"
+    );
+}
+
 fn five_denied_then_one_allowed(server: &Server, ctl: &str) {
     let addr = server.udp_addr();
     let denied = client("127.0.0.1");
