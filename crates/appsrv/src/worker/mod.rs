@@ -10,8 +10,9 @@
 //! 5. privileges are dropped (groups, gid, uid) and checked;
 //! 6. the parent-death signal is set (after the drop, which clears it) and the parent checked;
 //! 7. no-new-privs, then the sandbox (Landlock, then seccomp), when asked for;
-//! 8. the `on_worker_start` hook, then the factory, run; a failure is reported to the
-//!    master with its reason and the worker exits;
+//! 8. the `on_worker_start` hook, then the factory (and, with datagram listeners, the
+//!    datagram handler's factory), run; a failure is reported to the master with its
+//!    reason and the worker exits;
 //! 9. its copy of the access log (the one reopened on USR1 if the master left it in the
 //!    worker's log channel, `process/reopen.rs`), its scoreboard slot and its way of waiting for
 //!    connections (the blocking loop: epoll with several listeners; the event loop,
