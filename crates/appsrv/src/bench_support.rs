@@ -498,7 +498,14 @@ impl DatagramLoop {
         let listener = crate::net::listener::bind(&addr, &opts)
             .map_err(io::Error::other)?
             .remove(0);
-        let board = scoreboard::Board::new()?;
+        // One board for the process: a board is mapped for the life of the process (it is
+        // the master's), and a fuzz target makes a loop per input. Its answer-rate table is
+        // thus shared by the loops of one process, as by the workers of one server.
+        static BOARD: std::sync::OnceLock<&'static scoreboard::Board> = std::sync::OnceLock::new();
+        let board = match BOARD.get() {
+            Some(b) => *b,
+            None => *BOARD.get_or_init(|| scoreboard::Board::new().expect("mapping a scoreboard")),
+        };
         let slot = board.slot(1).ok_or_else(|| io::Error::other("no slot 1"))?;
         let settings = crate::worker::datagram::Settings {
             max_size,
