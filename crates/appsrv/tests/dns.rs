@@ -4,7 +4,8 @@
 //! them, truncation and the TCP retry, EDNS, malformed queries that never take a worker
 //! down, reload, and zones that do not load.
 //!
-//! The engine's own tests (`examples/dns/engine.rs`) run here too: the file is included.
+//! The engine (`examples/dns/engine.rs`, included) is also tested on its own, in memory:
+//! `engine_tests` below.
 
 mod util;
 
@@ -983,4 +984,178 @@ fn without_a_zone_or_with_a_bad_one_the_server_does_not_start() {
     assert!(!ok && err.contains("--max-udp-size"), "{err}");
     let (ok, err) = run_dns(&["check", "--zone", &data("zone.test")]);
     assert!(ok, "{err}");
+}
+
+/// The engine on its own, without a process: what load time decides.
+mod engine_tests {
+    use std::str::FromStr;
+
+    use hickory_proto::op::{Edns as HEdns, Message, Query, ResponseCode};
+    use hickory_proto::rr::{Name, RData, RecordType};
+
+    use super::engine::{DEFAULT_MAX_UDP, Outcome, Transport, Zones, answer};
+
+    const ZONE: &str = "$ORIGIN z.test.
+$TTL 3600
+@ IN SOA ns admin 1 2 3 4 60
+  IN NS ns
+ns IN A 192.0.2.1
+www 600 IN A 192.0.2.2
+mail IN A 192.0.2.3
+sub IN NS ns.sub
+ns.sub IN A 192.0.2.4
+";
+
+    fn zones(texts: &[(&str, &str)]) -> Result<Zones, String> {
+        let texts: Vec<_> = texts
+            .iter()
+            .map(|(origin, text)| {
+                let label = format!("zone {origin:?}");
+                let origin = (!origin.is_empty()).then(|| Name::from_str(origin).unwrap());
+                (origin, text.to_string(), label)
+            })
+            .collect();
+        Zones::from_texts(&texts)
+    }
+
+    fn ask(z: &Zones, name: &str, ty: RecordType, edns: Option<u16>, t: Transport) -> Message {
+        let mut q = Message::new();
+        q.set_id(0x1234).set_recursion_desired(true);
+        q.add_query(Query::query(Name::from_str(name).unwrap(), ty));
+        if let Some(size) = edns {
+            let mut e = HEdns::new();
+            e.set_max_payload(size);
+            q.set_edns(e);
+        }
+        let mut out = Vec::new();
+        let o = answer(z, &q.to_vec().unwrap(), t, DEFAULT_MAX_UDP, &mut out);
+        assert!(matches!(o, Outcome::Answered(_)), "{o:?}");
+        Message::from_vec(&out).unwrap_or_else(|e| panic!("{name} {ty}: {e}: {out:02x?}"))
+    }
+
+    #[test]
+    fn ttls_follow_rfc_2308_and_the_soa_keeps_its_own() {
+        let z = zones(&[("", ZONE)]).unwrap();
+        let m = ask(&z, "mail.z.test.", RecordType::A, None, Transport::Udp);
+        // After www's explicit 600, $TTL is still the default.
+        assert_eq!(m.answers()[0].ttl(), 3600);
+        let m = ask(&z, "z.test.", RecordType::SOA, None, Transport::Udp);
+        assert_eq!(m.answers()[0].ttl(), 3600);
+        let m = ask(&z, "nope.z.test.", RecordType::A, None, Transport::Udp);
+        assert_eq!(m.response_code(), ResponseCode::NXDomain);
+        assert_eq!(m.name_servers()[0].ttl(), 60);
+        // Without $TTL: the last TTL written, the SOA's minimum before any.
+        let z = zones(&[("", "$ORIGIN y.test.\n@ IN SOA ns admin 1 2 3 4 60\nns IN A 192.0.2.1\nw 70 IN A 192.0.2.2\nv IN A 192.0.2.3\n")]).unwrap();
+        assert_eq!(
+            ask(&z, "y.test.", RecordType::SOA, None, Transport::Udp).answers()[0].ttl(),
+            60
+        );
+        assert_eq!(
+            ask(&z, "ns.y.test.", RecordType::A, None, Transport::Udp).answers()[0].ttl(),
+            60
+        );
+        assert_eq!(
+            ask(&z, "v.y.test.", RecordType::A, None, Transport::Udp).answers()[0].ttl(),
+            70
+        );
+    }
+
+    #[test]
+    fn answers_for_names_below_the_zone_decode_at_every_depth() {
+        // NXDOMAIN and referrals reuse the answer of a shorter name, their pointers moved.
+        let z = zones(&[("", ZONE)]).unwrap();
+        let mut prefix = String::new();
+        for i in 0..40 {
+            prefix = format!("l{i}.{prefix}");
+            let name = format!("{prefix}z.test.");
+            let m = ask(&z, &name, RecordType::A, Some(1232), Transport::Udp);
+            assert_eq!(m.response_code(), ResponseCode::NXDomain, "{name}");
+            assert_eq!(m.name_servers()[0].name().to_string(), "z.test.");
+            let below = format!("{prefix}sub.z.test.");
+            let m = ask(&z, &below, RecordType::A, None, Transport::Udp);
+            assert!(!m.authoritative(), "{below}: a referral");
+            assert_eq!(m.name_servers()[0].name().to_string(), "sub.z.test.");
+            assert_eq!(
+                m.name_servers()[0].data(),
+                &RData::NS(hickory_proto::rr::rdata::NS(
+                    Name::from_str("ns.sub.z.test.").unwrap()
+                ))
+            );
+            assert_eq!(m.additionals()[0].name().to_string(), "ns.sub.z.test.");
+        }
+    }
+
+    #[test]
+    fn a_zone_inside_another_answers_for_its_names() {
+        let child = "$ORIGIN sub.z.test.\n$TTL 10\n@ IN SOA ns admin 9 2 3 4 5\n  IN NS ns\nns IN A 192.0.2.4\nhost IN A 192.0.2.9\n";
+        let z = zones(&[("", ZONE), ("", child)]).unwrap();
+        let m = ask(&z, "host.sub.z.test.", RecordType::A, None, Transport::Udp);
+        assert!(m.authoritative());
+        assert_eq!(m.answers()[0].data(), &RData::A("192.0.2.9".parse().unwrap()));
+        let m = ask(&z, "nope.sub.z.test.", RecordType::A, None, Transport::Udp);
+        assert_eq!(m.response_code(), ResponseCode::NXDomain);
+        assert_eq!(m.name_servers()[0].name().to_string(), "sub.z.test.");
+        assert!(
+            zones(&[("", ZONE), ("", ZONE)])
+                .unwrap_err()
+                .contains("also loaded")
+        );
+    }
+
+    #[test]
+    fn bad_zones_are_refused_with_the_reason() {
+        let soa = "$ORIGIN z.test.\n$TTL 1\n@ IN SOA ns admin 1 2 3 4 5\n";
+        for (text, want) in [
+            ("$ORIGIN z.test.\n$TTL 1\nwww IN A 192.0.2.1\n", "no SOA record"),
+            (&format!("{soa}* IN A 192.0.2.1\n"), "wildcards are not supported"),
+            (
+                &format!("{soa}www IN CNAME a\n IN A 192.0.2.1\n"),
+                "a CNAME and other data",
+            ),
+            (&format!("{soa}www IN CNAME a\n IN CNAME b\n"), "a second CNAME"),
+            (
+                &format!("{soa}www.other.test. IN A 192.0.2.1\n"),
+                "out of the zone",
+            ),
+            (&format!("{soa}www IN A 192.0.2.300\n"), "line 4: A"),
+            (&format!("{soa}www IN BOGUS 1\n"), "line 4: unknown record type"),
+            (&format!("{soa}www CH A 192.0.2.1\n"), "only IN"),
+            (
+                &format!("{soa}$INCLUDE /etc/passwd\n"),
+                "$INCLUDE is not supported",
+            ),
+            (&format!("{soa}www IN TXT \"open\n"), "not closed"),
+            (&format!("{soa}www IN MX ( 10 mail\n"), "'(' not closed"),
+            ("@ IN SOA ns admin 1 2 3 4 5\n", "@ without $ORIGIN"),
+            ("$TTL 1\nz.test. IN SOA ns admin 1 2 3 4 5\n", "relative name"),
+        ] {
+            let err = zones(&[("", text)]).unwrap_err();
+            assert!(err.contains(want), "{text:?}: {err:?}, not {want:?}");
+        }
+        // With a name given, the SOA must be there; relative names need no $ORIGIN.
+        let err = zones(&[("other.test.", soa)]).unwrap_err();
+        assert!(err.contains("not at the zone's name"), "{err}");
+        zones(&[(
+            "z.test.",
+            "$TTL 1\n@ IN SOA ns admin 1 2 3 4 5\nwww IN A 192.0.2.1\n",
+        )])
+        .unwrap();
+    }
+
+    #[test]
+    fn the_hot_path_allocates_nothing_once_out_has_room() {
+        let z = zones(&[("", ZONE)]).unwrap();
+        let mut q = Message::new();
+        q.add_query(Query::query(
+            Name::from_str("www.z.test.").unwrap(),
+            RecordType::A,
+        ));
+        let q = q.to_vec().unwrap();
+        let mut out = Vec::with_capacity(512);
+        let before = out.as_ptr();
+        for _ in 0..3 {
+            answer(&z, &q, Transport::Udp, DEFAULT_MAX_UDP, &mut out);
+        }
+        assert_eq!(out.as_ptr(), before);
+    }
 }
