@@ -64,14 +64,15 @@
 //! checks, the name's labels walked, copied and lowercased), looks the name up in one hash
 //! table, and copies the precomputed sections behind the client's own question, with the
 //! id and flags set; no message is decoded or encoded per query, nothing is allocated.
-//! Measured with `cargo bench -p appsrv --bench dns` (in memory, on the 2-core machine the
-//! benchmarks run on, shared with other builds): about 80–140 ns per query (a one-record
-//! or an eight-record answer, dig's query with its EDNS COOKIE), 110–240 ns for NXDOMAIN,
-//! against 4–7 µs to decode the query, build and encode the same answer through
-//! hickory-proto's `Message` (the bench's `hickory` group). The system calls of a datagram
-//! cost some 5–10 µs: through `Message`, the server's own work would about double the
-//! cost of a query; precomputed, it is a few per cent of it, which is how NSD and Knot
-//! answer too.
+//! Measured with `cargo bench -p appsrv --bench dns` (in memory, the thread's CPU time,
+//! on the 2-core machine the benchmarks run on): about 110–125 ns per query for a
+//! one-record or an eight-record answer to dig's query (RD, EDNS with a COOKIE), 145 ns
+//! for NXDOMAIN (a second lookup, and the pointers moved), 9 ns for a FORMERR; against
+//! 2.5–4.3 µs to decode the same query, build and encode the same answer through
+//! hickory-proto's `Message` (the bench's `hickory` group), 20 to 35 times as much. The
+//! system calls of a datagram cost some 5–10 µs: through `Message`, the server's own work
+//! would add a third to a half to the cost of each query; precomputed, a few per cent,
+//! which is how NSD and Knot answer too.
 //!
 //! # Crate
 //!
@@ -108,8 +109,8 @@ struct Args {
     /// Repeatable; at least one is required by run, start and check.
     #[arg(long, value_name = "[NAME=]FILE")]
     zone: Vec<ZoneSource>,
-    /// The largest UDP answer, in bytes: a client's EDNS size is clamped to [512, this];
-    /// without EDNS, 512.
+    /// The largest UDP answer, in bytes (512 to 4096; default 1232, as NSD and Knot): a
+    /// client's EDNS size is clamped to [512, this]; without EDNS, 512.
     #[arg(long, value_name = "BYTES", default_value_t = engine::DEFAULT_MAX_UDP,
           value_parser = clap::value_parser!(u16).range(i64::from(engine::MIN_UDP)..=i64::from(engine::MAX_UDP)))]
     max_udp_size: u16,
