@@ -106,15 +106,7 @@ impl Dns {
     }
 
     fn from(server: Server) -> Dns {
-        let listening = server.listening();
-        let udp = listening
-            .iter()
-            .find_map(|a| a.strip_prefix("udp://")?.parse().ok())
-            .unwrap_or_else(|| panic!("no UDP listener in {listening:?}"));
-        let tcp = listening
-            .iter()
-            .find_map(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no TCP listener in {listening:?}"));
+        let (udp, tcp) = (server.udp_addr(), server.tcp_addr());
         Dns { server, udp, tcp }
     }
 }
