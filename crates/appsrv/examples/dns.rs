@@ -39,9 +39,9 @@
 //! NXDOMAIN and NODATA with the zone's SOA in AUTHORITY (its TTL the smaller of the SOA's
 //! TTL and its minimum, RFC 2308); a CNAME followed inside its zone (the chain, then the
 //! target's records; at most 8 links, a loop stops it), its RCODE the last name's; below a
-//! delegation (NS records below the apex), a referral (AA clear, glue in ADDITIONAL); the
-//! addresses of MX and NS targets in the zone in ADDITIONAL, left out (without TC) when
-//! they do not fit; REFUSED for a name no zone holds; TC=1 with only the question when the
+//! delegation (NS records below the apex), a referral (AA clear, the glue in ADDITIONAL,
+//! truncated if the glue does not fit, RFC 9471); the addresses of MX and NS targets in the
+//! zone in ADDITIONAL, left out (without TC) when they do not fit; REFUSED for a name no zone holds; TC=1 with only the question when the
 //! ANSWER and AUTHORITY sections do not fit. EDNS(0): an OPT in the answer when the query
 //! had one (the DO bit copied), the query's options (dig's COOKIE) ignored, BADVERS for a
 //! version other than 0. Malformed queries: FORMERR (the header alone, its id echoed) when

@@ -1148,6 +1148,35 @@ ns.sub IN A 192.0.2.4
     }
 
     #[test]
+    fn additional_records_that_do_not_fit_are_left_out_but_glue_truncates() {
+        let mut text = String::from(
+            "$ORIGIN g.test.\n$TTL 60\n@ IN SOA ns admin 1 2 3 4 5\n  IN NS ns\n  IN MX 10 mx\n",
+        );
+        for i in 0..40 {
+            text.push_str(&format!("ns IN A 192.0.2.{i}\nmx IN A 192.0.2.{i}\n"));
+        }
+        // Ten name servers (fit in 512 bytes), four addresses each (do not).
+        for i in 0..10 {
+            text.push_str(&format!("sub IN NS ns{i}.sub\n"));
+            for j in 0..4 {
+                text.push_str(&format!("ns{i}.sub IN A 192.0.2.{}\n", 4 * i + j));
+            }
+        }
+        let z = zones(&[("", &text)]).unwrap();
+        // The MX fits in 512 bytes, its 40 addresses do not: they are left out, no TC.
+        let m = ask(&z, "g.test.", RecordType::MX, None, Transport::Udp);
+        assert!(!m.truncated());
+        assert_eq!((m.answers().len(), m.additionals().len()), (1, 0));
+        let m = ask(&z, "g.test.", RecordType::MX, Some(1232), Transport::Udp);
+        assert_eq!(m.additionals().len(), 40);
+        // A referral whose glue does not fit is truncated.
+        let m = ask(&z, "www.sub.g.test.", RecordType::A, None, Transport::Udp);
+        assert!(m.truncated() && m.name_servers().is_empty());
+        let m = ask(&z, "www.sub.g.test.", RecordType::A, None, Transport::Tcp);
+        assert_eq!((m.name_servers().len(), m.additionals().len()), (10, 40));
+    }
+
+    #[test]
     fn the_hot_path_allocates_nothing_once_out_has_room() {
         let z = zones(&[("", ZONE)]).unwrap();
         let mut q = Message::new();

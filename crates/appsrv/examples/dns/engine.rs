@@ -1177,7 +1177,11 @@ impl<'a> Ctx<'a, '_> {
         for r in self.additional(ns, zi) {
             b.record(2, r, None)?;
         }
-        Ok(b.finish(0))
+        // The glue is part of a referral: without it the resolver may not reach the child
+        // (RFC 9471), so an answer it does not fit in is truncated.
+        let mut referral = b.finish(0);
+        referral.required = referral.bytes.len();
+        Ok(referral)
     }
 
     /// Fills a node's answers: each type's RRset (with its additional records), ANY, and
