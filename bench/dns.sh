@@ -286,13 +286,14 @@ AS_ROOT=""
 [ "$(id -u)" = 0 ] && AS_ROOT=1
 
 if want appsrv; then
-  if [ "$BUILD" != 0 ] && [ -f crates/appsrv/examples/dns.rs ]; then
+  has_source() { [ -f crates/appsrv/examples/dns.rs ] || [ -f crates/appsrv/examples/dns/main.rs ]; }
+  if [ "$BUILD" != 0 ] && has_source; then
     echo "dns.sh: cargo build --release -p appsrv --example dns" >&2
     cargo build --release --quiet -p appsrv --example dns >&2 || echo "dns.sh: the build of the dns example failed" >&2
   fi
   if [ ! -x "$DNS" ]; then
     why="no $DNS"
-    [ -f crates/appsrv/examples/dns.rs ] || why="$why (crates/appsrv/examples/dns.rs does not exist yet)"
+    has_source || why="$why (no crates/appsrv/examples/dns.rs or dns/main.rs in this tree yet)"
     echo "dns.sh: appsrv skipped: $why" >&2
     SKIPPED+=("appsrv: $why")
     SERVERS=$(tr ' ' '\n' <<<"$SERVERS" | grep -vx appsrv | tr '\n' ' ')
