@@ -684,7 +684,23 @@ for id in $SERVERS; do
 done
 [ ${#LIVE[@]} -gt 0 ] || { echo "dns.sh: no server to measure" >&2; printf '%s\n' "${SKIPPED[@]}" >&2; exit 1; }
 
-declare -A QPS CPU LOST SIZE CODES RECON
+# client_cpu_ns FILE: the CPU time of this shell's finished children (dnsperf, timeout), in
+# nanoseconds, from FILE, the output of the builtin `times` (run in this shell: a subshell,
+# such as a command substitution, has its own children).
+client_cpu_ns() {
+  awk 'NR == 2 {
+    t = 0
+    for (i = 1; i <= 2; i++) { split($i, m, /[ms]/); t += m[1] * 60 + m[2] }
+    printf "%.0f\n", t * 1e9
+  }' "$1"
+}
+
+# machine_jiffies: the CPU time all the machine's CPUs were busy (/proc/stat's first line:
+# all but idle and iowait), in clock ticks.
+machine_jiffies() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
+
+# shellcheck disable=SC2034 # CLI, BUSY and MBUSY: read through cell's nameref
+declare -A QPS CPU LOST SIZE CODES RECON CLI BUSY MBUSY
 for r in $(seq "$ROUNDS"); do
   # The servers' order rotated by one each round.
   order=("${LIVE[@]:$(((r - 1) % ${#LIVE[@]}))}" "${LIVE[@]:0:$(((r - 1) % ${#LIVE[@]}))}")
@@ -692,11 +708,20 @@ for r in $(seq "$ROUNDS"); do
     for id in "${order[@]}"; do
       echo "dns.sh: round $r/$ROUNDS, $wl, $id" >&2
       out=$work/$wl-$id-$r.out
-      before=$(proc_counters "${PID_OF[$id]}")
+      times >"$work/times.before"
+      mb=$(machine_jiffies) before=$(proc_counters "${PID_OF[$id]}") t0=$(date +%s%N)
       # shellcheck disable=SC2046
       perf_run "$out" "$DURATION" -p "${PORT_OF[$id]}" $(dnsperf_args "$wl")
-      after=$(proc_counters "${PID_OF[$id]}")
+      t1=$(date +%s%N) after=$(proc_counters "${PID_OF[$id]}") ma=$(machine_jiffies)
+      times >"$work/times.after"
+      cb=$(client_cpu_ns "$work/times.before") ca=$(client_cpu_ns "$work/times.after")
       n=$(perf_field "$out" completed)
+      read -r "CLI[$id/$wl/$r]" "BUSY[$id/$wl/$r]" "MBUSY[$id/$wl/$r]" < <(awk -v b="$before" -v a="$after" \
+        -v cb="$cb" -v ca="$ca" -v t="$((t1 - t0))" -v n="$n" -v mb="$mb" -v ma="$ma" -v hz="$LIB_HZ" 'BEGIN {
+          split(b, x, " "); split(a, y, " "); split(mb, u, " "); split(ma, v, " ")
+          if (n > 0) printf "%.1f %.2f %.2f\n", (ca - cb) / 1e3 / n, (y[1] - x[1] + ca - cb) / t, (v[1] - u[1]) * 1e9 / hz / t
+          else print "- - -"
+        }')
       QPS[$id/$wl/$r]=$(perf_field "$out" qps)
       # shellcheck disable=SC2034 # read through cell's and med's namerefs
       CPU[$id/$wl/$r]=$(per_request "$before" "$after" "$n" | awk '{ print $1 }')
@@ -769,10 +794,10 @@ for id in "${LIVE[@]}"; do row="$row ${SYS[$id]} |"; done
 echo "$row"
 
 echo
-echo "Details: queries lost (summed over the rounds), answers other than NOERROR/NXDOMAIN, average response size, TCP reconnections; syscalls by call (per query, ≥ 0.01) at the rate reached under $SYSCALL_TOOL"
+echo "Details: queries lost (summed over the rounds), answers other than NOERROR/NXDOMAIN, average response size, TCP reconnections, dnsperf's own CPU per query, and the CPUs busy (server + dnsperf CPU time / run time) of the machine's busy CPUs (all processes, /proc/stat; of $(nproc): the rest is other work on the machine); then syscalls by call (per query, ≥ 0.01) at the rate reached under $SYSCALL_TOOL"
 echo
-echo "| server | workload | lost | other rcodes | response bytes | reconnections |"
-echo "|---|---|---|---|---|---|"
+echo "| server | workload | lost | other rcodes | response bytes | reconnections | dnsperf CPU µs/query | CPUs busy: server + dnsperf / machine |"
+echo "|---|---|---|---|---|---|---|---|"
 for id in "${LIVE[@]}"; do
   for wl in "${WORKLOADS[@]}"; do
     lost=0 codes="" rec=""
@@ -782,7 +807,7 @@ for id in "${LIVE[@]}"; do
       rec="$rec${rec:+, }${RECON[$id/$wl/$r]}"
     done
     [ "$wl" = tcp ] || rec=-
-    echo "| $(version_of "$id") | ${WL_TITLE[$wl]} | $lost | ${codes:--} | ${SIZE[$id/$wl]} | $rec |"
+    echo "| $(version_of "$id") | ${WL_TITLE[$wl]} | $lost | ${codes:--} | ${SIZE[$id/$wl]} | $rec | $(cell CLI "$id" "$wl") | $(cell BUSY "$id" "$wl") / $(cell MBUSY "$id" "$wl") |"
   done
 done
 echo
