@@ -3,14 +3,14 @@
 # loopback, one zone (bench/dns/gen.py) loaded by the three. Prints markdown tables ready for
 # BENCHMARKS.md, with the exact command lines.
 #
-#   bench/dns.sh                 the benchmark (about 4 minutes with the defaults)
+#   bench/dns.sh                 the benchmark (some 4.5 minutes with the defaults)
 #   bench/dns.sh reload          reload under dnsperf load: the queries lost (about 1 minute)
 #   ROUNDS=1 DURATION=5 bench/dns.sh       any setting below can be overridden
 #   SERVERS="nsd knot" bench/dns.sh        the peers only
 #
 #   setting           default   meaning
-#   DURATION          10        seconds of each max-rate dnsperf run (-l)
-#   ROUNDS            2         rounds of the max-rate workloads; each round runs every workload
+#   DURATION          7         seconds of each max-rate dnsperf run (-l)
+#   ROUNDS            3         rounds of the max-rate workloads; each round runs every workload
 #                               on every server, the servers' order rotated by one each round;
 #                               a cell is the median of its rounds, with the range
 #   CLIENTS           4         dnsperf -c of the UDP runs (one UDP socket each)
@@ -110,7 +110,7 @@ case ${1:-} in
   *) echo "dns.sh: unknown mode '$1' (bench or reload; --help)" >&2; exit 2 ;;
 esac
 
-DURATION=${DURATION:-10} ROUNDS=${ROUNDS:-2} CLIENTS=${CLIENTS:-4} TCP_CLIENTS=${TCP_CLIENTS:-4}
+DURATION=${DURATION:-7} ROUNDS=${ROUNDS:-3} CLIENTS=${CLIENTS:-4} TCP_CLIENTS=${TCP_CLIENTS:-4}
 OUTSTANDING=${OUTSTANDING:-200} LATENCY_SHARE=${LATENCY_SHARE:-50}
 LATENCY_DURATION=${LATENCY_DURATION:-10} SYSCALL_DURATION=${SYSCALL_DURATION:-5}
 WORKERS=${WORKERS:-2} NAMES=${NAMES:-1000} QUERIES=${QUERIES:-10000}
@@ -304,7 +304,7 @@ fi
 wait_dns() {
   local deadline=$(($(date +%s) + $2))
   while [ "$(date +%s)" -le "$deadline" ]; do
-    dig -p "$1" @127.0.0.1 +short +tries=1 +time=1 bench.test. SOA 2>/dev/null | grep -q hostmaster && return 0
+    [[ $(dig -p "$1" @127.0.0.1 +short +tries=1 +time=1 bench.test. SOA 2>/dev/null) == *hostmaster* ]] && return 0
     sleep 0.1
   done
   return 1
@@ -327,8 +327,15 @@ start_server() {
         $APPSRV_FLAGS "${ctl[@]}" 2>"$log" &
       ;;
     nsd)
-      local rrl="rrl-ratelimit: 0"
-      nsd -v 2>&1 | grep -q -- '--enable-ratelimit' || rrl="# built without RRL (no --enable-ratelimit)"
+      # RRL off: both limits 0 (nsd.conf(5): "also set the whitelist-ratelimit to 0 to
+      # disable ratelimit processing"). Left on, it blocks dnsperf's NXDOMAIN answers within a
+      # second ("ratelimit block ... type nxdomain" in its log) and the runs lose nearly all
+      # their queries. (nsd -v is read whole first: `nsd -v | grep -q` under pipefail fails
+      # when grep exits before nsd has written, which once dropped these lines.)
+      local rrl="rrl-ratelimit: 0
+    rrl-whitelist-ratelimit: 0" v
+      v=$(nsd -v 2>&1 || true)
+      [[ $v == *--enable-ratelimit* ]] || rrl="# built without RRL (no --enable-ratelimit)"
       cat >"$d/nsd.conf" <<EOF
 server:
     server-count: $WORKERS
@@ -752,15 +759,23 @@ for id in "${LIVE[@]}"; do
   SYS_QPS[$id]=$(perf_field "$work/syscalls-$id.out" qps)
 done
 
+WARN=()
+if [[ " ${LIVE[*]} " == *" nsd "* ]] && grep -q "ratelimit block" "$work/nsd/nsd.log" 2>/dev/null; then
+  WARN+=("NSD's RRL blocked answers during the runs ($(grep -c "ratelimit block" "$work/nsd/nsd.log") 'ratelimit block' lines in its log): its figures are not valid")
+fi
 for id in "${LIVE[@]}"; do stop_server "$id"; done
 
-# cell ARRAY ID WL: "MEDIAN (LO–HI)" over the rounds.
+# cell ARRAY ID WL FORMAT: "MEDIAN (LO–HI)" over the rounds, each printed with FORMAT.
 cell() {
   local -n a=$1
   local vals m rg
   vals=$(for r in $(seq "$ROUNDS"); do echo "${a[$2/$3/$r]}"; done | grep -v '^-*$' || true)
   [ -n "$vals" ] || { echo "-"; return; }
-  m=$(median <<<"$vals") rg=$(range <<<"$vals")
+  # shellcheck disable=SC2059 # the format is the argument
+  m=$(printf "$4" "$(median <<<"$vals")")
+  rg=$(range <<<"$vals")
+  # shellcheck disable=SC2059
+  [ -z "$rg" ] || rg=$(printf "$4–$4" "${rg%–*}" "${rg#*–}")
   echo "$m${rg:+ ($rg)}"
 }
 med() {
@@ -778,10 +793,10 @@ echo "$head_row"
 echo "$sep"
 for wl in "${WORKLOADS[@]}"; do
   row="| ${WL_TITLE[$wl]}: queries/s |"
-  for id in "${LIVE[@]}"; do row="$row $(cell QPS "$id" "$wl") |"; done
+  for id in "${LIVE[@]}"; do row="$row $(cell QPS "$id" "$wl" %.0f) |"; done
   echo "$row"
   row="| … server CPU µs/query |"
-  for id in "${LIVE[@]}"; do row="$row $(cell CPU "$id" "$wl") |"; done
+  for id in "${LIVE[@]}"; do row="$row $(cell CPU "$id" "$wl" %.1f) |"; done
   echo "$row"
 done
 row="| UDP latency p99 at $LATENCY_SHARE % of the server's own 1-record max (rate reached; p50) |"
@@ -807,7 +822,7 @@ for id in "${LIVE[@]}"; do
       rec="$rec${rec:+, }${RECON[$id/$wl/$r]}"
     done
     [ "$wl" = tcp ] || rec=-
-    echo "| $(version_of "$id") | ${WL_TITLE[$wl]} | $lost | ${codes:--} | ${SIZE[$id/$wl]} | $rec | $(cell CLI "$id" "$wl") | $(cell BUSY "$id" "$wl") / $(cell MBUSY "$id" "$wl") |"
+    echo "| $(version_of "$id") | ${WL_TITLE[$wl]} | $lost | ${codes:--} | ${SIZE[$id/$wl]} | $rec | $(cell CLI "$id" "$wl" %.1f) | $(cell BUSY "$id" "$wl" %.2f) / $(cell MBUSY "$id" "$wl" %.2f) |"
   done
 done
 echo
@@ -857,5 +872,6 @@ for id in "${LIVE[@]}"; do
   echo '```'
 done
 [ ${#SKIPPED[@]} -eq 0 ] || { echo; printf 'Skipped: %s\n' "${SKIPPED[@]}"; }
+[ ${#WARN[@]} -eq 0 ] || { echo; printf '**Warning:** %s\n' "${WARN[@]}"; printf 'dns.sh: warning: %s\n' "${WARN[@]}" >&2; }
 echo
 echo "($(($(date +%s) - T0)) s)"
