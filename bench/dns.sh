@@ -691,15 +691,22 @@ for id in $SERVERS; do
 done
 [ ${#LIVE[@]} -gt 0 ] || { echo "dns.sh: no server to measure" >&2; printf '%s\n' "${SKIPPED[@]}" >&2; exit 1; }
 
-# client_cpu_ns FILE: the CPU time of this shell's finished children (dnsperf, timeout), in
-# nanoseconds, from FILE, the output of the builtin `times` (run in this shell: a subshell,
-# such as a command substitution, has its own children).
-client_cpu_ns() {
-  awk 'NR == 2 {
-    t = 0
-    for (i = 1; i <= 2; i++) { split($i, m, /[ms]/); t += m[1] * 60 + m[2] }
-    printf "%.0f\n", t * 1e9
-  }' "$1"
+# proc_ticks PID: the CPU time (utime + stime, all threads) of a process of this shell, in
+# clock ticks, also when it has exited and is not waited for yet (a zombie keeps them).
+proc_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }'; }
+
+# wait_bounded PID SECONDS: waits for a child; kills it after SECONDS (then fails).
+wait_bounded() {
+  local deadline=$(($(date +%s) + $2)) st
+  while st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) && [ -n "$st" ] && [ "$st" != Z ]; do
+    if [ "$(date +%s)" -gt "$deadline" ]; then
+      kill -KILL "$1" 2>/dev/null || true
+      wait "$1" 2>/dev/null || true
+      return 1
+    fi
+    sleep 0.05
+  done
+  wait "$1" 2>/dev/null || true
 }
 
 # machine_jiffies: the CPU time all the machine's CPUs were busy (/proc/stat's first line:
@@ -715,18 +722,21 @@ for r in $(seq "$ROUNDS"); do
     for id in "${order[@]}"; do
       echo "dns.sh: round $r/$ROUNDS, $wl, $id" >&2
       out=$work/$wl-$id-$r.out
-      times >"$work/times.before"
       mb=$(machine_jiffies) before=$(proc_counters "${PID_OF[$id]}") t0=$(date +%s%N)
       # shellcheck disable=SC2046
-      perf_run "$out" "$DURATION" -p "${PORT_OF[$id]}" $(dnsperf_args "$wl")
-      t1=$(date +%s%N) after=$(proc_counters "${PID_OF[$id]}") ma=$(machine_jiffies)
-      times >"$work/times.after"
-      cb=$(client_cpu_ns "$work/times.before") ca=$(client_cpu_ns "$work/times.after")
+      dnsperf -s 127.0.0.1 -p "${PORT_OF[$id]}" $(dnsperf_args "$wl") -l "$DURATION" >"$out" 2>&1 &
+      dp=$!
+      # dnsperf's CPU time and the machine's, sampled when its time limit is up: when queries
+      # were lost, dnsperf then waits for their timeout (-t, 5 s), spinning on a CPU.
+      sleep "$DURATION"
+      cli=$(proc_ticks "$dp") t1=$(date +%s%N) ma=$(machine_jiffies) mid=$(proc_counters "${PID_OF[$id]}")
+      wait_bounded "$dp" $((DURATION + 60)) || echo "dns.sh: $id, $wl: dnsperf did not finish: $(grep -v '^>' "$out" | tail -2 | tr '\n' ' ')" >&2
+      after=$(proc_counters "${PID_OF[$id]}")
       n=$(perf_field "$out" completed)
-      read -r "CLI[$id/$wl/$r]" "BUSY[$id/$wl/$r]" "MBUSY[$id/$wl/$r]" < <(awk -v b="$before" -v a="$after" \
-        -v cb="$cb" -v ca="$ca" -v t="$((t1 - t0))" -v n="$n" -v mb="$mb" -v ma="$ma" -v hz="$LIB_HZ" 'BEGIN {
-          split(b, x, " "); split(a, y, " "); split(mb, u, " "); split(ma, v, " ")
-          if (n > 0) printf "%.1f %.2f %.2f\n", (ca - cb) / 1e3 / n, (y[1] - x[1] + ca - cb) / t, (v[1] - u[1]) * 1e9 / hz / t
+      read -r "CLI[$id/$wl/$r]" "BUSY[$id/$wl/$r]" "MBUSY[$id/$wl/$r]" < <(awk -v b="$before" -v m="$mid" \
+        -v c="$cli" -v t="$((t1 - t0))" -v n="$n" -v mb="$mb" -v ma="$ma" -v hz="$LIB_HZ" 'BEGIN {
+          split(b, x, " "); split(m, y, " "); split(mb, u, " "); split(ma, v, " ")
+          if (n > 0 && c != "") printf "%.1f %.2f %.2f\n", c * 1e6 / hz / n, (y[1] - x[1] + c * 1e9 / hz) / t, (v[1] - u[1]) * 1e9 / hz / t
           else print "- - -"
         }')
       QPS[$id/$wl/$r]=$(perf_field "$out" qps)
