@@ -27,6 +27,7 @@
 #                               (cargo build --release -p appsrv --example dns) unless BUILD=0;
 #                               when it does not exist, appsrv is skipped with a message
 #   APPSRV_FLAGS      ""        more flags for the dns example
+#   NSD_REUSEPORT     no        NSD's reuseport (yes: a socket per server process, SO_REUSEPORT)
 #   INSTALL           1         0: install nothing (a missing tool stops the script)
 #   KEEP              0         1: keep the work directory (configs, logs, dnsperf outputs)
 #   reload mode:
@@ -51,8 +52,8 @@
 #           (its workers run as nobody when started as root)
 #   NSD     nsd -d -c CONF: server-count 2, rrl-ratelimit 0 (Debian's NSD is built with RRL,
 #           --enable-ratelimit, and limits a source to 200 answers/s by default; a build without
-#           it gets no rrl-* line), reuseport no (NSD's default: its 2 servers share one socket
-#           per address), minimal-responses yes (answers without the NS set in authority, as Knot
+#           it gets no rrl-* line), reuseport NSD_REUSEPORT (no, NSD's default: its 2 servers
+#           share one socket per address, as appsrv's workers do), minimal-responses yes (answers without the NS set in authority, as Knot
 #           and appsrv answer), do-ip6 no, database "" (no nsd.db), no remote control, username
 #           nsd, no chroot, pid/xfrd/zone-list files in the work directory. Debian builds it with
 #           --disable-recvmmsg: one recvfrom/sendto per query.
@@ -118,7 +119,8 @@ RELOADS=${RELOADS:-10} RELOAD_INTERVAL=${RELOAD_INTERVAL:-1} RELOAD_RATE=${RELOA
 RELOAD_TIMEOUT=${RELOAD_TIMEOUT:-2}
 SERVERS=${SERVERS:-appsrv nsd knot} RELOAD_SERVERS=${RELOAD_SERVERS:-appsrv nsd knot}
 DNS=${DNS:-target/release/examples/dns} APPSRV_FLAGS=${APPSRV_FLAGS:-}
-INSTALL=${INSTALL:-1} BUILD=${BUILD:-1} KEEP=${KEEP:-0}
+INSTALL=${INSTALL:-1} BUILD=${BUILD:-1} KEEP=${KEEP:-0} NSD_REUSEPORT=${NSD_REUSEPORT:-no}
+case $NSD_REUSEPORT in yes | no) ;; *) echo "dns.sh: NSD_REUSEPORT must be yes or no" >&2; exit 2 ;; esac
 for v in DURATION ROUNDS CLIENTS TCP_CLIENTS OUTSTANDING LATENCY_SHARE LATENCY_DURATION \
   SYSCALL_DURATION WORKERS NAMES QUERIES RELOADS RELOAD_INTERVAL RELOAD_RATE RELOAD_TIMEOUT; do
   if ! [[ ${!v} =~ ^[0-9]+$ ]] || [ "${!v}" -eq 0 ]; then
@@ -341,7 +343,7 @@ server:
     server-count: $WORKERS
     ip-address: 127.0.0.1@$port
     do-ip6: no
-    reuseport: no
+    reuseport: $NSD_REUSEPORT
     $rrl
     minimal-responses: yes
     hide-version: yes
