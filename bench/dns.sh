@@ -21,7 +21,10 @@
 #   LATENCY_DURATION  10        seconds of the latency run
 #   SYSCALL_DURATION  5         seconds of the syscall-counting run (UDP 1-record, max rate)
 #   WORKERS           2         appsrv's -w (NSD's server-count, Knot's udp- and tcp-workers: 2)
-#   SERVERS           "appsrv nsd knot"
+#   SERVERS           "appsrv nsd knot"; also udp_echo: appsrv's udp_echo example -w WORKERS
+#                               (built with cargo unless BUILD=0; ECHO: its path), which sends
+#                               each query back as it came (dnsperf takes it as an answer): the
+#                               datagram layer's own cost, without DNS; UDP workloads only
 #   NAMES, QUERIES    1000, 10000   bench/dns/gen.py's names per kind and lines per query file
 #   DNS               target/release/examples/dns   appsrv's dns example; built with cargo
 #                               (cargo build --release -p appsrv --example dns) unless BUILD=0;
@@ -119,6 +122,7 @@ RELOADS=${RELOADS:-10} RELOAD_INTERVAL=${RELOAD_INTERVAL:-1} RELOAD_RATE=${RELOA
 RELOAD_TIMEOUT=${RELOAD_TIMEOUT:-2}
 SERVERS=${SERVERS:-appsrv nsd knot} RELOAD_SERVERS=${RELOAD_SERVERS:-appsrv nsd knot}
 DNS=${DNS:-target/release/examples/dns} APPSRV_FLAGS=${APPSRV_FLAGS:-}
+ECHO=${ECHO:-target/release/examples/udp_echo}
 INSTALL=${INSTALL:-1} BUILD=${BUILD:-1} KEEP=${KEEP:-0} NSD_REUSEPORT=${NSD_REUSEPORT:-no}
 case $NSD_REUSEPORT in yes | no) ;; *) echo "dns.sh: NSD_REUSEPORT must be yes or no" >&2; exit 2 ;; esac
 for v in DURATION ROUNDS CLIENTS TCP_CLIENTS OUTSTANDING LATENCY_SHARE LATENCY_DURATION \
@@ -129,7 +133,7 @@ for v in DURATION ROUNDS CLIENTS TCP_CLIENTS OUTSTANDING LATENCY_SHARE LATENCY_D
   fi
 done
 for s in $SERVERS $RELOAD_SERVERS; do
-  case $s in appsrv | nsd | knot) ;; *) echo "dns.sh: unknown server '$s' (appsrv, nsd, knot)" >&2; exit 2 ;; esac
+  case $s in appsrv | udp_echo | nsd | knot) ;; *) echo "dns.sh: unknown server '$s' (appsrv, udp_echo, nsd, knot)" >&2; exit 2 ;; esac
 done
 T0=$(date +%s)
 
@@ -287,6 +291,11 @@ SKIPPED=()
 AS_ROOT=""
 [ "$(id -u)" = 0 ] && AS_ROOT=1
 
+if want udp_echo; then
+  [ "$MODE" = bench ] || { echo "dns.sh: udp_echo is for the benchmark only (it does not answer DNS)" >&2; exit 2; }
+  [ "$BUILD" = 0 ] || cargo build --release --quiet -p appsrv --example udp_echo >&2
+  [ -x "$ECHO" ] || { echo "dns.sh: no $ECHO" >&2; exit 1; }
+fi
 if want appsrv; then
   has_source() { [ -f crates/appsrv/examples/dns.rs ] || [ -f crates/appsrv/examples/dns/main.rs ]; }
   if [ "$BUILD" != 0 ] && has_source; then
@@ -319,6 +328,11 @@ start_server() {
   mkdir -p "$d"
   log=$d/log
   case $id in
+    udp_echo)
+      CMD_OF[$id]="$ECHO -l udp://127.0.0.1:$port -w $WORKERS${APPSRV_FLAGS:+ $APPSRV_FLAGS}"
+      # shellcheck disable=SC2086
+      "$ECHO" -l "udp://127.0.0.1:$port" -w "$WORKERS" $APPSRV_FLAGS 2>"$log" &
+      ;;
     appsrv)
       local ctl=()
       [ "$MODE" = reload ] && ctl=(--control "$d/ctl")
@@ -407,12 +421,20 @@ EOF
   esac
   PID_OF[$id]=$! PORT_OF[$id]=$port
   STARTED+=("$!")
-  if ! wait_dns "$port" 30; then
-    echo "dns.sh: $id does not answer on 127.0.0.1:$port; its log:" >&2
-    tail -20 "$log" "$d/nsd.log" 2>/dev/null >&2 || true
-    stop_server "$id"
-    return 1
+  if [ "$id" = udp_echo ]; then
+    # It answers no DNS: the ready line of its log.
+    local deadline=$(($(date +%s) + 30))
+    while [ "$(date +%s)" -le "$deadline" ]; do
+      grep -qa " ready" "$log" && return 0
+      sleep 0.05
+    done
+  elif wait_dns "$port" 30; then
+    return 0
   fi
+  echo "dns.sh: $id does not answer on 127.0.0.1:$port; its log:" >&2
+  tail -20 "$log" "$d/nsd.log" 2>/dev/null >&2 || true
+  stop_server "$id"
+  return 1
 }
 
 stop_server() {
@@ -427,6 +449,7 @@ stop_server() {
 version_of() {
   case $1 in
     appsrv) echo "appsrv \`dns\` -w $WORKERS ($(git rev-parse --short HEAD 2>/dev/null || echo "?"))" ;;
+    udp_echo) echo "appsrv \`udp_echo\` -w $WORKERS (no DNS: echoes the query)" ;;
     nsd) echo "NSD $(nsd -v 2>&1 | awk '/^NSD version/ { print $3 }')" ;;
     knot) echo "Knot $(knotd -V 2>&1 | awk '{ print $NF }')" ;;
   esac
@@ -685,7 +708,7 @@ LIVE=()
 for id in $SERVERS; do
   echo "dns.sh: starting $id" >&2
   if ! start_server "$id" "$work/zone/bench.test.zone"; then SKIPPED+=("$id: did not start"); continue; fi
-  if ! check_answers "$id"; then SKIPPED+=("$id: wrong answers (see stderr)"); stop_server "$id"; continue; fi
+  if [ "$id" != udp_echo ] && ! check_answers "$id"; then SKIPPED+=("$id: wrong answers (see stderr)"); stop_server "$id"; continue; fi
   # A short unmeasured warm-up (caches, lazily allocated buffers).
   # shellcheck disable=SC2046
   perf_run "$work/warmup-$id.out" 1 -p "${PORT_OF[$id]}" $(dnsperf_args udp1)
@@ -722,6 +745,7 @@ for r in $(seq "$ROUNDS"); do
   order=("${LIVE[@]:$(((r - 1) % ${#LIVE[@]}))}" "${LIVE[@]:0:$(((r - 1) % ${#LIVE[@]}))}")
   for wl in "${WORKLOADS[@]}"; do
     for id in "${order[@]}"; do
+      [ "$id/$wl" != udp_echo/tcp ] || continue # a UDP listener only
       echo "dns.sh: round $r/$ROUNDS, $wl, $id" >&2
       out=$work/$wl-$id-$r.out
       mb=$(machine_jiffies) before=$(proc_counters "${PID_OF[$id]}") t0=$(date +%s%N)
@@ -781,7 +805,7 @@ for id in "${LIVE[@]}"; do stop_server "$id"; done
 cell() {
   local -n a=$1
   local vals m rg
-  vals=$(for r in $(seq "$ROUNDS"); do echo "${a[$2/$3/$r]}"; done | grep -v '^-*$' || true)
+  vals=$(for r in $(seq "$ROUNDS"); do echo "${a[$2/$3/$r]:-}"; done | grep -v '^-*$' || true)
   [ -n "$vals" ] || { echo "-"; return; }
   # shellcheck disable=SC2059 # the format is the argument
   m=$(printf "$4" "$(median <<<"$vals")")
@@ -792,7 +816,7 @@ cell() {
 }
 med() {
   local -n a=$1
-  for r in $(seq "$ROUNDS"); do echo "${a[$2/$3/$r]}"; done | grep -v '^-*$' | median
+  { for r in $(seq "$ROUNDS"); do echo "${a[$2/$3/$r]:-}"; done | grep -v '^-*$' || true; } | median
 }
 
 head_row="| workload |"
@@ -827,6 +851,7 @@ echo "| server | workload | lost | other rcodes | response bytes | reconnections
 echo "|---|---|---|---|---|---|---|---|"
 for id in "${LIVE[@]}"; do
   for wl in "${WORKLOADS[@]}"; do
+    [ "$id/$wl" != udp_echo/tcp ] || continue
     lost=0 codes="" rec=""
     for r in $(seq "$ROUNDS"); do
       lost=$((lost + ${LOST[$id/$wl/$r]:-0}))
@@ -849,7 +874,7 @@ if [[ " ${LIVE[*]} " == *" appsrv "* ]]; then
   echo "| ratio | $(for wl in "${WORKLOADS[@]}"; do printf '%s q/s | %s CPU/query | ' "$wl" "$wl"; done)p99 |"
   echo "|---|$(for _ in "${WORKLOADS[@]}"; do printf -- '---|---|'; done)---|"
   for peer in "${LIVE[@]}"; do
-    [ "$peer" = appsrv ] && continue
+    [ "$peer" = appsrv ] || [ "$peer" = udp_echo ] && continue
     row="| appsrv / $(version_of "$peer") |"
     for wl in "${WORKLOADS[@]}"; do
       for a in QPS CPU; do
