@@ -222,21 +222,25 @@ descendants() {
 # grandchildren of the process started: the whole tree here (proc_counters uses it).
 server_pids() { descendants "$@" | awk '!seen[$0]++'; }
 
-# stop_tree PID...: TERM to each tree, KILL to what is left after 5 s.
+# running PID: the process exists and is not a zombie (a comm may hold spaces: "nsd: main").
+running() {
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) && [ -n "$st" ] && [ "$st" != Z ]
+}
+
+# stop_tree PID...: TERM to each tree, KILL after 5 s to those of its processes still running.
 stop_tree() {
-  local pids p
+  local pids p left
   mapfile -t pids < <(server_pids "$@")
   [ ${#pids[@]} -gt 0 ] || return 0
   kill -TERM "${pids[@]}" 2>/dev/null || true
   for _ in $(seq 100); do
-    local left=0
-    for p in "${pids[@]}"; do
-      [ -d "/proc/$p" ] && [ "$(awk '{ print $3 }' "/proc/$p/stat" 2>/dev/null)" != Z ] && left=1
-    done
-    [ "$left" = 0 ] && break
+    left=()
+    for p in "${pids[@]}"; do running "$p" && left+=("$p"); done
+    [ ${#left[@]} -gt 0 ] || break
     sleep 0.05
   done
-  kill -KILL "${pids[@]}" 2>/dev/null || true
+  [ ${#left[@]} -eq 0 ] || kill -KILL "${left[@]}" 2>/dev/null || true
   for p in "$@"; do wait "$p" 2>/dev/null || true; done
 }
 
@@ -722,8 +726,8 @@ proc_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $
 
 # wait_bounded PID SECONDS: waits for a child; kills it after SECONDS (then fails).
 wait_bounded() {
-  local deadline=$(($(date +%s) + $2)) st
-  while st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) && [ -n "$st" ] && [ "$st" != Z ]; do
+  local deadline=$(($(date +%s) + $2))
+  while running "$1"; do
     if [ "$(date +%s)" -gt "$deadline" ]; then
       kill -KILL "$1" 2>/dev/null || true
       wait "$1" 2>/dev/null || true
