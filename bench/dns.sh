@@ -333,7 +333,7 @@ start_server() {
   log=$d/log
   case $id in
     udp_echo)
-      CMD_OF[$id]="$ECHO -l udp://127.0.0.1:$port -w $WORKERS${APPSRV_FLAGS:+ $APPSRV_FLAGS}"
+      CMD_OF[$id]="$ECHO -l udp://127.0.0.1:PORT -w $WORKERS${APPSRV_FLAGS:+ $APPSRV_FLAGS}"
       # shellcheck disable=SC2086
       "$ECHO" -l "udp://127.0.0.1:$port" -w "$WORKERS" $APPSRV_FLAGS 2>"$log" &
       ;;
@@ -341,7 +341,7 @@ start_server() {
       local ctl=()
       [ "$MODE" = reload ] && ctl=(--control "$d/ctl")
       # shellcheck disable=SC2206 # the flags are words
-      CMD_OF[$id]="$DNS --zone ${zone##*/} -l udp://127.0.0.1:$port -l 127.0.0.1:$port -w $WORKERS${APPSRV_FLAGS:+ $APPSRV_FLAGS}${ctl:+ ${ctl[*]}}"
+      CMD_OF[$id]="$DNS --zone ${zone##*/} -l udp://127.0.0.1:PORT -l 127.0.0.1:PORT -w $WORKERS${APPSRV_FLAGS:+ $APPSRV_FLAGS}${ctl:+ ${ctl[*]}}"
       # shellcheck disable=SC2086
       "$DNS" --zone "$zone" -l "udp://127.0.0.1:$port" -l "127.0.0.1:$port" -w "$WORKERS" \
         $APPSRV_FLAGS "${ctl[@]}" 2>"$log" &
