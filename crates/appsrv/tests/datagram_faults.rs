@@ -9,15 +9,6 @@ use std::time::Duration;
 
 use util::Server;
 
-/// The first `udp://` address the server listens on.
-fn udp_addr(server: &Server) -> SocketAddr {
-    server
-        .listening()
-        .iter()
-        .find_map(|a| a.strip_prefix("udp://").and_then(|a| a.parse().ok()))
-        .expect("a udp:// listener")
-}
-
 fn client() -> UdpSocket {
     let c = UdpSocket::bind("127.0.0.1:0").unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -42,22 +33,9 @@ fn worker_pid(c: &UdpSocket, to: SocketAddr) -> i32 {
         .unwrap_or_else(|| panic!("not a pid answer: {answer:?}"))
 }
 
-#[test]
-fn issue_19_a_panicking_datagram_handler_is_logged_and_its_worker_replaced() {
-    let server = Server::start("testbed", &["--datagrams", "-l", "udp://127.0.0.1:0", "-w", "1"]);
-    let addr = udp_addr(&server);
-    let c = client();
-    let before = worker_pid(&c, addr);
-    c.send_to(b"panic", addr).unwrap();
-    let line = server.wait_for_log("datagram handler panicked");
-    let local = c.local_addr().unwrap();
-    assert!(
-        line.contains(&local.to_string()),
-        "the line names the sender {local}: {line}"
-    );
-    server.wait_for_log(&format!("pid {before}"));
-    // The replacement answers: a new pid.
-    let after = util::wait_until(|| {
+/// The pid of a worker other than `before` that answers, once one does.
+fn replacement(server: &Server, addr: SocketAddr, before: i32) -> i32 {
+    util::wait_until(|| {
         let c = client();
         c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
         c.send_to(b"pid", addr).ok()?;
@@ -69,8 +47,24 @@ fn issue_19_a_panicking_datagram_handler_is_logged_and_its_worker_replaced() {
             .ok()?;
         (pid != before).then_some(pid)
     })
-    .unwrap_or_else(|| panic!("no replacement worker answered; log:\n{}", server.log_text()));
-    assert_ne!(after, before);
+    .unwrap_or_else(|| panic!("no replacement worker answered; log:\n{}", server.log_text()))
+}
+
+#[test]
+fn issue_19_a_panicking_datagram_handler_is_logged_and_its_worker_replaced() {
+    let server = Server::start("testbed", &["--datagrams", "-l", "udp://127.0.0.1:0", "-w", "1"]);
+    let addr = server.udp_addr();
+    let c = client();
+    let before = worker_pid(&c, addr);
+    c.send_to(b"panic", addr).unwrap();
+    let line = server.wait_for_log("datagram handler panicked");
+    let local = c.local_addr().unwrap();
+    assert!(
+        line.contains(&local.to_string()),
+        "the line names the sender {local}: {line}"
+    );
+    server.wait_for_log(&format!("pid {before}"));
+    assert_ne!(replacement(&server, addr, before), before, "a new worker answers");
 }
 
 #[test]
@@ -87,7 +81,7 @@ fn issue_19_a_datagram_handler_that_blocks_past_the_request_timeout_is_killed() 
             "1",
         ],
     );
-    let addr = udp_addr(&server);
+    let addr = server.udp_addr();
     let c = client();
     let before = worker_pid(&c, addr);
     c.send_to(b"sleep 30", addr).unwrap();
@@ -101,19 +95,7 @@ fn issue_19_a_datagram_handler_that_blocks_past_the_request_timeout_is_killed() 
         line.contains("sleep 30"),
         "and the datagram's first bytes: {line}"
     );
-    let after = util::wait_until(|| {
-        let c = client();
-        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
-        c.send_to(b"pid", addr).ok()?;
-        let mut buf = [0; 64];
-        let (n, _) = c.recv_from(&mut buf).ok()?;
-        let pid: i32 = String::from_utf8_lossy(&buf[..n])
-            .strip_prefix("pid ")?
-            .parse()
-            .ok()?;
-        (pid != before).then_some(pid)
-    })
-    .unwrap_or_else(|| panic!("no replacement worker answered; log:\n{}", server.log_text()));
+    let after = replacement(&server, addr, before);
     assert!(
         !util::alive(before),
         "the stuck worker {before} was killed (now {after} answers)"
@@ -123,7 +105,7 @@ fn issue_19_a_datagram_handler_that_blocks_past_the_request_timeout_is_killed() 
 #[test]
 fn issue_19_a_stop_answers_the_datagrams_already_received() {
     let mut server = Server::start("testbed", &["--datagrams", "-l", "udp://127.0.0.1:0", "-w", "1"]);
-    let addr = udp_addr(&server);
+    let addr = server.udp_addr();
     let c = client();
     worker_pid(&c, addr);
     // The worker is busy for a while; meanwhile datagrams queue in the socket, then the

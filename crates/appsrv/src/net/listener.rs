@@ -688,7 +688,7 @@ fn set_datagram_options(socket: &Socket, local: &SocketAddr) -> io::Result<()> {
 }
 
 fn bind_unixgram(path: &Path, mode: Option<u32>) -> io::Result<Listener> {
-    remove_stale_datagram_socket(path)?;
+    remove_if_stale(path, Kind::Datagram)?;
     let socket = Socket::new(Domain::UNIX, Type::DGRAM, None)?;
     socket.bind(&SockAddr::unix(path)?)?;
     if let Some(mode) = mode {
@@ -705,31 +705,6 @@ fn bind_unixgram(path: &Path, mode: Option<u32>) -> io::Result<Listener> {
         policy: Policy::default(),
         origin: None,
     })
-}
-
-/// As [`remove_stale_socket`], for a datagram socket: a live one answers a probe sent to
-/// it (the send succeeds); a dead one refuses it (`ECONNREFUSED`).
-fn remove_stale_datagram_socket(path: &Path) -> io::Result<()> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "the path exists and is not a socket",
-        ));
-    }
-    let probe = std::os::unix::net::UnixDatagram::unbound()?;
-    match probe.connect(path) {
-        Ok(()) => Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            "another process is bound to this datagram socket",
-        )),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
-        Err(e) => Err(e),
-    }
 }
 
 fn bind_inet(sa: SocketAddr, backlog: u32, opts: &BindOptions) -> io::Result<Listener> {
@@ -791,6 +766,13 @@ fn bind_unix(path: &Path, mode: Option<u32>, backlog: u32, opts: &BindOptions) -
 /// accepts on is an "address in use" error, as for TCP; anything else is left alone. Used
 /// for Unix listeners and for the control socket.
 pub(crate) fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    remove_if_stale(path, Kind::Stream)
+}
+
+/// As [`remove_stale_socket`], for a socket file of `kind`: a live stream socket accepts a
+/// connection, a live datagram socket one connected to (a dead one refuses either,
+/// `ECONNREFUSED`).
+fn remove_if_stale(path: &Path, kind: Kind) -> io::Result<()> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -802,10 +784,17 @@ pub(crate) fn remove_stale_socket(path: &Path) -> io::Result<()> {
             "the path exists and is not a socket",
         ));
     }
-    match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => Err(io::Error::new(
+    let probe = match kind {
+        Kind::Stream => std::os::unix::net::UnixStream::connect(path).map(drop),
+        Kind::Datagram => std::os::unix::net::UnixDatagram::unbound()?.connect(path),
+    };
+    match probe {
+        Ok(()) => Err(io::Error::new(
             io::ErrorKind::AddrInUse,
-            "another process is accepting connections on this socket",
+            match kind {
+                Kind::Stream => "another process is accepting connections on this socket",
+                Kind::Datagram => "another process is bound to this datagram socket",
+            },
         )),
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
         Err(e) => Err(e),

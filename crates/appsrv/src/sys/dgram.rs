@@ -183,27 +183,13 @@ impl Batch {
     /// Datagram `i` of the last receive.
     #[cfg(test)]
     fn get(&self, i: usize) -> Received<'_> {
-        let h = &self.hdrs[i].msg_hdr;
-        let len = (self.hdrs[i].msg_len as usize).min(self.size);
-        Received {
-            data: &self.data[i * self.size..i * self.size + len],
-            truncated: h.msg_flags & libc::MSG_TRUNC != 0,
-            source: source(&self.names[i], h.msg_namelen),
-            destination: destination(h),
-        }
+        received(self.size, &self.data, &self.names[i], &self.hdrs[i], i)
     }
 
     /// Datagram `i` of the last receive, and its answer buffer.
     pub(crate) fn slot(&mut self, i: usize) -> (Received<'_>, &mut Vec<u8>) {
-        let h = &self.hdrs[i].msg_hdr;
-        let len = (self.hdrs[i].msg_len as usize).min(self.size);
         (
-            Received {
-                data: &self.data[i * self.size..i * self.size + len],
-                truncated: h.msg_flags & libc::MSG_TRUNC != 0,
-                source: source(&self.names[i], h.msg_namelen),
-                destination: destination(h),
-            },
+            received(self.size, &self.data, &self.names[i], &self.hdrs[i], i),
             &mut self.answers[i],
         )
     }
@@ -272,6 +258,24 @@ impl Batch {
             }
         }
         sent
+    }
+}
+
+/// Slot `i` of a batch whose slots are `size` bytes of `data`, as the kernel filled in its
+/// header and sender's address.
+fn received<'a>(
+    size: usize,
+    data: &'a [u8],
+    name: &libc::sockaddr_storage,
+    hdr: &libc::mmsghdr,
+    i: usize,
+) -> Received<'a> {
+    let len = (hdr.msg_len as usize).min(size);
+    Received {
+        data: &data[i * size..i * size + len],
+        truncated: hdr.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+        source: source(name, hdr.msg_hdr.msg_namelen),
+        destination: destination(&hdr.msg_hdr),
     }
 }
 
