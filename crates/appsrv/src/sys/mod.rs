@@ -807,6 +807,41 @@ pub(crate) fn block_flag_signals() -> io::Result<SigSet> {
     Ok(old)
 }
 
+/// Lets in the flag signals that are pending while blocked: their handlers run now (they
+/// set their flags), and the mask is put back. For a loop that never sleeps: an
+/// `epoll_pwait` that finds events ready returns them without delivering a pending signal
+/// (the kernel restores the blocked mask unless the wait was interrupted), so a worker under
+/// a steady flood of datagrams, or of requests, would never see its stop. One `sigpending`
+/// when nothing is pending; three system calls when something is. `wait_mask` is
+/// [`block_flag_signals`]' result.
+pub(crate) fn let_in_pending_signals(wait_mask: &SigSet) {
+    // SAFETY: sigset_t is plain data, filled in by sigpending.
+    let mut pending: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sigpending writes the set of pending signals into `pending`.
+    if unsafe { libc::sigpending(&mut pending) } != 0 {
+        return;
+    }
+    let any_pending = flag_signals().iter().any(|s| {
+        // SAFETY: `pending` is a valid set filled in above; sigismember only reads it.
+        unsafe { libc::sigismember(&pending, s as libc::c_int) == 1 }
+    });
+    if !any_pending {
+        return;
+    }
+    let mut blocked = SigSet::empty();
+    if nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(wait_mask),
+        Some(&mut blocked),
+    )
+    .is_ok()
+    {
+        // The pending signals were delivered on the way out of the call above.
+        let _ =
+            nix::sys::signal::sigprocmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&blocked), None);
+    }
+}
+
 /// `epoll_pwait(2)`: waits for events on `epoll` for at most `timeout` (`None`: no limit)
 /// with the signal mask `mask` in place for the wait only (atomically: see
 /// [`block_flag_signals`]). Returns the number of events written to the front of

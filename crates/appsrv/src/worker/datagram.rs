@@ -52,6 +52,9 @@ use super::access::{AccessLog, Outcome};
 pub(crate) const BATCH: usize = 32;
 /// Batches read from one socket per turn of the loop at most.
 const BATCHES_PER_TURN: usize = 4;
+/// Turns' worth of batches a stopping worker reads from one socket at most: 2048
+/// datagrams, more than a default socket buffer holds (about 256 small ones).
+const STOP_DRAIN_TURNS: usize = 16;
 
 /// The factory of a server's datagram handler, type-erased (`Server::datagrams`).
 pub(crate) type Factory = Box<dyn FnMut() -> Result<Box<dyn DatagramHandler>, BoxError>>;
@@ -208,6 +211,21 @@ impl<'a> Side<'a> {
                 }
             }
             if n < self.batch.capacity() {
+                break;
+            }
+        }
+        handled
+    }
+
+    /// At a stop: reads and answers what `listener` holds until a receive finds less than a
+    /// full turn's worth, or at most [`STOP_DRAIN_TURNS`] turns (a flood that never pauses
+    /// must not hold a stopping worker).
+    pub(crate) fn drain(&mut self, listener: &Listener, access: &mut Option<AccessLog>) -> u64 {
+        let mut handled = 0;
+        for _ in 0..STOP_DRAIN_TURNS {
+            let before = self.counts.received;
+            handled += self.readable(listener, access);
+            if self.counts.received - before < (BATCHES_PER_TURN * self.batch.capacity()) as u64 {
                 break;
             }
         }

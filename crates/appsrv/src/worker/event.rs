@@ -99,6 +99,9 @@ const READS_PER_PASS: usize = 4;
 /// How long a slow handler call's log line covers: one line per episode, the calls
 /// within it counted.
 const SLOW_EPISODE: Duration = Duration::from_secs(60);
+/// How often a loop that never sleeps looks for pending signals (a stop is seen within
+/// this, under any load).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 /// Descriptors a worker needs besides its connections (listeners, logs, epoll, the
 /// master's channel, files the handler opens).
 pub(crate) const SPARE_FDS: u64 = 64;
@@ -445,6 +448,8 @@ struct Loop<'a, H: RequestHandler> {
     retire: &'a mut dyn FnMut(),
     retire_sent: bool,
     datagrams: Option<super::datagram::Side<'a>>,
+    /// When a busy loop next looks for pending signals.
+    signals_due: Instant,
 }
 
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
@@ -555,6 +560,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             retire,
             retire_sent: false,
             datagrams,
+            signals_due: Instant::now() + SIGNAL_CHECK,
         }
     }
 
@@ -562,6 +568,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn turn(&mut self, events: &[EpollEvent], handler: &mut H) {
         self.now = Instant::now();
         self.slot.turn_begin(crate::scoreboard::now_ns());
+        // A loop whose waits always find events ready is never interrupted by a signal:
+        // look for a pending stop or reopen now and then (see `sys::let_in_pending_signals`).
+        if !events.is_empty() && self.now >= self.signals_due {
+            self.signals_due = self.now + SIGNAL_CHECK;
+            sys::let_in_pending_signals(&self.mask);
+        }
         if sys::stop_requested() && !self.stopping {
             self.begin_stop();
         }
@@ -676,7 +688,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         // what comes later: see datagram.rs).
         if let Some(side) = self.datagrams.as_mut() {
             for l in self.listeners.iter().filter(|l| l.is_datagram()) {
-                self.requests += side.readable(l, &mut self.access);
+                self.requests += side.drain(l, &mut self.access);
                 let _ = self.epoll.delete(l.socket().as_fd());
             }
         }
