@@ -47,6 +47,9 @@
 //!   default sandbox profile does not allow), no system call per request.
 //! - **Signals.** The stop and reopen signals are blocked while the loop works and let in
 //!   only during `epoll_pwait`, so that one arriving just before the wait is not missed.
+//!   A wait that finds events ready lets none in (the kernel restores the blocked mask
+//!   unless the wait was interrupted), so a loop that is never idle looks for pending
+//!   ones every [`SIGNAL_CHECK`] (one `sigpending`).
 //! - **Head-of-line guard.** Every handler call is timed; one longer than `--slow-request`
 //!   is logged once per episode (with the client, the request and how many connections
 //!   it held up) and counted. The slot shows each turn's start: the master kills a worker
