@@ -1193,3 +1193,41 @@ ns.sub IN A 192.0.2.4
         assert_eq!(out.as_ptr(), before);
     }
 }
+
+#[test]
+fn issue_19_over_the_answer_rate_one_in_n_queries_slips_a_truncated_answer() {
+    // 5 answers per second to one source; of the queries over it, one in 2 slips (TC=1,
+    // the question alone: a genuine resolver retries over TCP), the others are dropped.
+    let dns = Dns::start(&["-w", "1", "--max-answers-per-ip", "5", "--answers-slip", "2"]);
+    let s = udp_socket(dns.udp);
+    const SENT: u16 = 40;
+    let started = std::time::Instant::now();
+    for id in 0..SENT {
+        s.send(&query(id, "www.zone.test.", RecordType::A, None)).unwrap();
+    }
+    let (mut full, mut slipped) = (0u16, 0u16);
+    s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = vec![0; 4096];
+    while let Ok(n) = s.recv(&mut buf) {
+        let m = Message::from_vec(&buf[..n]).expect("an answer parses");
+        assert!(m.id() < SENT, "the id of a query sent");
+        assert_eq!(m.queries().len(), 1, "the question is kept");
+        if m.truncated() {
+            assert!(m.answers().is_empty(), "a slip carries no record");
+            slipped += 1;
+        } else {
+            assert_eq!(m.answers().len(), 2, "www's two A records");
+            full += 1;
+        }
+    }
+    // The queries were all sent within a second or two of the server's clock: 5 answers
+    // per second it spanned.
+    let seconds = started.elapsed().as_secs() as u16 + 2;
+    assert!(full >= 1 && full <= 5 * seconds, "{full} full answers");
+    let limited = SENT - full;
+    assert!(
+        slipped >= limited / 2 - 1 && slipped <= limited / 2 + 1,
+        "{slipped} slips of {limited} limited"
+    );
+}
