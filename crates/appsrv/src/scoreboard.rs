@@ -284,6 +284,8 @@ pub(crate) struct Board {
     /// `--max-answers-per-ip` holds however the kernel spreads one source's datagrams
     /// over the workers (see [`Board::answer_allowed`]). Untouched pages cost nothing.
     answers: [RateEntry; RATE_ENTRIES],
+    /// The answer-rate table's hash key, random, drawn by the master with the board.
+    rate_seed: AtomicU64,
 }
 
 /// How long the master's sighting of queued clients ([`Board::mark_queued`]) holds without
@@ -343,6 +345,7 @@ impl Board {
     /// Maps a new board; called once by the master before forking.
     pub(crate) fn new() -> std::io::Result<&'static Board> {
         let (board, fd) = sys::map_shared::<Board>()?;
+        board.rate_seed.store(sys::random_u64(), Ordering::Relaxed);
         BOARD_FD.store(std::os::fd::IntoRawFd::into_raw_fd(fd), Ordering::SeqCst);
         Ok(board)
     }
@@ -368,21 +371,31 @@ impl Board {
     pub(crate) fn answer_allowed(&self, ip: std::net::IpAddr, limit: u32, now_ns: u64) -> bool {
         let key = rate_key(ip);
         let second = (now_ns / 1_000_000_000) as u32 + 1;
-        let start =
-            (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RATE_ENTRIES.trailing_zeros())) as usize;
+        // Keyed by a secret drawn when the board was made, so that a sender cannot choose
+        // addresses that land on a victim's entries.
+        let mixed = (key ^ self.rate_seed.load(Ordering::Relaxed)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let start = (mixed >> (64 - RATE_ENTRIES.trailing_zeros())) as usize;
+        let entry = |probe: usize| &self.answers[(start + probe) % RATE_ENTRIES];
+        // The source's own entry first, wherever it is among the probes: a free entry
+        // before it must not give it a fresh count.
+        if let Some(e) = (0..RATE_PROBES)
+            .map(entry)
+            .find(|e| e.key.load(Ordering::Acquire) == key)
+        {
+            return take_answer(e, second, limit);
+        }
         for probe in 0..RATE_PROBES {
-            let e = &self.answers[(start + probe) % RATE_ENTRIES];
+            let e = entry(probe);
             let k = e.key.load(Ordering::Acquire);
-            if k == key {
-                return take_answer(e, second, limit);
-            }
             let stale = (e.state.load(Ordering::Acquire) >> 32) as u32 + 1 < second;
+            // A free or stale entry's second differs from this one, so take_answer starts
+            // its count afresh (no reset here: a worker that took it at the same moment may
+            // have counted in it already).
             if (k == 0 || stale)
                 && e.key
                     .compare_exchange(k, key, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
-                e.state.store(u64::from(second) << 32, Ordering::Release);
                 return take_answer(e, second, limit);
             }
             if e.key.load(Ordering::Acquire) == key {

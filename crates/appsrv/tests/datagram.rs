@@ -307,6 +307,50 @@ fn issue_19_udp_echo_answers_over_udp_and_unixgram_from_the_listeners_address() 
 /// Without `IP_PKTINFO` on a wildcard socket the answer leaves from the route's preferred
 /// source (127.0.0.1 here), and a client that asked 127.0.0.2 drops it.
 #[test]
+fn issue_19_descriptors_sent_over_unixgram_are_not_kept_by_the_worker() {
+    // A Unix datagram sender may attach descriptors (SCM_RIGHTS): the worker takes no
+    // control messages on such a socket, so the kernel closes them; had it taken them, 20
+    // datagrams would leave up to 200 descriptors open in the worker.
+    use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
+    use std::os::fd::AsRawFd;
+    let dir = Dir::new("scm-rights");
+    let unix_path = dir.path("echo.dgram");
+    let server = echo(1, &["-l", &format!("unixgram:{unix_path}")]);
+    let worker = *server.wait_for_workers(1).iter().next().unwrap();
+    let client_path = dir.path("client.dgram");
+    let u = UnixDatagram::bind(&client_path).unwrap();
+    std::fs::set_permissions(&client_path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    u.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buf = [0; 64];
+    u.send_to(b"warm", &unix_path).unwrap();
+    u.recv_from(&mut buf).expect("an answer");
+    let before = util::open_fds(worker).len();
+    let files: Vec<std::fs::File> = (0..10)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let fds: Vec<i32> = files.iter().map(AsRawFd::as_raw_fd).collect();
+    let to = UnixAddr::new(unix_path.as_str()).unwrap();
+    for _ in 0..20 {
+        let iov = [std::io::IoSlice::new(b"with descriptors")];
+        sendmsg(
+            u.as_raw_fd(),
+            &iov,
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            Some(&to),
+        )
+        .unwrap();
+        let (n, _) = u.recv_from(&mut buf).expect("an answer");
+        assert_eq!(&buf[..n], b"with descriptors");
+    }
+    let after = util::open_fds(worker).len();
+    assert_eq!(
+        after, before,
+        "the worker's descriptors: {before} before, {after} after"
+    );
+}
+
+#[test]
 fn issue_19_a_wildcard_listener_answers_from_the_address_asked() {
     let server = echo(1, &["-l", "udp://0.0.0.0:0"]);
     let port = server.udp_addr().port();

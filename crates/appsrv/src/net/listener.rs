@@ -450,6 +450,12 @@ impl Listener {
         self.kind == Kind::Datagram
     }
 
+    /// Whether its datagrams must say where they were sent to: a UDP socket bound to a
+    /// wildcard address, whose answers must leave from that address.
+    pub(crate) fn wants_destination(&self) -> bool {
+        self.kind == Kind::Datagram && matches!(&self.local, Addr::Inet(a) if a.ip().is_unspecified())
+    }
+
     /// The bound address as a listen address names it: `127.0.0.1:7000`, `unix:/run/x.sock`,
     /// `udp://127.0.0.1:5353`, `unixgram:/run/x.dgram` (the log's `listening on`, status).
     pub(crate) fn label(&self) -> String {

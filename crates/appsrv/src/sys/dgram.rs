@@ -19,9 +19,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 
-/// Room for one control message of either packet-info kind (`in6_pktinfo`'s is the larger:
-/// `CMSG_SPACE(20)` = 40 bytes on 64-bit Linux), in `u64`s for the alignment `cmsghdr` needs.
-const CONTROL_WORDS: usize = 8;
+/// Room for the control messages of a wildcard socket (a packet-info message of either
+/// kind, `in6_pktinfo`'s being the larger: `CMSG_SPACE(20)` = 40 bytes on 64-bit Linux, with
+/// room to spare for another option an inherited socket may have set), in `u64`s for the
+/// alignment `cmsghdr` needs. A message cut short for lack of room (`MSG_CTRUNC`) gives no
+/// destination.
+const CONTROL_WORDS: usize = 16;
 
 /// Where a datagram was sent to, on a wildcard socket: its answer's source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,8 +138,11 @@ impl Batch {
     }
 
     /// Receives what the socket holds, up to the capacity, without waiting; returns how many
-    /// datagrams arrived (0: none queued). The answers are cleared.
-    pub(crate) fn receive(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+    /// datagrams arrived (0: none queued). The answers are cleared. `control`: whether to
+    /// take control messages (a wildcard UDP socket's packet info). Without, none is taken:
+    /// descriptors a Unix datagram sender attaches (`SCM_RIGHTS`) are then closed by the
+    /// kernel, never installed in this process (a sender could fill its descriptor table).
+    pub(crate) fn receive(&mut self, fd: BorrowedFd<'_>, control: bool) -> io::Result<usize> {
         let n = self.capacity();
         for i in 0..n {
             self.iovs[i] = libc::iovec {
@@ -149,8 +155,13 @@ impl Batch {
             h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_iov = &mut self.iovs[i];
             h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
-            h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; CONTROL_WORDS]>() as _;
+            if control {
+                h.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
+                h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; CONTROL_WORDS]>() as _;
+            } else {
+                h.msg_hdr.msg_control = std::ptr::null_mut();
+                h.msg_hdr.msg_controllen = 0;
+            }
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
@@ -165,7 +176,8 @@ impl Batch {
                 fd.as_raw_fd(),
                 self.hdrs.as_mut_ptr(),
                 n as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                // Close-on-exec for any descriptor that still comes (rule 6).
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
                 std::ptr::null_mut(),
             )
         };
@@ -323,7 +335,8 @@ fn source(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Source {
             Source::Inet(SocketAddr::V6(SocketAddrV6::new(
                 Ipv6Addr::from(sin6.sin6_addr.s6_addr),
                 u16::from_be(sin6.sin6_port),
-                u32::from_be(sin6.sin6_flowinfo),
+                // As std reads it: the field as the kernel stores it.
+                sin6.sin6_flowinfo,
                 sin6.sin6_scope_id,
             )))
         }
@@ -352,23 +365,35 @@ fn source(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Source {
 
 /// The destination address from a received message's control messages, if it has one.
 fn destination(h: &libc::msghdr) -> Option<Destination> {
-    if h.msg_controllen == 0 || h.msg_control.is_null() {
+    // Cut short for lack of room: the last message may be partial; take none.
+    if h.msg_controllen == 0 || h.msg_control.is_null() || h.msg_flags & libc::MSG_CTRUNC != 0 {
         return None;
     }
-    // SAFETY: `h` is a header the kernel filled in: its control buffer holds
-    // `msg_controllen` bytes of well-formed control messages, which the CMSG macros walk
-    // within those bounds.
+    let fits = |hdr: &libc::cmsghdr, len: usize| {
+        // SAFETY: CMSG_LEN is arithmetic on its argument.
+        hdr.cmsg_len >= unsafe { libc::CMSG_LEN(len as u32) } as usize
+    };
+    // SAFETY: `h` is a header the kernel filled in, not truncated (checked above): its
+    // control buffer holds `msg_controllen` bytes of control messages, which the CMSG
+    // macros walk within those bounds; each message's data is read only if its own length
+    // covers the type read.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
             let hdr = &*c;
-            if hdr.cmsg_level == libc::IPPROTO_IP && hdr.cmsg_type == libc::IP_PKTINFO {
+            if hdr.cmsg_level == libc::IPPROTO_IP
+                && hdr.cmsg_type == libc::IP_PKTINFO
+                && fits(hdr, std::mem::size_of::<libc::in_pktinfo>())
+            {
                 let info = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::in_pktinfo>());
                 return Some(Destination::V4(Ipv4Addr::from(u32::from_be(
                     info.ipi_addr.s_addr,
                 ))));
             }
-            if hdr.cmsg_level == libc::IPPROTO_IPV6 && hdr.cmsg_type == libc::IPV6_PKTINFO {
+            if hdr.cmsg_level == libc::IPPROTO_IPV6
+                && hdr.cmsg_type == libc::IPV6_PKTINFO
+                && fits(hdr, std::mem::size_of::<libc::in6_pktinfo>())
+            {
                 let info = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::in6_pktinfo>());
                 return Some(Destination::V6(
                     Ipv6Addr::from(info.ipi6_addr.s6_addr),
@@ -447,7 +472,7 @@ mod tests {
         let mut batch = Batch::new(8, 16);
         let mut got = 0;
         // Loopback delivery is synchronous: the three are queued once send_to returns.
-        let n = batch.receive(server.as_fd()).unwrap();
+        let n = batch.receive(server.as_fd(), true).unwrap();
         assert_eq!(n, 3);
         for i in 0..n {
             let r = batch.get(i);
@@ -475,7 +500,7 @@ mod tests {
             assert_eq!(from, server.local_addr().unwrap());
             assert_eq!(&buf[..len], format!("a{k}").as_bytes());
         }
-        assert_eq!(batch.receive(server.as_fd()).unwrap(), 0);
+        assert_eq!(batch.receive(server.as_fd(), true).unwrap(), 0);
     }
 
     #[test]
@@ -484,7 +509,7 @@ mod tests {
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         client.send_to(&[7; 100], server.local_addr().unwrap()).unwrap();
         let mut batch = Batch::new(2, 10);
-        assert_eq!(batch.receive(server.as_fd()).unwrap(), 1);
+        assert_eq!(batch.receive(server.as_fd(), true).unwrap(), 1);
         let r = batch.get(0);
         assert!(r.truncated);
         assert_eq!(r.data, &[7; 10]);
@@ -500,7 +525,7 @@ mod tests {
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         client.send_to(b"q", ("127.0.0.2", port)).unwrap();
         let mut batch = Batch::new(2, 10);
-        assert_eq!(batch.receive(server.as_fd()).unwrap(), 1);
+        assert_eq!(batch.receive(server.as_fd(), true).unwrap(), 1);
         assert_eq!(
             batch.get(0).destination,
             Some(Destination::V4(Ipv4Addr::new(127, 0, 0, 2)))

@@ -807,6 +807,22 @@ pub(crate) fn block_flag_signals() -> io::Result<SigSet> {
     Ok(old)
 }
 
+/// 64 random bits from the kernel (`getrandom(2)`, which does not block once the system's
+/// pool is initialised); the time and pid when it fails, which only weakens a hash key.
+pub(crate) fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into `v`, which is 8 bytes long.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n == 8 {
+        v
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32)
+    }
+}
+
 /// Lets in the flag signals that are pending while blocked: their handlers run now (they
 /// set their flags), and the mask is put back. For a loop that never sleeps: an
 /// `epoll_pwait` that finds events ready returns them without delivering a pending signal

@@ -176,7 +176,10 @@ impl<'a> Side<'a> {
     pub(crate) fn readable(&mut self, listener: &Listener, access: &mut Option<AccessLog>) -> u64 {
         let mut handled = 0;
         for _ in 0..BATCHES_PER_TURN {
-            let n = match self.batch.receive(listener.socket().as_fd()) {
+            let n = match self
+                .batch
+                .receive(listener.socket().as_fd(), listener.wants_destination())
+            {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::warn!("receiving on {}: {e}", listener.label());
@@ -277,7 +280,10 @@ impl<'a> Side<'a> {
                 .is_some_and(|ip| !self.board.answer_allowed(ip, limit, crate::scoreboard::now_ns()));
         let handler = &mut self.handler;
         // On the slot while the handler runs: a call that outlasts --request-timeout is
-        // logged by the master with the sender and the datagram's first bytes.
+        // logged by the master with the sender and the datagram's first bytes. The timeout
+        // counts from this call, not from the turn's start: a turn may hold hundreds of
+        // datagrams (a stop's drain, thousands), each well within the limit.
+        self.slot.turn_begin(crate::scoreboard::now_ns());
         self.slot.handler_call(
             &peer,
             &received.data[..received.data.len().min(crate::scoreboard::HEAD_BYTES)],

@@ -571,9 +571,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn turn(&mut self, events: &[EpollEvent], handler: &mut H) {
         self.now = Instant::now();
         self.slot.turn_begin(crate::scoreboard::now_ns());
-        // A loop whose waits always find events ready is never interrupted by a signal:
-        // look for a pending stop or reopen now and then (see `sys::let_in_pending_signals`).
-        if !events.is_empty() && self.now >= self.signals_due {
+        // A loop whose waits always find events ready (or that never waits, its ready
+        // list never empty) is never interrupted by a signal: look for a pending stop or
+        // reopen now and then (see `sys::let_in_pending_signals`).
+        if self.now >= self.signals_due {
             self.signals_due = self.now + SIGNAL_CHECK;
             sys::let_in_pending_signals(&self.mask);
         }
@@ -824,7 +825,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         };
         self.connections += 1;
         self.slot.accepted();
-        self.generation = self.generation.wrapping_add(1);
+        // 30 bits: a token's top two bits are the listeners' tags (LISTENER, DATAGRAM).
+        self.generation = self.generation.wrapping_add(1) & 0x3fff_ffff;
         let generation = self.generation;
         let token = Self::token(index, generation);
         let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
