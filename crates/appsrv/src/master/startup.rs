@@ -156,7 +156,20 @@ fn open_listeners(
                     i.listeners.len()
                 );
             }
-            adopt_all(config, bind, std::mem::take(&mut i.listeners), i.origins.take())
+            let all = adopt_all(config, bind, std::mem::take(&mut i.listeners), i.origins.take())?;
+            // The configuration check saw --listen; the sockets passed are what is served.
+            let datagram = all.iter().find(|l| l.is_datagram());
+            if let (Some(d), true, true) = (
+                datagram,
+                all.iter().any(|l| !l.is_datagram()),
+                config.io != crate::Io::Event,
+            ) {
+                return Err(Error::Config(format!(
+                    "{}: datagrams are served from the event loop, beside the stream connections only with --io event (this server runs --io blocking)",
+                    d.label()
+                )));
+            }
+            Ok(all)
         }
         None => bind_all(config, bind),
     }

@@ -110,8 +110,10 @@ pub(crate) struct Side<'a> {
     seen: u64,
     /// Rate-limited datagrams, for the slip ratio.
     limited: u64,
-    /// When the last refused send was logged (one line per minute at most).
+    /// When the last refused send, and the last failed receive, were logged (one line per
+    /// minute at most each).
     send_trouble: Option<Instant>,
+    recv_trouble: Option<Instant>,
 }
 
 impl std::fmt::Debug for Side<'_> {
@@ -143,6 +145,7 @@ impl<'a> Side<'a> {
             seen: 0,
             limited: 0,
             send_trouble: None,
+            recv_trouble: None,
         }
     }
 
@@ -182,7 +185,14 @@ impl<'a> Side<'a> {
             {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::warn!("receiving on {}: {e}", listener.label());
+                    let now = Instant::now();
+                    if self
+                        .recv_trouble
+                        .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60))
+                    {
+                        self.recv_trouble = Some(now);
+                        tracing::warn!("receiving on {}: {e} (logged once a minute)", listener.label());
+                    }
                     break;
                 }
             };
@@ -240,7 +250,9 @@ impl<'a> Side<'a> {
     fn one(&mut self, listener: &Listener, i: usize, access: &mut Option<AccessLog>) -> bool {
         let (received, answer) = self.batch.slot(i);
         self.counts.received += 1;
-        self.counts.bytes_in += received.data.len() as u64;
+        if !received.truncated {
+            self.counts.bytes_in += received.data.len() as u64;
+        }
         if received.truncated {
             self.counts.too_large += 1;
             tracing::debug!(
