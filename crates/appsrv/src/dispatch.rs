@@ -429,9 +429,7 @@ fn check_datagrams(config: &Config, d: DatagramUse) -> Result<()> {
         }
     }
     if let (Some(a), Some(_), true) = (dgram, stream, config.io != crate::Io::Event) {
-        return Err(Error::Config(format!(
-            "{a}: datagrams are served from the event loop, beside the stream connections only with --io event (this server runs --io blocking)"
-        )));
+        return Err(crate::net::listener::mixed_needs_event_loop(a.as_str()));
     }
     Ok(())
 }

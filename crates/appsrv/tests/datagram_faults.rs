@@ -33,6 +33,15 @@ fn worker_pid(c: &UdpSocket, to: SocketAddr) -> i32 {
         .unwrap_or_else(|| panic!("not a pid answer: {answer:?}"))
 }
 
+/// The log line names the client socket `c` as the datagram's sender.
+fn assert_names_sender(line: &str, c: &UdpSocket) {
+    let local = c.local_addr().unwrap();
+    assert!(
+        line.contains(&local.to_string()),
+        "the line names the sender {local}: {line}"
+    );
+}
+
 /// The pid of a worker other than `before` that answers, once one does.
 fn replacement(server: &Server, addr: SocketAddr, before: i32) -> i32 {
     util::wait_until(|| {
@@ -58,11 +67,7 @@ fn issue_19_a_panicking_datagram_handler_is_logged_and_its_worker_replaced() {
     let before = worker_pid(&c, addr);
     c.send_to(b"panic", addr).unwrap();
     let line = server.wait_for_log("datagram handler panicked");
-    let local = c.local_addr().unwrap();
-    assert!(
-        line.contains(&local.to_string()),
-        "the line names the sender {local}: {line}"
-    );
+    assert_names_sender(&line, &c);
     server.wait_for_log(&format!("pid {before}"));
     assert_ne!(replacement(&server, addr, before), before, "a new worker answers");
 }
@@ -86,11 +91,7 @@ fn issue_19_a_datagram_handler_that_blocks_past_the_request_timeout_is_killed() 
     let before = worker_pid(&c, addr);
     c.send_to(b"sleep 30", addr).unwrap();
     let line = server.wait_for_log("exceeded the request timeout");
-    let local = c.local_addr().unwrap();
-    assert!(
-        line.contains(&local.to_string()),
-        "the line names the sender {local}: {line}"
-    );
+    assert_names_sender(&line, &c);
     assert!(
         line.contains("sleep 30"),
         "and the datagram's first bytes: {line}"

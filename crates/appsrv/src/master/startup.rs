@@ -164,10 +164,7 @@ fn open_listeners(
                 all.iter().any(|l| !l.is_datagram()),
                 config.io != crate::Io::Event,
             ) {
-                return Err(Error::Config(format!(
-                    "{}: datagrams are served from the event loop, beside the stream connections only with --io event (this server runs --io blocking)",
-                    d.label()
-                )));
+                return Err(listener::mixed_needs_event_loop(&d.label()));
             }
             Ok(all)
         }

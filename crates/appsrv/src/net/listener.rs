@@ -372,6 +372,15 @@ fn absolute(path: PathBuf) -> PathBuf {
     std::path::absolute(&path).unwrap_or(path)
 }
 
+/// The configuration error of a server with both kinds of listeners that does not run the
+/// event loop, naming its datagram listener `label` (checked on `--listen` before start, and
+/// again on the sockets systemd passes).
+pub(crate) fn mixed_needs_event_loop(label: &str) -> Error {
+    Error::Config(format!(
+        "{label}: datagrams are served from the event loop, beside the stream connections only with --io event (this server runs --io blocking)"
+    ))
+}
+
 /// Which clients a listener serves: allow/deny rules by network (deny wins; any allow
 /// makes the default deny), and whether connections start with a PROXY protocol header.
 #[derive(Debug, Clone, Default)]

@@ -117,7 +117,7 @@ impl Batch {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         };
-        Batch {
+        let mut batch = Batch {
             size,
             data: vec![0; capacity * size],
             names: vec![zeroed_storage; capacity],
@@ -129,7 +129,22 @@ impl Batch {
             out_hdrs: vec![zeroed_hdr; capacity],
             out_iovs: vec![zeroed_iov; capacity],
             out_controls: vec![[0; CONTROL_WORDS]; capacity],
+        };
+        // The receive headers point at the slots' buffers once: the vectors are never
+        // resized, so their heap storage (which the pointers name) stays where it is when
+        // the batch moves. `receive` resets only what the kernel writes back.
+        for i in 0..capacity {
+            batch.iovs[i] = libc::iovec {
+                // SAFETY: slot i lies inside `data` (capacity × size bytes).
+                iov_base: unsafe { batch.data.as_mut_ptr().add(i * size) }.cast(),
+                iov_len: size,
+            };
+            let h = &mut batch.hdrs[i].msg_hdr;
+            h.msg_name = (&mut batch.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_iov = &mut batch.iovs[i];
+            h.msg_iovlen = 1;
         }
+        batch
     }
 
     /// The number of slots.
@@ -145,16 +160,8 @@ impl Batch {
     pub(crate) fn receive(&mut self, fd: BorrowedFd<'_>, control: bool) -> io::Result<usize> {
         let n = self.capacity();
         for i in 0..n {
-            self.iovs[i] = libc::iovec {
-                // SAFETY: slot i lies inside `data` (capacity × size bytes).
-                iov_base: unsafe { self.data.as_mut_ptr().add(i * self.size) }.cast(),
-                iov_len: self.size,
-            };
             let h = &mut self.hdrs[i];
-            h.msg_hdr.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_iov = &mut self.iovs[i];
-            h.msg_hdr.msg_iovlen = 1;
             if control {
                 h.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
                 h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; CONTROL_WORDS]>() as _;
@@ -169,8 +176,9 @@ impl Batch {
             a.clear();
         }
         self.filled = 0;
-        // SAFETY: every header points at buffers of this batch that outlive the call, with
-        // their true lengths; the kernel writes at most those lengths.
+        // SAFETY: every header points at buffers of this batch (set in `new`, never
+        // reallocated) that outlive the call, with their true lengths; the kernel writes at
+        // most those lengths.
         let r = unsafe {
             libc::recvmmsg(
                 fd.as_raw_fd(),

@@ -185,12 +185,7 @@ impl<'a> Side<'a> {
             {
                 Ok(n) => n,
                 Err(e) => {
-                    let now = Instant::now();
-                    if self
-                        .recv_trouble
-                        .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60))
-                    {
-                        self.recv_trouble = Some(now);
+                    if once_a_minute(&mut self.recv_trouble) {
                         tracing::warn!("receiving on {}: {e} (logged once a minute)", listener.label());
                     }
                     break;
@@ -209,12 +204,7 @@ impl<'a> Side<'a> {
             self.counts.bytes_out += sent.bytes;
             if sent.failed > 0 {
                 self.counts.send_failed += sent.failed;
-                let now = Instant::now();
-                if self
-                    .send_trouble
-                    .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60))
-                {
-                    self.send_trouble = Some(now);
+                if once_a_minute(&mut self.send_trouble) {
                     tracing::warn!(
                         "{}: {} answers refused by the kernel ({}); counted in appsrv_datagrams_dropped_total{{reason=\"send\"}} (logged once a minute)",
                         listener.label(),
@@ -284,18 +274,21 @@ impl<'a> Side<'a> {
             local,
             worker: self.id,
         };
-        let started = Instant::now();
+        // One clock read serves the answer rate and the request timeout; the access log's
+        // duration is only timed when there is a log.
+        let now = crate::scoreboard::now_ns();
+        let started = access.is_some().then(Instant::now);
         let limit = self.settings.max_answers_per_ip;
         let over = limit > 0
             && peer
                 .ip()
-                .is_some_and(|ip| !self.board.answer_allowed(ip, limit, crate::scoreboard::now_ns()));
+                .is_some_and(|ip| !self.board.answer_allowed(ip, limit, now));
         let handler = &mut self.handler;
         // On the slot while the handler runs: a call that outlasts --request-timeout is
         // logged by the master with the sender and the datagram's first bytes. The timeout
         // counts from this call, not from the turn's start: a turn may hold hundreds of
         // datagrams (a stop's drain, thousands), each well within the limit.
-        self.slot.turn_begin(crate::scoreboard::now_ns());
+        self.slot.turn_begin(now);
         self.slot.handler_call(
             &peer,
             &received.data[..received.data.len().min(crate::scoreboard::HEAD_BYTES)],
@@ -341,7 +334,7 @@ impl<'a> Side<'a> {
                 log.line(
                     &peer.to_string(),
                     outcome,
-                    started.elapsed(),
+                    started.map_or(Duration::ZERO, |t| t.elapsed()),
                     (received.data.len() as u64, answer.len() as u64),
                     b"",
                 );
@@ -349,6 +342,17 @@ impl<'a> Side<'a> {
         }
         called
     }
+}
+
+/// Whether a trouble last logged at `last` may be logged again (a minute later), marking
+/// it logged now if so.
+fn once_a_minute(last: &mut Option<Instant>) -> bool {
+    let now = Instant::now();
+    let due = last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60));
+    if due {
+        *last = Some(now);
+    }
+    due
 }
 
 /// Runs a handler call; a panic is logged with the sender and ends the worker, which the
