@@ -73,6 +73,31 @@ impl DatagramUse {
     }
 }
 
+/// The subcommand `matches` names: `run` when none is given.
+pub(crate) fn subcommand(matches: &ArgMatches) -> &str {
+    matches.subcommand().map_or("run", |(name, _)| name)
+}
+
+/// The workers' identity for `run`, `start` and `check` (`None`: they keep the master's);
+/// `None` for the subcommands that start no worker.
+pub(crate) fn worker_identity(matches: &ArgMatches) -> Result<Option<privilege::WorkerIdentity>> {
+    let m = match matches.subcommand() {
+        None => matches,
+        Some(("run" | "start" | "check", m)) => m,
+        Some(_) => return Ok(None),
+    };
+    let config = cli::config(m);
+    let (plan, _warning) = privilege::resolve(
+        config.user.as_deref(),
+        config.group.as_deref(),
+        config.allow_root_workers,
+    )?;
+    Ok(match plan {
+        privilege::Plan::Keep => None,
+        privilege::Plan::Drop(credentials) => Some((&credentials).into()),
+    })
+}
+
 /// Runs the subcommand of `matches`. `make_factory` makes the workers' handler factory
 /// from the request-level limits (`request_level`: the handler gets requests, not whole
 /// connections). Returns after a clean stop; the subcommands that act on a running server

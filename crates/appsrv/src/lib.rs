@@ -131,6 +131,7 @@ pub use net::{listener, tls};
 
 pub use clap;
 pub use cli::Io;
+pub use confine::privilege::WorkerIdentity;
 pub use confine::sandbox::Sandbox;
 pub use conn::client::Client;
 pub use conn::context::Conn;

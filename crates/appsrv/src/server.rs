@@ -552,6 +552,35 @@ impl Server {
         parsed
     }
 
+    /// The subcommand the command line asks for, once [`args`](Server::args) has parsed
+    /// it: `"run"` (also when none is given), `"start"`, `"check"`, `"stop"`, `"status"`,
+    /// and so on; `None` before `args`. An application does its start-up work (opening or
+    /// creating its data, reading secrets) only for `run` and `start`, not when the same
+    /// binary is called to `stop` or `reload` a running server.
+    pub fn subcommand(&self) -> Option<&str> {
+        self.matches.as_ref().map(dispatch::subcommand)
+    }
+
+    /// The identity the workers will run as, resolved from `--user` and `--group` as the
+    /// master resolves it at start: `Ok(None)` when they keep the master's (the master is
+    /// not root, or `--allow-root-workers`), and for subcommands other than `run`, `start`
+    /// and `check`. Call it after [`args`](Server::args) (before, it returns an error).
+    ///
+    /// For files the workers must write and the master creates, such as a database: the
+    /// master chowns them to this identity before it forks.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Privilege`](crate::Error::Privilege) when the user or group does not
+    /// exist, or the master is not root and another user is asked for;
+    /// [`Error::Config`](crate::Error::Config) before `args`.
+    pub fn worker_identity(&self) -> Result<Option<crate::WorkerIdentity>> {
+        let matches = self.matches.as_ref().ok_or_else(|| {
+            crate::Error::Config("Server::worker_identity needs the command line: call args() first".into())
+        })?;
+        dispatch::worker_identity(matches)
+    }
+
     fn command(&self, app: impl Fn(clap::Command) -> clap::Command) -> clap::Command {
         cli::command(
             &self.name,

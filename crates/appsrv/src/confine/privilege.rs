@@ -27,6 +27,35 @@ pub(crate) struct Credentials {
     pub(crate) groups: Vec<Gid>,
 }
 
+/// The identity workers take after the privilege drop, as the master resolved it from
+/// `--user` and `--group`: what an application needs to prepare files or directories its
+/// workers must write (a database, a socket directory) before they start. Returned by
+/// [`Server::worker_identity`](crate::Server::worker_identity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerIdentity {
+    /// The user's name, as given (or `nobody`, the default for a master started as root).
+    pub user: String,
+    /// The user id workers switch to.
+    pub uid: u32,
+    /// The group id workers switch to (`--group`, or the user's primary group).
+    pub gid: u32,
+    /// The supplementary groups workers get (the user's groups, or only `gid` with
+    /// `--group`).
+    pub groups: Vec<u32>,
+}
+
+impl From<&Credentials> for WorkerIdentity {
+    fn from(c: &Credentials) -> Self {
+        WorkerIdentity {
+            user: c.user.clone(),
+            uid: c.uid.as_raw(),
+            gid: c.gid.as_raw(),
+            groups: c.groups.iter().map(|g| g.as_raw()).collect(),
+        }
+    }
+}
+
 /// What the master decided about the workers' identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Plan {

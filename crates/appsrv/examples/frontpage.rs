@@ -1,0 +1,484 @@
+//! An application front page on a real database: the work an application server exists
+//! for, and where a preforking server with per-worker state is at its best.
+//!
+//! Run it:
+//!
+//! ```text
+//! cargo run --release --example frontpage        # SQLite: ./frontpage-data/frontpage.db
+//! cargo run --release --example frontpage -- --database 'postgres:///frontpage?host=/var/run/postgresql'
+//! ```
+//!
+//! Then, from another terminal:
+//!
+//! ```text
+//! $ curl -s http://127.0.0.1:8090/ | head       # the front page: latest items, a count, a tag cloud
+//! $ curl -s 'http://127.0.0.1:8090/rows?n=36'   # a table of 36 rows × 6 columns
+//! $ curl -s http://127.0.0.1:8090/item/7        # one item (its title shows the HTML escaping)
+//! $ echo 'a-long-random-secret-token' >token; chmod 600 token   # then restart with:
+//!   cargo run --release --example frontpage -- --api-token-file token
+//! $ curl -s -H 'Authorization: Bearer a-long-random-secret-token' -H 'Content-Type: application/json' \
+//!     -d '{"title":"Hello","body":"First post","author_id":1,"tags":["rust","sqlite"]}' \
+//!     http://127.0.0.1:8090/item                 # 201 Created, Location: /item/501
+//! $ ab -n 50000 -c 32 -k http://127.0.0.1:8090/ # or bench/frontpage.sh, against PHP
+//! ```
+//!
+//! ## Routes
+//!
+//! - `GET /`: an HTML page from three queries: the 20 latest items with their authors (a
+//!   join), the number of items (an aggregate), and a cloud of the 20 most used tags (a
+//!   join and a `GROUP BY`), each tag weighted 1 to 5.
+//! - `GET /rows?n=N`, N from 1 to 1000: an HTML table of the first N items, one `<tr>` per
+//!   row: 1 column up to N = 5, 6 columns up to 36, 7 beyond (the origin benchmark's 5 × 1,
+//!   36 × 6 and 134 × 7). A missing, non-numeric or out-of-range N is `400`.
+//! - `GET /item/ID`: one item, or `404`.
+//! - `POST /item`: inserts an item and its tags in one transaction. Authorised by
+//!   `Authorization: Bearer TOKEN`, the token read from `--api-token-file` at start and on
+//!   `reload` (missing or wrong token, or no token file: `401`). The body is JSON,
+//!   `{"title": "…", "body": "…", "author_id": N, "tags": ["…"]}` (`Content-Type:
+//!   application/json`, else `415`); a bad body (not JSON, an unknown field, an empty or
+//!   overlong title, an unknown author or tag, a repeated tag) is `400` with the reason,
+//!   and nothing is written. Success is `201 Created` with `Location: /item/ID` and
+//!   `{"id":ID}`.
+//! - Other methods get `405` with `Allow`; other paths `404`. `HEAD` works wherever `GET`
+//!   does. A database that cannot be reached or stays locked gets `503` with `Retry-After:
+//!   1`, and the worker goes on; any other database error is `500`, logged.
+//!
+//! Pages are deterministic: the same data gives the same bytes (no time, no worker number
+//! on them), so `ab` counts no length differences as failures.
+//!
+//! ## Databases
+//!
+//! `--database sqlite:PATH` (the default, `sqlite:frontpage-data/frontpage.db`, needs
+//! nothing installed: the SQLite library is built into the example). The **master**
+//! creates the file on first start with the schema and 500 items of seed data, in WAL mode
+//! (readers never wait for the writer), and closes it before it forks: a SQLite connection
+//! must never cross a `fork`. WAL keeps `-wal` and `-shm` files beside the database, so
+//! the directory must be writable by the workers: when the master starts as root and the
+//! workers run as `--user` (default `nobody`), a directory and file it creates are given to
+//! that user, and an existing one the workers cannot write stops the start with a message.
+//! Writes run in `BEGIN IMMEDIATE`, and a connection waits up to `--db-busy-timeout`
+//! (5000 ms) for the write lock before the request gets 503.
+//!
+//! `--database postgres://…` (or `postgresql://`, libpq's URL form: `postgres:///DB?host=
+//! /var/run/postgresql` for the local socket) uses a PostgreSQL server. The same schema and
+//! seed data are loaded by the first worker that finds the database empty (under an
+//! advisory lock); the master never talks to PostgreSQL, because the `postgres` client runs
+//! a Tokio runtime and the master stays single-threaded. Without a user in the URL the
+//! workers connect as their own user name, as `psql` does; with peer authentication that
+//! role is the workers' OS user, which shows that the connection was made after the
+//! privilege drop. A lost connection (a server restart, a network failure) is dropped and
+//! made again by a later request, at most once a second; requests meanwhile get 503.
+//!
+//! ## Per-worker state, and why the factory makes it
+//!
+//! Each worker keeps, for its whole life, what PHP rebuilds or borrows on every request:
+//! its own database connection (PHP-FPM's persistent connections are the nearest thing),
+//! its prepared statements (prepared once per connection, not once per request), and its
+//! compiled templates. They are made in the handler factory, which runs in each worker
+//! after the fork, the privilege drop and `--sandbox`:
+//!
+//! - a connection opened before `fork` would be shared by every worker (a socket that
+//!   several processes write to, a SQLite file handle whose locks belong to the process);
+//! - the connection is made by the workers' user, not by root, so the database sees (and
+//!   peer authentication checks) the least privileged identity;
+//! - the PostgreSQL client's runtime is built in the process that uses it, after the fork
+//!   (a runtime does not survive one);
+//! - a failure (no such file, server unreachable, schema mismatch) stops the start with the
+//!   reason, before the server reports itself ready.
+//!
+//! ## Blocking or event mode
+//!
+//! This example runs `--io blocking` (the default): every query blocks its worker until the
+//! database answers, and in blocking mode that holds up only the one connection the worker
+//! serves. Under `--io event` one worker serves many connections from one loop, and a
+//! query would hold up all of them: pick event mode for handlers that never wait (answers
+//! from memory, like `ping` or `http_hello`). Size the pool for the database: enough
+//! workers to keep it busy (about twice the cores it can use), not one per client; the
+//! pool grows with `--max-workers` when clients queue.
+//!
+//! With `--sandbox`, workers may write the SQLite database's directory (and nothing else on
+//! disk), or, for PostgreSQL, create sockets and connect (`socket`, `connect`).
+
+use std::cell::RefCell;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use appsrv::codec::{Http, HttpRequest, HttpResponse};
+use serde::Deserialize;
+
+#[path = "frontpage/db.rs"]
+mod db;
+#[path = "frontpage/pages.rs"]
+mod pages;
+
+use db::{Database, Failure};
+
+#[derive(clap::Args, Debug)]
+struct Args {
+    /// The database: sqlite:PATH, or postgres://USER@HOST/DB (libpq's URL form)
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FRONTPAGE_DATABASE",
+        default_value = "sqlite:frontpage-data/frontpage.db"
+    )]
+    database: Database,
+
+    /// Read the API token that authorises POST /item from FILE (at start and on reload);
+    /// without it, POST /item answers 401
+    #[arg(long, value_name = "FILE", env = "FRONTPAGE_API_TOKEN_FILE")]
+    api_token_file: Option<PathBuf>,
+
+    /// How long a SQLite connection waits for the write lock before the request gets 503,
+    /// in milliseconds
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 5000,
+        env = "FRONTPAGE_DB_BUSY_TIMEOUT"
+    )]
+    db_busy_timeout: u64,
+}
+
+/// The largest `n` of `/rows?n=N`.
+const MAX_ROWS: i64 = 1000;
+/// The largest POST body; a larger one is answered 413 by the codec.
+const MAX_BODY: usize = 64 * 1024;
+/// Limits on a new item's fields, in characters.
+const MAX_TITLE: usize = 200;
+const MAX_TEXT: usize = 10_000;
+const MAX_TAGS: usize = 8;
+
+/// One worker's handler: its database connection with its prepared statements, its
+/// compiled templates, and the API token it was started with.
+struct Frontpage {
+    store: db::Store,
+    pages: pages::Pages,
+    token: Option<Rc<str>>,
+}
+
+impl appsrv::RequestHandler for Frontpage {
+    type Codec = Http;
+    type Session = ();
+
+    fn codec(&self) -> Http {
+        Http::new().max_body(MAX_BODY)
+    }
+
+    fn handle_request(
+        &mut self,
+        _conn: &mut appsrv::Conn<'_>,
+        req: &HttpRequest<'_>,
+        res: &mut HttpResponse<'_>,
+    ) -> io::Result<()> {
+        let read = matches!(req.method(), "GET" | "HEAD");
+        match req.path() {
+            "/" if read => self.front(res),
+            "/rows" if read => self.rows(req, res),
+            "/item" if req.method() == "POST" => self.post_item(req, res),
+            "/" | "/rows" => not_allowed(res, "GET, HEAD"),
+            "/item" => not_allowed(res, "POST"),
+            path => match path.strip_prefix("/item/") {
+                Some(id) if read => self.item(id, res),
+                Some(_) => not_allowed(res, "GET, HEAD"),
+                None => plain(res, 404, "not found\n"),
+            },
+        }
+    }
+}
+
+impl Frontpage {
+    fn front(&mut self, res: &mut HttpResponse<'_>) -> io::Result<()> {
+        match self.store.front() {
+            Ok(front) => self.html(res, "front.html", front),
+            Err(f) => failure(res, f),
+        }
+    }
+
+    fn rows(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+        let n = req
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("n="))
+            .filter(|n| !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|n| (1..=MAX_ROWS).contains(n));
+        let Some(n) = n else {
+            return plain(
+                res,
+                400,
+                &format!("expected /rows?n=N with N from 1 to {MAX_ROWS}\n"),
+            );
+        };
+        match self.store.rows(n) {
+            Ok(table) => self.html(res, "rows.html", table),
+            Err(f) => failure(res, f),
+        }
+    }
+
+    fn item(&mut self, id: &str, res: &mut HttpResponse<'_>) -> io::Result<()> {
+        // Only plain decimal ids name an item; anything else names nothing.
+        let id = Some(id)
+            .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|id| id.parse::<i64>().ok());
+        let Some(id) = id else {
+            return plain(res, 404, "no such item\n");
+        };
+        match self.store.item(id) {
+            Ok(Some(item)) => self.html(res, "item.html", item),
+            Ok(None) => plain(res, 404, "no such item\n"),
+            Err(f) => failure(res, f),
+        }
+    }
+
+    fn post_item(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+        if let Err(why) = authorise(self.token.as_deref(), req.header_str("authorization")) {
+            res.header("WWW-Authenticate", "Bearer realm=\"frontpage\"");
+            return plain(res, 401, &format!("unauthorised: {why}\n"));
+        }
+        let json = req
+            .header_str("content-type")
+            .and_then(|t| t.split(';').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return plain(res, 415, "expected Content-Type: application/json\n");
+        }
+        let new = match parse_item(req.body()) {
+            Ok(new) => new,
+            Err(why) => return plain(res, 400, &format!("bad item: {why}\n")),
+        };
+        match self.store.insert(&new) {
+            Ok(id) => {
+                res.status(201)
+                    .header("Location", format!("/item/{id}"))
+                    .content_type("application/json");
+                writeln!(res, "{{\"id\":{id}}}")
+            }
+            Err(Failure::Invalid(why)) => plain(res, 400, &format!("bad item: {why}\n")),
+            Err(f) => failure(res, f),
+        }
+    }
+
+    fn html(
+        &self,
+        res: &mut HttpResponse<'_>,
+        template: &str,
+        context: impl serde::Serialize,
+    ) -> io::Result<()> {
+        res.content_type("text/html; charset=utf-8");
+        self.pages.render(template, context, res)
+    }
+}
+
+/// Checks `Authorization: Bearer TOKEN` against the configured token.
+fn authorise(token: Option<&str>, header: Option<&str>) -> Result<(), &'static str> {
+    let token = token.ok_or("no API token is configured (--api-token-file)")?;
+    let given = header
+        .and_then(|h| h.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim())
+        .ok_or("expected Authorization: Bearer TOKEN")?;
+    // Compared in time independent of where the first difference is.
+    let same = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same { Ok(()) } else { Err("wrong token") }
+}
+
+/// The body of `POST /item`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ItemBody {
+    title: String,
+    body: String,
+    author_id: i64,
+    #[serde(default)]
+    tags: Vec<String>,
+}
+
+/// Parses and checks a new item; the reason is for the 400 answer.
+fn parse_item(body: &[u8]) -> Result<db::NewItem, String> {
+    let item: ItemBody = serde_json::from_slice(body).map_err(|e| format!("not the expected JSON: {e}"))?;
+    let title = item.title.trim();
+    if title.is_empty() {
+        return Err("title is empty".into());
+    }
+    if title.chars().count() > MAX_TITLE {
+        return Err(format!("title is longer than {MAX_TITLE} characters"));
+    }
+    if title.chars().any(char::is_control) {
+        return Err("title has a control character".into());
+    }
+    if item.body.chars().count() > MAX_TEXT {
+        return Err(format!("body is longer than {MAX_TEXT} characters"));
+    }
+    if item
+        .body
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err("body has a control character other than newline and tab".into());
+    }
+    if item.author_id < 1 {
+        return Err(format!("unknown author_id {}", item.author_id));
+    }
+    if item.tags.len() > MAX_TAGS {
+        return Err(format!("more than {MAX_TAGS} tags"));
+    }
+    for (i, tag) in item.tags.iter().enumerate() {
+        if item.tags[..i].contains(tag) {
+            return Err(format!("tag {tag:?} given twice"));
+        }
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    Ok(db::NewItem {
+        title: title.to_owned(),
+        body: item.body,
+        author_id: item.author_id,
+        tags: item.tags,
+        created: db::format_time(now),
+    })
+}
+
+/// The answer to a database failure.
+fn failure(res: &mut HttpResponse<'_>, f: Failure) -> io::Result<()> {
+    match f {
+        Failure::Unavailable(why) => {
+            tracing::debug!("503: {why}");
+            res.header("Retry-After", "1");
+            plain(res, 503, "the database is unavailable; try again\n")
+        }
+        Failure::Invalid(why) => plain(res, 400, &format!("{why}\n")),
+        Failure::Internal(why) => {
+            tracing::error!("database error: {why}");
+            plain(res, 500, "internal error\n")
+        }
+    }
+}
+
+fn not_allowed(res: &mut HttpResponse<'_>, allow: &str) -> io::Result<()> {
+    res.header("Allow", allow);
+    plain(res, 405, "method not allowed\n")
+}
+
+/// A short text/plain response.
+fn plain(res: &mut HttpResponse<'_>, status: u16, text: &str) -> io::Result<()> {
+    res.status(status).content_type("text/plain; charset=utf-8");
+    res.write_all(text.as_bytes())
+}
+
+/// Reads the API token: the file's first line, at least 16 visible ASCII characters.
+fn read_token(path: &Path) -> Result<Rc<str>, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("--api-token-file {}: {e}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "--api-token-file {}: the token (the file's first line) must be at least 16 visible \
+             ASCII characters",
+            path.display()
+        ));
+    }
+    Ok(token.into())
+}
+
+/// `--database` made absolute (the daemon changes directory to `/`), and, for PostgreSQL
+/// without a user in the URL, the workers' user name as its user (libpq's default is the
+/// OS user; resolved here, in the master, where the user database may be read).
+fn resolve_database(db: Database, workers: Option<&appsrv::WorkerIdentity>) -> appsrv::Result<Database> {
+    Ok(match db {
+        Database::Sqlite(path) => Database::Sqlite(
+            std::path::absolute(&path)
+                .map_err(|e| appsrv::Error::Config(format!("--database {}: {e}", path.display())))?,
+        ),
+        Database::Postgres(url) => {
+            let config: postgres::Config = url
+                .parse()
+                .map_err(|e| appsrv::Error::Config(format!("--database: {e}")))?;
+            if config.get_user().is_some() {
+                return Ok(Database::Postgres(url));
+            }
+            let user = match workers {
+                Some(w) => w.user.clone(),
+                None => nix::unistd::User::from_uid(nix::unistd::geteuid())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name)
+                    .ok_or_else(|| {
+                        appsrv::Error::Config("--database: cannot find this process's user name".into())
+                    })?,
+            };
+            let sep = if url.contains('?') { '&' } else { '?' };
+            Database::Postgres(format!("{url}{sep}user={user}"))
+        }
+    })
+}
+
+fn main() {
+    serve().unwrap_or_else(|e| e.exit());
+}
+
+fn serve() -> appsrv::Result<()> {
+    let mut server = appsrv::server!("frontpage")
+        .about("An application front page on SQLite or PostgreSQL: per-worker connections, statements and templates")
+        .listen("127.0.0.1:8090");
+    let args: Args = server.args();
+    let serving = matches!(server.subcommand(), Some("run" | "start"));
+    let workers = server.worker_identity()?;
+    let database = resolve_database(args.database, workers.as_ref())?;
+    let token_file = args.api_token_file.map(|p| std::path::absolute(&p).unwrap_or(p));
+    let token = match &token_file {
+        Some(path) => Some(read_token(path).map_err(appsrv::Error::Config)?),
+        None => None,
+    };
+    if serving {
+        // Here, in the master, before anything is bound or the daemon detaches: a database
+        // that cannot be created or that the workers could not write stops the start.
+        db::prepare(&database, workers.as_ref())
+            .map_err(|e| appsrv::Error::Config(format!("--database {e}")))?;
+        if token.is_none() {
+            tracing::info!("no --api-token-file: POST /item answers 401");
+        }
+    }
+    let mut profile = appsrv::Sandbox::new();
+    match &database {
+        Database::Sqlite(path) => {
+            if let Some(dir) = path.parent() {
+                profile = profile.write(dir);
+            }
+        }
+        Database::Postgres(_) => {
+            profile = profile
+                .allow_syscall(libc::SYS_socket)
+                .allow_syscall(libc::SYS_connect);
+        }
+    }
+    // The token the workers of the next generation get: read again on reload, so a
+    // rotated token takes effect without a restart (a bad one fails the reload).
+    let current = Rc::new(RefCell::new(token));
+    let reloaded = Rc::clone(&current);
+    let busy = Duration::from_millis(args.db_busy_timeout);
+    server
+        .sandbox(profile)
+        .on_reload(move || {
+            if let Some(path) = &token_file {
+                *reloaded.borrow_mut() = Some(read_token(path)?);
+            }
+            Ok(())
+        })
+        .run_requests(move || {
+            Ok(Frontpage {
+                store: db::open(&database, busy)?,
+                pages: pages::Pages::new()?,
+                token: current.borrow().clone(),
+            })
+        })
+}

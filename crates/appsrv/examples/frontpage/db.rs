@@ -1,0 +1,997 @@
+//! The front page's data: one schema and one set of seed data on SQLite and PostgreSQL,
+//! the queries each page runs, and what a failure means for the client (503, 400, 500).
+//!
+//! Each worker holds one [`Store`]: its own database connection and its prepared
+//! statements, made by the handler factory after the fork and the privilege drop, and kept
+//! for the worker's life. SQLite's statements live in rusqlite's per-connection statement
+//! cache (prepared on first use, then found by their text); PostgreSQL's are prepared on the
+//! server once per connection, and prepared again after a reconnection.
+//!
+//! The SQL text is shared: `$1` is PostgreSQL's placeholder, and SQLite reads `$1` as a
+//! named parameter that takes the next position, which is the same thing for statements
+//! that use each parameter once, in order.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// Which database, from `--database`.
+#[derive(Debug, Clone)]
+pub(crate) enum Database {
+    /// `sqlite:PATH`: one file, in WAL mode.
+    Sqlite(PathBuf),
+    /// `postgres://…` or `postgresql://…` (libpq's URL form, parsed by the `postgres` crate).
+    Postgres(String),
+}
+
+impl std::str::FromStr for Database {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err("sqlite: needs a file name (sqlite:PATH)".into());
+            }
+            return Ok(Database::Sqlite(PathBuf::from(path)));
+        }
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            // Parsed now so that a bad URL stops the server at start, with the reason.
+            s.parse::<postgres::Config>()
+                .map_err(|e| format!("{}: {e}", redact(s)))?;
+            return Ok(Database::Postgres(s.to_owned()));
+        }
+        Err(format!(
+            "{}: expected sqlite:PATH, postgres://… or postgresql://…",
+            redact(s)
+        ))
+    }
+}
+
+impl fmt::Display for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Database::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            Database::Postgres(url) => f.write_str(&redact(url)),
+        }
+    }
+}
+
+/// A URL with its password (`user:PASSWORD@`) replaced, for logs and error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Why a page could not be made, and so what the client gets.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The database cannot be reached or is busy: 503 with `Retry-After`, the worker goes
+    /// on (and reconnects on a later request).
+    Unavailable(String),
+    /// The client's input is refused (an unknown author or tag): 400 with the reason,
+    /// nothing written.
+    Invalid(String),
+    /// Anything else (a bug, a schema that does not match): 500, logged.
+    Internal(String),
+}
+
+/// An item in a list: the front page's latest items.
+#[derive(Debug, Serialize)]
+pub(crate) struct Latest {
+    pub(crate) id: i64,
+    pub(crate) title: String,
+    pub(crate) author: String,
+    pub(crate) created: String,
+    pub(crate) score: i64,
+}
+
+/// A tag of the cloud, with its number of items and its weight (1 to 5, for the CSS class).
+#[derive(Debug, Serialize)]
+pub(crate) struct Tag {
+    pub(crate) name: String,
+    pub(crate) count: i64,
+    pub(crate) weight: i64,
+}
+
+/// What the front page shows: three queries.
+#[derive(Debug, Serialize)]
+pub(crate) struct Front {
+    pub(crate) latest: Vec<Latest>,
+    pub(crate) count: i64,
+    pub(crate) cloud: Vec<Tag>,
+}
+
+/// One item, for `/item/ID`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Item {
+    pub(crate) id: i64,
+    pub(crate) title: String,
+    pub(crate) body: String,
+    pub(crate) score: i64,
+    pub(crate) created: String,
+    pub(crate) author: String,
+    pub(crate) email: String,
+}
+
+/// A table for `/rows`: the column names and the rows, as text.
+#[derive(Debug, Serialize)]
+pub(crate) struct Table {
+    pub(crate) header: &'static [&'static str],
+    pub(crate) rows: Vec<Vec<String>>,
+}
+
+/// An item to insert (`POST /item`), already checked for shape by the caller.
+#[derive(Debug)]
+pub(crate) struct NewItem {
+    pub(crate) title: String,
+    pub(crate) body: String,
+    pub author_id: i64,
+    pub(crate) tags: Vec<String>,
+    pub(crate) created: String,
+}
+
+/// How many latest items the front page lists, and how many tags its cloud shows.
+const LATEST: i64 = 20;
+const CLOUD: i64 = 20;
+
+const SQL_LATEST: &str = "SELECT i.id, i.title, a.name, i.created, i.score FROM items i \
+     JOIN authors a ON a.id = i.author_id ORDER BY i.id DESC LIMIT $1";
+const SQL_COUNT: &str = "SELECT COUNT(*) FROM items";
+const SQL_CLOUD: &str = "SELECT t.name, COUNT(*) AS n FROM item_tags it JOIN tags t ON t.id = it.tag_id \
+     GROUP BY t.id, t.name ORDER BY n DESC, t.id LIMIT $1";
+const SQL_ITEM: &str = "SELECT i.id, i.title, i.body, i.score, i.created, a.name, a.email FROM items i \
+     JOIN authors a ON a.id = i.author_id WHERE i.id = $1";
+const SQL_ROWS_1: &str = "SELECT title FROM items ORDER BY id LIMIT $1";
+const SQL_ROWS_6: &str = "SELECT i.id, i.title, a.name, a.email, i.score, i.created FROM items i \
+     JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT $1";
+const SQL_ROWS_7: &str = "SELECT i.id, i.title, a.name, a.email, i.score, i.created, i.body FROM items i \
+     JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT $1";
+const SQL_AUTHOR: &str = "SELECT id FROM authors WHERE id = $1";
+const SQL_TAG: &str = "SELECT id FROM tags WHERE name = $1";
+const SQL_INSERT_ITEM: &str =
+    "INSERT INTO items (author_id, title, body, score, created) VALUES ($1, $2, $3, 0, $4) RETURNING id";
+const SQL_INSERT_TAG: &str = "INSERT INTO item_tags (item_id, tag_id) VALUES ($1, $2)";
+
+/// The column names of `/rows?n=N`: one column up to 5 rows, six up to 36, seven beyond
+/// (the seed benchmark's 5 × 1, 36 × 6 and 134 × 7).
+pub(crate) fn columns(n: i64) -> &'static [&'static str] {
+    match n {
+        ..=5 => &["title"],
+        6..=36 => &["id", "title", "author", "email", "score", "created"],
+        _ => &["id", "title", "author", "email", "score", "created", "body"],
+    }
+}
+
+fn rows_sql(n: i64) -> &'static str {
+    match columns(n).len() {
+        1 => SQL_ROWS_1,
+        6 => SQL_ROWS_6,
+        _ => SQL_ROWS_7,
+    }
+}
+
+/// The cloud's weight of a tag with `count` items when the largest has `max`: 1 to 5.
+fn weight(count: i64, max: i64) -> i64 {
+    1 + 4 * count / max.max(1)
+}
+
+fn cloud(tags: Vec<(String, i64)>) -> Vec<Tag> {
+    let max = tags.iter().map(|t| t.1).max().unwrap_or(1);
+    tags.into_iter()
+        .map(|(name, count)| Tag {
+            weight: weight(count, max),
+            name,
+            count,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The schema and the seed data.
+
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE authors (id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL);
+CREATE TABLE items (
+    id INTEGER PRIMARY KEY,
+    author_id INTEGER NOT NULL REFERENCES authors (id),
+    title TEXT NOT NULL,
+    body TEXT NOT NULL,
+    score INTEGER NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE INDEX items_author ON items (author_id);
+CREATE TABLE tags (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE item_tags (
+    item_id INTEGER NOT NULL REFERENCES items (id),
+    tag_id INTEGER NOT NULL REFERENCES tags (id),
+    PRIMARY KEY (item_id, tag_id)
+);
+CREATE INDEX item_tags_tag ON item_tags (tag_id);
+";
+
+/// The same tables in PostgreSQL's words: 64-bit integers (SQLite's are), and identity
+/// columns where SQLite assigns the next rowid.
+const POSTGRES_SCHEMA: &str = "
+CREATE TABLE authors (id BIGINT PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL);
+CREATE TABLE items (
+    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    author_id BIGINT NOT NULL REFERENCES authors (id),
+    title TEXT NOT NULL,
+    body TEXT NOT NULL,
+    score BIGINT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE INDEX items_author ON items (author_id);
+CREATE TABLE tags (id BIGINT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE item_tags (
+    item_id BIGINT NOT NULL REFERENCES items (id),
+    tag_id BIGINT NOT NULL REFERENCES tags (id),
+    PRIMARY KEY (item_id, tag_id)
+);
+CREATE INDEX item_tags_tag ON item_tags (tag_id);
+";
+
+/// How many seed items, authors and tags.
+pub(crate) const SEED_ITEMS: i64 = 500;
+const FIRST: [&str; 5] = ["Ada", "Brian", "Chloé", "Dennis", "Edsger"];
+const LAST: [&str; 5] = ["Lovelace", "Kernighan", "O'Neil", "Ritchie", "Dijkstra"];
+const TAGS: [&str; 30] = [
+    "rust",
+    "sqlite",
+    "postgres",
+    "http",
+    "unix",
+    "fork",
+    "epoll",
+    "tls",
+    "dns",
+    "xml",
+    "json",
+    "php",
+    "apache",
+    "nginx",
+    "redis",
+    "kernel",
+    "signals",
+    "sockets",
+    "memory",
+    "latency",
+    "threads",
+    "daemons",
+    "logging",
+    "metrics",
+    "security",
+    "privileges",
+    "seccomp",
+    "landlock",
+    "systemd",
+    "haproxy",
+];
+const ADJECTIVES: [&str; 8] = [
+    "Fast", "Small", "Quiet", "Robust", "Plain", "Careful", "Lazy", "Strict",
+];
+const NOUNS: [&str; 9] = [
+    "servers",
+    "workers",
+    "queries",
+    "sockets",
+    "pages",
+    "templates",
+    "daemons",
+    "caches",
+    "pools",
+];
+
+/// The seed's authors: `(id, name, email)`. Some names need HTML escaping (an apostrophe).
+fn seed_authors() -> Vec<(i64, String, String)> {
+    let mut out = Vec::new();
+    for (i, first) in FIRST.iter().enumerate() {
+        for (j, last) in LAST.iter().enumerate() {
+            let id = (i * LAST.len() + j + 1) as i64;
+            let email = format!(
+                "{}.{}@example.org",
+                first.to_lowercase().replace('é', "e"),
+                last.to_lowercase().replace('\'', "")
+            );
+            out.push((id, format!("{first} {last}"), email));
+        }
+    }
+    out
+}
+
+/// Seed item `i` (1-based): `(author_id, title, body, score, created)`. Deterministic, so
+/// that every database gets the same data and every server the same pages. Every seventh
+/// title holds characters that HTML must escape.
+fn seed_item(i: i64) -> (i64, String, String, i64, String) {
+    let authors = (FIRST.len() * LAST.len()) as i64;
+    let author_id = (i * 7) % authors + 1;
+    let adj = ADJECTIVES[(i % ADJECTIVES.len() as i64) as usize];
+    let noun = NOUNS[((i / 3) % NOUNS.len() as i64) as usize];
+    let title = if i % 7 == 0 {
+        format!("{adj} {noun} & <em>\"markup\"</em>, part {i}")
+    } else {
+        format!("{adj} {noun}, part {i}")
+    };
+    let body = format!(
+        "Notes on {} {} number {i}: what they cost, and why it matters.",
+        adj.to_lowercase(),
+        noun
+    );
+    let score = (i * 37) % 101;
+    (author_id, title, body, score, seed_time(i))
+}
+
+/// The seed's tags of item `i`: one to three tag ids, distinct.
+fn seed_item_tags(i: i64) -> Vec<i64> {
+    let n = TAGS.len() as i64;
+    let mut tags = vec![(i * 5) % n + 1];
+    for t in [(i * 11) % n + 1, (i * i) % n + 1] {
+        if !tags.contains(&t) && (tags.len() < 2 || i % 3 == 0) {
+            tags.push(t);
+        }
+    }
+    tags
+}
+
+/// The creation time of seed item `i`: seven hours apart from 2026-01-01 00:00 UTC, as
+/// text (`YYYY-MM-DD HH:MM`), so that no database formats it differently.
+fn seed_time(i: i64) -> String {
+    format_time(1_767_225_600 + i * 7 * 3600)
+}
+
+/// `YYYY-MM-DD HH:MM` (UTC) of a Unix time.
+pub(crate) fn format_time(unix: i64) -> String {
+    let (days, secs) = (unix.div_euclid(86_400), unix.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}",
+        secs / 3600,
+        secs % 3600 / 60
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// In the master: SQLite's file, created and filled before any worker starts.
+
+/// Prepares the database in the master, before the fork: for SQLite, creates the file with
+/// its schema and seed data if it has none (WAL mode is a property of the file, set once),
+/// and makes the file and its directory the workers' when they run as another user, since
+/// WAL needs `-wal` and `-shm` files beside the database. The connection is closed before
+/// this returns: a SQLite connection must not cross a `fork`.
+///
+/// PostgreSQL is left to the workers (see [`open`]): its client runs a Tokio runtime, which
+/// has no place in the single-threaded master.
+pub(crate) fn prepare(db: &Database, workers: Option<&appsrv::WorkerIdentity>) -> Result<(), String> {
+    let Database::Sqlite(path) = db else {
+        return Ok(());
+    };
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_owned();
+    if !dir.exists() {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if let Some(w) = workers {
+            chown(&dir, w)?;
+        }
+    }
+    let existed = path.exists();
+    let mut conn = rusqlite::Connection::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let fail = |e: rusqlite::Error| format!("{}: {e}", path.display());
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(fail)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!(
+            "{}: cannot use WAL mode (journal_mode is {mode})",
+            path.display()
+        ));
+    }
+    let has_schema: bool = conn
+        .query_row(
+            "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'item_tags'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(fail)?;
+    if !has_schema {
+        seed_sqlite(&mut conn).map_err(fail)?;
+        tracing::info!(
+            "{}: created, with {SEED_ITEMS} items of seed data",
+            path.display()
+        );
+    }
+    conn.close().map_err(|(_, e)| fail(e))?;
+    if let Some(w) = workers {
+        if !existed {
+            chown(path, w)?;
+        }
+        // The checks a worker would otherwise fail at its first write, said once, here.
+        writable_by(&dir, w, "directory")?;
+        writable_by(path, w, "database file")?;
+    }
+    Ok(())
+}
+
+fn seed_sqlite(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(SQLITE_SCHEMA)?;
+    {
+        let mut author = tx.prepare("INSERT INTO authors (id, name, email) VALUES ($1, $2, $3)")?;
+        for (id, name, email) in seed_authors() {
+            author.execute(rusqlite::params![id, name, email])?;
+        }
+        let mut tag = tx.prepare("INSERT INTO tags (id, name) VALUES ($1, $2)")?;
+        for (i, name) in TAGS.iter().enumerate() {
+            tag.execute(rusqlite::params![i as i64 + 1, name])?;
+        }
+        let mut item = tx.prepare(
+            "INSERT INTO items (id, author_id, title, body, score, created) VALUES ($1, $2, $3, $4, $5, $6)",
+        )?;
+        let mut item_tag = tx.prepare(SQL_INSERT_TAG)?;
+        for i in 1..=SEED_ITEMS {
+            let (author_id, title, body, score, created) = seed_item(i);
+            item.execute(rusqlite::params![i, author_id, title, body, score, created])?;
+            for t in seed_item_tags(i) {
+                item_tag.execute(rusqlite::params![i, t])?;
+            }
+        }
+    }
+    tx.commit()
+}
+
+fn chown(path: &Path, w: &appsrv::WorkerIdentity) -> Result<(), String> {
+    std::os::unix::fs::chown(path, Some(w.uid), Some(w.gid)).map_err(|e| {
+        format!(
+            "{}: cannot give it to the workers' user {}: {e}",
+            path.display(),
+            w.user
+        )
+    })
+}
+
+/// Whether the workers' identity may write `path`, from its owner, group and mode (the
+/// master is root: `access(2)` would answer for root).
+fn writable_by(path: &Path, w: &appsrv::WorkerIdentity, what: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mode = meta.mode();
+    let ok = if meta.uid() == w.uid {
+        mode & 0o200 != 0
+    } else if meta.gid() == w.gid || w.groups.contains(&meta.gid()) {
+        mode & 0o020 != 0
+    } else {
+        mode & 0o002 != 0
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} {} is not writable by the workers' user {} (SQLite in WAL mode writes the \
+         database and its -wal and -shm files beside it): chown it to {}, or pick another \
+         --database sqlite:PATH",
+        path.display(),
+        w.user,
+        w.user
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// In each worker: the connection and its statements.
+
+/// One worker's database: its connection and prepared statements.
+pub(crate) enum Store {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<Pg>),
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Store::Sqlite(_) => "Store::Sqlite",
+            Store::Postgres(_) => "Store::Postgres",
+        })
+    }
+}
+
+/// Opens the worker's connection (in the handler factory: after the fork, the privilege
+/// drop and the sandbox). SQLite: the file the master prepared, read-write, never created
+/// here. PostgreSQL: connects, loads the schema and seed data if the database has none
+/// (under an advisory lock, so that one worker does it), and prepares the statements; a
+/// server that cannot be reached stops the start with the reason.
+pub(crate) fn open(db: &Database, busy_timeout: Duration) -> Result<Store, String> {
+    match db {
+        Database::Sqlite(path) => {
+            let flags =
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let fail = |e: rusqlite::Error| format!("{}: {e}", path.display());
+            let conn = rusqlite::Connection::open_with_flags(path, flags).map_err(fail)?;
+            conn.busy_timeout(busy_timeout).map_err(fail)?;
+            // With WAL, NORMAL syncs at checkpoints, not at each commit: a power loss may
+            // lose the last commits, never corrupt the file (SQLite's advice for WAL).
+            conn.pragma_update(None, "synchronous", "NORMAL").map_err(fail)?;
+            conn.pragma_update(None, "foreign_keys", "ON").map_err(fail)?;
+            conn.set_prepared_statement_cache_capacity(16);
+            // Prepared now, so that a schema that does not match fails the start.
+            for sql in [
+                SQL_LATEST, SQL_COUNT, SQL_CLOUD, SQL_ITEM, SQL_ROWS_1, SQL_ROWS_6, SQL_ROWS_7,
+            ] {
+                conn.prepare_cached(sql).map_err(fail)?;
+            }
+            Ok(Store::Sqlite(conn))
+        }
+        Database::Postgres(url) => {
+            let mut config: postgres::Config = url.parse().map_err(|e| format!("{db}: {e}"))?;
+            if config.get_connect_timeout().is_none() {
+                config.connect_timeout(Duration::from_secs(5));
+            }
+            let mut pg = Pg {
+                name: db.to_string(),
+                config,
+                conn: None,
+                retry_at: None,
+            };
+            let mut client = pg
+                .config
+                .connect(postgres::NoTls)
+                .map_err(|e| format!("{db}: {}", describe(&e)))?;
+            load_postgres(&mut client).map_err(|e| format!("{db}: loading the schema: {}", describe(&e)))?;
+            pg.conn = Some(PgConn::prepare(client).map_err(|e| format!("{db}: {}", describe(&e)))?);
+            Ok(Store::Postgres(Box::new(pg)))
+        }
+    }
+}
+
+impl Store {
+    /// The front page's three queries.
+    pub(crate) fn front(&mut self) -> Result<Front, Failure> {
+        match self {
+            Store::Sqlite(c) => {
+                let latest = {
+                    let mut s = c.prepare_cached(SQL_LATEST).map_err(lite)?;
+                    s.query_map([LATEST], |r| {
+                        Ok(Latest {
+                            id: r.get(0)?,
+                            title: r.get(1)?,
+                            author: r.get(2)?,
+                            created: r.get(3)?,
+                            score: r.get(4)?,
+                        })
+                    })
+                    .and_then(Iterator::collect)
+                    .map_err(lite)?
+                };
+                let count = c
+                    .prepare_cached(SQL_COUNT)
+                    .and_then(|mut s| s.query_row([], |r| r.get(0)))
+                    .map_err(lite)?;
+                let tags = c
+                    .prepare_cached(SQL_CLOUD)
+                    .and_then(|mut s| {
+                        s.query_map([CLOUD], |r| Ok((r.get(0)?, r.get(1)?)))?
+                            .collect::<rusqlite::Result<Vec<_>>>()
+                    })
+                    .map_err(lite)?;
+                Ok(Front {
+                    latest,
+                    count,
+                    cloud: cloud(tags),
+                })
+            }
+            Store::Postgres(pg) => pg.with(|c| {
+                let latest = c
+                    .client
+                    .query(&c.latest, &[&LATEST])?
+                    .iter()
+                    .map(|r| Latest {
+                        id: r.get(0),
+                        title: r.get(1),
+                        author: r.get(2),
+                        created: r.get(3),
+                        score: r.get(4),
+                    })
+                    .collect();
+                let count = c.client.query_one(&c.count, &[])?.get(0);
+                let tags = c.client.query(&c.cloud, &[&CLOUD])?;
+                Ok(Front {
+                    latest,
+                    count,
+                    cloud: cloud(tags.iter().map(|r| (r.get(0), r.get(1))).collect()),
+                })
+            }),
+        }
+    }
+
+    /// The first `n` items, with the columns of [`columns`]`(n)`.
+    pub(crate) fn rows(&mut self, n: i64) -> Result<Table, Failure> {
+        let header = columns(n);
+        let width = header.len();
+        let rows = match self {
+            Store::Sqlite(c) => {
+                let mut s = c.prepare_cached(rows_sql(n)).map_err(lite)?;
+                s.query_map([n], |r| {
+                    (0..width)
+                        .map(|i| {
+                            Ok(match r.get_ref(i)? {
+                                rusqlite::types::ValueRef::Integer(v) => v.to_string(),
+                                v => v.as_str()?.to_owned(),
+                            })
+                        })
+                        .collect()
+                })
+                .and_then(Iterator::collect)
+                .map_err(lite)?
+            }
+            Store::Postgres(pg) => pg.with(|c| {
+                let stmt = match width {
+                    1 => &c.rows_1,
+                    6 => &c.rows_6,
+                    _ => &c.rows_7,
+                };
+                Ok(c.client
+                    .query(stmt, &[&n])?
+                    .iter()
+                    .map(|r| {
+                        (0..width)
+                            .map(|i| match r.columns()[i].type_() {
+                                &postgres::types::Type::INT8 => r.get::<_, i64>(i).to_string(),
+                                _ => r.get::<_, String>(i),
+                            })
+                            .collect()
+                    })
+                    .collect())
+            })?,
+        };
+        Ok(Table { header, rows })
+    }
+
+    /// Item `id`, or `None`.
+    pub(crate) fn item(&mut self, id: i64) -> Result<Option<Item>, Failure> {
+        let from_lite = |r: &rusqlite::Row<'_>| {
+            Ok(Item {
+                id: r.get(0)?,
+                title: r.get(1)?,
+                body: r.get(2)?,
+                score: r.get(3)?,
+                created: r.get(4)?,
+                author: r.get(5)?,
+                email: r.get(6)?,
+            })
+        };
+        match self {
+            Store::Sqlite(c) => {
+                let mut s = c.prepare_cached(SQL_ITEM).map_err(lite)?;
+                let mut rows = s.query_map([id], from_lite).map_err(lite)?;
+                rows.next().transpose().map_err(lite)
+            }
+            Store::Postgres(pg) => pg.with(|c| {
+                Ok(c.client.query_opt(&c.item, &[&id])?.map(|r| Item {
+                    id: r.get(0),
+                    title: r.get(1),
+                    body: r.get(2),
+                    score: r.get(3),
+                    created: r.get(4),
+                    author: r.get(5),
+                    email: r.get(6),
+                }))
+            }),
+        }
+    }
+
+    /// Inserts an item and its tags in one transaction: either all of it is written, or
+    /// (an unknown author or tag, a failure) nothing. Returns the new item's id.
+    pub(crate) fn insert(&mut self, new: &NewItem) -> Result<i64, Failure> {
+        match self {
+            Store::Sqlite(c) => {
+                // IMMEDIATE takes the write lock at BEGIN, so that busy_timeout applies
+                // there; a deferred transaction that reads, then writes, could fail with
+                // SQLITE_BUSY at once when another writer came first.
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(lite)?;
+                let author: Option<i64> = tx
+                    .prepare_cached(SQL_AUTHOR)
+                    .and_then(|mut s| s.query_map([new.author_id], |r| r.get(0))?.next().transpose())
+                    .map_err(lite)?;
+                if author.is_none() {
+                    return Err(Failure::Invalid(format!("unknown author_id {}", new.author_id)));
+                }
+                let mut tag_ids = Vec::new();
+                for name in &new.tags {
+                    let id: Option<i64> = tx
+                        .prepare_cached(SQL_TAG)
+                        .and_then(|mut s| s.query_map([name], |r| r.get(0))?.next().transpose())
+                        .map_err(lite)?;
+                    tag_ids.push(id.ok_or_else(|| Failure::Invalid(format!("unknown tag {name:?}")))?);
+                }
+                let id: i64 = tx
+                    .prepare_cached(SQL_INSERT_ITEM)
+                    .and_then(|mut s| {
+                        s.query_row(
+                            rusqlite::params![new.author_id, new.title, new.body, new.created],
+                            |r| r.get(0),
+                        )
+                    })
+                    .map_err(lite)?;
+                for t in tag_ids {
+                    tx.prepare_cached(SQL_INSERT_TAG)
+                        .and_then(|mut s| s.execute([id, t]))
+                        .map_err(lite)?;
+                }
+                tx.commit().map_err(lite)?;
+                Ok(id)
+            }
+            Store::Postgres(pg) => {
+                let mut invalid = None;
+                let id = pg.with(|c| {
+                    let mut tx = c.client.transaction()?;
+                    if tx.query_opt(&c.author, &[&new.author_id])?.is_none() {
+                        invalid = Some(format!("unknown author_id {}", new.author_id));
+                        return Ok(0);
+                    }
+                    let mut tag_ids = Vec::new();
+                    for name in &new.tags {
+                        match tx.query_opt(&c.tag, &[name])? {
+                            Some(r) => tag_ids.push(r.get::<_, i64>(0)),
+                            None => {
+                                invalid = Some(format!("unknown tag {name:?}"));
+                                return Ok(0);
+                            }
+                        }
+                    }
+                    let id: i64 = tx
+                        .query_one(
+                            &c.insert_item,
+                            &[&new.author_id, &new.title, &new.body, &new.created],
+                        )?
+                        .get(0);
+                    for t in tag_ids {
+                        tx.execute(&c.insert_tag, &[&id, &t])?;
+                    }
+                    tx.commit()?;
+                    Ok(id)
+                })?;
+                // A refused insert's transaction was dropped, which rolls it back.
+                match invalid {
+                    Some(reason) => Err(Failure::Invalid(reason)),
+                    None => Ok(id),
+                }
+            }
+        }
+    }
+}
+
+/// A SQLite error as a failure: a database locked for longer than `busy_timeout` is
+/// unavailable (503), anything else internal.
+fn lite(e: rusqlite::Error) -> Failure {
+    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) if matches!(f.code, DatabaseBusy | DatabaseLocked) => {
+            Failure::Unavailable(format!("database busy: {e}"))
+        }
+        _ => Failure::Internal(e.to_string()),
+    }
+}
+
+/// A PostgreSQL connection that comes back: dropped when it fails, made again (with its
+/// statements) by the next request, at most once a second while the server is down.
+pub(crate) struct Pg {
+    name: String,
+    config: postgres::Config,
+    conn: Option<PgConn>,
+    /// When the last connection attempt failed: the next one waits until then, and the
+    /// requests in between get 503 at once rather than each wait for a connect timeout.
+    retry_at: Option<Instant>,
+}
+
+/// A connection and its prepared statements.
+struct PgConn {
+    client: postgres::Client,
+    latest: postgres::Statement,
+    count: postgres::Statement,
+    cloud: postgres::Statement,
+    item: postgres::Statement,
+    rows_1: postgres::Statement,
+    rows_6: postgres::Statement,
+    rows_7: postgres::Statement,
+    author: postgres::Statement,
+    tag: postgres::Statement,
+    insert_item: postgres::Statement,
+    insert_tag: postgres::Statement,
+}
+
+impl Pg {
+    fn connect(&self) -> Result<PgConn, postgres::Error> {
+        PgConn::prepare(self.config.connect(postgres::NoTls)?)
+    }
+}
+
+impl PgConn {
+    /// Prepares every statement on `client`.
+    fn prepare(mut client: postgres::Client) -> Result<PgConn, postgres::Error> {
+        let mut prepare = |sql: &str| client.prepare(sql);
+        let (latest, count, cloud, item) = (
+            prepare(SQL_LATEST)?,
+            prepare(SQL_COUNT)?,
+            prepare(SQL_CLOUD)?,
+            prepare(SQL_ITEM)?,
+        );
+        let (rows_1, rows_6, rows_7) = (prepare(SQL_ROWS_1)?, prepare(SQL_ROWS_6)?, prepare(SQL_ROWS_7)?);
+        let (author, tag, insert_item, insert_tag) = (
+            prepare(SQL_AUTHOR)?,
+            prepare(SQL_TAG)?,
+            prepare(SQL_INSERT_ITEM)?,
+            prepare(SQL_INSERT_TAG)?,
+        );
+        Ok(PgConn {
+            client,
+            latest,
+            count,
+            cloud,
+            item,
+            rows_1,
+            rows_6,
+            rows_7,
+            author,
+            tag,
+            insert_item,
+            insert_tag,
+        })
+    }
+}
+
+impl Pg {
+    /// Runs `f` on the connection, connecting first if there is none. A failure that means
+    /// the connection is gone (or cannot be made) drops it and is a 503.
+    fn with<T>(&mut self, f: impl FnOnce(&mut PgConn) -> Result<T, postgres::Error>) -> Result<T, Failure> {
+        if self.conn.is_none() {
+            if self.retry_at.is_some_and(|t| Instant::now() < t) {
+                return Err(Failure::Unavailable(format!("{}: not connected", self.name)));
+            }
+            match self.connect() {
+                Ok(c) => {
+                    tracing::info!("{}: connected again", self.name);
+                    self.conn = Some(c);
+                    self.retry_at = None;
+                }
+                Err(e) => {
+                    self.retry_at = Some(Instant::now() + Duration::from_secs(1));
+                    return Err(Failure::Unavailable(format!("{}: {}", self.name, describe(&e))));
+                }
+            }
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        match f(conn) {
+            Ok(v) => Ok(v),
+            Err(e) if lost(&e) || conn.client.is_closed() => {
+                tracing::warn!(
+                    "{}: connection lost ({}); requests get 503 until it is made again",
+                    self.name,
+                    describe(&e)
+                );
+                self.conn = None;
+                Err(Failure::Unavailable(format!("{}: {}", self.name, describe(&e))))
+            }
+            Err(e) => Err(Failure::Internal(describe(&e))),
+        }
+    }
+}
+
+/// Whether a PostgreSQL error means the connection is gone: no SQLSTATE (an I/O error, a
+/// closed connection), class 08 (connection exception), or 57P01–57P03 (the server shuts
+/// down or is starting).
+fn lost(e: &postgres::Error) -> bool {
+    match e.code() {
+        None => true,
+        Some(code) => {
+            let c = code.code();
+            c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03")
+        }
+    }
+}
+
+/// An error with its cause (the `postgres` crate's Display leaves the database's message
+/// in the source).
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// Loads the schema and the seed data into a PostgreSQL database that has none: under a
+/// session advisory lock, so that of the workers starting together one loads it and the
+/// others, waiting on the lock, find it loaded. The check reads `pg_tables` in a fresh
+/// statement after the lock is taken: a name lookup such as `to_regclass` may answer from
+/// the backend's catalog cache, which has not yet seen the other worker's tables.
+fn load_postgres(client: &mut postgres::Client) -> Result<(), postgres::Error> {
+    const LOADED: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
+         WHERE schemaname = current_schema() AND tablename = 'item_tags')";
+    if client.query_one(LOADED, &[])?.get::<_, bool>(0) {
+        return Ok(());
+    }
+    // The key is arbitrary: this example's, for this one purpose.
+    client.execute("SELECT pg_advisory_lock(202026)", &[])?;
+    let loaded = load_locked(client, LOADED);
+    let unlocked = client.execute("SELECT pg_advisory_unlock(202026)", &[]);
+    loaded.and(unlocked.map(|_| ()))
+}
+
+fn load_locked(client: &mut postgres::Client, loaded: &str) -> Result<(), postgres::Error> {
+    if client.query_one(loaded, &[])?.get::<_, bool>(0) {
+        return Ok(());
+    }
+    let mut tx = client.transaction()?;
+    tx.batch_execute(POSTGRES_SCHEMA)?;
+    let author = tx.prepare("INSERT INTO authors (id, name, email) VALUES ($1, $2, $3)")?;
+    for (id, name, email) in seed_authors() {
+        tx.execute(&author, &[&id, &name, &email])?;
+    }
+    let tag = tx.prepare("INSERT INTO tags (id, name) VALUES ($1, $2)")?;
+    for (i, name) in TAGS.iter().enumerate() {
+        tx.execute(&tag, &[&(i as i64 + 1), name])?;
+    }
+    let item = tx.prepare(
+        "INSERT INTO items (id, author_id, title, body, score, created) VALUES ($1, $2, $3, $4, $5, $6)",
+    )?;
+    let item_tag = tx.prepare(SQL_INSERT_TAG)?;
+    for i in 1..=SEED_ITEMS {
+        let (author_id, title, body, score, created) = seed_item(i);
+        tx.execute(&item, &[&i, &author_id, &title, &body, &score, &created])?;
+        for t in seed_item_tags(i) {
+            tx.execute(&item_tag, &[&i, &t])?;
+        }
+    }
+    // The identity column continues after the seed's explicit ids.
+    tx.execute(
+        "SELECT setval(pg_get_serial_sequence('items', 'id'), (SELECT MAX(id) FROM items))",
+        &[],
+    )?;
+    tx.commit()?;
+    tracing::info!("loaded the schema and {SEED_ITEMS} items of seed data");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_civil_utc() {
+        assert_eq!(format_time(0), "1970-01-01 00:00");
+        assert_eq!(format_time(1_767_225_600), "2026-01-01 00:00");
+        assert_eq!(format_time(1_772_323_200 - 60), "2026-02-28 23:59");
+        assert_eq!(format_time(951_782_400), "2000-02-29 00:00");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("postgres:///db?host=/run"), "postgres:///db?host=/run");
+    }
+}
