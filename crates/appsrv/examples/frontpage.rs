@@ -121,24 +121,18 @@ struct Args {
     #[arg(
         long,
         value_name = "URL",
-        env = "FRONTPAGE_DATABASE",
         default_value = "sqlite:frontpage-data/frontpage.db"
     )]
     database: Database,
 
     /// Read the API token that authorises POST /item from FILE (at start and on reload);
     /// without it, POST /item answers 401
-    #[arg(long, value_name = "FILE", env = "FRONTPAGE_API_TOKEN_FILE")]
+    #[arg(long, value_name = "FILE")]
     api_token_file: Option<PathBuf>,
 
     /// How long a SQLite connection waits for the write lock before the request gets 503,
     /// in milliseconds
-    #[arg(
-        long,
-        value_name = "MS",
-        default_value_t = 5000,
-        env = "FRONTPAGE_DB_BUSY_TIMEOUT"
-    )]
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
     db_busy_timeout: u64,
 }
 
