@@ -148,7 +148,8 @@ const MAX_TAGS: usize = 8;
 /// One worker's handler: its database connection with its prepared statements, its
 /// compiled templates, and the API token it was started with.
 struct Frontpage {
-    store: db::Store,
+    /// `None` only after `on_worker_exit`, when no request comes any more.
+    store: Option<db::Store>,
     pages: pages::Pages,
     token: Option<Rc<str>>,
 }
@@ -181,11 +182,24 @@ impl appsrv::RequestHandler for Frontpage {
             },
         }
     }
+
+    /// Closes the connection in an orderly way: SQLite checkpoints its WAL (and removes it
+    /// with the last connection), PostgreSQL's server sees a goodbye rather than a lost
+    /// client.
+    fn on_worker_exit(&mut self) {
+        drop(self.store.take());
+    }
 }
 
 impl Frontpage {
+    fn store(&mut self) -> &mut db::Store {
+        self.store
+            .as_mut()
+            .expect("the store is open until on_worker_exit")
+    }
+
     fn front(&mut self, res: &mut HttpResponse<'_>) -> io::Result<()> {
-        match self.store.front() {
+        match self.store().front() {
             Ok(front) => self.html(res, "front.html", front),
             Err(f) => failure(res, f),
         }
@@ -207,7 +221,7 @@ impl Frontpage {
                 &format!("expected /rows?n=N with N from 1 to {MAX_ROWS}\n"),
             );
         };
-        match self.store.rows(n) {
+        match self.store().rows(n) {
             Ok(table) => self.html(res, "rows.html", table),
             Err(f) => failure(res, f),
         }
@@ -221,7 +235,7 @@ impl Frontpage {
         let Some(id) = id else {
             return plain(res, 404, "no such item\n");
         };
-        match self.store.item(id) {
+        match self.store().item(id) {
             Ok(Some(item)) => self.html(res, "item.html", item),
             Ok(None) => plain(res, 404, "no such item\n"),
             Err(f) => failure(res, f),
@@ -244,7 +258,7 @@ impl Frontpage {
             Ok(new) => new,
             Err(why) => return plain(res, 400, &format!("bad item: {why}\n")),
         };
-        match self.store.insert(&new) {
+        match self.store().insert(&new) {
             Ok(id) => {
                 res.status(201)
                     .header("Location", format!("/item/{id}"))
@@ -470,7 +484,7 @@ fn serve() -> appsrv::Result<()> {
         })
         .run_requests(move || {
             Ok(Frontpage {
-                store: db::open(&database, busy)?,
+                store: Some(db::open(&database, busy)?),
                 pages: pages::Pages::new()?,
                 token: current.borrow().clone(),
             })
