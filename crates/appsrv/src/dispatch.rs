@@ -73,8 +73,31 @@ impl DatagramUse {
     }
 }
 
-/// The subcommand `matches` names: `run` when none is given.
+/// Sets up logging as `run`, `start` and `check` will (the same level and format; the
+/// later set-up in `launch` then finds it done), so that what the application logs between
+/// `Server::args` and `run` (its own start-up work, in the master) is not lost. The other
+/// subcommands log nothing of the server's.
+pub(crate) fn init_logging(name: &str, matches: &ArgMatches) {
+    let (m, daemon) = match matches.subcommand() {
+        None => (matches, false),
+        Some(("run" | "check", m)) => (m, false),
+        Some(("start", m)) => (m, true),
+        Some(_) => return,
+    };
+    let config = Config {
+        daemon,
+        ..cli::config(m)
+    };
+    crate::process::log::init(name, config.log_level, log_format(&config));
+}
+
+/// The subcommand `matches` names: `run` when none is given, and `worker` in a worker
+/// started again by `--exec-workers` (it runs `main` with the master's command line, but
+/// none of the master's start-up work is its to do).
 pub(crate) fn subcommand(matches: &ArgMatches) -> &str {
+    if crate::process::exec::from_env().is_some() {
+        return "worker";
+    }
     matches.subcommand().map_or("run", |(name, _)| name)
 }
 

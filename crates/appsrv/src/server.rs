@@ -538,6 +538,10 @@ impl Server {
     ///
     /// The options belong to `run`, `start` and `check`; for the other subcommands, `A`'s
     /// defaults are returned.
+    ///
+    /// For `run`, `start` and `check`, logging is set up here, with `--log-level` and
+    /// `--log-format`: what the program logs with `tracing` between `args` and `run` (its
+    /// own start-up work, in the master) is written as the server's lines are.
     pub fn args<A: clap::Args + FromArgMatches>(&mut self) -> A {
         let matches = cli::parse(self.command(A::augment_args), self.args.clone());
         let parsed = match matches.subcommand() {
@@ -548,6 +552,7 @@ impl Server {
             ),
         }
         .unwrap_or_else(|e| e.exit());
+        dispatch::init_logging(&self.name, &matches);
         self.matches = Some(matches);
         parsed
     }
@@ -556,7 +561,9 @@ impl Server {
     /// it: `"run"` (also when none is given), `"start"`, `"check"`, `"stop"`, `"status"`,
     /// and so on; `None` before `args`. An application does its start-up work (opening or
     /// creating its data, reading secrets) only for `run` and `start`, not when the same
-    /// binary is called to `stop` or `reload` a running server.
+    /// binary is called to `stop` or `reload` a running server. In a worker that
+    /// `--exec-workers` started again (it runs `main` with the master's command line, as
+    /// root until its privilege drop) it is `"worker"`: the master has done that work.
     pub fn subcommand(&self) -> Option<&str> {
         self.matches.as_ref().map(dispatch::subcommand)
     }
