@@ -141,22 +141,26 @@ pub(crate) struct NewItem {
     pub(crate) created: String,
 }
 
-/// How many latest items the front page lists, and how many tags its cloud shows.
-const LATEST: i64 = 20;
-const CLOUD: i64 = 20;
-
+// The limits are written in the statements, or cast: SQLite uses a LIMIT's bound integer
+// when it plans (it sets the parameter's bit in the statement's `expmask`), and then binding
+// it again, even to the same value, expires the statement, which is parsed and planned again
+// at its next step: a prepared statement in name only. A CAST is not an integer to the
+// planner, so `LIMIT CAST($1 AS BIGINT)` keeps the plan; PostgreSQL reads it as a bigint.
 const SQL_LATEST: &str = "SELECT i.id, i.title, a.name, i.created, i.score FROM items i \
-     JOIN authors a ON a.id = i.author_id ORDER BY i.id DESC LIMIT $1";
+     JOIN authors a ON a.id = i.author_id ORDER BY i.id DESC LIMIT 20";
 const SQL_COUNT: &str = "SELECT COUNT(*) FROM items";
-const SQL_CLOUD: &str = "SELECT t.name, COUNT(*) AS n FROM item_tags it JOIN tags t ON t.id = it.tag_id \
-     GROUP BY t.id, t.name ORDER BY n DESC, t.id LIMIT $1";
+// The cloud counts in the index of item_tags by tag (a covering scan, grouped as it is
+// ordered), then joins the names of the 20 largest: grouping the join by name instead
+// costs SQLite a search per tag and a sort, 2.5 times as long.
+const SQL_CLOUD: &str = "SELECT t.name, c.n FROM (SELECT tag_id, COUNT(*) AS n FROM item_tags GROUP BY tag_id) c \
+     JOIN tags t ON t.id = c.tag_id ORDER BY c.n DESC, t.id LIMIT 20";
 const SQL_ITEM: &str = "SELECT i.id, i.title, i.body, i.score, i.created, a.name, a.email FROM items i \
      JOIN authors a ON a.id = i.author_id WHERE i.id = $1";
-const SQL_ROWS_1: &str = "SELECT title FROM items ORDER BY id LIMIT $1";
+const SQL_ROWS_1: &str = "SELECT title FROM items ORDER BY id LIMIT CAST($1 AS BIGINT)";
 const SQL_ROWS_6: &str = "SELECT i.id, i.title, a.name, a.email, i.score, i.created FROM items i \
-     JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT $1";
+     JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT CAST($1 AS BIGINT)";
 const SQL_ROWS_7: &str = "SELECT i.id, i.title, a.name, a.email, i.score, i.created, i.body FROM items i \
-     JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT $1";
+     JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT CAST($1 AS BIGINT)";
 const SQL_AUTHOR: &str = "SELECT id FROM authors WHERE id = $1";
 const SQL_TAG: &str = "SELECT id FROM tags WHERE name = $1";
 const SQL_INSERT_ITEM: &str =
@@ -570,7 +574,7 @@ impl Store {
             Store::Sqlite(c) => {
                 let latest = {
                     let mut s = c.prepare_cached(SQL_LATEST).map_err(lite)?;
-                    s.query_map([LATEST], |r| {
+                    s.query_map([], |r| {
                         Ok(Latest {
                             id: r.get(0)?,
                             title: r.get(1)?,
@@ -589,7 +593,7 @@ impl Store {
                 let tags = c
                     .prepare_cached(SQL_CLOUD)
                     .and_then(|mut s| {
-                        s.query_map([CLOUD], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                             .collect::<rusqlite::Result<Vec<_>>>()
                     })
                     .map_err(lite)?;
@@ -602,7 +606,7 @@ impl Store {
             Store::Postgres(pg) => pg.with(|c| {
                 let latest = c
                     .client
-                    .query(&c.latest, &[&LATEST])?
+                    .query(&c.latest, &[])?
                     .iter()
                     .map(|r| Latest {
                         id: r.get(0),
@@ -613,7 +617,7 @@ impl Store {
                     })
                     .collect();
                 let count = c.client.query_one(&c.count, &[])?.get(0);
-                let tags = c.client.query(&c.cloud, &[&CLOUD])?;
+                let tags = c.client.query(&c.cloud, &[])?;
                 Ok(Front {
                     latest,
                     count,
