@@ -902,12 +902,16 @@ impl Pg {
     }
 }
 
-/// Whether a PostgreSQL error means the connection is gone: no SQLSTATE (an I/O error, a
-/// closed connection), class 08 (connection exception), or 57P01–57P03 (the server shuts
-/// down or is starting).
+/// Whether a PostgreSQL error means the connection is gone: a closed connection or an
+/// I/O error, SQLSTATE class 08 (connection exception), or 57P01–57P03 (the server shuts
+/// down or is starting). Other errors without a SQLSTATE are the client's own (a value of
+/// the wrong type): a bug to report as such, not a reason to reconnect.
 fn lost(e: &postgres::Error) -> bool {
     match e.code() {
-        None => true,
+        None => {
+            e.is_closed()
+                || std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
+        }
         Some(code) => {
             let c = code.code();
             c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03")
