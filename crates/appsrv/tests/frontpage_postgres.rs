@@ -1,0 +1,497 @@
+//! The `frontpage` example (issue 20) on PostgreSQL, driven as a real server against a real
+//! cluster: the pages equal the same golden files as on SQLite, the 400/401/404 answers and
+//! a POST, the workers' connections belong to the role named after the workers' user (peer
+//! authentication: they were made after the privilege drop, since the master is root),
+//! `--sandbox`, and a database restart under keep-alive load that clients see as 503s,
+//! never as a 500, a dropped connection or a crashed worker.
+//!
+//! Needs a running cluster with peer authentication on its socket and a role `nobody`, and
+//! root (to run `createdb` as `postgres`, and so that the workers are `nobody`):
+//!
+//! ```text
+//! APPSRV_TEST_POSTGRES=/var/run/postgresql APPSRV_TEST_POSTGRES_CLUSTER=15/main \
+//!     cargo test -p appsrv --test frontpage_postgres
+//! ```
+//!
+//! `APPSRV_TEST_POSTGRES` is the socket directory, `APPSRV_TEST_POSTGRES_CLUSTER` the
+//! cluster as `VERSION/NAME` for `pg_ctlcluster` (`.ci/run` sets both). Without them each
+//! test prints why it is skipped and passes, except under `CI`, where CI must run them.
+//!
+//! Each test has a database of its own (`createdb -O nobody`), dropped at the end, also
+//! when the test fails. The restart test stops the whole cluster: it holds [`CLUSTER`] for
+//! writing, the others for reading, so that none of them runs during the outage.
+
+mod frontpage_common;
+mod util;
+
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use frontpage_common::*;
+use util::*;
+
+/// Held for reading by every test, for writing by the one that restarts the cluster.
+static CLUSTER: RwLock<()> = RwLock::new(());
+
+/// Where the cluster is, from the environment.
+#[derive(Debug, Clone)]
+struct Pg {
+    socket_dir: String,
+    version: String,
+    name: String,
+}
+
+/// The cluster to test against, or `None` (and the reason printed) when the test is to be
+/// skipped. Under `CI` a missing setting is a failure.
+fn cluster() -> Option<Pg> {
+    let socket_dir = std::env::var("APPSRV_TEST_POSTGRES")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let cluster = std::env::var("APPSRV_TEST_POSTGRES_CLUSTER")
+        .ok()
+        .filter(|v| !v.is_empty());
+    let why = match (&socket_dir, &cluster) {
+        _ if !is_root() => Some(
+            "the tests run as root (createdb as postgres, workers as nobody with peer authentication)"
+                .to_owned(),
+        ),
+        (Some(_), Some(_)) => None,
+        _ => Some(
+            "set APPSRV_TEST_POSTGRES (the socket directory, e.g. /var/run/postgresql) and \
+             APPSRV_TEST_POSTGRES_CLUSTER (VERSION/NAME for pg_ctlcluster, e.g. 15/main)"
+                .to_owned(),
+        ),
+    };
+    if let Some(why) = why {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set, and the PostgreSQL tests must run there: {why}"
+        );
+        println!("skipped: {why}");
+        return None;
+    }
+    let cluster = cluster.unwrap();
+    let (version, name) = cluster
+        .split_once('/')
+        .unwrap_or_else(|| panic!("APPSRV_TEST_POSTGRES_CLUSTER={cluster:?}: expected VERSION/NAME"));
+    Some(Pg {
+        socket_dir: socket_dir.unwrap(),
+        version: version.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
+/// The cluster, and the shared hold on it; `None` to skip.
+fn shared() -> Option<(Pg, RwLockReadGuard<'static, ()>)> {
+    let pg = cluster()?;
+    Some((pg, CLUSTER.read().unwrap_or_else(|e| e.into_inner())))
+}
+
+/// Runs a PostgreSQL client program as `postgres` and returns its stdout; panics when it
+/// fails.
+fn as_postgres(program: &str, args: &[&str]) -> String {
+    let out = Command::new("runuser")
+        .args(["-u", "postgres", "--", program])
+        .args(args)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("runuser {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {:?}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// A database of one test's own, owned by `nobody`, dropped on drop (stop the server
+/// first: declare it before the server, which is then dropped before it).
+struct Database {
+    pg: Pg,
+    name: String,
+}
+
+impl Database {
+    fn create(pg: &Pg, tag: &str) -> Database {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let name = format!("appsrv_frontpage_{}_{tag}_{n}", std::process::id());
+        let db = Database { pg: pg.clone(), name };
+        as_postgres("createdb", &["-h", &pg.socket_dir, "-O", "nobody", &db.name]);
+        db
+    }
+
+    /// `--database` for the example: no user, so that the workers connect as their own.
+    fn url(&self) -> String {
+        format!("postgres:///{}?host={}", self.name, self.pg.socket_dir)
+    }
+
+    /// The rows of `sql` run by `postgres` in this database, `|`-separated.
+    fn query(&self, sql: &str) -> Vec<String> {
+        as_postgres(
+            "psql",
+            &[
+                "-h",
+                &self.pg.socket_dir,
+                "-X",
+                "-At",
+                "-d",
+                &self.name,
+                "-c",
+                sql,
+            ],
+        )
+        .lines()
+        .map(str::to_owned)
+        .collect()
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        // --force ends the connections of a server a failed test left running.
+        let out = Command::new("runuser")
+            .args(["-u", "postgres", "--", "dropdb", "--if-exists", "--force"])
+            .args(["-h", &self.pg.socket_dir, &self.name])
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            other => eprintln!("dropdb {}: {other:?}", self.name),
+        }
+    }
+}
+
+/// Runs `pg_ctlcluster VERSION NAME ACTION`.
+fn pg_ctlcluster(pg: &Pg, action: &str) {
+    let out = Command::new("pg_ctlcluster")
+        .args([&pg.version, &pg.name, action])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pg_ctlcluster");
+    assert!(
+        out.status.success(),
+        "pg_ctlcluster {} {} {action}: {:?}\n{}{}",
+        pg.version,
+        pg.name,
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// Starts the cluster again on drop, if a test stopped it and did not get to start it.
+struct Restarter {
+    pg: Pg,
+    stopped: std::cell::Cell<bool>,
+}
+
+impl Drop for Restarter {
+    fn drop(&mut self) {
+        if self.stopped.get() {
+            let out = Command::new("pg_ctlcluster")
+                .args([&self.pg.version, &self.pg.name, "start"])
+                .stdin(Stdio::null())
+                .output();
+            eprintln!("started the cluster again after a failure: {out:?}");
+        }
+    }
+}
+
+#[test]
+fn pages_equal_the_golden_files_of_sqlite() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "pages");
+    let server = frontpage(&db.url(), &[]);
+    check_pages(server.tcp_addr());
+    server.wait_for_log("loaded the schema and 500 items of seed data");
+    // One worker loaded the seed; the other found it loaded.
+    assert_eq!(
+        server.log_text().matches("loaded the schema").count(),
+        1,
+        "{}",
+        server.log_text()
+    );
+}
+
+#[test]
+fn bad_requests_are_refused_and_a_post_is_written() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "post");
+    let dir = TempDir::new("pg-post");
+    let token = dir.write("token", TOKEN, 0o600);
+    let server = frontpage(&db.url(), &["--api-token-file", &token]);
+    let addr = server.tcp_addr();
+    check_read_errors(addr);
+    check_post_refusals(addr, TOKEN);
+    check_post(addr, TOKEN);
+    // In the database: the seed and the two items, and the first one's two tags.
+    assert_eq!(db.query("SELECT COUNT(*) FROM items"), ["502"]);
+    assert_eq!(
+        db.query(
+            "SELECT t.name FROM item_tags it JOIN tags t ON t.id = it.tag_id \
+             WHERE it.item_id = 501 ORDER BY t.name"
+        ),
+        ["rust", "sqlite"]
+    );
+}
+
+#[test]
+fn the_workers_connect_as_their_own_user_after_the_privilege_drop() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "roles");
+    let server = frontpage(&db.url(), &[]);
+    let nobody = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    for pid in server.worker_pids() {
+        assert_eq!(proc_ids(pid, "Uid:"), vec![nobody; 4], "worker {pid}");
+    }
+    check_pages(server.tcp_addr());
+    // Peer authentication names the role after the OS user of the connecting process: a
+    // worker that connected as root would have been refused (there is no role root), and
+    // one that connected before it dropped its privileges would have been root.
+    let roles = db.query(&format!(
+        "SELECT usename FROM pg_stat_activity WHERE datname = '{}' \
+         AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        db.name
+    ));
+    assert_eq!(
+        roles,
+        ["nobody", "nobody"],
+        "one connection per worker, as nobody"
+    );
+    assert_eq!(
+        db.query("SELECT tableowner FROM pg_tables WHERE tablename = 'items'"),
+        ["nobody"]
+    );
+}
+
+#[test]
+fn sandboxed_workers_reach_postgres() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "sandbox");
+    let dir = TempDir::new("pg-sandbox");
+    let token = dir.write("token", TOKEN, 0o600);
+    let server = frontpage(&db.url(), &["--sandbox", "--api-token-file", &token]);
+    for pid in server.worker_pids() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(
+            status.lines().any(|l| l == "Seccomp:\t2"),
+            "worker {pid} runs under a seccomp filter:\n{status}"
+        );
+    }
+    let addr = server.tcp_addr();
+    check_pages(addr);
+    post_ok(addr, TOKEN, &item_json("Sandboxed"), SEED_ITEMS + 1);
+    assert!(get(addr, "/").text().contains("501 items"));
+}
+
+/// What one load client saw.
+#[derive(Default)]
+struct Seen {
+    ok: AtomicU64,
+    unavailable: AtomicU64,
+    /// 200s in a row among the requests sent after the cluster was started again.
+    streak_after_start: AtomicU64,
+}
+
+/// `GET /` on a keep-alive connection, never retried: the answer must be a well-formed
+/// 200 with the front page, or 503 with `Retry-After`; anything else is an error. The
+/// connection is opened again only after a response that announced its close.
+fn load_request(
+    addr: SocketAddr,
+    conn: &mut Option<BufReader<TcpStream>>,
+    front: &str,
+) -> Result<u16, String> {
+    let c = match conn {
+        Some(c) => c,
+        None => {
+            let s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+            s.set_read_timeout(Some(PATIENCE)).unwrap();
+            conn.insert(BufReader::new(s))
+        }
+    };
+    let result = c
+        .get_mut()
+        .write_all(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+        .map_err(|e| format!("sending: {e}"))
+        .and_then(|()| read_response(c, false));
+    let r = match result {
+        Ok(r) => r,
+        Err(e) => {
+            *conn = None;
+            return Err(e);
+        }
+    };
+    if r.closes() {
+        *conn = None;
+    }
+    match r.status {
+        200 if r.body == front.as_bytes() => Ok(200),
+        503 if r.header("retry-after") == Some("1") => Ok(503),
+        _ => Err(format!("{} {:?}: {:?}", r.status, r.headers, r.text())),
+    }
+}
+
+#[test]
+fn a_database_restart_under_load_gets_503_and_no_worker_crashes() {
+    let Some(pg) = cluster() else { return };
+    let _exclusive = CLUSTER.write().unwrap_or_else(|e| e.into_inner());
+    let db = Database::create(&pg, "restart");
+    let restarter = Restarter {
+        pg: pg.clone(),
+        stopped: std::cell::Cell::new(false),
+    };
+    let dir = TempDir::new("pg-restart");
+    let token = dir.write("token", TOKEN, 0o600);
+    // One worker more than clients: the keep-alive clients need not take turns.
+    const CLIENTS: usize = 3;
+    let server = Server::start(
+        "frontpage",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "4",
+            "--database",
+            &db.url(),
+            "--api-token-file",
+            &token,
+        ],
+    );
+    let before = server.wait_for_workers(4);
+    let addr = server.tcp_addr();
+    let front = golden("front.html");
+
+    let stop = AtomicBool::new(false);
+    let started_again = AtomicBool::new(false);
+    let seen: Vec<Seen> = (0..CLIENTS).map(|_| Seen::default()).collect();
+    let wait_for = |what: &str, deadline: Duration, f: &dyn Fn() -> bool| {
+        let end = Instant::now() + deadline;
+        while !f() {
+            assert!(Instant::now() < end, "never {what}; log:\n{}", server.log_text());
+            std::thread::sleep(Duration::from_millis(20)); // polling a condition
+        }
+    };
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let clients: Vec<_> = seen
+            .iter()
+            .enumerate()
+            .map(|(i, seen)| {
+                let (stop, started_again, front) = (&stop, &started_again, &front);
+                s.spawn(move || {
+                    let mut errors = Vec::new();
+                    let mut conn = None;
+                    while !stop.load(Ordering::Relaxed) && errors.len() < 10 {
+                        let after_start = started_again.load(Ordering::SeqCst);
+                        match load_request(addr, &mut conn, front) {
+                            Ok(200) => {
+                                seen.ok.fetch_add(1, Ordering::Relaxed);
+                                if after_start {
+                                    seen.streak_after_start.fetch_add(1, Ordering::SeqCst);
+                                }
+                            }
+                            Ok(_) => {
+                                seen.unavailable.fetch_add(1, Ordering::Relaxed);
+                                seen.streak_after_start.store(0, Ordering::SeqCst);
+                            }
+                            Err(e) => {
+                                seen.streak_after_start.store(0, Ordering::SeqCst);
+                                errors.push(format!("client {i}: {e}"));
+                            }
+                        }
+                    }
+                    errors
+                })
+            })
+            .collect();
+        let all = |f: &dyn Fn(&Seen) -> bool| seen.iter().all(f);
+        wait_for("the clients served", PATIENCE, &|| {
+            all(&|c| c.ok.load(Ordering::Relaxed) >= 5)
+        });
+        pg_ctlcluster(&pg, "stop");
+        restarter.stopped.set(true);
+        wait_for("a 503 during the outage", PATIENCE, &|| {
+            seen.iter()
+                .map(|c| c.unavailable.load(Ordering::Relaxed))
+                .sum::<u64>()
+                >= 1
+        });
+        // The outage lasts a while under load: every client sees it.
+        wait_for("every client saw the outage", PATIENCE, &|| {
+            all(&|c| c.unavailable.load(Ordering::Relaxed) >= 1)
+        });
+        pg_ctlcluster(&pg, "start");
+        restarter.stopped.set(false);
+        started_again.store(true, Ordering::SeqCst);
+        // Every client back to pages, for 50 requests in a row.
+        wait_for("the clients back to 200", Duration::from_secs(60), &|| {
+            all(&|c| c.streak_after_start.load(Ordering::SeqCst) >= 50)
+        });
+        stop.store(true, Ordering::Relaxed);
+        clients.into_iter().flat_map(|c| c.join().unwrap()).collect()
+    });
+    assert!(errors.is_empty(), "failed requests: {errors:#?}");
+    assert_eq!(server.worker_pids(), before, "the same workers: none crashed");
+    let log = server.log_text();
+    assert!(log.contains("connection lost"), "{log}");
+    assert!(log.contains("connected again"), "{log}");
+    assert!(!log.contains("database error"), "{log}");
+    // The statements are prepared again on the new connections: a write works. A worker
+    // that no client reached since the restart finds its connection gone at this request
+    // and answers 503 (nothing written: the transaction never began), as Retry-After says,
+    // the next request is served.
+    let json = item_json("After the restart");
+    let posted = wait_until(|| {
+        let r = post_item(addr, Some(TOKEN), Some("application/json"), &json);
+        (r.status != 503).then_some(r)
+    })
+    .expect("a POST served after the restart");
+    assert_eq!(posted.status, 201, "{posted:?} {:?}", posted.text());
+    assert_eq!(posted.text(), format!("{{\"id\":{}}}\n", SEED_ITEMS + 1));
+    let total: u64 = seen.iter().map(|c| c.ok.load(Ordering::Relaxed)).sum();
+    let unavailable: u64 = seen.iter().map(|c| c.unavailable.load(Ordering::Relaxed)).sum();
+    println!("{total} pages and {unavailable} 503s, no other answer");
+    // Stopped before the database is dropped.
+    drop(server);
+    drop(restarter);
+    drop(db);
+}
+
+/// Each test's database is gone at its end (its server stopped first): the tests leave
+/// nothing in the cluster.
+#[test]
+fn the_test_databases_are_dropped() {
+    let Some((pg, _shared)) = shared() else { return };
+    let name;
+    {
+        let db = Database::create(&pg, "dropped");
+        name = db.name.clone();
+        let _server = frontpage(&db.url(), &[]);
+        // The server is dropped first (declared last), then the database.
+    }
+    let left = as_postgres(
+        "psql",
+        &[
+            "-h",
+            &pg.socket_dir,
+            "-X",
+            "-At",
+            "-d",
+            "postgres",
+            "-c",
+            &format!("SELECT COUNT(*) FROM pg_database WHERE datname = '{name}'"),
+        ],
+    );
+    assert_eq!(left.trim(), "0");
+}
