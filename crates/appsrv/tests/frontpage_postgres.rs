@@ -28,7 +28,7 @@ use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use frontpage_common::*;
@@ -296,6 +296,15 @@ fn sandboxed_workers_reach_postgres() {
     assert!(get(addr, "/").text().contains("501 items"));
 }
 
+/// Sets its flag when dropped, also by a panic.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// What one load client saw.
 #[derive(Default)]
 struct Seen {
@@ -376,59 +385,57 @@ fn a_database_restart_under_load_gets_503_and_no_worker_crashes() {
     let stop = AtomicBool::new(false);
     let started_again = AtomicBool::new(false);
     let seen: Vec<Seen> = (0..CLIENTS).map(|_| Seen::default()).collect();
+    let errors = Mutex::new(Vec::<String>::new());
+    // Fails at the first failed request, or when `f` is not true within `deadline`.
     let wait_for = |what: &str, deadline: Duration, f: &dyn Fn() -> bool| {
         let end = Instant::now() + deadline;
-        while !f() {
+        loop {
+            let failed = errors.lock().unwrap().clone();
+            assert!(failed.is_empty(), "failed requests: {failed:#?}");
+            if f() {
+                return;
+            }
             assert!(Instant::now() < end, "never {what}; log:\n{}", server.log_text());
             std::thread::sleep(Duration::from_millis(20)); // polling a condition
         }
     };
-    let errors: Vec<String> = std::thread::scope(|s| {
-        let clients: Vec<_> = seen
-            .iter()
-            .enumerate()
-            .map(|(i, seen)| {
-                let (stop, started_again, front) = (&stop, &started_again, &front);
-                s.spawn(move || {
-                    let mut errors = Vec::new();
-                    let mut conn = None;
-                    while !stop.load(Ordering::Relaxed) && errors.len() < 10 {
-                        let after_start = started_again.load(Ordering::SeqCst);
-                        match load_request(addr, &mut conn, front) {
-                            Ok(200) => {
-                                seen.ok.fetch_add(1, Ordering::Relaxed);
-                                if after_start {
-                                    seen.streak_after_start.fetch_add(1, Ordering::SeqCst);
-                                }
-                            }
-                            Ok(_) => {
-                                seen.unavailable.fetch_add(1, Ordering::Relaxed);
-                                seen.streak_after_start.store(0, Ordering::SeqCst);
-                            }
-                            Err(e) => {
-                                seen.streak_after_start.store(0, Ordering::SeqCst);
-                                errors.push(format!("client {i}: {e}"));
+    std::thread::scope(|s| {
+        // The clients stop also when this thread fails (the scope waits for them).
+        let _stop = StopOnDrop(&stop);
+        for (i, seen) in seen.iter().enumerate() {
+            let (stop, started_again, front, errors) = (&stop, &started_again, &front, &errors);
+            s.spawn(move || {
+                let mut conn = None;
+                while !stop.load(Ordering::Relaxed) {
+                    let after_start = started_again.load(Ordering::SeqCst);
+                    match load_request(addr, &mut conn, front) {
+                        Ok(200) => {
+                            seen.ok.fetch_add(1, Ordering::Relaxed);
+                            if after_start {
+                                seen.streak_after_start.fetch_add(1, Ordering::SeqCst);
                             }
                         }
+                        Ok(_) => {
+                            seen.unavailable.fetch_add(1, Ordering::Relaxed);
+                            seen.streak_after_start.store(0, Ordering::SeqCst);
+                        }
+                        Err(e) => {
+                            errors.lock().unwrap().push(format!("client {i}: {e}"));
+                            return;
+                        }
                     }
-                    errors
-                })
-            })
-            .collect();
+                }
+            });
+        }
         let all = |f: &dyn Fn(&Seen) -> bool| seen.iter().all(f);
         wait_for("the clients served", PATIENCE, &|| {
             all(&|c| c.ok.load(Ordering::Relaxed) >= 5)
         });
-        pg_ctlcluster(&pg, "stop");
+        // Marked first: a stop that fails half-way is started again too.
         restarter.stopped.set(true);
-        wait_for("a 503 during the outage", PATIENCE, &|| {
-            seen.iter()
-                .map(|c| c.unavailable.load(Ordering::Relaxed))
-                .sum::<u64>()
-                >= 1
-        });
-        // The outage lasts a while under load: every client sees it.
-        wait_for("every client saw the outage", PATIENCE, &|| {
+        pg_ctlcluster(&pg, "stop");
+        // The outage lasts until every client has seen it.
+        wait_for("a 503 for every client during the outage", PATIENCE, &|| {
             all(&|c| c.unavailable.load(Ordering::Relaxed) >= 1)
         });
         pg_ctlcluster(&pg, "start");
@@ -438,10 +445,9 @@ fn a_database_restart_under_load_gets_503_and_no_worker_crashes() {
         wait_for("the clients back to 200", Duration::from_secs(60), &|| {
             all(&|c| c.streak_after_start.load(Ordering::SeqCst) >= 50)
         });
-        stop.store(true, Ordering::Relaxed);
-        clients.into_iter().flat_map(|c| c.join().unwrap()).collect()
     });
-    assert!(errors.is_empty(), "failed requests: {errors:#?}");
+    let failed = errors.into_inner().unwrap();
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
     assert_eq!(server.worker_pids(), before, "the same workers: none crashed");
     let log = server.log_text();
     assert!(log.contains("connection lost"), "{log}");
