@@ -443,9 +443,14 @@ fn serve() -> appsrv::Result<()> {
     let workers = server.worker_identity()?;
     let database = resolve_database(args.database, workers.as_ref())?;
     let token_file = args.api_token_file.map(|p| std::path::absolute(&p).unwrap_or(p));
+    // Read by the processes that serve or check, only: `stop` and `status` must work
+    // whatever the file holds (a unit file gives FRONTPAGE_API_TOKEN_FILE to every one of
+    // them). A worker `--exec-workers` started again reads the file itself.
     let token = match &token_file {
-        Some(path) => Some(read_token(path).map_err(appsrv::Error::Config)?),
-        None => None,
+        Some(path) if matches!(server.subcommand(), Some("run" | "start" | "check" | "worker")) => {
+            Some(read_token(path).map_err(appsrv::Error::Config)?)
+        }
+        _ => None,
     };
     if serving {
         // Here, in the master, before anything is bound or the daemon detaches: a database

@@ -344,6 +344,7 @@ fn subcommands_that_serve_nothing_do_not_create_the_database() {
     let db = dir.sqlite("never/frontpage.db");
     let pid_file = dir.str("pid");
     let ctl = dir.str("ctl.sock");
+    let short_token = dir.write("short-token", "short\n", 0o600);
     // The command line refuses --database with these subcommands; the environment (a
     // service's unit file, say) gives it to every one of them.
     for args in [
@@ -354,6 +355,8 @@ fn subcommands_that_serve_nothing_do_not_create_the_database() {
         let out = std::process::Command::new(example("frontpage"))
             .args(&args)
             .env("FRONTPAGE_DATABASE", &db)
+            // A token file that would stop `run` does not stop these: they never read it.
+            .env("FRONTPAGE_API_TOKEN_FILE", &short_token)
             .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
@@ -371,9 +374,18 @@ fn subcommands_that_serve_nothing_do_not_create_the_database() {
         !dir.path("never").exists(),
         "check created the database directory"
     );
-    // The control experiment: `run` does create it.
+    // The control experiment: `run` does create it, and says so in the master's log.
     let server = frontpage(&db, &[]);
     assert!(dir.path("never/frontpage.db").exists());
+    let log = server.log_text();
+    assert!(
+        log.contains("master: ") && log.contains("frontpage.db: created, with 500 items of seed data"),
+        "log:\n{log}"
+    );
+    assert!(
+        log.contains("no --api-token-file: POST /item answers 401"),
+        "log:\n{log}"
+    );
     drop(server);
 }
 
