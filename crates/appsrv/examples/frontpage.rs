@@ -150,7 +150,6 @@ const MAX_TAGS: usize = 8;
 struct Frontpage {
     /// `None` only after `on_worker_exit`, when no request comes any more.
     store: Option<db::Store>,
-    pages: pages::Pages,
     token: Option<Rc<str>>,
 }
 
@@ -200,7 +199,7 @@ impl Frontpage {
 
     fn front(&mut self, res: &mut HttpResponse<'_>) -> io::Result<()> {
         match self.store().front() {
-            Ok(front) => self.html(res, "front.html", front),
+            Ok(front) => html(res, &pages::FrontPage { front: &front }),
             Err(f) => failure(res, f),
         }
     }
@@ -222,7 +221,7 @@ impl Frontpage {
             );
         };
         match self.store().rows(n) {
-            Ok(table) => self.html(res, "rows.html", table),
+            Ok(table) => html(res, &pages::RowsPage { table: &table }),
             Err(f) => failure(res, f),
         }
     }
@@ -236,7 +235,7 @@ impl Frontpage {
             return plain(res, 404, "no such item\n");
         };
         match self.store().item(id) {
-            Ok(Some(item)) => self.html(res, "item.html", item),
+            Ok(Some(item)) => html(res, &pages::ItemPage { item: &item }),
             Ok(None) => plain(res, 404, "no such item\n"),
             Err(f) => failure(res, f),
         }
@@ -269,16 +268,12 @@ impl Frontpage {
             Err(f) => failure(res, f),
         }
     }
+}
 
-    fn html(
-        &self,
-        res: &mut HttpResponse<'_>,
-        template: &str,
-        context: impl serde::Serialize,
-    ) -> io::Result<()> {
-        res.content_type("text/html; charset=utf-8");
-        self.pages.render(template, context, res)
-    }
+/// A page as `text/html`.
+fn html(res: &mut HttpResponse<'_>, page: &impl askama::Template) -> io::Result<()> {
+    res.content_type("text/html; charset=utf-8");
+    pages::render(page, res)
 }
 
 /// Checks `Authorization: Bearer TOKEN` against the configured token.
@@ -490,7 +485,6 @@ fn serve() -> appsrv::Result<()> {
         .run_requests(move || {
             Ok(Frontpage {
                 store: Some(db::open(&database, busy)?),
-                pages: pages::Pages::new()?,
                 token: current.borrow().clone(),
             })
         })
