@@ -33,10 +33,12 @@
 //! - `GET /item/ID`: one item, or `404`.
 //! - `POST /item`: inserts an item and its tags in one transaction. Authorised by
 //!   `Authorization: Bearer TOKEN`, the token read from `--api-token-file` at start and on
-//!   `reload` (missing or wrong token, or no token file: `401`). The body is JSON,
+//!   `reload` (missing or wrong token, or no token file: `401`; with `--exec-workers`, each
+//!   worker reads the file when it starts). The body is JSON,
 //!   `{"title": "…", "body": "…", "author_id": N, "tags": ["…"]}` (`Content-Type:
 //!   application/json`, else `415`); a bad body (not JSON, an unknown field, an empty or
-//!   overlong title, an unknown author or tag, a repeated tag) is `400` with the reason,
+//!   overlong title, an unknown author or tag, a repeated tag, a tag of more than 64
+//!   characters or with a control character) is `400` with the reason,
 //!   and nothing is written. Success is `201 Created` with `Location: /item/ID` and
 //!   `{"id":ID}`.
 //! - Other methods get `405` with `Allow`; other paths `404`. `HEAD` works wherever `GET`
@@ -54,8 +56,11 @@
 //! (readers never wait for the writer), and closes it before it forks: a SQLite connection
 //! must never cross a `fork`. WAL keeps `-wal` and `-shm` files beside the database, so
 //! the directory must be writable by the workers: when the master starts as root and the
-//! workers run as `--user` (default `nobody`), a directory and file it creates are given to
-//! that user, and an existing one the workers cannot write stops the start with a message.
+//! workers run as `--user` (default `nobody`), a directory it creates (mode 0750) is given
+//! to that user, and the file is created (mode 0640), opened and filled as that user, so
+//! that a link the workers' user planted in its own directory cannot make root write
+//! elsewhere; a directory or file the workers cannot reach stops the start with a message
+//! (`check` says so too). The path is the master's: `--chroot` is not supported with SQLite.
 //! Writes run in `BEGIN IMMEDIATE`, and a connection waits up to `--db-busy-timeout`
 //! (5000 ms) for the write lock before the request gets 503.
 //!
@@ -66,8 +71,17 @@
 //! a Tokio runtime and the master stays single-threaded. Without a user in the URL the
 //! workers connect as their own user name, as `psql` does; with peer authentication that
 //! role is the workers' OS user, which shows that the connection was made after the
-//! privilege drop. A lost connection (a server restart, a network failure) is dropped and
-//! made again by a later request, at most once a second; requests meanwhile get 503.
+//! privilege drop: create the role and its database with `createuser nobody; createdb -O
+//! nobody frontpage` (as the `postgres` user; the role must be able to create tables in
+//! the database's `public` schema, which PostgreSQL 15 gives only to its owner). A lost
+//! connection (a server restart, a network failure) is dropped and made again by a later
+//! request, at most once a second; requests meanwhile get 503. A server that cannot be
+//! reached when a worker starts does not stop that worker (it starts without a connection,
+//! says why in the log, and answers 503 until it connects), so a pool replaced during an
+//! outage keeps answering; authentication or a missing database stops the start. No TLS
+//! to the database (`NoTls`): use the local socket or a trusted network. A password is
+//! better given in `FRONTPAGE_DATABASE` than on the command line, which other users can
+//! read in `/proc`; logs show it as `***`.
 //!
 //! ## Per-worker state, and why the factory makes it
 //!
@@ -97,7 +111,9 @@
 //! pool grows with `--max-workers` when clients queue.
 //!
 //! With `--sandbox`, workers may write the SQLite database's directory (and nothing else on
-//! disk), or, for PostgreSQL, create sockets and connect (`socket`, `connect`).
+//! disk), or, for PostgreSQL, create sockets and connect (`socket`, `connect`). They read
+//! no file then, so a PostgreSQL host must be an IP address or the socket directory: a
+//! host name needs the resolver's files (`/etc/hosts`, `/etc/resolv.conf`).
 
 use std::cell::RefCell;
 use std::io::{self, Write};
@@ -123,7 +139,7 @@ struct Args {
         value_name = "URL",
         default_value = "sqlite:frontpage-data/frontpage.db"
     )]
-    database: Database,
+    database: String,
 
     /// Read the API token that authorises POST /item from FILE (at start and on reload);
     /// without it, POST /item answers 401
@@ -144,6 +160,7 @@ const MAX_BODY: usize = 64 * 1024;
 const MAX_TITLE: usize = 200;
 const MAX_TEXT: usize = 10_000;
 const MAX_TAGS: usize = 8;
+const MAX_TAG: usize = 64;
 
 /// One worker's handler: its database connection with its prepared statements, its
 /// compiled templates, and the API token it was started with.
@@ -335,6 +352,11 @@ fn parse_item(body: &[u8]) -> Result<db::NewItem, String> {
         return Err(format!("more than {MAX_TAGS} tags"));
     }
     for (i, tag) in item.tags.iter().enumerate() {
+        if tag.is_empty() || tag.chars().count() > MAX_TAG || tag.chars().any(char::is_control) {
+            return Err(format!(
+                "tag {tag:?}: expected 1 to {MAX_TAG} characters, none a control character"
+            ));
+        }
         if item.tags[..i].contains(tag) {
             return Err(format!("tag {tag:?} given twice"));
         }
@@ -434,17 +456,28 @@ fn serve() -> appsrv::Result<()> {
         .about("An application front page on SQLite or PostgreSQL: per-worker connections, statements and templates")
         .listen("127.0.0.1:8090");
     let args: Args = server.args();
-    let serving = matches!(server.subcommand(), Some("run" | "start"));
+    let sub = server.subcommand().unwrap_or("run").to_owned();
+    let serving = matches!(sub.as_str(), "run" | "start");
     let workers = server.worker_identity()?;
-    let database = resolve_database(args.database, workers.as_ref())?;
+    // Parsed here rather than by clap, whose message would quote the URL, password and
+    // all; and only by the processes that use it (`stop` and `status` get the variable
+    // FRONTPAGE_DATABASE from a unit file too).
+    let uses_database = matches!(sub.as_str(), "run" | "start" | "check" | "worker");
+    let database = if uses_database {
+        let parsed = args
+            .database
+            .parse::<Database>()
+            .map_err(|e| appsrv::Error::Config(format!("--database {e}")))?;
+        resolve_database(parsed, workers.as_ref())?
+    } else {
+        Database::Sqlite(PathBuf::new())
+    };
     let token_file = args.api_token_file.map(|p| std::path::absolute(&p).unwrap_or(p));
     // Read by the processes that serve or check, only: `stop` and `status` must work
     // whatever the file holds (a unit file gives FRONTPAGE_API_TOKEN_FILE to every one of
     // them). A worker `--exec-workers` started again reads the file itself.
     let token = match &token_file {
-        Some(path) if matches!(server.subcommand(), Some("run" | "start" | "check" | "worker")) => {
-            Some(read_token(path).map_err(appsrv::Error::Config)?)
-        }
+        Some(path) if uses_database => Some(read_token(path).map_err(appsrv::Error::Config)?),
         _ => None,
     };
     if serving {
@@ -474,8 +507,13 @@ fn serve() -> appsrv::Result<()> {
     let current = Rc::new(RefCell::new(token));
     let reloaded = Rc::clone(&current);
     let busy = Duration::from_millis(args.db_busy_timeout);
+    let (checked, identity) = (database.clone(), workers.clone());
     server
         .sandbox(profile)
+        .on_check(move || {
+            // What `run` would refuse, found without creating anything.
+            db::check(&checked, identity.as_ref()).map_err(|e| format!("--database {e}").into())
+        })
         .on_reload(move || {
             if let Some(path) = &token_file {
                 *reloaded.borrow_mut() = Some(read_token(path)?);

@@ -310,12 +310,19 @@ fn a_database_the_workers_could_not_write_stops_the_start() {
     let (status, log) = run_to_exit(&["-l", "127.0.0.1:0", "--database", &db]);
     assert!(!status.success(), "{status:?}; log:\n{log}");
     assert!(
-        log.contains(&format!(
-            "directory {} is not writable by the workers' user nobody",
-            dir.str("root-dir")
-        )),
+        log.contains(&format!("{}: ", dir.str("root-dir/frontpage.db")))
+            && log.contains("not writable by the workers' user nobody"),
         "log:\n{log}"
     );
+    // `check` finds it too, without creating anything.
+    let out = frontpage_cmd(&["check", "-l", "127.0.0.1:0", "--database", &db]);
+    assert!(!out.status.success(), "check passed");
+    assert!(
+        text(&out.stderr).contains("not writable by the workers' user nobody"),
+        "check: {}",
+        text(&out.stderr)
+    );
+    assert!(!dir.path("root-dir/frontpage.db").exists());
     assert!(
         !log.contains("listening on"),
         "it bound its listener first; log:\n{log}"
@@ -329,13 +336,43 @@ fn a_database_the_workers_could_not_write_stops_the_start() {
     let (status, log) = run_to_exit(&["run", "-l", "127.0.0.1:0", "--database", &db]);
     assert!(!status.success(), "{status:?}; log:\n{log}");
     assert!(
-        log.contains(&format!(
-            "database file {} is not writable by the workers' user nobody",
-            dir.str("their-dir/frontpage.db")
-        )),
+        log.contains(&format!("{}: ", dir.str("their-dir/frontpage.db")))
+            && log.contains("not writable by the workers' user nobody"),
         "log:\n{log}"
     );
     assert!(!log.contains("listening on"), "log:\n{log}");
+}
+
+/// The workers' directory is theirs: a link planted there must not make the root master
+/// create (and hand over) a file elsewhere (issue 20's review: it made
+/// `/tmp/h700/owned-by-nobody`, in a directory of root's, for nobody).
+#[test]
+fn issue_20_a_link_planted_in_the_workers_directory_is_not_followed() {
+    if !is_root() {
+        println!("skipped: the workers run as another user only when the master is root");
+        return;
+    }
+    let dir = TempDir::new("planted");
+    std::fs::create_dir(dir.path("roots")).unwrap();
+    std::fs::set_permissions(dir.path("roots"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(dir.path("theirs")).unwrap();
+    std::os::unix::fs::chown(dir.path("theirs"), Some(nobody_uid()), None).unwrap();
+    let target = dir.path("roots/made-by-root");
+    std::os::unix::fs::symlink(&target, dir.path("theirs/frontpage.db")).unwrap();
+    let db = dir.sqlite("theirs/frontpage.db");
+    let (status, log) = run_to_exit(&["-l", "127.0.0.1:0", "--database", &db]);
+    assert!(!status.success(), "{status:?}; log:\n{log}");
+    assert!(log.contains("a symbolic link: refused"), "log:\n{log}");
+    assert!(
+        std::fs::symlink_metadata(&target).is_err(),
+        "root created the link's target; log:\n{log}"
+    );
+    // The file the master makes is the workers' own (made by them, mode 0640).
+    std::fs::remove_file(dir.path("theirs/frontpage.db")).unwrap();
+    let server = frontpage(&db, &[]);
+    let meta = std::fs::metadata(dir.path("theirs/frontpage.db")).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (nobody_uid(), 0o640));
+    drop(server);
 }
 
 #[test]

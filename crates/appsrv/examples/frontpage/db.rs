@@ -58,19 +58,37 @@ impl fmt::Display for Database {
     }
 }
 
-/// A URL with its password (`user:PASSWORD@`) replaced, for logs and error messages.
+/// A URL with its password (`user:PASSWORD@`, and a `password=` parameter) replaced, for
+/// logs and error messages.
 fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
+    let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) if userinfo.contains(':') => {
             let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{tail}")
+            format!("{user}:***@{host}")
         }
-        _ => url.to_owned(),
-    }
+        _ => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<&str> = query
+                .split('&')
+                .map(|p| {
+                    if p.starts_with("password=") {
+                        "password=***"
+                    } else {
+                        p
+                    }
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
 }
 
 /// Why a page could not be made, and so what the client gets.
@@ -378,10 +396,18 @@ pub(crate) fn format_time(unix: i64) -> String {
 // In the master: SQLite's file, created and filled before any worker starts.
 
 /// Prepares the database in the master, before the fork: for SQLite, creates the file with
-/// its schema and seed data if it has none (WAL mode is a property of the file, set once),
-/// and makes the file and its directory the workers' when they run as another user, since
-/// WAL needs `-wal` and `-shm` files beside the database. The connection is closed before
-/// this returns: a SQLite connection must not cross a `fork`.
+/// its schema and seed data if it has none (WAL mode is a property of the file, set once).
+/// The connection is closed before this returns: a SQLite connection must not cross a
+/// `fork`.
+///
+/// When the workers run as another user, WAL's `-wal` and `-shm` files beside the database
+/// must be theirs to write, so the directory is theirs: a missing one is made by the master
+/// (mode 0750) and given to them. Everything else is done **as the workers' user**: the
+/// master switches its effective identity to theirs for the duration. Their directory is
+/// theirs to change, so root must not create, open or chown anything in it by name: a link
+/// planted there (`frontpage.db -> /etc/ld.so.preload`) would have root create that file
+/// and hand it over. As the workers, the kernel checks what they may reach, including the
+/// directories on the way; the file is created by them (mode 0640), so nothing is chowned.
 ///
 /// PostgreSQL is left to the workers (see [`open`]): its client runs a Tokio runtime, which
 /// has no place in the single-threaded master.
@@ -389,20 +415,117 @@ pub(crate) fn prepare(db: &Database, workers: Option<&appsrv::WorkerIdentity>) -
     let Database::Sqlite(path) = db else {
         return Ok(());
     };
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_owned();
-    if !dir.exists() {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dir = directory_of(path);
+    if std::fs::symlink_metadata(&dir).is_err() {
+        use std::os::unix::fs::DirBuilderExt;
+        // Its parents as any directory (0755 less the umask), itself 0750.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o750)
+            .create(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
         if let Some(w) = workers {
-            chown(&dir, w)?;
+            // The directory was just made in a parent the workers cannot write: it is the
+            // one given (and lchown follows no link).
+            std::os::unix::fs::lchown(&dir, Some(w.uid), Some(w.gid)).map_err(|e| {
+                format!(
+                    "{}: cannot give it to the workers' user {}: {e}",
+                    dir.display(),
+                    w.user
+                )
+            })?;
         }
     }
-    let existed = path.exists();
-    let mut conn = rusqlite::Connection::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let fail = |e: rusqlite::Error| format!("{}: {e}", path.display());
+    as_identity(workers, || create_and_seed(path, workers))?
+}
+
+/// What `check` can say without creating anything: that the workers could open or create
+/// the database (a missing directory is the master's to make).
+pub(crate) fn check(db: &Database, workers: Option<&appsrv::WorkerIdentity>) -> Result<(), String> {
+    let Database::Sqlite(path) = db else {
+        return Ok(());
+    };
+    let dir = directory_of(path);
+    if std::fs::symlink_metadata(&dir).is_err() {
+        return Ok(());
+    }
+    as_identity(workers, || {
+        if regular_file(path)? {
+            let flags =
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let conn =
+                rusqlite::Connection::open_with_flags(path, flags).map_err(|e| denied(path, workers, e))?;
+            conn.query_row("PRAGMA schema_version", [], |_| Ok(()))
+                .map_err(|e| format!("{}: {e}", path.display()))
+        } else {
+            use nix::unistd::AccessFlags;
+            nix::unistd::faccessat(
+                nix::fcntl::AT_FDCWD,
+                &dir,
+                AccessFlags::W_OK | AccessFlags::X_OK,
+                nix::fcntl::AtFlags::AT_EACCESS,
+            )
+            .map_err(|e| denied(&dir, workers, e))
+        }
+    })?
+}
+
+fn directory_of(path: &Path) -> PathBuf {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_owned()
+}
+
+/// Whether `path` is a regular file (`false`: there is none); a link or anything else is
+/// refused.
+fn regular_file(path: &Path) -> Result<bool, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(format!(
+            "{}: a symbolic link: refused (give the file's own path)",
+            path.display()
+        )),
+        Ok(m) if !m.is_file() => Err(format!("{}: not a regular file", path.display())),
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// An error met as the workers' user, with what it means for them.
+fn denied(path: &Path, workers: Option<&appsrv::WorkerIdentity>, e: impl fmt::Display) -> String {
+    match workers {
+        Some(w) => format!(
+            "{}: {e}: not writable by the workers' user {} (SQLite in WAL mode writes the \
+             database and its -wal and -shm files beside it): give its directory to {}, or \
+             pick another --database sqlite:PATH",
+            path.display(),
+            w.user,
+            w.user
+        ),
+        None => format!("{}: {e}", path.display()),
+    }
+}
+
+/// Creates the file (if missing), sets WAL mode and loads the seed data (if it has no
+/// schema): run as the workers' user.
+fn create_and_seed(path: &Path, workers: Option<&appsrv::WorkerIdentity>) -> Result<(), String> {
+    if !regular_file(path)? {
+        // O_CREAT | O_EXCL: fails on anything already there, a link included.
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o640)
+            .open(path)
+            .map_err(|e| denied(path, workers, e))?;
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn =
+        rusqlite::Connection::open_with_flags(path, flags).map_err(|e| denied(path, workers, e))?;
+    let fail = |e: rusqlite::Error| denied(path, workers, e);
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
         .map_err(fail)?;
@@ -426,16 +549,36 @@ pub(crate) fn prepare(db: &Database, workers: Option<&appsrv::WorkerIdentity>) -
             path.display()
         );
     }
-    conn.close().map_err(|(_, e)| fail(e))?;
-    if let Some(w) = workers {
-        if !existed {
-            chown(path, w)?;
-        }
-        // The checks a worker would otherwise fail at its first write, said once, here.
-        writable_by(&dir, w, "directory")?;
-        writable_by(path, w, "database file")?;
+    conn.close().map_err(|(_, e)| fail(e))
+}
+
+/// Runs `f` with the workers' effective user, group and groups (`None`: as this process),
+/// then switches back. The master is single-threaded, and the switch is undone before it
+/// binds or forks; a switch back that fails leaves a process that is neither, which cannot
+/// go on: it aborts.
+fn as_identity<T>(workers: Option<&appsrv::WorkerIdentity>, f: impl FnOnce() -> T) -> Result<T, String> {
+    use nix::unistd::{Gid, Uid, getegid, geteuid, getgroups, setegid, seteuid, setgroups};
+    let Some(w) = workers else {
+        return Ok(f());
+    };
+    let (uid, gid) = (geteuid(), getegid());
+    let groups = getgroups().map_err(|e| format!("getgroups: {e}"))?;
+    let theirs: Vec<Gid> = w.groups.iter().copied().map(Gid::from_raw).collect();
+    let switch = || -> nix::Result<()> {
+        setgroups(&theirs)?;
+        setegid(Gid::from_raw(w.gid))?;
+        seteuid(Uid::from_raw(w.uid))
+    };
+    let switched = switch();
+    let out = switched.map(|()| f());
+    if let Err(e) = seteuid(uid)
+        .and_then(|()| setegid(gid))
+        .and_then(|()| setgroups(&groups))
+    {
+        eprintln!("frontpage: cannot switch back from the workers' identity: {e}");
+        std::process::abort();
     }
-    Ok(())
+    out.map_err(|e| format!("cannot act as the workers' user {}: {e}", w.user))
 }
 
 fn seed_sqlite(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
@@ -465,42 +608,6 @@ fn seed_sqlite(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
     tx.commit()
 }
 
-fn chown(path: &Path, w: &appsrv::WorkerIdentity) -> Result<(), String> {
-    std::os::unix::fs::chown(path, Some(w.uid), Some(w.gid)).map_err(|e| {
-        format!(
-            "{}: cannot give it to the workers' user {}: {e}",
-            path.display(),
-            w.user
-        )
-    })
-}
-
-/// Whether the workers' identity may write `path`, from its owner, group and mode (the
-/// master is root: `access(2)` would answer for root).
-fn writable_by(path: &Path, w: &appsrv::WorkerIdentity, what: &str) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mode = meta.mode();
-    let ok = if meta.uid() == w.uid {
-        mode & 0o200 != 0
-    } else if meta.gid() == w.gid || w.groups.contains(&meta.gid()) {
-        mode & 0o020 != 0
-    } else {
-        mode & 0o002 != 0
-    };
-    if ok {
-        return Ok(());
-    }
-    Err(format!(
-        "{what} {} is not writable by the workers' user {} (SQLite in WAL mode writes the \
-         database and its -wal and -shm files beside it): chown it to {}, or pick another \
-         --database sqlite:PATH",
-        path.display(),
-        w.user,
-        w.user
-    ))
-}
-
 // ---------------------------------------------------------------------------------------
 // In each worker: the connection and its statements.
 
@@ -523,7 +630,8 @@ impl fmt::Debug for Store {
 /// drop and the sandbox). SQLite: the file the master prepared, read-write, never created
 /// here. PostgreSQL: connects, loads the schema and seed data if the database has none
 /// (under an advisory lock, so that one worker does it), and prepares the statements; a
-/// server that cannot be reached stops the start with the reason.
+/// server that cannot be reached leaves the worker without a connection for now, any
+/// other failure (authentication, no such database) stops the start with the reason.
 pub(crate) fn open(db: &Database, busy_timeout: Duration) -> Result<Store, String> {
     match db {
         Database::Sqlite(path) => {
@@ -556,12 +664,22 @@ pub(crate) fn open(db: &Database, busy_timeout: Duration) -> Result<Store, Strin
                 conn: None,
                 retry_at: None,
             };
-            let mut client = pg
-                .config
-                .connect(postgres::NoTls)
-                .map_err(|e| format!("{db}: {}", describe(&e)))?;
-            load_postgres(&mut client).map_err(|e| format!("{db}: loading the schema: {}", describe(&e)))?;
-            pg.conn = Some(PgConn::prepare(client).map_err(|e| format!("{db}: {}", describe(&e)))?);
+            match pg.connect() {
+                Ok(conn) => pg.conn = Some(conn),
+                // A server that cannot be reached now may be restarting: a worker started
+                // during an outage (a replacement, a reload) must not fail, or the pool
+                // shrinks until nothing answers at all. It starts without a connection,
+                // answers 503 and tries again; anything else stops the start.
+                Err(e) if lost(&e) => {
+                    tracing::warn!(
+                        "{db}: cannot connect ({}); this worker starts without a connection, \
+                         answers 503 and tries again at most once a second",
+                        describe(&e)
+                    );
+                    pg.retry_at = Some(Instant::now() + Duration::from_secs(1));
+                }
+                Err(e) => return Err(format!("{db}: {}", describe(&e))),
+            }
             Ok(Store::Postgres(Box::new(pg)))
         }
     }
@@ -826,8 +944,12 @@ struct PgConn {
 }
 
 impl Pg {
+    /// Connects, loads the schema and seed data if the database has none, and prepares
+    /// the statements.
     fn connect(&self) -> Result<PgConn, postgres::Error> {
-        PgConn::prepare(self.config.connect(postgres::NoTls)?)
+        let mut client = self.config.connect(postgres::NoTls)?;
+        load_postgres(&mut client)?;
+        PgConn::prepare(client)
     }
 }
 
@@ -1001,5 +1123,9 @@ mod tests {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("postgres:///db?host=/run"), "postgres:///db?host=/run");
+        assert_eq!(
+            redact("postgres:///db?host=/run&password=hunter2&user=u"),
+            "postgres:///db?host=/run&password=***&user=u"
+        );
     }
 }

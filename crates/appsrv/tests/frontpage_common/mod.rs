@@ -511,6 +511,19 @@ pub fn check_post_refusals(addr: SocketAddr, token: &str) {
             r#"{"title":"t","body":"b","author_id":1,"tags":["rust","unix","rust"]}"#.into(),
             "tag \"rust\" given twice",
         ),
+        (
+            // Refused before the database sees it: PostgreSQL rejects a NUL in text with an
+            // error of its own (a 500 and an error line, issue 20's review).
+            "a tag with a NUL",
+            r#"{"title":"t","body":"b","author_id":1,"tags":["a\u0000b"]}"#.into(),
+            "none a control character",
+        ),
+        (
+            "an overlong tag",
+            serde_json::json!({"title": "t", "body": "b", "author_id": 1, "tags": ["x".repeat(65)]})
+                .to_string(),
+            "expected 1 to 64 characters",
+        ),
     ];
     for (what, body, reason) in bad {
         let r = post_item(addr, Some(token), json, &body);
