@@ -36,15 +36,14 @@ function fp_query(PDO $db, string $sql, ?int $n = null): array
     return $st->fetchAll(PDO::FETCH_NUM);
 }
 
-// minijinja's HTML escaping, the example's templates' (not htmlspecialchars: it leaves
-// `/` alone and writes `'` as &#039;).
+// askama's HTML escaping, the example's templates' (numeric references; htmlspecialchars
+// writes named ones and `'` as &#039;).
 const FP_ESCAPES = [
-    '&' => '&amp;',
-    '<' => '&lt;',
-    '>' => '&gt;',
-    '"' => '&quot;',
-    "'" => '&#x27;',
-    '/' => '&#x2f;',
+    '&' => '&#38;',
+    '<' => '&#60;',
+    '>' => '&#62;',
+    '"' => '&#34;',
+    "'" => '&#39;',
 ];
 
 function fp_e($value): string

@@ -8,16 +8,16 @@ declare(strict_types=1);
 require __DIR__ . '/common.php';
 
 const SQL_LATEST = 'SELECT i.id, i.title, a.name, i.created, i.score FROM items i '
-    . 'JOIN authors a ON a.id = i.author_id ORDER BY i.id DESC LIMIT ?';
+    . 'JOIN authors a ON a.id = i.author_id ORDER BY i.id DESC LIMIT 20';
 const SQL_COUNT = 'SELECT COUNT(*) FROM items';
-const SQL_CLOUD = 'SELECT t.name, COUNT(*) AS n FROM item_tags it JOIN tags t ON t.id = it.tag_id '
-    . 'GROUP BY t.id, t.name ORDER BY n DESC, t.id LIMIT ?';
+const SQL_CLOUD = 'SELECT t.name, c.n FROM (SELECT tag_id, COUNT(*) AS n FROM item_tags GROUP BY tag_id) c '
+    . 'JOIN tags t ON t.id = c.tag_id ORDER BY c.n DESC, t.id LIMIT 20';
 
 try {
     $db = fp_db();
-    $latest = fp_query($db, SQL_LATEST, 20);
+    $latest = fp_query($db, SQL_LATEST);
     $count = fp_query($db, SQL_COUNT)[0][0];
-    $cloud = fp_query($db, SQL_CLOUD, 20);
+    $cloud = fp_query($db, SQL_CLOUD);
 } catch (PDOException $e) {
     fp_failed($e);
 }

@@ -8,11 +8,11 @@
 declare(strict_types=1);
 require __DIR__ . '/common.php';
 
-const SQL_ROWS_1 = 'SELECT title FROM items ORDER BY id LIMIT ?';
+const SQL_ROWS_1 = 'SELECT title FROM items ORDER BY id LIMIT CAST(? AS BIGINT)';
 const SQL_ROWS_6 = 'SELECT i.id, i.title, a.name, a.email, i.score, i.created FROM items i '
-    . 'JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT ?';
+    . 'JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT CAST(? AS BIGINT)';
 const SQL_ROWS_7 = 'SELECT i.id, i.title, a.name, a.email, i.score, i.created, i.body FROM items i '
-    . 'JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT ?';
+    . 'JOIN authors a ON a.id = i.author_id ORDER BY i.id LIMIT CAST(? AS BIGINT)';
 
 $n = null;
 foreach (explode('&', $_SERVER['QUERY_STRING'] ?? '') as $pair) {

@@ -67,8 +67,10 @@
 //! `--database postgres://…` (or `postgresql://`, libpq's URL form: `postgres:///DB?host=
 //! /var/run/postgresql` for the local socket) uses a PostgreSQL server. The same schema and
 //! seed data are loaded by the first worker that finds the database empty (under an
-//! advisory lock); the master never talks to PostgreSQL, because the `postgres` client runs
-//! a Tokio runtime and the master stays single-threaded. Without a user in the URL the
+//! advisory lock); the master never talks to PostgreSQL, because the client (tokio-postgres)
+//! runs on a Tokio runtime, and the master stays single-threaded. Each worker builds a
+//! current-thread runtime (no thread) and blocks on it for each query; the front page's
+//! three queries are sent together and answered in one round trip (pipelined). Without a user in the URL the
 //! workers connect as their own user name, as `psql` does; with peer authentication that
 //! role is the workers' OS user, which shows that the connection was made after the
 //! privilege drop: create the role and its database with `createuser nobody; createdb -O
@@ -425,7 +427,7 @@ fn resolve_database(db: Database, workers: Option<&appsrv::WorkerIdentity>) -> a
                 .map_err(|e| appsrv::Error::Config(format!("--database {}: {e}", path.display())))?,
         ),
         Database::Postgres(url) => {
-            let config: postgres::Config = url
+            let config: tokio_postgres::Config = url
                 .parse()
                 .map_err(|e| appsrv::Error::Config(format!("--database: {e}")))?;
             if config.get_user().is_some() {

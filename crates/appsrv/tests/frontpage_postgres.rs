@@ -501,3 +501,55 @@ fn the_test_databases_are_dropped() {
     );
     assert_eq!(left.trim(), "0");
 }
+
+/// A worker that starts while the database is down (a replacement, a reload) starts
+/// without a connection and answers 503, rather than fail its start in a back-off loop
+/// until no worker is left to answer (issue 20's review); it connects once the database
+/// is back.
+#[test]
+fn issue_20_a_worker_started_during_an_outage_answers_503_then_pages() {
+    let Some(pg) = cluster() else { return };
+    let _exclusive = CLUSTER.write().unwrap_or_else(|e| e.into_inner());
+    let db = Database::create(&pg, "outage-start");
+    let restarter = Restarter {
+        pg: pg.clone(),
+        stopped: std::cell::Cell::new(false),
+    };
+    let server = Server::start(
+        "frontpage",
+        &["-l", "127.0.0.1:0", "-w", "1", "--database", &db.url()],
+    );
+    let before = server.wait_for_workers(1);
+    let addr = server.tcp_addr();
+    assert_eq!(get(addr, "/").status, 200);
+    restarter.stopped.set(true);
+    pg_ctlcluster(&pg, "stop");
+    let old = *before.iter().next().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let replaced = wait_until(|| {
+        let pids = server.worker_pids();
+        (pids.len() == 1 && !pids.contains(&old)).then_some(pids)
+    })
+    .expect("a replacement worker started during the outage");
+    let r = get(addr, "/");
+    assert_eq!(
+        (r.status, r.header("retry-after")),
+        (503, Some("1")),
+        "{:?}",
+        r.text()
+    );
+    assert!(
+        server
+            .log_text()
+            .contains("this worker starts without a connection")
+    );
+    pg_ctlcluster(&pg, "start");
+    restarter.stopped.set(false);
+    let page = wait_until(|| {
+        let r = get(addr, "/");
+        (r.status == 200).then_some(r)
+    })
+    .expect("pages again once the database is back");
+    assert_eq!(page.text(), golden("front.html"));
+    assert_eq!(server.worker_pids(), replaced, "the replacement kept serving");
+}

@@ -22,7 +22,7 @@ use serde::Serialize;
 pub(crate) enum Database {
     /// `sqlite:PATH`: one file, in WAL mode.
     Sqlite(PathBuf),
-    /// `postgres://…` or `postgresql://…` (libpq's URL form, parsed by the `postgres` crate).
+    /// `postgres://…` or `postgresql://…` (libpq's URL form, parsed by tokio-postgres).
     Postgres(String),
 }
 
@@ -38,7 +38,7 @@ impl std::str::FromStr for Database {
         }
         if s.starts_with("postgres://") || s.starts_with("postgresql://") {
             // Parsed now so that a bad URL stops the server at start, with the reason.
-            s.parse::<postgres::Config>()
+            s.parse::<tokio_postgres::Config>()
                 .map_err(|e| format!("{}: {e}", redact(s)))?;
             return Ok(Database::Postgres(s.to_owned()));
         }
@@ -654,13 +654,21 @@ pub(crate) fn open(db: &Database, busy_timeout: Duration) -> Result<Store, Strin
             Ok(Store::Sqlite(conn))
         }
         Database::Postgres(url) => {
-            let mut config: postgres::Config = url.parse().map_err(|e| format!("{db}: {e}"))?;
+            let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{db}: {e}"))?;
             if config.get_connect_timeout().is_none() {
                 config.connect_timeout(Duration::from_secs(5));
             }
+            // Built here, in the worker (a runtime does not survive a fork): a current-thread
+            // runtime starts no thread, and runs only while the worker blocks on it.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .enable_time()
+                .build()
+                .map_err(|e| format!("{db}: the client's runtime: {e}"))?;
             let mut pg = Pg {
                 name: db.to_string(),
                 config,
+                rt,
                 conn: None,
                 retry_at: None,
             };
@@ -721,10 +729,18 @@ impl Store {
                     cloud: cloud(tags),
                 })
             }
-            Store::Postgres(pg) => pg.with(|c| {
-                let latest = c
-                    .client
-                    .query(&c.latest, &[])?
+            Store::Postgres(pg) => pg.with(|rt, c| {
+                // The three queries go out together and their answers come back together:
+                // one round trip to the server, not three (tokio-postgres pipelines the
+                // requests of futures polled at the same time).
+                let (latest, count, tags) = rt.block_on(async {
+                    tokio::try_join!(
+                        c.client.query(&c.latest, &[]),
+                        c.client.query_one(&c.count, &[]),
+                        c.client.query(&c.cloud, &[])
+                    )
+                })?;
+                let latest = latest
                     .iter()
                     .map(|r| Latest {
                         id: r.get(0),
@@ -734,11 +750,9 @@ impl Store {
                         score: r.get(4),
                     })
                     .collect();
-                let count = c.client.query_one(&c.count, &[])?.get(0);
-                let tags = c.client.query(&c.cloud, &[])?;
                 Ok(Front {
                     latest,
-                    count,
+                    count: count.get(0),
                     cloud: cloud(tags.iter().map(|r| (r.get(0), r.get(1))).collect()),
                 })
             }),
@@ -765,19 +779,19 @@ impl Store {
                 .and_then(Iterator::collect)
                 .map_err(lite)?
             }
-            Store::Postgres(pg) => pg.with(|c| {
+            Store::Postgres(pg) => pg.with(|rt, c| {
                 let stmt = match width {
                     1 => &c.rows_1,
                     6 => &c.rows_6,
                     _ => &c.rows_7,
                 };
-                Ok(c.client
-                    .query(stmt, &[&n])?
+                Ok(rt
+                    .block_on(c.client.query(stmt, &[&n]))?
                     .iter()
                     .map(|r| {
                         (0..width)
                             .map(|i| match r.columns()[i].type_() {
-                                &postgres::types::Type::INT8 => r.get::<_, i64>(i).to_string(),
+                                &tokio_postgres::types::Type::INT8 => r.get::<_, i64>(i).to_string(),
                                 _ => r.get::<_, String>(i),
                             })
                             .collect()
@@ -807,8 +821,8 @@ impl Store {
                 let mut rows = s.query_map([id], from_lite).map_err(lite)?;
                 rows.next().transpose().map_err(lite)
             }
-            Store::Postgres(pg) => pg.with(|c| {
-                Ok(c.client.query_opt(&c.item, &[&id])?.map(|r| Item {
+            Store::Postgres(pg) => pg.with(|rt, c| {
+                Ok(rt.block_on(c.client.query_opt(&c.item, &[&id]))?.map(|r| Item {
                     id: r.get(0),
                     title: r.get(1),
                     body: r.get(2),
@@ -866,35 +880,47 @@ impl Store {
             }
             Store::Postgres(pg) => {
                 let mut invalid = None;
-                let id = pg.with(|c| {
-                    let mut tx = c.client.transaction()?;
-                    if tx.query_opt(&c.author, &[&new.author_id])?.is_none() {
-                        invalid = Some(format!("unknown author_id {}", new.author_id));
-                        return Ok(0);
-                    }
-                    let mut tag_ids = Vec::new();
-                    for name in &new.tags {
-                        match tx.query_opt(&c.tag, &[name])? {
-                            Some(r) => tag_ids.push(r.get::<_, i64>(0)),
-                            None => {
-                                invalid = Some(format!("unknown tag {name:?}"));
-                                return Ok(0);
+                let id = pg.with(|rt, c| {
+                    let PgConn {
+                        client,
+                        author,
+                        tag,
+                        insert_item,
+                        insert_tag,
+                        ..
+                    } = c;
+                    rt.block_on(async {
+                        let tx = client.transaction().await?;
+                        if tx.query_opt(&*author, &[&new.author_id]).await?.is_none() {
+                            invalid = Some(format!("unknown author_id {}", new.author_id));
+                            return Ok(0);
+                        }
+                        let mut tag_ids = Vec::new();
+                        for name in &new.tags {
+                            match tx.query_opt(&*tag, &[name]).await? {
+                                Some(r) => tag_ids.push(r.get::<_, i64>(0)),
+                                None => {
+                                    invalid = Some(format!("unknown tag {name:?}"));
+                                    return Ok(0);
+                                }
                             }
                         }
-                    }
-                    let id: i64 = tx
-                        .query_one(
-                            &c.insert_item,
-                            &[&new.author_id, &new.title, &new.body, &new.created],
-                        )?
-                        .get(0);
-                    for t in tag_ids {
-                        tx.execute(&c.insert_tag, &[&id, &t])?;
-                    }
-                    tx.commit()?;
-                    Ok(id)
+                        let id: i64 = tx
+                            .query_one(
+                                &*insert_item,
+                                &[&new.author_id, &new.title, &new.body, &new.created],
+                            )
+                            .await?
+                            .get(0);
+                        for t in tag_ids {
+                            tx.execute(&*insert_tag, &[&id, &t]).await?;
+                        }
+                        tx.commit().await?;
+                        Ok(id)
+                    })
                 })?;
-                // A refused insert's transaction was dropped, which rolls it back.
+                // A refused insert's transaction was dropped, which sends its ROLLBACK
+                // (ahead of anything this connection sends next).
                 match invalid {
                     Some(reason) => Err(Failure::Invalid(reason)),
                     None => Ok(id),
@@ -920,7 +946,10 @@ fn lite(e: rusqlite::Error) -> Failure {
 /// statements) by the next request, at most once a second while the server is down.
 pub(crate) struct Pg {
     name: String,
-    config: postgres::Config,
+    config: tokio_postgres::Config,
+    /// The worker's runtime: it runs the connection's task and the queries while the
+    /// worker blocks on them, and nothing otherwise.
+    rt: tokio::runtime::Runtime,
     conn: Option<PgConn>,
     /// When the last connection attempt failed: the next one waits until then, and the
     /// requests in between get 503 at once rather than each wait for a connect timeout.
@@ -929,47 +958,57 @@ pub(crate) struct Pg {
 
 /// A connection and its prepared statements.
 struct PgConn {
-    client: postgres::Client,
-    latest: postgres::Statement,
-    count: postgres::Statement,
-    cloud: postgres::Statement,
-    item: postgres::Statement,
-    rows_1: postgres::Statement,
-    rows_6: postgres::Statement,
-    rows_7: postgres::Statement,
-    author: postgres::Statement,
-    tag: postgres::Statement,
-    insert_item: postgres::Statement,
-    insert_tag: postgres::Statement,
+    client: tokio_postgres::Client,
+    latest: tokio_postgres::Statement,
+    count: tokio_postgres::Statement,
+    cloud: tokio_postgres::Statement,
+    item: tokio_postgres::Statement,
+    rows_1: tokio_postgres::Statement,
+    rows_6: tokio_postgres::Statement,
+    rows_7: tokio_postgres::Statement,
+    author: tokio_postgres::Statement,
+    tag: tokio_postgres::Statement,
+    insert_item: tokio_postgres::Statement,
+    insert_tag: tokio_postgres::Statement,
 }
 
 impl Pg {
     /// Connects, loads the schema and seed data if the database has none, and prepares
     /// the statements.
-    fn connect(&self) -> Result<PgConn, postgres::Error> {
-        let mut client = self.config.connect(postgres::NoTls)?;
-        load_postgres(&mut client)?;
-        PgConn::prepare(client)
+    fn connect(&self) -> Result<PgConn, tokio_postgres::Error> {
+        let (mut client, connection) = self.rt.block_on(self.config.connect(tokio_postgres::NoTls))?;
+        // The connection's own task: it reads and writes the socket whenever the worker
+        // blocks on the runtime, and ends when the connection does (the client then
+        // reports it closed).
+        self.rt.spawn(async move {
+            let _ = connection.await;
+        });
+        self.rt.block_on(async {
+            load_postgres(&mut client).await?;
+            PgConn::prepare(client).await
+        })
     }
 }
 
 impl PgConn {
-    /// Prepares every statement on `client`.
-    fn prepare(mut client: postgres::Client) -> Result<PgConn, postgres::Error> {
-        let mut prepare = |sql: &str| client.prepare(sql);
-        let (latest, count, cloud, item) = (
-            prepare(SQL_LATEST)?,
-            prepare(SQL_COUNT)?,
-            prepare(SQL_CLOUD)?,
-            prepare(SQL_ITEM)?,
-        );
-        let (rows_1, rows_6, rows_7) = (prepare(SQL_ROWS_1)?, prepare(SQL_ROWS_6)?, prepare(SQL_ROWS_7)?);
-        let (author, tag, insert_item, insert_tag) = (
-            prepare(SQL_AUTHOR)?,
-            prepare(SQL_TAG)?,
-            prepare(SQL_INSERT_ITEM)?,
-            prepare(SQL_INSERT_TAG)?,
-        );
+    /// Prepares every statement on `client` (pipelined too: one round trip).
+    async fn prepare(client: tokio_postgres::Client) -> Result<PgConn, tokio_postgres::Error> {
+        let c = &client;
+        let (latest, count, cloud, item, rows_1, rows_6) = tokio::try_join!(
+            c.prepare(SQL_LATEST),
+            c.prepare(SQL_COUNT),
+            c.prepare(SQL_CLOUD),
+            c.prepare(SQL_ITEM),
+            c.prepare(SQL_ROWS_1),
+            c.prepare(SQL_ROWS_6),
+        )?;
+        let (rows_7, author, tag, insert_item, insert_tag) = tokio::try_join!(
+            c.prepare(SQL_ROWS_7),
+            c.prepare(SQL_AUTHOR),
+            c.prepare(SQL_TAG),
+            c.prepare(SQL_INSERT_ITEM),
+            c.prepare(SQL_INSERT_TAG),
+        )?;
         Ok(PgConn {
             client,
             latest,
@@ -990,7 +1029,10 @@ impl PgConn {
 impl Pg {
     /// Runs `f` on the connection, connecting first if there is none. A failure that means
     /// the connection is gone (or cannot be made) drops it and is a 503.
-    fn with<T>(&mut self, f: impl FnOnce(&mut PgConn) -> Result<T, postgres::Error>) -> Result<T, Failure> {
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&tokio::runtime::Runtime, &mut PgConn) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, Failure> {
         if self.conn.is_none() {
             if self.retry_at.is_some_and(|t| Instant::now() < t) {
                 return Err(Failure::Unavailable(format!("{}: not connected", self.name)));
@@ -1008,7 +1050,7 @@ impl Pg {
             }
         }
         let conn = self.conn.as_mut().expect("connected above");
-        match f(conn) {
+        match f(&self.rt, conn) {
             Ok(v) => Ok(v),
             Err(e) if lost(&e) || conn.client.is_closed() => {
                 tracing::warn!(
@@ -1028,7 +1070,7 @@ impl Pg {
 /// I/O error, SQLSTATE class 08 (connection exception), or 57P01–57P03 (the server shuts
 /// down or is starting). Other errors without a SQLSTATE are the client's own (a value of
 /// the wrong type): a bug to report as such, not a reason to reconnect.
-fn lost(e: &postgres::Error) -> bool {
+fn lost(e: &tokio_postgres::Error) -> bool {
     match e.code() {
         None => {
             e.is_closed()
@@ -1041,9 +1083,9 @@ fn lost(e: &postgres::Error) -> bool {
     }
 }
 
-/// An error with its cause (the `postgres` crate's Display leaves the database's message
+/// An error with its cause (tokio-postgres's Display leaves the database's message
 /// in the source).
-fn describe(e: &postgres::Error) -> String {
+fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.severity(), db.message()),
         None => match std::error::Error::source(e) {
@@ -1058,50 +1100,56 @@ fn describe(e: &postgres::Error) -> String {
 /// others, waiting on the lock, find it loaded. The check reads `pg_tables` in a fresh
 /// statement after the lock is taken: a name lookup such as `to_regclass` may answer from
 /// the backend's catalog cache, which has not yet seen the other worker's tables.
-fn load_postgres(client: &mut postgres::Client) -> Result<(), postgres::Error> {
+async fn load_postgres(client: &mut tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
     const LOADED: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
          WHERE schemaname = current_schema() AND tablename = 'item_tags')";
-    if client.query_one(LOADED, &[])?.get::<_, bool>(0) {
+    if client.query_one(LOADED, &[]).await?.get::<_, bool>(0) {
         return Ok(());
     }
     // The key is arbitrary: this example's, for this one purpose.
-    client.execute("SELECT pg_advisory_lock(202026)", &[])?;
-    let loaded = load_locked(client, LOADED);
-    let unlocked = client.execute("SELECT pg_advisory_unlock(202026)", &[]);
+    client.execute("SELECT pg_advisory_lock(202026)", &[]).await?;
+    let loaded = load_locked(client, LOADED).await;
+    let unlocked = client.execute("SELECT pg_advisory_unlock(202026)", &[]).await;
     loaded.and(unlocked.map(|_| ()))
 }
 
-fn load_locked(client: &mut postgres::Client, loaded: &str) -> Result<(), postgres::Error> {
-    if client.query_one(loaded, &[])?.get::<_, bool>(0) {
+async fn load_locked(client: &mut tokio_postgres::Client, loaded: &str) -> Result<(), tokio_postgres::Error> {
+    if client.query_one(loaded, &[]).await?.get::<_, bool>(0) {
         return Ok(());
     }
-    let mut tx = client.transaction()?;
-    tx.batch_execute(POSTGRES_SCHEMA)?;
-    let author = tx.prepare("INSERT INTO authors (id, name, email) VALUES ($1, $2, $3)")?;
+    let tx = client.transaction().await?;
+    tx.batch_execute(POSTGRES_SCHEMA).await?;
+    let author = tx
+        .prepare("INSERT INTO authors (id, name, email) VALUES ($1, $2, $3)")
+        .await?;
     for (id, name, email) in seed_authors() {
-        tx.execute(&author, &[&id, &name, &email])?;
+        tx.execute(&author, &[&id, &name, &email]).await?;
     }
-    let tag = tx.prepare("INSERT INTO tags (id, name) VALUES ($1, $2)")?;
+    let tag = tx.prepare("INSERT INTO tags (id, name) VALUES ($1, $2)").await?;
     for (i, name) in TAGS.iter().enumerate() {
-        tx.execute(&tag, &[&(i as i64 + 1), name])?;
+        tx.execute(&tag, &[&(i as i64 + 1), name]).await?;
     }
-    let item = tx.prepare(
-        "INSERT INTO items (id, author_id, title, body, score, created) VALUES ($1, $2, $3, $4, $5, $6)",
-    )?;
-    let item_tag = tx.prepare(SQL_INSERT_TAG)?;
+    let item = tx
+        .prepare(
+            "INSERT INTO items (id, author_id, title, body, score, created) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .await?;
+    let item_tag = tx.prepare(SQL_INSERT_TAG).await?;
     for i in 1..=SEED_ITEMS {
         let (author_id, title, body, score, created) = seed_item(i);
-        tx.execute(&item, &[&i, &author_id, &title, &body, &score, &created])?;
+        tx.execute(&item, &[&i, &author_id, &title, &body, &score, &created])
+            .await?;
         for t in seed_item_tags(i) {
-            tx.execute(&item_tag, &[&i, &t])?;
+            tx.execute(&item_tag, &[&i, &t]).await?;
         }
     }
     // The identity column continues after the seed's explicit ids.
     tx.execute(
         "SELECT setval(pg_get_serial_sequence('items', 'id'), (SELECT MAX(id) FROM items))",
         &[],
-    )?;
-    tx.commit()?;
+    )
+    .await?;
+    tx.commit().await?;
     tracing::info!("loaded the schema and {SEED_ITEMS} items of seed data");
     Ok(())
 }
