@@ -8,7 +8,7 @@
 # and the database's CPU per request, and PSS at the highest concurrency.
 #
 #   bench/frontpage.sh                                  the default matrix (below): some
-#                                                       30 minutes on 2 CPUs
+#                                                       14 minutes on 2 CPUs
 #   DBS=sqlite SERVERS="appsrv php-fpm" bench/frontpage.sh
 #   PAGES=/ CONCURRENCY="8 500" TOOLS=ab N=2000 bench/frontpage.sh
 #
