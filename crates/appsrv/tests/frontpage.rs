@@ -117,6 +117,51 @@ fn refused_posts_write_nothing_and_an_accepted_one_shows_on_the_pages() {
     check_post(addr, TOKEN);
 }
 
+/// A new item's time is the time of its POST, in UTC, as the seed's are written.
+#[test]
+fn a_posted_item_shows_the_time_it_was_written() {
+    let dir = TempDir::new("posted-time");
+    let token = dir.write("token", TOKEN, 0o600);
+    let server = frontpage(&dir.sqlite("db/frontpage.db"), &["--api-token-file", &token]);
+    let addr = server.tcp_addr();
+    let utc_now = || {
+        let out = std::process::Command::new("date")
+            .args(["-u", "+%Y-%m-%d %H:%M"])
+            .output()
+            .unwrap();
+        text(&out.stdout).trim().to_owned()
+    };
+    let before = utc_now();
+    post_ok(addr, TOKEN, &item_json("What time is it"), SEED_ITEMS + 1);
+    let after = utc_now();
+    let page = get(addr, &format!("/item/{}", SEED_ITEMS + 1)).text();
+    assert!(
+        page.contains(&format!(", {before} (0 points)")) || page.contains(&format!(", {after} (0 points)")),
+        "not written at {before} or {after}: {page}"
+    );
+}
+
+/// A password in the database's URL (in the user part or as a parameter) is never written
+/// to the log, not even in the error of a connection that fails.
+#[test]
+fn database_passwords_stay_out_of_the_log() {
+    // Port 1 refuses at once: the worker starts without a connection and says why.
+    let url = "postgres://frontpage:s3cret@127.0.0.1:1/db?password=hunter2&connect_timeout=2";
+    let server = Server::start("frontpage", &["-l", "127.0.0.1:0", "-w", "1", "--database", url]);
+    let r = get(server.tcp_addr(), "/");
+    assert_eq!(r.status, 503, "{:?}", r.text());
+    let log = server.log_text();
+    assert!(
+        log.contains("postgres://frontpage:***@127.0.0.1:1/db?password=***&connect_timeout=2"),
+        "{log}"
+    );
+    assert!(!log.contains("s3cret") && !log.contains("hunter2"), "{log}");
+    // A bad URL's error does not quote it either.
+    let out = frontpage_cmd(&["check", "--database", "postgres://u:s3cret@host:notaport/db"]);
+    assert!(!out.status.success());
+    assert!(!text(&out.stderr).contains("s3cret"), "{}", text(&out.stderr));
+}
+
 #[test]
 fn without_a_token_file_every_post_gets_401() {
     let dir = TempDir::new("no-token");

@@ -1153,27 +1153,3 @@ async fn load_locked(client: &mut tokio_postgres::Client, loaded: &str) -> Resul
     tracing::info!("loaded the schema and {SEED_ITEMS} items of seed data");
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_are_civil_utc() {
-        assert_eq!(format_time(0), "1970-01-01 00:00");
-        assert_eq!(format_time(1_767_225_600), "2026-01-01 00:00");
-        assert_eq!(format_time(1_772_323_200 - 60), "2026-02-28 23:59");
-        assert_eq!(format_time(951_782_400), "2000-02-29 00:00");
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("postgres:///db?host=/run"), "postgres:///db?host=/run");
-        assert_eq!(
-            redact("postgres:///db?host=/run&password=hunter2&user=u"),
-            "postgres:///db?host=/run&password=***&user=u"
-        );
-    }
-}
