@@ -80,7 +80,9 @@
 //! request, at most once a second; requests meanwhile get 503. A server that cannot be
 //! reached when a worker starts does not stop that worker (it starts without a connection,
 //! says why in the log, and answers 503 until it connects), so a pool replaced during an
-//! outage keeps answering; authentication or a missing database stops the start. No TLS
+//! outage keeps answering; authentication or a missing database stops the start. A host
+//! name is resolved on a blocking thread of the worker's runtime (an IP address or the
+//! socket directory needs none: no thread at all). No TLS
 //! to the database (`NoTls`): use the local socket or a trusted network. A password is
 //! better given in `FRONTPAGE_DATABASE` than on the command line, which other users can
 //! read in `/proc`; logs show it as `***`.
@@ -99,7 +101,7 @@
 //!   peer authentication checks) the least privileged identity;
 //! - the PostgreSQL client's runtime is built in the process that uses it, after the fork
 //!   (a runtime does not survive one);
-//! - a failure (no such file, server unreachable, schema mismatch) stops the start with the
+//! - a failure (no such file, a refused login, a schema mismatch) stops the start with the
 //!   reason, before the server reports itself ready.
 //!
 //! ## Blocking or event mode

@@ -573,8 +573,10 @@ impl Server {
     /// not root, or `--allow-root-workers`), and for subcommands other than `run`, `start`
     /// and `check`. Call it after [`args`](Server::args) (before, it returns an error).
     ///
-    /// For files the workers must write and the master creates, such as a database: the
-    /// master chowns them to this identity before it forks.
+    /// For files the workers must write and the master prepares, such as a database: the
+    /// master creates them as this identity (switching its effective user for the
+    /// purpose, as the `frontpage` example does), rather than as root and chowned after:
+    /// root must not follow, by name, a path the workers' user can change.
     ///
     /// # Errors
     ///

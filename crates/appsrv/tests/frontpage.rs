@@ -412,6 +412,22 @@ fn issue_20_a_link_planted_in_the_workers_directory_is_not_followed() {
         std::fs::symlink_metadata(&target).is_err(),
         "root created the link's target; log:\n{log}"
     );
+    // A link higher up, to a directory of root's: the path below it is made by the
+    // workers (who cannot write there), never by root (the second review of issue 20:
+    // root made `target/data` there, for nobody).
+    std::fs::create_dir(dir.path("roots/target")).unwrap();
+    std::os::unix::fs::symlink(dir.path("roots/target"), dir.path("theirs/a")).unwrap();
+    let deep = dir.sqlite("theirs/a/data/frontpage.db");
+    let (status, log) = run_to_exit(&["-l", "127.0.0.1:0", "--database", &deep]);
+    assert!(!status.success(), "{status:?}; log:\n{log}");
+    assert!(
+        log.contains("not writable by the workers' user nobody"),
+        "log:\n{log}"
+    );
+    assert!(
+        std::fs::symlink_metadata(dir.path("roots/target/data")).is_err(),
+        "root made a directory through the workers' link; log:\n{log}"
+    );
     // The file the master makes is the workers' own (made by them, mode 0640).
     std::fs::remove_file(dir.path("theirs/frontpage.db")).unwrap();
     let server = frontpage(&db, &[]);

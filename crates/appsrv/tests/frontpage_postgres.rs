@@ -231,6 +231,17 @@ fn bad_requests_are_refused_and_a_post_is_written() {
     let addr = server.tcp_addr();
     check_read_errors(addr);
     check_post_refusals(addr, TOKEN);
+    // A refused insert ended its transaction at once: no worker's session is left idle in
+    // a transaction holding its locks until that worker's next request (the second review
+    // of issue 20: a dropped Transaction only queued its ROLLBACK).
+    let states = db.query(&format!(
+        "SELECT state FROM pg_stat_activity WHERE datname = '{}' AND usename = 'nobody'",
+        db.name
+    ));
+    assert!(
+        !states.is_empty() && states.iter().all(|s| s == "idle"),
+        "sessions after the refusals: {states:?}"
+    );
     check_post(addr, TOKEN);
     // In the database: the seed and the two items, and the first one's two tags.
     assert_eq!(db.query("SELECT COUNT(*) FROM items"), ["502"]);

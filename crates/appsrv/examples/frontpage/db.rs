@@ -415,30 +415,78 @@ pub(crate) fn prepare(db: &Database, workers: Option<&appsrv::WorkerIdentity>) -
     let Database::Sqlite(path) = db else {
         return Ok(());
     };
-    let dir = directory_of(path);
+    let dir = std::path::absolute(directory_of(path)).map_err(|e| format!("{}: {e}", path.display()))?;
     if std::fs::symlink_metadata(&dir).is_err() {
-        use std::os::unix::fs::DirBuilderExt;
-        // Its parents as any directory (0755 less the umask), itself 0750.
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        }
-        std::fs::DirBuilder::new()
-            .mode(0o750)
-            .create(&dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
-        if let Some(w) = workers {
-            // The directory was just made in a parent the workers cannot write: it is the
-            // one given (and lchown follows no link).
-            std::os::unix::fs::lchown(&dir, Some(w.uid), Some(w.gid)).map_err(|e| {
-                format!(
-                    "{}: cannot give it to the workers' user {}: {e}",
-                    dir.display(),
-                    w.user
-                )
-            })?;
+        let make = |dir: &Path| -> Result<(), String> {
+            use std::os::unix::fs::DirBuilderExt;
+            // Its parents as any directory (0755 less the umask), itself 0750.
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| denied(parent, workers, e))?;
+            }
+            std::fs::DirBuilder::new()
+                .mode(0o750)
+                .create(dir)
+                .map_err(|e| denied(dir, workers, e))
+        };
+        match workers {
+            // Where the workers could change the path under root's feet (a directory on
+            // the way that they may write), they make the directory themselves.
+            Some(w) if !root_owns_the_way(&dir, w)? => as_identity(workers, || make(&dir))??,
+            Some(w) => {
+                make(&dir)?;
+                // Made in a parent only root may change: it is the one given (and lchown
+                // follows no link).
+                std::os::unix::fs::lchown(&dir, Some(w.uid), Some(w.gid)).map_err(|e| {
+                    format!(
+                        "{}: cannot give it to the workers' user {}: {e}",
+                        dir.display(),
+                        w.user
+                    )
+                })?;
+            }
+            None => make(&dir)?,
         }
     }
     as_identity(workers, || create_and_seed(path, workers))?
+}
+
+/// Whether no directory on the way to `dir` (absolute) can be changed by the workers, so
+/// that root may create it by name: each existing directory on the way that the workers
+/// may write (the kernel's answer, as them) could have its next component replaced, by a
+/// link for instance, unless it is sticky and that component exists and is not theirs
+/// (as in `/tmp`).
+fn root_owns_the_way(dir: &Path, w: &appsrv::WorkerIdentity) -> Result<bool, String> {
+    use std::os::unix::fs::MetadataExt;
+    let ancestors: Vec<&Path> = dir.ancestors().skip(1).collect();
+    as_identity(Some(w), || {
+        for parent in ancestors.iter().rev() {
+            let Ok(meta) = std::fs::symlink_metadata(parent) else {
+                // Missing from here down: made by root below a directory checked already.
+                return true;
+            };
+            let writable = nix::unistd::faccessat(
+                nix::fcntl::AT_FDCWD,
+                *parent,
+                nix::unistd::AccessFlags::W_OK,
+                nix::fcntl::AtFlags::AT_EACCESS,
+            )
+            .is_ok();
+            if !writable {
+                continue;
+            }
+            let child = dir
+                .strip_prefix(parent)
+                .ok()
+                .and_then(|rest| rest.components().next())
+                .map(|c| parent.join(c));
+            let child = child.and_then(|c| std::fs::symlink_metadata(c).ok());
+            let sticky = meta.mode() & 0o1000 != 0;
+            if !(sticky && child.is_some_and(|c| c.uid() != w.uid)) {
+                return false;
+            }
+        }
+        true
+    })
 }
 
 /// What `check` can say without creating anything: that the workers could open or create
@@ -564,21 +612,30 @@ fn as_identity<T>(workers: Option<&appsrv::WorkerIdentity>, f: impl FnOnce() -> 
     let (uid, gid) = (geteuid(), getegid());
     let groups = getgroups().map_err(|e| format!("getgroups: {e}"))?;
     let theirs: Vec<Gid> = w.groups.iter().copied().map(Gid::from_raw).collect();
-    let switch = || -> nix::Result<()> {
-        setgroups(&theirs)?;
-        setegid(Gid::from_raw(w.gid))?;
-        seteuid(Uid::from_raw(w.uid))
-    };
-    let switched = switch();
-    let out = switched.map(|()| f());
-    if let Err(e) = seteuid(uid)
-        .and_then(|()| setegid(gid))
-        .and_then(|()| setgroups(&groups))
-    {
-        eprintln!("frontpage: cannot switch back from the workers' identity: {e}");
-        std::process::abort();
+    // Each step taken is undone, in reverse, whatever happens after it (a failed next
+    // step, a panic in `f`); only a step that cannot be undone aborts.
+    struct Undo(Vec<Box<dyn FnMut() -> nix::Result<()>>>);
+    impl Drop for Undo {
+        fn drop(&mut self) {
+            while let Some(mut undo) = self.0.pop() {
+                if let Err(e) = undo() {
+                    eprintln!("frontpage: cannot switch back from the workers' identity: {e}");
+                    std::process::abort();
+                }
+            }
+        }
     }
-    out.map_err(|e| format!("cannot act as the workers' user {}: {e}", w.user))
+    let mut undo = Undo(Vec::new());
+    let fail = |e: nix::Error| format!("cannot act as the workers' user {}: {e}", w.user);
+    setgroups(&theirs).map_err(fail)?;
+    undo.0.push(Box::new(move || setgroups(&groups)));
+    setegid(Gid::from_raw(w.gid)).map_err(fail)?;
+    undo.0.push(Box::new(move || setegid(gid)));
+    seteuid(Uid::from_raw(w.uid)).map_err(fail)?;
+    undo.0.push(Box::new(move || seteuid(uid)));
+    let out = f();
+    drop(undo);
+    Ok(out)
 }
 
 fn seed_sqlite(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
@@ -891,36 +948,54 @@ impl Store {
                     } = c;
                     rt.block_on(async {
                         let tx = client.transaction().await?;
-                        if tx.query_opt(&*author, &[&new.author_id]).await?.is_none() {
-                            invalid = Some(format!("unknown author_id {}", new.author_id));
-                            return Ok(0);
-                        }
-                        let mut tag_ids = Vec::new();
-                        for name in &new.tags {
-                            match tx.query_opt(&*tag, &[name]).await? {
-                                Some(r) => tag_ids.push(r.get::<_, i64>(0)),
-                                None => {
-                                    invalid = Some(format!("unknown tag {name:?}"));
-                                    return Ok(0);
+                        // Everything after BEGIN, so that a refusal or an error ends the
+                        // transaction here: a dropped Transaction only queues its ROLLBACK,
+                        // which this connection would send with the worker's next request,
+                        // leaving the session idle in a transaction that holds its locks.
+                        let written = async {
+                            if tx.query_opt(&*author, &[&new.author_id]).await?.is_none() {
+                                invalid = Some(format!("unknown author_id {}", new.author_id));
+                                return Ok(None);
+                            }
+                            let mut tag_ids = Vec::new();
+                            for name in &new.tags {
+                                match tx.query_opt(&*tag, &[name]).await? {
+                                    Some(r) => tag_ids.push(r.get::<_, i64>(0)),
+                                    None => {
+                                        invalid = Some(format!("unknown tag {name:?}"));
+                                        return Ok(None);
+                                    }
                                 }
                             }
+                            let id: i64 = tx
+                                .query_one(
+                                    &*insert_item,
+                                    &[&new.author_id, &new.title, &new.body, &new.created],
+                                )
+                                .await?
+                                .get(0);
+                            for t in tag_ids {
+                                tx.execute(&*insert_tag, &[&id, &t]).await?;
+                            }
+                            Ok::<_, tokio_postgres::Error>(Some(id))
                         }
-                        let id: i64 = tx
-                            .query_one(
-                                &*insert_item,
-                                &[&new.author_id, &new.title, &new.body, &new.created],
-                            )
-                            .await?
-                            .get(0);
-                        for t in tag_ids {
-                            tx.execute(&*insert_tag, &[&id, &t]).await?;
+                        .await;
+                        match written {
+                            Ok(Some(id)) => {
+                                tx.commit().await?;
+                                Ok(id)
+                            }
+                            Ok(None) => {
+                                tx.rollback().await?;
+                                Ok(0)
+                            }
+                            Err(e) => {
+                                let _ = tx.rollback().await;
+                                Err(e)
+                            }
                         }
-                        tx.commit().await?;
-                        Ok(id)
                     })
                 })?;
-                // A refused insert's transaction was dropped, which sends its ROLLBACK
-                // (ahead of anything this connection sends next).
                 match invalid {
                     Some(reason) => Err(Failure::Invalid(reason)),
                     None => Ok(id),
@@ -980,8 +1055,11 @@ impl Pg {
         // The connection's own task: it reads and writes the socket whenever the worker
         // blocks on the runtime, and ends when the connection does (the client then
         // reports it closed).
+        let name = self.name.clone();
         self.rt.spawn(async move {
-            let _ = connection.await;
+            if let Err(e) = connection.await {
+                tracing::warn!("{name}: the connection ended: {}", describe(&e));
+            }
         });
         self.rt.block_on(async {
             load_postgres(&mut client).await?;
@@ -1067,8 +1145,8 @@ impl Pg {
 }
 
 /// Whether a PostgreSQL error means the connection is gone: a closed connection or an
-/// I/O error, SQLSTATE class 08 (connection exception), or 57P01–57P03 (the server shuts
-/// down or is starting). Other errors without a SQLSTATE are the client's own (a value of
+/// I/O error, SQLSTATE class 08 (connection exception), 57P01–57P03 (the server shuts
+/// down or is starting), or 53300 (too many connections, for now). Other errors without a SQLSTATE are the client's own (a value of
 /// the wrong type): a bug to report as such, not a reason to reconnect.
 fn lost(e: &tokio_postgres::Error) -> bool {
     match e.code() {
@@ -1078,7 +1156,7 @@ fn lost(e: &tokio_postgres::Error) -> bool {
         }
         Some(code) => {
             let c = code.code();
-            c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03")
+            c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "53300")
         }
     }
 }
