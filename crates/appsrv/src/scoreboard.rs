@@ -756,6 +756,11 @@ impl Slot {
         now
     }
 
+    /// The request in progress came in pieces: its first bytes, now longer.
+    pub(crate) fn request_head(&self, head: &[u8]) {
+        self.store_head(head);
+    }
+
     fn store_head(&self, head: &[u8]) {
         let head = &head[..head.len().min(HEAD_BYTES)];
         for (i, word) in self.head.iter().enumerate() {

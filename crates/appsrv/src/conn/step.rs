@@ -110,6 +110,11 @@ pub(crate) trait Context {
     /// A request begins; `head` is its first bytes (for the status and the timeout's log).
     fn request_start(&mut self, _head: &[u8]) {}
 
+    /// More of the request begun with [`request_start`](Context::request_start) arrived
+    /// (it came in pieces): `head` is its first bytes now, longer than before, for the
+    /// status and the access log, which would otherwise show only the first piece.
+    fn request_head(&mut self, _head: &[u8]) {}
+
     /// The request that began is answered: `bytes` is (request, response) length, `ok`
     /// whether the handler succeeded.
     fn request_end(&mut self, _bytes: (u64, u64), _ok: bool) {}
@@ -219,6 +224,8 @@ pub(crate) struct Requests<C: Codec> {
     served: u32,
     /// The request in progress was announced to the context.
     in_request: bool,
+    /// How many bytes of the request in progress its head was given with.
+    head_len: usize,
     /// When the request in progress showed its first bytes (header timeout).
     began: Option<Instant>,
     /// When bytes of the request in progress last arrived (read timeout).
@@ -271,6 +278,7 @@ impl<C: Codec> Requests<C> {
             announces_close,
             served: 0,
             in_request: false,
+            head_len: 0,
             began: None,
             last_input: None,
             draining: None,
@@ -378,8 +386,13 @@ impl<C: Codec> Requests<C> {
     fn one(&mut self, bufs: &mut Buffers, handler: &mut dyn Handle<C>, ctx: &mut dyn Context) -> Turn {
         if !self.in_request {
             let input = bufs.unconsumed();
-            ctx.request_start(&input[..input.len().min(HEAD_BYTES)]);
+            self.head_len = input.len().min(HEAD_BYTES);
+            ctx.request_start(&input[..self.head_len]);
             self.in_request = true;
+        } else if self.head_len < HEAD_BYTES && bufs.unconsumed().len() > self.head_len {
+            let input = bufs.unconsumed();
+            self.head_len = input.len().min(HEAD_BYTES);
+            ctx.request_head(&input[..self.head_len]);
         }
         // Only a protocol that can tell its client ends a connection between requests:
         // to a client of one that cannot, a close looks like a failure, so its

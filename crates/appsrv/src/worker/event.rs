@@ -353,6 +353,12 @@ impl Context for Turn<'_> {
         self.head.len = n;
     }
 
+    fn request_head(&mut self, head: &[u8]) {
+        let n = head.len().min(self.head.bytes.len());
+        self.head.bytes[..n].copy_from_slice(&head[..n]);
+        self.head.len = n;
+    }
+
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         let Some(started) = self.request.take() else {
             return;

@@ -74,6 +74,14 @@ impl Context for Guard<'_> {
         }
     }
 
+    fn request_head(&mut self, head: &[u8]) {
+        self.slot.request_head(head);
+        if self.access.is_some() {
+            self.head.clear();
+            self.head.extend_from_slice(head);
+        }
+    }
+
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         if let Some(started) = self.request.take() {
             self.slot.request_end(started, true);
