@@ -77,7 +77,10 @@
 //! nobody frontpage` (as the `postgres` user; the role must be able to create tables in
 //! the database's `public` schema, which PostgreSQL 15 gives only to its owner). A lost
 //! connection (a server restart, a network failure) is dropped and made again by a later
-//! request, at most once a second; requests meanwhile get 503. A server that cannot be
+//! request, at most once a second; requests meanwhile get 503. A page whose connection
+//! turns out to be gone (a session the server ended while the worker was idle) is read
+//! again at once on a new one, so it costs nothing; a write is not repeated (whether a lost
+//! COMMIT took effect cannot be known) and gets 503. A server that cannot be
 //! reached when a worker starts does not stop that worker (it starts without a connection,
 //! says why in the log, and answers 503 until it connects), so a pool replaced during an
 //! outage keeps answering; authentication or a missing database stops the start. A host

@@ -564,3 +564,30 @@ fn issue_20_a_worker_started_during_an_outage_answers_503_then_pages() {
     assert_eq!(page.text(), golden("front.html"));
     assert_eq!(server.worker_pids(), replaced, "the replacement kept serving");
 }
+
+/// A session the server ended while the worker was idle (`idle_session_timeout`, an
+/// administrator, a restart between requests) costs the next read nothing: the worker
+/// finds the connection gone, makes a new one and runs the read again (the first review
+/// of issue 20 saw `503 503 200` after `pg_terminate_backend`).
+#[test]
+fn issue_20_a_read_after_the_session_was_ended_gets_its_page() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "terminated");
+    let server = frontpage(&db.url(), &[]);
+    let addr = server.tcp_addr();
+    assert_eq!(get(addr, "/").status, 200);
+    let ended = db.query(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = '{}' AND usename = 'nobody'",
+        db.name
+    ));
+    assert_eq!(ended, ["t", "t"], "two workers, a session each");
+    let r = get(addr, "/");
+    assert_eq!(r.status, 200, "{:?}", r.text());
+    assert_eq!(r.text(), golden("front.html"));
+    let log = server.log_text();
+    assert!(
+        log.contains("connection lost") && log.contains("connected again"),
+        "{log}"
+    );
+}

@@ -786,7 +786,7 @@ impl Store {
                     cloud: cloud(tags),
                 })
             }
-            Store::Postgres(pg) => pg.with(|rt, c| {
+            Store::Postgres(pg) => pg.read(|rt, c| {
                 // The three queries go out together and their answers come back together:
                 // one round trip to the server, not three (tokio-postgres pipelines the
                 // requests of futures polled at the same time).
@@ -836,7 +836,7 @@ impl Store {
                 .and_then(Iterator::collect)
                 .map_err(lite)?
             }
-            Store::Postgres(pg) => pg.with(|rt, c| {
+            Store::Postgres(pg) => pg.read(|rt, c| {
                 let stmt = match width {
                     1 => &c.rows_1,
                     6 => &c.rows_6,
@@ -878,7 +878,7 @@ impl Store {
                 let mut rows = s.query_map([id], from_lite).map_err(lite)?;
                 rows.next().transpose().map_err(lite)
             }
-            Store::Postgres(pg) => pg.with(|rt, c| {
+            Store::Postgres(pg) => pg.read(|rt, c| {
                 Ok(rt.block_on(c.client.query_opt(&c.item, &[&id]))?.map(|r| Item {
                     id: r.get(0),
                     title: r.get(1),
@@ -1140,6 +1140,26 @@ impl Pg {
                 Err(Failure::Unavailable(format!("{}: {}", self.name, describe(&e))))
             }
             Err(e) => Err(Failure::Internal(describe(&e))),
+        }
+    }
+
+    /// [`with`](Pg::with) for a read, which may safely run twice: when the connection
+    /// turns out to be gone (the server ended an idle session, or restarted while this
+    /// worker was idle) and a new one can be made at once, the read runs again on it, so
+    /// the request gets its page rather than a 503. A write is never repeated: whether a
+    /// lost COMMIT took effect cannot be known.
+    fn read<T>(
+        &mut self,
+        mut f: impl FnMut(&tokio::runtime::Runtime, &mut PgConn) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, Failure> {
+        let had_connection = self.conn.is_some();
+        match self.with(&mut f) {
+            Err(Failure::Unavailable(_)) if had_connection && self.conn.is_none() => {
+                // The connection was found gone: one new attempt, now.
+                self.retry_at = None;
+                self.with(f)
+            }
+            other => other,
         }
     }
 }
