@@ -297,7 +297,8 @@ impl Frontpage {
 /// A page as `text/html`.
 fn html(res: &mut HttpResponse<'_>, page: &impl askama::Template) -> io::Result<()> {
     res.content_type("text/html; charset=utf-8");
-    pages::render(page, res)
+    // (`Template::write_into`: askama's `FastWritable` has a method of the same name.)
+    askama::Template::write_into(page, res)
 }
 
 /// Checks `Authorization: Bearer TOKEN` against the configured token.

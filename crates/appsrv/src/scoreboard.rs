@@ -756,12 +756,9 @@ impl Slot {
         now
     }
 
-    /// The request in progress came in pieces: its first bytes, now longer.
-    pub(crate) fn request_head(&self, head: &[u8]) {
-        self.store_head(head);
-    }
-
-    fn store_head(&self, head: &[u8]) {
+    /// Shows `head` as the first bytes of the request in progress (also when more of a
+    /// request that came in pieces arrived).
+    pub(crate) fn store_head(&self, head: &[u8]) {
         let head = &head[..head.len().min(HEAD_BYTES)];
         for (i, word) in self.head.iter().enumerate() {
             let mut bytes = [0u8; 8];

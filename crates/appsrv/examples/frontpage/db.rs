@@ -501,8 +501,7 @@ pub(crate) fn check(db: &Database, workers: Option<&appsrv::WorkerIdentity>) -> 
     }
     as_identity(workers, || {
         if regular_file(path)? {
-            let flags =
-                rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let flags = READ_WRITE;
             let conn =
                 rusqlite::Connection::open_with_flags(path, flags).map_err(|e| denied(path, workers, e))?;
             conn.query_row("PRAGMA schema_version", [], |_| Ok(()))
@@ -519,6 +518,11 @@ pub(crate) fn check(db: &Database, workers: Option<&appsrv::WorkerIdentity>) -> 
         }
     })?
 }
+
+/// How the database is opened after the master made it: read-write, never created by
+/// SQLite (the file is made with `O_EXCL` first, or must exist), no mutex (one thread).
+const READ_WRITE: rusqlite::OpenFlags =
+    rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE.union(rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX);
 
 fn directory_of(path: &Path) -> PathBuf {
     path.parent()
@@ -570,7 +574,7 @@ fn create_and_seed(path: &Path, workers: Option<&appsrv::WorkerIdentity>) -> Res
             .open(path)
             .map_err(|e| denied(path, workers, e))?;
     }
-    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let flags = READ_WRITE;
     let mut conn =
         rusqlite::Connection::open_with_flags(path, flags).map_err(|e| denied(path, workers, e))?;
     let fail = |e: rusqlite::Error| denied(path, workers, e);
@@ -692,8 +696,7 @@ impl fmt::Debug for Store {
 pub(crate) fn open(db: &Database, busy_timeout: Duration) -> Result<Store, String> {
     match db {
         Database::Sqlite(path) => {
-            let flags =
-                rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let flags = READ_WRITE;
             let fail = |e: rusqlite::Error| format!("{}: {e}", path.display());
             let conn = rusqlite::Connection::open_with_flags(path, flags).map_err(fail)?;
             conn.busy_timeout(busy_timeout).map_err(fail)?;

@@ -11,8 +11,6 @@
 //! after the tag, so that the pages are the markup as written, one element per line; and
 //! each file ends with an empty line, since askama drops a template's last newline.
 
-use std::io;
-
 use askama::Template;
 
 use crate::db::{Front, Item, Table};
@@ -36,9 +34,4 @@ pub(crate) struct RowsPage<'a> {
 #[template(path = "item.html")]
 pub(crate) struct ItemPage<'a> {
     pub(crate) item: &'a Item,
-}
-
-/// Writes `page` to `out`.
-pub(crate) fn render(page: &impl Template, out: &mut impl io::Write) -> io::Result<()> {
-    Template::write_into(page, out)
 }

@@ -348,9 +348,7 @@ impl Context for Turn<'_> {
 
     fn request_start(&mut self, head: &[u8]) {
         *self.request = Some(self.now);
-        let n = head.len().min(self.head.bytes.len());
-        self.head.bytes[..n].copy_from_slice(&head[..n]);
-        self.head.len = n;
+        self.request_head(head);
     }
 
     fn request_head(&mut self, head: &[u8]) {

@@ -68,18 +68,12 @@ impl Context for Guard<'_> {
 
     fn request_start(&mut self, head: &[u8]) {
         self.request = Some(self.slot.request_start(head));
-        if self.access.is_some() {
-            self.head.clear();
-            self.head.extend_from_slice(head);
-        }
+        self.keep_head(head);
     }
 
     fn request_head(&mut self, head: &[u8]) {
-        self.slot.request_head(head);
-        if self.access.is_some() {
-            self.head.clear();
-            self.head.extend_from_slice(head);
-        }
+        self.slot.store_head(head);
+        self.keep_head(head);
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
@@ -143,6 +137,14 @@ impl Context for Guard<'_> {
 /// A poll timeout of `t`, rounded up to the millisecond (a rounded-down timeout would wake
 /// the loop early, to poll again for nothing).
 impl Guard<'_> {
+    /// Keeps the request's first bytes for its access-log line (only with a log).
+    fn keep_head(&mut self, head: &[u8]) {
+        if self.access.is_some() {
+            self.head.clear();
+            self.head.extend_from_slice(head);
+        }
+    }
+
     pub(crate) fn limit_reached(&self) -> bool {
         let (connections, requests) = self.slot.served();
         (self.recycle.max_connections > 0 && connections >= self.recycle.max_connections)
