@@ -266,6 +266,7 @@ impl<C: Codec + 'static> RequestStep<C> {
             crate::conn::step::Next::More => StepNext::More,
             crate::conn::step::Next::Close { .. } => StepNext::Close,
             crate::conn::step::Next::Fail(_) => StepNext::Fail,
+            crate::conn::step::Next::HandOff => unreachable!("only a front's step hands off"),
         };
         (n, next)
     }

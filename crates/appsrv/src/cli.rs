@@ -103,6 +103,15 @@ pub enum Io {
     /// stalls every connection of its worker (see `--slow-request`). Request-level
     /// handlers only.
     Event,
+    /// Event loops in front processes (`--fronts`) accept every connection, admit it and
+    /// read it until the codec has a whole request; only then is the connection, with
+    /// the bytes read, handed to an idle blocking worker, whose handler may block. After
+    /// the response the worker keeps the connection while its next request comes within
+    /// 100 ms, then hands it back to the loop. Idle and slow clients cost memory in the
+    /// loop, not workers. Request-level handlers without per-connection state
+    /// (`type Session = ()`) only; TLS listeners are served by the workers directly, as
+    /// in blocking mode (see docs/ARCHITECTURE.md, "Hybrid mode").
+    Hybrid,
 }
 
 impl Io {
@@ -111,6 +120,7 @@ impl Io {
         match self {
             Io::Blocking => "blocking",
             Io::Event => "event",
+            Io::Hybrid => "hybrid",
         }
     }
 }
@@ -118,6 +128,9 @@ impl Io {
 /// The default `--worker-connections` (event mode), as nginx's order of magnitude for a
 /// worker that serves small requests.
 pub(crate) const DEFAULT_WORKER_CONNECTIONS: usize = 10_000;
+/// The default `--fronts` (hybrid mode): one loop does the reading and admission for a
+/// pool of blocking workers on a small machine; give more on a large one.
+pub(crate) const DEFAULT_FRONTS: usize = 1;
 /// The default `--slow-request` (event mode).
 pub(crate) const DEFAULT_SLOW_REQUEST: Duration = Duration::from_millis(100);
 
@@ -282,6 +295,8 @@ pub(crate) struct Config {
     pub(crate) worker_connections: usize,
     /// Event mode: a handler call longer than this is logged (`None`: never).
     pub(crate) slow_request: Option<Duration>,
+    /// Hybrid mode: the front processes (`--fronts`).
+    pub(crate) fronts: usize,
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
@@ -613,8 +628,9 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .value_name("MODEL")
                 .value_parser(clap::value_parser!(Io))
                 .default_value(d.io.name())
-                .help("Request-level servers: blocking (one connection at a time per worker; the handler may block) or event (one epoll loop per worker over up to --worker-connections connections, the handler called inline: it must not block). handle_client servers are blocking only. Event mode has a static pool of --workers"),
+                .help("Request-level servers: blocking (one connection at a time per worker; the handler may block), event (one epoll loop per worker over up to --worker-connections connections, the handler called inline: it must not block) or hybrid (event loops in --fronts processes hold every connection until it has a whole request, then hand it to an idle blocking worker: the handler may block, and idle or slow clients hold no worker). handle_client servers are blocking only (see --max-conns-per-ip). Event mode has a static pool of --workers"),
         )
+        .arg(count(prefix, "fronts", DEFAULT_FRONTS, "Hybrid mode: front processes, each an event loop over up to --worker-connections connections, that accept, admit and read requests for the workers"))
         .arg(count(prefix, "worker-connections", d.worker_connections, "Event mode: connections per worker at most; a worker stops accepting at this many and resumes below it. The soft RLIMIT_NOFILE is raised to what this needs (up to the hard limit)"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
@@ -1072,6 +1088,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         answers_slip: n(m, "answers-slip"),
         io: *m.get_one::<Io>("io").expect("has a default"),
         worker_connections: n(m, "worker-connections") as usize,
+        fronts: n(m, "fronts") as usize,
         slow_request: timeout(m, "slow-request"),
         allow: cidr_list(m, "allow"),
         deny: cidr_list(m, "deny"),

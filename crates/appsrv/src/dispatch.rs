@@ -55,6 +55,8 @@ pub(crate) struct Program {
     /// datagrams only (`Server::run_datagrams`).
     pub(crate) datagrams: Option<worker::datagram::Factory>,
     pub(crate) datagram_only: bool,
+    /// The request handler's `Session` holds state (hybrid mode cannot serve it).
+    pub(crate) stateful_sessions: bool,
 }
 
 /// What a server does with datagrams, for the configuration checks.
@@ -152,7 +154,7 @@ where
         // request arrives in pieces).
         config.read_timeout = config.keepalive_timeout;
     }
-    check_io(&config, request_level, DatagramUse::of(&program))?;
+    check_io(&config, request_level, DatagramUse::of(&program), program.stateful_sessions)?;
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
@@ -369,7 +371,7 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
         config.allow_root_workers,
     )?;
     pool_policy(config)?;
-    check_io(config, request_level, DatagramUse::of(program))?;
+    check_io(config, request_level, DatagramUse::of(program), program.stateful_sessions)?;
     config.confinement()?.check()?;
     if !request_level && config.max_requests > 0 {
         return Err(Error::Config(
@@ -412,12 +414,15 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
 /// What `--io event` asks of the rest of the configuration, checked before start: a
 /// request-level handler, a static pool, no privileged helper, and descriptors for
 /// `--worker-connections`. Also that a server with a privileged helper starts as root.
-fn check_io(config: &Config, request_level: bool, datagrams: DatagramUse) -> Result<()> {
+fn check_io(config: &Config, request_level: bool, datagrams: DatagramUse, stateful_sessions: bool) -> Result<()> {
     check_datagrams(config, datagrams)?;
     if config.helper_profile.is_some() && !nix::unistd::Uid::effective().is_root() {
         return Err(Error::Config(
             "this server has a privileged helper (Server::privileged), which keeps root's capabilities for its workers: start it as root".into(),
         ));
+    }
+    if config.io == crate::Io::Hybrid {
+        return check_hybrid(config, request_level, stateful_sessions);
     }
     if config.io != crate::Io::Event {
         return Ok(());
@@ -441,6 +446,38 @@ fn check_io(config: &Config, request_level: bool, datagrams: DatagramUse) -> Res
                 cli::PoolKind::Dynamic => "dynamic",
                 _ => "ondemand",
             }
+        )));
+    }
+    if config.worker_connections == 0 {
+        return Err(Error::Config(
+            "--worker-connections 0: expected at least 1".into(),
+        ));
+    }
+    raise_nofile(config);
+    Ok(())
+}
+
+/// What `--io hybrid` asks of the server and its configuration.
+fn check_hybrid(config: &Config, request_level: bool, stateful_sessions: bool) -> Result<()> {
+    if !request_level {
+        return Err(Error::Config(
+            "--io hybrid: this server's handler takes whole connections (handle_client), and appsrv cannot tell when such a connection has a whole request to hand over; it runs with --io blocking only (--max-conns-per-ip keeps one client from taking every worker)".into(),
+        ));
+    }
+    if stateful_sessions {
+        return Err(Error::Config(
+            "--io hybrid: this handler keeps state per connection (its RequestHandler::Session is not ()), which cannot follow a connection handed between processes; use --io blocking or --io event".into(),
+        ));
+    }
+    if config.exec_workers {
+        return Err(Error::Config(
+            "--io hybrid does not work with --exec-workers yet: use one or the other".into(),
+        ));
+    }
+    if config.fronts == 0 || config.fronts > 64 {
+        return Err(Error::Config(format!(
+            "--fronts {}: expected 1 to 64",
+            config.fronts
         )));
     }
     if config.worker_connections == 0 {

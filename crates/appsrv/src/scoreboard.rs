@@ -170,6 +170,14 @@ pub(crate) struct Slot {
     /// Event worker with datagram listeners: its datagram counters ([`DatagramCounts`], in
     /// its field order), published once per turn.
     datagrams: [AtomicU64; DATAGRAM_COUNTERS],
+    /// A hybrid front (`--io hybrid`): an event loop that hands requests to the workers
+    /// (its `requests` count hand-offs).
+    front: AtomicBool,
+    /// Front: the complete requests it holds because the hand-off channel was full.
+    queued: AtomicU32,
+    /// Front: it takes connections handed back (counted in the board's
+    /// `fronts_receiving`, which the master corrects when a front dies).
+    receiving: AtomicBool,
 }
 
 /// The number of counters in [`DatagramCounts`].
@@ -286,6 +294,13 @@ pub(crate) struct Board {
     answers: [RateEntry; RATE_ENTRIES],
     /// The answer-rate table's hash key, random, drawn by the master with the board.
     rate_seed: AtomicU64,
+    /// Hybrid mode: connections sent into the hand-off channel by the fronts, and taken
+    /// from it by the workers; the difference is the requests waiting for a worker in the
+    /// channel (see [`Board::waiting`]).
+    handoffs_sent: AtomicU64,
+    handoffs_taken: AtomicU64,
+    /// Hybrid mode: fronts that take connections handed back (not stopping).
+    fronts_receiving: AtomicU32,
 }
 
 /// How long the master's sighting of queued clients ([`Board::mark_queued`]) holds without
@@ -429,9 +444,11 @@ impl Board {
         }
     }
 
-    /// The master frees the slot of a worker that is gone, keeping the idle count right.
+    /// The master frees the slot of a worker that is gone, keeping the idle count (and the
+    /// count of fronts taking connections back) right.
     pub(crate) fn release(&self, id: u32) {
         self.set_state(id, State::Dead);
+        self.set_receiving(id, false);
         if let Some(s) = self.slot(id) {
             s.pid.store(0, Ordering::Release);
         }
@@ -477,6 +494,71 @@ impl Board {
                         == want
             })
             .count()
+    }
+
+    /// Hybrid: a front sent a connection into the hand-off channel; when no worker is idle,
+    /// the master is woken (once per shortage) so that a dynamic pool grows at once.
+    pub(crate) fn handoff_sent(&self) {
+        self.handoffs_sent.fetch_add(1, Ordering::AcqRel);
+        if self.idle() == 0
+            && self.min_spare.load(Ordering::Acquire) > 0
+            && !self.wake_pending.swap(true, Ordering::AcqRel)
+        {
+            sys::wake_master();
+        }
+    }
+
+    /// Hybrid: a worker took a connection from the channel.
+    pub(crate) fn handoff_taken(&self) {
+        self.handoffs_taken.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Hybrid: whether complete requests wait in the channel for a worker (two loads: the
+    /// worker's question at each request boundary of a connection it keeps).
+    pub(crate) fn requests_waiting(&self) -> bool {
+        self.handoffs_taken.load(Ordering::Acquire) < self.handoffs_sent.load(Ordering::Acquire)
+    }
+
+    /// Hybrid: the complete requests waiting for a worker, in the channel and held by the
+    /// fronts for want of room in it. `channel_empty` is the master's look at the channel
+    /// itself: the counters can be one off for good when a worker is killed between taking
+    /// a connection and counting it, and an empty channel holds nothing, whatever they say.
+    pub(crate) fn waiting(&self, channel_empty: bool) -> u64 {
+        let in_channel = if channel_empty {
+            0
+        } else {
+            self.handoffs_sent
+                .load(Ordering::Acquire)
+                .saturating_sub(self.handoffs_taken.load(Ordering::Acquire))
+        };
+        in_channel
+            + self
+                .slots
+                .iter()
+                .filter(|s| s.front.load(Ordering::Relaxed))
+                .map(|s| u64::from(s.queued.load(Ordering::Relaxed)))
+                .sum::<u64>()
+    }
+
+    /// Hybrid: front `id` starts or stops taking connections handed back; the master stops
+    /// it for a front that died (a flag per slot: counted once either way).
+    pub(crate) fn set_receiving(&self, id: u32, on: bool) {
+        let Some(s) = self.slot(id) else { return };
+        if s.receiving.swap(on, Ordering::AcqRel) == on {
+            return;
+        }
+        if on {
+            self.fronts_receiving.fetch_add(1, Ordering::AcqRel);
+        } else {
+            let _ = self
+                .fronts_receiving
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
+        }
+    }
+
+    /// Hybrid: whether some front takes connections handed back.
+    pub(crate) fn fronts_receiving(&self) -> bool {
+        self.fronts_receiving.load(Ordering::Acquire) > 0
     }
 
     /// How many workers wait in `accept`.
@@ -579,6 +661,7 @@ impl Board {
                 last_turn: ago(s.last_turn.load(Ordering::Relaxed)),
             }),
             slow_calls: s.slow_calls.load(Ordering::Relaxed),
+            front: s.front.load(Ordering::Acquire),
             datagrams: DatagramCounts::from_array(std::array::from_fn(|i| {
                 s.datagrams[i].load(Ordering::Relaxed)
             })),
@@ -626,6 +709,25 @@ impl Slot {
         for a in &self.datagrams {
             a.store(0, Ordering::Relaxed);
         }
+        self.front.store(false, Ordering::Relaxed);
+        self.queued.store(0, Ordering::Relaxed);
+    }
+
+    /// The process is a hybrid front (set once, with [`set_event`](Slot::set_event)).
+    pub(crate) fn set_front(&self) {
+        self.front.store(true, Ordering::Release);
+    }
+
+    /// A front publishes how many complete requests it holds for want of room in the
+    /// channel.
+    pub(crate) fn publish_queued(&self, n: u32) {
+        self.queued.store(n, Ordering::Relaxed);
+    }
+
+    /// A front handed a connection to the workers (counted as its requests).
+    pub(crate) fn handed_off(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.last_activity.store(now_ns(), Ordering::Relaxed);
     }
 
     /// The worker is an event-loop worker (set once, before it says it is ready).
@@ -857,6 +959,8 @@ pub(crate) struct SlotView {
     pub(crate) event: Option<EventView>,
     /// Handler calls slower than `--slow-request`.
     pub(crate) slow_calls: u64,
+    /// A hybrid front (its `requests` are hand-offs).
+    pub(crate) front: bool,
     /// Its datagram counters (all zero without datagram listeners).
     pub(crate) datagrams: DatagramCounts,
 }

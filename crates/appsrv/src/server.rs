@@ -58,6 +58,9 @@ pub struct Server {
     /// The datagram handler's factory ([`Server::datagrams`]).
     datagrams: Option<crate::worker::datagram::Factory>,
     datagram_only: bool,
+    /// The request handler's sessions hold state (`RequestHandler::Session` is not
+    /// zero-sized), which a connection handed between processes cannot take along.
+    stateful_sessions: bool,
 }
 
 impl std::fmt::Debug for Server {
@@ -91,6 +94,7 @@ impl Server {
             helper_timeout: crate::privileged::DEFAULT_TIMEOUT,
             datagrams: None,
             datagram_only: false,
+            stateful_sessions: false,
         }
     }
 
@@ -624,11 +628,12 @@ impl Server {
     /// Between requests, a connection may stay idle for `--keepalive-timeout` (5 s); a
     /// request split across reads must complete within `--read-timeout`; a connection
     /// serves at most `--keepalive-requests` (1000) requests.
-    pub fn run_requests<H, F>(self, mut factory: F) -> Result<()>
+    pub fn run_requests<H, F>(mut self, mut factory: F) -> Result<()>
     where
         H: RequestHandler,
         F: FnMut() -> std::result::Result<H, BoxError>,
     {
+        self.stateful_sessions = std::mem::size_of::<H::Session>() != 0;
         self.launch(true, |limits: Limits| {
             move || factory().map(|h| RequestLevel::new(h, limits.clone()))
         })
@@ -680,6 +685,7 @@ impl Server {
             helper_profile: self.helper_profile,
             datagrams: self.datagrams,
             datagram_only: self.datagram_only,
+            stateful_sessions: self.stateful_sessions,
         };
         dispatch::launch(program, &matches, request_level, make_factory)
     }

@@ -96,6 +96,17 @@ impl Buffers {
         &mut self.read[self.end..]
     }
 
+    /// Appends `bytes` to the input (hybrid mode: what a front read of the request).
+    pub(crate) fn extend_input(&mut self, bytes: &[u8]) {
+        let _ = self.room(0); // moves the unconsumed bytes to the front
+        let end = self.end + bytes.len();
+        if self.read.len() < end {
+            self.read.resize(end, 0);
+        }
+        self.read[self.end..end].copy_from_slice(bytes);
+        self.end = end;
+    }
+
     /// `n` bytes were received into [`room`](Buffers::room).
     pub(crate) fn filled(&mut self, n: usize) {
         self.end = (self.end + n).min(self.read.len());

@@ -34,6 +34,10 @@ pub(crate) enum Boundary {
     /// Close the connection: clients wait in the listen queue and no worker is idle, so
     /// an idle keep-alive connection must not hold this worker.
     GiveUp,
+    /// Hybrid mode: give the connection back to a front's event loop, which holds it
+    /// until its next request is whole (it stayed quiet after its last response, or the
+    /// worker served enough of its requests while others wait).
+    HandBack,
 }
 
 /// How long a keep-alive connection may stay quiet, while clients wait in the listen
@@ -212,6 +216,11 @@ pub(crate) enum Next {
     /// The handler failed: its partial response was dropped, the connection ends with
     /// this error (logged by the worker).
     Fail(io::Error),
+    /// Hybrid mode, in a front ([`Requests::complete`]): the buffer holds a whole request
+    /// (or the first [`INLINE_MAX`](crate::net::handoff::INLINE_MAX) bytes of a larger
+    /// one): send the output, if any (an interim reply), then hand the connection to a
+    /// worker with what the buffer holds.
+    HandOff,
 }
 
 /// One connection's request level: its codec and where it is between requests.
@@ -299,6 +308,12 @@ impl<C: Codec> Requests<C> {
         self.served
     }
 
+    /// Hybrid mode: the connection comes from another process, which answered `served` of
+    /// its requests (`--keepalive-requests` counts the connection's, not this process's).
+    pub(crate) fn resume(&mut self, served: u32) {
+        self.served = served;
+    }
+
     /// The socket timeout between requests (the keep-alive timeout), which an accepted
     /// connection has from its listener.
     pub(crate) fn idle_timeout(&self) -> Option<Duration> {
@@ -379,6 +394,41 @@ impl<C: Codec> Requests<C> {
             self.at_boundary(ctx, now)
         } else {
             self.partial(bufs, ctx, peer, now)
+        }
+    }
+
+    /// Hybrid mode, in a front: whether the buffer holds a whole request, without handling
+    /// it. The request is decoded from a copy in `scratch` (a codec may rewrite the buffer
+    /// in place, HTTP de-chunks bodies, and the worker decodes the original bytes); an
+    /// interim reply (`100 Continue`) goes into the output. A request still incomplete at
+    /// `inline_max` bytes is handed off as it is (the worker reads the rest). Otherwise
+    /// the same waits, deadlines and refusals as [`advance`](Requests::advance).
+    pub(crate) fn complete(
+        &mut self,
+        bufs: &mut Buffers,
+        scratch: &mut Vec<u8>,
+        inline_max: usize,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        now: &mut dyn FnMut() -> Instant,
+    ) -> Next {
+        if !bufs.has_input() {
+            return self.at_boundary(ctx, now);
+        }
+        scratch.clear();
+        scratch.extend_from_slice(bufs.unconsumed());
+        match self.codec.decode(scratch) {
+            Ok(Decoded::Request { .. }) => Next::HandOff,
+            Ok(Decoded::Incomplete { interim }) => {
+                if let Some(bytes) = interim {
+                    bufs.output().extend_from_slice(bytes);
+                }
+                if bufs.unconsumed().len() >= inline_max.min(self.max) && self.max > inline_max {
+                    return Next::HandOff;
+                }
+                self.partial(bufs, ctx, peer, now)
+            }
+            Err(e) => self.protocol_error(bufs, ctx, peer, &e),
         }
     }
 

@@ -58,7 +58,7 @@ use crate::peer_counts::PeerCounts;
 use crate::process::notify::{Channel, Message};
 use crate::scoreboard::{self, Board, State};
 use crate::sys::{self, exit};
-use crate::worker::Recycle;
+use crate::worker::{Recycle, Role};
 use pool::{Backoff, Jitter, Pacer, Policy, SpawnRate, Verdict};
 
 /// The master's phases, in order.
@@ -138,6 +138,8 @@ struct Worker {
     memory_killed: bool,
     /// The master's end of the worker's log channel (`process/reopen.rs`).
     logs: Option<OwnedFd>,
+    /// A hybrid front (`--io hybrid`), not a worker: not counted in the pool.
+    front: bool,
 }
 
 impl Worker {
@@ -155,6 +157,7 @@ impl Worker {
             timed_out: None,
             memory_killed: false,
             logs: None,
+            front: false,
         }
     }
 
@@ -272,13 +275,20 @@ pub(crate) struct Master<'a> {
     /// The access log as last reopened on USR1 (none before the first): a worker forked
     /// since finds it in its log channel (it is given the one opened at start otherwise).
     access_reopened: Option<std::fs::File>,
+    /// Hybrid mode: the fronts wanted, and the hand-off channel (whose emptiness tells
+    /// the requests waiting for a worker).
+    fronts: usize,
+    handoff: Option<&'a crate::net::handoff::Channel>,
+    /// A stop in hybrid mode: the workers are told once the fronts have left (they serve
+    /// what the fronts hand them until then).
+    workers_wait_for_fronts: bool,
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
 ///
 /// (`Infallible` stands for `!`, which cannot yet be written in a closure's type: a
 /// function of this type can only end the process.)
-pub(crate) type Entry<'e> = dyn FnMut(u32, Recycle, &[RawFd]) -> Infallible + 'e;
+pub(crate) type Entry<'e> = dyn FnMut(u32, crate::worker::Role, Recycle, &[RawFd]) -> Infallible + 'e;
 
 impl<'a> Master<'a> {
     pub(crate) fn new(
@@ -323,6 +333,9 @@ impl<'a> Master<'a> {
             owed: 0,
             peer_counts: None,
             access_reopened: None,
+            fronts: 0,
+            handoff: None,
+            workers_wait_for_fronts: false,
             jitter: Jitter::new((u64::from(std::process::id()) << 32) ^ scoreboard::now_ns()),
         })
     }
@@ -332,6 +345,15 @@ impl<'a> Master<'a> {
     /// table, and closes the tables' memfd in the workers it forks (they have the mapping).
     pub(crate) fn with_peer_counts(mut self, peers: Option<&'static PeerCounts>) -> Self {
         self.peer_counts = peers;
+        self
+    }
+
+    /// Hybrid mode: `n` front processes, on the hand-off channel `channel`.
+    pub(crate) fn with_fronts(mut self, fronts: Option<(usize, &'a crate::net::handoff::Channel)>) -> Self {
+        if let Some((n, channel)) = fronts {
+            self.fronts = n;
+            self.handoff = Some(channel);
+        }
         self
     }
 
@@ -379,7 +401,10 @@ impl<'a> Master<'a> {
         // At start-up a failed fork is fatal: better a clear error now than a server that
         // limps along with part of its pool.
         for _ in 0..self.settings.policy.initial() {
-            self.spawn(entry)?;
+            self.spawn(entry, Role::Worker)?;
+        }
+        for _ in 0..self.fronts {
+            self.spawn(entry, Role::Front)?;
         }
         loop {
             self.wait();
@@ -435,7 +460,8 @@ impl<'a> Master<'a> {
                     // very first connection) is replaced here too.
                     self.maintain(entry)?;
                     let initial = self.settings.policy.initial();
-                    if self.workers.values().filter(|w| w.ready).count() >= initial {
+                    let ready = |front: bool| self.workers.values().filter(|w| w.ready && w.front == front).count();
+                    if ready(false) >= initial && ready(true) >= self.fronts {
                         self.phase = Phase::Running;
                         tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
                         self.serving = true;
@@ -468,6 +494,12 @@ impl<'a> Master<'a> {
                     if self.workers.is_empty() {
                         tracing::info!("stopped");
                         return Ok(());
+                    }
+                    if self.workers_wait_for_fronts && !self.workers.values().any(|w| w.front) {
+                        // The fronts are gone: the workers serve what is left in the
+                        // channel, then their connections, then leave.
+                        self.workers_wait_for_fronts = false;
+                        self.kill_all(Signal::SIGTERM);
                     }
                     if !killed && Instant::now() >= deadline {
                         tracing::warn!(
@@ -552,7 +584,10 @@ impl<'a> Master<'a> {
         // rounds (a listener stays readable until a worker accepts: watching it right after
         // a spawn would spin).
         // Not while a worker is starting either: it will take the waiting connection.
+        // (In hybrid mode the fronts accept; a front that hands off a request while no
+        // worker is idle wakes the master through the eventfd instead.)
         let watch_listeners = matches!(self.settings.policy, Policy::Ondemand { .. })
+            && self.handoff.is_none()
             && self.phase == Phase::Running
             && self.settings.board.idle() == 0
             && self.starting() == 0
@@ -637,10 +672,24 @@ impl<'a> Master<'a> {
                         l.shutdown();
                     }
                 }
-                self.kill_all(Signal::SIGTERM);
+                self.stop_children();
                 self.phase = Phase::stopping(self.settings.grace_period);
             }
         }
+    }
+
+    /// Tells every child to stop: in hybrid mode the fronts first (they hand off what
+    /// they hold and close their idle connections), the workers once the fronts are gone
+    /// (see the `Stopping` phase), so that no request handed off is left in the channel.
+    fn stop_children(&mut self) {
+        if self.fronts == 0 {
+            self.kill_all(Signal::SIGTERM);
+            return;
+        }
+        for (pid, _) in self.workers.iter().filter(|(_, w)| w.front) {
+            let _ = signal::kill(*pid, Signal::SIGTERM);
+        }
+        self.workers_wait_for_fronts = true;
     }
 
     fn on_message(&mut self, pid: Pid, msg: Message) {
@@ -676,15 +725,12 @@ impl<'a> Master<'a> {
     /// Sends SIGTERM to every worker waiting to be recycled once the pool has enough ready
     /// workers without them (their replacements): the pool's capacity never dips.
     fn release_one_retiring(&mut self) {
+        let fronts_ready = self.workers.values().filter(|w| w.front && w.active() && w.ready).count();
+        let fronts_spare = fronts_ready >= self.fronts;
         let spare = self.ready_active() >= self.target().min(self.settings.policy.max());
-        if !spare {
-            return;
-        }
-        for (pid, w) in self
-            .workers
-            .iter_mut()
-            .filter(|(_, w)| matches!(w.leaving, Some(Leave::Recycle(_))) && !w.stop_sent)
-        {
+        for (pid, w) in self.workers.iter_mut().filter(|(_, w)| {
+            matches!(w.leaving, Some(Leave::Recycle(_))) && !w.stop_sent && if w.front { fronts_spare } else { spare }
+        }) {
             w.stop_sent = true;
             w.stop_at = Some(Instant::now());
             let _ = signal::kill(*pid, Signal::SIGTERM);
@@ -731,7 +777,8 @@ impl<'a> Master<'a> {
             .filter(|w| w.leaving.is_none() && w.timed_out.is_none())
         {
             w.leaving = Some(Leave::Recycle("reload"));
-            self.owed += 1;
+            // Fronts are replaced by their own count (`maintain`).
+            self.owed += usize::from(!w.front);
         }
         tracing::info!("reload asked {from}: starting generation {generation}");
         crate::process::systemd::reloading();
@@ -895,18 +942,23 @@ impl<'a> Master<'a> {
         }
     }
 
+    /// The pool's workers (not the hybrid fronts).
+    fn pool(&self) -> impl DoubleEndedIterator<Item = (&Pid, &Worker)> {
+        self.workers.iter().filter(|(_, w)| !w.front)
+    }
+
     /// Workers that count towards the pool's size.
     fn active(&self) -> usize {
-        self.workers.values().filter(|w| w.active()).count()
+        self.pool().filter(|(_, w)| w.active()).count()
     }
 
     /// Whether some worker is ready to serve (an empty pool retries sooner).
     fn serving_workers(&self) -> bool {
-        self.workers.values().any(|w| w.ready && w.timed_out.is_none())
+        self.pool().any(|(_, w)| w.ready && w.timed_out.is_none())
     }
 
     fn ready_active(&self) -> usize {
-        self.workers.values().filter(|w| w.active() && w.ready).count()
+        self.pool().filter(|(_, w)| w.active() && w.ready).count()
     }
 
     /// How many workers the pool wants now.
@@ -933,7 +985,7 @@ impl<'a> Master<'a> {
                 }
                 break;
             }
-            if !self.try_spawn(entry, now)? {
+            if !self.try_spawn(entry, now, Role::Worker)? {
                 break;
             }
             self.pacer.spawned(now);
@@ -946,6 +998,14 @@ impl<'a> Master<'a> {
         if missing == 0 {
             self.pacer.caught_up();
         }
+        // Hybrid fronts: as many as asked for, replaced as workers are (a front that keeps
+        // failing to start counts in the same back-off).
+        let fronts = self.workers.values().filter(|w| w.front && w.active()).count();
+        for _ in fronts..self.fronts {
+            if !self.backoff.may_spawn(now, self.serving_workers()) || !self.try_spawn(entry, now, Role::Front)? {
+                break;
+            }
+        }
         if self.phase == Phase::Running {
             self.pool_round(entry, now)?;
             self.shrink_static();
@@ -955,8 +1015,8 @@ impl<'a> Master<'a> {
 
     /// Spawns one worker; a failed fork while running backs off instead of ending the
     /// server. Returns whether a worker was started.
-    fn try_spawn(&mut self, entry: &mut Entry<'_>, now: Instant) -> Result<bool, Error> {
-        match self.spawn(entry) {
+    fn try_spawn(&mut self, entry: &mut Entry<'_>, now: Instant, role: Role) -> Result<bool, Error> {
+        match self.spawn(entry, role) {
             Ok(()) => Ok(true),
             Err(e) if self.phase == Phase::Running => {
                 // Out of processes or memory: keep serving with the workers we have and
@@ -1005,7 +1065,7 @@ impl<'a> Master<'a> {
             let n = self.rate.next().min(max - active).min(need.max(1));
             tracing::debug!("{idle} idle worker(s), {starting} starting: starting {n} more");
             for _ in 0..n {
-                if !self.try_spawn(entry, now)? {
+                if !self.try_spawn(entry, now, Role::Worker)? {
                     break;
                 }
             }
@@ -1035,8 +1095,8 @@ impl<'a> Master<'a> {
                 idle > *max_spare && now.duration_since(self.last_retire) >= pool::RETIRE_INTERVAL,
             ),
             Policy::Ondemand { idle_timeout, .. } => self
-                .workers
-                .values()
+                .pool()
+                .map(|(_, w)| w)
                 .filter(|w| w.active())
                 .filter(|w| {
                     self.settings.board.read(w.id).is_some_and(|v| {
@@ -1073,8 +1133,8 @@ impl<'a> Master<'a> {
     /// reports ready a moment before it is idle, and must not look like a missing one).
     fn starting(&self) -> usize {
         let board = self.settings.board;
-        self.workers
-            .values()
+        self.pool()
+            .map(|(_, w)| w)
             .filter(|w| w.active())
             .filter(|w| !w.ready || board.read(w.id).is_some_and(|v| v.state == State::Starting))
             .count()
@@ -1084,8 +1144,7 @@ impl<'a> Master<'a> {
     fn retire_idle_worker(&mut self) -> bool {
         let board = self.settings.board;
         let pick = self
-            .workers
-            .iter()
+            .pool()
             .filter(|(_, w)| w.active() && w.ready)
             .filter_map(|(pid, w)| {
                 let v = board.read(w.id)?;
@@ -1104,8 +1163,7 @@ impl<'a> Master<'a> {
 
     fn retire_any_worker(&mut self) -> bool {
         let pick = self
-            .workers
-            .iter()
+            .pool()
             .filter(|(_, w)| w.active())
             .map(|(pid, _)| *pid)
             .next_back();
@@ -1193,7 +1251,8 @@ impl<'a> Master<'a> {
                     continue;
                 }
             }
-            if w.leaving.is_some() || !w.ready {
+            // Fronts run no handler code: not recycled by age or memory.
+            if w.leaving.is_some() || !w.ready || w.front {
                 continue;
             }
             if limits
@@ -1264,11 +1323,19 @@ impl<'a> Master<'a> {
 
     /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
     fn clients_queued(&self) -> bool {
-        crate::sys::any_readable(self.listeners)
+        match self.handoff {
+            Some(ch) => self.settings.board.waiting(ch.empty()) > 0,
+            None => crate::sys::any_readable(self.listeners),
+        }
     }
 
-    /// Connections waiting in the TCP listeners' accept queues (None without TCP listeners).
+    /// Connections waiting in the TCP listeners' accept queues (None without TCP listeners);
+    /// in hybrid mode, the complete requests waiting for a worker: the pool sizes itself
+    /// by those, not by open connections (the fronts hold those).
     fn queue_length(&self) -> Option<u32> {
+        if let Some(ch) = self.handoff {
+            return Some(u32::try_from(self.settings.board.waiting(ch.empty())).unwrap_or(u32::MAX));
+        }
         self.listeners
             .iter()
             .filter_map(|l| sys::listen_queue(l.as_fd()))
@@ -1276,7 +1343,7 @@ impl<'a> Master<'a> {
             .reduce(|a, b| a + b)
     }
 
-    fn spawn(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
+    fn spawn(&mut self, entry: &mut Entry<'_>, role: Role) -> Result<(), Error> {
         let Some(id) =
             (1..=scoreboard::MAX_WORKERS as u32).find(|id| !self.workers.values().any(|w| w.id == *id))
         else {
@@ -1285,7 +1352,11 @@ impl<'a> Master<'a> {
                 scoreboard::MAX_WORKERS
             )));
         };
-        let recycle = self.draw_limits();
+        // Fronts hand requests over, they serve none: no request or connection limit.
+        let recycle = match role {
+            Role::Worker => self.draw_limits(),
+            Role::Front => Recycle::default(),
+        };
         let (logs, child_logs) =
             crate::process::reopen::pair().map_err(|e| Error::sys("creating a worker's log channel", e))?;
         if let Some(access) = &self.access_reopened {
@@ -1326,7 +1397,7 @@ impl<'a> Master<'a> {
         // The child keeps its end of the log channel (the master's copy closes below).
         let child = || {
             crate::process::reopen::set_worker_end(child_end);
-            entry(id, recycle, &master_fds)
+            entry(id, role, recycle, &master_fds)
         };
         // SAFETY: the master is single-threaded for its whole life (it starts no thread and
         // uses no crate that does; `sys::fork` checks); the log writer is unbuffered and
@@ -1340,11 +1411,15 @@ impl<'a> Master<'a> {
         };
         drop(child_logs); // the worker's end is the worker's
         self.settings.board.set_pid(id, pid.as_raw() as u32);
-        tracing::debug!("started worker {id} (pid {pid})");
+        tracing::debug!(
+            "started {} {id} (pid {pid})",
+            if role == Role::Front { "front" } else { "worker" }
+        );
         self.workers.insert(
             pid,
             Worker {
                 logs: Some(logs),
+                front: role == Role::Front,
                 ..Worker::new(id, self.generation)
             },
         );

@@ -392,10 +392,16 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
     // Event workers count their connections per address in shared tables, one per worker
     // id (any id the master may give: pages are allocated only when used).
-    let peers = (config.io == crate::cli::Io::Event && config.max_conns_per_ip > 0)
+    let peers = (config.io != crate::cli::Io::Blocking && config.max_conns_per_ip > 0)
         .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.worker_connections))
         .transpose()
         .map_err(|e| Error::sys("mapping the per-address tables", e))?;
+    // Hybrid mode: the fronts hand connections to the workers over one channel, made now
+    // and kept for the master's life (a reload's generations share it).
+    let handoff = (config.io == crate::Io::Hybrid)
+        .then(crate::net::handoff::Channel::new)
+        .transpose()
+        .map_err(|e| Error::sys("creating the hand-off channel", e))?;
     let worker_dir = upgrade.dir.clone();
     let settings = Settings {
         name: name.to_owned(),
@@ -413,7 +419,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         adopted,
         shared_listeners,
         tls: tls.clone(),
-        watch_queue: config.io != crate::Io::Event,
+        watch_queue: config.io == crate::Io::Blocking,
     };
     let confinement = confinement(config, &plan)?;
     let workers = Workers {
@@ -427,16 +433,18 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         access_log: access_log.as_ref(),
         confinement: &confinement,
         tls: &tls,
+        handoff: handoff.as_ref(),
     };
-    let mut spawn = |id: u32, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
+    let mut spawn = |id: u32, role: worker::Role, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
         if let Some((exe, argv)) = &exec {
             workers.exec(exe, argv, worker_dir.as_deref(), id, recycle);
         }
-        entry(workers.setup(id, recycle, master_fds))
+        entry(workers.setup(id, role, recycle, master_fds))
     };
     let mut published: Option<PidFile> = None;
     let result = Master::new(settings, listeners, &channel, signals)?
         .with_peer_counts(peers)
+        .with_fronts(handoff.as_ref().map(|ch| (config.fronts.max(1), ch)))
         .run(&mut spawn, &mut || published = announce.ready(&summary));
     if let Some(p) = &published {
         p.remove();
@@ -505,11 +513,12 @@ struct Workers<'a> {
     access_log: Option<&'a File>,
     confinement: &'a Confinement,
     tls: &'a Store,
+    handoff: Option<&'a crate::net::handoff::Channel>,
 }
 
 impl Workers<'_> {
     /// The set-up of worker `id`.
-    fn setup<'s>(&'s self, id: u32, recycle: Recycle, master_fds: &'s [RawFd]) -> worker::Setup<'s> {
+    fn setup<'s>(&'s self, id: u32, role: worker::Role, recycle: Recycle, master_fds: &'s [RawFd]) -> worker::Setup<'s> {
         let config = self.config;
         worker::Setup {
             id,
@@ -544,6 +553,8 @@ impl Workers<'_> {
                 slip: u32::try_from(config.answers_slip).unwrap_or(u32::MAX),
                 access_sample: u32::try_from(config.access_log_sample).unwrap_or(u32::MAX),
             },
+            role,
+            handoff: self.handoff,
         }
     }
 
@@ -620,6 +631,8 @@ pub(crate) fn exec_worker(
         access_log: access.as_ref(),
         confinement: &confinement,
         tls: &tls,
+        // The configuration check refuses --exec-workers with --io hybrid.
+        handoff: None,
     };
     let recycle = Recycle {
         max_requests: handoff.max_requests,
@@ -627,7 +640,7 @@ pub(crate) fn exec_worker(
     };
     // `entry` never returns (the worker ends in `_exit`); `Ok` only gives it the type.
     #[allow(unreachable_code)]
-    Ok((s.entry)(workers.setup(handoff.id, recycle, &[])))
+    Ok((s.entry)(workers.setup(handoff.id, worker::Role::Worker, recycle, &[])))
 }
 
 /// What a re-executed worker adopts from its master's hand-off, and what it reads again as
@@ -756,7 +769,7 @@ fn adopt_all(
     }
     for l in &all {
         l.socket()
-            .set_nonblocking(all.len() > 1 || config.io == crate::Io::Event || l.is_datagram())
+            .set_nonblocking(all.len() > 1 || config.io != crate::Io::Blocking || l.is_datagram())
             .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
     }
     Ok(all)
@@ -802,10 +815,10 @@ fn bind_all(config: &Config, opts: &BindOptions) -> Result<Vec<Listener>> {
             all.push(l);
         }
     }
-    if all.len() > 1 || config.io == crate::Io::Event {
+    if all.len() > 1 || config.io != crate::Io::Blocking {
         // Several listeners are watched with epoll by each worker, and an event worker
-        // watches even one: accept must then not block on a listener another worker
-        // emptied first.
+        // (or a hybrid front, or a hybrid worker beside its hand-off channel) watches even
+        // one: accept must then not block on a listener another process emptied first.
         for l in &all {
             l.socket()
                 .set_nonblocking(true)

@@ -8,7 +8,6 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use socket2::Socket;
@@ -263,7 +262,7 @@ impl Master<'_> {
         // here, only the old workers leave, after their connections.
         self.settings.control = None;
         self.settings.metrics = None;
-        self.kill_all(Signal::SIGTERM);
+        self.stop_children();
         self.phase = Phase::stopping(self.settings.grace_period);
     }
 }

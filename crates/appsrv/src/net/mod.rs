@@ -2,6 +2,7 @@
 //! access policy (CIDRs), the PROXY protocol header, and TLS material (certificates, keys,
 //! the per-listener rustls configurations). Nothing here knows about workers or handlers.
 
+pub(crate) mod handoff;
 pub mod listener;
 pub(crate) mod proxy;
 pub mod tls;

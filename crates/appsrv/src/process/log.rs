@@ -55,6 +55,8 @@ use crate::error::Error;
 const MASTER: u32 = u32::MAX;
 /// Marks the role of a worker's privileged helper (`worker N helper`).
 const HELPER: u32 = 1 << 31;
+/// Marks the role of a hybrid front (`front N`).
+const FRONT: u32 = 1 << 30;
 
 static NAME: OnceLock<String> = OnceLock::new();
 static PID: AtomicU32 = AtomicU32::new(0);
@@ -129,6 +131,12 @@ pub(crate) fn set_helper(id: u32) {
     ROLE.store(id | HELPER, Ordering::Relaxed);
 }
 
+/// Marks this process as hybrid front `id` (`--io hybrid`); called right after fork.
+pub(crate) fn set_front(id: u32) {
+    PID.store(std::process::id(), Ordering::Relaxed);
+    ROLE.store(id | FRONT, Ordering::Relaxed);
+}
+
 struct Role(u32);
 
 impl fmt::Display for Role {
@@ -136,6 +144,7 @@ impl fmt::Display for Role {
         match self.0 {
             MASTER => f.write_str("master"),
             id if id & HELPER != 0 => write!(f, "worker {} helper", id & !HELPER),
+            id if id & FRONT != 0 => write!(f, "front {}", id & !FRONT),
             id => write!(f, "worker {id}"),
         }
     }

@@ -6,6 +6,11 @@
 //!   instance with every listener registered `EPOLLEXCLUSIVE`, so a connection wakes one
 //!   (or a few) workers, not all; a worker that loses the race gets `EAGAIN` and waits again.
 //!
+//! - Hybrid mode (`--io hybrid`): the worker takes the connections the fronts hand it from
+//!   the hand-off channel (`net/handoff.rs`): a blocking `recvmsg` when it serves no
+//!   listener itself, else the channel beside its listeners (TLS ones, which the workers
+//!   serve directly) in its epoll set, `EPOLLEXCLUSIVE` too.
+//!
 //! Error handling follows accept(2): `EINTR` (a signal: check for a stop), `ECONNABORTED`,
 //! `EPROTO` and the network errors Linux passes up from the new connection are retried;
 //! `EMFILE`, `ENFILE`, `ENOBUFS` and `ENOMEM` back off for a moment and are logged once per
@@ -25,6 +30,8 @@ use crate::sys;
 
 /// The epoll key of the privileged helper's channel.
 const HELPER: u64 = u64::MAX;
+/// The epoll key of the hand-off channel (hybrid mode).
+const HANDOFF: u64 = u64::MAX - 1;
 
 /// How long to pause accepting when the process or system is out of descriptors or memory.
 const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
@@ -35,6 +42,9 @@ pub(crate) enum Accepted {
     /// A new connection and its peer.
     /// A new connection, its peer, and the index of the listener that accepted it.
     Connection(Socket, SockAddr, usize),
+    /// Hybrid mode: a connection a front handed over (its bytes are in the acceptor's
+    /// [`inbox`](Acceptor::inbox)).
+    HandedOff(crate::net::handoff::Received),
     /// The worker was asked to stop, or the listeners were shut down.
     Stop,
     /// USR1 arrived: reopen the log file, then wait again.
@@ -49,19 +59,38 @@ pub(crate) struct Acceptor<'a> {
     epoll: Option<Epoll>,
     /// An error episode is in progress (logged once, cleared by the next success).
     episode: Option<Errno>,
+    /// Hybrid mode: the workers' end of the hand-off channel, and the space its messages
+    /// are received into.
+    handoff: Option<(std::os::fd::RawFd, crate::net::handoff::Inbox)>,
 }
 
 impl<'a> Acceptor<'a> {
-    pub(crate) fn new(id: u32, listeners: &'a [Listener], board: &'a Board) -> io::Result<Self> {
+    /// An acceptor over the `listeners` that `serves` names (by index), and in hybrid mode
+    /// the hand-off channel's end `handoff`.
+    pub(crate) fn new(
+        id: u32,
+        listeners: &'a [Listener],
+        board: &'a Board,
+        serves: &dyn Fn(usize) -> bool,
+        handoff: Option<std::os::fd::RawFd>,
+    ) -> io::Result<Self> {
         // With a privileged helper, its channel is watched too, so that a helper that dies
         // while this worker waits retires the worker at once (the master replaces both),
         // not at the next client's call.
         let helper = crate::privileged::channel_fd();
-        let epoll = if listeners.len() > 1 || helper.is_some() {
+        let served = (0..listeners.len()).filter(|i| serves(*i)).count();
+        let waits_on = served + usize::from(handoff.is_some());
+        let epoll = if waits_on > 1 || helper.is_some() {
             let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
-            for (i, l) in listeners.iter().enumerate() {
+            for (i, l) in listeners.iter().enumerate().filter(|(i, _)| serves(*i)) {
                 let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
                 ep.add(l.as_fd(), EpollEvent::new(flags, i as u64))?;
+            }
+            if let Some(fd) = handoff {
+                // SAFETY: the channel's end stays open for the worker's life.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
+                ep.add(fd, EpollEvent::new(flags, HANDOFF))?;
             }
             if let Some(fd) = helper {
                 // Hang-up only: a late answer to a call that timed out is for the next
@@ -78,21 +107,29 @@ impl<'a> Acceptor<'a> {
             listeners,
             epoll,
             episode: None,
+            handoff: handoff.map(|fd| (fd, crate::net::handoff::Inbox::default())),
         })
+    }
+
+    /// The bytes that came with the last connection handed over.
+    pub(crate) fn inbox(&self) -> Option<&crate::net::handoff::Inbox> {
+        self.handoff.as_ref().map(|(_, inbox)| inbox)
     }
 
     /// Waits for the next connection, marked idle on the board meanwhile.
     pub(crate) fn accept(&mut self) -> Accepted {
         self.board.set_state(self.id, State::Idle);
         let accepted = self.wait();
-        if let (Accepted::Connection(..), Some(slot)) = (&accepted, self.board.slot(self.id)) {
+        if let (Accepted::Connection(..) | Accepted::HandedOff(_), Some(slot)) =
+            (&accepted, self.board.slot(self.id))
+        {
             // Not at a keep-alive boundary (the guard marks it again after a response),
             // before the slot shows it reading: the master wakes no worker whose new
             // connection still waits for its first request.
             slot.new_connection();
         }
         let next = match accepted {
-            Accepted::Connection(..) => State::Reading,
+            Accepted::Connection(..) | Accepted::HandedOff(_) => State::Reading,
             Accepted::Stop => State::Finishing,
             Accepted::Reopen => State::Starting, // not idle while it reopens; set again on return
         };
@@ -103,12 +140,26 @@ impl<'a> Acceptor<'a> {
     fn wait(&mut self) -> Accepted {
         loop {
             if sys::stop_requested() {
+                // Once no front is left (a stop: the fronts go first), the requests still
+                // in the channel are served before the worker leaves; at a reload the next
+                // generation's workers take them.
+                if self.handoff.is_some() && !self.board.fronts_receiving() {
+                    if let Some(accepted @ Accepted::HandedOff(_)) = self.take_handoff(false) {
+                        return accepted;
+                    }
+                }
                 return Accepted::Stop;
             }
             if sys::take_reopen_request() {
                 return Accepted::Reopen;
             }
             let index = match &self.epoll {
+                None if self.handoff.is_some() => {
+                    match self.take_handoff(true) {
+                        Some(accepted) => return accepted,
+                        None => continue,
+                    }
+                }
                 None => 0,
                 Some(ep) => {
                     let mut events = [EpollEvent::empty()];
@@ -120,6 +171,10 @@ impl<'a> Acceptor<'a> {
                             crate::privileged::helper_hung_up();
                             return Accepted::Stop;
                         }
+                        Ok(_) if events[0].data() == HANDOFF => match self.take_handoff(false) {
+                            Some(accepted) => return accepted,
+                            None => continue,
+                        },
                         Ok(_) if events[0].events().contains(EpollFlags::EPOLLHUP) => return Accepted::Stop,
                         Ok(_) => events[0].data() as usize,
                         Err(Errno::EINTR) => continue,
@@ -155,6 +210,33 @@ impl<'a> Acceptor<'a> {
                         other => self.trouble(other, "accepting connections"),
                     }
                 }
+            }
+        }
+    }
+
+    /// Takes a connection from the hand-off channel (`wait`: blocking until one comes or a
+    /// signal); `None` to wait again (interrupted, another worker took it, a stray
+    /// message).
+    fn take_handoff(&mut self, wait: bool) -> Option<Accepted> {
+        let (fd, inbox) = self.handoff.as_mut()?;
+        // SAFETY: the channel's end stays open for the worker's life.
+        let channel = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
+        match inbox.receive(channel, wait) {
+            Ok(Some(received)) => {
+                self.board.handoff_taken();
+                Some(Accepted::HandedOff(received))
+            }
+            // Every sender closed its end: only at the master's death.
+            Ok(None) => Some(Accepted::Stop),
+            Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => None,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                tracing::warn!("{e}; dropped");
+                None
+            }
+            Err(e) => {
+                let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
+                self.trouble(errno, "taking connections from the fronts");
+                None
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
@@ -33,18 +33,27 @@ use super::{ConnLimits, Recycle};
 pub(crate) struct Prepared<'a> {
     slot: &'a Slot,
     acceptor: Acceptor<'a>,
+    /// Hybrid mode: the workers' end of the hand-off channel.
+    handoff: Option<RawFd>,
 }
 
-/// Prepares worker `id` to serve `listeners` (see [`Prepared`]).
+/// Prepares worker `id` to serve the `listeners` that `serves` names, and in hybrid mode
+/// the connections handed over on the channel's end `handoff` (see [`Prepared`]).
 pub(crate) fn prepare<'a>(
     id: u32,
     listeners: &'a [Listener],
     board: &'a Board,
+    serves: &dyn Fn(usize) -> bool,
+    handoff: Option<RawFd>,
 ) -> Result<Prepared<'a>, String> {
     let slot = board.slot(id).ok_or_else(|| format!("no scoreboard slot {id}"))?;
-    let acceptor =
-        Acceptor::new(id, listeners, board).map_err(|e| format!("cannot wait for connections: {e}"))?;
-    Ok(Prepared { slot, acceptor })
+    let acceptor = Acceptor::new(id, listeners, board, serves, handoff)
+        .map_err(|e| format!("cannot wait for connections: {e}"))?;
+    Ok(Prepared {
+        slot,
+        acceptor,
+        handoff,
+    })
 }
 
 /// Everything the blocking loop works with: the worker's whole context, passed once.
@@ -87,7 +96,11 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         reopen_log,
         retire,
     } = worker;
-    let Prepared { slot, mut acceptor } = prepared;
+    let Prepared {
+        slot,
+        mut acceptor,
+        handoff,
+    } = prepared;
     let mut guard = Guard {
         id,
         listeners,
@@ -100,6 +113,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         access,
         peer: None,
         head: Vec::new(),
+        hold: None,
     };
     let mut retire_sent = false;
     let mut rejections = Rejections::default();
@@ -116,6 +130,28 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         }
         let (socket, peer, index) = match acceptor.accept() {
             Accepted::Connection(s, p, i) => (s, p, i),
+            Accepted::HandedOff(received) => {
+                let bytes = acceptor.inbox().map_or(&[][..], |inbox| inbox.bytes(&received));
+                let bufs = buffers.take().unwrap_or_else(Buffers::new);
+                let Some(client) = handed_over(received.socket, &received.meta, bytes, bufs, listeners) else {
+                    continue;
+                };
+                slot.forget_peer();
+                if sys::take_reopen_request() {
+                    reopen(&mut guard);
+                }
+                let channel = handoff.expect("a hand-off comes from the channel");
+                // SAFETY: the channel's end stays open for the worker's life.
+                let channel = unsafe { BorrowedFd::borrow_raw(channel) };
+                match serve_handed_over(client, &received.meta, channel, handler, &mut guard, board) {
+                    Some(bufs) => buffers = Some(bufs),
+                    None => return exit::PANIC,
+                }
+                if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire) {
+                    return code;
+                }
+                continue;
+            }
             Accepted::Stop => return exit::OK,
             Accepted::Reopen => {
                 reopen(&mut guard);
@@ -144,35 +180,129 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             buffers = Some(bufs);
             continue;
         }
-        let Some(bufs) = serve_admitted(client, handler, &mut guard, board) else {
-            return exit::PANIC;
+        guard.hold = None;
+        let bufs = match serve_admitted(client, handler, &mut guard, board, 0) {
+            Served::Closed(bufs) => bufs,
+            Served::HandBack(client, _) => client.finish().1,
+            Served::Panicked => return exit::PANIC,
         };
         buffers = Some(bufs);
-        if sys::stop_requested() {
-            if let Some(log) = guard.access.as_mut() {
-                log.flush();
-            }
-            return exit::OK;
-        }
-        if !retire_sent && guard.limit_reached() {
-            // The master starts a replacement first, then asks this worker to stop: the
-            // pool's capacity never dips. Meanwhile this worker goes on serving.
-            tracing::info!("reached its recycling limit; asking the master for a replacement");
-            retire();
-            retire_sent = true;
+        if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire) {
+            return code;
         }
     }
 }
 
-/// Serves an admitted connection, accounts for it, closes it and gives its buffers back;
-/// `None` when the handler panicked (the connection is closed, and the worker must exit:
-/// the handler's state may be broken).
+/// After a connection: the worker's exit status if it stops now; the request for a
+/// replacement when the recycling limit is reached.
+fn after_connection(guard: &mut Guard<'_>, retire_sent: &mut bool, retire: &mut dyn FnMut()) -> Option<i32> {
+    if sys::stop_requested() {
+        if let Some(log) = guard.access.as_mut() {
+            log.flush();
+        }
+        return Some(exit::OK);
+    }
+    if !*retire_sent && guard.limit_reached() {
+        // The master starts a replacement first, then asks this worker to stop: the
+        // pool's capacity never dips. Meanwhile this worker goes on serving.
+        tracing::info!("reached its recycling limit; asking the master for a replacement");
+        retire();
+        *retire_sent = true;
+    }
+    None
+}
+
+/// Hybrid mode: the client of a connection a front handed over, with the bytes it read
+/// (`None`, logged, when the socket cannot be set up: the connection is closed).
+fn handed_over(
+    socket: Socket,
+    meta: &crate::net::handoff::Meta,
+    bytes: &[u8],
+    mut bufs: Buffers,
+    listeners: &[Listener],
+) -> Option<Client> {
+    let set_up = crate::net::handoff::set_nonblocking(socket.as_fd(), false).and_then(|()| {
+        match listeners.get(meta.listener as usize) {
+            Some(l) => l.prepare(&socket),
+            None => Ok(()),
+        }
+    });
+    if let Err(e) = set_up {
+        tracing::warn!("setting up a connection handed over: {e}; closing it");
+        return None;
+    }
+    let peer = match meta.peer {
+        Some(a) => Addr::Inet(a),
+        None => socket
+            .peer_addr()
+            .map_or(Addr::Unix(None), |a| Addr::from_sockaddr(&a)),
+    };
+    bufs.extend_input(bytes);
+    Some(Client::new(socket, peer, bufs))
+}
+
+/// Hybrid mode: serves a connection a front handed over until it closes or goes back to a
+/// front (through `channel`); `None` when the handler panicked.
+fn serve_handed_over<C: Connections>(
+    mut client: Client,
+    meta: &crate::net::handoff::Meta,
+    channel: BorrowedFd<'_>,
+    handler: &mut C,
+    guard: &mut Guard<'_>,
+    board: &'static Board,
+) -> Option<Buffers> {
+    guard.slot.connection(&client.peer_addr());
+    guard.hold = Some(super::guard::Hold { since: guard.requests });
+    let mut served = meta.served;
+    loop {
+        match serve_admitted(client, handler, guard, board, served) {
+            Served::Closed(bufs) => return Some(bufs),
+            Served::Panicked => return None,
+            Served::HandBack(back, n) => {
+                let meta = crate::net::handoff::Meta {
+                    served: n,
+                    ..meta.clone()
+                };
+                let sent = crate::net::handoff::set_nonblocking(back.socket().as_fd(), true)
+                    .and_then(|()| crate::net::handoff::send(channel, back.socket().as_fd(), &meta, &[]));
+                match sent {
+                    Ok(()) => return Some(back.finish().1),
+                    Err(e) => {
+                        // The fronts do not take it now (the channel is full): keep it, as
+                        // in blocking mode, for the rest of its life.
+                        tracing::debug!("cannot hand the connection from {} back: {e}; keeping it", back.peer_addr());
+                        let _ = crate::net::handoff::set_nonblocking(back.socket().as_fd(), false);
+                        guard.hold = None;
+                        served = n;
+                        client = back;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How a connection's service ended.
+enum Served {
+    /// Closed; its buffers.
+    Closed(Buffers),
+    /// Hybrid mode: to be handed back to a front, with the requests answered on it.
+    HandBack(Client, u32),
+    /// The handler panicked: the connection is closed, the worker must exit.
+    Panicked,
+}
+
+/// Serves an admitted connection, accounts for it, closes it and gives its buffers back
+/// (or, in hybrid mode, returns it to be handed back); [`Served::Panicked`] when the
+/// handler panicked (the connection is closed, and the worker must exit: the handler's
+/// state may be broken). `served`: requests answered on it before (hybrid mode).
 fn serve_admitted<C: Connections>(
     mut client: Client,
     handler: &mut C,
     guard: &mut Guard<'_>,
     board: &'static Board,
-) -> Option<Buffers> {
+    served: u32,
+) -> Served {
     let (id, slot) = (guard.id, guard.slot);
     // The request-level loop times each request; for `handle_client` the connection is
     // the unit (its clock covers the whole connection).
@@ -184,16 +314,17 @@ fn serve_admitted<C: Connections>(
     if guard.access.is_some() {
         guard.peer = Some(client.peer_addr().to_string());
     }
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard)));
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard, served)));
     account(guard, &client, connection_clock, &outcome);
     let peer = client.peer_addr();
     match outcome {
+        Ok(Ok(Some(n))) => Served::HandBack(client, n),
         Ok(result) => {
             let (flushed, bufs) = client.finish();
-            if let Err(e) = result.and(flushed) {
+            if let Err(e) = result.map(|_| ()).and(flushed) {
                 log_connection_error(&peer, &e);
             }
-            Some(bufs)
+            Served::Closed(bufs)
         }
         Err(payload) => {
             tracing::error!(
@@ -206,7 +337,7 @@ fn serve_admitted<C: Connections>(
             if let Some(log) = guard.access.as_mut() {
                 log.flush();
             }
-            None
+            Served::Panicked
         }
     }
 }
@@ -216,11 +347,11 @@ fn serve_admitted<C: Connections>(
 /// or that of a request in progress (a bad request, a client that left or timed out half
 /// way), so that the next connection does not inherit it (the request timeout would kill
 /// an innocent worker). Requests answered in full were logged by the guard.
-fn account(
+fn account<T>(
     guard: &mut Guard<'_>,
     client: &Client,
     connection_clock: Option<u64>,
-    outcome: &std::thread::Result<io::Result<()>>,
+    outcome: &std::thread::Result<io::Result<T>>,
 ) {
     let (received, sent) = client.traffic();
     guard.slot.add_bytes(received, sent);
@@ -245,10 +376,10 @@ fn account(
 /// `closed` when the client left, an I/O error ended it or the handler panicked; otherwise
 /// `ok` for a connection, and `error` for a request (the request loop answered it with the
 /// codec's error reply).
-fn ended(outcome: &std::thread::Result<io::Result<()>>, unanswered: bool) -> Outcome {
+fn ended<T>(outcome: &std::thread::Result<io::Result<T>>, unanswered: bool) -> Outcome {
     match outcome {
-        Ok(Ok(())) if unanswered => Outcome::Error,
-        Ok(Ok(())) => Outcome::Ok,
+        Ok(Ok(_)) if unanswered => Outcome::Error,
+        Ok(Ok(_)) => Outcome::Ok,
         Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
         Ok(Err(_)) | Err(_) => Outcome::Closed,
     }
@@ -456,8 +587,10 @@ mod tests {
     /// for requests cut short alike.
     #[test]
     fn the_access_logs_outcome_follows_one_rule_set() {
-        let timed_out = || Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")));
-        let reset = || Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)));
+        let timed_out = || -> std::thread::Result<io::Result<()>> {
+            Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")))
+        };
+        let reset = || -> std::thread::Result<io::Result<()>> { Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset))) };
         let panicked = || -> std::thread::Result<io::Result<()>> { Err(Box::new("boom")) };
         for unanswered in [false, true] {
             assert_eq!(ended(&timed_out(), unanswered), Outcome::Timeout);
@@ -467,6 +600,8 @@ mod tests {
         assert_eq!(ended(&Ok(Ok(())), false), Outcome::Ok);
         // The request loop answered the request with the codec's error reply.
         assert_eq!(ended(&Ok(Ok(())), true), Outcome::Error);
+        // Handed back to a front (hybrid mode): the connection's requests were answered.
+        assert_eq!(ended(&Ok(Ok(Some(3u32))), false), Outcome::Ok);
     }
 
     /// A wait ends at its deadline, not before, when nothing comes.

@@ -113,6 +113,8 @@ pub(crate) const SPARE_FDS: u64 = 64;
 const LISTENER: u64 = 1 << 63;
 /// The epoll data of a datagram listener: both bits, and its index.
 const DATAGRAM: u64 = LISTENER | 1 << 62;
+/// The epoll data of the hand-off channel (a hybrid front).
+const CHANNEL: u64 = LISTENER | 1 << 61;
 
 /// Everything the event loop works with, passed once.
 pub(crate) struct Worker<'a> {
@@ -138,6 +140,9 @@ pub(crate) struct Worker<'a> {
     pub(crate) retire: &'a mut dyn FnMut(),
     /// The datagram side, when the server has a datagram handler (`Server::datagrams`).
     pub(crate) datagrams: Option<super::datagram::Side<'a>>,
+    /// Hybrid mode: this loop is a front, which hands complete requests to the workers
+    /// over the channel whose end this is.
+    pub(crate) front: Option<std::os::fd::RawFd>,
 }
 
 /// The epoll instance and the listeners' registrations, made before the worker says it is
@@ -148,12 +153,26 @@ pub(crate) struct Prepared {
     mask: SigSet,
 }
 
-/// Creates the worker's epoll instance (after the fork: never inherited) with its
-/// listeners, and blocks the flag signals outside the wait.
-pub(crate) fn prepare(listeners: &[Listener]) -> Result<Prepared, String> {
+/// Creates the worker's epoll instance (after the fork: never inherited) with the
+/// listeners `serves` names, and blocks the flag signals outside the wait. A hybrid
+/// front's hand-off channel (`front`) is registered too, edge-triggered: connections handed
+/// back (in), room for the hand-offs it holds (out).
+pub(crate) fn prepare(
+    listeners: &[Listener],
+    serves: &dyn Fn(usize) -> bool,
+    front: Option<std::os::fd::RawFd>,
+) -> Result<Prepared, String> {
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| format!("epoll_create: {e}"))?;
-    for (i, l) in listeners.iter().enumerate() {
+    for (i, l) in listeners.iter().enumerate().filter(|(i, _)| serves(*i)) {
         register_listener(&epoll, l, i).map_err(|e| format!("watching {}: {e}", l.label()))?;
+    }
+    if let Some(fd) = front {
+        // SAFETY: the channel's end stays open for the process's life.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLET;
+        epoll
+            .add(fd, EpollEvent::new(flags, CHANNEL))
+            .map_err(|e| format!("watching the hand-off channel: {e}"))?;
     }
     let mask = sys::block_flag_signals().map_err(|e| format!("blocking the stop signals: {e}"))?;
     Ok(Prepared { epoll, mask })
@@ -182,6 +201,8 @@ enum Then {
     Read { wait: Wait, timeout: Option<Duration> },
     /// Run the step again (its pass limit was reached), on the next turn.
     Yield,
+    /// A hybrid front: hand the connection to a worker.
+    HandOff,
     /// Close (lingering or not).
     Close { linger: Option<Duration> },
 }
@@ -215,6 +236,8 @@ struct Connection<'a, H: RequestHandler> {
     peer: Addr,
     /// Its number among this worker's connections ([`Conn::id`](crate::Conn::id)).
     id: u64,
+    /// The listener that accepted it.
+    listener: u32,
     admission: Option<Box<Admission<'a, EventSeat>>>,
     step: Requests<H::Codec>,
     session: H::Session,
@@ -248,6 +271,8 @@ struct EventSeat {
     id: u32,
     peers: Option<&'static PeerCounts>,
     counted: Option<IpAddr>,
+    /// A hybrid front: the connections its workers hold count too (their slots name them).
+    workers: Option<&'static Board>,
 }
 
 impl Seat for EventSeat {
@@ -264,7 +289,7 @@ impl Seat for EventSeat {
     }
 
     fn connections_from(&self, ip: IpAddr) -> usize {
-        self.peers.map_or(0, |p| p.total(ip))
+        self.peers.map_or(0, |p| p.total(ip)) + self.workers.map_or(0, |b| b.connections_from(ip))
     }
 }
 
@@ -410,6 +435,8 @@ enum Pass {
     Ready,
     /// Closed.
     Closed,
+    /// A hybrid front: to be handed to a worker, with what its buffers hold.
+    HandOff,
 }
 
 /// The event loop.
@@ -457,6 +484,8 @@ struct Loop<'a, H: RequestHandler> {
     datagrams: Option<super::datagram::Side<'a>>,
     /// When a busy loop next looks for pending signals.
     signals_due: Instant,
+    /// A hybrid front's side (`None` in an event worker).
+    front: Option<super::front::Front>,
 }
 
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
@@ -473,7 +502,7 @@ pub(crate) fn serve<H: RequestHandler>(
             log.flush();
         }
         lp.publish();
-        if lp.stopping && lp.open == 0 {
+        if lp.stopping && lp.open == 0 && lp.front.as_ref().is_none_or(|f| f.idle()) {
             tracing::debug!("no connection left");
             if let Some(d) = lp.datagrams.as_mut() {
                 if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| d.on_worker_exit())) {
@@ -517,8 +546,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             reopen_log,
             retire,
             datagrams,
+            front,
         } = worker;
         slot.set_event();
+        let front = front.map(|fd| super::front::Front::new(fd, id, board));
         board.set_state(id, State::Reading);
         Loop {
             id,
@@ -568,6 +599,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             retire_sent: false,
             datagrams,
             signals_due: Instant::now() + SIGNAL_CHECK,
+            front,
         }
     }
 
@@ -597,6 +629,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             let data = ev.data();
             if data & LISTENER == 0 {
                 self.event(data, ev.events(), handler);
+            } else if data == CHANNEL {
+                self.channel_event(ev.events(), handler);
             } else if data & DATAGRAM == DATAGRAM {
                 self.datagrams_readable((data & !DATAGRAM) as usize);
             } else if ev.events().contains(EpollFlags::EPOLLHUP) {
@@ -690,6 +724,11 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn begin_stop(&mut self) {
         self.stopping = true;
         self.board.set_state(self.id, State::Finishing);
+        if self.front.is_some() {
+            // Connections handed back go to the fronts that stay (a reload's next
+            // generation), or stay with their workers (a stop).
+            self.board.set_receiving(self.id, false);
+        }
         self.pause_accepting();
         // Datagrams: what the sockets hold now is read and answered once more, then the
         // sockets are no longer watched (the next generation, or nobody at a stop, reads
@@ -726,18 +765,24 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// The stream listeners only: datagram listeners stay registered until the stop
     /// (`--worker-connections` limits connections, not datagrams).
     fn unregister_listeners(&self) {
-        for l in self.listeners.iter().filter(|l| !l.is_datagram()) {
+        for (_, l) in self.stream_listeners() {
             let _ = self.epoll.delete(l.socket().as_fd());
         }
     }
 
-    fn register_listeners(&self) {
-        for (i, l) in self
-            .listeners
+    /// The stream listeners this loop accepts on: all of them, but a hybrid front leaves
+    /// the TLS ones to the workers.
+    fn stream_listeners(&self) -> impl Iterator<Item = (usize, &'a Listener)> + '_ {
+        let tls = self.tls;
+        let front = self.front.is_some();
+        self.listeners
             .iter()
             .enumerate()
-            .filter(|(_, l)| !l.is_datagram())
-        {
+            .filter(move |(i, l)| !l.is_datagram() && !(front && tls.acceptor(*i).is_some()))
+    }
+
+    fn register_listeners(&self) {
+        for (i, l) in self.stream_listeners() {
             if let Err(e) = register_listener(&self.epoll, l, i) {
                 tracing::error!("watching {} again: {e}", l.local_addr());
             }
@@ -818,8 +863,37 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
     }
 
+    /// An edge on a hybrid front's hand-off channel: room for the requests it holds,
+    /// connections handed back.
+    fn channel_event(&mut self, events: EpollFlags, handler: &mut H) {
+        let Some(mut front) = self.front.take() else { return };
+        let receiving = !self.stopping;
+        front.on_edge(events, receiving, &mut |r| self.take_back(r, handler));
+        self.front = Some(front);
+    }
+
+    /// A connection a worker handed back: into the loop as an idle keep-alive connection
+    /// (already admitted), read at once (its next request may be there).
+    fn take_back(&mut self, r: crate::net::handoff::Received, handler: &mut H) {
+        let peer = match r.meta.peer {
+            Some(a) => Addr::Inet(a),
+            None => r
+                .socket
+                .peer_addr()
+                .map_or(Addr::Unix(None), |a| Addr::from_sockaddr(&a)),
+        };
+        let listener = r.meta.listener as usize;
+        self.insert(r.socket, peer, listener, handler, Some(r.meta.served));
+    }
+
     /// A new connection: registered once, then admitted and served.
     fn add(&mut self, socket: Socket, peer: Addr, listener: usize, handler: &mut H) {
+        self.insert(socket, peer, listener, handler, None);
+    }
+
+    /// A connection into the loop: a new one (`returned` is `None`: admitted first), or
+    /// one a worker handed back after answering `returned` of its requests.
+    fn insert(&mut self, socket: Socket, peer: Addr, listener: usize, handler: &mut H, returned: Option<u32>) {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -827,8 +901,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 self.conns.len() - 1
             }
         };
-        self.connections += 1;
-        self.slot.accepted();
+        if returned.is_none() {
+            self.connections += 1;
+            self.slot.accepted();
+        }
         // 30 bits: a token's top two bits are the listeners' tags (LISTENER, DATAGRAM).
         self.generation = self.generation.wrapping_add(1) & 0x3fff_ffff;
         let generation = self.generation;
@@ -846,12 +922,16 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             handshake_timeout: self.tls.handshake_timeout,
             max_per_ip: self.max_per_ip,
         };
-        let step = Requests::new(handler.codec(), self.step_limits.clone());
+        let mut step = Requests::new(handler.codec(), self.step_limits.clone());
+        if let Some(served) = returned {
+            step.resume(served);
+        }
         let mut c = Connection {
             generation,
             transport: Transport::new(socket),
             peer: peer.clone(),
             id: self.connections,
+            listener: listener as u32,
             admission: None,
             step,
             session: H::Session::default(),
@@ -873,7 +953,13 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             watch: None,
             sent_at_check: 0,
         };
-        if rules.open() {
+        if let (Some(_), Some(peers), Some(ip)) = (returned, self.peers, peer.ip()) {
+            // Back from a worker: counted here again for the per-address cap.
+            if peers.add(self.id, ip) {
+                c.counted_ip = Some(ip);
+            }
+        }
+        if rules.open() || returned.is_some() {
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
             if let Next::Read { timeout, .. } = first {
@@ -888,6 +974,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     id: self.id,
                     peers: self.peers,
                     counted: None,
+                    workers: self.front.is_some().then_some(self.board),
                 },
                 &mut || now,
             )));
@@ -984,6 +1071,38 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             self.shared.discard_input();
             self.shared.output().clear();
             self.close(index, c);
+            return;
+        }
+        if let Pass::HandOff = outcome {
+            // Out of this loop's epoll set first: a registration follows the open file,
+            // which the worker shares from now on, not this process's descriptor.
+            let _ = self.epoll.delete(c.transport.socket().as_fd());
+            let meta = crate::net::handoff::Meta {
+                served: c.step.served(),
+                peer: match &c.peer {
+                    Addr::Inet(a) => Some(*a),
+                    Addr::Unix(_) => None,
+                },
+                listener: c.listener,
+            };
+            let bytes = match private.as_deref() {
+                Some(b) => b.unconsumed(),
+                None => self.shared.unconsumed(),
+            };
+            let front = self.front.as_mut().expect("only a front hands off");
+            let sent = front.hand_off(c.transport.socket(), &meta, bytes);
+            if let super::front::Sent::Full = sent {
+                // Held here until the channel has room (its next edge).
+                let held = super::front::Held {
+                    meta,
+                    bytes: bytes.to_vec(),
+                    socket: c.transport.socket().try_clone().ok(),
+                };
+                front.hold(held);
+            }
+            self.shared.discard_input();
+            self.shared.output().clear();
+            self.forget(index, c);
             return;
         }
         // Private buffers only for what is left; empty ones are given back.
@@ -1121,6 +1240,24 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 );
             }
         }
+        self.uncount_peer(&mut c);
+        drop(c);
+        self.free.push(index);
+    }
+
+    /// A hybrid front handed connection `index` to a worker (or holds it until the channel
+    /// has room): its place is freed (the worker counts it for the per-address cap from
+    /// now on), its socket closed here.
+    fn forget(&mut self, index: usize, mut c: Connection<'a, H>) {
+        self.uncount(c.class);
+        self.open -= 1;
+        self.slot.add_bytes(c.received, c.sent);
+        self.uncount_peer(&mut c);
+        drop(c);
+        self.free.push(index);
+    }
+
+    fn uncount_peer(&mut self, c: &mut Connection<'a, H>) {
         let counted = c
             .counted_ip
             .take()
@@ -1128,8 +1265,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let (Some(ip), Some(peers)) = (counted, self.peers) {
             peers.remove(self.id, ip);
         }
-        drop(c);
-        self.free.push(index);
     }
 
     /// The connection's pass: as far as it goes without waiting.
@@ -1209,6 +1344,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 c.pending = Pending::Advance;
                 Some(Pass::Ready)
             }
+            Then::HandOff => Some(Pass::HandOff),
             Then::Close { linger } => {
                 c.transport.close_notify();
                 if c.transport.records_pending() && c.writable {
@@ -1250,7 +1386,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return Some(Pass::Ready);
         }
         *reads += 1;
-        let room = bufs.room(c.step.max_request_size());
+        // A front reads no more than a hand-off carries.
+        let max = match self.front {
+            Some(_) => c.step.max_request_size().min(crate::net::handoff::INLINE_MAX),
+            None => c.step.max_request_size(),
+        };
+        let room = bufs.room(max);
         let room_len = room.len();
         match c.transport.read(room) {
             Ok(0) if room_len > 0 => {
@@ -1353,11 +1494,26 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 log_connection_error(&c.peer, &e);
                 Pending::Output(Then::Close { linger: None })
             }
+            Next::HandOff => Pending::Output(Then::HandOff),
         };
     }
 
     /// One call of the step with the handler bound to the connection.
     fn advance(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Next {
+        if let Some(front) = self.front.as_mut() {
+            let mut quiet = Quiet {
+                stopping: self.stopping,
+            };
+            let now = self.now;
+            return c.step.complete(
+                bufs,
+                front.scratch(),
+                crate::net::handoff::INLINE_MAX,
+                &mut quiet,
+                &c.peer,
+                &mut || now,
+            );
+        }
         let retiring = self.recycle.max_requests > 0 && self.requests + 1 >= self.recycle.max_requests;
         let mut ctx = Turn {
             slot: self.slot,

@@ -35,6 +35,23 @@ pub(crate) struct Guard<'a> {
     pub(crate) peer: Option<String>,
     /// The first bytes of the request in progress (for the access log).
     pub(crate) head: Vec<u8>,
+    /// Hybrid mode: the connection was handed to this worker by a front, and goes back to
+    /// one when it stays quiet (`None`: a connection the worker accepted itself, TLS).
+    pub(crate) hold: Option<Hold>,
+}
+
+/// How long a hybrid worker keeps a connection after a response, for its next request,
+/// before it hands it back to a front.
+pub(crate) const HOLD_LINGER: Duration = Duration::from_millis(100);
+/// Requests a hybrid worker answers on one connection, at most, while other complete
+/// requests wait for a worker, before it hands it back (to the back of the queue).
+pub(crate) const HOLD_REQUESTS: u64 = 100;
+
+/// A connection a front handed to this worker.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hold {
+    /// The worker's request count when it took the connection.
+    pub(crate) since: u64,
 }
 
 impl Guard<'_> {
@@ -104,6 +121,13 @@ impl Context for Guard<'_> {
     /// calls only while the flag is up: a `poll` of the connection per request, and one of
     /// the listeners when the grace runs out.
     fn at_boundary(&mut self, conn: &Socket, grace: Duration) -> Boundary {
+        if let Some(hold) = self.hold {
+            // With no front to take it (all are stopping: the server stops), the
+            // connection stays here, as in blocking mode.
+            if self.board.fronts_receiving() {
+                return self.hybrid_boundary(conn, hold);
+            }
+        }
         // The mark comes before the flag is read: a worker the master finds unmarked has
         // not looked yet. (A wake-up that lands between the look and the read is lost:
         // the master wakes the marked workers again at each look while clients wait.)
@@ -134,9 +158,36 @@ impl Context for Guard<'_> {
     }
 }
 
-/// A poll timeout of `t`, rounded up to the millisecond (a rounded-down timeout would wake
-/// the loop early, to poll again for nothing).
 impl Guard<'_> {
+    /// Hybrid mode, between two requests of a connection a front handed over: keep it
+    /// while its next request comes within [`HOLD_LINGER`] (and for at most
+    /// [`HOLD_REQUESTS`] while others wait), else hand it back. A stop hands it back at
+    /// once: the fronts of the next generation take it (a reload loses no connection).
+    fn hybrid_boundary(&mut self, conn: &Socket, hold: Hold) -> Boundary {
+        if sys::stop_requested() {
+            return Boundary::HandBack;
+        }
+        if self.requests.saturating_sub(hold.since) >= HOLD_REQUESTS && self.board.requests_waiting() {
+            return Boundary::HandBack;
+        }
+        let linger = self.keepalive_timeout.map_or(HOLD_LINGER, |t| t.min(HOLD_LINGER));
+        let until = Instant::now() + linger;
+        let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match nix::poll::poll(&mut fds, sys::poll_timeout(left)) {
+                Ok(0) => return Boundary::HandBack,
+                // The next request (or the client's close, which the read sees).
+                Ok(_) => return Boundary::Wait,
+                Err(Errno::EINTR) if sys::stop_requested() => return Boundary::HandBack,
+                Err(Errno::EINTR) => {}
+                // An error the read reports.
+                Err(_) => return Boundary::Wait,
+            }
+        }
+    }
+
+
     /// Keeps the request's first bytes for its access-log line (only with a log).
     fn keep_head(&mut self, head: &[u8]) {
         if self.access.is_some() {

@@ -24,6 +24,7 @@
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
 mod accept;
+pub(crate) mod front;
 pub(crate) mod access;
 pub(crate) mod admission;
 pub(crate) mod blocking;
@@ -34,7 +35,7 @@ pub(crate) mod serve;
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::os::fd::{AsFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::time::Duration;
@@ -58,6 +59,17 @@ use crate::sys::{self, exit};
 pub(crate) struct Recycle {
     pub(crate) max_requests: u64,
     pub(crate) max_connections: u64,
+}
+
+/// What a child of the master is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A worker: it runs the handler.
+    Worker,
+    /// A hybrid front (`--io hybrid`): an event loop that accepts, admits and reads
+    /// connections until they have a whole request, and hands them to the workers. It
+    /// makes a handler with the factory too, for its codec, and never calls it otherwise.
+    Front,
 }
 
 /// What the master hands a worker at fork.
@@ -100,6 +112,10 @@ pub(crate) struct Setup<'a> {
     pub(crate) slow_request: Option<Duration>,
     /// The datagram listeners' settings.
     pub(crate) datagram: datagram::Settings,
+    /// A worker or a hybrid front.
+    pub(crate) role: Role,
+    /// Hybrid mode: the hand-off channel (each side closes the end it does not use).
+    pub(crate) handoff: Option<&'a crate::net::handoff::Channel>,
 }
 
 /// Per-connection limits that the worker enforces outside the request loop.
@@ -145,9 +161,22 @@ where
     // their owners live in the master's part of this copied address space, which the
     // worker never returns to.
     unsafe { sys::close_inherited(setup.master_fds) };
+    let handoff = setup.handoff.map(|ch| match setup.role {
+        Role::Front => (ch.fronts().as_raw_fd(), ch.not_for_fronts()),
+        Role::Worker => (ch.workers().as_raw_fd(), ch.not_for_workers()),
+    });
+    if let Some((_, other)) = handoff {
+        // SAFETY: the end of the channel this side does not use; its owner (the master's
+        // `Channel`) lives in the master's part of this copied address space.
+        unsafe { sys::close_inherited(&[other]) };
+    }
+    let handoff = handoff.map(|(ours, _)| ours);
+    if setup.role == Role::Front {
+        crate::process::log::set_front(setup.id);
+    }
     // The privileged helper is forked now, still root and before the chroot, the limits
     // and the drop: it confines itself (privileged/helper.rs).
-    if let Some(helper) = helper.as_mut() {
+    if let Some(helper) = helper.as_mut().filter(|_| setup.role == Role::Worker) {
         let (uid, gid) = match setup.plan {
             Plan::Drop(c) => (c.uid.as_raw(), c.gid.as_raw()),
             Plan::Keep => (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
@@ -226,11 +255,21 @@ where
     let channel = setup.channel;
     // Datagrams are served from the event loop only (the configuration check refuses a
     // blocking server with datagram listeners before start).
-    let code = if setup.io == crate::Io::Event || has_datagram_listeners {
+    // Which listeners this process accepts on: a hybrid front leaves the TLS ones to the
+    // workers (a TLS session cannot be handed over), which accept nothing else.
+    let tls = &setup.tls;
+    let serves = |i: usize| match (setup.io, setup.role) {
+        (crate::Io::Hybrid, Role::Front) => tls.acceptor(i).is_none(),
+        (crate::Io::Hybrid, Role::Worker) => tls.acceptor(i).is_some(),
+        _ => true,
+    };
+    let event_loop = setup.io == crate::Io::Event || has_datagram_listeners || setup.role == Role::Front;
+    let code = if event_loop {
         let Some(slot) = setup.board.slot(setup.id) else {
             fail(format!("no scoreboard slot {}", setup.id))
         };
-        let prepared = match event::prepare(setup.listeners) {
+        let front = handoff.filter(|_| setup.role == Role::Front);
+        let prepared = match event::prepare(setup.listeners, &serves, front) {
             Ok(p) => p,
             Err(reason) => fail(reason),
         };
@@ -255,11 +294,12 @@ where
                 },
                 datagrams: datagram_handler
                     .map(|h| datagram::Side::new(h, setup.datagram, setup.id, slot, setup.board)),
+                front,
             },
             prepared,
         )
     } else {
-        let prepared = match blocking::prepare(setup.id, setup.listeners, setup.board) {
+        let prepared = match blocking::prepare(setup.id, setup.listeners, setup.board, &serves, handoff) {
             Ok(p) => p,
             Err(reason) => fail(reason),
         };

@@ -18,7 +18,10 @@ pub(crate) use crate::conn::step::{Boundary, Context, Limits};
 
 /// What a worker does with each connection.
 pub(crate) trait Connections {
-    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context) -> io::Result<()>;
+    /// Serves the connection until it closes, or, in hybrid mode, until the context says
+    /// to hand it back to a front: then `Ok(Some(served))`, the requests answered on it
+    /// so far. `served` is that count when it was received (0 for a new connection).
+    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context, served: u32) -> io::Result<Option<u32>>;
     fn on_worker_exit(&mut self);
     /// Whether requests are counted and timed one by one (not for `handle_client`).
     fn request_level(&self) -> bool;
@@ -38,8 +41,8 @@ pub(crate) trait Connections {
 pub(crate) struct ClientLevel<H>(pub(crate) H);
 
 impl<H: Handler> Connections for ClientLevel<H> {
-    fn serve(&mut self, client: &mut Client, _: &mut dyn Context) -> io::Result<()> {
-        self.0.handle_client(client)
+    fn serve(&mut self, client: &mut Client, _: &mut dyn Context, _: u32) -> io::Result<Option<u32>> {
+        self.0.handle_client(client).map(|()| None)
     }
 
     fn on_worker_exit(&mut self) {
@@ -83,9 +86,10 @@ impl<H: RequestHandler> RequestLevel<H> {
 }
 
 impl<H: RequestHandler> Connections for RequestLevel<H> {
-    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context) -> io::Result<()> {
+    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context, served: u32) -> io::Result<Option<u32>> {
         self.connections += 1;
-        let step = Requests::new(self.handler.codec(), self.limits.clone());
+        let mut step = Requests::new(self.handler.codec(), self.limits.clone());
+        step.resume(served);
         let mut session = H::Session::default();
         drive(
             step,
@@ -137,7 +141,7 @@ impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
 }
 
 /// The blocking driver of the request step; returns when the connection should be closed
-/// (after flushing).
+/// (after flushing): `Ok(None)`, or handed back to a front (hybrid mode): `Ok(Some(served))`.
 ///
 /// The syscall floor: a request that arrives in one read costs that `read` and one
 /// `write` of its response (the responses of pipelined requests share the write); no
@@ -153,7 +157,7 @@ fn drive<H: RequestHandler>(
     id: u64,
     client: &mut Client,
     ctx: &mut dyn Context,
-) -> io::Result<()> {
+) -> io::Result<Option<u32>> {
     let max = step.max_request_size();
     // The socket's timeout is the listener's: the keep-alive timeout. It changes only when
     // the wait's timeout does: when the kind of wait changes (with equal read and
@@ -178,15 +182,18 @@ fn drive<H: RequestHandler>(
                 step.output_sent(ctx);
                 // Input already decrypted inside the TLS layer is a request arriving,
                 // though the socket may have nothing more to read.
-                if guarded
-                    && !client.input_pending()
-                    && ctx.at_boundary(client.socket(), grace) == Boundary::GiveUp
-                {
-                    tracing::debug!(
-                        "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
-                        client.peer_addr()
-                    );
-                    return Ok(());
+                if guarded && !client.input_pending() {
+                    match ctx.at_boundary(client.socket(), grace) {
+                        Boundary::Wait => {}
+                        Boundary::GiveUp => {
+                            tracing::debug!(
+                                "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
+                                client.peer_addr()
+                            );
+                            return Ok(None);
+                        }
+                        Boundary::HandBack => return Ok(Some(step.served())),
+                    }
                 }
                 if guarded && step.drains(ctx) {
                     // The stop came while the guard waited: drain (the step says how).
@@ -232,9 +239,10 @@ fn drive<H: RequestHandler>(
                 if let Some(wait) = linger {
                     client.linger(wait, step::LINGER_BYTES);
                 }
-                return Ok(());
+                return Ok(None);
             }
             Next::Fail(e) => return Err(e),
+            Next::HandOff => unreachable!("only a front's step hands off"),
         };
     }
 }
@@ -341,7 +349,7 @@ pub(crate) mod tests {
         peer.write_all(input).unwrap();
         peer.shutdown(std::net::Shutdown::Write).unwrap();
         let mut level = RequestLevel::new(handler, LIMITS.clone());
-        level.serve(&mut client, &mut Fake { saturated }).unwrap();
+        level.serve(&mut client, &mut Fake { saturated }, 0).unwrap();
         let _ = client.finish();
         let mut out = String::new();
         peer.read_to_string(&mut out).unwrap();

@@ -1,0 +1,189 @@
+//! A hybrid front's side of its event loop (`--io hybrid`): the hand-off channel, the
+//! complete requests held while the channel is full, and the connections workers hand
+//! back.
+//!
+//! The loop itself is the event loop of `event.rs` (accepting, admission, reading, every
+//! deadline), whose request step, in a front, only tells whether a request is whole
+//! ([`Requests::complete`](crate::conn::step::Requests::complete)); then the connection
+//! leaves the loop for a worker (`net/handoff.rs`). See docs/ARCHITECTURE.md, "Hybrid
+//! mode".
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
+
+use nix::sys::epoll::EpollFlags;
+use socket2::Socket;
+
+use crate::net::handoff::{self, Inbox, Meta, Received};
+use crate::scoreboard::Board;
+
+/// The result of a hand-off.
+#[derive(Debug)]
+pub(crate) enum Sent {
+    /// In the channel: a worker takes it.
+    Sent,
+    /// The channel is full: to be held until it has room.
+    Full,
+    /// It cannot be handed off (logged): the connection is closed.
+    Failed,
+}
+
+/// A complete request held while the channel is full.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) meta: Meta,
+    pub(crate) bytes: Vec<u8>,
+    /// The connection (a copy of the loop's descriptor, which the loop closes; `None` when
+    /// it could not be copied: the request is lost, and said so).
+    pub(crate) socket: Option<Socket>,
+}
+
+/// A front's hand-off state.
+#[derive(Debug)]
+pub(crate) struct Front {
+    id: u32,
+    channel: RawFd,
+    board: &'static Board,
+    inbox: Inbox,
+    held: VecDeque<Held>,
+    /// Where complete requests are decoded (a copy: see `Requests::complete`).
+    scratch: Vec<u8>,
+    /// The channel said it is full; its next writable edge says there is room.
+    full: bool,
+}
+
+impl Front {
+    /// Front `id` on the channel's end `channel`; it takes connections handed back from
+    /// now on.
+    pub(crate) fn new(channel: RawFd, id: u32, board: &'static Board) -> Front {
+        board.slot(id).map(crate::scoreboard::Slot::set_front);
+        board.set_receiving(id, true);
+        Front {
+            id,
+            channel,
+            board,
+            inbox: Inbox::default(),
+            held: VecDeque::new(),
+            scratch: Vec::new(),
+            full: false,
+        }
+    }
+
+    fn channel(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel's end stays open for the process's life.
+        unsafe { BorrowedFd::borrow_raw(self.channel) }
+    }
+
+    /// Where the step decodes a copy of the request.
+    pub(crate) fn scratch(&mut self) -> &mut Vec<u8> {
+        &mut self.scratch
+    }
+
+    /// Whether the front holds no request (it may stop).
+    pub(crate) fn idle(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Hands `conn` to a worker, with what its buffer holds.
+    pub(crate) fn hand_off(&mut self, conn: &Socket, meta: &Meta, bytes: &[u8]) -> Sent {
+        if self.full || !self.held.is_empty() {
+            // In order: behind those already held.
+            return Sent::Full;
+        }
+        match handoff::send(self.channel(), conn.as_fd(), meta, bytes) {
+            Ok(()) => {
+                self.sent();
+                Sent::Sent
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.full = true;
+                Sent::Full
+            }
+            Err(e) => {
+                tracing::error!("handing a connection to the workers: {e}; closing it");
+                Sent::Failed
+            }
+        }
+    }
+
+    fn sent(&self) {
+        self.board.handoff_sent();
+        if let Some(slot) = self.board.slot(self.id) {
+            slot.handed_off();
+        }
+    }
+
+    /// Holds a request until the channel has room.
+    pub(crate) fn hold(&mut self, held: Held) {
+        if held.socket.is_none() {
+            tracing::error!("cannot keep a connection for the workers (out of descriptors?): closing it");
+            return;
+        }
+        self.held.push_back(held);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        if let Some(slot) = self.board.slot(self.id) {
+            slot.publish_queued(self.held.len() as u32);
+        }
+    }
+
+    /// An edge on the channel: room for what is held (out); connections handed back (in),
+    /// given to `take` one by one, unless the front is stopping (`receiving` false: the
+    /// other fronts take them).
+    pub(crate) fn on_edge(&mut self, events: EpollFlags, receiving: bool, take: &mut dyn FnMut(Received)) {
+        if events.intersects(EpollFlags::EPOLLOUT | EpollFlags::EPOLLERR) {
+            self.full = false;
+            self.send_held();
+        }
+        if receiving && events.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR) {
+            self.take_back(take);
+        }
+    }
+
+    fn send_held(&mut self) {
+        while let Some(h) = self.held.front() {
+            let Some(socket) = h.socket.as_ref() else {
+                self.held.pop_front();
+                continue;
+            };
+            match handoff::send(self.channel(), socket.as_fd(), &h.meta, &h.bytes) {
+                Ok(()) => {
+                    self.sent();
+                    self.held.pop_front();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.full = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!("handing a connection to the workers: {e}; closing it");
+                    self.held.pop_front();
+                }
+            }
+        }
+        self.publish();
+    }
+
+    /// Takes every connection waiting on the channel for a front (edge-triggered: until
+    /// it is empty).
+    fn take_back(&mut self, take: &mut dyn FnMut(Received)) {
+        loop {
+            // SAFETY: as in `channel`; borrowed apart from the inbox.
+            let channel = unsafe { BorrowedFd::borrow_raw(self.channel) };
+            match self.inbox.receive(channel, false) {
+                Ok(Some(r)) => take(r),
+                Ok(None) => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => tracing::warn!("{e}; dropped"),
+                Err(e) => {
+                    tracing::error!("taking connections back from the workers: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}
