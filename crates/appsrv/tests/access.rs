@@ -90,10 +90,11 @@ fn a_request_trickling_in_is_cut_off_with_408(io: Io) {
 
 both_io!(slowloris_from_one_address_does_not_starve_other_clients);
 fn slowloris_from_one_address_does_not_starve_other_clients(io: Io) {
-    // Blocking: a dynamic pool grows to serve; event: two static workers hold them all.
+    // Blocking: a dynamic pool grows to serve; event: two static workers hold them all;
+    // hybrid: the front holds them, two workers serve the normal client.
     let pool: &[&str] = match io {
         Io::Blocking => &["--pool", "dynamic", "--max-workers", "32"],
-        Io::Event => &["-w", "2"],
+        Io::Event | Io::Hybrid => &["-w", "2"],
     };
     let mut args = vec!["-l", "127.0.0.1:0", "--max-conns-per-ip", "8"];
     args.extend_from_slice(pool);

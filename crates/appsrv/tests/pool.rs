@@ -130,7 +130,7 @@ fn kv_request(addr: std::net::SocketAddr, line: &str) -> Option<String> {
     Some(out)
 }
 
-both_io!(workers_are_recycled_by_request_count_without_a_failed_request);
+both_io!(blocking_event: workers_are_recycled_by_request_count_without_a_failed_request);
 fn workers_are_recycled_by_request_count_without_a_failed_request(io: Io) {
     let server = Server::start_io(
         "kv",
@@ -246,7 +246,7 @@ fn workers_are_recycled_by_age() {
     assert!(replaced.is_some(), "log:\n{}", server.log_text());
 }
 
-both_io!(request_level_workers_are_recycled_by_age);
+both_io!(blocking_event: request_level_workers_are_recycled_by_age);
 /// Recycling by age on a request-level server (kv), in each I/O model.
 fn request_level_workers_are_recycled_by_age(io: Io) {
     let server = Server::start_io(
@@ -284,7 +284,7 @@ fn workers_are_recycled_by_memory() {
     server.wait_for_log(&format!("(pid {pid}) recycled"));
 }
 
-both_io!(the_access_log_has_one_line_per_request);
+both_io!(blocking_event: the_access_log_has_one_line_per_request);
 fn the_access_log_has_one_line_per_request(io: Io) {
     let dir = std::env::temp_dir().join(format!("appsrv-access-{}-{}", std::process::id(), io.name()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -326,7 +326,7 @@ fn the_access_log_has_one_line_per_request(io: Io) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-both_io!(a_request_cut_short_does_not_leave_its_clock_running);
+both_io!(blocking_event: a_request_cut_short_does_not_leave_its_clock_running);
 fn a_request_cut_short_does_not_leave_its_clock_running(io: Io) {
     // A request that never completed (the client left half way) must not make the request
     // timeout kill the worker later, on an innocent connection.
@@ -469,7 +469,7 @@ fn issue_14_a_kill_storm_is_replaced_at_once_without_back_off() {
     assert!(!killed.contains(&c.testbed_pid()));
 }
 
-both_io!(issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period_ends);
+both_io!(blocking_event: issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period_ends);
 /// Issue 14: `--max-worker-memory` is a hard limit. A kv client that never leaves (its
 /// protocol cannot announce a close) kept growing a worker that had been asked to leave,
 /// to gigabytes within the grace period; past twice the limit it is now killed, and the

@@ -1067,6 +1067,7 @@ pub(crate) mod tests {
             tls_failed: 0,
             event: None,
             slow_calls: 0,
+            front: false,
             datagrams: Default::default(),
         }
     }

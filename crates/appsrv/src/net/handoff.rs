@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(got.meta, meta);
         assert_eq!(inbox.bytes(&got), b"GET / HTTP/1.1\r\n\r\n");
         // The descriptor is the connection, close-on-exec.
-        let flags = nix::fcntl::fcntl(got.socket.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        let flags = nix::fcntl::fcntl(got.socket.as_fd(), nix::fcntl::FcntlArg::F_GETFD).unwrap();
         assert_ne!(flags & libc::FD_CLOEXEC, 0);
         let mut s = UnixStream::from(OwnedFd::from(got.socket));
         s.write_all(b"hi").unwrap();

@@ -180,6 +180,17 @@ pub(crate) unsafe fn close_all_but(keep: &[std::os::fd::RawFd]) -> io::Result<()
 /// execute another program, so no process holds a stale copy.
 static SUBREAPER: AtomicBool = AtomicBool::new(false);
 
+/// Names this process `name` in `ps`, `top` and `/proc/PID/comm` (`PR_SET_NAME`, at most 15
+/// bytes kept): a hybrid front is `front:PROGRAM`, so that an operator tells it from the
+/// workers.
+pub(crate) fn set_process_name(name: &str) {
+    let mut bytes: Vec<u8> = name.bytes().filter(|b| *b != 0).take(15).collect();
+    bytes.push(0);
+    if let Ok(c) = std::ffi::CStr::from_bytes_with_nul(&bytes) {
+        let _ = nix::sys::prctl::set_name(c);
+    }
+}
+
 /// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant that is
 /// orphaned becomes its child, not init's.
 pub(crate) fn become_subreaper() -> io::Result<()> {

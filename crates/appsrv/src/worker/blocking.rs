@@ -133,9 +133,12 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             Accepted::HandedOff(received) => {
                 let bytes = acceptor.inbox().map_or(&[][..], |inbox| inbox.bytes(&received));
                 let bufs = buffers.take().unwrap_or_else(Buffers::new);
-                let Some(client) = handed_over(received.socket, &received.meta, bytes, bufs, listeners) else {
+                let Some(mut client) = handed_over(received.socket, &received.meta, bytes, bufs, listeners) else {
                     continue;
                 };
+                if limits.min_send_rate > 0 {
+                    client.watch_sends(SendWatch::new(limits.min_send_rate, limits.write_timeout));
+                }
                 slot.forget_peer();
                 if sys::take_reopen_request() {
                     reopen(&mut guard);

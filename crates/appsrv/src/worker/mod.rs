@@ -173,6 +173,8 @@ where
     let handoff = handoff.map(|(ours, _)| ours);
     if setup.role == Role::Front {
         crate::process::log::set_front(setup.id);
+        let program = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+        sys::set_process_name(&format!("front:{}", program.trim_end()));
     }
     // The privileged helper is forked now, still root and before the chroot, the limits
     // and the drop: it confines itself (privileged/helper.rs).

@@ -61,6 +61,8 @@ pub fn example(name: &str) -> PathBuf {
 pub enum Io {
     Blocking,
     Event,
+    /// Issue 21: event loops in front processes hand whole requests to blocking workers.
+    Hybrid,
 }
 
 impl Io {
@@ -69,6 +71,7 @@ impl Io {
         match self {
             Io::Blocking => "blocking",
             Io::Event => "event",
+            Io::Hybrid => "hybrid",
         }
     }
 
@@ -80,11 +83,28 @@ impl Io {
     }
 }
 
-/// Generates, for each `name`, the tests `name::blocking` and `name::event`, which call
-/// the function `name(io: Io)` with [`Io::Blocking`] and [`Io::Event`]: one test per I/O
-/// model, so that a failure names its model (and `cargo test event` runs the event ones).
+/// Generates, for each `name`, the tests `name::blocking`, `name::event` and
+/// `name::hybrid`, which call the function `name(io: Io)` with each I/O model: one test
+/// per model, so that a failure names its model (and `cargo test hybrid` runs the hybrid
+/// ones). `both_io!(blocking_event: name)` leaves hybrid mode out, for a test of what it
+/// does not serve (`kv`, whose sessions hold state).
 #[allow(unused_macros)] // not every test binary has request-level tests
 macro_rules! both_io {
+    (blocking_event: $($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn blocking() {
+                    super::$name($crate::util::Io::Blocking)
+                }
+
+                #[test]
+                fn event() {
+                    super::$name($crate::util::Io::Event)
+                }
+            }
+        )+
+    };
     ($($name:ident),+ $(,)?) => {
         $(
             mod $name {
@@ -96,6 +116,11 @@ macro_rules! both_io {
                 #[test]
                 fn event() {
                     super::$name($crate::util::Io::Event)
+                }
+
+                #[test]
+                fn hybrid() {
+                    super::$name($crate::util::Io::Hybrid)
                 }
             }
         )+
@@ -373,9 +398,17 @@ impl Server {
         }
     }
 
-    /// The pids of the master's live children (its workers).
+    /// The pids of the master's live children (its workers), without the hybrid fronts.
     pub fn worker_pids(&self) -> HashSet<i32> {
         children_of(self.pid)
+            .into_iter()
+            .filter(|pid| !is_front(*pid))
+            .collect()
+    }
+
+    /// The pids of the master's hybrid fronts (issue 21: named `front:PROGRAM`).
+    pub fn front_pids(&self) -> HashSet<i32> {
+        children_of(self.pid).into_iter().filter(|pid| is_front(*pid)).collect()
     }
 
     /// Waits until the master has exactly `n` children and returns their pids.
@@ -459,6 +492,11 @@ pub fn children_of(parent: i32) -> HashSet<i32> {
         }
     }
     out
+}
+
+/// Whether `pid` is a hybrid front (its name, `/proc/PID/comm`, is `front:PROGRAM`).
+pub fn is_front(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.starts_with("front:"))
 }
 
 /// Whether any process of process group `pgid` is still alive.
