@@ -154,7 +154,12 @@ where
         // request arrives in pieces).
         config.read_timeout = config.keepalive_timeout;
     }
-    check_io(&config, request_level, DatagramUse::of(&program), program.stateful_sessions)?;
+    check_io(
+        &config,
+        request_level,
+        DatagramUse::of(&program),
+        program.stateful_sessions,
+    )?;
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
@@ -371,7 +376,12 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
         config.allow_root_workers,
     )?;
     pool_policy(config)?;
-    check_io(config, request_level, DatagramUse::of(program), program.stateful_sessions)?;
+    check_io(
+        config,
+        request_level,
+        DatagramUse::of(program),
+        program.stateful_sessions,
+    )?;
     config.confinement()?.check()?;
     if !request_level && config.max_requests > 0 {
         return Err(Error::Config(
@@ -414,7 +424,12 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
 /// What `--io event` asks of the rest of the configuration, checked before start: a
 /// request-level handler, a static pool, no privileged helper, and descriptors for
 /// `--worker-connections`. Also that a server with a privileged helper starts as root.
-fn check_io(config: &Config, request_level: bool, datagrams: DatagramUse, stateful_sessions: bool) -> Result<()> {
+fn check_io(
+    config: &Config,
+    request_level: bool,
+    datagrams: DatagramUse,
+    stateful_sessions: bool,
+) -> Result<()> {
     check_datagrams(config, datagrams)?;
     if config.helper_profile.is_some() && !nix::unistd::Uid::effective().is_root() {
         return Err(Error::Config(

@@ -661,7 +661,6 @@ impl Board {
                 last_turn: ago(s.last_turn.load(Ordering::Relaxed)),
             }),
             slow_calls: s.slow_calls.load(Ordering::Relaxed),
-            front: s.front.load(Ordering::Acquire),
             datagrams: DatagramCounts::from_array(std::array::from_fn(|i| {
                 s.datagrams[i].load(Ordering::Relaxed)
             })),
@@ -959,8 +958,6 @@ pub(crate) struct SlotView {
     pub(crate) event: Option<EventView>,
     /// Handler calls slower than `--slow-request`.
     pub(crate) slow_calls: u64,
-    /// A hybrid front (its `requests` are hand-offs).
-    pub(crate) front: bool,
     /// Its datagram counters (all zero without datagram listeners).
     pub(crate) datagrams: DatagramCounts,
 }

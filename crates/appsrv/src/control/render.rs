@@ -139,6 +139,16 @@ pub(crate) fn render_text(status: &Status) -> String {
             d.send_failed
         );
     }
+    if let Some(h) = &status.hybrid {
+        let (held, idle) = h.held();
+        let _ = writeln!(
+            o,
+            "Hybrid:        {} fronts hold {held} connections ({idle} idle keep-alive); {} requests waiting for a worker; {} handed off",
+            h.fronts.len(),
+            h.requests_waiting,
+            h.handed_off()
+        );
+    }
     let ev = status.event_totals();
     if ev.workers > 0 {
         let _ = writeln!(
@@ -270,6 +280,46 @@ pub(crate) fn render_text(status: &Status) -> String {
         }
         table(o, &rows, &[true, true, true, true, true, true, false, false]);
     }
+    if let Some(h) = status.hybrid.as_ref().filter(|h| !h.fronts.is_empty()) {
+        let _ = writeln!(o);
+        let mut rows: Vec<Vec<String>> = vec![
+            [
+                "FRONT",
+                "PID",
+                "GEN",
+                "STATE",
+                "CONNS",
+                "HANDED",
+                "OPEN",
+                "READING",
+                "IDLE-KA",
+                "LAST TURN",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ];
+        for (id, f) in &h.fronts {
+            let e = f.event.unwrap_or_default();
+            rows.push(vec![
+                id.to_string(),
+                f.pid.to_string(),
+                f.generation.to_string(),
+                f.state.name().to_owned(),
+                f.connections.to_string(),
+                f.requests.to_string(),
+                e.counts.open.to_string(),
+                e.counts.reading.to_string(),
+                e.counts.idle_keepalive.to_string(),
+                e.last_turn
+                    .map_or_else(|| "never".to_owned(), |t| format!("{} ago", human(t))),
+            ]);
+        }
+        table(
+            o,
+            &rows,
+            &[true, true, true, false, true, true, true, true, true, false],
+        );
+    }
     out
 }
 
@@ -367,6 +417,16 @@ fn json_f64(v: f64) -> String {
 ///                                  {"workers": 2, "open": 1200, "reading": 10,
 ///                                   "handling": 1, "writing": 3, "idle_keepalive": 1186,
 ///                                   "accepts_paused": 0}    (workers that stopped accepting)
+///   "hybrid": null,                unless --io hybrid; then
+///                                  {"requests_waiting": 0,   complete requests waiting for
+///                                                            a worker (the pool sizes by it)
+///                                   "handed_off": 1500,      connections handed to workers
+///                                   "held": 300, "idle_keepalive": 280,
+///                                                            connections the fronts hold
+///                                   "fronts": [{"id": 3, "pid": 4252, "generation": 0,
+///                                     "state": "reading", "connections": 20,
+///                                     "handed_off": 1500, "open": 300, "reading": 20,
+///                                     "idle_keepalive": 280, "last_turn_seconds": 0.001}]}
 ///   "listeners": [{"addr": "127.0.0.1:7000", "kind": "stream", "queued": 0, "backlog": 511}],
 ///                                  queued and backlog are null for Unix and datagram
 ///                                  sockets; kind is "stream" or "datagram" (udp://HOST:PORT,
@@ -398,6 +458,40 @@ fn json_f64(v: f64) -> String {
 ///   }]
 /// }
 /// ```
+/// The `hybrid` object of the JSON status (`null` unless `--io hybrid`).
+fn hybrid_json(status: &Status) -> String {
+    let Some(h) = &status.hybrid else {
+        return "null".to_owned();
+    };
+    let (held, idle) = h.held();
+    let fronts: Vec<String> = h
+        .fronts
+        .iter()
+        .map(|(id, f)| {
+            let e = f.event.unwrap_or_default();
+            format!(
+                "{{\"id\":{id},\"pid\":{},\"generation\":{},\"state\":{},\"connections\":{},\
+                 \"handed_off\":{},\"open\":{},\"reading\":{},\"idle_keepalive\":{},\"last_turn_seconds\":{}}}",
+                f.pid,
+                f.generation,
+                json_str(f.state.name()),
+                f.connections,
+                f.requests,
+                e.counts.open,
+                e.counts.reading,
+                e.counts.idle_keepalive,
+                json_opt(e.last_turn, secs),
+            )
+        })
+        .collect();
+    format!(
+        "{{\"requests_waiting\":{},\"handed_off\":{},\"held\":{held},\"idle_keepalive\":{idle},\"fronts\":[{}]}}",
+        h.requests_waiting,
+        h.handed_off(),
+        fronts.join(",")
+    )
+}
+
 pub(crate) fn render_json(status: &Status) -> String {
     let t = status.totals();
     let p = &status.pool;
@@ -484,7 +578,7 @@ pub(crate) fn render_json(status: &Status) -> String {
          \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
          \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"slow_requests\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}],\
          \"datagrams\":{{\"received\":{},\"sent\":{},\"bytes_in\":{},\"bytes_out\":{},\"denied\":{},\"too_large\":{},\"rate_limited\":{},\"errors\":{},\"send_failed\":{}}}}},\
-         \"event\":{},\
+         \"event\":{},\"hybrid\":{},\
          \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"slow_clients\":{},\"scoreboard\":{},\
          \"workers\":[{}]}}\n",
         json_str(&status.name),
@@ -517,6 +611,7 @@ pub(crate) fn render_json(status: &Status) -> String {
         t.datagrams.errors,
         t.datagrams.send_failed,
         event,
+        hybrid_json(status),
         listeners.join(","),
         restarts.join(","),
         status.max_workers_reached,
@@ -611,6 +706,10 @@ impl Exposition {
 /// | `appsrv_open_connections` | gauge | `state`: reading, handling, writing, idle_keepalive |
 /// | `appsrv_open_connections_all` | gauge | |
 /// | `appsrv_accepts_paused` | gauge | |
+/// | `appsrv_requests_waiting` | gauge | hybrid mode: complete requests waiting for a worker |
+/// | `appsrv_handoffs_total` | counter | hybrid mode: by the live fronts |
+/// | `appsrv_fronts` | gauge | hybrid mode |
+/// | `appsrv_front_connections` | gauge | hybrid mode: connections the fronts hold |
 /// | `appsrv_max_workers_reached_total` | counter | |
 /// | `appsrv_worker_restarts_total` | counter | `reason` |
 /// | `appsrv_request_duration_seconds` | histogram | `le` |
@@ -795,6 +894,31 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "gauge",
         "Event workers that stopped accepting (at --worker-connections, or out of descriptors).",
         ev.accepts_paused,
+    );
+    let hybrid = status.hybrid.clone().unwrap_or_default();
+    e.single(
+        "appsrv_requests_waiting",
+        "gauge",
+        "Hybrid mode: complete requests waiting for a worker.",
+        hybrid.requests_waiting,
+    );
+    e.single(
+        "appsrv_handoffs_total",
+        "counter",
+        "Hybrid mode: connections the live fronts handed to workers.",
+        hybrid.handed_off(),
+    );
+    e.single(
+        "appsrv_fronts",
+        "gauge",
+        "Hybrid mode: live front processes.",
+        hybrid.fronts.len(),
+    );
+    e.single(
+        "appsrv_front_connections",
+        "gauge",
+        "Hybrid mode: connections the fronts hold (not yet with a whole request, or idle between requests).",
+        hybrid.held().0,
     );
     e.single(
         "appsrv_max_workers_reached_total",
@@ -1067,7 +1191,6 @@ pub(crate) mod tests {
             tls_failed: 0,
             event: None,
             slow_calls: 0,
-            front: false,
             datagrams: Default::default(),
         }
     }
@@ -1168,6 +1291,7 @@ pub(crate) mod tests {
                 ("recycled", 4),
                 ("backoff", 0),
             ],
+            hybrid: None,
         }
     }
 

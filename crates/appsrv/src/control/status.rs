@@ -37,6 +37,38 @@ pub(crate) struct Status {
     pub(crate) restarts: Vec<(&'static str, u64)>,
     /// Slow or idle clients from a few addresses holding the pool, while they do.
     pub(crate) slow_clients: Option<Held>,
+    /// Hybrid mode (`--io hybrid`): the fronts and the requests waiting for a worker.
+    pub(crate) hybrid: Option<Hybrid>,
+}
+
+/// Hybrid mode's side of the status.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Hybrid {
+    /// Live fronts: (slot id, slot); a front's `requests` are its hand-offs.
+    pub(crate) fronts: Vec<(u32, SlotView)>,
+    /// Complete requests waiting for a worker (in the channel, and held by fronts while
+    /// it is full): what the pool sizes itself by.
+    pub(crate) requests_waiting: u64,
+}
+
+impl Hybrid {
+    /// Connections handed to the workers since the start (by the live fronts).
+    pub(crate) fn handed_off(&self) -> u64 {
+        self.fronts.iter().map(|(_, f)| f.requests).sum()
+    }
+
+    /// Connections the fronts hold now, and how many of those are idle keep-alive ones.
+    pub(crate) fn held(&self) -> (u64, u64) {
+        self.fronts
+            .iter()
+            .filter_map(|(_, f)| f.event)
+            .fold((0, 0), |(open, idle), e| {
+                (
+                    open + u64::from(e.counts.open),
+                    idle + u64::from(e.counts.idle_keepalive),
+                )
+            })
+    }
 }
 
 /// The pool's policy and sizes.
@@ -171,6 +203,15 @@ impl Status {
                 )
             })
             .count();
+        if let Some(h) = &self.hybrid {
+            if !h
+                .fronts
+                .iter()
+                .any(|(_, f)| f.state != State::Starting && f.state != State::Finishing)
+            {
+                return Err("no live front (--io hybrid)".into());
+            }
+        }
         if live == 0 && self.pool.policy != "ondemand" {
             let starting = self
                 .workers

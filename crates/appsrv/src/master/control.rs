@@ -212,16 +212,23 @@ impl Master<'_> {
     /// A snapshot for `status` and `metrics`.
     fn status(&self) -> Status {
         let board = self.settings.board;
-        let workers: Vec<_> = self
-            .workers
-            .values()
-            .filter_map(|w| board.read(w.id).map(|v| (w.id, v)))
-            .collect();
+        let of = |front: bool| -> Vec<_> {
+            self.workers
+                .values()
+                .filter(|w| w.front == front)
+                .filter_map(|w| board.read(w.id).map(|v| (w.id, v)))
+                .collect()
+        };
+        let workers = of(false);
+        let hybrid = self.handoff.map(|ch| crate::control::status::Hybrid {
+            fronts: of(true),
+            requests_waiting: board.waiting(ch.empty()),
+        });
         let slots = self
             .settings
             .policy
             .max()
-            .max(workers.iter().map(|(id, _)| *id as usize).max().unwrap_or(0));
+            .max(self.workers.values().map(|w| w.id as usize).max().unwrap_or(0));
         let scoreboard = (1..=slots as u32)
             .map(|id| board.read(id).map_or('.', |v| v.state.letter()))
             .collect();
@@ -257,6 +264,7 @@ impl Master<'_> {
             max_workers_reached: self.counters.max_reached,
             slow_clients: self.holds.episode().cloned(),
             restarts: self.counters.restarts(),
+            hybrid,
         }
     }
 }

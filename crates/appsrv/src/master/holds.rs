@@ -133,7 +133,6 @@ mod tests {
             tls_failed: 0,
             event: None,
             slow_calls: 0,
-            front: false,
             datagrams: Default::default(),
         }
     }

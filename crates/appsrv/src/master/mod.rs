@@ -460,7 +460,12 @@ impl<'a> Master<'a> {
                     // very first connection) is replaced here too.
                     self.maintain(entry)?;
                     let initial = self.settings.policy.initial();
-                    let ready = |front: bool| self.workers.values().filter(|w| w.ready && w.front == front).count();
+                    let ready = |front: bool| {
+                        self.workers
+                            .values()
+                            .filter(|w| w.ready && w.front == front)
+                            .count()
+                    };
                     if ready(false) >= initial && ready(true) >= self.fronts {
                         self.phase = Phase::Running;
                         tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
@@ -725,11 +730,17 @@ impl<'a> Master<'a> {
     /// Sends SIGTERM to every worker waiting to be recycled once the pool has enough ready
     /// workers without them (their replacements): the pool's capacity never dips.
     fn release_one_retiring(&mut self) {
-        let fronts_ready = self.workers.values().filter(|w| w.front && w.active() && w.ready).count();
+        let fronts_ready = self
+            .workers
+            .values()
+            .filter(|w| w.front && w.active() && w.ready)
+            .count();
         let fronts_spare = fronts_ready >= self.fronts;
         let spare = self.ready_active() >= self.target().min(self.settings.policy.max());
         for (pid, w) in self.workers.iter_mut().filter(|(_, w)| {
-            matches!(w.leaving, Some(Leave::Recycle(_))) && !w.stop_sent && if w.front { fronts_spare } else { spare }
+            matches!(w.leaving, Some(Leave::Recycle(_)))
+                && !w.stop_sent
+                && if w.front { fronts_spare } else { spare }
         }) {
             w.stop_sent = true;
             w.stop_at = Some(Instant::now());
@@ -1002,7 +1013,9 @@ impl<'a> Master<'a> {
         // failing to start counts in the same back-off).
         let fronts = self.workers.values().filter(|w| w.front && w.active()).count();
         for _ in fronts..self.fronts {
-            if !self.backoff.may_spawn(now, self.serving_workers()) || !self.try_spawn(entry, now, Role::Front)? {
+            if !self.backoff.may_spawn(now, self.serving_workers())
+                || !self.try_spawn(entry, now, Role::Front)?
+            {
                 break;
             }
         }

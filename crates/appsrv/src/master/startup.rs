@@ -518,7 +518,13 @@ struct Workers<'a> {
 
 impl Workers<'_> {
     /// The set-up of worker `id`.
-    fn setup<'s>(&'s self, id: u32, role: worker::Role, recycle: Recycle, master_fds: &'s [RawFd]) -> worker::Setup<'s> {
+    fn setup<'s>(
+        &'s self,
+        id: u32,
+        role: worker::Role,
+        recycle: Recycle,
+        master_fds: &'s [RawFd],
+    ) -> worker::Setup<'s> {
         let config = self.config;
         worker::Setup {
             id,
@@ -640,7 +646,12 @@ pub(crate) fn exec_worker(
     };
     // `entry` never returns (the worker ends in `_exit`); `Ok` only gives it the type.
     #[allow(unreachable_code)]
-    Ok((s.entry)(workers.setup(handoff.id, worker::Role::Worker, recycle, &[])))
+    Ok((s.entry)(workers.setup(
+        handoff.id,
+        worker::Role::Worker,
+        recycle,
+        &[],
+    )))
 }
 
 /// What a re-executed worker adopts from its master's hand-off, and what it reads again as

@@ -411,7 +411,11 @@ mod tests {
         assert_eq!(
             failure(
                 closed.clone(),
-                Some(WaitStatus::Signaled(pid, nix::sys::signal::Signal::SIGSEGV, false))
+                Some(WaitStatus::Signaled(
+                    pid,
+                    nix::sys::signal::Signal::SIGSEGV,
+                    false
+                ))
             ),
             "the new master was killed by signal SIGSEGV before it was ready"
         );

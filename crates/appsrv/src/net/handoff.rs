@@ -152,7 +152,12 @@ impl Channel {
 /// Sends `conn` over `channel` with `meta` and `bytes` (at most [`INLINE_MAX`]), without
 /// waiting: `WouldBlock` when the channel is full. The sender keeps its own copy of the
 /// descriptor, to close once this returns `Ok`.
-pub(crate) fn send(channel: BorrowedFd<'_>, conn: BorrowedFd<'_>, meta: &Meta, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn send(
+    channel: BorrowedFd<'_>,
+    conn: BorrowedFd<'_>,
+    meta: &Meta,
+    bytes: &[u8],
+) -> io::Result<()> {
     debug_assert!(bytes.len() <= INLINE_MAX);
     let header = meta.encode();
     let iov = [IoSlice::new(&header), IoSlice::new(bytes)];
@@ -227,7 +232,10 @@ impl Inbox {
         if !wait {
             flags |= MsgFlags::MSG_DONTWAIT;
         }
-        let mut iov = [IoSliceMut::new(&mut self.header), IoSliceMut::new(&mut self.bytes)];
+        let mut iov = [
+            IoSliceMut::new(&mut self.header),
+            IoSliceMut::new(&mut self.bytes),
+        ];
         let msg = socket::recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut self.control), flags)
             .map_err(io::Error::from)?;
         let mut fds: Vec<OwnedFd> = Vec::new();
@@ -308,7 +316,7 @@ mod tests {
             Meta {
                 served: u32::MAX,
                 peer: Some("[2001:db8::1]:443".parse().unwrap()),
-                    listener: 7,
+                listener: 7,
             },
         ] {
             assert_eq!(Meta::decode(&meta.encode()), Some(meta));

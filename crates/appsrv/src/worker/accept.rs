@@ -154,12 +154,10 @@ impl<'a> Acceptor<'a> {
                 return Accepted::Reopen;
             }
             let index = match &self.epoll {
-                None if self.handoff.is_some() => {
-                    match self.take_handoff(true) {
-                        Some(accepted) => return accepted,
-                        None => continue,
-                    }
-                }
+                None if self.handoff.is_some() => match self.take_handoff(true) {
+                    Some(accepted) => return accepted,
+                    None => continue,
+                },
                 None => 0,
                 Some(ep) => {
                     let mut events = [EpollEvent::empty()];

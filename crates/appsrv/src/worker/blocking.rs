@@ -133,7 +133,8 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             Accepted::HandedOff(received) => {
                 let bytes = acceptor.inbox().map_or(&[][..], |inbox| inbox.bytes(&received));
                 let bufs = buffers.take().unwrap_or_else(Buffers::new);
-                let Some(mut client) = handed_over(received.socket, &received.meta, bytes, bufs, listeners) else {
+                let Some(mut client) = handed_over(received.socket, &received.meta, bytes, bufs, listeners)
+                else {
                     continue;
                 };
                 if limits.min_send_rate > 0 {
@@ -255,7 +256,9 @@ fn serve_handed_over<C: Connections>(
     board: &'static Board,
 ) -> Option<Buffers> {
     guard.slot.connection(&client.peer_addr());
-    guard.hold = Some(super::guard::Hold { since: guard.requests });
+    guard.hold = Some(super::guard::Hold {
+        since: guard.requests,
+    });
     let mut served = meta.served;
     loop {
         match serve_admitted(client, handler, guard, board, served) {
@@ -273,7 +276,10 @@ fn serve_handed_over<C: Connections>(
                     Err(e) => {
                         // The fronts do not take it now (the channel is full): keep it, as
                         // in blocking mode, for the rest of its life.
-                        tracing::debug!("cannot hand the connection from {} back: {e}; keeping it", back.peer_addr());
+                        tracing::debug!(
+                            "cannot hand the connection from {} back: {e}; keeping it",
+                            back.peer_addr()
+                        );
                         let _ = crate::net::handoff::set_nonblocking(back.socket().as_fd(), false);
                         guard.hold = None;
                         served = n;
@@ -593,7 +599,9 @@ mod tests {
         let timed_out = || -> std::thread::Result<io::Result<()>> {
             Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")))
         };
-        let reset = || -> std::thread::Result<io::Result<()>> { Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset))) };
+        let reset = || -> std::thread::Result<io::Result<()>> {
+            Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)))
+        };
         let panicked = || -> std::thread::Result<io::Result<()>> { Err(Box::new("boom")) };
         for unanswered in [false, true] {
             assert_eq!(ended(&timed_out(), unanswered), Outcome::Timeout);

@@ -866,7 +866,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// An edge on a hybrid front's hand-off channel: room for the requests it holds,
     /// connections handed back.
     fn channel_event(&mut self, events: EpollFlags, handler: &mut H) {
-        let Some(mut front) = self.front.take() else { return };
+        let Some(mut front) = self.front.take() else {
+            return;
+        };
         let receiving = !self.stopping;
         front.on_edge(events, receiving, &mut |r| self.take_back(r, handler));
         self.front = Some(front);
@@ -893,7 +895,14 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
 
     /// A connection into the loop: a new one (`returned` is `None`: admitted first), or
     /// one a worker handed back after answering `returned` of its requests.
-    fn insert(&mut self, socket: Socket, peer: Addr, listener: usize, handler: &mut H, returned: Option<u32>) {
+    fn insert(
+        &mut self,
+        socket: Socket,
+        peer: Addr,
+        listener: usize,
+        handler: &mut H,
+        returned: Option<u32>,
+    ) {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {

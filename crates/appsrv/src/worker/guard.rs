@@ -187,7 +187,6 @@ impl Guard<'_> {
         }
     }
 
-
     /// Keeps the request's first bytes for its access-log line (only with a log).
     fn keep_head(&mut self, head: &[u8]) {
         if self.access.is_some() {

@@ -24,12 +24,12 @@
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
 mod accept;
-pub(crate) mod front;
 pub(crate) mod access;
 pub(crate) mod admission;
 pub(crate) mod blocking;
 pub(crate) mod datagram;
 pub(crate) mod event;
+pub(crate) mod front;
 mod guard;
 pub(crate) mod serve;
 

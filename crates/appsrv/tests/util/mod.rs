@@ -408,7 +408,10 @@ impl Server {
 
     /// The pids of the master's hybrid fronts (issue 21: named `front:PROGRAM`).
     pub fn front_pids(&self) -> HashSet<i32> {
-        children_of(self.pid).into_iter().filter(|pid| is_front(*pid)).collect()
+        children_of(self.pid)
+            .into_iter()
+            .filter(|pid| is_front(*pid))
+            .collect()
     }
 
     /// Waits until the master has exactly `n` children and returns their pids.
