@@ -498,19 +498,27 @@ impl Board {
 
     /// Hybrid: a front sent a connection into the hand-off channel; when no worker is idle,
     /// the master is woken (once per shortage) so that a dynamic pool grows at once.
-    pub(crate) fn handoff_sent(&self) {
-        self.handoffs_sent.fetch_add(1, Ordering::AcqRel);
+    /// Returns the count of hand-offs sent, this one included.
+    pub(crate) fn handoff_sent(&self) -> u64 {
+        let sent = self.handoffs_sent.fetch_add(1, Ordering::AcqRel) + 1;
         if self.idle() == 0
             && self.min_spare.load(Ordering::Acquire) > 0
             && !self.wake_pending.swap(true, Ordering::AcqRel)
         {
             sys::wake_master();
         }
+        sent
     }
 
-    /// Hybrid: a worker took a connection from the channel.
+    /// Hybrid: a worker took a connection from the channel (and named its client in its
+    /// slot: see `Front::settle`).
     pub(crate) fn handoff_taken(&self) {
         self.handoffs_taken.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Hybrid: the connections taken from the channel so far.
+    pub(crate) fn handoffs_taken(&self) -> u64 {
+        self.handoffs_taken.load(Ordering::Acquire)
     }
 
     /// Hybrid: whether complete requests wait in the channel for a worker (two loads: the

@@ -38,6 +38,9 @@ pub(crate) enum Boundary {
     /// until its next request is whole (it stayed quiet after its last response, or the
     /// worker served enough of its requests while others wait).
     HandBack,
+    /// Hybrid mode: wait for the next request at most this long (the socket's timeout for
+    /// this read), then hand the connection back.
+    Linger(Duration),
 }
 
 /// How long a keep-alive connection may stay quiet, while clients wait in the listen

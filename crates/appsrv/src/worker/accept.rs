@@ -220,10 +220,8 @@ impl<'a> Acceptor<'a> {
         // SAFETY: the channel's end stays open for the worker's life.
         let channel = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
         match inbox.receive(channel, wait) {
-            Ok(Some(received)) => {
-                self.board.handoff_taken();
-                Some(Accepted::HandedOff(received))
-            }
+            // Counted as taken by the loop, once the slot names its client.
+            Ok(Some(received)) => Some(Accepted::HandedOff(received)),
             // Every sender closed its end: only at the master's death.
             Ok(None) => Some(Accepted::Stop),
             Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => None,

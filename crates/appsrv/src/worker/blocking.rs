@@ -133,14 +133,20 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             Accepted::HandedOff(received) => {
                 let bytes = acceptor.inbox().map_or(&[][..], |inbox| inbox.bytes(&received));
                 let bufs = buffers.take().unwrap_or_else(Buffers::new);
-                let Some(mut client) = handed_over(received.socket, &received.meta, bytes, bufs, listeners)
-                else {
+                let client = handed_over(received.socket, &received.meta, bytes, bufs, listeners);
+                slot.forget_peer();
+                if let Some(c) = &client {
+                    // The slot names the client before the hand-off counts as taken: the
+                    // front stops counting it for --max-conns-per-ip only then.
+                    slot.connection(&c.peer_addr());
+                }
+                board.handoff_taken();
+                let Some(mut client) = client else {
                     continue;
                 };
                 if limits.min_send_rate > 0 {
                     client.watch_sends(SendWatch::new(limits.min_send_rate, limits.write_timeout));
                 }
-                slot.forget_peer();
                 if sys::take_reopen_request() {
                     reopen(&mut guard);
                 }
@@ -255,7 +261,6 @@ fn serve_handed_over<C: Connections>(
     guard: &mut Guard<'_>,
     board: &'static Board,
 ) -> Option<Buffers> {
-    guard.slot.connection(&client.peer_addr());
     guard.hold = Some(super::guard::Hold {
         since: guard.requests,
     });

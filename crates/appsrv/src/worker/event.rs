@@ -549,7 +549,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             front,
         } = worker;
         slot.set_event();
-        let front = front.map(|fd| super::front::Front::new(fd, id, board));
+        let front = front.map(|fd| super::front::Front::new(fd, id, board, peers));
         board.set_state(id, State::Reading);
         Loop {
             id,
@@ -616,6 +616,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
         if sys::stop_requested() && !self.stopping {
             self.begin_stop();
+        }
+        if let Some(front) = self.front.as_mut() {
+            // Before admission counts anyone: the clients the workers have taken.
+            front.settle();
         }
         if sys::take_reopen_request() {
             if let (Some(file), Some(log)) = ((self.reopen_log)(), self.access.as_mut()) {
@@ -778,7 +782,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         self.listeners
             .iter()
             .enumerate()
-            .filter(move |(i, l)| !l.is_datagram() && !(front && tls.acceptor(*i).is_some()))
+            .filter(move |(i, l)| !(l.is_datagram() || front && tls.acceptor(*i).is_some()))
     }
 
     fn register_listeners(&self) {
@@ -947,8 +951,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             pending: Pending::Admit,
             bufs: None,
             // Its request usually came with it: read at once (an empty socket costs one
-            // `EAGAIN`; waiting for the edge would cost a turn every time).
-            readable: true,
+            // `EAGAIN`; waiting for the edge would cost a turn every time). One handed back
+            // is usually quiet: its registration reports input already there.
+            readable: returned.is_none(),
             writable: true,
             closed_by_peer: false,
             queued: false,
@@ -1098,16 +1103,29 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 Some(b) => b.unconsumed(),
                 None => self.shared.unconsumed(),
             };
+            // Its client stays counted for the per-address cap until a worker has it.
+            let counted = c
+                .counted_ip
+                .take()
+                .or_else(|| c.admission.as_ref().and_then(|a| a.seat().counted));
             let front = self.front.as_mut().expect("only a front hands off");
-            let sent = front.hand_off(c.transport.socket(), &meta, bytes);
-            if let super::front::Sent::Full = sent {
-                // Held here until the channel has room (its next edge).
-                let held = super::front::Held {
-                    meta,
-                    bytes: bytes.to_vec(),
-                    socket: c.transport.socket().try_clone().ok(),
-                };
-                front.hold(held);
+            match front.hand_off(c.transport.socket(), &meta, bytes, counted) {
+                super::front::Sent::InChannel => {}
+                super::front::Sent::Full => {
+                    // Held here until the channel has room (its next edge).
+                    let held = super::front::Held {
+                        meta,
+                        bytes: bytes.to_vec(),
+                        counted,
+                        socket: c.transport.socket().try_clone().ok(),
+                    };
+                    front.hold(held);
+                }
+                super::front::Sent::Failed => {
+                    if let (Some(ip), Some(peers)) = (counted, self.peers) {
+                        peers.remove(self.id, ip);
+                    }
+                }
             }
             self.shared.discard_input();
             self.shared.output().clear();

@@ -10,19 +10,21 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 
 use nix::sys::epoll::EpollFlags;
 use socket2::Socket;
 
 use crate::net::handoff::{self, Inbox, Meta, Received};
+use crate::peer_counts::PeerCounts;
 use crate::scoreboard::Board;
 
 /// The result of a hand-off.
 #[derive(Debug)]
 pub(crate) enum Sent {
     /// In the channel: a worker takes it.
-    Sent,
+    InChannel,
     /// The channel is full: to be held until it has room.
     Full,
     /// It cannot be handed off (logged): the connection is closed.
@@ -34,6 +36,8 @@ pub(crate) enum Sent {
 pub(crate) struct Held {
     pub(crate) meta: Meta,
     pub(crate) bytes: Vec<u8>,
+    /// The client's address as counted for `--max-conns-per-ip`.
+    pub(crate) counted: Option<IpAddr>,
     /// The connection (a copy of the loop's descriptor, which the loop closes; `None` when
     /// it could not be copied: the request is lost, and said so).
     pub(crate) socket: Option<Socket>,
@@ -51,12 +55,22 @@ pub(crate) struct Front {
     scratch: Vec<u8>,
     /// The channel said it is full; its next writable edge says there is room.
     full: bool,
+    /// `--max-conns-per-ip`: the tables the front counts its clients in, and the
+    /// connections handed off that it still counts, with the count of hand-offs sent with
+    /// theirs (see [`settle`](Front::settle)).
+    peers: Option<&'static PeerCounts>,
+    in_transit: VecDeque<(u64, IpAddr)>,
 }
 
 impl Front {
     /// Front `id` on the channel's end `channel`; it takes connections handed back from
     /// now on.
-    pub(crate) fn new(channel: RawFd, id: u32, board: &'static Board) -> Front {
+    pub(crate) fn new(
+        channel: RawFd,
+        id: u32,
+        board: &'static Board,
+        peers: Option<&'static PeerCounts>,
+    ) -> Front {
         board.slot(id).map(crate::scoreboard::Slot::set_front);
         board.set_receiving(id, true);
         Front {
@@ -67,6 +81,36 @@ impl Front {
             held: VecDeque::new(),
             scratch: Vec::new(),
             full: false,
+            peers,
+            in_transit: VecDeque::new(),
+        }
+    }
+
+    /// Stops counting the clients of connections the workers have taken. A connection in
+    /// the channel is counted by the front that sent it until a worker names its client in
+    /// its slot, so that `--max-conns-per-ip` holds while it is in transit: the channel
+    /// gives connections out in order, and a worker counts one as taken only once its
+    /// slot names the client, so a hand-off is in a worker's slot once the count of those
+    /// taken reaches the count of those sent with it. (With several fronts sending at
+    /// once, the order of the counts can differ from the channel's by the hand-offs in
+    /// flight: the cap may then be passed by as many, for a moment.)
+    pub(crate) fn settle(&mut self) {
+        let taken = self.board.handoffs_taken();
+        while let Some(&(seq, ip)) = self.in_transit.front() {
+            if seq > taken {
+                break;
+            }
+            self.in_transit.pop_front();
+            if let Some(peers) = self.peers {
+                peers.remove(self.id, ip);
+            }
+        }
+    }
+
+    /// A client counted until its connection is taken (see [`settle`](Front::settle)).
+    fn in_transit(&mut self, seq: u64, counted: Option<IpAddr>) {
+        if let Some(ip) = counted {
+            self.in_transit.push_back((seq, ip));
         }
     }
 
@@ -85,16 +129,25 @@ impl Front {
         self.held.is_empty()
     }
 
-    /// Hands `conn` to a worker, with what its buffer holds.
-    pub(crate) fn hand_off(&mut self, conn: &Socket, meta: &Meta, bytes: &[u8]) -> Sent {
+    /// Hands `conn` to a worker, with what its buffer holds; `counted` is its client's
+    /// address as counted for `--max-conns-per-ip`, which stays counted until a worker has
+    /// it.
+    pub(crate) fn hand_off(
+        &mut self,
+        conn: &Socket,
+        meta: &Meta,
+        bytes: &[u8],
+        counted: Option<IpAddr>,
+    ) -> Sent {
         if self.full || !self.held.is_empty() {
             // In order: behind those already held.
             return Sent::Full;
         }
         match handoff::send(self.channel(), conn.as_fd(), meta, bytes) {
             Ok(()) => {
-                self.sent();
-                Sent::Sent
+                let seq = self.sent();
+                self.in_transit(seq, counted);
+                Sent::InChannel
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.full = true;
@@ -107,17 +160,20 @@ impl Front {
         }
     }
 
-    fn sent(&self) {
-        self.board.handoff_sent();
+    fn sent(&self) -> u64 {
         if let Some(slot) = self.board.slot(self.id) {
             slot.handed_off();
         }
+        self.board.handoff_sent()
     }
 
     /// Holds a request until the channel has room.
     pub(crate) fn hold(&mut self, held: Held) {
         if held.socket.is_none() {
             tracing::error!("cannot keep a connection for the workers (out of descriptors?): closing it");
+            if let (Some(ip), Some(peers)) = (held.counted, self.peers) {
+                peers.remove(self.id, ip);
+            }
             return;
         }
         self.held.push_back(held);
@@ -151,8 +207,10 @@ impl Front {
             };
             match handoff::send(self.channel(), socket.as_fd(), &h.meta, &h.bytes) {
                 Ok(()) => {
-                    self.sent();
+                    let counted = h.counted;
                     self.held.pop_front();
+                    let seq = self.sent();
+                    self.in_transit(seq, counted);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.full = true;
@@ -160,6 +218,9 @@ impl Front {
                 }
                 Err(e) => {
                     tracing::error!("handing a connection to the workers: {e}; closing it");
+                    if let (Some(ip), Some(peers)) = (h.counted, self.peers) {
+                        peers.remove(self.id, ip);
+                    }
                     self.held.pop_front();
                 }
             }

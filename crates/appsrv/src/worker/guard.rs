@@ -160,30 +160,32 @@ impl Context for Guard<'_> {
 
 impl Guard<'_> {
     /// Hybrid mode, between two requests of a connection a front handed over: keep it
-    /// while its next request comes within [`HOLD_LINGER`] (and for at most
-    /// [`HOLD_REQUESTS`] while others wait), else hand it back. A stop hands it back at
-    /// once: the fronts of the next generation take it (a reload loses no connection).
+    /// while its next request comes within [`HOLD_LINGER`] (the driver's read waits that
+    /// long: no system call here), then hand it back. While other complete requests wait
+    /// and no worker is idle, the worker does not wait for this one: it keeps the
+    /// connection only if its next request is there already (a zero-timeout `poll`), and
+    /// for at most [`HOLD_REQUESTS`] requests, then takes the waiting ones. A stop hands
+    /// the connection back at once: the fronts of the next generation take it (a reload
+    /// loses no connection).
+    ///
+    /// A request handed off while every worker lingers waits for the end of a linger, at
+    /// most [`HOLD_LINGER`]: watching the channel beside the connection would cost a `poll`
+    /// per request kept.
     fn hybrid_boundary(&mut self, conn: &Socket, hold: Hold) -> Boundary {
         if sys::stop_requested() {
             return Boundary::HandBack;
         }
-        if self.requests.saturating_sub(hold.since) >= HOLD_REQUESTS && self.board.requests_waiting() {
+        if !(self.board.requests_waiting() && self.board.idle() == 0) {
+            return Boundary::Linger(self.keepalive_timeout.map_or(HOLD_LINGER, |t| t.min(HOLD_LINGER)));
+        }
+        if self.requests.saturating_sub(hold.since) >= HOLD_REQUESTS {
             return Boundary::HandBack;
         }
-        let linger = self.keepalive_timeout.map_or(HOLD_LINGER, |t| t.min(HOLD_LINGER));
-        let until = Instant::now() + linger;
         let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match nix::poll::poll(&mut fds, sys::poll_timeout(left)) {
-                Ok(0) => return Boundary::HandBack,
-                // The next request (or the client's close, which the read sees).
-                Ok(_) => return Boundary::Wait,
-                Err(Errno::EINTR) if sys::stop_requested() => return Boundary::HandBack,
-                Err(Errno::EINTR) => {}
-                // An error the read reports.
-                Err(_) => return Boundary::Wait,
-            }
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO) {
+            Ok(0) => Boundary::HandBack,
+            // The next request (or the client's close, or an error the read reports).
+            Ok(_) | Err(_) => Boundary::Wait,
         }
     }
 

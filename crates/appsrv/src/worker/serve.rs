@@ -182,9 +182,11 @@ fn drive<H: RequestHandler>(
                 step.output_sent(ctx);
                 // Input already decrypted inside the TLS layer is a request arriving,
                 // though the socket may have nothing more to read.
+                let mut linger = None;
                 if guarded && !client.input_pending() {
                     match ctx.at_boundary(client.socket(), grace) {
                         Boundary::Wait => {}
+                        Boundary::Linger(d) => linger = Some(d),
                         Boundary::GiveUp => {
                             tracing::debug!(
                                 "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
@@ -200,10 +202,13 @@ fn drive<H: RequestHandler>(
                     advance(&mut step, handler, session, id, client, ctx)
                 } else {
                     // The Idle and Request waits keep one value for the whole connection;
-                    // a drain's shrinks (what is left of it, after a signal).
-                    if timeout != set {
-                        client.set_read_timeout(timeout)?;
-                        set = timeout;
+                    // a drain's shrinks (what is left of it, after a signal). A hybrid
+                    // worker's linger is one value too: a connection it keeps costs no
+                    // `setsockopt` per request.
+                    let want = linger.map_or(timeout, Some);
+                    if want != set {
+                        client.set_read_timeout(want)?;
+                        set = want;
                     }
                     // A wait between requests ends on a signal, so that a stop is seen.
                     match client.read_more(max, wait != Wait::Request) {
@@ -214,6 +219,10 @@ fn drive<H: RequestHandler>(
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {
                             advance(&mut step, handler, session, id, client, ctx)
+                        }
+                        // Quiet for the linger: back to a front.
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut && linger.is_some() => {
+                            return Ok(Some(step.served()));
                         }
                         Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                             let (bufs, peer, _) = client.parts();
