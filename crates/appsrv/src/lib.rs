@@ -87,7 +87,9 @@
 //!
 //! Request-level handlers that never block can also run in event-loop workers
 //! ([`Server::io`] with [`Io::Event`]): one epoll loop per worker over all its
-//! connections, the same handler code. The examples (`crates/appsrv/examples`) show a
+//! connections, the same handler code. Handlers that block can run behind event loops
+//! ([`Io::Hybrid`]): front processes hold idle and incomplete connections and hand each
+//! whole request to an idle blocking worker. The examples (`crates/appsrv/examples`) show a
 //! codec of its own (`ping`), sessions (`kv`) and HTTP (`http_hello`).
 //!
 //! # The command line

@@ -336,8 +336,15 @@ impl Server {
     /// holds thousands of connections, and the handler must not block, since a call that
     /// does holds up every connection of its worker (`--slow-request` logs such calls). A
     /// handler that must sometimes block (a database query, a command) belongs in the
-    /// blocking model. [`run`](Server::run) servers (`handle_client`) are blocking only:
-    /// asking for `event` with one is a configuration error.
+    /// blocking model, or in [`Io::Hybrid`](crate::Io::Hybrid): event loops in front
+    /// processes (`--fronts`, default 1) hold every connection until it has a whole
+    /// request, then hand it to an idle blocking worker, which keeps it while its next
+    /// request comes within 100 ms and then hands it back; idle and slow clients hold no
+    /// worker. Hybrid mode needs a handler without per-connection state
+    /// (`type Session = ()`), and serves TLS listeners without hand-off (the workers accept
+    /// them, as in blocking mode); each front makes one handler with the factory, for its
+    /// codec. [`run`](Server::run) servers (`handle_client`) are blocking only: asking for
+    /// `event` or `hybrid` with one is a configuration error.
     pub fn io(mut self, io: crate::Io) -> Self {
         self.defaults.io = io;
         self
