@@ -115,6 +115,8 @@ const LISTENER: u64 = 1 << 63;
 const DATAGRAM: u64 = LISTENER | 1 << 62;
 /// The epoll data of the hand-off channel (a hybrid front).
 const CHANNEL: u64 = LISTENER | 1 << 61;
+/// What a front watches the channel for: connections handed back.
+const CHANNEL_IN: EpollFlags = EpollFlags::EPOLLIN.union(EpollFlags::EPOLLET);
 
 /// Everything the event loop works with, passed once.
 pub(crate) struct Worker<'a> {
@@ -169,9 +171,10 @@ pub(crate) fn prepare(
     if let Some(fd) = front {
         // SAFETY: the channel's end stays open for the process's life.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLET;
+        // Out only while the front holds requests for want of room (`Front::wants_room`):
+        // every hand-off a worker takes would otherwise wake the front.
         epoll
-            .add(fd, EpollEvent::new(flags, CHANNEL))
+            .add(fd, EpollEvent::new(CHANNEL_IN, CHANNEL))
             .map_err(|e| format!("watching the hand-off channel: {e}"))?;
     }
     let mask = sys::block_flag_signals().map_err(|e| format!("blocking the stop signals: {e}"))?;
@@ -238,6 +241,9 @@ struct Connection<'a, H: RequestHandler> {
     id: u64,
     /// The listener that accepted it.
     listener: u32,
+    /// In the epoll set: a connection is registered the first time it must wait (one whose
+    /// request came with it and is answered, or handed off, at once never is).
+    registered: bool,
     admission: Option<Box<Admission<'a, EventSeat>>>,
     step: Requests<H::Codec>,
     session: H::Session,
@@ -876,6 +882,26 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         let receiving = !self.stopping;
         front.on_edge(events, receiving, &mut |r| self.take_back(r, handler));
         self.front = Some(front);
+        self.watch_channel();
+    }
+
+    /// A front watches the channel for room only while it holds requests for want of it.
+    fn watch_channel(&mut self) {
+        let Some(front) = self.front.as_mut() else { return };
+        let Some(wants) = front.room_watch_changed() else {
+            return;
+        };
+        let flags = if wants {
+            CHANNEL_IN | EpollFlags::EPOLLOUT
+        } else {
+            CHANNEL_IN
+        };
+        // SAFETY: the channel's end stays open for the process's life.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(front.channel_fd()) };
+        let mut ev = EpollEvent::new(flags, CHANNEL);
+        if let Err(e) = self.epoll.modify(fd, &mut ev) {
+            tracing::error!("watching the hand-off channel: {e}");
+        }
     }
 
     /// A connection a worker handed back: into the loop as an idle keep-alive connection
@@ -922,12 +948,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         self.generation = self.generation.wrapping_add(1) & 0x3fff_ffff;
         let generation = self.generation;
         let token = Self::token(index, generation);
-        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
-        if let Err(e) = self.epoll.add(socket.as_fd(), EpollEvent::new(flags, token)) {
-            tracing::warn!("watching a connection from {peer}: {e}; closing it");
-            self.free.push(index);
-            return;
-        }
         let rules = Rules {
             policy: self.listeners[listener].policy(),
             tls: self.tls.acceptor(listener),
@@ -945,6 +965,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             peer: peer.clone(),
             id: self.connections,
             listener: listener as u32,
+            registered: false,
             admission: None,
             step,
             session: H::Session::default(),
@@ -1090,7 +1111,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let Pass::HandOff = outcome {
             // Out of this loop's epoll set first: a registration follows the open file,
             // which the worker shares from now on, not this process's descriptor.
-            let _ = self.epoll.delete(c.transport.socket().as_fd());
+            if c.registered {
+                let _ = self.epoll.delete(c.transport.socket().as_fd());
+            }
             let meta = crate::net::handoff::Meta {
                 served: c.step.served(),
                 peer: match &c.peer {
@@ -1120,6 +1143,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                         socket: c.transport.socket().try_clone().ok(),
                     };
                     front.hold(held);
+                    self.watch_channel();
                 }
                 super::front::Sent::Failed => {
                     if let (Some(ip), Some(peers)) = (counted, self.peers) {
@@ -1151,6 +1175,21 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             self.uncount(c.class);
             self.count(new_class);
             c.class = new_class;
+        }
+        if !c.registered {
+            // Edge-triggered: what is ready now (more input, room for output) is reported
+            // by the next wait.
+            let flags =
+                EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
+            if let Err(e) = self
+                .epoll
+                .add(c.transport.socket().as_fd(), EpollEvent::new(flags, token))
+            {
+                tracing::warn!("watching a connection from {}: {e}; closing it", c.peer);
+                self.close(index, c);
+                return;
+            }
+            c.registered = true;
         }
         if let Some(d) = c.deadline {
             if c.armed.is_none_or(|a| a > d) {

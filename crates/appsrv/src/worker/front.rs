@@ -55,6 +55,8 @@ pub(crate) struct Front {
     scratch: Vec<u8>,
     /// The channel said it is full; its next writable edge says there is room.
     full: bool,
+    /// The loop watches the channel for room (it does only while `full`).
+    watching_room: bool,
     /// `--max-conns-per-ip`: the tables the front counts its clients in, and the
     /// connections handed off that it still counts, with the count of hand-offs sent with
     /// theirs (see [`settle`](Front::settle)).
@@ -81,6 +83,7 @@ impl Front {
             held: VecDeque::new(),
             scratch: Vec::new(),
             full: false,
+            watching_room: false,
             peers,
             in_transit: VecDeque::new(),
         }
@@ -112,6 +115,21 @@ impl Front {
         if let Some(ip) = counted {
             self.in_transit.push_back((seq, ip));
         }
+    }
+
+    /// The channel's end, for the loop's epoll set.
+    pub(crate) fn channel_fd(&self) -> RawFd {
+        self.channel
+    }
+
+    /// Whether the loop must now start (`Some(true)`) or stop (`Some(false)`) watching the
+    /// channel for room: while requests are held for want of it.
+    pub(crate) fn room_watch_changed(&mut self) -> Option<bool> {
+        let wants = self.full;
+        (wants != self.watching_room).then(|| {
+            self.watching_room = wants;
+            wants
+        })
     }
 
     fn channel(&self) -> BorrowedFd<'_> {
