@@ -502,12 +502,23 @@ mod tests {
                 Err((s, why))
             }
         };
+        // Every copy of the write end closed: end of file. Another test thread that forks
+        // (to run a command) can hold a copy between its fork and its exec, which closes
+        // it: wait for that, with a deadline, rather than fail for it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut byte = [0u8; 1];
-        assert_eq!(
-            nix::unistd::read(&rd, &mut byte),
-            Ok(0),
-            "a descriptor of the message was left open"
-        );
+        loop {
+            match nix::unistd::read(&rd, &mut byte) {
+                Err(nix::errno::Errno::EAGAIN) if std::time::Instant::now() < deadline => {
+                    let mut fds = [nix::poll::PollFd::new(rd.as_fd(), nix::poll::PollFlags::POLLIN)];
+                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
+                }
+                r => {
+                    assert_eq!(r, Ok(0), "a descriptor of the message was left open");
+                    break;
+                }
+            }
+        }
         read
     }
 
