@@ -269,6 +269,15 @@ fn serve_handed_over<C: Connections>(
         match serve_admitted(client, handler, guard, board, served) {
             Served::Closed(bufs) => return Some(bufs),
             Served::Panicked => return None,
+            // No front takes connections back any more (the server stops: the fronts
+            // left first): keep it, as in blocking mode, until it drains.
+            Served::HandBack(back, n) if !board.fronts_receiving() => {
+                client = match keep(back, guard) {
+                    Ok(kept) => kept,
+                    Err(bufs) => return Some(bufs),
+                };
+                served = n;
+            }
             Served::HandBack(back, n) => {
                 let meta = crate::net::handoff::Meta {
                     served: n,
@@ -286,12 +295,28 @@ fn serve_handed_over<C: Connections>(
                             back.peer_addr()
                         );
                         let _ = crate::net::handoff::set_nonblocking(back.socket().as_fd(), false);
-                        guard.hold = None;
+                        client = match keep(back, guard) {
+                            Ok(kept) => kept,
+                            Err(bufs) => return Some(bufs),
+                        };
                         served = n;
-                        client = back;
                     }
                 }
             }
+        }
+    }
+}
+
+/// Hybrid mode: a connection no front takes back stays with this worker for the rest of
+/// its life, as in blocking mode: its socket gets the keep-alive timeout again (the linger
+/// set a shorter one). When that fails the connection is closed: its buffers.
+fn keep(mut client: Client, guard: &mut Guard<'_>) -> Result<Client, Buffers> {
+    guard.hold = None;
+    match client.set_read_timeout(guard.keepalive_timeout) {
+        Ok(()) => Ok(client),
+        Err(e) => {
+            log_connection_error(&client.peer_addr(), &e);
+            Err(client.finish().1)
         }
     }
 }
