@@ -191,7 +191,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             continue;
         }
         guard.hold = None;
-        let bufs = match serve_admitted(client, handler, &mut guard, board, 0) {
+        let bufs = match serve_admitted(client, handler, &mut guard, board, None) {
             Served::Closed(bufs) => bufs,
             Served::HandBack(client, _) => client.finish().1,
             Served::Panicked => return exit::PANIC,
@@ -266,16 +266,15 @@ fn serve_handed_over<C: Connections>(
     });
     let mut served = meta.served;
     loop {
-        match serve_admitted(client, handler, guard, board, served) {
+        match serve_admitted(client, handler, guard, board, Some(served)) {
             Served::Closed(bufs) => return Some(bufs),
             Served::Panicked => return None,
             // No front takes connections back any more (the server stops: the fronts
             // left first): keep it, as in blocking mode, until it drains.
+            // (Served again as handed over: the driver sets the socket's timeout again.)
             Served::HandBack(back, n) if !board.fronts_receiving() => {
-                client = match keep(back, guard) {
-                    Ok(kept) => kept,
-                    Err(bufs) => return Some(bufs),
-                };
+                guard.hold = None;
+                client = back;
                 served = n;
             }
             Served::HandBack(back, n) => {
@@ -295,28 +294,12 @@ fn serve_handed_over<C: Connections>(
                             back.peer_addr()
                         );
                         let _ = crate::net::handoff::set_nonblocking(back.socket().as_fd(), false);
-                        client = match keep(back, guard) {
-                            Ok(kept) => kept,
-                            Err(bufs) => return Some(bufs),
-                        };
+                        guard.hold = None;
+                        client = back;
                         served = n;
                     }
                 }
             }
-        }
-    }
-}
-
-/// Hybrid mode: a connection no front takes back stays with this worker for the rest of
-/// its life, as in blocking mode: its socket gets the keep-alive timeout again (the linger
-/// set a shorter one). When that fails the connection is closed: its buffers.
-fn keep(mut client: Client, guard: &mut Guard<'_>) -> Result<Client, Buffers> {
-    guard.hold = None;
-    match client.set_read_timeout(guard.keepalive_timeout) {
-        Ok(()) => Ok(client),
-        Err(e) => {
-            log_connection_error(&client.peer_addr(), &e);
-            Err(client.finish().1)
         }
     }
 }
@@ -340,7 +323,7 @@ fn serve_admitted<C: Connections>(
     handler: &mut C,
     guard: &mut Guard<'_>,
     board: &'static Board,
-    served: u32,
+    resumed: Option<u32>,
 ) -> Served {
     let (id, slot) = (guard.id, guard.slot);
     // The request-level loop times each request; for `handle_client` the connection is
@@ -353,7 +336,7 @@ fn serve_admitted<C: Connections>(
     if guard.access.is_some() {
         guard.peer = Some(client.peer_addr().to_string());
     }
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard, served)));
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard, resumed)));
     account(guard, &client, connection_clock, &outcome);
     let peer = client.peer_addr();
     match outcome {

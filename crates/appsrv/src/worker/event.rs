@@ -508,6 +508,14 @@ pub(crate) fn serve<H: RequestHandler>(
             log.flush();
         }
         lp.publish();
+        if lp.stopping && lp.open == 0 {
+            if let Some(front) = lp.front.as_mut() {
+                // Connections a worker handed back just as this front stopped taking them:
+                // to the workers, rather than lost with this process.
+                front.forward_late();
+            }
+            lp.watch_channel();
+        }
         if lp.stopping && lp.open == 0 && lp.front.as_ref().is_none_or(|f| f.idle()) {
             tracing::debug!("no connection left");
             if let Some(d) = lp.datagrams.as_mut() {

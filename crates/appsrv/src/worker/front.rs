@@ -246,6 +246,45 @@ impl Front {
         self.publish();
     }
 
+    /// A stopping front's last look at the channel: a connection a worker handed back as
+    /// the front stopped taking them (it checked that some front takes them, then sent)
+    /// goes to a worker again, without bytes: the worker waits for its next request, and
+    /// keeps it (a stop) or hands it to the next generation's fronts (a reload). Held if
+    /// the channel is full, and sent on its next writable edge.
+    pub(crate) fn forward_late(&mut self) {
+        let mut late = Vec::new();
+        self.take_back(&mut |r| late.push(r));
+        for r in late {
+            tracing::debug!("a connection handed back as this front stopped: to a worker again");
+            let held = Held {
+                meta: r.meta,
+                bytes: Vec::new(),
+                counted: None,
+                socket: Some(r.socket),
+            };
+            if self.full || !self.held.is_empty() {
+                self.held.push_back(held);
+                continue;
+            }
+            match handoff::send(
+                self.channel(),
+                held.socket.as_ref().expect("present").as_fd(),
+                &held.meta,
+                &[],
+            ) {
+                Ok(()) => {
+                    self.sent();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.full = true;
+                    self.held.push_back(held);
+                }
+                Err(e) => tracing::error!("handing a connection to the workers: {e}; closing it"),
+            }
+        }
+        self.publish();
+    }
+
     /// Takes every connection waiting on the channel for a front (edge-triggered: until
     /// it is empty).
     fn take_back(&mut self, take: &mut dyn FnMut(Received)) {

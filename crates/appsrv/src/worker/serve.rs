@@ -20,8 +20,15 @@ pub(crate) use crate::conn::step::{Boundary, Context, Limits};
 pub(crate) trait Connections {
     /// Serves the connection until it closes, or, in hybrid mode, until the context says
     /// to hand it back to a front: then `Ok(Some(served))`, the requests answered on it
-    /// so far. `served` is that count when it was received (0 for a new connection).
-    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context, served: u32) -> io::Result<Option<u32>>;
+    /// so far. `resumed`: a connection handed over from another process, with that count
+    /// when it was received (`None` for a connection accepted here: its socket has the
+    /// listener's timeouts; another process may have changed a handed-over one's).
+    fn serve(
+        &mut self,
+        client: &mut Client,
+        ctx: &mut dyn Context,
+        resumed: Option<u32>,
+    ) -> io::Result<Option<u32>>;
     fn on_worker_exit(&mut self);
     /// Whether requests are counted and timed one by one (not for `handle_client`).
     fn request_level(&self) -> bool;
@@ -41,7 +48,7 @@ pub(crate) trait Connections {
 pub(crate) struct ClientLevel<H>(pub(crate) H);
 
 impl<H: Handler> Connections for ClientLevel<H> {
-    fn serve(&mut self, client: &mut Client, _: &mut dyn Context, _: u32) -> io::Result<Option<u32>> {
+    fn serve(&mut self, client: &mut Client, _: &mut dyn Context, _: Option<u32>) -> io::Result<Option<u32>> {
         self.0.handle_client(client).map(|()| None)
     }
 
@@ -86,13 +93,21 @@ impl<H: RequestHandler> RequestLevel<H> {
 }
 
 impl<H: RequestHandler> Connections for RequestLevel<H> {
-    fn serve(&mut self, client: &mut Client, ctx: &mut dyn Context, served: u32) -> io::Result<Option<u32>> {
+    fn serve(
+        &mut self,
+        client: &mut Client,
+        ctx: &mut dyn Context,
+        resumed: Option<u32>,
+    ) -> io::Result<Option<u32>> {
         self.connections += 1;
         let mut step = Requests::new(self.handler.codec(), self.limits.clone());
-        step.resume(served);
+        if let Some(served) = resumed {
+            step.resume(served);
+        }
         let mut session = H::Session::default();
         drive(
             step,
+            resumed.is_none(),
             &mut self.handler,
             &mut session,
             self.connections,
@@ -152,6 +167,7 @@ impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
 /// it. Deadlines themselves are the step's, by the clock.
 fn drive<H: RequestHandler>(
     mut step: Requests<H::Codec>,
+    timeout_known: bool,
     handler: &mut H,
     session: &mut H::Session,
     id: u64,
@@ -163,7 +179,9 @@ fn drive<H: RequestHandler>(
     // the wait's timeout does: when the kind of wait changes (with equal read and
     // keep-alive timeouts, a split request costs no setsockopt at all), and for a drain
     // that a signal interrupted, to what is left of it.
-    let mut set = step.idle_timeout();
+    // A connection handed over by another process may have any timeout (a linger's): the
+    // first read sets it.
+    let mut set = timeout_known.then(|| step.idle_timeout());
     let mut next = if client.parts().0.has_input() {
         advance(&mut step, handler, session, id, client, ctx)
     } else {
@@ -206,9 +224,9 @@ fn drive<H: RequestHandler>(
                     // worker's linger is one value too: a connection it keeps costs no
                     // `setsockopt` per request.
                     let want = linger.map_or(timeout, Some);
-                    if want != set {
+                    if set != Some(want) {
                         client.set_read_timeout(want)?;
-                        set = want;
+                        set = Some(want);
                     }
                     // A wait between requests ends on a signal, so that a stop is seen.
                     match client.read_more(max, wait != Wait::Request) {
@@ -358,7 +376,7 @@ pub(crate) mod tests {
         peer.write_all(input).unwrap();
         peer.shutdown(std::net::Shutdown::Write).unwrap();
         let mut level = RequestLevel::new(handler, LIMITS.clone());
-        level.serve(&mut client, &mut Fake { saturated }, 0).unwrap();
+        level.serve(&mut client, &mut Fake { saturated }, None).unwrap();
         let _ = client.finish();
         let mut out = String::new();
         peer.read_to_string(&mut out).unwrap();
