@@ -564,6 +564,33 @@ impl Board {
         }
     }
 
+    /// Hybrid: a request was handed off while no worker is idle: wakes one worker that
+    /// lingers on a quiet connection (marked at a keep-alive boundary, in its read), with
+    /// [`sys::GUARD_SIGNAL`], so that it hands that connection back and takes the request
+    /// instead of finishing its linger. The scan starts at `*next` (so that successive
+    /// wake-ups go to different workers) and moves it on; the woken worker's mark is
+    /// cleared, so the next request wakes another. False when no worker lingers.
+    pub(crate) fn wake_lingering(&self, next: &mut usize) -> bool {
+        // Pairs with the fence after a worker's mark: either the worker sees the request
+        // waiting, or this sees its mark.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let n = self.slots.len();
+        for k in 0..n {
+            let i = (*next + k) % n;
+            let s = &self.slots[i];
+            let pid = s.pid.load(Ordering::Acquire);
+            if pid == 0 || !self.at_keepalive_boundary(i as u32 + 1) {
+                continue;
+            }
+            if !s.keepalive.swap(false, Ordering::AcqRel) {
+                continue; // another front woke it first
+            }
+            *next = i + 1;
+            return sys::wake_worker(nix::unistd::Pid::from_raw(pid as i32));
+        }
+        false
+    }
+
     /// Hybrid: whether some front takes connections handed back.
     pub(crate) fn fronts_receiving(&self) -> bool {
         self.fronts_receiving.load(Ordering::Acquire) > 0

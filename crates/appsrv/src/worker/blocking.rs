@@ -132,6 +132,9 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             Accepted::Connection(s, p, i) => (s, p, i),
             Accepted::HandedOff(received) => {
                 let bytes = acceptor.inbox().map_or(&[][..], |inbox| inbox.bytes(&received));
+                // The request's bytes the front read count as this worker's, as if it had
+                // read them (the front's own slot is not in the totals).
+                slot.add_bytes(bytes.len() as u64, 0);
                 let bufs = buffers.take().unwrap_or_else(Buffers::new);
                 let client = handed_over(received.socket, &received.meta, bytes, bufs, listeners);
                 slot.forget_peer();

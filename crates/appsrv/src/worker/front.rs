@@ -62,6 +62,8 @@ pub(crate) struct Front {
     /// theirs (see [`settle`](Front::settle)).
     peers: Option<&'static PeerCounts>,
     in_transit: VecDeque<(u64, IpAddr)>,
+    /// Where the next scan for a lingering worker to wake starts.
+    next_wake: usize,
 }
 
 impl Front {
@@ -86,6 +88,7 @@ impl Front {
             watching_room: false,
             peers,
             in_transit: VecDeque::new(),
+            next_wake: 0,
         }
     }
 
@@ -178,11 +181,17 @@ impl Front {
         }
     }
 
-    fn sent(&self) -> u64 {
+    fn sent(&mut self) -> u64 {
         if let Some(slot) = self.board.slot(self.id) {
             slot.handed_off();
         }
-        self.board.handoff_sent()
+        let seq = self.board.handoff_sent();
+        if self.board.idle() == 0 {
+            // Every worker is busy or lingers on a quiet connection: one that lingers
+            // takes this request now rather than at the end of its linger.
+            self.board.wake_lingering(&mut self.next_wake);
+        }
+        seq
     }
 
     /// Holds a request until the channel has room.

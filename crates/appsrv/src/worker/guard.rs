@@ -168,13 +168,25 @@ impl Guard<'_> {
     /// the connection back at once: the fronts of the next generation take it (a reload
     /// loses no connection).
     ///
-    /// A request handed off while every worker lingers waits for the end of a linger, at
-    /// most [`HOLD_LINGER`]: watching the channel beside the connection would cost a `poll`
-    /// per request kept.
+    /// A request handed off while every worker lingers does not wait for a linger to end:
+    /// the front wakes one lingering worker ([`Board::wake_lingering`], the mark set here)
+    /// with a signal, which interrupts its read; the worker asks again and hands its quiet
+    /// connection back. Watching the channel beside the connection instead would cost a
+    /// `poll` per request kept. At `--max-requests` the connection goes back too.
     fn hybrid_boundary(&mut self, conn: &Socket, hold: Hold) -> Boundary {
         if sys::stop_requested() {
             return Boundary::HandBack;
         }
+        if self.limit_reached() {
+            // --max-requests: back to the front, so that the worker retires now and the
+            // connection goes on with another (a client that never pauses would keep it).
+            return Boundary::HandBack;
+        }
+        // The mark comes before the look at the requests waiting (and a fence between,
+        // paired with the front's): a front that hands off a request sees the mark and
+        // wakes this worker out of its linger, or this sees the request.
+        self.slot.keepalive_wait();
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         if !(self.board.requests_waiting() && self.board.idle() == 0) {
             return Boundary::Linger(self.keepalive_timeout.map_or(HOLD_LINGER, |t| t.min(HOLD_LINGER)));
         }
