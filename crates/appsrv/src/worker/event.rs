@@ -1117,51 +1117,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return;
         }
         if let Pass::HandOff = outcome {
-            // Out of this loop's epoll set first: a registration follows the open file,
-            // which the worker shares from now on, not this process's descriptor.
-            if c.registered {
-                let _ = self.epoll.delete(c.transport.socket().as_fd());
-            }
-            let meta = crate::net::handoff::Meta {
-                served: c.step.served(),
-                peer: match &c.peer {
-                    Addr::Inet(a) => Some(*a),
-                    Addr::Unix(_) => None,
-                },
-                listener: c.listener,
-            };
-            let bytes = match private.as_deref() {
-                Some(b) => b.unconsumed(),
-                None => self.shared.unconsumed(),
-            };
-            // Its client stays counted for the per-address cap until a worker has it.
-            let counted = c
-                .counted_ip
-                .take()
-                .or_else(|| c.admission.as_ref().and_then(|a| a.seat().counted));
-            let front = self.front.as_mut().expect("only a front hands off");
-            match front.hand_off(c.transport.socket(), &meta, bytes, counted) {
-                super::front::Sent::InChannel => {}
-                super::front::Sent::Full => {
-                    // Held here until the channel has room (its next edge).
-                    let held = super::front::Held {
-                        meta,
-                        bytes: bytes.to_vec(),
-                        counted,
-                        socket: c.transport.socket().try_clone().ok(),
-                    };
-                    front.hold(held);
-                    self.watch_channel();
-                }
-                super::front::Sent::Failed => {
-                    if let (Some(ip), Some(peers)) = (counted, self.peers) {
-                        peers.remove(self.id, ip);
-                    }
-                }
-            }
-            self.shared.discard_input();
-            self.shared.output().clear();
-            self.forget(index, c);
+            self.hand_off(index, c, private.as_deref());
             return;
         }
         // Private buffers only for what is left; empty ones are given back.
@@ -1317,6 +1273,36 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         self.uncount_peer(&mut c);
         drop(c);
         self.free.push(index);
+    }
+
+    /// A hybrid front hands connection `index` to a worker, with what its buffers hold
+    /// (`private`, or the loop's shared ones).
+    fn hand_off(&mut self, index: usize, mut c: Connection<'a, H>, private: Option<&Buffers>) {
+        // Out of this loop's epoll set first: a registration follows the open file, which
+        // the worker shares from now on, not this process's descriptor.
+        if c.registered {
+            let _ = self.epoll.delete(c.transport.socket().as_fd());
+        }
+        let meta = crate::net::handoff::Meta {
+            served: c.step.served(),
+            peer: match &c.peer {
+                Addr::Inet(a) => Some(*a),
+                Addr::Unix(_) => None,
+            },
+            listener: c.listener,
+        };
+        let bytes = private.map_or_else(|| self.shared.unconsumed(), Buffers::unconsumed);
+        // Its client stays counted for the per-address cap until a worker has it.
+        let counted = c
+            .counted_ip
+            .take()
+            .or_else(|| c.admission.as_ref().and_then(|a| a.seat().counted));
+        let front = self.front.as_mut().expect("only a front hands off");
+        front.hand_off(c.transport.socket(), meta, bytes, counted);
+        self.watch_channel();
+        self.shared.discard_input();
+        self.shared.output().clear();
+        self.forget(index, c);
     }
 
     /// A hybrid front handed connection `index` to a worker (or holds it until the channel

@@ -20,27 +20,15 @@ use crate::net::handoff::{self, Inbox, Meta, Received};
 use crate::peer_counts::PeerCounts;
 use crate::scoreboard::Board;
 
-/// The result of a hand-off.
-#[derive(Debug)]
-pub(crate) enum Sent {
-    /// In the channel: a worker takes it.
-    InChannel,
-    /// The channel is full: to be held until it has room.
-    Full,
-    /// It cannot be handed off (logged): the connection is closed.
-    Failed,
-}
-
 /// A complete request held while the channel is full.
 #[derive(Debug)]
-pub(crate) struct Held {
-    pub(crate) meta: Meta,
-    pub(crate) bytes: Vec<u8>,
+struct Held {
+    meta: Meta,
+    bytes: Vec<u8>,
     /// The client's address as counted for `--max-conns-per-ip`.
-    pub(crate) counted: Option<IpAddr>,
-    /// The connection (a copy of the loop's descriptor, which the loop closes; `None` when
-    /// it could not be copied: the request is lost, and said so).
-    pub(crate) socket: Option<Socket>,
+    counted: Option<IpAddr>,
+    /// A copy of the connection's descriptor (the loop closes its own).
+    socket: Socket,
 }
 
 /// A front's hand-off state.
@@ -152,32 +140,46 @@ impl Front {
 
     /// Hands `conn` to a worker, with what its buffer holds; `counted` is its client's
     /// address as counted for `--max-conns-per-ip`, which stays counted until a worker has
-    /// it.
-    pub(crate) fn hand_off(
-        &mut self,
-        conn: &Socket,
-        meta: &Meta,
-        bytes: &[u8],
-        counted: Option<IpAddr>,
-    ) -> Sent {
-        if self.full || !self.held.is_empty() {
-            // In order: behind those already held.
-            return Sent::Full;
-        }
-        match handoff::send(self.channel(), conn.as_fd(), meta, bytes) {
-            Ok(()) => {
-                let seq = self.sent();
-                self.in_transit(seq, counted);
-                Sent::InChannel
+    /// it. When the channel is full the request is held, in order, with a copy of the
+    /// descriptor, and sent on the channel's next writable edge (the loop watches for it:
+    /// [`room_watch_changed`](Front::room_watch_changed)). The caller closes its copy.
+    pub(crate) fn hand_off(&mut self, conn: &Socket, meta: Meta, bytes: &[u8], counted: Option<IpAddr>) {
+        if !self.full && self.held.is_empty() {
+            match handoff::send(self.channel(), conn.as_fd(), &meta, bytes) {
+                Ok(()) => {
+                    let seq = self.sent();
+                    self.in_transit(seq, counted);
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.full = true,
+                Err(e) => {
+                    tracing::error!("handing a connection to the workers: {e}; closing it");
+                    self.uncount(counted);
+                    return;
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.full = true;
-                Sent::Full
+        }
+        match conn.try_clone() {
+            Ok(socket) => {
+                self.held.push_back(Held {
+                    meta,
+                    bytes: bytes.to_vec(),
+                    counted,
+                    socket,
+                });
+                self.publish();
             }
             Err(e) => {
-                tracing::error!("handing a connection to the workers: {e}; closing it");
-                Sent::Failed
+                tracing::error!("keeping a connection for the workers: {e}; closing it");
+                self.uncount(counted);
             }
+        }
+    }
+
+    /// A client no longer counted: its connection is closed.
+    fn uncount(&self, counted: Option<IpAddr>) {
+        if let (Some(ip), Some(peers)) = (counted, self.peers) {
+            peers.remove(self.id, ip);
         }
     }
 
@@ -192,19 +194,6 @@ impl Front {
             self.board.wake_lingering(&mut self.next_wake);
         }
         seq
-    }
-
-    /// Holds a request until the channel has room.
-    pub(crate) fn hold(&mut self, held: Held) {
-        if held.socket.is_none() {
-            tracing::error!("cannot keep a connection for the workers (out of descriptors?): closing it");
-            if let (Some(ip), Some(peers)) = (held.counted, self.peers) {
-                peers.remove(self.id, ip);
-            }
-            return;
-        }
-        self.held.push_back(held);
-        self.publish();
     }
 
     fn publish(&self) {
@@ -227,28 +216,20 @@ impl Front {
     }
 
     fn send_held(&mut self) {
-        while let Some(h) = self.held.front() {
-            let Some(socket) = h.socket.as_ref() else {
-                self.held.pop_front();
-                continue;
-            };
-            match handoff::send(self.channel(), socket.as_fd(), &h.meta, &h.bytes) {
+        while let Some(h) = self.held.pop_front() {
+            match handoff::send(self.channel(), h.socket.as_fd(), &h.meta, &h.bytes) {
                 Ok(()) => {
-                    let counted = h.counted;
-                    self.held.pop_front();
                     let seq = self.sent();
-                    self.in_transit(seq, counted);
+                    self.in_transit(seq, h.counted);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.full = true;
+                    self.held.push_front(h);
                     break;
                 }
                 Err(e) => {
                     tracing::error!("handing a connection to the workers: {e}; closing it");
-                    if let (Some(ip), Some(peers)) = (h.counted, self.peers) {
-                        peers.remove(self.id, ip);
-                    }
-                    self.held.pop_front();
+                    self.uncount(h.counted);
                 }
             }
         }
@@ -265,33 +246,8 @@ impl Front {
         self.take_back(&mut |r| late.push(r));
         for r in late {
             tracing::debug!("a connection handed back as this front stopped: to a worker again");
-            let held = Held {
-                meta: r.meta,
-                bytes: Vec::new(),
-                counted: None,
-                socket: Some(r.socket),
-            };
-            if self.full || !self.held.is_empty() {
-                self.held.push_back(held);
-                continue;
-            }
-            match handoff::send(
-                self.channel(),
-                held.socket.as_ref().expect("present").as_fd(),
-                &held.meta,
-                &[],
-            ) {
-                Ok(()) => {
-                    self.sent();
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.full = true;
-                    self.held.push_back(held);
-                }
-                Err(e) => tracing::error!("handing a connection to the workers: {e}; closing it"),
-            }
+            self.hand_off(&r.socket, r.meta, &[], None);
         }
-        self.publish();
     }
 
     /// Takes every connection waiting on the channel for a front (edge-triggered: until
