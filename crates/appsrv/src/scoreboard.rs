@@ -178,6 +178,9 @@ pub(crate) struct Slot {
     /// Front: it takes connections handed back (counted in the board's
     /// `fronts_receiving`, which the master corrects when a front dies).
     receiving: AtomicBool,
+    /// Hybrid worker: it lingers on a connection handed over (not a TLS connection it
+    /// accepted itself, which the keep-alive mark also names).
+    lingering: AtomicBool,
 }
 
 /// The number of counters in [`DatagramCounts`].
@@ -450,6 +453,10 @@ impl Board {
         self.set_state(id, State::Dead);
         self.set_receiving(id, false);
         if let Some(s) = self.slot(id) {
+            // A dead front holds nothing any more (its requests went with it).
+            s.queued.store(0, Ordering::Relaxed);
+        }
+        if let Some(s) = self.slot(id) {
             s.pid.store(0, Ordering::Release);
         }
     }
@@ -516,6 +523,19 @@ impl Board {
         self.handoffs_taken.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Hybrid: the master's correction when the channel is empty after a worker died: a
+    /// worker killed between taking a connection and counting it leaves the counts one
+    /// apart for good, and workers would see a request waiting that is not there.
+    pub(crate) fn handoffs_settled(&self) {
+        let sent = self.handoffs_sent.load(Ordering::Acquire);
+        self.handoffs_taken.fetch_max(sent, Ordering::AcqRel);
+    }
+
+    /// Hybrid: connections sent into the channel so far (by every front since the start).
+    pub(crate) fn handoffs_sent(&self) -> u64 {
+        self.handoffs_sent.load(Ordering::Acquire)
+    }
+
     /// Hybrid: the connections taken from the channel so far.
     pub(crate) fn handoffs_taken(&self) -> u64 {
         self.handoffs_taken.load(Ordering::Acquire)
@@ -579,10 +599,10 @@ impl Board {
             let i = (*next + k) % n;
             let s = &self.slots[i];
             let pid = s.pid.load(Ordering::Acquire);
-            if pid == 0 || !self.at_keepalive_boundary(i as u32 + 1) {
+            if pid == 0 || !s.lingering.load(Ordering::Acquire) || !self.at_keepalive_boundary(i as u32 + 1) {
                 continue;
             }
-            if !s.keepalive.swap(false, Ordering::AcqRel) {
+            if !s.lingering.swap(false, Ordering::AcqRel) {
                 continue; // another front woke it first
             }
             *next = i + 1;
@@ -727,6 +747,7 @@ impl Slot {
         self.peer_family.store(0, Ordering::Relaxed);
         self.peer_port.store(0, Ordering::Relaxed);
         self.keepalive.store(false, Ordering::Relaxed);
+        self.lingering.store(false, Ordering::Relaxed);
         self.event.store(false, Ordering::Relaxed);
         for a in [
             &self.open,
@@ -835,10 +856,17 @@ impl Slot {
         self.keepalive.store(true, Ordering::Release);
     }
 
+    /// Hybrid: the worker lingers on a connection a front handed over (a front may wake
+    /// it: [`Board::wake_lingering`]). Cleared with the keep-alive mark.
+    pub(crate) fn linger_wait(&self) {
+        self.lingering.store(true, Ordering::Release);
+    }
+
     /// The worker took a new connection: it is no longer at a keep-alive boundary (until
     /// the guard says so again). Before the slot shows it reading.
     pub(crate) fn new_connection(&self) {
         self.keepalive.store(false, Ordering::Release);
+        self.lingering.store(false, Ordering::Release);
     }
 
     /// A connection was accepted whose client is not known yet (its PROXY header is still

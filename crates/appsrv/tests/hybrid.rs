@@ -656,6 +656,50 @@ fn issue_21_tls_and_plain_listeners_both_serve_in_hybrid_mode() {
     tls_hello(&mut tls).unwrap_or_else(|e| panic!("TLS, at the end: {e}"));
 }
 
+/// Issue 21 (review): on a stop the fronts drain first: a keep-alive client idle in a
+/// front whose next request comes during the drain wait gets it answered by a worker. With
+/// a TLS listener, which hybrid workers watch beside the channel, the master's shutdown of
+/// the listeners woke every idle worker, which left at once: the fronts then handed the
+/// drained request to nobody, and the client saw its connection closed without a response.
+#[test]
+fn issue_21_a_stop_with_a_tls_listener_answers_what_the_fronts_drain() {
+    let pki = Pki::new("stop-tls");
+    let ctl = Control::new("http_hello", "stop-tls");
+    let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0?tls",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "-w",
+        "2",
+        "--keepalive-timeout",
+        "60",
+    ];
+    args.extend(ctl.args());
+    let server = hybrid("http_hello", &args);
+    let plain: SocketAddr = server.listening()[0].parse().expect("the plain listener first");
+    let mut c = open(plain);
+    hello(&mut c).unwrap_or_else(|e| panic!("before the stop: {e}"));
+    ctl.wait_for("the connection idle in the front", |s| {
+        num(s, &["hybrid", "idle_keepalive"]) == 1
+    });
+    server.signal(libc::SIGTERM);
+    server.wait_for_log("SIGTERM received: stopping");
+    // Within the drain wait (1 s): answered, as the connection's last.
+    let sent = Instant::now();
+    c.get_mut().write_all(GET).unwrap();
+    let answered = read_response(&mut c);
+    assert!(
+        matches!(&answered, Ok((status, body)) if status.starts_with("HTTP/1.1 200") && body == HELLO),
+        "the request sent {:?} into the stop: {answered:?}\n{}",
+        sent.elapsed(),
+        server.log_text()
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 5, 8, 9. Workers that die, are killed or recycled
 // ---------------------------------------------------------------------------------------

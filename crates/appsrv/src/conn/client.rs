@@ -360,6 +360,14 @@ impl Client {
         (self.received, self.sent)
     }
 
+    /// [`traffic`](Client::traffic), counted from zero again: for a connection served
+    /// more than once by one worker (hybrid mode), each service accounts for its own.
+    pub(crate) fn take_traffic(&mut self) -> (u64, u64) {
+        let t = self.traffic();
+        (self.received, self.sent) = (0, 0);
+        t
+    }
+
     /// For the request loop: marks `n` received bytes as consumed.
     pub(crate) fn consume_input(&mut self, n: usize) {
         self.bufs.consume(n);

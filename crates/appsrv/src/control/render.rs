@@ -146,7 +146,7 @@ pub(crate) fn render_text(status: &Status) -> String {
             "Hybrid:        {} fronts hold {held} connections ({idle} idle keep-alive); {} requests waiting for a worker; {} handed off",
             h.fronts.len(),
             h.requests_waiting,
-            h.handed_off()
+            h.handed_off
         );
     }
     let ev = status.event_totals();
@@ -487,7 +487,7 @@ fn hybrid_json(status: &Status) -> String {
     format!(
         "{{\"requests_waiting\":{},\"handed_off\":{},\"held\":{held},\"idle_keepalive\":{idle},\"fronts\":[{}]}}",
         h.requests_waiting,
-        h.handed_off(),
+        h.handed_off,
         fronts.join(",")
     )
 }
@@ -707,7 +707,7 @@ impl Exposition {
 /// | `appsrv_open_connections_all` | gauge | |
 /// | `appsrv_accepts_paused` | gauge | |
 /// | `appsrv_requests_waiting` | gauge | hybrid mode: complete requests waiting for a worker |
-/// | `appsrv_handoffs_total` | counter | hybrid mode: by the live fronts |
+/// | `appsrv_handoffs_total` | counter | hybrid mode: by every front since the start |
 /// | `appsrv_fronts` | gauge | hybrid mode |
 /// | `appsrv_front_connections` | gauge | hybrid mode: connections the fronts hold |
 /// | `appsrv_max_workers_reached_total` | counter | |
@@ -905,8 +905,8 @@ pub(crate) fn render_metrics(status: &Status) -> String {
     e.single(
         "appsrv_handoffs_total",
         "counter",
-        "Hybrid mode: connections the live fronts handed to workers.",
-        hybrid.handed_off(),
+        "Hybrid mode: connections the fronts handed to workers.",
+        hybrid.handed_off,
     );
     e.single(
         "appsrv_fronts",

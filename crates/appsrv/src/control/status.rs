@@ -49,14 +49,12 @@ pub(crate) struct Hybrid {
     /// Complete requests waiting for a worker (in the channel, and held by fronts while
     /// it is full): what the pool sizes itself by.
     pub(crate) requests_waiting: u64,
+    /// Connections handed to the workers since the start, by every front (a counter on
+    /// the board: it does not drop when a front leaves).
+    pub(crate) handed_off: u64,
 }
 
 impl Hybrid {
-    /// Connections handed to the workers since the start (by the live fronts).
-    pub(crate) fn handed_off(&self) -> u64 {
-        self.fronts.iter().map(|(_, f)| f.requests).sum()
-    }
-
     /// Connections the fronts hold now, and how many of those are idle keep-alive ones.
     pub(crate) fn held(&self) -> (u64, u64) {
         self.fronts

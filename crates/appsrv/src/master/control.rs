@@ -223,6 +223,7 @@ impl Master<'_> {
         let hybrid = self.handoff.map(|ch| crate::control::status::Hybrid {
             fronts: of(true),
             requests_waiting: board.waiting(ch.empty()),
+            handed_off: board.handoffs_sent(),
         });
         let slots = self
             .settings

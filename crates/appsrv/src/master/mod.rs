@@ -502,9 +502,21 @@ impl<'a> Master<'a> {
                     }
                     if self.workers_wait_for_fronts && !self.workers.values().any(|w| w.front) {
                         // The fronts are gone: the workers serve what is left in the
-                        // channel, then their connections, then leave.
+                        // channel (with what was handed back as the fronts stopped), then
+                        // their connections, then leave.
                         self.workers_wait_for_fronts = false;
+                        if let Some(ch) = self.handoff {
+                            let n = ch.bounce_to_workers();
+                            if n > 0 {
+                                tracing::debug!(
+                                    "{n} connection(s) handed back as the fronts stopped: to the workers"
+                                );
+                            }
+                        }
                         self.kill_all(Signal::SIGTERM);
+                        if let Some(ch) = self.handoff {
+                            ch.shut_for_workers();
+                        }
                     }
                     if !killed && Instant::now() >= deadline {
                         tracing::warn!(
@@ -589,10 +601,9 @@ impl<'a> Master<'a> {
         // rounds (a listener stays readable until a worker accepts: watching it right after
         // a spawn would spin).
         // Not while a worker is starting either: it will take the waiting connection.
-        // (In hybrid mode the fronts accept; a front that hands off a request while no
-        // worker is idle wakes the master through the eventfd instead.)
+        // (In hybrid mode the fronts accept on all but the TLS listeners; a front that hands
+        // off a request while no worker is idle wakes the master through the eventfd.)
         let watch_listeners = matches!(self.settings.policy, Policy::Ondemand { .. })
-            && self.handoff.is_none()
             && self.phase == Phase::Running
             && self.settings.board.idle() == 0
             && self.starting() == 0
@@ -620,8 +631,8 @@ impl<'a> Master<'a> {
         // in the set already.
         if watch_listeners && !self.queue.watching() {
             fds.extend(
-                self.listeners
-                    .iter()
+                self.worker_listeners()
+                    .into_iter()
                     .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
             );
         }
@@ -864,8 +875,14 @@ impl<'a> Master<'a> {
             }
             _ => None,
         });
-        if let Some(v) = &view {
+        // A front's requests are hand-offs, its bytes the workers' too: not in the totals.
+        if let Some(v) = view.as_ref().filter(|_| !worker.front) {
             self.counters.retired.add(v);
+        }
+        // A worker killed between taking a connection and counting it leaves the
+        // hand-off counts one apart: an empty channel says they are even.
+        if self.handoff.is_some_and(|ch| !worker.front && ch.empty()) {
+            self.settings.board.handoffs_settled();
         }
         self.settings.board.release(worker.id);
         // Its connections are gone with it: they no longer count against their clients'
@@ -1337,9 +1354,24 @@ impl<'a> Master<'a> {
     /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
     fn clients_queued(&self) -> bool {
         match self.handoff {
-            Some(ch) => self.settings.board.waiting(ch.empty()) > 0,
+            Some(ch) => {
+                self.settings.board.waiting(ch.empty()) > 0
+                    || crate::sys::any_readable(&self.worker_listeners())
+            }
             None => crate::sys::any_readable(self.listeners),
         }
+    }
+
+    /// The listeners the workers accept on themselves: all of them, but in hybrid mode only
+    /// the TLS ones (the fronts take the others).
+    fn worker_listeners(&self) -> Vec<&'a Listener> {
+        let listeners: &'a [Listener] = self.listeners;
+        listeners
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.handoff.is_none() || self.settings.tls.is_tls(*i))
+            .map(|(_, l)| l)
+            .collect()
     }
 
     /// Connections waiting in the TCP listeners' accept queues (None without TCP listeners);
@@ -1347,7 +1379,15 @@ impl<'a> Master<'a> {
     /// by those, not by open connections (the fronts hold those).
     fn queue_length(&self) -> Option<u32> {
         if let Some(ch) = self.handoff {
-            return Some(u32::try_from(self.settings.board.waiting(ch.empty())).unwrap_or(u32::MAX));
+            // Plus the TLS listeners' queues: their connections go to the workers directly.
+            let tls: u32 = self
+                .worker_listeners()
+                .iter()
+                .filter_map(|l| sys::listen_queue(l.as_fd()))
+                .map(|(q, _)| q)
+                .sum();
+            let waiting = u32::try_from(self.settings.board.waiting(ch.empty())).unwrap_or(u32::MAX);
+            return Some(waiting.saturating_add(tls));
         }
         self.listeners
             .iter()

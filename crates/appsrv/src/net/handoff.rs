@@ -139,6 +139,35 @@ impl Channel {
         self.fronts.as_raw_fd()
     }
 
+    /// A stop, once every front is gone (the master holds both ends): the connections a
+    /// worker handed back just as the last fronts stopped taking them go to the workers
+    /// again, without bytes (each waits for its next request there, or drains), rather
+    /// than stay unread until the master exits. Returns how many.
+    pub(crate) fn bounce_to_workers(&self) -> usize {
+        let mut inbox = Inbox::default();
+        let mut n = 0;
+        loop {
+            match inbox.receive(self.fronts(), false) {
+                Ok(Some(r)) => {
+                    if send(self.fronts(), r.socket.as_fd(), &r.meta, &[]).is_ok() {
+                        n += 1;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
+                Ok(None) | Err(_) => return n,
+            }
+        }
+    }
+
+    /// A stop, once the workers were told: shuts the fronts' end for writing, so that a
+    /// worker waiting on the channel sees its end of file once the messages still there are
+    /// taken (a stop signal that landed just before its `recvmsg` would otherwise leave it
+    /// asleep until the grace period ends).
+    pub(crate) fn shut_for_workers(&self) {
+        let _ = socket::shutdown(self.fronts.as_raw_fd(), socket::Shutdown::Write);
+    }
+
     /// Whether no hand-off waits for a worker (`SIOCINQ` on the workers' end, which the
     /// master holds too: the bytes queued for its readers).
     pub(crate) fn empty(&self) -> bool {

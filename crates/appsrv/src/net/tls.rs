@@ -186,6 +186,11 @@ impl Store {
         self.sources.iter().any(Option::is_some)
     }
 
+    /// Whether listener `index` is a TLS one.
+    pub(crate) fn is_tls(&self, index: usize) -> bool {
+        self.sources.get(index).is_some_and(Option::is_some)
+    }
+
     /// Re-reads every listener's material; nothing changes until [`apply`](Self::apply).
     pub(crate) fn reread(&self) -> Result<Vec<Option<Acceptor>>, Error> {
         Self::load_all(&self.sources)

@@ -173,7 +173,12 @@ impl<'a> Acceptor<'a> {
                             Some(accepted) => return accepted,
                             None => continue,
                         },
-                        Ok(_) if events[0].events().contains(EpollFlags::EPOLLHUP) => return Accepted::Stop,
+                        Ok(_) if events[0].events().contains(EpollFlags::EPOLLHUP) => {
+                            if self.listeners_shut(events[0].data() as usize) {
+                                continue;
+                            }
+                            return Accepted::Stop;
+                        }
                         Ok(_) => events[0].data() as usize,
                         Err(Errno::EINTR) => continue,
                         Err(e) => {
@@ -204,12 +209,27 @@ impl<'a> Acceptor<'a> {
                         Errno::EINTR | Errno::EAGAIN => {}
                         e if connection_error(e) => {}
                         // shutdown(2) on the listener by the master: we are stopping.
+                        Errno::EINVAL if self.listeners_shut(index) => {}
                         Errno::EINVAL => return Accepted::Stop,
                         other => self.trouble(other, "accepting connections"),
                     }
                 }
             }
         }
+    }
+
+    /// Hybrid mode: the master shut listener `index` down (a stop): it is no longer
+    /// watched, but the worker goes on taking what the fronts hand it, which they still do
+    /// while they drain; it leaves on its own stop signal, which the master sends once the
+    /// fronts are gone. False outside hybrid mode: a shut listener means stop.
+    fn listeners_shut(&mut self, index: usize) -> bool {
+        if self.handoff.is_none() {
+            return false;
+        }
+        if let (Some(ep), Some(l)) = (&self.epoll, self.listeners.get(index)) {
+            let _ = ep.delete(l.as_fd());
+        }
+        true
     }
 
     /// Takes a connection from the hand-off channel (`wait`: blocking until one comes or a

@@ -340,7 +340,7 @@ fn serve_admitted<C: Connections>(
         guard.peer = Some(client.peer_addr().to_string());
     }
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard, resumed)));
-    account(guard, &client, connection_clock, &outcome);
+    account(guard, &mut client, connection_clock, &outcome);
     let peer = client.peer_addr();
     match outcome {
         Ok(Ok(Some(n))) => Served::HandBack(client, n),
@@ -374,11 +374,11 @@ fn serve_admitted<C: Connections>(
 /// an innocent worker). Requests answered in full were logged by the guard.
 fn account<T>(
     guard: &mut Guard<'_>,
-    client: &Client,
+    client: &mut Client,
     connection_clock: Option<u64>,
     outcome: &std::thread::Result<io::Result<T>>,
 ) {
-    let (received, sent) = client.traffic();
+    let (received, sent) = client.take_traffic();
     guard.slot.add_bytes(received, sent);
     let open = match (connection_clock, guard.request.take()) {
         (Some(started), _) => Some((started, false)),

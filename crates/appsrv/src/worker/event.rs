@@ -807,6 +807,13 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
     }
 
+    /// What counts against `--worker-connections`: the open connections, and those a
+    /// front holds with a whole request for want of room in the channel (workers
+    /// saturated: the listen queue pushes back on new clients then).
+    fn load(&self) -> usize {
+        self.open + self.front.as_ref().map_or(0, super::front::Front::held)
+    }
+
     /// Puts the listeners back when below the limit again and not paused for resources.
     fn resume_accepting(&mut self) {
         if self.accepting || self.stopping {
@@ -816,7 +823,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return;
         }
         self.resume_at = None;
-        if self.open > self.max_connections - self.max_connections / 8 {
+        if self.load() > self.max_connections - self.max_connections / 8 {
             return;
         }
         self.register_listeners();
@@ -830,10 +837,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if !self.accepting {
             return;
         }
-        if self.open >= self.max_connections {
+        if self.load() >= self.max_connections {
             tracing::debug!(
                 "{} connections open (--worker-connections): not accepting until some close",
-                self.open
+                self.load()
             );
             self.pause_accepting();
             return;

@@ -138,6 +138,12 @@ impl Front {
         self.held.is_empty()
     }
 
+    /// How many complete requests it holds for want of room in the channel (they count
+    /// against `--worker-connections`).
+    pub(crate) fn held(&self) -> usize {
+        self.held.len()
+    }
+
     /// Hands `conn` to a worker, with what its buffer holds; `counted` is its client's
     /// address as counted for `--max-conns-per-ip`, which stays counted until a worker has
     /// it. When the channel is full the request is held, in order, with a copy of the
@@ -242,6 +248,10 @@ impl Front {
     /// keeps it (a stop) or hands it to the next generation's fronts (a reload). Held if
     /// the channel is full, and sent on its next writable edge.
     pub(crate) fn forward_late(&mut self) {
+        if self.board.fronts_receiving() {
+            // A reload: the next generation's fronts take them.
+            return;
+        }
         let mut late = Vec::new();
         self.take_back(&mut |r| late.push(r));
         for r in late {

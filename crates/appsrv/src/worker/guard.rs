@@ -186,6 +186,7 @@ impl Guard<'_> {
         // paired with the front's): a front that hands off a request sees the mark and
         // wakes this worker out of its linger, or this sees the request.
         self.slot.keepalive_wait();
+        self.slot.linger_wait();
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         if !(self.board.requests_waiting() && self.board.idle() == 0) {
             return Boundary::Linger(self.keepalive_timeout.map_or(HOLD_LINGER, |t| t.min(HOLD_LINGER)));

@@ -182,7 +182,9 @@ fn drive<H: RequestHandler>(
     // A connection handed over by another process may have any timeout (a linger's): the
     // first read sets it.
     let mut set = timeout_known.then(|| step.idle_timeout());
-    let mut next = if client.parts().0.has_input() {
+    // A connection handed over without a request (forwarded at a stop) goes to the
+    // boundary at once, where the guard decides how it waits.
+    let mut next = if client.parts().0.has_input() || !timeout_known {
         advance(&mut step, handler, session, id, client, ctx)
     } else {
         step.first_read()
