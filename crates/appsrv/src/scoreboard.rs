@@ -862,6 +862,12 @@ impl Slot {
         self.lingering.store(true, Ordering::Release);
     }
 
+    /// Hybrid: the worker waits for the next request of a busy connection, and no front
+    /// is to wake it for that short wait.
+    pub(crate) fn linger_end(&self) {
+        self.lingering.store(false, Ordering::Release);
+    }
+
     /// The worker took a new connection: it is no longer at a keep-alive boundary (until
     /// the guard says so again). Before the slot shows it reading.
     pub(crate) fn new_connection(&self) {

@@ -428,7 +428,7 @@ fn issue_21_keepalive_connections_more_numerous_than_workers_are_all_served() {
 
 /// Issue 21: a worker keeps a connection after a response only while its next request
 /// comes; while other complete requests wait for a worker, a quiet connection goes back to
-/// the front at once, so waiting requests are not paced by the hold. 200 keep-alive
+/// the front within 2 ms, so waiting requests are not paced by the 100 ms hold. 200 keep-alive
 /// clients that each send one request at once, on two workers, are all answered within
 /// 5 s (blocking mode, whose responses announce the close when clients queue, takes about
 /// 0.5 s; a worker that waits out the 100 ms hold after each of them takes 10 s).
@@ -457,6 +457,60 @@ fn issue_21_a_quiet_connection_goes_back_at_once_while_requests_wait() {
     assert!(
         took < Duration::from_secs(5),
         "{N} requests took {took:?}: the workers waited on quiet connections"
+    );
+}
+
+/// Issue 21: while a request waits for a worker, the worker keeps a connection whose client
+/// never pauses for at most 100 requests (or 5 ms), then hands it back and takes the
+/// waiting one: with one worker, a client that sends request after request, each the
+/// moment its answer comes, does not keep a second client from being answered. (The second
+/// client's request goes in once the first has been answered once, so that the worker holds
+/// the first connection by then.) Without the bound, the second waits until the first
+/// stops, here after 20,000 requests.
+#[test]
+fn issue_21_a_client_that_never_pauses_does_not_keep_the_only_worker() {
+    const LIMIT: usize = 20_000;
+    let server = hybrid(
+        "http_hello",
+        &[
+            "-w",
+            "1",
+            "--keepalive-timeout",
+            "60",
+            "--keepalive-requests",
+            "100000",
+        ],
+    );
+    let addr = server.tcp_addr();
+    server.wait_for_workers(1);
+    let answered = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (first, behind) = std::thread::scope(|s| {
+        let fast = s.spawn(|| {
+            let mut c = open(addr);
+            let mut n = 0;
+            while n < LIMIT && !stop.load(Ordering::SeqCst) {
+                hello(&mut c).unwrap_or_else(|e| panic!("the fast client, request {n}: {e}"));
+                n += 1;
+                answered.store(n, Ordering::SeqCst);
+            }
+            n
+        });
+        // Synchronisation, not a delay: the fast client's first answer has come.
+        while answered.load(Ordering::SeqCst) == 0 && !fast.is_finished() {
+            std::thread::yield_now();
+        }
+        let mut c = open(addr);
+        let result = hello(&mut c);
+        let behind = answered.load(Ordering::SeqCst);
+        stop.store(true, Ordering::SeqCst);
+        result.unwrap_or_else(|e| panic!("the second client: {e}"));
+        (fast.join().unwrap(), behind)
+    });
+    eprintln!("the second client was answered after {behind} of the fast client's {first} requests");
+    assert!(
+        behind < LIMIT,
+        "the second client waited until the fast one stopped ({behind} requests)"
     );
 }
 

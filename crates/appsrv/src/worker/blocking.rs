@@ -266,6 +266,7 @@ fn serve_handed_over<C: Connections>(
 ) -> Option<Buffers> {
     guard.hold = Some(super::guard::Hold {
         since: guard.requests,
+        at: std::time::Instant::now(),
     });
     let mut served = meta.served;
     loop {

@@ -46,12 +46,23 @@ pub(crate) const HOLD_LINGER: Duration = Duration::from_millis(100);
 /// Requests a hybrid worker answers on one connection, at most, while other complete
 /// requests wait for a worker, before it hands it back (to the back of the queue).
 pub(crate) const HOLD_REQUESTS: u64 = 100;
+/// How long a hybrid worker keeps one connection, at most, while other complete requests
+/// wait for a worker: [`HOLD_REQUESTS`] of a handler that blocks 5 ms would hold it for
+/// half a second, and every waiting client behind it.
+pub(crate) const HOLD_TIME: Duration = Duration::from_millis(5);
+/// How long a hybrid worker waits for the next request of a connection it keeps while
+/// other complete requests wait. A client that talks fast (a benchmark, a pooled proxy
+/// connection) sends it within microseconds of the response; one that does not goes back
+/// to a front, and the worker takes a waiting request.
+pub(crate) const HOLD_NEXT: Duration = Duration::from_millis(2);
 
 /// A connection a front handed to this worker.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Hold {
     /// The worker's request count when it took the connection.
     pub(crate) since: u64,
+    /// When it took it.
+    pub(crate) at: Instant,
 }
 
 impl Guard<'_> {
@@ -125,7 +136,7 @@ impl Context for Guard<'_> {
             // With no front to take it (all are stopping: the server stops), the
             // connection stays here, as in blocking mode.
             if self.board.fronts_receiving() {
-                return self.hybrid_boundary(conn, hold);
+                return self.hybrid_boundary(hold);
             }
         }
         // The mark comes before the flag is read: a worker the master finds unmarked has
@@ -162,18 +173,20 @@ impl Guard<'_> {
     /// Hybrid mode, between two requests of a connection a front handed over: keep it
     /// while its next request comes within [`HOLD_LINGER`] (the driver's read waits that
     /// long: no system call here), then hand it back. While other complete requests wait
-    /// and no worker is idle, the worker does not wait for this one: it keeps the
-    /// connection only if its next request is there already (a zero-timeout `poll`), and
-    /// for at most [`HOLD_REQUESTS`] requests, then takes the waiting ones. A stop hands
-    /// the connection back at once: the fronts of the next generation take it (a reload
-    /// loses no connection).
+    /// and no worker is idle, the worker keeps the connection only while its next request
+    /// comes within [`HOLD_NEXT`], for at most [`HOLD_REQUESTS`] requests and
+    /// [`HOLD_TIME`], then takes the waiting ones. Handing back a connection whose next
+    /// request was a few microseconds away (a zero-timeout look for it) cost two hand-offs
+    /// per request: 34,000 requests/s instead of 47,000 at c = 32 … 256 on 8 workers
+    /// (BENCHMARKS.md, "Hybrid mode"). A stop hands the connection back at once: the
+    /// fronts of the next generation take it (a reload loses no connection).
     ///
     /// A request handed off while every worker lingers does not wait for a linger to end:
     /// the front wakes one lingering worker ([`Board::wake_lingering`], the mark set here)
     /// with a signal, which interrupts its read; the worker asks again and hands its quiet
     /// connection back. Watching the channel beside the connection instead would cost a
     /// `poll` per request kept. At `--max-requests` the connection goes back too.
-    fn hybrid_boundary(&mut self, conn: &Socket, hold: Hold) -> Boundary {
+    fn hybrid_boundary(&mut self, hold: Hold) -> Boundary {
         if sys::stop_requested() {
             return Boundary::HandBack;
         }
@@ -191,15 +204,13 @@ impl Guard<'_> {
         if !(self.board.requests_waiting() && self.board.idle() == 0) {
             return Boundary::Linger(self.keepalive_timeout.map_or(HOLD_LINGER, |t| t.min(HOLD_LINGER)));
         }
-        if self.requests.saturating_sub(hold.since) >= HOLD_REQUESTS {
+        if self.requests.saturating_sub(hold.since) >= HOLD_REQUESTS || hold.at.elapsed() >= HOLD_TIME {
             return Boundary::HandBack;
         }
-        let mut fds = [PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO) {
-            Ok(0) => Boundary::HandBack,
-            // The next request (or the client's close, or an error the read reports).
-            Ok(_) | Err(_) => Boundary::Wait,
-        }
+        // A short wait, for a client that talks fast: no front wakes the worker out of
+        // it (the next request is the one it waits for).
+        self.slot.linger_end();
+        Boundary::Linger(HOLD_NEXT)
     }
 
     /// Keeps the request's first bytes for its access-log line (only with a log).
