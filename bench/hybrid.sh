@@ -107,7 +107,7 @@ part_slowloris() {
   for io in blocking hybrid; do
     start http_hello --io "$io" -w 4
     python3 - "$PORT" "$REQS" "$io" >>"$work/slow.txt" <<'PY'
-import socket, sys, time
+import select, socket, sys, time
 port, n, io = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 def one():
@@ -153,13 +153,24 @@ for _ in range(300):
     s = socket.socket()
     s.bind(("127.0.0.3", 0))
     s.settimeout(2)
-    s.connect(("127.0.0.1", port))
-    s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
     try:
-        s.recv(4096)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
     except OSError:
         pass
     idle.append(s)
+# Read their answers for at most 5 s in all (blocking workers held by the slow ones answer
+# none of them; waiting 2 s for each would take 10 minutes before the phase starts).
+end = time.monotonic() + 5
+pending = list(idle)
+while pending and time.monotonic() < end:
+    ready, _, _ = select.select(pending, [], [], max(0.0, end - time.monotonic()))
+    for s in ready:
+        try:
+            s.recv(4096)
+        except OSError:
+            pass
+        pending.remove(s)
 phase("attacked")
 PY
     stop_server
