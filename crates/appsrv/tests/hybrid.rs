@@ -659,16 +659,11 @@ fn tls_hello(tls: &mut BufReader<Tls>) -> Result<(), String> {
     Ok(())
 }
 
-/// Issue 21: a hybrid server with a plain listener and a TLS one serves keep-alive
-/// requests on both, at once. The plain connection goes through the front (counted as
-/// handed off); the TLS one is accepted and served by a worker directly, as in blocking
-/// mode: rustls state cannot cross processes, and this implementation chose to serve TLS
-/// listeners without a hand-off (docs/ARCHITECTURE.md, "Hybrid mode"), so an idle TLS
-/// connection does hold a worker (`--max-conns-per-ip` is the defence there).
-#[test]
-fn issue_21_tls_and_plain_listeners_both_serve_in_hybrid_mode() {
-    let pki = Pki::new("tls");
-    let ctl = Control::new("http_hello", "tls");
+/// `http_hello --io hybrid -w 2` with its plain listener first and a TLS one (a test
+/// certificate named `name`), a control socket, and a keep-alive timeout of 60 s.
+fn hybrid_with_tls(name: &str) -> (Pki, Control, Server) {
+    let pki = Pki::new(name);
+    let ctl = Control::new("http_hello", name);
     let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
     let mut args = vec![
         "-l",
@@ -684,6 +679,18 @@ fn issue_21_tls_and_plain_listeners_both_serve_in_hybrid_mode() {
     ];
     args.extend(ctl.args());
     let server = hybrid("http_hello", &args);
+    (pki, ctl, server)
+}
+
+/// Issue 21: a hybrid server with a plain listener and a TLS one serves keep-alive
+/// requests on both, at once. The plain connection goes through the front (counted as
+/// handed off); the TLS one is accepted and served by a worker directly, as in blocking
+/// mode: rustls state cannot cross processes, and this implementation chose to serve TLS
+/// listeners without a hand-off (docs/ARCHITECTURE.md, "Hybrid mode"), so an idle TLS
+/// connection does hold a worker (`--max-conns-per-ip` is the defence there).
+#[test]
+fn issue_21_tls_and_plain_listeners_both_serve_in_hybrid_mode() {
+    let (pki, ctl, server) = hybrid_with_tls("tls");
     let listening = server.listening();
     assert_eq!(listening.len(), 2, "{listening:?}");
     // The plain listener is the first -l; the TLS one logs its address with the option.
@@ -717,23 +724,7 @@ fn issue_21_tls_and_plain_listeners_both_serve_in_hybrid_mode() {
 /// drained request to nobody, and the client saw its connection closed without a response.
 #[test]
 fn issue_21_a_stop_with_a_tls_listener_answers_what_the_fronts_drain() {
-    let pki = Pki::new("stop-tls");
-    let ctl = Control::new("http_hello", "stop-tls");
-    let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
-    let mut args = vec![
-        "-l",
-        "127.0.0.1:0?tls",
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "-w",
-        "2",
-        "--keepalive-timeout",
-        "60",
-    ];
-    args.extend(ctl.args());
-    let server = hybrid("http_hello", &args);
+    let (_pki, ctl, server) = hybrid_with_tls("stop-tls");
     let plain: SocketAddr = server.listening()[0].parse().expect("the plain listener first");
     let mut c = open(plain);
     hello(&mut c).unwrap_or_else(|e| panic!("before the stop: {e}"));

@@ -18,14 +18,11 @@
 //! A message holds at most [`INLINE_MAX`] bytes of the request: a larger request is handed
 //! off once that much has arrived, and the worker reads the rest itself. Nothing here knows about loops or handlers.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use nix::errno::Errno;
-use nix::sys::socket::{
-    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
-};
+use nix::sys::socket::{self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType};
 
 /// The most bytes of a request a hand-off carries (see the module's notes).
 pub(crate) const INLINE_MAX: usize = 64 * 1024;
@@ -189,22 +186,7 @@ pub(crate) fn send(
 ) -> io::Result<()> {
     debug_assert!(bytes.len() <= INLINE_MAX);
     let header = meta.encode();
-    let iov = [IoSlice::new(&header), IoSlice::new(bytes)];
-    let fds = [conn.as_raw_fd()];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    loop {
-        match socket::sendmsg::<()>(
-            channel.as_raw_fd(),
-            &iov,
-            &cmsg,
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
-            Ok(_) => return Ok(()),
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::sys::send_with_fds(channel, &[&header, bytes], &[conn.as_raw_fd()], true)
 }
 
 /// Sets the connection's blocking mode in one system call (`FIONBIO`): the descriptor's

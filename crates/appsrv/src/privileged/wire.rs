@@ -16,11 +16,11 @@
 
 use std::cell::RefCell;
 use std::fmt;
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{self, ControlMessageOwned, MsgFlags, SockFlag, SockType};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -246,16 +246,7 @@ pub(crate) fn send_raw(
 
 /// Sends the concatenation of `parts` as one datagram with `fds`.
 pub(crate) fn send_bytes(to: BorrowedFd<'_>, parts: &[&[u8]], fds: &[RawFd]) -> io::Result<()> {
-    let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
-    let rights = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
-    loop {
-        match socket::sendmsg::<()>(to.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
-            Ok(_) => return Ok(()),
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::sys::send_with_fds(to, parts, fds, false)
 }
 
 /// Receives one message from `from` (blocking, unless the socket is non-blocking or

@@ -18,12 +18,12 @@
 //! before it reports ready. A re-executed worker (`--exec-workers`) gets its end of the
 //! channel through its hand-over (`exec.rs`).
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use nix::errno::Errno;
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{self, ControlMessageOwned, MsgFlags, SockFlag, SockType};
 
 /// The payload byte naming the `--log-file` descriptor of a message.
 const LOG: u8 = b'L';
@@ -73,21 +73,7 @@ pub(crate) fn send(
     if fds.is_empty() {
         return Ok(());
     }
-    let iov = [IoSlice::new(&names)];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
-    loop {
-        match socket::sendmsg::<()>(
-            to.as_raw_fd(),
-            &iov,
-            &cmsg,
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
-            Ok(_) => return Ok(()),
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    crate::sys::send_with_fds(to, &[&names], &fds, true)
 }
 
 /// The files of the messages waiting on this worker's channel (the last of each kind).

@@ -899,6 +899,33 @@ pub(crate) fn epoll_wait_signals(
     nix::errno::Errno::result(n).map(|n| n as usize)
 }
 
+/// Sends the concatenation of `parts` as one message on the Unix socket `to`, with `fds`
+/// (`SCM_RIGHTS`, none when empty), again after `EINTR`; `MSG_NOSIGNAL`, and
+/// `MSG_DONTWAIT` when `dontwait` (a full socket is then `WouldBlock`). The one sender of
+/// descriptors: the hand-off channel, the log reopening, the privileged helper's wire.
+pub(crate) fn send_with_fds(
+    to: BorrowedFd<'_>,
+    parts: &[&[u8]],
+    fds: &[std::os::fd::RawFd],
+    dontwait: bool,
+) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags};
+    let iov: Vec<io::IoSlice<'_>> = parts.iter().map(|p| io::IoSlice::new(p)).collect();
+    let rights = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &rights };
+    let mut flags = MsgFlags::MSG_NOSIGNAL;
+    if dontwait {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    loop {
+        match nix::sys::socket::sendmsg::<()>(to.as_raw_fd(), &iov, cmsgs, flags, None) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Whether any of `fds` is readable now (a zero-timeout `poll`): for listening sockets,
 /// whether a connection waits in one of their queues. An error counts as "no".
 pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {
