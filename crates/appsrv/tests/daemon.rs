@@ -102,17 +102,7 @@ impl Daemon {
 
     /// Processes whose command line names this directory.
     fn processes(&self) -> Vec<i32> {
-        let needle = self.dir.to_string_lossy().into_owned();
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                alive(*pid)
-                    && std::fs::read(format!("/proc/{pid}/cmdline"))
-                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
-            })
-            .collect()
+        processes_naming(&self.dir)
     }
 }
 

@@ -84,17 +84,7 @@ impl TempDir {
 
     /// Live processes whose command line names this directory.
     pub fn processes(&self) -> Vec<i32> {
-        let needle = self.0.to_string_lossy().into_owned();
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                alive(*pid)
-                    && std::fs::read(format!("/proc/{pid}/cmdline"))
-                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
-            })
-            .collect()
+        crate::util::processes_naming(&self.0)
     }
 }
 

@@ -478,6 +478,22 @@ pub fn high_dup(fd: std::os::fd::BorrowedFd<'_>) -> std::os::fd::OwnedFd {
     unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) }
 }
 
+/// Live processes whose command line names `dir` (a test's private directory): what a
+/// test started there, to be killed when it ends, whatever happened.
+pub fn processes_naming(dir: &std::path::Path) -> Vec<i32> {
+    let needle = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            alive(*pid)
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+        })
+        .collect()
+}
+
 /// Whether `pid` is alive (not gone, not a zombie).
 pub fn alive(pid: i32) -> bool {
     matches!(stat_field(pid, 1).as_deref(), Some(s) if s != "Z" && s != "X")
