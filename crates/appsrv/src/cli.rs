@@ -60,6 +60,7 @@ pub(crate) struct Defaults {
     pub(crate) allow_root_workers: bool,
     pub(crate) backlog: u32,
     pub(crate) grace_period: Duration,
+    pub(crate) drain_delay: Duration,
     pub(crate) read_timeout: Option<Duration>,
     pub(crate) write_timeout: Option<Duration>,
     pub(crate) log_level: Level,
@@ -191,6 +192,7 @@ impl Default for Defaults {
             allow_root_workers: false,
             backlog: DEFAULT_BACKLOG,
             grace_period: DEFAULT_GRACE,
+            drain_delay: Duration::ZERO,
             read_timeout: Some(DEFAULT_IO_TIMEOUT),
             write_timeout: Some(DEFAULT_IO_TIMEOUT),
             log_level: Level::INFO,
@@ -232,6 +234,7 @@ pub(crate) struct Config {
     pub(crate) allow_root_workers: bool,
     pub(crate) backlog: u32,
     pub(crate) grace_period: Duration,
+    pub(crate) drain_delay: Duration,
     pub(crate) read_timeout: Option<Duration>,
     pub(crate) write_timeout: Option<Duration>,
     pub(crate) log_level: Level,
@@ -423,6 +426,14 @@ fn grace_arg(prefix: &str, d: &Defaults) -> Arg {
         .help("On stop, how long connections in progress may take to finish before their workers are killed")
 }
 
+fn drain_arg(prefix: &str, d: &Defaults) -> Arg {
+    env_opt(prefix, "drain-delay")
+        .value_name("SECS")
+        .value_parser(secs)
+        .default_value(fmt_secs(d.drain_delay))
+        .help("On stop, how long /readyz answers 503 while the listeners stay open and the workers serve, so that load balancers polling it stop sending, before the graceful stop (0: none; reloads never drain)")
+}
+
 fn control_arg(prefix: &str) -> Arg {
     env_opt(prefix, "control")
         .value_name("PATH")
@@ -466,6 +477,10 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
             .long_about("Print the server's status (uptime, totals, one row per worker, the scoreboard line), through the control socket; exit 3 if it is not running")
             .arg(control_arg(prefix))
             .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("As JSON")),
+        Command::new("health")
+            .about("Say whether the running server takes traffic (what /readyz answers)")
+            .long_about("Say whether the running server takes traffic, as /readyz does, through the control socket: prints `ready` (exit 0) or `not ready: WHY` (exit 1: starting, stopping, draining for --drain-delay, no live worker); exit 3 if it is not running")
+            .arg(control_arg(prefix)),
         Command::new("metrics")
             .about("Print the running server's metrics (Prometheus text or OpenMetrics)")
             .long_about("Print the server's metrics, through the control socket, in the Prometheus text format 0.0.4 or in OpenMetrics 1.0; exit 3 if it is not running")
@@ -552,7 +567,8 @@ pub(crate) fn stop_command(prefix: &str, d: &Defaults) -> Command {
                 .action(ArgAction::SetTrue)
                 .help("Stop at once: connections in progress are cut (a second stop signal)"),
         )
-        .arg(grace_arg(prefix, d).help("The server's grace period: stop waits for it plus 10 s"))
+        .arg(grace_arg(prefix, d).help("The server's grace period: stop waits for it, the drain delay and 10 s"))
+        .arg(drain_arg(prefix, d).help("The server's drain delay: stop waits for it too"))
 }
 
 /// The heading of the options about the daemon's files and logs.
@@ -701,6 +717,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .help("Event mode: log a handler call that holds the loop longer than this (once per episode, with the client, the request and the connections it held up), and count it (0: off)"),
         )
         .arg(grace_arg(prefix, d))
+        .arg(drain_arg(prefix, d))
         .arg(
             env_opt(prefix, "start-timeout")
                 .value_name("SECS")
@@ -1151,6 +1168,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         allow_root_workers: m.get_flag("allow-root-workers"),
         backlog: *m.get_one::<u32>("backlog").expect("has a default"),
         grace_period: *m.get_one::<Duration>("grace-period").expect("has a default"),
+        drain_delay: *m.get_one::<Duration>("drain-delay").expect("has a default"),
         read_timeout: timeout(m, "read-timeout"),
         write_timeout: timeout(m, "write-timeout"),
         log_level: *m.get_one::<Level>("log-level").expect("has a default"),

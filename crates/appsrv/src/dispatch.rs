@@ -219,7 +219,8 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             &program.name,
             m.get_one::<PathBuf>("pid-file").cloned(),
             m.get_flag("now"),
-            *m.get_one::<Duration>("grace-period").expect("has a default"),
+            *m.get_one::<Duration>("grace-period").expect("has a default")
+                + *m.get_one::<Duration>("drain-delay").expect("has a default"),
         )),
         Some(("reload", m)) => {
             let path = control_path(&program.name, m);
@@ -249,6 +250,10 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             let format = control::MetricsFormat::from_name(format).expect("one of the possible values");
             let path = control_path(&program.name, m);
             std::process::exit(control::metrics_command(&program.name, &path, format))
+        }
+        Some(("health", m)) => {
+            let path = control_path(&program.name, m);
+            std::process::exit(control::health_command(&program.name, &path))
         }
         Some((sub @ ("status" | "workers"), m)) => {
             let request = match sub {

@@ -159,6 +159,16 @@ impl Server {
         self
     }
 
+    /// On stop, how long the server leaves the rotation before it stops (`--drain-delay`);
+    /// default: 0 (none). `/readyz` answers 503 from the stop signal on while the
+    /// listeners stay open and the workers go on serving, so that a load balancer or an
+    /// orchestrator polling it stops sending new connections; then the graceful stop of
+    /// [`Server::grace_period`] runs. A reload never drains (its capacity never dips).
+    pub fn drain_delay(mut self, delay: Duration) -> Self {
+        self.defaults.drain_delay = delay;
+        self
+    }
+
     /// The default timeout of each read from a client (`--read-timeout`); default: 60 s.
     pub fn read_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.defaults.read_timeout = timeout;

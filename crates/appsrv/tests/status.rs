@@ -648,3 +648,62 @@ fn issue_17_an_openmetrics_parser_reads_the_openmetrics_text() {
         }
     }
 }
+
+/// What `ctl(dir, ["health"])` said: its exit code and its output line.
+fn health(dir: &Dir) -> (Option<i32>, String) {
+    let out = ctl(dir, &["health"]);
+    (out.status.code(), text(&out.stdout).trim().to_owned())
+}
+
+/// Issue 22: with `--drain-delay`, a stop first takes the server out of the rotation:
+/// `/readyz` answers 503, `health` exits 1 and `status --json` says `ready: false`, while
+/// the listener still accepts and serves new connections (a balancer that has not polled
+/// yet loses nothing); after the delay the graceful stop runs and the server exits, and
+/// `health` then exits 3. Before the stop, `health` says ready (exit 0).
+#[test]
+fn issue_22_a_stop_with_a_drain_delay_leaves_the_rotation_before_it_closes() {
+    let dir = Dir::new("drain", 0o700);
+    let mut server = start(
+        &dir,
+        2,
+        &["--metrics-listen", "127.0.0.1:0", "--drain-delay", "10"],
+    );
+    let metrics = metrics_addr(&server);
+    let addr = server.tcp_addr();
+    let ready = wait_until(|| {
+        let (head, _) = get(&metrics, "/readyz", "");
+        head.starts_with("HTTP/1.1 200 OK\r\n").then_some(())
+    });
+    assert!(ready.is_some(), "never ready");
+    assert_eq!(health(&dir), (Some(0), "testbed: ready".to_owned()));
+    let v: serde_json::Value = serde_json::from_str(&ok(ctl(&dir, &["status", "--json"]))).unwrap();
+    assert_eq!(
+        (&v["ready"], &v["not_ready"]),
+        (&serde_json::json!(true), &serde_json::Value::Null)
+    );
+
+    server.signal(libc::SIGTERM);
+    let body = wait_until(|| {
+        let (head, body) = get(&metrics, "/readyz", "");
+        head.starts_with("HTTP/1.1 503").then_some(body)
+    })
+    .expect("/readyz never turned 503 after the stop signal");
+    assert!(body.contains("stopping"), "{body}");
+    // Out of the rotation, still serving: a new connection is accepted and answered.
+    let mut c = LineClient::tcp(addr);
+    assert!(c.line().starts_with("pid "), "a connection during the drain");
+    assert_eq!(c.ask("hello"), "hello");
+    drop(c);
+    let (code, said) = health(&dir);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.starts_with("testbed: not ready: stopping"), "{said}");
+    let v: serde_json::Value = serde_json::from_str(&ok(ctl(&dir, &["status", "--json"]))).unwrap();
+    assert_eq!(
+        (&v["phase"], &v["ready"]),
+        (&serde_json::json!("stopping"), &serde_json::json!(false))
+    );
+
+    server.wait_for_log("drain delay over: stopping");
+    assert!(server.wait_exit().success(), "{}", server.log_text());
+    assert_eq!(health(&dir).0, Some(3), "not running after the stop");
+}

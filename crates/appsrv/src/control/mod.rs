@@ -676,6 +676,33 @@ pub(crate) fn metrics_command(name: &str, path: &Path, format: MetricsFormat) ->
     client_command_outcome(name, path, outcome)
 }
 
+/// The `health` subcommand, for scripts: what `/readyz` answers, through the control
+/// socket. Prints `ready`, or `not ready: WHY`; exits 0 when ready, 1 when the server
+/// runs but is not ready (starting, stopping or draining for a drain delay, no live
+/// worker), 3 when it is not running, 4 without permission.
+pub(crate) fn health_command(name: &str, path: &Path) -> i32 {
+    let outcome = match exchange(path, &Request::Status { json: true }) {
+        Outcome::Ok(body) => match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(v) if v["ready"] == serde_json::Value::Bool(true) => {
+                println!("{name}: ready");
+                return 0;
+            }
+            Ok(v) if v["ready"] == serde_json::Value::Bool(false) => {
+                println!(
+                    "{name}: not ready: {}",
+                    v["not_ready"].as_str().unwrap_or("unknown")
+                );
+                return 1;
+            }
+            // A server older than the readiness field, or a reply that is not JSON.
+            Ok(_) => Outcome::Failed(format!("{name}: the server's status has no readiness")),
+            Err(e) => Outcome::Failed(format!("{name}: the server's status is not JSON: {e}")),
+        },
+        other => other,
+    };
+    client_command_outcome(name, path, outcome)
+}
+
 fn client_command_outcome(name: &str, path: &Path, outcome: Outcome) -> i32 {
     match outcome {
         Outcome::Ok(body) => {

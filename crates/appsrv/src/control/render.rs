@@ -107,6 +107,10 @@ pub(crate) fn render_text(status: &Status) -> String {
         status.name, status.master_pid
     );
     let _ = writeln!(o, "Phase:         {}", status.phase);
+    let _ = match status.readiness() {
+        Ok(()) => writeln!(o, "Ready:         yes"),
+        Err(why) => writeln!(o, "Ready:         no ({why})"),
+    };
     let _ = writeln!(o, "Uptime:        {}", human(status.uptime));
     let p = &status.pool;
     let _ = writeln!(
@@ -396,6 +400,8 @@ fn json_f64(v: f64) -> String {
 ///   "master_pid": 4242,
 ///   "phase": "running",            starting, running, reloading, upgrading,
 ///                                  draining (handed over) or stopping
+///   "ready": true,                 what /readyz answers (200 when true)
+///   "not_ready": null,             why not, when not ("stopping", "no live worker …")
 ///   "uptime_seconds": 3600.5,
 ///   "pool": {"policy": "static", "target": 4, "min_spare": 0, "max_spare": 0, "max": 4},
 ///   "totals": {                    over live and retired workers
@@ -494,6 +500,7 @@ fn hybrid_json(status: &Status) -> String {
 
 pub(crate) fn render_json(status: &Status) -> String {
     let t = status.totals();
+    let ready = status.readiness();
     let p = &status.pool;
     let mut buckets: Vec<String> = DURATION_BUCKETS_US
         .iter()
@@ -573,7 +580,7 @@ pub(crate) fn render_json(status: &Status) -> String {
         })
         .collect();
     format!(
-        "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"uptime_seconds\":{},\
+        "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"ready\":{},\"not_ready\":{},\"uptime_seconds\":{},\
          \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
          \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
          \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"slow_requests\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}],\
@@ -584,6 +591,11 @@ pub(crate) fn render_json(status: &Status) -> String {
         json_str(&status.name),
         status.master_pid,
         json_str(status.phase),
+        ready.is_ok(),
+        ready
+            .as_ref()
+            .err()
+            .map_or_else(|| "null".to_owned(), |why| json_str(why)),
         secs(status.uptime),
         json_str(p.policy),
         p.target,

@@ -68,6 +68,15 @@ enum Phase {
     Starting,
     /// Serving; dead workers are replaced, the pool follows its policy.
     Running,
+    /// A stop asked with a drain delay (`--drain-delay`): out of the rotation (`/readyz`
+    /// answers 503) while the listeners stay open and the pool serves, and is kept, as
+    /// when running, until `until`; then the stop `signal` asked for begins.
+    Draining {
+        until: Instant,
+        signal: Signal,
+        /// When the stop was asked, to tell a deliberate second signal from a duplicate.
+        since: Instant,
+    },
     /// Listeners shut, workers finishing their connections until the deadline.
     Stopping {
         deadline: Instant,
@@ -92,7 +101,8 @@ impl Phase {
         match self {
             Phase::Starting => "starting",
             Phase::Running => "running",
-            Phase::Stopping { .. } => "stopping",
+            // A balancer or a script sees the stop from its first moment.
+            Phase::Draining { .. } | Phase::Stopping { .. } => "stopping",
         }
     }
 }
@@ -189,6 +199,8 @@ pub(crate) struct Settings {
     /// The shared board; the master clears the slot of a worker that died.
     pub(crate) board: &'static Board,
     pub(crate) grace_period: Duration,
+    /// On stop, how long to stay out of the rotation (`/readyz` 503) before the stop.
+    pub(crate) drain_delay: Duration,
     /// The log file to reopen on USR1 (the master's stderr; the workers get the new one
     /// through their log channels).
     pub(crate) log_file: Option<PathBuf>,
@@ -491,6 +503,17 @@ impl<'a> Master<'a> {
                         crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
                     }
                 }
+                Phase::Draining { until, signal, .. } => {
+                    // Serving as when running (a worker that dies is replaced: the
+                    // instance is still taking the connections its balancer sends until
+                    // it notices), until the delay is over.
+                    self.check_workers();
+                    self.maintain(entry)?;
+                    if Instant::now() >= until {
+                        tracing::info!("drain delay over: stopping");
+                        self.begin_stop(signal);
+                    }
+                }
                 Phase::Stopping {
                     deadline,
                     killed,
@@ -557,7 +580,10 @@ impl<'a> Master<'a> {
                 ..
             } => deadlines.push(deadline),
             Phase::Stopping { .. } => {}
-            Phase::Starting | Phase::Running => {
+            Phase::Starting | Phase::Running | Phase::Draining { .. } => {
+                if let Phase::Draining { until, .. } = self.phase {
+                    deadlines.push(until);
+                }
                 // A spawn waits for both the back-off and the pacing: wake at the later of
                 // the two, and only for a time still to come (a past one would make every
                 // poll return at once: a busy loop).
@@ -649,11 +675,17 @@ impl<'a> Master<'a> {
 
     fn on_stop_signal(&mut self, sig: Signal) {
         match self.phase {
-            Phase::Stopping { since, .. } if since.elapsed() < REPEAT_WINDOW => {
+            Phase::Stopping { since, .. } | Phase::Draining { since, .. }
+                if since.elapsed() < REPEAT_WINDOW =>
+            {
                 tracing::debug!(
                     "{} received again within {REPEAT_WINDOW:?}: same stop request",
                     sig.as_str()
                 );
+            }
+            Phase::Draining { .. } => {
+                tracing::info!("{} received again: the drain delay is cut short", sig.as_str());
+                self.begin_stop(sig);
             }
             Phase::Stopping { since, .. } => {
                 tracing::warn!("{} received again: stopping now", sig.as_str());
@@ -674,24 +706,46 @@ impl<'a> Master<'a> {
                         sig.as_str()
                     );
                 }
-                tracing::info!(
-                    "{} received: stopping; connections in progress may finish within {:?}",
-                    sig.as_str(),
-                    self.settings.grace_period
-                );
                 crate::process::systemd::stopping();
-                // Shut the listeners for every process at once: new connections are
-                // refused from now on, idle workers wake up and exit.
-                // (Not sockets systemd holds too: they must outlive this service.)
-                if !self.settings.shared_listeners {
-                    for l in self.listeners {
-                        l.shutdown();
-                    }
+                let delay = self.settings.drain_delay;
+                if self.phase == Phase::Running && !delay.is_zero() {
+                    // Balancers polling /readyz see 503 from now on and stop sending; the
+                    // connections they still open meanwhile are served.
+                    tracing::info!(
+                        "{} received: out of the rotation (/readyz answers 503) for the drain delay of {delay:?}, then stopping",
+                        sig.as_str()
+                    );
+                    let now = Instant::now();
+                    self.phase = Phase::Draining {
+                        until: now + delay,
+                        signal: sig,
+                        since: now,
+                    };
+                } else {
+                    self.begin_stop(sig);
                 }
-                self.stop_children();
-                self.phase = Phase::stopping(self.settings.grace_period);
             }
         }
+    }
+
+    /// The graceful stop: the listeners shut, the children told, `--grace-period` for the
+    /// connections in progress.
+    fn begin_stop(&mut self, sig: Signal) {
+        tracing::info!(
+            "{} received: stopping; connections in progress may finish within {:?}",
+            sig.as_str(),
+            self.settings.grace_period
+        );
+        // Shut the listeners for every process at once: new connections are refused from
+        // now on, idle workers wake up and exit.
+        // (Not sockets systemd holds too: they must outlive this service.)
+        if !self.settings.shared_listeners {
+            for l in self.listeners {
+                l.shutdown();
+            }
+        }
+        self.stop_children();
+        self.phase = Phase::stopping(self.settings.grace_period);
     }
 
     /// Tells every child to stop: in hybrid mode the fronts first (they hand off what
@@ -1680,7 +1734,7 @@ fn fate(phase: Phase, w: &Worker, start_failure: bool) -> Fate {
     match phase {
         Phase::Starting if start_failure => Fate::NoStart,
         Phase::Stopping { .. } => Fate::Stopping,
-        Phase::Starting | Phase::Running => {
+        Phase::Starting | Phase::Running | Phase::Draining { .. } => {
             if w.timed_out.is_some() {
                 return Fate::TimedOut;
             }

@@ -408,6 +408,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         policy,
         board,
         grace_period: config.grace_period,
+        drain_delay: config.drain_delay,
         log_file: config.log_file.clone(),
         access_log: config.access_log.clone(),
         master_fds: announce.fds(),
