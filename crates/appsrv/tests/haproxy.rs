@@ -1,50 +1,119 @@
 //! The HAProxy recipe (contrib/haproxy/haproxy.cfg): two http_hello instances behind
-//! HAProxy with PROXY v2 and health checks; one reloaded and one stopped under load
-//! without a failed request at the balancer. Skipped when haproxy is not installed
-//! (.ci/run installs it).
+//! Debian's HAProxy with PROXY v2 and readiness checks on `/readyz`. Under `wrk` through
+//! the balancer (a client that does not retry), each instance is reloaded in turn, then one
+//! is stopped with a drain delay: no request fails. Skipped when haproxy or wrk is not
+//! installed, unless `CI` is set (.ci/run installs both).
 //!
-//! Regression test for issue #8 ("the HAProxy recipe").
+//! Regression tests for issue #8 ("the HAProxy recipe") and issue 22 (health, readiness
+//! and draining behind a balancer).
 
 mod util;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
+use std::net::TcpListener;
+use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use util::*;
 
-/// HAProxy in the foreground, killed when dropped.
-struct Haproxy(Child);
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+/// Whether `tool` runs; without it the test is skipped, except under CI.
+fn have(tool: &str, arg: &str) -> bool {
+    let found = Command::new(tool)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{tool} is missing: .ci/run installs it"
+        );
+        eprintln!("skipped: {tool} is not installed (.ci/run installs it)");
     }
+    found
 }
 
-/// One request through the balancer's Unix socket; Err on anything but a 200 with the
-/// greeting.
-fn through(lb: &str) -> Result<(), String> {
-    let mut s = UnixStream::connect(lb).map_err(|e| format!("connect: {e}"))?;
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| format!("read: {e}"))?;
-    if out.starts_with("HTTP/1.1 200") && out.ends_with("Hello, World!") {
-        Ok(())
-    } else {
-        Err(format!("bad answer {:?}", out.lines().next()))
+/// The address of an instance's `--metrics-listen` listener, from its log.
+fn metrics_addr(server: &Server) -> String {
+    let line = server.wait_for_log("serving metrics on");
+    line.split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned()
+}
+
+/// One instance: PROXY on its listener, health on its own metrics address, a drain delay
+/// longer than the recipe's check interval (500 ms, down after one failure).
+fn instance(ctl: &str) -> (Server, String) {
+    let server = Server::start(
+        "http_hello",
+        &[
+            "-l",
+            "127.0.0.1:0?proxy",
+            "-w",
+            "2",
+            "--control",
+            ctl,
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--drain-delay",
+            "2",
+        ],
+    );
+    let metrics = metrics_addr(&server);
+    (server, metrics)
+}
+
+/// `http_hello ARGS --control CTL`, which must succeed.
+fn ctl(args: &[&str], ctl: &str) -> String {
+    let out = Command::new(example("http_hello"))
+        .args(args)
+        .args(["--control", ctl])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The requests an instance has answered, from `status --json`.
+fn requests(ctl_path: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(&ctl(&["status", "--json"], ctl_path)).unwrap();
+    v["totals"]["requests"].as_u64().unwrap_or(0)
+}
+
+/// wrk's figures: requests completed, and the failures it counts (socket errors and
+/// non-2xx/3xx responses), from its report.
+fn wrk_figures(report: &str) -> (u64, u64) {
+    let completed = report
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no request count in wrk's report:\n{report}"));
+    let mut failed = 0;
+    for line in report.lines().map(str::trim) {
+        if let Some(errors) = line.strip_prefix("Socket errors:") {
+            // "connect 0, read 1, write 0, timeout 0"
+            failed += errors
+                .split(',')
+                .filter_map(|e| e.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        if let Some(n) = line.strip_prefix("Non-2xx or 3xx responses:") {
+            failed += n.trim().parse::<u64>().unwrap_or(u64::MAX);
+        }
     }
+    (completed, failed)
 }
 
 #[test]
-fn two_instances_behind_haproxy_reload_and_stop_without_failures() {
-    if Command::new("haproxy").arg("-v").output().is_err() {
-        eprintln!("skipped: haproxy is not installed (.ci/run installs it)");
+fn issue_22_behind_haproxy_a_rolling_reload_and_a_drained_stop_fail_no_request() {
+    if !have("haproxy", "-v") || !have("wrk", "--version") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("appsrv-haproxy-{}", std::process::id()));
@@ -52,86 +121,101 @@ fn two_instances_behind_haproxy_reload_and_stop_without_failures() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = |n: &str| dir.join(n).to_string_lossy().into_owned();
     let (ctl_one, ctl_two) = (path("one.ctl"), path("two.ctl"));
-    let one = Server::start(
-        "http_hello",
-        &["-l", "127.0.0.1:0?proxy", "-w", "2", "--control", &ctl_one],
-    );
-    let mut two = Server::start(
-        "http_hello",
-        &["-l", "127.0.0.1:0?proxy", "-w", "2", "--control", &ctl_two],
-    );
-    let lb = path("lb.sock");
-    // The recipe's configuration, with a Unix-socket frontend and the instances' ports.
+    let (one, metrics_one) = instance(&ctl_one);
+    let (mut two, metrics_two) = instance(&ctl_two);
+    // The balancer's front: a listener bound here on a port of the kernel's choosing,
+    // handed to HAProxy as descriptor 3 (`bind fd@3`).
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let port = |a: &str| a.rsplit(':').next().unwrap().to_owned();
+    // The recipe's configuration, with the instances' addresses.
     let recipe = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../contrib/haproxy/haproxy.cfg"
     ))
     .unwrap();
     let cfg = recipe
-        .replace("bind 127.0.0.1:8000", &format!("bind unix@{lb}"))
+        .replace("bind 127.0.0.1:8000", "bind fd@3")
         .replace("127.0.0.1:7101", &one.tcp_addr().to_string())
-        .replace("127.0.0.1:7102", &two.tcp_addr().to_string());
-    std::fs::write(path("haproxy.cfg"), cfg).unwrap();
-    let _haproxy = Haproxy(
-        Command::new("haproxy")
-            .args(["-db", "-f", &path("haproxy.cfg")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap(),
-    );
-    // Up when requests go through (both instances pass their health checks soon after).
+        .replace("127.0.0.1:7102", &two.tcp_addr().to_string())
+        .replace("port 9101", &format!("port {}", port(&metrics_one)))
+        .replace("port 9102", &format!("port {}", port(&metrics_two)));
+    let directives: Vec<&str> = cfg.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
     assert!(
-        wait_until(|| through(&lb).ok()).is_some(),
-        "haproxy never answered"
+        directives
+            .iter()
+            .all(|l| !["8000", "7101", "7102", "9101", "9102"]
+                .iter()
+                .any(|p| l.contains(p))),
+        "the recipe's addresses changed: {directives:#?}"
     );
-    let stop = AtomicBool::new(false);
-    let done = AtomicU64::new(0);
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let load: Vec<_> = (0..2)
-            .map(|_| {
-                let (stop, done, lb) = (&stop, &done, &lb);
-                s.spawn(move || {
-                    let mut errors = Vec::new();
-                    while !stop.load(Ordering::Relaxed) {
-                        match through(lb) {
-                            Ok(()) => {
-                                done.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => errors.push(e),
-                        }
-                    }
-                    errors
-                })
-            })
-            .collect();
-        let count = || done.load(Ordering::Relaxed);
-        let at = count();
-        assert!(wait_until(|| (count() > at + 200).then_some(())).is_some());
-        let out = Command::new(example("http_hello"))
-            .args(["reload", "--control", &ctl_one])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let at = count();
-        assert!(wait_until(|| (count() > at + 200).then_some(())).is_some());
-        two.signal(libc::SIGTERM);
-        assert!(two.wait_exit().success());
-        let at = count();
-        assert!(
-            wait_until(|| (count() > at + 200).then_some(())).is_some(),
-            "one instance serves alone"
-        );
-        stop.store(true, Ordering::Relaxed);
-        load.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    std::fs::write(path("haproxy.cfg"), cfg).unwrap();
+    let mut cmd = Command::new("haproxy");
+    cmd.args(["-db", "-f", &path("haproxy.cfg")]);
+    // From a high number, so that the source is not among the targets.
+    let front_fd = high_dup(front.as_fd());
+    drop(front);
+    let _haproxy = Server::spawn_inheriting(cmd, &[(front_fd.as_fd(), 3)]);
+    drop(front_fd);
+    // Up when both instances take requests through it (each passed its checks).
+    let url = format!("http://{front_addr}/");
+    let served_by_both = wait_until(|| {
+        let r = http_get(front_addr, &mut None);
+        (r.is_ok() && requests(&ctl_one) > 0 && requests(&ctl_two) > 0).then_some(())
     });
-    eprintln!(
-        "requests through haproxy: {}, failed: {}",
-        done.load(Ordering::Relaxed),
-        failures.len()
+    assert!(served_by_both.is_some(), "haproxy never sent to both instances");
+
+    // wrk for long enough to cover both reloads and the drained stop (each bounded by
+    // the waits below); it must still be running when they are done.
+    let wrk: Child = Command::new("wrk")
+        .args(["-t1", "-c8", "-d20s", &url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut wrk = KillOnDrop(Some(wrk));
+    let busy = |ctl: &str| {
+        let at = requests(ctl);
+        assert!(
+            wait_until(|| (requests(ctl) > at + 200).then_some(())).is_some(),
+            "the instance at {ctl} took no load"
+        );
+    };
+    busy(&ctl_one);
+    busy(&ctl_two);
+    // A reload of each instance in turn: neither leaves the rotation.
+    ctl(&["reload"], &ctl_one);
+    busy(&ctl_one);
+    ctl(&["reload"], &ctl_two);
+    busy(&ctl_two);
+    // A stop with a drain delay: /readyz 503, HAProxy takes it out, then it closes.
+    two.signal(libc::SIGTERM);
+    two.wait_for_log("drain delay over: stopping");
+    assert!(two.wait_exit().success(), "{}", two.log_text());
+    busy(&ctl_one);
+    let child = wrk.0.as_mut().unwrap();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "wrk ended before the reloads and the stop were done: the run proves nothing"
     );
-    assert!(failures.is_empty(), "failed at the balancer: {failures:?}");
+    let out = wrk.0.take().unwrap().wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (completed, failed) = wrk_figures(&report);
+    eprintln!("wrk through haproxy: {completed} requests, {failed} failed\n{report}");
+    assert!(out.status.success(), "{report}");
+    assert_eq!(failed, 0, "failed requests at the balancer:\n{report}");
+    assert!(completed > 1000, "{report}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child killed when dropped (a test that fails half way leaves no wrk behind).
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
