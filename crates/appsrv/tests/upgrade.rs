@@ -575,3 +575,73 @@ fn per_listener_rules_follow_their_socket_through_an_upgrade() {
     assert_ne!(d.pid(), old, "a new master serves");
     check("after the upgrade");
 }
+
+/// `GET /readyz` on `addr`: the status line, or why there was none.
+fn readyz(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return "connect failed".into();
+    };
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    if s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").is_err() {
+        return "write failed".into();
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines().next().unwrap_or("no answer").to_owned()
+}
+
+/// Issue 22: a balancer polling `/readyz` never sees an instance leave the rotation for a
+/// reload or an upgrade: a prober asking it back to back through two reloads and an
+/// upgrade (the metrics listener goes to the new master with the others) gets 200 every
+/// time, and the new master answers it afterwards.
+#[test]
+fn issue_22_readyz_stays_200_through_reloads_and_an_upgrade() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let d = Deploy::new("readyz", "testbed");
+    let server = d.start(&["-w", "2", "--metrics-listen", "127.0.0.1:0"]);
+    let line = server.wait_for_log("serving metrics on");
+    let metrics = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    assert!(
+        wait_until(|| readyz(&metrics).starts_with("HTTP/1.1 200").then_some(())).is_some(),
+        "never ready"
+    );
+    let old = d.pid();
+    let stop = AtomicBool::new(false);
+    let (asked, bad) = std::thread::scope(|s| {
+        let prober = s.spawn(|| {
+            let (mut asked, mut bad) = (0u32, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                let status = readyz(&metrics);
+                asked += 1;
+                if !status.starts_with("HTTP/1.1 200") {
+                    bad.push(status);
+                }
+            }
+            (asked, bad)
+        });
+        for _ in 0..2 {
+            let out = d.ctl(&["reload"]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+        let out = d.ctl(&["upgrade"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        // The old master is gone: the probes after this reach the new one only.
+        assert!(
+            wait_until(|| (!alive(old)).then_some(())).is_some(),
+            "the old master stays"
+        );
+        let after = readyz(&metrics);
+        stop.store(true, Ordering::SeqCst);
+        assert!(after.starts_with("HTTP/1.1 200"), "the new master: {after}");
+        prober.join().unwrap()
+    });
+    eprintln!("/readyz asked {asked} times through two reloads and an upgrade");
+    assert!(bad.is_empty(), "{} of {asked} probes not 200: {bad:?}", bad.len());
+    assert_ne!(d.pid(), old, "the pid file names the new master");
+}
