@@ -190,7 +190,7 @@ fn issue_22_behind_haproxy_a_rolling_reload_and_a_drained_stop_fail_no_request()
     busy(&ctl_two);
     // A stop with a drain delay: /readyz 503, HAProxy takes it out, then it closes.
     two.signal(libc::SIGTERM);
-    two.wait_for_log("drain delay over: stopping");
+    two.wait_for_log("SIGTERM: drain delay over: stopping");
     assert!(two.wait_exit().success(), "{}", two.log_text());
     busy(&ctl_one);
     let child = wrk.0.as_mut().unwrap();

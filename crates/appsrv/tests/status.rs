@@ -703,7 +703,7 @@ fn issue_22_a_stop_with_a_drain_delay_leaves_the_rotation_before_it_closes() {
         (&serde_json::json!("stopping"), &serde_json::json!(false))
     );
 
-    server.wait_for_log("drain delay over: stopping");
+    server.wait_for_log("SIGTERM: drain delay over: stopping");
     assert!(server.wait_exit().success(), "{}", server.log_text());
     assert_eq!(health(&dir).0, Some(3), "not running after the stop");
 }

@@ -510,8 +510,7 @@ impl<'a> Master<'a> {
                     self.check_workers();
                     self.maintain(entry)?;
                     if Instant::now() >= until {
-                        tracing::info!("drain delay over: stopping");
-                        self.begin_stop(signal);
+                        self.begin_stop(&format!("{}: drain delay over", signal.as_str()));
                     }
                 }
                 Phase::Stopping {
@@ -684,8 +683,10 @@ impl<'a> Master<'a> {
                 );
             }
             Phase::Draining { .. } => {
-                tracing::info!("{} received again: the drain delay is cut short", sig.as_str());
-                self.begin_stop(sig);
+                self.begin_stop(&format!(
+                    "{} received again: the drain delay is cut short",
+                    sig.as_str()
+                ));
             }
             Phase::Stopping { since, .. } => {
                 tracing::warn!("{} received again: stopping now", sig.as_str());
@@ -722,18 +723,17 @@ impl<'a> Master<'a> {
                         since: now,
                     };
                 } else {
-                    self.begin_stop(sig);
+                    self.begin_stop(&format!("{} received", sig.as_str()));
                 }
             }
         }
     }
 
     /// The graceful stop: the listeners shut, the children told, `--grace-period` for the
-    /// connections in progress.
-    fn begin_stop(&mut self, sig: Signal) {
+    /// connections in progress. `why` begins the log line ("SIGTERM received").
+    fn begin_stop(&mut self, why: &str) {
         tracing::info!(
-            "{} received: stopping; connections in progress may finish within {:?}",
-            sig.as_str(),
+            "{why}: stopping; connections in progress may finish within {:?}",
             self.settings.grace_period
         );
         // Shut the listeners for every process at once: new connections are refused from
