@@ -33,16 +33,6 @@ fn have(tool: &str, arg: &str) -> bool {
     found
 }
 
-/// The address of an instance's `--metrics-listen` listener, from its log.
-fn metrics_addr(server: &Server) -> String {
-    let line = server.wait_for_log("serving metrics on");
-    line.split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned()
-}
-
 /// One instance: PROXY on its listener, health on its own metrics address, a drain delay
 /// longer than the recipe's check interval (500 ms, down after one failure).
 fn instance(ctl: &str) -> (Server, String) {
@@ -61,7 +51,7 @@ fn instance(ctl: &str) -> (Server, String) {
             "2",
         ],
     );
-    let metrics = metrics_addr(&server);
+    let metrics = server.metrics_addr();
     (server, metrics)
 }
 

@@ -348,16 +348,6 @@ fn another_uid_is_refused() {
     ok(ctl(&dir, &["status"]));
 }
 
-/// The address of the `--metrics-listen` listener, from the master's log line.
-fn metrics_addr(server: &Server) -> String {
-    let line = server.wait_for_log("serving metrics on");
-    line.split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned()
-}
-
 /// Sends `request` to `addr` and reads the whole response.
 fn http(addr: &str, request: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -385,7 +375,7 @@ const PROMETHEUS_ACCEPT: &str =
 fn metrics_are_served_over_http() {
     let dir = Dir::new("http", 0o700);
     let server = start(&dir, 2, &["--metrics-listen", "127.0.0.1:0"]);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     let get = |request: &str| http(&addr, request);
     let r = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     let (head, body) = r.split_once("\r\n\r\n").unwrap();
@@ -459,7 +449,7 @@ fn metrics_count_denied_and_refused_connections() {
 fn issue_17_metrics_negotiate_openmetrics_and_health_is_served() {
     let dir = Dir::new("negotiate", 0o700);
     let server = start(&dir, 2, &["--metrics-listen", "127.0.0.1:0"]);
-    let addr = metrics_addr(&server);
+    let addr = server.metrics_addr();
     for headers in ["", "Accept: */*\r\n"] {
         let (head, body) = get(&addr, "/metrics", headers);
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
@@ -578,7 +568,7 @@ fn issue_17_promtool_accepts_the_text_format() {
     c.testbed_pid();
     assert_eq!(c.ask("hello"), "hello");
     drop(c);
-    let (_, scraped) = get(&metrics_addr(&server), "/metrics", "");
+    let (_, scraped) = get(&server.metrics_addr(), "/metrics", "");
     for text in [ok(ctl(&dir, &["metrics"])), scraped] {
         let mut cmd = Command::new("promtool");
         cmd.args(["check", "metrics"]);
@@ -620,7 +610,7 @@ fn issue_17_an_openmetrics_parser_reads_the_openmetrics_text() {
     }
     let dir = Dir::new("openmetrics", 0o700);
     let server = start(&dir, 2, &["--metrics-listen", "127.0.0.1:0"]);
-    let (head, scraped) = get(&metrics_addr(&server), "/metrics", PROMETHEUS_ACCEPT);
+    let (head, scraped) = get(&server.metrics_addr(), "/metrics", PROMETHEUS_ACCEPT);
     assert!(head.contains("application/openmetrics-text"), "{head}");
     // One line per family: name, type, unit, samples; then "ok".
     let script = "import sys\n\
@@ -668,7 +658,7 @@ fn issue_22_a_stop_with_a_drain_delay_leaves_the_rotation_before_it_closes() {
         2,
         &["--metrics-listen", "127.0.0.1:0", "--drain-delay", "10"],
     );
-    let metrics = metrics_addr(&server);
+    let metrics = server.metrics_addr();
     let addr = server.tcp_addr();
     let ready = wait_until(|| {
         let (head, _) = get(&metrics, "/readyz", "");

@@ -600,13 +600,7 @@ fn issue_22_readyz_stays_200_through_reloads_and_an_upgrade() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let d = Deploy::new("readyz", "testbed");
     let server = d.start(&["-w", "2", "--metrics-listen", "127.0.0.1:0"]);
-    let line = server.wait_for_log("serving metrics on");
-    let metrics = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let metrics = server.metrics_addr();
     assert!(
         wait_until(|| readyz(&metrics).starts_with("HTTP/1.1 200").then_some(())).is_some(),
         "never ready"

@@ -349,6 +349,16 @@ impl Server {
             .collect()
     }
 
+    /// The address of the `--metrics-listen` listener (`HOST:PORT`), from its log line.
+    pub fn metrics_addr(&self) -> String {
+        let line = self.wait_for_log("serving metrics on");
+        line.split("http://")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned()
+    }
+
     /// The first TCP address the server listens on.
     pub fn tcp_addr(&self) -> SocketAddr {
         self.listening()
