@@ -364,6 +364,41 @@ pub(crate) fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
 }
 
+/// The variables of the environment that [`parse`] found with the program's prefix but
+/// naming no option (see [`unknown_env`]).
+static UNKNOWN_ENV: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// The variables set with the program's prefix (`HTTP_HELLO_WORKRS`) that name no option of
+/// any subcommand, as the command line was parsed: clap reads only the variables it knows,
+/// so a misspelt one would be ignored without a word. `run`, `start` and `check` warn of
+/// them.
+pub(crate) fn unknown_env_vars() -> &'static [String] {
+    UNKNOWN_ENV.get().map_or(&[], Vec::as_slice)
+}
+
+/// The names in `vars` that start with `PREFIX_` and are no option's variable in `cmd` or
+/// its subcommands, sorted.
+fn unknown_env(cmd: &Command, prefix: &str, vars: impl Iterator<Item = (OsString, OsString)>) -> Vec<String> {
+    fn known(cmd: &Command, into: &mut std::collections::HashSet<OsString>) {
+        into.extend(
+            cmd.get_arguments()
+                .filter_map(|a| a.get_env().map(ToOwned::to_owned)),
+        );
+        for sub in cmd.get_subcommands() {
+            known(sub, into);
+        }
+    }
+    let mut names = std::collections::HashSet::new();
+    known(cmd, &mut names);
+    let start = format!("{prefix}_");
+    let mut unknown: Vec<String> = vars
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with(&start) && !names.contains(std::ffi::OsStr::new(k)))
+        .collect();
+    unknown.sort();
+    unknown
+}
+
 /// The prefix of the environment variables: `http-hello` → `HTTP_HELLO`.
 pub(crate) fn env_prefix(name: &str) -> String {
     name.chars()
@@ -972,6 +1007,11 @@ fn env_name(prefix: &str, long: &str) -> String {
 /// A bad value that came from the environment is reported against its variable (clap
 /// names the flag only).
 pub(crate) fn parse(mut cmd: Command, args: Vec<OsString>) -> ArgMatches {
+    let _ = UNKNOWN_ENV.set(unknown_env(
+        &cmd,
+        &env_prefix(cmd.get_name()),
+        std::env::vars_os(),
+    ));
     let args = with_default_subcommand(args);
     let matches = match cmd.try_get_matches_from_mut(args.clone()) {
         Ok(m) => m,
@@ -1187,6 +1227,28 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 22: a misspelt `NAME_OPTION` variable is named, not silently ignored; the
+    /// options' variables (of every subcommand) and other programs' are not.
+    #[test]
+    fn issue_22_unknown_variables_with_the_prefix_are_found() {
+        let cmd = command("http-hello", None, None, &Defaults::default(), |c| c);
+        let vars = [
+            "HTTP_HELLO_WORKERS",
+            "HTTP_HELLO_WORKRS",
+            "HTTP_HELLO_DRAIN_DELAY",
+            "HTTP_HELLO_FORMAT",
+            "HTTP_HELLO_",
+            "HTTP_HELLOX",
+            "OTHER_WORKERS",
+        ]
+        .map(|k| (OsString::from(k), OsString::from("1")));
+        assert_eq!(
+            unknown_env(&cmd, "HTTP_HELLO", vars.into_iter()),
+            ["HTTP_HELLO_", "HTTP_HELLO_WORKRS"]
+        );
+    }
+
     use super::*;
 
     fn parse(defaults: &Defaults, args: &[&str]) -> Result<Config, clap::Error> {

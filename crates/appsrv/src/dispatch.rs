@@ -140,6 +140,12 @@ where
 {
     let mut config = serve_config(&mut program, matches, request_level)?;
     crate::process::log::init(&program.name, config.log_level, log_format(&config));
+    for var in cli::unknown_env_vars() {
+        tracing::warn!(
+            "{var} is set but names no option of {}: ignored (misspelt?)",
+            program.name
+        );
+    }
     resolve_paths(&program.name, &mut config)?;
     let limits = Limits {
         keepalive_timeout: config.keepalive_timeout,
@@ -233,6 +239,12 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             std::process::exit(control::upgrade_command(&program.name, &path, timeout))
         }
         Some(("check", m)) => {
+            for var in cli::unknown_env_vars() {
+                eprintln!(
+                    "warning: {var} is set but names no option of {}: ignored (misspelt?)",
+                    program.name
+                );
+            }
             let config = config(m);
             match check(program, &config, request_level) {
                 Ok(()) => {

@@ -324,3 +324,25 @@ fn issue_17_status_names_a_foreground_master_it_cannot_reach() {
         "{said}"
     );
 }
+
+/// Issue 22: configured by the environment (a Kubernetes Deployment), a misspelt variable
+/// is named on the terminal by `check` instead of being ignored without a word; the
+/// configuration is still checked (and the variables that name options are not warned of).
+#[test]
+fn issue_22_check_warns_of_a_variable_that_names_no_option() {
+    let out = run(
+        "http_hello",
+        &["check"],
+        &[("HTTP_HELLO_WORKRS", "3"), ("HTTP_HELLO_WORKERS", "2")],
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "warning: HTTP_HELLO_WORKRS is set but names no option of http_hello: ignored (misspelt?)"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("HTTP_HELLO_WORKERS"), "{err}");
+    assert!(text(&out.stdout).contains("configuration OK"));
+}
