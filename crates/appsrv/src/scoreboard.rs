@@ -455,8 +455,6 @@ impl Board {
         if let Some(s) = self.slot(id) {
             // A dead front holds nothing any more (its requests went with it).
             s.queued.store(0, Ordering::Relaxed);
-        }
-        if let Some(s) = self.slot(id) {
             s.pid.store(0, Ordering::Release);
         }
     }

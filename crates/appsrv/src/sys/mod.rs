@@ -929,6 +929,9 @@ pub(crate) fn send_with_fds(
 /// Whether any of `fds` is readable now (a zero-timeout `poll`): for listening sockets,
 /// whether a connection waits in one of their queues. An error counts as "no".
 pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {
+    if fds.is_empty() {
+        return false; // no system call for nothing to ask (hybrid mode without TLS)
+    }
     let mut polled: Vec<nix::poll::PollFd<'_>> = fds
         .iter()
         .map(|f| nix::poll::PollFd::new(f.as_fd(), nix::poll::PollFlags::POLLIN))
