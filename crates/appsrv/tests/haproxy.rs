@@ -158,7 +158,9 @@ fn issue_22_behind_haproxy_a_rolling_reload_and_a_drained_stop_fail_no_request()
     // wrk for long enough to cover both reloads and the drained stop (each bounded by
     // the waits below); it must still be running when they are done.
     let wrk: Child = Command::new("wrk")
-        .args(["-t1", "-c8", "-d20s", &url])
+        // A response slower than wrk's default 2 s timeout (a loaded CI machine) is
+        // latency, not a lost request: 10 s.
+        .args(["-t1", "-c8", "-d20s", "--timeout", "10s", &url])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
