@@ -1023,7 +1023,11 @@ pub(crate) fn parse(mut cmd: Command, args: Vec<OsString>) -> ArgMatches {
         Some(("completions", m)) => {
             let shell = *m.get_one::<clap_complete::Shell>("shell").expect("required");
             let name = cmd.get_name().to_owned();
-            clap_complete::generate(shell, &mut cmd, name, &mut std::io::stdout());
+            // Generated in memory: clap_complete panics when its writer fails (a closed
+            // pipe), and a command that cannot print has nothing better to do than exit.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, name, &mut script);
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
             std::process::exit(0)
         }
         Some(("man", m)) => {
@@ -1036,7 +1040,7 @@ pub(crate) fn parse(mut cmd: Command, args: Vec<OsString>) -> ArgMatches {
                 // A closed pipe (`| head`) is not a failure.
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
                 Err(e) => {
-                    eprintln!("error: writing the manual page: {e}");
+                    crate::process::console::errln!("error: writing the manual page: {e}");
                     std::process::exit(1)
                 }
             }

@@ -240,7 +240,7 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         }
         Some(("check", m)) => {
             for var in cli::unknown_env_vars() {
-                eprintln!(
+                crate::process::console::errln!(
                     "warning: {var} is set but names no option of {}: ignored (misspelt?)",
                     program.name
                 );
@@ -248,11 +248,11 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             let config = config(m);
             match check(program, &config, request_level) {
                 Ok(()) => {
-                    println!("{}: configuration OK", program.name);
+                    crate::process::console::outln!("{}: configuration OK", program.name);
                     std::process::exit(0)
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    crate::process::console::errln!("error: {e}");
                     std::process::exit(1)
                 }
             }
@@ -303,7 +303,7 @@ fn control_path(name: &str, m: &ArgMatches) -> PathBuf {
     {
         Some(path) => path,
         None => {
-            eprintln!("error: no default control socket location: set --control or XDG_RUNTIME_DIR");
+            crate::process::console::errln!("error: no default control socket location: set --control or XDG_RUNTIME_DIR");
             std::process::exit(1);
         }
     }

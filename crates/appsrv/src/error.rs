@@ -120,7 +120,7 @@ impl Error {
     /// `appsrv::Result<()>` works too, but Rust's runtime prints `Error: ` instead.)
     pub fn exit(&self) -> ! {
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        eprintln!("error: {self}");
+        crate::process::console::errln!("error: {self}");
         std::process::exit(1)
     }
 

@@ -304,6 +304,11 @@ pub(crate) struct Board {
     handoffs_taken: AtomicU64,
     /// Hybrid mode: fronts that take connections handed back (not stopping).
     fronts_receiving: AtomicU32,
+    /// Log lines dropped because they could not be written (a full disk, a closed stderr),
+    /// by process role (master, worker, front, helper) and log (error, access): counted by
+    /// every process in `process/log.rs`, read by the master for
+    /// `appsrv_log_lines_dropped_total`.
+    log_dropped: [[AtomicU64; 2]; 4],
 }
 
 /// How long the master's sighting of queued clients ([`Board::mark_queued`]) holds without
@@ -366,6 +371,11 @@ impl Board {
         board.rate_seed.store(sys::random_u64(), Ordering::Relaxed);
         BOARD_FD.store(std::os::fd::IntoRawFd::into_raw_fd(fd), Ordering::SeqCst);
         Ok(board)
+    }
+
+    /// The table of log lines dropped, by role and log (`process::log::DropTable`).
+    pub(crate) fn log_dropped(&self) -> &[[AtomicU64; 2]; 4] {
+        &self.log_dropped
     }
 
     /// The memfd behind the board this process made, for a re-executed worker to map.

@@ -518,3 +518,227 @@ fn issue_20_a_request_that_arrives_in_pieces_is_logged_whole(io: Io) {
     let line = dir.wait_for_line("access.log", "GET /");
     assert!(line.contains("\"GET /?in-pieces HTTP/1.1"), "{line}");
 }
+
+/// One HTTP/1.1 request with `Connection: close`; the whole response as text.
+fn http_text(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// The value of the metric sample `name{labels}` (labels as the server renders them).
+fn metric_value(metrics_addr: &str, sample: &str) -> u64 {
+    let text = http_text(metrics_addr, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {sample} in:\n{text}"))
+}
+
+/// A tmpfs of 64 KiB, mounted for one test and unmounted (then removed) when dropped.
+struct TinyDisk(PathBuf);
+
+impl TinyDisk {
+    fn mount(tag: &str) -> TinyDisk {
+        let dir = std::env::temp_dir().join(format!("appsrv-tiny-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs on {}", dir.display());
+        TinyDisk(dir)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+
+    /// Fills what is left of the disk with a file of its own, then the last page of each
+    /// log file (a tmpfs counts whole pages: a file's last page takes lines until it is
+    /// full) with filler lines.
+    fn fill(&self, logs: &[&str]) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        let block = [0u8; 1024];
+        while f.write_all(&block).is_ok() {}
+        for log in logs {
+            let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+            while f.write_all(b"filler\n").is_ok() {}
+        }
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.0.join("filler")).unwrap();
+    }
+}
+
+impl Drop for TinyDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Issue 31: a full log disk ended the whole server. Every line written after the disk
+/// filled failed, and tracing-subscriber's report of the failure (`eprintln!` to the same
+/// full stderr) panicked: the workers exited 70 and the master 101, with nothing left to
+/// recover when space came back. Now the lines are dropped and counted, the server goes on
+/// serving and reloading, and when the disk has room again a line says what was lost.
+fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(io: Io) {
+    if !is_root() {
+        eprintln!("skipped: needs root (mounts a tmpfs)");
+        return;
+    }
+    let disk = TinyDisk::mount(io.name());
+    let (log, access) = (disk.path("error.log"), disk.path("access.log"));
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "-w",
+        "2",
+        "--log-file",
+        &log,
+        "--access-log",
+        &access,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend(user_args());
+    let server = Server::spawn("http_hello", &io.args(&args), &[]);
+    // The lines go to the log file: the addresses are read there.
+    let line_with = |needle: &str| {
+        wait_until(|| {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.lines().find(|l| l.contains(needle)).map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no {needle:?} in {log}"))
+    };
+    line_with("master: ready");
+    let addr = line_with("listening on ").rsplit_once(' ').unwrap().1.to_owned();
+    let metrics = line_with("serving metrics on http://");
+    let metrics = metrics.split("http://").nth(1).unwrap().trim_end_matches("/metrics").to_owned();
+    disk.fill(&[&log, &access]);
+    // Every request's access line, and every line of a reload (the master's, the new
+    // workers'), meets a full disk.
+    for _ in 0..50 {
+        assert!(http_text(&addr, "/").starts_with("HTTP/1.1 200 "));
+    }
+    server.signal(libc::SIGHUP);
+    let dropped = |log: &str, role: &str| {
+        metric_value(
+            &metrics,
+            &format!("appsrv_log_lines_dropped_total{{log=\"{log}\",role=\"{role}\"}}"),
+        )
+    };
+    let counted = wait_until(|| {
+        (dropped("access", "worker") >= 1 && dropped("error", "master") >= 1).then_some(())
+    });
+    assert!(
+        counted.is_some(),
+        "access lines dropped by workers: {}, error lines by the master: {}",
+        dropped("access", "worker"),
+        dropped("error", "master")
+    );
+    for _ in 0..20 {
+        assert!(http_text(&addr, "/").starts_with("HTTP/1.1 200 "), "served after a reload on a full disk");
+    }
+    assert!(alive(server.pid()), "the master lives");
+    disk.free();
+    // Room again: the next lines are written, and the first says what was lost.
+    let seen = wait_until(|| {
+        let _ = http_text(&addr, "/");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("writable again").then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "no 'writable again' line:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(std::fs::read_to_string(&access).unwrap().contains(" ok "), "access lines again");
+    drop(server);
+}
+
+#[test]
+fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on_blocking() {
+    issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(Io::Blocking);
+}
+
+#[test]
+fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on_event() {
+    issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(Io::Event);
+}
+
+#[test]
+fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on_hybrid() {
+    issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(Io::Hybrid);
+}
+
+/// Issue 31: stderr a pipe whose reader has gone (journald restarted, the terminal
+/// closed): the next log line ended the master (`failed printing to stderr`). Now the
+/// master reloads, serves and answers its metrics with the lines counted as dropped.
+#[test]
+fn issue_31_a_closed_stderr_pipe_does_not_end_the_server() {
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", "2", "--metrics-listen", "127.0.0.1:0"];
+    args.extend(user_args());
+    let server = Server::spawn_hanging_up("http_hello", &args, "master: ready");
+    server.wait_for_ready();
+    let addr = server.tcp_addr().to_string();
+    let metrics = server.metrics_addr();
+    let sample = "appsrv_log_lines_dropped_total{log=\"error\",role=\"master\"}";
+    // The reader thread closes its end right after the ready line; a reload's lines then
+    // meet EPIPE. Reload until one has (the first may race the close).
+    let dropped = wait_until(|| {
+        server.signal(libc::SIGHUP);
+        let n = metric_value(&metrics, sample);
+        (n > 0).then_some(n)
+    });
+    assert!(dropped.is_some(), "no error line counted as dropped");
+    for _ in 0..20 {
+        assert!(http_text(&addr, "/").starts_with("HTTP/1.1 200 "));
+    }
+    assert!(alive(server.pid()), "the master lives");
+    drop(server);
+}
+
+/// Issue 31: nothing in the library prints with `print!`, `println!`, `eprint!`,
+/// `eprintln!` or `dbg!`, which panic when their write fails (tracing-subscriber's own
+/// `eprintln!` is turned off: `process/log.rs`); client commands use `process/console.rs`.
+#[test]
+fn issue_31_nothing_in_the_library_prints_with_a_macro_that_panics() {
+    fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (n, line) in text.lines().enumerate() {
+                    let code = line.trim_start();
+                    if code.starts_with("//") {
+                        continue;
+                    }
+                    let code = code.split(" //").next().unwrap_or(code);
+                    for m in ["print!(", "println!(", "eprint!(", "eprintln!(", "dbg!("] {
+                        let hit = code.match_indices(m).any(|(i, _)| {
+                            i == 0 || !code.as_bytes()[i - 1].is_ascii_alphanumeric() && code.as_bytes()[i - 1] != b'_'
+                        });
+                        if hit {
+                            found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    walk(&src, &mut found);
+    assert!(found.is_empty(), "printing macros in the library:\n{}", found.join("\n"));
+}

@@ -49,6 +49,7 @@ mod http;
 mod render;
 pub(crate) mod status;
 
+use crate::process::console::{errln, outln};
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -562,7 +563,7 @@ pub(crate) fn reload_command(name: &str, path: &Path, timeout: std::time::Durati
             match text.split_whitespace().last().and_then(|g| g.parse::<u32>().ok()) {
                 Some(g) => g,
                 None => {
-                    eprintln!("error: unexpected reply to reload: {text:?}");
+                    errln!("error: unexpected reply to reload: {text:?}");
                     return 1;
                 }
             }
@@ -573,14 +574,14 @@ pub(crate) fn reload_command(name: &str, path: &Path, timeout: std::time::Durati
     loop {
         match exchange(path, &Request::ReloadStatus(generation)) {
             Outcome::Ok(body) if body.starts_with(b"done") => {
-                println!("{name}: reloaded (generation {generation})");
+                outln!("{name}: reloaded (generation {generation})");
                 return 0;
             }
             Outcome::Ok(_) => {}
             other => return client_exit(name, path, other),
         }
         if std::time::Instant::now() >= deadline {
-            eprintln!("error: {name}: generation {generation} not serving alone after {timeout:?}");
+            errln!("error: {name}: generation {generation} not serving alone after {timeout:?}");
             return 1;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -598,7 +599,7 @@ pub(crate) fn upgrade_command(name: &str, path: &Path, timeout: std::time::Durat
             match text.split_whitespace().last().and_then(|p| p.parse::<i32>().ok()) {
                 Some(p) => p,
                 None => {
-                    eprintln!("error: unexpected reply to upgrade: {text:?}");
+                    errln!("error: unexpected reply to upgrade: {text:?}");
                     return 1;
                 }
             }
@@ -609,7 +610,7 @@ pub(crate) fn upgrade_command(name: &str, path: &Path, timeout: std::time::Durat
     loop {
         match exchange(path, &Request::UpgradeStatus(pid)) {
             Outcome::Ok(body) if body.starts_with(b"done") => {
-                println!("{name}: upgraded (new master pid {pid})");
+                outln!("{name}: upgraded (new master pid {pid})");
                 return 0;
             }
             Outcome::Ok(_) => {}
@@ -620,7 +621,7 @@ pub(crate) fn upgrade_command(name: &str, path: &Path, timeout: std::time::Durat
             other => return client_exit(name, path, other),
         }
         if std::time::Instant::now() >= deadline {
-            eprintln!("error: {name}: the new master (pid {pid}) is not serving after {timeout:?}");
+            errln!("error: {name}: the new master (pid {pid}) is not serving after {timeout:?}");
             return 1;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -684,11 +685,11 @@ pub(crate) fn health_command(name: &str, path: &Path) -> i32 {
     let outcome = match exchange(path, &Request::Status { json: true }) {
         Outcome::Ok(body) => match serde_json::from_slice::<serde_json::Value>(&body) {
             Ok(v) if v["ready"] == serde_json::Value::Bool(true) => {
-                println!("{name}: ready");
+                outln!("{name}: ready");
                 return 0;
             }
             Ok(v) if v["ready"] == serde_json::Value::Bool(false) => {
-                println!(
+                outln!(
                     "{name}: not ready: {}",
                     v["not_ready"].as_str().unwrap_or("unknown")
                 );
@@ -715,18 +716,18 @@ fn client_command_outcome(name: &str, path: &Path, outcome: Outcome) -> i32 {
             // A closed pipe (`| head`) is not the server's failure.
             match printed {
                 Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
-                    eprintln!("error: writing the reply: {e}");
+                    errln!("error: writing the reply: {e}");
                     1
                 }
                 _ => 0,
             }
         }
         Outcome::NotRunning { stale } => {
-            println!("{}", not_running(name, path, stale));
+            outln!("{}", not_running(name, path, stale));
             3
         }
         Outcome::Err(msg) if msg == "permission denied" => {
-            eprintln!(
+            errln!(
                 "error: {name}: permission denied by the server at {} \
                  (only root and the server's user may use it)",
                 path.display()
@@ -734,15 +735,15 @@ fn client_command_outcome(name: &str, path: &Path, outcome: Outcome) -> i32 {
             4
         }
         Outcome::NoPermission(msg) => {
-            eprintln!("error: {msg}");
+            errln!("error: {msg}");
             4
         }
         Outcome::Err(msg) => {
-            eprintln!("error: {name}: {msg}");
+            errln!("error: {name}: {msg}");
             1
         }
         Outcome::Failed(msg) => {
-            eprintln!("error: {msg}");
+            errln!("error: {msg}");
             1
         }
     }

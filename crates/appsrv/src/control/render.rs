@@ -198,6 +198,15 @@ pub(crate) fn render_text(status: &Status) -> String {
     };
     let _ = writeln!(o, "Restarts:      {restarts}");
     let _ = writeln!(o, "Max workers reached: {} times", status.max_workers_reached);
+    match status.log_dropped_totals() {
+        (0, 0) => {}
+        (error, access) => {
+            let _ = writeln!(
+                o,
+                "Warning:       log lines dropped (could not be written): {error} error log, {access} access log"
+            );
+        }
+    }
     if let Some(held) = &status.slow_clients {
         let _ = writeln!(o, "Warning:       {held}; consider --max-conns-per-ip");
     }
@@ -439,6 +448,9 @@ fn json_f64(v: f64) -> String {
 ///                                  unixgram:PATH)
 ///   "restarts": {"exit": 0, "signal": 1, "timeout": 0, "recycled": 0, "backoff": 0},
 ///   "max_workers_reached": 0,
+///   "log_lines_dropped": {"error": 0, "access": 0},
+///                                  lines that could not be written (a full disk, a
+///                                  closed stderr), by every process
 ///   "slow_clients": null,          or, while 75 % of the workers are held 10 s or more
 ///                                  reading by clients of at most 3 addresses:
 ///                                  {"workers": 4, "held": 3, "addresses":
@@ -586,7 +598,7 @@ pub(crate) fn render_json(status: &Status) -> String {
          \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"slow_requests\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}],\
          \"datagrams\":{{\"received\":{},\"sent\":{},\"bytes_in\":{},\"bytes_out\":{},\"denied\":{},\"too_large\":{},\"rate_limited\":{},\"errors\":{},\"send_failed\":{}}}}},\
          \"event\":{},\"hybrid\":{},\
-         \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"slow_clients\":{},\"scoreboard\":{},\
+         \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"log_lines_dropped\":{{\"error\":{},\"access\":{}}},\"slow_clients\":{},\"scoreboard\":{},\
          \"workers\":[{}]}}\n",
         json_str(&status.name),
         status.master_pid,
@@ -627,6 +639,8 @@ pub(crate) fn render_json(status: &Status) -> String {
         listeners.join(","),
         restarts.join(","),
         status.max_workers_reached,
+        status.log_dropped_totals().0,
+        status.log_dropped_totals().1,
         status.slow_clients.as_ref().map_or_else(
             || "null".to_owned(),
             |h| {
@@ -723,6 +737,7 @@ impl Exposition {
 /// | `appsrv_fronts` | gauge | hybrid mode |
 /// | `appsrv_front_connections` | gauge | hybrid mode: connections the fronts hold |
 /// | `appsrv_max_workers_reached_total` | counter | |
+/// | `appsrv_log_lines_dropped_total` | counter | `log`: error, access; `role`: master, worker, front, helper |
 /// | `appsrv_worker_restarts_total` | counter | `reason` |
 /// | `appsrv_request_duration_seconds` | histogram | `le` |
 /// | `appsrv_uptime_seconds` | gauge | |
@@ -932,6 +947,16 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "Hybrid mode: connections the fronts hold (not yet with a whole request, or idle between requests).",
         hybrid.held().0,
     );
+    e.family(
+        "appsrv_log_lines_dropped_total",
+        "counter",
+        "Log lines that could not be written (a full disk, a closed stderr) and were dropped, by log and process role.",
+    );
+    for (row, role) in status.log_dropped.iter().zip(crate::process::log::DROP_ROLES) {
+        for (n, log) in row.iter().zip(["error", "access"]) {
+            e.sample("appsrv_log_lines_dropped_total", &[("log", log), ("role", role)], n);
+        }
+    }
     e.single(
         "appsrv_max_workers_reached_total",
         "counter",
@@ -1304,6 +1329,7 @@ pub(crate) mod tests {
                 ("backoff", 0),
             ],
             hybrid: None,
+            log_dropped: [[0, 1], [2, 3], [0, 0], [0, 0]],
         }
     }
 

@@ -39,6 +39,18 @@ pub(crate) struct Status {
     pub(crate) slow_clients: Option<Held>,
     /// Hybrid mode (`--io hybrid`): the fronts and the requests waiting for a worker.
     pub(crate) hybrid: Option<Hybrid>,
+    /// Log lines that could not be written (a full disk, a closed stderr), by process role
+    /// (master, worker, front, helper) and log (error, access), since the master started.
+    pub(crate) log_dropped: [[u64; 2]; 4],
+}
+
+impl Status {
+    /// Log lines dropped by every process, per log: (error log, access log).
+    pub(crate) fn log_dropped_totals(&self) -> (u64, u64) {
+        self.log_dropped
+            .iter()
+            .fold((0, 0), |(e, a), row| (e + row[0], a + row[1]))
+    }
 }
 
 /// Hybrid mode's side of the status.

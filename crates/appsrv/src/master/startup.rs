@@ -390,6 +390,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
     let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
     let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
+    crate::process::log::count_dropped_in(board.log_dropped());
     // Event workers count their connections per address in shared tables, one per worker
     // id (any id the master may give: pages are allocated only when used).
     let peers = (config.io != crate::cli::Io::Blocking && config.max_conns_per_ip > 0)
@@ -688,6 +689,7 @@ fn adopt_handoff(
     let tls = Store::load(tls_sources(config, &listeners)?)?;
     let board = Board::adopt(adopt(handoff.board, "adopting the scoreboard")?)
         .map_err(|e| Error::sys("mapping the scoreboard", e))?;
+    crate::process::log::count_dropped_in(board.log_dropped());
     let peers = handoff
         .peers
         .map(|fd| adopt(fd, "adopting the per-address tables"))

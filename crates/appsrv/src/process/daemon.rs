@@ -17,6 +17,7 @@
 //! the old one still holds the lock on the old file, with no moment at which `stop` finds
 //! no live pid.
 
+use super::console::{errln, out, outln};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -383,7 +384,7 @@ fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
             nix::poll::PollTimeout::try_from(ms).unwrap_or(nix::poll::PollTimeout::MAX),
         ) {
             Ok(0) => {
-                eprintln!(
+                errln!(
                     "error: the server did not report ready within {timeout:?}; it may still be starting \
                      (see its log file)"
                 );
@@ -392,7 +393,7 @@ fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => {
-                eprintln!("error: waiting for the server: {}", e.desc());
+                errln!("error: waiting for the server: {}", e.desc());
                 std::process::exit(1);
             }
         }
@@ -401,21 +402,21 @@ fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
             Ok(n) => message.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                eprintln!("error: waiting for the server: {e}");
+                errln!("error: waiting for the server: {e}");
                 std::process::exit(1);
             }
         }
         if let Some(summary) = message.strip_prefix(b"R") {
             if summary.ends_with(b"\n") {
-                print!("{}", String::from_utf8_lossy(summary));
+                out!("{}", String::from_utf8_lossy(summary));
                 let _ = io::stdout().flush();
                 std::process::exit(0);
             }
         }
     }
     match message.split_first() {
-        Some((b'E', reason)) => eprintln!("error: {}", String::from_utf8_lossy(reason)),
-        _ => eprintln!("error: the server exited during start-up (see its log file)"),
+        Some((b'E', reason)) => errln!("error: {}", String::from_utf8_lossy(reason)),
+        _ => errln!("error: the server exited during start-up (see its log file)"),
     }
     std::process::exit(1)
 }
@@ -429,7 +430,7 @@ const STOP_MARGIN: Duration = Duration::from_secs(10);
 /// permission to signal it.
 pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, grace: Duration) -> i32 {
     let Some(path) = pid_file.or_else(|| default_pid_file(name)) else {
-        eprintln!("error: no default pid file location: set --pid-file or XDG_RUNTIME_DIR");
+        errln!("error: no default pid file location: set --pid-file or XDG_RUNTIME_DIR");
         return 1;
     };
     let shown = path.display();
@@ -450,23 +451,23 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
                 false => " (the path given with --pid-file)",
             };
             let elsewhere = running_elsewhere(name, "this pid file");
-            println!("{name}: not running: no pid file at {shown}{hint}{elsewhere}");
+            outln!("{name}: not running: no pid file at {shown}{hint}{elsewhere}");
             return 0;
         }
         Ok(Running::Stale(pid)) => {
             let master = pid.map(|p| format!(", pid {p},")).unwrap_or_default();
-            println!(
+            outln!(
                 "{name}: not running: stale pid file {shown} (its master{master} is gone without removing it)"
             );
             return 0;
         }
         Ok(Running::Yes(pid)) => Pid::from_raw(pid),
         Ok(Running::Starting) => {
-            eprintln!("error: {name} is still starting (pid file {shown} locked, no pid yet)");
+            errln!("error: {name} is still starting (pid file {shown} locked, no pid yet)");
             return 1;
         }
         Err(e) => {
-            eprintln!("error: reading the pid file {shown}: {e}");
+            errln!("error: reading the pid file {shown}: {e}");
             return if e.kind() == io::ErrorKind::PermissionDenied {
                 4
             } else {
@@ -478,15 +479,15 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
     match term() {
         Ok(()) => {}
         Err(nix::errno::Errno::ESRCH) => {
-            println!("{name}: not running (pid {pid} is gone)");
+            outln!("{name}: not running (pid {pid} is gone)");
             return 0;
         }
         Err(nix::errno::Errno::EPERM) => {
-            eprintln!("error: not allowed to signal pid {pid}");
+            errln!("error: not allowed to signal pid {pid}");
             return 4;
         }
         Err(e) => {
-            eprintln!("error: signalling pid {pid}: {}", e.desc());
+            errln!("error: signalling pid {pid}: {}", e.desc());
             return 1;
         }
     }
@@ -500,7 +501,7 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
         match running(&path) {
             Ok(Running::Yes(p)) if p == pid.as_raw() => {}
             _ if process_gone(pid) => {
-                println!("{name}: stopped (pid {pid})");
+                outln!("{name}: stopped (pid {pid})");
                 return 0;
             }
             _ => {}
@@ -511,7 +512,7 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
             second_sent = true;
         }
         if Instant::now() >= deadline {
-            eprintln!(
+            errln!(
                 "error: {name} (pid {pid}) is still running after {:?}",
                 grace + STOP_MARGIN
             );

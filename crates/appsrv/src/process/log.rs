@@ -31,6 +31,20 @@
 //! the descriptor never interleave. The subscriber starts no thread; it is installed once in
 //! the master and inherited by workers, which only update the pid and role.
 //!
+//! **A line that cannot be written is dropped, never fatal** (issue 31). A full disk, a
+//! stderr pipe whose reader went away (`EPIPE`: a journald restart, a closed terminal) or
+//! `EIO` used to end the process: tracing-subscriber reports a failed write with
+//! `eprintln!`, which panics when stderr itself is what failed, and the master died of
+//! its first log line. Now the writer ([`LineWriter`]) never reports a failure to the
+//! subscriber: it counts the line in [`LostLines`] (per process role and per log, in the
+//! scoreboard once the master has made it: `appsrv_log_lines_dropped_total`), tries one
+//! warning line a minute at most (which gets through if the disk has room for a short line
+//! again, and costs nothing if not), and after the first line that is written again, writes
+//! one line that says how many were lost since when. The access log
+//! (`worker/access.rs`) keeps the same account for its own lines, and its warnings go to
+//! this log. Nothing in the crate prints with `print!`/`eprint!` (whose failure panics):
+//! `tests/logs.rs` greps for them.
+//!
 //! The log files (`--log-file`, `--access-log`) are the master's: created mode 0640, owned
 //! by the master's user, writable by nobody else (see [`open_log`]). Workers never open
 //! them; after USR1 the master hands them the reopened files (`process/reopen.rs`).
@@ -40,11 +54,13 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::io::Write as _;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -104,13 +120,274 @@ fn stderr_id() -> Option<(u64, u64)> {
 pub(crate) fn init(name: &str, level: Level, format: Format) {
     let _ = NAME.set(name.to_owned());
     set_master();
+    let _ = FORMAT.set(format);
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
-        .with_writer(std::io::stderr)
+        .with_writer(LineWriter)
         .with_ansi(false)
+        // The writer never fails (it counts what it drops), so this is only a second guard:
+        // tracing-subscriber reports a failed write with `eprintln!`, which panics when
+        // stderr is what failed.
+        .log_internal_errors(false)
         .event_format(LineFormat(format))
         .finish();
     let _ = tracing::subscriber::set_global_default(subscriber);
+}
+
+/// The format [`init`] installed (for the lines [`LineWriter`] writes itself).
+static FORMAT: OnceLock<Format> = OnceLock::new();
+
+/// A log of the server's, for the count of lines lost ([`count_dropped_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Log {
+    /// The error log (stderr, `--log-file`).
+    Error = 0,
+    /// The access log (`--access-log`).
+    Access = 1,
+}
+
+/// Log lines dropped, by process role (master, worker, front, helper: [`DROP_ROLES`]) and
+/// by log ([`Log`]); lives in the scoreboard so that the master can report every process's.
+pub(crate) type DropTable = [[AtomicU64; 2]; 4];
+
+/// The role names of [`DropTable`]'s rows, in order (the metric's `role` label).
+pub(crate) const DROP_ROLES: [&str; 4] = ["master", "worker", "front", "helper"];
+
+/// The table lines are counted in before [`count_dropped_in`] (a line lost during start-up,
+/// before the master has made the scoreboard), and in a process that never calls it.
+static LOCAL_DROPS: DropTable = [const { [const { AtomicU64::new(0) }; 2] }; 4];
+static DROPS: AtomicPtr<DropTable> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Counts the lines this process (and every process it forks afterwards) drops in `table`,
+/// shared memory of the master's; what was counted before is carried over.
+pub(crate) fn count_dropped_in(table: &'static DropTable) {
+    let old = drops();
+    if std::ptr::eq(old, table) {
+        return;
+    }
+    for (row, old_row) in table.iter().zip(old) {
+        for (n, old_n) in row.iter().zip(old_row) {
+            n.fetch_add(old_n.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+    DROPS.store(std::ptr::from_ref(table).cast_mut(), Ordering::Release);
+}
+
+fn drops() -> &'static DropTable {
+    let p = DROPS.load(Ordering::Acquire);
+    if p.is_null() {
+        &LOCAL_DROPS
+    } else {
+        // SAFETY: only `count_dropped_in` stores here, from a `&'static DropTable`.
+        unsafe { &*p }
+    }
+}
+
+/// Counts `n` lines of `log` dropped by this process, in its role's row.
+pub(crate) fn count_dropped(log: Log, n: u64) {
+    let row = match ROLE.load(Ordering::Relaxed) {
+        MASTER => 0,
+        id if id & HELPER != 0 => 3,
+        id if id & FRONT != 0 => 2,
+        _ => 1,
+    };
+    drops()[row][log as usize].fetch_add(n, Ordering::Relaxed);
+}
+
+/// The lines of one log that could not be written: the episode's count, when it began, and
+/// when a warning was last tried, so that a log that fails for an hour costs one warning a
+/// minute, and the first line written again says what was lost. One per log per process.
+#[derive(Debug)]
+pub(crate) struct LostLines {
+    log: Log,
+    /// Lines lost since the last line written.
+    pending: AtomicU64,
+    /// The first error of the episode (its errno; 0: none known).
+    errno: AtomicI32,
+    /// When the episode began (seconds since the epoch; 0: no episode).
+    since: AtomicU64,
+    /// When a warning was last tried (monotonic seconds, plus one: 0 is never).
+    warned: AtomicU64,
+}
+
+/// How often a log that keeps failing is warned about.
+pub(crate) const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl LostLines {
+    /// An empty account for `log`.
+    pub(crate) const fn new(log: Log) -> Self {
+        LostLines {
+            log,
+            pending: AtomicU64::new(0),
+            errno: AtomicI32::new(0),
+            since: AtomicU64::new(0),
+            warned: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts `lines` lines lost to `err`. Returns whether a warning is due (the first of
+    /// an episode, then one per [`WARN_EVERY`] at most): the caller writes it where it can.
+    pub(crate) fn lost(&self, lines: u64, err: &io::Error) -> bool {
+        count_dropped(self.log, lines);
+        self.pending.fetch_add(lines, Ordering::Relaxed);
+        let _ = self.since.compare_exchange(0, unix_now(), Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self.errno.compare_exchange(
+            0,
+            err.raw_os_error().unwrap_or(0),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        let now = monotonic_secs() + 1;
+        let last = self.warned.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_secs())
+            && self
+                .warned
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Lines lost so far in this episode.
+    pub(crate) fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// After a line was written: ends the episode, if there was one, and returns the line
+    /// that reports it (`N log lines were dropped since TIME: ERROR`).
+    pub(crate) fn recovered(&self) -> Option<String> {
+        let n = self.pending.swap(0, Ordering::Relaxed);
+        if n == 0 {
+            return None;
+        }
+        let since = self.since.swap(0, Ordering::Relaxed);
+        let errno = self.errno.swap(0, Ordering::Relaxed);
+        self.warned.store(0, Ordering::Relaxed);
+        Some(format!(
+            "{} writable again: {n} line(s) could not be written since {} ({}) and were dropped",
+            self.name(),
+            format_utc(since),
+            describe(errno)
+        ))
+    }
+
+    /// The warning while lines are lost.
+    pub(crate) fn warning(&self, err: &io::Error) -> String {
+        format!(
+            "{}: {err}; dropping lines until it can be written again ({} so far; the \
+             count is appsrv_log_lines_dropped_total)",
+            self.name(),
+            self.pending()
+        )
+    }
+
+    fn name(&self) -> &'static str {
+        match self.log {
+            Log::Error => "log",
+            Log::Access => "access log",
+        }
+    }
+}
+
+fn describe(errno: i32) -> String {
+    match errno {
+        0 => "error unknown".to_owned(),
+        e => io::Error::from_raw_os_error(e).to_string(),
+    }
+}
+
+fn monotonic_secs() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| t.tv_sec() as u64)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `2026-11-30T08:30:00Z` (UTC, to the second) from seconds since the epoch.
+pub(crate) fn format_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// The error log's account of lines lost.
+static ERROR_LOG: LostLines = LostLines::new(Log::Error);
+
+/// Writes each formatted line to stderr with one `write(2)` (the loop only continues a
+/// short write) and never reports a failure to the subscriber: a line that cannot be
+/// written is counted and dropped (see the module's header).
+#[derive(Debug, Clone, Copy)]
+struct LineWriter;
+
+impl<'a> MakeWriter<'a> for LineWriter {
+    type Writer = LineWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        LineWriter
+    }
+}
+
+impl io::Write for LineWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        write_line(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes one line of the error log, or counts it lost.
+fn write_line(line: &[u8]) {
+    // std's stderr is unbuffered: `write_all` is one write(2) unless it comes back short
+    // or interrupted.
+    match io::stderr().write_all(line) {
+        Ok(()) => {
+            if let Some(report) = ERROR_LOG.recovered() {
+                let _ = io::stderr().write_all(own_line(Level::WARN, &report).as_bytes());
+            }
+        }
+        Err(e) => {
+            if ERROR_LOG.lost(1, &e) {
+                let warning = own_line(Level::WARN, &ERROR_LOG.warning(&e));
+                let _ = io::stderr().write_all(warning.as_bytes());
+            }
+        }
+    }
+}
+
+/// A line of the log's own (a warning about the log), in the installed format, with no
+/// fields: the subscriber cannot be asked for it from inside its writer.
+fn own_line(level: Level, message: &str) -> String {
+    let mut line = String::new();
+    let mut w = Writer::new(&mut line);
+    let pid = PID.load(Ordering::Relaxed);
+    let role = ROLE.load(Ordering::Relaxed);
+    let _ = match FORMAT.get().copied().unwrap_or(Format::Text) {
+        Format::Json => json_head(&mut w, level, pid, role).and_then(|()| {
+            let msg = serde_json::to_string(message).map_err(|_| fmt::Error)?;
+            writeln!(w, "\"message\":{msg},\"fields\":{{}}}}")
+        }),
+        format => prefix(&mut w, format, level, pid, role).and_then(|()| writeln!(w, "{message}")),
+    };
+    line
 }
 
 /// Marks this process as the master in its log lines.
@@ -159,19 +436,26 @@ where
 {
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut w: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let level = *event.metadata().level();
-        let name = NAME.get().map_or("appsrv", String::as_str);
         let pid = PID.load(Ordering::Relaxed);
         let role = ROLE.load(Ordering::Relaxed);
-        match self.0 {
-            Format::Text => {
-                SystemTime.format_time(&mut w)?;
-                write!(w, " {:>5} {name}[{pid}] {}: ", level_str(level), Role(role))?;
-            }
-            Format::Journal => write!(w, "<{}>{name}[{pid}] {}: ", priority(level), Role(role))?,
-            Format::Json => return json_line(&mut w, level, pid, role, event),
+        if self.0 == Format::Json {
+            return json_line(&mut w, level, pid, role, event);
         }
+        prefix(&mut w, self.0, level, pid, role)?;
         ctx.field_format().format_fields(w.by_ref(), event)?;
         writeln!(w)
+    }
+}
+
+/// A text or journal line's start, up to the message.
+fn prefix(w: &mut Writer<'_>, format: Format, level: Level, pid: u32, role: u32) -> fmt::Result {
+    let name = NAME.get().map_or("appsrv", String::as_str);
+    match format {
+        Format::Journal => write!(w, "<{}>{name}[{pid}] {}: ", priority(level), Role(role)),
+        Format::Text | Format::Json => {
+            SystemTime.format_time(w)?;
+            write!(w, " {:>5} {name}[{pid}] {}: ", level_str(level), Role(role))
+        }
     }
 }
 
@@ -187,30 +471,36 @@ fn priority(level: Level) -> u8 {
 
 /// One event as one JSON object on one line.
 fn json_line(w: &mut Writer<'_>, level: Level, pid: u32, role: u32, event: &Event<'_>) -> fmt::Result {
-    let mut time = String::new();
-    SystemTime.format_time(&mut Writer::new(&mut time))?;
     let mut fields = JsonFields::default();
     event.record(&mut fields);
-    // Written key by key, in the documented order (a `serde_json::Map` sorts its keys);
-    // serde_json escapes each value, newlines included, so the object stays on one line.
     let json = |v: &serde_json::Value| serde_json::to_string(v).map_err(|_| fmt::Error);
-    write!(
-        w,
-        "{{\"time\":{},\"level\":\"{}\",\"pid\":{pid},",
-        json(&time.into())?,
-        level_str(level)
-    )?;
-    match role {
-        MASTER => write!(w, "\"role\":\"master\",")?,
-        id if id & HELPER != 0 => write!(w, "\"role\":\"helper\",\"worker\":{},", id & !HELPER)?,
-        id => write!(w, "\"role\":\"worker\",\"worker\":{id},")?,
-    }
+    json_head(w, level, pid, role)?;
     writeln!(
         w,
         "\"message\":{},\"fields\":{}}}",
         json(&fields.message.unwrap_or_default().into())?,
         json(&serde_json::Value::Object(fields.fields))?
     )
+}
+
+/// A JSON line's keys before the message: time, level, pid, role and worker.
+fn json_head(w: &mut Writer<'_>, level: Level, pid: u32, role: u32) -> fmt::Result {
+    let mut time = String::new();
+    SystemTime.format_time(&mut Writer::new(&mut time))?;
+    // Written key by key, in the documented order (a `serde_json::Map` sorts its keys);
+    // serde_json escapes each value, newlines included, so the object stays on one line.
+    let time = serde_json::to_string(&time).map_err(|_| fmt::Error)?;
+    write!(
+        w,
+        "{{\"time\":{time},\"level\":\"{}\",\"pid\":{pid},",
+        level_str(level)
+    )?;
+    match role {
+        MASTER => write!(w, "\"role\":\"master\","),
+        id if id & HELPER != 0 => write!(w, "\"role\":\"helper\",\"worker\":{},", id & !HELPER),
+        id if id & FRONT != 0 => write!(w, "\"role\":\"front\",\"worker\":{},", id & !FRONT),
+        id => write!(w, "\"role\":\"worker\",\"worker\":{id},"),
+    }
 }
 
 /// An event's `message` and its other fields, as JSON values.
@@ -319,6 +609,36 @@ pub(crate) fn redirect_stderr(file: impl std::os::fd::AsFd) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 31: an episode of lost lines warns once, then not again within a minute, and
+    /// the first line written afterwards reports the count and the error.
+    #[test]
+    fn issue_31_lost_lines_warn_once_a_minute_and_report_when_writable_again() {
+        let lost = LostLines::new(Log::Access);
+        let err = io::Error::from_raw_os_error(libc::ENOSPC);
+        assert!(lost.lost(2, &err), "the first loss warns");
+        assert!(!lost.lost(1, &err), "not again within a minute");
+        assert!(lost.warning(&err).contains("(3 so far"), "{}", lost.warning(&err));
+        let report = lost.recovered().expect("a report");
+        assert!(report.contains("3 line(s)"), "{report}");
+        assert!(report.contains("No space left on device"), "{report}");
+        assert_eq!(lost.recovered(), None, "once");
+        assert!(lost.lost(1, &err), "a new episode warns again");
+    }
+
+    #[test]
+    fn own_lines_have_the_format_of_the_others() {
+        let line = own_line(Level::WARN, "log writable again");
+        assert!(line.ends_with("log writable again\n"), "{line}");
+        assert!(line.contains(" WARN "), "{line}");
+    }
+
+    #[test]
+    fn formats_utc_times() {
+        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_utc(1_796_026_200), "2026-11-30T08:10:00Z");
+    }
 
     #[test]
     fn journal_priorities_are_sd_daemons() {

@@ -4,6 +4,7 @@
 //! files, systemd's notification socket, re-executed workers,
 //! and the hand-over of listening sockets to a new binary (upgrade, socket activation).
 
+pub(crate) mod console;
 pub(crate) mod daemon;
 pub(crate) mod exec;
 pub(crate) mod handover;

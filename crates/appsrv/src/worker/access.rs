@@ -21,6 +21,8 @@ use std::fs::File;
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::process::log::{Log, LostLines, format_utc};
+
 const FLUSH_AT: usize = 32 * 1024;
 
 /// How a request or connection ended.
@@ -57,6 +59,9 @@ pub(crate) struct AccessLog {
     /// The formatted time of `second`, reused within the second.
     second: u64,
     stamp: String,
+    /// Lines that could not be written (a full disk): counted, warned about once a minute
+    /// in the error log, and reported when the log takes lines again.
+    lost: LostLines,
 }
 
 impl AccessLog {
@@ -66,6 +71,7 @@ impl AccessLog {
             buf: String::with_capacity(FLUSH_AT + 512),
             second: 0,
             stamp: String::new(),
+            lost: LostLines::new(Log::Access),
         }
     }
 
@@ -105,14 +111,38 @@ impl AccessLog {
         }
     }
 
-    /// Writes the buffered lines.
+    /// Writes the buffered lines. Lines that cannot be written (a full disk, an I/O error)
+    /// are dropped and counted, never retried: a worker must not hold an unbounded backlog,
+    /// and the error log says what was lost (see `process/log.rs`).
     pub(crate) fn flush(&mut self) {
-        if !self.buf.is_empty() {
-            if let Err(e) = self.file.write_all(self.buf.as_bytes()) {
-                tracing::warn!("access log: {e}; {} bytes of lines lost", self.buf.len());
-            }
-            self.buf.clear();
+        if self.buf.is_empty() {
+            return;
         }
+        let mut rest = self.buf.as_bytes();
+        let failed = loop {
+            match self.file.write(rest) {
+                Ok(n) if n == rest.len() => break None,
+                Ok(0) => break Some(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Some(e),
+            }
+        };
+        match failed {
+            None => {
+                if let Some(report) = self.lost.recovered() {
+                    tracing::warn!("{report}");
+                }
+            }
+            Some(e) => {
+                // A line cut by a short write counts as lost with the ones after it.
+                let lines = rest.iter().filter(|b| **b == b'\n').count() as u64;
+                if self.lost.lost(lines.max(1), &e) {
+                    tracing::warn!("{}", self.lost.warning(&e));
+                }
+            }
+        }
+        self.buf.clear();
     }
 
     /// Writes to `file` from now on (the master reopened the log on USR1), after writing
@@ -123,37 +153,29 @@ impl AccessLog {
     }
 }
 
-/// `2026-11-30T08:30:00Z` from seconds since the epoch (civil-from-days, proleptic
-/// Gregorian calendar).
-fn format_utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Issue 31: a log that cannot be written (here `/dev/full`, which answers ENOSPC)
+    /// costs its lines, counted, and nothing else; the next file takes lines again.
     #[test]
-    fn formats_utc_times() {
-        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(format_utc(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(format_utc(1_796_026_200), "2026-11-30T08:10:00Z");
+    fn issue_31_lines_that_cannot_be_written_are_dropped_and_counted() {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let mut log = AccessLog::new(full);
+        for _ in 0..3 {
+            log.line("127.0.0.1:5555", Outcome::Ok, Duration::ZERO, (1, 1), b"PING");
+        }
+        log.flush();
+        assert_eq!(log.lost.pending(), 3, "three lines lost");
+        assert!(log.buf.is_empty(), "nothing kept for later");
+        let path = std::env::temp_dir().join(format!("appsrv-access-full-{}", std::process::id()));
+        log.replace(File::create(&path).unwrap());
+        log.line("127.0.0.1:5555", Outcome::Ok, Duration::ZERO, (1, 1), b"PING");
+        log.flush();
+        assert_eq!(log.lost.pending(), 0, "the episode ended");
+        assert!(std::fs::read_to_string(&path).unwrap().contains("\"PING\""));
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

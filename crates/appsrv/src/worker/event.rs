@@ -1876,7 +1876,6 @@ mod tests {
     #[test]
     fn an_idle_connection_costs_its_record_only() {
         let size = std::mem::size_of::<Connection<'static, Hello>>();
-        eprintln!("Connection<Http>: {size} bytes");
         assert!(size <= 768, "{size} bytes per connection");
     }
 }

@@ -252,7 +252,26 @@ impl Server {
         };
     }
 
-    fn launch(mut cmd: Command) -> Server {
+    /// Starts `example` as [`spawn`](Server::spawn) does, but stops reading its stderr and
+    /// closes the pipe after the first line containing `after`: the server's later log
+    /// lines meet a pipe with no reader (`EPIPE`), as when journald restarts or a terminal
+    /// is closed. The lines up to then are kept (addresses, `ready`).
+    pub fn spawn_hanging_up(example_name: &str, args: &[&str], after: &str) -> Server {
+        let mut cmd = Command::new(example(example_name));
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        Self::close_others(&mut cmd);
+        Self::launch_until(cmd, Some(after.to_owned()))
+    }
+
+    fn launch(cmd: Command) -> Server {
+        Self::launch_until(cmd, None)
+    }
+
+    fn launch_until(mut cmd: Command, hang_up_after: Option<String>) -> Server {
         // ETXTBSY: a binary a test just copied may still be open for writing in a child
         // that another test thread forked (until that child's exec closes it). Retry.
         let mut tries = 0;
@@ -275,9 +294,13 @@ impl Server {
                 if std::env::var_os("APPSRV_TEST_VERBOSE").is_some() {
                     eprintln!("[server {pid}] {line}");
                 }
+                let last = hang_up_after.as_ref().is_some_and(|n| line.contains(n.as_str()));
                 let (m, cv) = &*log2;
                 m.lock().unwrap().lines.push(line);
                 cv.notify_all();
+                if last {
+                    break;
+                }
             }
             let (m, cv) = &*log2;
             m.lock().unwrap().closed = true;
