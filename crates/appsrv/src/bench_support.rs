@@ -234,6 +234,7 @@ impl<C: Codec + 'static> RequestStep<C> {
                 keepalive_requests
             },
             header_timeout: None,
+            header_timeout_max: None,
             min_rate: 0,
         };
         RequestStep {

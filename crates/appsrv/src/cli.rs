@@ -73,8 +73,10 @@ pub(crate) struct Defaults {
     pub(crate) proxy_from: Vec<String>,
     pub(crate) max_conns_per_ip: usize,
     pub(crate) header_timeout: Option<Duration>,
+    pub(crate) header_timeout_max: Option<Duration>,
     pub(crate) min_rate: usize,
     pub(crate) min_send_rate: usize,
+    pub(crate) max_buffered_bytes: usize,
     pub(crate) tls_cert: Option<PathBuf>,
     pub(crate) tls_key: Option<PathBuf>,
     pub(crate) tls_client_ca: Option<PathBuf>,
@@ -172,6 +174,13 @@ pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The default `--header-timeout`, as Apache's `mod_reqtimeout` (`header=20-40,MinRate=500`).
 pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(20);
+/// The default `--header-timeout-max`: however its bytes are spread, a request arrives
+/// within this of its first bytes (mod_reqtimeout's upper bound, `header=20-40`, is 40 s
+/// for the head alone; this covers a body too).
+pub(crate) const DEFAULT_HEADER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
+/// The default `--max-buffered-bytes` of an event loop (an event worker, a hybrid front):
+/// 64 MiB, about 6 KiB for each of `--worker-connections`' 10,000.
+pub(crate) const DEFAULT_MAX_BUFFERED_BYTES: usize = 64 << 20;
 /// The default `--min-rate`, bytes per second.
 pub(crate) const DEFAULT_MIN_RATE: usize = 500;
 /// The default `--min-send-rate`, bytes per second (mirrors `--min-rate`).
@@ -205,8 +214,10 @@ impl Default for Defaults {
             proxy_from: Vec::new(),
             max_conns_per_ip: 0,
             header_timeout: Some(DEFAULT_HEADER_TIMEOUT),
+            header_timeout_max: Some(DEFAULT_HEADER_TIMEOUT_MAX),
             min_rate: DEFAULT_MIN_RATE,
             min_send_rate: DEFAULT_MIN_SEND_RATE,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -270,9 +281,13 @@ pub(crate) struct Config {
     pub(crate) proxy_protocol: bool,
     pub(crate) proxy_from: Vec<crate::net::proxy::Cidr>,
     pub(crate) header_timeout: Option<Duration>,
+    /// `--header-timeout-max` (`None`: no upper bound on the --min-rate credit).
+    pub(crate) header_timeout_max: Option<Duration>,
     pub(crate) min_rate: u64,
     /// `--min-send-rate`, bytes per second (0: no limit).
     pub(crate) min_send_rate: u64,
+    /// `--max-buffered-bytes` (0: no budget).
+    pub(crate) max_buffered_bytes: u64,
     /// TLS material for the listeners with the `tls` option that name none of their own.
     pub(crate) tls: crate::net::listener::TlsDefaults,
     /// `None`: no limit.
@@ -734,8 +749,16 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .value_name("SECS")
                 .value_parser(secs)
                 .default_value(timeout_default(d.header_timeout))
-                .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
+                .help("Request-level servers: a request that arrives in pieces must be complete within SECS of its first bytes, plus one second per --min-rate bytes received, up to --header-timeout-max (a slowloris defence, as Apache's mod_reqtimeout; 0: off)"),
         )
+        .arg(
+            env_opt(prefix, "header-timeout-max")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(timeout_default(d.header_timeout_max))
+                .help("Request-level servers: the longest a request may take to arrive from its first bytes, however they are spread: the --min-rate credit stops here (as mod_reqtimeout's header=20-40; 0: no bound)"),
+        )
+        .arg(count(prefix, "max-buffered-bytes", d.max_buffered_bytes, "Event loops (--io event, hybrid fronts): bytes of unfinished requests one process holds in memory; at the budget it stops reading from the connections that hold the most (TCP pushes back on their clients) and answers new requests that need more with the codec's refusal (HTTP 503, Retry-After) (0: no budget)"))
         .arg(count(prefix, "min-rate", d.min_rate, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
         .arg(count(prefix, "min-send-rate", d.min_send_rate, "While a worker waits to write a response, the client must acknowledge at least N bytes per second, over each 10 s window; a slower reader is cut off and the worker serves on (0: no limit)"))
         .arg(
@@ -1166,8 +1189,10 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
             }
         },
         header_timeout: timeout(m, "header-timeout"),
+        header_timeout_max: timeout(m, "header-timeout-max"),
         min_rate: n(m, "min-rate"),
         min_send_rate: n(m, "min-send-rate"),
+        max_buffered_bytes: n(m, "max-buffered-bytes"),
         tls: crate::net::listener::TlsDefaults {
             cert: m.get_one::<PathBuf>("tls-cert").cloned(),
             key: m.get_one::<PathBuf>("tls-key").cloned(),

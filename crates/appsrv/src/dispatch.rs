@@ -152,6 +152,7 @@ where
         read_timeout: config.read_timeout,
         keepalive_requests: config.keepalive_requests,
         header_timeout: config.header_timeout,
+        header_timeout_max: config.header_timeout_max,
         min_rate: config.min_rate,
     };
     if request_level {
@@ -303,7 +304,9 @@ fn control_path(name: &str, m: &ArgMatches) -> PathBuf {
     {
         Some(path) => path,
         None => {
-            crate::process::console::errln!("error: no default control socket location: set --control or XDG_RUNTIME_DIR");
+            crate::process::console::errln!(
+                "error: no default control socket location: set --control or XDG_RUNTIME_DIR"
+            );
             std::process::exit(1);
         }
     }

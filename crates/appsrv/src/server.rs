@@ -241,6 +241,24 @@ impl Server {
         self
     }
 
+    /// The longest a request may take to arrive from its first bytes, however they are
+    /// spread (`--header-timeout-max`; `None`: no bound): the `--min-rate` credit stops
+    /// there, as mod_reqtimeout's `header=20-40` does at 40 s. Default: 60 s.
+    pub fn header_timeout_max(mut self, timeout: Option<Duration>) -> Self {
+        self.defaults.header_timeout_max = timeout;
+        self
+    }
+
+    /// The default `--max-buffered-bytes` of an event loop (an event worker, a hybrid
+    /// front): the bytes of unfinished requests it holds in memory (0: no budget). At the
+    /// budget it stops reading from the connections that hold the most and refuses new
+    /// requests that need more with the codec's refusal (HTTP 503 with `Retry-After`).
+    /// Default: 64 MiB.
+    pub fn max_buffered_bytes(mut self, bytes: usize) -> Self {
+        self.defaults.max_buffered_bytes = bytes;
+        self
+    }
+
     /// Bytes per second that earn a slow request one more second beyond the header timeout
     /// (`--min-rate`). Default: 500.
     pub fn min_rate(mut self, bytes_per_second: usize) -> Self {

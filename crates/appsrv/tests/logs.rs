@@ -523,8 +523,13 @@ fn issue_20_a_request_that_arrives_in_pieces_is_logged_whole(io: Io) {
 fn http_text(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
@@ -622,7 +627,12 @@ fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(io: Io) {
     line_with("master: ready");
     let addr = line_with("listening on ").rsplit_once(' ').unwrap().1.to_owned();
     let metrics = line_with("serving metrics on http://");
-    let metrics = metrics.split("http://").nth(1).unwrap().trim_end_matches("/metrics").to_owned();
+    let metrics = metrics
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .to_owned();
     disk.fill(&[&log, &access]);
     // Every request's access line, and every line of a reload (the master's, the new
     // workers'), meets a full disk.
@@ -636,9 +646,8 @@ fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(io: Io) {
             &format!("appsrv_log_lines_dropped_total{{log=\"{log}\",role=\"{role}\"}}"),
         )
     };
-    let counted = wait_until(|| {
-        (dropped("access", "worker") >= 1 && dropped("error", "master") >= 1).then_some(())
-    });
+    let counted =
+        wait_until(|| (dropped("access", "worker") >= 1 && dropped("error", "master") >= 1).then_some(()));
     assert!(
         counted.is_some(),
         "access lines dropped by workers: {}, error lines by the master: {}",
@@ -646,7 +655,10 @@ fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(io: Io) {
         dropped("error", "master")
     );
     for _ in 0..20 {
-        assert!(http_text(&addr, "/").starts_with("HTTP/1.1 200 "), "served after a reload on a full disk");
+        assert!(
+            http_text(&addr, "/").starts_with("HTTP/1.1 200 "),
+            "served after a reload on a full disk"
+        );
     }
     assert!(alive(server.pid()), "the master lives");
     disk.free();
@@ -661,7 +673,10 @@ fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(io: Io) {
         "no 'writable again' line:\n{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    assert!(std::fs::read_to_string(&access).unwrap().contains(" ok "), "access lines again");
+    assert!(
+        std::fs::read_to_string(&access).unwrap().contains(" ok "),
+        "access lines again"
+    );
     drop(server);
 }
 
@@ -727,7 +742,9 @@ fn issue_31_nothing_in_the_library_prints_with_a_macro_that_panics() {
                     let code = code.split(" //").next().unwrap_or(code);
                     for m in ["print!(", "println!(", "eprint!(", "eprintln!(", "dbg!("] {
                         let hit = code.match_indices(m).any(|(i, _)| {
-                            i == 0 || !code.as_bytes()[i - 1].is_ascii_alphanumeric() && code.as_bytes()[i - 1] != b'_'
+                            i == 0
+                                || !code.as_bytes()[i - 1].is_ascii_alphanumeric()
+                                    && code.as_bytes()[i - 1] != b'_'
                         });
                         if hit {
                             found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
@@ -740,5 +757,9 @@ fn issue_31_nothing_in_the_library_prints_with_a_macro_that_panics() {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut found = Vec::new();
     walk(&src, &mut found);
-    assert!(found.is_empty(), "printing macros in the library:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "printing macros in the library:\n{}",
+        found.join("\n")
+    );
 }

@@ -804,6 +804,11 @@ impl Codec for Http {
         write_decimal(out, self.body.len() as u64);
         out.extend_from_slice(b"\r\nDate: ");
         out.extend_from_slice(&self.date.now());
+        if status == 503 {
+            // A refusal is for now (too many connections from the address, the server's
+            // budget for unfinished requests spent): a client may try again in a second.
+            out.extend_from_slice(b"\r\nRetry-After: 1");
+        }
         out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
         out.extend_from_slice(&self.body);
         self.body.clear();

@@ -44,6 +44,12 @@ impl Buffers {
         }
     }
 
+    /// The read buffer's size: the memory it holds for a request, whatever part of it is
+    /// filled (the event loop's budget of buffered bytes counts this).
+    pub(crate) fn input_capacity(&self) -> usize {
+        self.read.len()
+    }
+
     /// Whether received bytes wait to be consumed.
     pub(crate) fn has_input(&self) -> bool {
         self.end > self.start

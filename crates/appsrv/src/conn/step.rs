@@ -148,6 +148,11 @@ pub(crate) struct Limits {
     /// Slow-client defence: a request that arrives in pieces must be complete within this
     /// time of its first bytes, extended by one second per `min_rate` bytes received.
     pub(crate) header_timeout: Option<Duration>,
+    /// The extension stops here: however its bytes are spread, a request must be complete
+    /// within this of its first bytes (`None`: no bound). Without it, a client that sent
+    /// 990 KB of a body at once earned 1,980 s of credit and could then send a byte every
+    /// few seconds, below the read timeout, for half an hour (issue 31).
+    pub(crate) header_timeout_max: Option<Duration>,
     /// Bytes per second that earn a slow request one more second (0: no extension).
     pub(crate) min_rate: u64,
 }
@@ -633,7 +638,8 @@ impl<C: Codec> Requests<C> {
 
     /// Whether a request of `pending` bytes so far is over the header timeout at `now`:
     /// like Apache's mod_reqtimeout, it must be complete within the limit of its first
-    /// bytes, plus one second per `min_rate` bytes received.
+    /// bytes, plus one second per `min_rate` bytes received, up to `header_timeout_max`
+    /// (never below the limit itself).
     fn too_slow(&self, pending: usize, now: Instant) -> bool {
         let (Some(limit), Some(began)) = (self.limits.header_timeout, self.began) else {
             return false;
@@ -642,7 +648,11 @@ impl<C: Codec> Requests<C> {
             0 => Duration::ZERO,
             rate => Duration::from_secs_f64(pending as f64 / rate as f64),
         };
-        now + SLACK >= began + limit + earned
+        let allowed = match self.limits.header_timeout_max {
+            Some(max) => (limit + earned).min(max.max(limit)),
+            None => limit + earned,
+        };
+        now + SLACK >= began + allowed
     }
 
     fn read(&mut self, wait: Wait, timeout: Option<Duration>) -> Next {
@@ -720,6 +730,19 @@ impl<C: Codec> Requests<C> {
         Next::Close { linger: Some(LINGER) }
     }
 
+    /// Refuses the request in progress for want of memory (an event loop at its budget of
+    /// buffered bytes): the codec's refusal for `why` (HTTP 503 with `Retry-After`), logged
+    /// once, then a lingering close, as for bad input.
+    pub(crate) fn shed(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        why: &'static str,
+    ) -> Next {
+        self.protocol_error(bufs, ctx, peer, &ProtocolError::Refused(why.into()))
+    }
+
     /// Refuses the connection before any request: the codec's error reply for `why`
     /// (HTTP 503, `-ERR refused: …`) goes into the output buffer.
     pub(crate) fn refuse(&mut self, bufs: &mut Buffers, why: &'static str) {
@@ -793,6 +816,7 @@ mod tests {
         read_timeout: Some(Duration::from_secs(60)),
         keepalive_requests: 1000,
         header_timeout: Some(Duration::from_secs(20)),
+        header_timeout_max: Some(Duration::from_secs(60)),
         min_rate: 500,
     };
 
@@ -944,6 +968,7 @@ mod tests {
     fn a_slow_header_that_is_complete_within_the_deadline_is_served() {
         let limits = Limits {
             header_timeout: Some(Duration::from_secs(1)),
+            header_timeout_max: None,
             min_rate: 0,
             ..LIMITS
         };
@@ -971,6 +996,7 @@ mod tests {
     fn a_slow_header_past_the_deadline_gets_408_and_a_lingering_close() {
         let limits = Limits {
             header_timeout: Some(Duration::from_secs(1)),
+            header_timeout_max: None,
             min_rate: 0,
             ..LIMITS
         };
@@ -1005,6 +1031,7 @@ mod tests {
     fn min_rate_earns_a_slow_request_more_time() {
         let limits = Limits {
             header_timeout: Some(Duration::from_secs(1)),
+            header_timeout_max: None,
             min_rate: 10, // 20 bytes earn two more seconds
             ..LIMITS
         };
@@ -1013,6 +1040,29 @@ mod tests {
         assert!(is_request_read(&c.timeout(Duration::from_millis(2500))));
         let next = c.timeout(Duration::from_millis(3000));
         assert!(matches!(next, Next::Close { .. }), "{next:?}");
+    }
+
+    /// Issue 31: bytes sent early earned their whole credit at once (990 KB at 500 bytes/s:
+    /// 1,980 s), after which a byte every few seconds kept the request alive for half an
+    /// hour. The credit now stops at `--header-timeout-max`, however the bytes are spread.
+    #[test]
+    fn issue_31_the_min_rate_credit_stops_at_the_maximum() {
+        let limits = Limits {
+            header_timeout: Some(Duration::from_secs(1)),
+            header_timeout_max: Some(Duration::from_secs(3)),
+            read_timeout: Some(Duration::from_secs(2)),
+            min_rate: 1, // 20 bytes earn 20 more seconds, but 3 s is the most
+            ..LIMITS
+        };
+        let mut c = Conn::new(Http::default(), limits);
+        c.feed(&GET[..20], Duration::ZERO, &mut Hello);
+        // A byte every 1.5 s: under the read timeout, never enough to finish.
+        c.feed(&GET[20..21], Duration::from_millis(1500), &mut Hello);
+        assert!(is_request_read(&c.timeout(Duration::from_millis(2500))));
+        c.feed(&GET[21..22], Duration::from_millis(2900), &mut Hello);
+        let next = c.timeout(Duration::from_millis(3000));
+        assert!(matches!(next, Next::Close { .. }), "{next:?}");
+        assert!(c.sent().starts_with("HTTP/1.1 408"), "{}", c.sent());
     }
 
     #[test]

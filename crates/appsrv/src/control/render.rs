@@ -954,7 +954,11 @@ pub(crate) fn render_metrics(status: &Status) -> String {
     );
     for (row, role) in status.log_dropped.iter().zip(crate::process::log::DROP_ROLES) {
         for (n, log) in row.iter().zip(["error", "access"]) {
-            e.sample("appsrv_log_lines_dropped_total", &[("log", log), ("role", role)], n);
+            e.sample(
+                "appsrv_log_lines_dropped_total",
+                &[("log", log), ("role", role)],
+                n,
+            );
         }
     }
     e.single(

@@ -266,10 +266,10 @@ impl Master<'_> {
             slow_clients: self.holds.episode().cloned(),
             restarts: self.counters.restarts(),
             hybrid,
-            log_dropped: board
-                .log_dropped()
-                .each_ref()
-                .map(|row| row.each_ref().map(|n| n.load(std::sync::atomic::Ordering::Relaxed))),
+            log_dropped: board.log_dropped().each_ref().map(|row| {
+                row.each_ref()
+                    .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
+            }),
         }
     }
 }

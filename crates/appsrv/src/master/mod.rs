@@ -1283,11 +1283,16 @@ impl<'a> Master<'a> {
         let mut expired = Vec::new();
         let grace = self.settings.grace_period;
         for (pid, w) in &mut self.workers {
-            let serving = || {
-                board.read(w.id).and_then(|v| v.peer).map_or_else(
-                    || "no connection".to_owned(),
-                    |p| format!("the connection from {p}"),
-                )
+            // What a kill cuts: an event loop's open connections (its slot names no single
+            // peer: the line said "cutting no connection" while it cut thousands, issue 31),
+            // or a blocking worker's one.
+            let serving = || match board.read(w.id) {
+                Some(v) => match (&v.event, v.peer) {
+                    (Some(ev), _) => format!("its {} open connection(s)", ev.counts.open),
+                    (None, Some(p)) => format!("the connection from {p}"),
+                    (None, None) => "no connection".to_owned(),
+                },
+                None => "no connection".to_owned(),
             };
             if w.stop_at.is_some_and(|t| now.duration_since(t) >= grace) {
                 // Asked to leave a grace period ago and still there (a connection that

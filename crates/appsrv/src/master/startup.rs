@@ -551,6 +551,7 @@ impl Workers<'_> {
                 header_timeout: config.header_timeout,
                 min_send_rate: config.min_send_rate,
                 write_timeout: config.write_timeout,
+                max_buffered: usize::try_from(config.max_buffered_bytes).unwrap_or(usize::MAX),
             },
             io: config.io,
             worker_connections: config.worker_connections,

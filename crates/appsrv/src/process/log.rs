@@ -52,9 +52,9 @@
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-use std::io::Write as _;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -230,7 +230,9 @@ impl LostLines {
     pub(crate) fn lost(&self, lines: u64, err: &io::Error) -> bool {
         count_dropped(self.log, lines);
         self.pending.fetch_add(lines, Ordering::Relaxed);
-        let _ = self.since.compare_exchange(0, unix_now(), Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self
+            .since
+            .compare_exchange(0, unix_now(), Ordering::Relaxed, Ordering::Relaxed);
         let _ = self.errno.compare_exchange(
             0,
             err.raw_os_error().unwrap_or(0),

@@ -99,6 +99,18 @@ const EVENTS: usize = 512;
 /// Reads of one connection per pass at most, when each fills the buffer (a client that
 /// sends without pause must not keep the loop to itself).
 const READS_PER_PASS: usize = 4;
+
+/// Over the budget of buffered bytes (`--max-buffered-bytes`), what a connection with
+/// nothing buffered may still read into the worker-wide buffer: a request head of this
+/// size is still served whole, and the budget's overshoot is at most this much per
+/// connection (a documented margin; see [`Loop::read`]).
+const OVER_BUDGET_READ: usize = 4 * 1024;
+
+/// Over the budget, a connection whose buffer is at most this large and full is refused
+/// (the codec's refusal: HTTP 503 with `Retry-After`) rather than given more memory: it is
+/// starting a large request. A larger one is paused: it is well into its request, and
+/// resumes when the budget has room (or its deadline cuts it).
+const SHED_BELOW: usize = crate::conn::buffers::BUFFER_SIZE;
 /// How long a slow handler call's log line covers: one line per episode, the calls
 /// within it counted.
 const SLOW_EPISODE: Duration = Duration::from_secs(60);
@@ -255,6 +267,8 @@ struct Connection<'a, H: RequestHandler> {
     writable: bool,
     closed_by_peer: bool,
     queued: bool,
+    /// Stopped reading at the budget of buffered bytes (in `Loop::paused`).
+    paused: bool,
     deadline: Option<Instant>,
     armed: Option<Instant>,
     class: Class,
@@ -492,6 +506,17 @@ struct Loop<'a, H: RequestHandler> {
     signals_due: Instant,
     /// A hybrid front's side (`None` in an event worker).
     front: Option<super::front::Front>,
+    /// Bytes held in connections' private read buffers (partial requests), against
+    /// `limits.max_buffered`.
+    buffered: usize,
+    /// Connections that stopped reading at the budget (tokens), resumed when it has room.
+    paused: Vec<u64>,
+    /// Whether the connection being driven reads into the worker-wide buffers.
+    pass_shared: bool,
+    /// The token of the connection being driven.
+    pass_token: u64,
+    /// The budget's episode, for one log line per episode.
+    budget_episode: Option<Instant>,
 }
 
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
@@ -614,6 +639,11 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             datagrams,
             signals_due: Instant::now() + SIGNAL_CHECK,
             front,
+            buffered: 0,
+            paused: Vec::new(),
+            pass_shared: false,
+            pass_token: 0,
+            budget_episode: None,
         }
     }
 
@@ -670,6 +700,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             }
         }
         self.expire(handler);
+        self.resume_paused();
         self.resume_accepting();
         if !self.retire_sent && self.limit_reached() {
             tracing::info!("reached its recycling limit; asking the master for a replacement");
@@ -696,6 +727,52 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn limit_reached(&self) -> bool {
         (self.recycle.max_connections > 0 && self.connections >= self.recycle.max_connections)
             || (self.recycle.max_requests > 0 && self.requests >= self.recycle.max_requests)
+    }
+
+    /// Whether the connections' buffers hold the budget of `--max-buffered-bytes`.
+    fn over_budget(&self) -> bool {
+        self.limits.max_buffered > 0 && self.buffered >= self.limits.max_buffered
+    }
+
+    /// Connections paused at the budget read again once it has room (an eighth of it, so
+    /// that they do not pause again at their first read).
+    fn resume_paused(&mut self) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let room = self.limits.max_buffered / 8;
+        if self.buffered.saturating_add(room) > self.limits.max_buffered {
+            return;
+        }
+        if let Some(since) = self.budget_episode.take() {
+            tracing::info!(
+                "buffered request bytes under --max-buffered-bytes {} again after {:.1?}: {} paused connection(s) read again",
+                self.limits.max_buffered,
+                self.now.saturating_duration_since(since),
+                self.paused.len()
+            );
+        }
+        for token in std::mem::take(&mut self.paused) {
+            if let Some(c) = self.get(token) {
+                c.paused = false;
+                if !c.queued {
+                    c.queued = true;
+                    self.ready.push_back(token);
+                }
+            }
+        }
+    }
+
+    /// The first time in an episode that the budget stops a read: one line.
+    fn budget_reached(&mut self) {
+        if self.budget_episode.is_none() {
+            self.budget_episode = Some(self.now);
+            tracing::warn!(
+                "buffered request bytes reached --max-buffered-bytes {} ({} connections open): pausing the connections that hold the most, refusing new large requests (HTTP 503)",
+                self.limits.max_buffered,
+                self.open
+            );
+        }
     }
 
     /// The wait's timeout: none when connections are ready, else until the earliest timer.
@@ -993,6 +1070,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             writable: true,
             closed_by_peer: false,
             queued: false,
+            paused: false,
             deadline: None,
             armed: None,
             class: Class::Reading,
@@ -1092,6 +1170,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         };
         let mut private = c.bufs.take();
         let using_shared = private.is_none();
+        self.buffered -= held(private.as_deref());
+        self.pass_shared = using_shared;
+        self.pass_token = token;
         // Lent out of the loop for the pass, which also borrows the loop.
         let mut shared = std::mem::replace(&mut self.shared, Buffers::none());
         let outcome = {
@@ -1137,6 +1218,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 c.bufs = Some(b);
             }
         }
+        self.buffered += held(c.bufs.as_deref());
         let new_class = match c.pending {
             Pending::Read { wait: Wait::Idle } if c.step.served() > 0 => Class::Idle,
             Pending::Read { .. } | Pending::Admit => Class::Reading,
@@ -1252,6 +1334,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// Closes a connection: out of the epoll set (closing the socket does it), its counts
     /// and its place freed.
     fn close(&mut self, index: usize, mut c: Connection<'a, H>) {
+        self.buffered -= held(c.bufs.as_deref());
         self.uncount(c.class);
         self.open -= 1;
         let (received, sent) = (c.received, c.sent);
@@ -1316,6 +1399,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// has room): its place is freed (the worker counts it for the per-address cap from
     /// now on), its socket closed here.
     fn forget(&mut self, index: usize, mut c: Connection<'a, H>) {
+        self.buffered -= held(c.bufs.as_deref());
         self.uncount(c.class);
         self.open -= 1;
         self.slot.add_bytes(c.received, c.sent);
@@ -1454,12 +1538,55 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
         *reads += 1;
         // A front reads no more than a hand-off carries.
-        let max = match self.front {
+        let mut max = match self.front {
             Some(_) => c.step.max_request_size().min(crate::net::handoff::INLINE_MAX),
             None => c.step.max_request_size(),
         };
+        // At the budget of buffered bytes, a buffer does not grow: a connection with
+        // nothing buffered reads a request head's worth into the worker-wide buffer, one
+        // that has private buffers reads into the room they have.
+        let over = self.over_budget();
+        let (pending, capacity) = (bufs.unconsumed().len(), bufs.input_capacity());
+        let mut take = usize::MAX;
+        if over {
+            if self.pass_shared {
+                take = OVER_BUDGET_READ.saturating_sub(pending);
+            } else {
+                max = max.min(capacity);
+            }
+        }
         let room = bufs.room(max);
+        let room = if room.len() > take {
+            &mut room[..take]
+        } else {
+            room
+        };
         let room_len = room.len();
+        if over && room_len == 0 && pending < c.step.max_request_size() {
+            // The request needs more memory than the budget has.
+            self.budget_reached();
+            if self.pass_shared || capacity <= SHED_BELOW {
+                let mut quiet = Quiet {
+                    stopping: self.stopping,
+                };
+                let next = c.step.shed(
+                    bufs,
+                    &mut quiet,
+                    &c.peer,
+                    "the server holds too many unfinished requests; try again later",
+                );
+                self.follow(c, next);
+                return None;
+            }
+            // Well into its request: stop reading (what the client sends stays in the
+            // socket, and TCP pushes back on it) until the budget has room.
+            if !c.paused {
+                c.paused = true;
+                self.paused.push(self.pass_token);
+            }
+            c.pending = Pending::Read { wait };
+            return Some(Pass::Wait);
+        }
         match c.transport.read(room) {
             Ok(0) if room_len > 0 => {
                 let next = c.step.peer_closed(bufs);
@@ -1852,6 +1979,11 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
 /// The step's context outside a handler call (the output went out, a deadline passed).
 struct Quiet {
     stopping: bool,
+}
+
+/// What a connection's private buffers hold for a request (none: nothing).
+fn held(bufs: Option<&Buffers>) -> usize {
+    bufs.map_or(0, Buffers::input_capacity)
 }
 
 impl Context for Quiet {

@@ -130,6 +130,9 @@ pub(crate) struct ConnLimits {
     /// The write timeout the handler sees (`--write-timeout`), kept by the send watch
     /// when `min_send_rate` is on (the socket's own timeout is then one second).
     pub(crate) write_timeout: Option<std::time::Duration>,
+    /// Event loops (event workers, hybrid fronts): the budget of request bytes held in
+    /// connections' buffers (`--max-buffered-bytes`; 0: no budget).
+    pub(crate) max_buffered: usize,
 }
 
 /// The type of a start hook.

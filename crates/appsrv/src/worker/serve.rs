@@ -363,6 +363,7 @@ pub(crate) mod tests {
         read_timeout: Some(Duration::from_secs(5)),
         keepalive_requests: 1000,
         header_timeout: Some(Duration::from_secs(20)),
+        header_timeout_max: Some(Duration::from_secs(60)),
         min_rate: 500,
     };
 

@@ -1,0 +1,165 @@
+//! The memory a worker gives to requests that have not finished arriving: the event loop's
+//! budget of buffered bytes (`--max-buffered-bytes`) and the longest a request may take to
+//! arrive (`--header-timeout-max`).
+//!
+//! Regression tests for issue 31 ("Faults that still take a server down"): 3,000
+//! connections that each sent 990 KB of a 1 MB body, then nothing, took an event worker
+//! from 6 MiB to 3 GiB; and a byte every 5 s after such a start kept each connection for
+//! half an hour, since the early bytes had earned their whole `--min-rate` credit.
+
+mod util;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use util::*;
+
+/// A process's resident memory in KiB (`VmRSS`).
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Answers to `GET /` from a new client, within `bound`.
+fn served(addr: SocketAddr, bound: Duration) {
+    let started = Instant::now();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(bound)).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(
+        out.starts_with("HTTP/1.1 200 "),
+        "a normal client after {:?}: {out:?}",
+        started.elapsed()
+    );
+}
+
+/// Issue 31: 400 connections each send the head of a 1 MB upload and 100 KB of its body,
+/// then nothing (40 MB in all, 50 MiB of buffers as they double). One event worker with a
+/// budget of 4 MiB holds at most its budget plus a request head's worth per connection:
+/// it stops reading from the connections that hold the most and refuses the new ones with
+/// 503 and `Retry-After`, a normal client is served meanwhile, and the episode is logged
+/// once.
+#[test]
+fn issue_31_an_event_worker_holds_unfinished_bodies_within_its_budget() {
+    const CLIENTS: usize = 400;
+    const SENT: usize = 100_000;
+    const BUDGET: u64 = 4 << 20;
+    let budget = BUDGET.to_string();
+    let server = Server::start_io(
+        "http_hello",
+        Io::Event,
+        &["-l", "127.0.0.1:0", "-w", "1", "--max-buffered-bytes", &budget],
+    );
+    let addr = server.tcp_addr();
+    let worker = *server.wait_for_workers(1).iter().next().unwrap();
+    served(addr, Duration::from_secs(10));
+    let before = rss_kib(worker);
+    let body = vec![b'a'; SENT];
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n")
+            .unwrap();
+        // A paused connection's bytes wait in the sockets' buffers: a write that
+        // cannot go on within a second is left there.
+        s.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+        let _ = s.write_all(&body);
+        clients.push(s);
+    }
+    server.wait_for_log("reached --max-buffered-bytes");
+    served(addr, Duration::from_secs(10));
+    // What the worker read is in its buffers by now: a normal request was answered after
+    // the flood's bytes were all sent (or left waiting in the sockets).
+    let grown = rss_kib(worker).saturating_sub(before);
+    // The budget, a request head's worth (4 KiB) per connection, the worker-wide buffer
+    // (up to the codec's 1 MiB request), and 4 MiB for the allocator's slack.
+    let bound = BUDGET / 1024 + CLIENTS as u64 * 4 + 1024 + 4096;
+    assert!(
+        grown <= bound,
+        "the worker grew by {grown} KiB holding unfinished bodies (bound {bound} KiB)"
+    );
+    // The refused ones got the codec's refusal, with a time to come back.
+    let mut refused = 0;
+    for s in &mut clients {
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        if let Ok(n) = s.read(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]);
+            if text.starts_with("HTTP/1.1 503 ") {
+                assert!(text.contains("\r\nRetry-After: 1\r\n"), "{text}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no connection was refused with 503");
+    let lines = server.log_text().matches("reached --max-buffered-bytes").count();
+    assert_eq!(lines, 1, "one line for the episode:\n{}", server.log_text());
+    drop(clients);
+    drop(server);
+}
+
+/// Issue 31: a request that arrives a byte at a time after a large first part is cut at
+/// `--header-timeout-max`, however much `--min-rate` credit its first bytes earned, in
+/// every I/O model; the read timeout alone (each byte comes well within it) never would.
+fn issue_31_a_trickled_body_is_cut_at_the_header_timeout_max(io: Io) {
+    let server = Server::start_io(
+        "http_hello",
+        io,
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "1",
+            "--header-timeout",
+            "1",
+            "--header-timeout-max",
+            "3",
+            "--min-rate",
+            "1",
+            "--read-timeout",
+            "30",
+        ],
+    );
+    let mut s = TcpStream::connect(server.tcp_addr()).unwrap();
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    // 20,000 bytes earn 20,000 s at --min-rate 1.
+    s.write_all(&[b'a'; 20_000]).unwrap();
+    let started = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut answer = Vec::new();
+    while started.elapsed() < Duration::from_secs(20) {
+        if s.write_all(b"a").is_err() {
+            break;
+        }
+        let mut buf = [0u8; 1024];
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let took = started.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "after {took:?}: {answer:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "cut after {took:?}, not at about 3 s"
+    );
+    drop(server);
+}
+
+both_io!(issue_31_a_trickled_body_is_cut_at_the_header_timeout_max);
