@@ -163,3 +163,47 @@ fn issue_31_a_trickled_body_is_cut_at_the_header_timeout_max(io: Io) {
 }
 
 both_io!(issue_31_a_trickled_body_is_cut_at_the_header_timeout_max);
+
+/// Issue 31: 1,000 connections that each send a 40 KB request head are refused (431), and
+/// once they are gone the worker gives the memory back: their buffers, freed, stayed in
+/// glibc's free lists (below its mmap threshold) and the worker kept 18 MiB it no longer
+/// used. It trims them once what its connections buffer falls from such a peak.
+#[test]
+fn issue_31_memory_of_a_flood_of_large_heads_is_given_back() {
+    const CLIENTS: usize = 1000;
+    let server = Server::start_io("http_hello", Io::Event, &["-l", "127.0.0.1:0", "-w", "1"]);
+    let addr = server.tcp_addr();
+    let worker = *server.wait_for_workers(1).iter().next().unwrap();
+    served(addr, Duration::from_secs(10));
+    let before = rss_kib(worker);
+    let mut head = b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: ".to_vec();
+    head.resize(head.len() + 40_000, b'a');
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&head).unwrap();
+        clients.push(s);
+    }
+    let mut peak = 0;
+    for s in &mut clients {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"HTTP/1.1 431", "a head over the limit");
+        peak = peak.max(rss_kib(worker));
+    }
+    drop(clients);
+    // The trim follows the loop's next turns; a request is a turn.
+    let settled = wait_until(|| {
+        served(addr, Duration::from_secs(10));
+        let now = rss_kib(worker);
+        (now <= before + 8 * 1024).then_some(now)
+    });
+    assert!(
+        settled.is_some(),
+        "the worker kept {} KiB more than before the flood (peak {} KiB more)",
+        rss_kib(worker).saturating_sub(before),
+        peak.saturating_sub(before)
+    );
+    drop(server);
+}

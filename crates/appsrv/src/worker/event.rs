@@ -106,6 +106,10 @@ const READS_PER_PASS: usize = 4;
 /// connection (a documented margin; see [`Loop::read`]).
 const OVER_BUDGET_READ: usize = 4 * 1024;
 
+/// A peak of buffered bytes after which the loop gives freed memory back to the system
+/// ([`Loop::trim`]).
+const TRIM_ABOVE: usize = 4 << 20;
+
 /// Over the budget, a connection whose buffer is at most this large and full is refused
 /// (the codec's refusal: HTTP 503 with `Retry-After`) rather than given more memory: it is
 /// starting a large request. A larger one is paused: it is well into its request, and
@@ -517,6 +521,10 @@ struct Loop<'a, H: RequestHandler> {
     pass_token: u64,
     /// The budget's episode, for one log line per episode.
     budget_episode: Option<Instant>,
+    /// The most `buffered` held since memory was last given back (see [`Loop::trim`]).
+    buffered_peak: usize,
+    /// When memory was last given back.
+    trimmed_at: Instant,
 }
 
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
@@ -644,6 +652,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             pass_shared: false,
             pass_token: 0,
             budget_episode: None,
+            buffered_peak: 0,
+            trimmed_at: Instant::now(),
         }
     }
 
@@ -701,6 +711,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
         self.expire(handler);
         self.resume_paused();
+        self.trim();
         self.resume_accepting();
         if !self.retire_sent && self.limit_reached() {
             tracing::info!("reached its recycling limit; asking the master for a replacement");
@@ -760,6 +771,21 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     self.ready.push_back(token);
                 }
             }
+        }
+    }
+
+    /// Gives memory back to the system once the buffers of a flood are freed: when what
+    /// the connections' buffers hold has fallen to a quarter of a peak of at least
+    /// [`TRIM_ABOVE`], at most once a second (`sys::release_free_memory`).
+    fn trim(&mut self) {
+        self.buffered_peak = self.buffered_peak.max(self.buffered);
+        if self.buffered_peak >= TRIM_ABOVE
+            && self.buffered <= self.buffered_peak / 4
+            && self.now.saturating_duration_since(self.trimmed_at) >= Duration::from_secs(1)
+        {
+            sys::release_free_memory();
+            self.trimmed_at = self.now;
+            self.buffered_peak = self.buffered;
         }
     }
 
