@@ -82,6 +82,7 @@ pub(crate) struct Defaults {
     pub(crate) tls_client_ca: Option<PathBuf>,
     pub(crate) tls_alpn: Vec<String>,
     pub(crate) tls_handshake_timeout: Duration,
+    pub(crate) tls_ticket_lifetime: Duration,
     pub(crate) chroot: Option<PathBuf>,
     pub(crate) no_new_privs: bool,
     pub(crate) sandbox: bool,
@@ -223,6 +224,7 @@ impl Default for Defaults {
             tls_client_ca: None,
             tls_alpn: Vec::new(),
             tls_handshake_timeout: crate::net::tls::DEFAULT_HANDSHAKE_TIMEOUT,
+            tls_ticket_lifetime: Duration::from_secs(u64::from(crate::net::tls::DEFAULT_TICKET_LIFETIME)),
             chroot: None,
             no_new_privs: false,
             sandbox: false,
@@ -824,6 +826,13 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .default_value(fmt_secs(d.tls_handshake_timeout))
                 .help("TLS listeners: a client must complete its handshake within SECS (0: no limit)"),
         )
+        .arg(
+            env_opt(prefix, "tls-ticket-lifetime")
+                .value_name("SECS")
+                .value_parser(clap::value_parser!(u32).range(2..=i64::from(crate::net::tls::MAX_TICKET_LIFETIME)))
+                .default_value(d.tls_ticket_lifetime.as_secs().to_string())
+                .help("TLS listeners: the longest a session ticket lets a client resume (2 to 604800, 7 days). Every worker changes the ticket key at the same moments, every half of it, and accepts the current and the previous key: a ticket resumes on any worker for between half and all of SECS"),
+        )
         .next_help_heading("Confinement")
         .arg(
             env_opt(prefix, "user")
@@ -1205,6 +1214,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
                         .collect()
                 })
                 .unwrap_or_default(),
+            ticket_lifetime: *m.get_one::<u32>("tls-ticket-lifetime").expect("has a default"),
         },
         tls_handshake_timeout: timeout(m, "tls-handshake-timeout"),
         chroot: m.get_one::<PathBuf>("chroot").cloned(),

@@ -321,6 +321,14 @@ impl Server {
         self
     }
 
+    /// The longest a TLS session ticket lets a client resume (`--tls-ticket-lifetime`,
+    /// whole seconds, 2 s to 7 days). Every worker changes the ticket key at the same
+    /// moments, every half of it. Default: 12 h.
+    pub fn tls_ticket_lifetime(mut self, lifetime: Duration) -> Self {
+        self.defaults.tls_ticket_lifetime = lifetime;
+        self
+    }
+
     /// Workers chroot to `dir` before dropping privileges (`--chroot`). Default: none.
     pub fn chroot(mut self, dir: impl Into<PathBuf>) -> Self {
         self.defaults.chroot = Some(dir.into());

@@ -6,6 +6,7 @@
 
 mod util;
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -696,5 +697,235 @@ fn without_a_handshake_limit_the_read_timeout_still_applies() {
     assert!(
         read_line(&mut tls).starts_with("pid "),
         "the worker serves the next client"
+    );
+}
+
+/// An `openssl s_client` connected to the testbed, which holds its worker until the client
+/// is dropped: a blocking worker serves one connection at a time, so clients held at once
+/// are served by as many different workers.
+struct SClient {
+    child: std::process::Child,
+    /// The worker's pid (the testbed's first line).
+    pid: i32,
+    /// Whether the handshake resumed the session given (`Reused,` rather than `New,`).
+    reused: bool,
+}
+
+impl SClient {
+    /// Connects with `version` (`-tls1_3`, `-tls1_2`) and `session` (`-sess_in PATH` to
+    /// offer a saved session's ticket, `-sess_out PATH` to save the one received), and
+    /// waits for the worker's first line.
+    fn connect(addr: SocketAddr, pki: &Pki, version: &str, session: [&str; 2]) -> SClient {
+        let mut child = Command::new("openssl")
+            .args([
+                "s_client",
+                "-verify_return_error",
+                "-servername",
+                "localhost",
+                "-connect",
+            ])
+            .arg(addr.to_string())
+            .arg("-CAfile")
+            .arg(pki.path("ca.pem"))
+            .arg(version)
+            .args(session)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_client (apt-get install openssl)");
+        let guard = KillOnDrop(Some(child.id()));
+        // Read on a thread, so that a client that never gets its line fails the test
+        // after PATIENCE instead of hanging it.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut reused = None;
+        let mut seen = Vec::new();
+        let pid = loop {
+            let line = rx.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+                panic!(
+                    "no `pid` line from the server; s_client said:\n{}",
+                    seen.join("\n")
+                )
+            });
+            if line.starts_with("Reused,") {
+                reused = Some(true);
+            } else if line.starts_with("New,") {
+                reused = Some(false);
+            } else if let Some(pid) = line.strip_prefix("pid ") {
+                break pid.trim().parse().unwrap();
+            }
+            seen.push(line);
+        };
+        std::mem::forget(guard); // Drop kills and reaps it now.
+        SClient {
+            child,
+            pid,
+            reused: reused.expect("s_client says New or Reused before the server's first line"),
+        }
+    }
+
+    /// Closes the connection (s_client leaves at the end of its input) and waits for the
+    /// client to exit, so that its session file is complete and its worker free.
+    fn close(mut self) {
+        drop(self.child.stdin.take());
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(std::time::Instant::now() < deadline, "s_client did not leave");
+            std::thread::sleep(std::time::Duration::from_millis(20)); // polling its exit
+        }
+    }
+}
+
+impl Drop for SClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A new session with a full handshake, saved to `path`; returns the name of the key that
+/// sealed its ticket.
+fn new_session(addr: SocketAddr, pki: &Pki, version: &str, path: &str) -> String {
+    let _ = std::fs::remove_file(path);
+    let client = SClient::connect(addr, pki, version, ["-sess_out", path]);
+    assert!(!client.reused);
+    client.close();
+    ticket_key_name(path)
+}
+
+/// The first 16 bytes of the ticket of the session saved in `path`: the ticket key's name
+/// (appsrv's tickets, as rustls's, start with it), as `openssl sess_id` prints them.
+fn ticket_key_name(path: &str) -> String {
+    let out = Command::new("openssl")
+        .args(["sess_id", "-noout", "-text", "-in", path])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().skip_while(|l| !l.contains("TLS session ticket:"));
+    lines.next();
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no ticket in the session saved in {path}:\n{text}"));
+    // "    0000 - 85 b4 2a ... d0   ..*"...": the 16 bytes, without their ASCII rendering.
+    first.trim().get(7..54).unwrap_or(first).to_owned()
+}
+
+/// Offers the session saved in `path` on as many connections at once as there are
+/// `workers`, so that each is served by another worker; returns the workers that did not
+/// resume it.
+fn refusing_workers(
+    addr: SocketAddr,
+    pki: &Pki,
+    version: &str,
+    path: &str,
+    workers: &HashSet<i32>,
+) -> Vec<i32> {
+    let clients: Vec<SClient> = (0..workers.len())
+        .map(|_| SClient::connect(addr, pki, version, ["-sess_in", path]))
+        .collect();
+    let served: HashSet<i32> = clients.iter().map(|c| c.pid).collect();
+    assert_eq!(
+        &served, workers,
+        "each connection held at once is served by another worker"
+    );
+    let refused = clients.iter().filter(|c| !c.reused).map(|c| c.pid).collect();
+    for c in clients {
+        c.close();
+    }
+    refused
+}
+
+/// Regression (issue 31): a client resumes its session on whichever worker takes its next
+/// connection. Two faults stood in the way, with the rustls ticketer made in the master:
+/// a worker refused a ticket sealed by another until it had sealed one itself (rustls
+/// refuses a ticket longer than the longest it has made, and that maximum is counted in
+/// each process), and at each rotation every worker drew its own new key, so a ticket
+/// sealed after the first rotation resumed only on the worker that sealed it. Here four
+/// workers, a ticket key that changes every 6 s (`--tls-ticket-lifetime 12`), TLS 1.3
+/// and 1.2: a ticket resumes on every worker, fresh ones included; after the key changed,
+/// a ticket from before still resumes on every worker, and so does one from after, also
+/// on a worker started after the change.
+#[test]
+fn issue_31_a_ticket_resumes_on_every_worker_after_the_ticket_key_changes() {
+    let pki = Pki::new("tickets");
+    pki.issue("server", "localhost", None);
+    let server = start_tls("testbed", &pki, &["-w", "4", "--tls-ticket-lifetime", "12"]);
+    let addr = server.tcp_addr();
+    let workers = server.wait_for_workers(4);
+    let versions = ["-tls1_3", "-tls1_2"];
+    let before: Vec<String> = versions
+        .iter()
+        .map(|v| pki.path(&format!("before{v}.pem")))
+        .collect();
+    let after: Vec<String> = versions
+        .iter()
+        .map(|v| pki.path(&format!("after{v}.pem")))
+        .collect();
+
+    // Before any rotation, on workers that have sealed no ticket yet but one.
+    let mut first_key = String::new();
+    for (version, path) in versions.iter().zip(&before) {
+        first_key = new_session(addr, &pki, version, path);
+        let refused = refusing_workers(addr, &pki, version, path, &workers);
+        assert!(
+            refused.is_empty(),
+            "{version}: workers {refused:?} refused a ticket sealed by another"
+        );
+    }
+
+    // New sessions until their ticket is sealed by another key: the key changed.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let second_key = loop {
+        let key = new_session(addr, &pki, versions[0], &after[0]);
+        if key != first_key {
+            break key;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ticket key never changed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200)); // polling the key
+    };
+    let key = new_session(addr, &pki, versions[1], &after[1]);
+    assert_eq!(key, second_key, "TLS 1.2 and 1.3 tickets use the same key");
+
+    // The tickets from before the change first: they are accepted for one period more.
+    for (version, path) in versions.iter().zip(&before) {
+        let refused = refusing_workers(addr, &pki, version, path, &workers);
+        assert!(
+            refused.is_empty(),
+            "{version}: after the key changed, workers {refused:?} refused a ticket from before"
+        );
+    }
+    for (version, path) in versions.iter().zip(&after) {
+        let refused = refusing_workers(addr, &pki, version, path, &workers);
+        assert!(
+            refused.is_empty(),
+            "{version}: after the key changed, workers {refused:?} refused a ticket sealed by another"
+        );
+    }
+
+    // A worker started now (a replacement) holds the same keys.
+    let victim = *workers.iter().next().unwrap();
+    // SAFETY: kill(2) on a worker of our server.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let workers = wait_until(|| {
+        let w = server.worker_pids();
+        (w.len() == 4 && !w.contains(&victim) && w.iter().all(|p| alive(*p))).then_some(w)
+    })
+    .expect("a replacement worker");
+    let refused = refusing_workers(addr, &pki, versions[0], &after[0], &workers);
+    assert!(
+        refused.is_empty(),
+        "workers {refused:?} (one a replacement) refused a ticket"
     );
 }

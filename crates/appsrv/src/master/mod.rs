@@ -420,6 +420,9 @@ impl<'a> Master<'a> {
         }
         loop {
             self.wait();
+            // The TLS ticket keys' period may have ended: the master moves its copy on, so
+            // that it keeps no older secret and forks workers at the current period.
+            self.settings.tls.advance_ticket_keys(Instant::now());
             self.signals.drain();
             let mut buf = [0u8; 8];
             let _ = nix::unistd::read(&self.wake, &mut buf);
@@ -609,6 +612,7 @@ impl<'a> Master<'a> {
         let running = self.phase == Phase::Running && self.settings.watch_queue;
         deadlines.extend(self.queue.before_poll(running));
         deadlines.extend(self.upgrade.deadline());
+        deadlines.extend(self.settings.tls.next_ticket_key_change(now));
         deadlines.extend(
             self.settings
                 .metrics

@@ -126,12 +126,26 @@ struct TlsOptions {
 }
 
 /// The command line's TLS settings, which a TLS listener's own options override.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct TlsDefaults {
     pub(crate) cert: Option<PathBuf>,
     pub(crate) key: Option<PathBuf>,
     pub(crate) client_ca: Option<PathBuf>,
     pub(crate) alpn: Vec<Vec<u8>>,
+    /// `--tls-ticket-lifetime`, seconds.
+    pub(crate) ticket_lifetime: u32,
+}
+
+impl Default for TlsDefaults {
+    fn default() -> Self {
+        TlsDefaults {
+            cert: None,
+            key: None,
+            client_ca: None,
+            alpn: Vec::new(),
+            ticket_lifetime: crate::net::tls::DEFAULT_TICKET_LIFETIME,
+        }
+    }
 }
 
 impl ListenAddr {
@@ -168,6 +182,7 @@ impl ListenAddr {
                     .or_else(|| defaults.client_ca.clone())
                     .map(absolute),
                 alpn: defaults.alpn.clone(),
+                ticket_lifetime: defaults.ticket_lifetime,
             })),
             (None, _) => Err(Error::Config(format!(
                 "{self} is a TLS listener without a certificate: give --tls-cert PATH (or cert=PATH)"
@@ -881,6 +896,7 @@ mod tests {
             key: Some("/etc/a/key.pem".into()),
             client_ca: None,
             alpn: vec![b"x".to_vec()],
+            ticket_lifetime: 600,
         };
         assert_eq!(parse("127.0.0.1:1").unwrap().tls_source(&defaults).unwrap(), None);
         let plain = parse("127.0.0.1:1?tls")
@@ -890,6 +906,7 @@ mod tests {
             .unwrap();
         assert_eq!(plain.cert, PathBuf::from("/etc/a/cert.pem"));
         assert_eq!(plain.alpn, vec![b"x".to_vec()]);
+        assert_eq!(plain.ticket_lifetime, 600);
         let own = parse("127.0.0.1:1?cert=/etc/b/c.pem&client-ca=/etc/b/ca.pem")
             .unwrap()
             .tls_source(&defaults)

@@ -5,4 +5,5 @@
 pub(crate) mod handoff;
 pub mod listener;
 pub(crate) mod proxy;
+pub(crate) mod tickets;
 pub mod tls;

@@ -21,8 +21,13 @@
 //!   client that connects and sends nothing, or a plain-text client, costs one worker at most
 //!   that long; a plain-text client that speaks first is refused as soon as its first bytes
 //!   arrive.
-//! - **Session resumption** uses stateless tickets whose key is made in the master before
-//!   the workers are forked, so a client may resume on any worker of the same generation.
+//! - **Session resumption** uses stateless tickets. Their keys derive from a secret the
+//!   master draws when it loads the material, before the workers are forked, and change
+//!   every half `--tls-ticket-lifetime` (12 h by default) at the same moments in every
+//!   process (`net/tickets.rs`), so a client may resume on any worker of the same
+//!   generation, one forked later included. A reload draws a new secret; so does a new
+//!   master after an upgrade, and a worker re-executed with `--exec-workers` (each of
+//!   those resumes only its own tickets).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -35,9 +40,17 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::Error;
+use crate::net::tickets::TicketKeys;
 
 /// The default `--tls-handshake-timeout`.
 pub(crate) const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default `--tls-ticket-lifetime`, seconds: 12 h, rustls's own.
+pub(crate) const DEFAULT_TICKET_LIFETIME: u32 = 12 * 60 * 60;
+
+/// The longest `--tls-ticket-lifetime`, seconds: 7 days, the most RFC 8446 (section 4.6.1)
+/// lets a server announce.
+pub(crate) const MAX_TICKET_LIFETIME: u32 = 7 * 24 * 60 * 60;
 
 /// Where a TLS listener's material comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +64,8 @@ pub(crate) struct Source {
     pub(crate) client_ca: Option<PathBuf>,
     /// ALPN protocols offered, in order of preference (none: no ALPN).
     pub(crate) alpn: Vec<Vec<u8>>,
+    /// `--tls-ticket-lifetime`, seconds.
+    pub(crate) ticket_lifetime: u32,
 }
 
 /// A loaded server configuration, shared by the workers of a generation.
@@ -63,8 +78,20 @@ fn tls_error(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
+/// A listener's configuration, and its ticket keys, which the master advances as time goes
+/// (rustls's configuration holds them as a `dyn ProducesTickets`).
+#[derive(Debug, Clone)]
+pub(crate) struct Loaded {
+    acceptor: Acceptor,
+    keys: Arc<TicketKeys>,
+}
+
 /// Reads and checks a listener's material and builds its configuration.
 pub(crate) fn load(source: &Source) -> Result<Acceptor, Error> {
+    load_with_keys(source).map(|l| l.acceptor)
+}
+
+fn load_with_keys(source: &Source) -> Result<Loaded, Error> {
     let chain = read_certificates(&source.cert)?;
     check_validity(&source.cert, &chain[0], SystemTime::now())?;
     let key = PrivateKeyDer::from_pem_file(&source.key)
@@ -99,10 +126,17 @@ pub(crate) fn load(source: &Source) -> Result<Acceptor, Error> {
         e => tls_error(&source.key, e.to_string()),
     })?;
     config.alpn_protocols = source.alpn.clone();
-    // Made here, in the master, so that every worker forked from it shares the ticket key.
-    config.ticketer = rustls::crypto::ring::Ticketer::new()
-        .map_err(|e| tls_error(&source.cert, format!("making the ticket key: {e}")))?;
-    Ok(Arc::new(config))
+    // Drawn here, in the master, so that every worker forked from it derives the same
+    // ticket keys, period after period (net/tickets.rs).
+    let keys = Arc::new(
+        TicketKeys::new(source.ticket_lifetime)
+            .map_err(|e| tls_error(&source.cert, format!("making the ticket key: {e}")))?,
+    );
+    config.ticketer = keys.clone();
+    Ok(Loaded {
+        acceptor: Arc::new(config),
+        keys,
+    })
 }
 
 fn pem_reason(e: rustls_pki_types::pem::Error, what: &str) -> String {
@@ -160,12 +194,21 @@ fn subject(cert: &CertificateDer<'_>) -> Option<String> {
 
 /// The TLS material of every listener, by index, and where it comes from: kept by the
 /// master, which re-reads it on reload, and read when it forks a worker.
+///
+/// Each load draws new ticket keys, so a generation's workers share theirs and a reload
+/// starts a new secret: a ticket sealed before it resumes on the old generation's workers
+/// while they drain, never on the new one's. Deliberately: a reload may change the
+/// client CA, and a resumed session keeps the client identity it was verified with.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
     /// For each listener: its source, if it is a TLS listener.
     sources: Vec<Option<Source>>,
-    current: std::cell::RefCell<Vec<Option<Acceptor>>>,
+    current: std::cell::RefCell<Vec<Option<Loaded>>>,
 }
+
+/// Material re-read by [`Store::reread`], not yet current.
+#[derive(Debug)]
+pub(crate) struct Fresh(Vec<Option<Loaded>>);
 
 impl Store {
     /// Loads the material of each listener that has a source.
@@ -177,8 +220,11 @@ impl Store {
         })
     }
 
-    fn load_all(sources: &[Option<Source>]) -> Result<Vec<Option<Acceptor>>, Error> {
-        sources.iter().map(|s| s.as_ref().map(load).transpose()).collect()
+    fn load_all(sources: &[Option<Source>]) -> Result<Vec<Option<Loaded>>, Error> {
+        sources
+            .iter()
+            .map(|s| s.as_ref().map(load_with_keys).transpose())
+            .collect()
     }
 
     /// Whether any listener is a TLS listener.
@@ -192,18 +238,49 @@ impl Store {
     }
 
     /// Re-reads every listener's material; nothing changes until [`apply`](Self::apply).
-    pub(crate) fn reread(&self) -> Result<Vec<Option<Acceptor>>, Error> {
-        Self::load_all(&self.sources)
+    pub(crate) fn reread(&self) -> Result<Fresh, Error> {
+        Self::load_all(&self.sources).map(Fresh)
     }
 
     /// Makes re-read material the current one (for workers forked from now on).
-    pub(crate) fn apply(&self, fresh: Vec<Option<Acceptor>>) {
-        *self.current.borrow_mut() = fresh;
+    pub(crate) fn apply(&self, fresh: Fresh) {
+        *self.current.borrow_mut() = fresh.0;
     }
 
-    /// The current material, for a worker about to be forked.
+    /// The current material, for a worker about to be forked: its ticket keys moved on to
+    /// the current period first, so that the worker starts there.
     pub(crate) fn current(&self) -> Vec<Option<Acceptor>> {
-        self.current.borrow().clone()
+        let now = std::time::Instant::now();
+        self.current
+            .borrow()
+            .iter()
+            .map(|l| {
+                l.as_ref().map(|l| {
+                    l.keys.advance(now);
+                    l.acceptor.clone()
+                })
+            })
+            .collect()
+    }
+
+    /// Moves the current ticket keys on to the period of `now`, wiping the secrets passed:
+    /// the master calls it when [`next_ticket_key_change`](Self::next_ticket_key_change)
+    /// comes, so it never holds a secret older than the current period's (and a worker it
+    /// forks has no periods to catch up on).
+    pub(crate) fn advance_ticket_keys(&self, now: std::time::Instant) {
+        for l in self.current.borrow().iter().flatten() {
+            l.keys.advance(now);
+        }
+    }
+
+    /// When the next period of any listener's ticket keys begins (`None`: no TLS listener).
+    pub(crate) fn next_ticket_key_change(&self, now: std::time::Instant) -> Option<std::time::Instant> {
+        self.current
+            .borrow()
+            .iter()
+            .flatten()
+            .filter_map(|l| l.keys.next_change(now))
+            .min()
     }
 }
 
@@ -331,6 +408,7 @@ mod tests {
             key: "/nonexistent/key.pem".into(),
             client_ca: None,
             alpn: Vec::new(),
+            ticket_lifetime: DEFAULT_TICKET_LIFETIME,
         };
         let e = load(&source).unwrap_err().to_string();
         assert!(
