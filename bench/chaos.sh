@@ -61,13 +61,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-EXAMPLES=$PWD/target/release/examples
+# EXAMPLES=DIR runs another build's binaries (an older commit's, for a figure before a
+# fix), without building.
+EXAMPLES=${EXAMPLES:-$PWD/target/release/examples}
 HELLO=$EXAMPLES/http_hello
 ECHO=$EXAMPLES/echo
 
 # Scenario names, their one-line descriptions and their time bounds (seconds, for `timeout`).
 SCENARIOS=(reload-keepalive reload-close upgrade-keepalive upgrade-close kill-storm
-  proxy-trickle tls-trickle slow-reader slowloris idle-flood broken-upgrade master-kill)
+  proxy-trickle tls-trickle slow-reader slowloris idle-flood broken-upgrade master-kill
+  log-disk-full stderr-closed body-flood slow-bodies)
 declare -A ABOUT=(
   [reload-keepalive]="10 reloads 1 s apart under wrk -c16 keep-alive: failed requests"
   [reload-close]="10 reloads 1 s apart under wrk -c16 Connection: close: failed requests"
@@ -81,10 +84,15 @@ declare -A ABOUT=(
   [idle-flood]="300 idle connections to echo: a normal client's wait; with --max-conns-per-ip 2"
   [broken-upgrade]="upgrade to a wrapper whose child never gets ready: exit code, failures, leftovers"
   [master-kill]="SIGKILL the master under load: workers gone, fresh start ready"
+  [log-disk-full]="logs on a full 64 KiB tmpfs under wrk, a reload: failures, master alive, lines dropped"
+  [stderr-closed]="stderr a pipe whose reader left, under wrk, a reload: failures, master alive"
+  [body-flood]="3,000 connections each send 990 KB of a 1 MB body, then a byte per 5 s: worker RSS, probes"
+  [slow-bodies]="300 addresses send 70 KB of a 200 KB body, then a byte per 5 s, -w 4: probes within 1 s"
 )
 declare -A BOUND=([reload-keepalive]=45 [reload-close]=45 [upgrade-keepalive]=60
   [upgrade-close]=60 [kill-storm]=60 [proxy-trickle]=75 [tls-trickle]=75 [slow-reader]=110
-  [slowloris]=80 [idle-flood]=80 [broken-upgrade]=45 [master-kill]=30)
+  [slowloris]=80 [idle-flood]=80 [broken-upgrade]=45 [master-kill]=30 [log-disk-full]=40
+  [stderr-closed]=40 [body-flood]=120 [slow-bodies]=90)
 
 # ---------------------------------------------------------------------------------------
 # Helpers. Every process a scenario starts is recorded in PIDS (masters after an upgrade are
@@ -727,6 +735,189 @@ scenario_master_kill() {
 }
 
 # ---------------------------------------------------------------------------------------
+# Issue 31: faults that took a whole server down.
+
+# metric_sum ADDR NAME: the sum of a metric's samples (all labels) from /metrics.
+metric_sum() {
+  curl -s "http://$1/metrics" | awk -v n="$2" '$1 ~ "^"n"({|$)" { s += $2 } END { print s + 0 }'
+}
+
+# A reload and load while the log cannot be written; whether the master lives, the
+# failures, what was counted as dropped. Before issue 31 the master died at its first
+# line (exit 101) and every worker at its own (exit 70).
+log_fault() {
+  local name=$1 dropped="n/a" alive_after=no
+  start_wrk "$WORK/wrk" "http://127.0.0.1:$PORT/"
+  sleep 2
+  kill -HUP "$MASTER"
+  sleep 2
+  kill -HUP "$MASTER" 2>/dev/null || true
+  sleep 2
+  stop_wrk
+  alive "$MASTER" && alive_after=yes
+  if [[ -n ${METRICS:-} ]] && alive "$MASTER"; then
+    dropped=$(metric_sum "$METRICS" appsrv_log_lines_dropped_total)
+  fi
+  local failed total details
+  read -r failed total details < <(wrk_counts "$WORK/wrk")
+  echo "$name: $failed failed of $total requests over 2 reloads, master alive: $alive_after,"     "log lines counted as dropped: $dropped ($details)"
+}
+
+scenario_log_disk_full() {
+  if ((EUID != 0)); then echo "log-disk-full: n/a (needs root to mount a tmpfs)"; return; fi
+  workdir
+  mkdir "$WORK/disk"
+  mount -t tmpfs -o size=64k,mode=0755 tmpfs "$WORK/disk"
+  trap 'umount -l "$WORK/disk" 2>/dev/null; cleanup' EXIT
+  start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 4 --log-file "$WORK/disk/error.log" \
+    --access-log "$WORK/disk/access.log" --metrics-listen 127.0.0.1:0 2>/dev/null || true
+  # The lines go to the file: the ready line and the addresses are read there.
+  wait_for 30 ready_in "$WORK/disk/error.log"
+  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$WORK/disk/error.log" | head -1 | cut -d: -f2)
+  METRICS=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/disk/error.log" | head -1 | cut -c8-)
+  head -c 1M /dev/zero >"$WORK/disk/filler" 2>/dev/null || true
+  while printf 'filler\n' >>"$WORK/disk/error.log" 2>/dev/null; do :; done
+  while printf 'filler\n' >>"$WORK/disk/access.log" 2>/dev/null; do :; done
+  log_fault log-disk-full
+  local again=no
+  if alive "$MASTER"; then
+    rm -f "$WORK/disk/filler"
+    curl -s -o /dev/null "http://127.0.0.1:$PORT/" || true
+    kill -HUP "$MASTER"
+    wait_for 5 grep -q 'writable again' "$WORK/disk/error.log" && again=yes
+  fi
+  echo "log-disk-full: after space was freed, a 'writable again' line: $again"
+  stop_server "$MASTER"
+}
+
+scenario_stderr_closed() {
+  workdir
+  # stderr is a pipe to `head`, which leaves after the first 5 lines (the ready line among
+  # them), as a journald that restarts or a terminal that closes.
+  "$HELLO" -l 127.0.0.1:0 -w 4 --metrics-listen 127.0.0.1:0 \
+    2> >(head -n 5 >"$WORK/log") &
+  MASTER=$!
+  PIDS+=("$MASTER")
+  wait_for 30 ready_in "$WORK/log"
+  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$WORK/log" | head -1 | cut -d: -f2)
+  METRICS=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/log" | head -1 | cut -c8-)
+  log_fault stderr-closed
+  stop_server "$MASTER"
+}
+
+# flood_bodies PORT N CL SENT SECS [SOURCES]: N connections (from SOURCES addresses in
+# 127.1.0.0/16, round robin; 0: 127.0.0.1) each send a POST head with Content-Length CL and
+# SENT bytes of its body, then one byte every 5 s, for SECS seconds; meanwhile a probe
+# (GET /) every 250 ms from 127.0.0.1. Prints "probes OK SLOW FAILED (max MS)": OK answered
+# within 1 s, SLOW later, FAILED not at all.
+flood_bodies() {
+  python3 - "$@" <<'PY'
+import asyncio, socket, sys, time
+port, n, cl, sent, secs = (int(a) for a in sys.argv[1:6])
+sources = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+async def flooder(i, end):
+    src = None
+    if sources:
+        k = i % sources
+        src = (f"127.1.{k // 250}.{k % 250 + 1}", 0)
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port, local_addr=src)
+    except OSError:
+        return
+    try:
+        w.write(b"POST /upload HTTP/1.1
+Host: t
+Content-Length: %d
+
+" % cl)
+        left = sent
+        while left > 0 and time.time() < end:
+            k = min(left, 65536)
+            w.write(b"a" * k)
+            left -= k
+            await asyncio.wait_for(w.drain(), timeout=max(0.1, end - time.time()))
+        while time.time() < end:
+            await asyncio.sleep(5)
+            w.write(b"a")
+    except (OSError, asyncio.TimeoutError):
+        pass
+    finally:
+        w.close()
+async def probe(end, stats):
+    while time.time() < end - 1:
+        t0 = time.time()
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET / HTTP/1.1
+Host: t
+Connection: close
+
+")
+            data = await asyncio.wait_for(r.read(), timeout=10)
+            w.close()
+            took = time.time() - t0
+            ok = data.startswith(b"HTTP/1.1 200")
+        except (OSError, asyncio.TimeoutError):
+            ok, took = False, time.time() - t0
+        if not ok:
+            stats[2] += 1
+        elif took <= 1:
+            stats[0] += 1
+        else:
+            stats[1] += 1
+        stats[3] = max(stats[3], took)
+        await asyncio.sleep(0.25)
+async def main():
+    end = time.time() + secs
+    stats = [0, 0, 0, 0.0]
+    await asyncio.gather(probe(end, stats), *(flooder(i, end) for i in range(n)))
+    print(f"probes {stats[0]} {stats[1]} {stats[2]} (max {stats[3] * 1000:.0f} ms)")
+asyncio.run(main())
+PY
+}
+
+# The largest RSS among a master's children, in MiB, sampled every second for SECS seconds
+# (in the background: MAXRSS_FILE gets it).
+watch_rss() {
+  local master=$1 secs=$2 out=$3 max=0 kb p
+  for _ in $(seq "$secs"); do
+    for p in $(children "$master"); do
+      kb=$(awk '/^VmRSS:/ { print $2 }' "/proc/$p/status" 2>/dev/null || echo 0)
+      ((kb > max)) && max=$kb
+    done
+    echo $((max / 1024)) >"$out"
+    sleep 1
+  done
+}
+
+scenario_body_flood() {
+  workdir
+  ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+  start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 2 --io event
+  watch_rss "$MASTER" 50 "$WORK/rss" &
+  PIDS+=("$!")
+  local probes
+  probes=$(flood_bodies "$PORT" 3000 1000000 990000 45)
+  local rss
+  rss=$(cat "$WORK/rss")
+  local left="n/a"
+  alive "$MASTER" && left=$(curl -s "http://127.0.0.1:$PORT/" >/dev/null && echo serving)
+  stop_server "$MASTER"
+  echo "body-flood: largest worker RSS ${rss} MiB (2 event workers, 3,000 unfinished 1 MB"     "uploads); $probes; afterwards: $left"
+}
+
+scenario_slow_bodies() {
+  workdir
+  ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+  start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 4 --io hybrid
+  local probes
+  probes=$(flood_bodies "$PORT" 300 200000 70000 60 300)
+  stop_server "$MASTER"
+  echo "slow-bodies: $probes (hybrid -w 4; 300 bodies of 200 KB from 300 addresses, 70 KB" \
+    "then a byte per 5 s; probes answered within 1 s, later, not at all)"
+}
+
+# ---------------------------------------------------------------------------------------
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
@@ -752,7 +943,9 @@ main() {
   for s in "${chosen[@]}"; do
     known "$s" || { echo "unknown scenario $s (bench/chaos.sh --list)" >&2; return 2; }
   done
-  cargo build --release --quiet -p appsrv --example http_hello --example echo
+  if [[ $EXAMPLES == "$PWD/target/release/examples" ]]; then
+    cargo build --release --quiet -p appsrv --example http_hello --example echo
+  fi
   local started=$SECONDS rc
   for s in "${chosen[@]}"; do
     rc=0
