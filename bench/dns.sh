@@ -51,7 +51,9 @@
 #
 # Servers (each on its own free 127.0.0.1 port, UDP and TCP; all three run for the whole
 # benchmark, idle while another is measured; started as root, each runs as its own user):
-#   appsrv  DNS --zone ZONE -l udp://127.0.0.1:PORT -l 127.0.0.1:PORT -w WORKERS APPSRV_FLAGS
+#   appsrv  DNS --zone ZONE -l udp://127.0.0.1:PORT -l 127.0.0.1:PORT -w WORKERS
+#           --max-answers-per-ip 0 APPSRV_FLAGS (rate limit off, as NSD's below: the example
+#           answers 200 per second per /24 by default, and dnsperf sends from 127.0.0.1)
 #           (its workers run as nobody when started as root)
 #   NSD     nsd -d -c CONF: server-count 2, rrl-ratelimit 0 (Debian's NSD is built with RRL,
 #           --enable-ratelimit, and limits a source to 200 answers/s by default; a build without
@@ -341,10 +343,10 @@ start_server() {
       local ctl=()
       [ "$MODE" = reload ] && ctl=(--control "$d/ctl")
       # shellcheck disable=SC2206 # the flags are words
-      CMD_OF[$id]="$DNS --zone ${zone##*/} -l udp://127.0.0.1:PORT -l 127.0.0.1:PORT -w $WORKERS${APPSRV_FLAGS:+ $APPSRV_FLAGS}${ctl:+ ${ctl[*]}}"
+      CMD_OF[$id]="$DNS --zone ${zone##*/} -l udp://127.0.0.1:PORT -l 127.0.0.1:PORT -w $WORKERS --max-answers-per-ip 0${APPSRV_FLAGS:+ $APPSRV_FLAGS}${ctl:+ ${ctl[*]}}"
       # shellcheck disable=SC2086
       "$DNS" --zone "$zone" -l "udp://127.0.0.1:$port" -l "127.0.0.1:$port" -w "$WORKERS" \
-        $APPSRV_FLAGS "${ctl[@]}" 2>"$log" &
+        --max-answers-per-ip 0 $APPSRV_FLAGS "${ctl[@]}" 2>"$log" &
       ;;
     nsd)
       # RRL off: both limits 0 (nsd.conf(5): "also set the whitelist-ratelimit to 0 to

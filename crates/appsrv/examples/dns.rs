@@ -49,8 +49,16 @@
 //! compression pointer, records that run past the end, two OPTs); NOTIMP for an opcode
 //! other than QUERY; dropped, never answered: shorter than a header, or QR=1 (an answer:
 //! answering it could start a loop between two servers). Over TCP, a query that would be
-//! dropped closes the connection. Under `--max-answers-per-ip`, a query that "slips" is
-//! answered TC=1 with the question alone, so that a real resolver retries over TCP.
+//! dropped closes the connection.
+//!
+//! Answers over UDP are rate limited by default, against reflection attacks (a forged
+//! source gets answers several times the size of its queries: the sample zone's `big` TXT
+//! is about 15 times its query): at most 200 per second to one source network, an IPv4 /24
+//! or an IPv6 /56, as NSD's defaults (`--max-answers-per-ip 200`, `--answers-ipv4-prefix`,
+//! `--answers-ipv6-prefix`; `--max-answers-per-ip 0` turns it off, for a benchmark from one
+//! address). Over the rate, one query in `--answers-slip` (2) "slips": it is answered TC=1
+//! with the question alone, so that a real resolver retries over TCP, which is not
+//! limited; the others are dropped.
 //!
 //! Reload (`dns reload` or SIGHUP) re-reads every zone file in the master; a zone that
 //! does not load fails the reload with its error, and the workers keep serving the zones
@@ -209,6 +217,8 @@ fn serve() -> appsrv::Result<()> {
         .about("An authoritative DNS server for zone files, over UDP and TCP")
         .listen("udp://127.0.0.1:5353")
         .listen("127.0.0.1:5353")
+        // NSD's default response rate limit (rrl-ratelimit 200, per IPv4 /24 and IPv6 /56).
+        .max_answers_per_ip(200)
         .io(appsrv::Io::Event);
     let args: Args = server.args();
     let sub = subcommand();

@@ -21,7 +21,8 @@
 //! the datagrams received and sent by each worker, `udp_echo metrics` the
 //! `appsrv_datagrams_*` counters; `--deny 127.0.0.0/8` drops (never answers) what comes
 //! from there and counts it; `--max-answers-per-ip 10` answers ten datagrams per second
-//! per source and drops the rest.
+//! per source network (a /24: 127.0.0.1 and 127.0.0.2 share ten; `--answers-ipv4-prefix
+//! 32` gives each address its own) and drops the rest.
 //!
 //! I/O model: datagrams are always served from each worker's event loop: a datagram-only
 //! server (`run_datagrams`) has no stream connections for `--io` to choose a model for.

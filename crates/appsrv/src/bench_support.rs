@@ -483,7 +483,8 @@ impl std::fmt::Debug for DatagramLoop {
 
 impl DatagramLoop {
     /// A listener served by `handler` with these limits (`--max-datagram-size`,
-    /// `--max-answers-per-ip`, `--answers-slip`), reading `batch` datagrams per system call.
+    /// `--max-answers-per-ip`, `--answers-slip`; the answer rate counted per IPv4 /24 and
+    /// IPv6 /56, the defaults), reading `batch` datagrams per system call.
     pub fn new(
         handler: Box<dyn crate::handler::DatagramHandler>,
         max_size: usize,
@@ -512,6 +513,7 @@ impl DatagramLoop {
         let settings = crate::worker::datagram::Settings {
             max_size,
             max_answers_per_ip,
+            answer_prefixes: scoreboard::AnswerPrefixes::DEFAULT,
             slip,
             access_sample: 1,
         };

@@ -72,6 +72,7 @@ pub(crate) struct Defaults {
     pub(crate) proxy_protocol: bool,
     pub(crate) proxy_from: Vec<String>,
     pub(crate) max_conns_per_ip: usize,
+    pub(crate) max_answers_per_ip: usize,
     pub(crate) header_timeout: Option<Duration>,
     pub(crate) header_timeout_max: Option<Duration>,
     pub(crate) min_rate: usize,
@@ -214,6 +215,7 @@ impl Default for Defaults {
             proxy_protocol: false,
             proxy_from: Vec::new(),
             max_conns_per_ip: 0,
+            max_answers_per_ip: 0,
             header_timeout: Some(DEFAULT_HEADER_TIMEOUT),
             header_timeout_max: Some(DEFAULT_HEADER_TIMEOUT_MAX),
             min_rate: DEFAULT_MIN_RATE,
@@ -278,6 +280,9 @@ pub(crate) struct Config {
     pub(crate) max_datagram_size: u64,
     pub(crate) max_answers_per_ip: u64,
     pub(crate) answers_slip: u64,
+    /// `--answers-ipv4-prefix`, `--answers-ipv6-prefix`: how the answer-rate limit groups
+    /// sources.
+    pub(crate) answer_prefixes: crate::scoreboard::AnswerPrefixes,
     pub(crate) allow: Vec<crate::net::proxy::Cidr>,
     pub(crate) deny: Vec<crate::net::proxy::Cidr>,
     pub(crate) proxy_protocol: bool,
@@ -798,8 +803,22 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             cidrs(prefix, "proxy-from", &d.proxy_from, "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
         )
         .arg(count(prefix, "max-conns-per-ip", d.max_conns_per_ip, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
-        .arg(count(prefix, "max-answers-per-ip", 0, "Datagram listeners: answer at most N datagrams per second from one source (an IPv4 address, an IPv6 /64), across all workers; the others are dropped, but one in --answers-slip is answered by the handler's slip (DNS: a truncated answer, so a real client retries over TCP), as DNS response rate limiting does against reflection attacks [0: no limit]"))
+        .arg(count(prefix, "max-answers-per-ip", d.max_answers_per_ip, "Datagram listeners: answer at most N datagrams per second from one source network (an IPv4 /24 and an IPv6 /56 by default: --answers-ipv4-prefix, --answers-ipv6-prefix), across all workers; the others are dropped, but one in --answers-slip is answered by the handler's slip (DNS: a truncated answer, so a real client retries over TCP), as DNS response rate limiting does against reflection attacks [0: no limit]"))
         .arg(count(prefix, "answers-slip", 2, "With --max-answers-per-ip: one in N rate-limited datagrams gets the handler's slip answer instead of none [0: never]"))
+        .arg(
+            env_opt(prefix, "answers-ipv4-prefix")
+                .value_name("BITS")
+                .value_parser(clap::value_parser!(u8).range(1..=32))
+                .default_value(crate::scoreboard::AnswerPrefixes::DEFAULT.v4.to_string())
+                .help("With --max-answers-per-ip: IPv4 sources in one network of this prefix length share one budget, as BIND's and NSD's response rate limiting group them (32: each address alone)"),
+        )
+        .arg(
+            env_opt(prefix, "answers-ipv6-prefix")
+                .value_name("BITS")
+                .value_parser(clap::value_parser!(u8).range(1..=128))
+                .default_value(crate::scoreboard::AnswerPrefixes::DEFAULT.v6.to_string())
+                .help("With --max-answers-per-ip: IPv6 sources in one network of this prefix length share one budget (56, as BIND and NSD: a site is usually given a /56 or a /48, a host at least a /64)"),
+        )
         .arg(
             env_opt(prefix, "max-datagram-size")
                 .value_name("BYTES")
@@ -1179,6 +1198,10 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         max_datagram_size: n(m, "max-datagram-size"),
         max_answers_per_ip: n(m, "max-answers-per-ip"),
         answers_slip: n(m, "answers-slip"),
+        answer_prefixes: crate::scoreboard::AnswerPrefixes {
+            v4: *m.get_one::<u8>("answers-ipv4-prefix").expect("has a default"),
+            v6: *m.get_one::<u8>("answers-ipv6-prefix").expect("has a default"),
+        },
         io: *m.get_one::<Io>("io").expect("has a default"),
         worker_connections: n(m, "worker-connections") as usize,
         fronts: n(m, "fronts") as usize,

@@ -170,8 +170,8 @@ pub trait DatagramHandler {
     fn handle_datagram(&mut self, datagram: &Datagram<'_>, answer: &mut Vec<u8>) -> io::Result<()>;
 
     /// Called instead of [`handle_datagram`](DatagramHandler::handle_datagram) for one in
-    /// `--answers-slip` datagrams from a source over its `--max-answers-per-ip` rate (the
-    /// others are dropped): a small answer that tells a genuine client to retry another
+    /// `--answers-slip` datagrams from a source over its `--max-answers-per-ip` rate (a
+    /// source: its IPv4 /24 or IPv6 /56 by default; the others are dropped): a small answer that tells a genuine client to retry another
     /// way, which is worth nothing to an attacker who forges the source address to
     /// reflect answers at a victim. DNS answers such a query with the TC bit set and no
     /// records, so that a real resolver retries over TCP. Does nothing (no answer) by

@@ -233,6 +233,18 @@ impl Server {
         self
     }
 
+    /// The most datagrams answered per second to one source network, across all workers
+    /// (`--max-answers-per-ip`): an IPv4 /24 and an IPv6 /56 by default
+    /// (`--answers-ipv4-prefix`, `--answers-ipv6-prefix`), as BIND and NSD group sources.
+    /// Over it, a datagram is dropped, or one in `--answers-slip` (default 2) is answered by
+    /// the handler's [`slip`](crate::DatagramHandler::slip). Default: 0, no limit; a server
+    /// that answers more than it is asked (DNS) should set one, against reflection attacks
+    /// (NSD's default is 200).
+    pub fn max_answers_per_ip(mut self, n: usize) -> Self {
+        self.defaults.max_answers_per_ip = n;
+        self
+    }
+
     /// How long a request that arrives in pieces may take, from its first bytes, at the
     /// request level (`--header-timeout`; `None`: no limit). Default: 20 s, as Apache's
     /// `mod_reqtimeout`.

@@ -494,7 +494,8 @@ fn issue_19_the_answer_rate_limit_holds_a_flood_while_another_source_is_answered
     );
     let addr = server.udp_addr();
     let flood = client("127.0.0.1");
-    let other = client("127.0.0.2");
+    // Another /24: the limit counts a source's /24 by default (issue 31).
+    let other = client("127.0.1.2");
     let started = Instant::now();
     let other_answers = std::thread::scope(|s| {
         let other = s.spawn(|| {
@@ -528,6 +529,155 @@ fn issue_19_the_answer_rate_limit_holds_a_flood_while_another_source_is_answered
     );
     assert_eq!(datagrams(&s, "rate_limited"), FLOOD - answered, "{s:#}");
     assert_eq!(datagrams(&s, "sent"), answered + OTHER, "{s:#}");
+}
+
+/// Sends one datagram from each of `sources` (each a client at its own address), then
+/// `others` datagrams from `other`, one at a time, each answered; waits until the server
+/// has received them all and returns the sources' answers, the time since the first
+/// datagram, and the final status.
+fn one_datagram_from_each(
+    ctl: &str,
+    addr: SocketAddr,
+    sources: &[UdpSocket],
+    other: &UdpSocket,
+    others: u64,
+) -> (u64, Duration, Value) {
+    let started = Instant::now();
+    for (i, c) in sources.iter().enumerate() {
+        c.send_to(format!("source {i}").as_bytes(), addr).unwrap();
+    }
+    for i in 0..others {
+        let q = format!("other {i}");
+        assert_eq!(ask(other, addr, &q), (q, addr), "the other /24 is answered");
+    }
+    let all = sources.len() as u64 + others;
+    let s = wait_for_status(ctl, "every datagram received", |s| {
+        datagrams(s, "received") == all
+    });
+    let span = started.elapsed();
+    let answered = sources.iter().map(|c| queued(c).len() as u64).sum();
+    (answered, span, s)
+}
+
+/// Issue 31: the answer rate counts a source's network, an IPv4 /24 by default, as BIND
+/// and NSD do: one datagram from each of 200 addresses of 127.0.0.0/24 gets the answers of
+/// one source (before, each address had a budget of its own and all 200 were answered: a
+/// reflection through a whole /24 multiplied the limit by its 254 hosts), while a client
+/// in 127.0.1.0/24 gets its own. With `--answers-ipv4-prefix 32` (here from its
+/// environment variable) each address is alone again, and the same 200 are all answered.
+#[test]
+fn issue_31_the_addresses_of_one_24_share_one_answer_budget() {
+    const LIMIT: u64 = 20;
+    // 127.0.0.2 to 127.0.0.201: below what the server's socket queues (see the test
+    // above), so that every datagram reaches the rate limit.
+    const SOURCES: u64 = 200;
+    const OTHER: u64 = 10;
+    let dir = Dir::new("prefix");
+    let (ctl, ctl2) = (dir.ctl(), dir.path("ctl2.sock"));
+    let args = |ctl: &str| {
+        [
+            "-w",
+            "2",
+            "-l",
+            "udp://127.0.0.1:0",
+            "--max-answers-per-ip",
+            "20",
+            "--answers-slip",
+            "0",
+            "--control",
+            ctl,
+        ]
+        .map(str::to_owned)
+    };
+    let sources: Vec<UdpSocket> = (2..2 + SOURCES)
+        .map(|i| client(&format!("127.0.0.{i}")))
+        .collect();
+    let other = client("127.0.1.2");
+
+    let server = Server::start("udp_echo", &args(&ctl).each_ref().map(String::as_str));
+    server.wait_for_workers(2);
+    let addr = server.udp_addr();
+    let (answered, span, s) = one_datagram_from_each(&ctl, addr, &sources, &other, OTHER);
+    // The limit counts answers per second of the server's clock: the datagrams were
+    // handled within `span`, which overlaps at most whole_seconds + 2 of its seconds.
+    let bound = LIMIT * (span.as_secs() + 2);
+    eprintln!("{answered} of {SOURCES} sources in one /24 answered within {span:?} (bound {bound})");
+    assert!(
+        (1..=bound).contains(&answered),
+        "{answered} of {SOURCES} sources of one /24 answered within {span:?}; at most {bound} allowed"
+    );
+    assert_eq!(datagrams(&s, "rate_limited"), SOURCES - answered, "{s:#}");
+    assert_eq!(datagrams(&s, "sent"), answered + OTHER, "{s:#}");
+    drop(server);
+
+    // Each address alone: none of them goes over.
+    let server = Server::start_with_env(
+        "udp_echo",
+        &args(&ctl2).each_ref().map(String::as_str),
+        &[("UDP_ECHO_ANSWERS_IPV4_PREFIX", "32")],
+    );
+    server.wait_for_workers(2);
+    let addr = server.udp_addr();
+    let (answered, _, s) = one_datagram_from_each(&ctl2, addr, &sources, &other, OTHER);
+    assert_eq!(answered, SOURCES, "{s:#}");
+    assert_eq!(datagrams(&s, "rate_limited"), 0, "{s:#}");
+}
+
+/// Issue 31: the prefix lengths are checked before anything starts (IPv4 1 to 32, IPv6 1
+/// to 128), from the command line and from the environment.
+#[test]
+fn issue_31_a_bad_answer_prefix_is_a_configuration_error() {
+    for (args, env, named) in [
+        (&["--answers-ipv4-prefix", "0"][..], None, "--answers-ipv4-prefix"),
+        (
+            &["--answers-ipv4-prefix", "33"][..],
+            None,
+            "--answers-ipv4-prefix",
+        ),
+        (&["--answers-ipv6-prefix", "0"][..], None, "--answers-ipv6-prefix"),
+        (
+            &["--answers-ipv6-prefix", "129"][..],
+            None,
+            "--answers-ipv6-prefix",
+        ),
+        (
+            &["--answers-ipv4-prefix", "/24"][..],
+            None,
+            "--answers-ipv4-prefix",
+        ),
+        (
+            &[][..],
+            Some(("UDP_ECHO_ANSWERS_IPV6_PREFIX", "200")),
+            "UDP_ECHO_ANSWERS_IPV6_PREFIX",
+        ),
+    ] {
+        let mut all = vec!["-l", "udp://127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let mut server = Server::spawn("udp_echo", &all, env.as_slice());
+        let status = server.wait_exit();
+        server.wait_for_log_end();
+        let log = server.log_text();
+        assert_eq!(status.code(), Some(2), "{args:?} {env:?}: {log}");
+        assert!(
+            log.contains("invalid value") && log.contains(named),
+            "{args:?} {env:?}: {log}"
+        );
+        assert!(!log.contains("ready"), "{args:?} {env:?} started: {log}");
+    }
+    // The bounds themselves are accepted (`check` validates without binding).
+    let out = run(
+        &example("udp_echo"),
+        &[
+            "check",
+            "-l",
+            "udp://127.0.0.1:0",
+            "--answers-ipv4-prefix",
+            "32",
+            "--answers-ipv6-prefix",
+            "128",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
 #[test]

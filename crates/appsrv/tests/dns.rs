@@ -758,7 +758,9 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, Option<u8>)> {
 
 #[test]
 fn malformed_datagrams_never_take_a_worker_down() {
-    let dns = Dns::start(&["-w", "1"]);
+    // Some 450 datagrams from one address within a second or so: the example's default
+    // answer-rate limit (200 per second) would drop some of the good queries.
+    let dns = Dns::start(&["-w", "1", "--max-answers-per-ip", "0"]);
     let pids = dns.server.wait_for_workers(1);
     let s = udp_socket(dns.udp);
     let good = query(0x600d, "www.zone.test.", RecordType::A, None);
@@ -1230,4 +1232,68 @@ fn issue_19_over_the_answer_rate_one_in_n_queries_slips_a_truncated_answer() {
         slipped >= limited / 2 - 1 && slipped <= limited / 2 + 1,
         "{slipped} slips of {limited} limited"
     );
+}
+
+/// Sends `n` queries for www's A record over UDP from `s` at once, then reads the answers
+/// until `n` came or none comes for half a second; returns (full answers, truncated slips).
+fn burst(s: &UdpSocket, n: u16) -> (u16, u16) {
+    for id in 0..n {
+        s.send(&query(id, "www.zone.test.", RecordType::A, None)).unwrap();
+    }
+    s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    let (mut full, mut slipped) = (0, 0);
+    let mut buf = vec![0; 4096];
+    while full + slipped < n {
+        let Ok(len) = s.recv(&mut buf) else { break };
+        let m = Message::from_vec(&buf[..len]).expect("an answer parses");
+        if m.truncated() {
+            assert!(m.answers().is_empty(), "a slip carries no record");
+            slipped += 1;
+        } else {
+            assert_eq!(m.answers().len(), 2, "www's two A records");
+            full += 1;
+        }
+    }
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    (full, slipped)
+}
+
+/// Issue 31: the example limits its UDP answers by default, at NSD's rate (200 per second
+/// to one IPv4 /24): bursts of queries from one address soon get truncated slips (TC=1, no
+/// records: one in --answers-slip's 2 of the queries over the rate) where the answers
+/// were; TCP is not limited. `--max-answers-per-ip 0` turns the limit off.
+#[test]
+fn issue_31_the_example_limits_udp_answers_by_default() {
+    // Bursts of 100 (below what the server's socket queues): with one worker reading in
+    // order, a burst is over in milliseconds, so that some second of the server's clock
+    // sees more than 200 of them within a few bursts; 100 bursts would take 100 seconds
+    // even at 100 queries per second.
+    const BURST: u16 = 100;
+    let dns = Dns::start(&["-w", "1"]);
+    let s = udp_socket(dns.udp);
+    let (mut full, mut slipped, mut bursts) = (0u32, 0u32, 0u32);
+    while slipped == 0 && bursts < 100 {
+        let (f, sl) = burst(&s, BURST);
+        (full, slipped, bursts) = (full + u32::from(f), slipped + u32::from(sl), bursts + 1);
+    }
+    eprintln!("{bursts} bursts of {BURST}: {full} answered in full, {slipped} slipped");
+    assert!(
+        slipped > 0,
+        "{bursts} bursts of {BURST}: {full} answered in full, none slipped: no limit"
+    );
+    // Meanwhile, TCP answers in full.
+    assert_eq!(
+        ask(&dns, Via::Tcp, "www.zone.test.", RecordType::A)
+            .answers()
+            .len(),
+        2
+    );
+    drop(dns);
+
+    let dns = Dns::start(&["-w", "1", "--max-answers-per-ip", "0"]);
+    let s = udp_socket(dns.udp);
+    for _ in 0..4 {
+        assert_eq!(burst(&s, BURST), (BURST, 0), "with --max-answers-per-ip 0");
+    }
 }

@@ -353,6 +353,55 @@ fn issue_14_bare_lf_gets_400_and_the_worker_goes_on(io: Io) {
     assert_eq!(server.worker_pids(), workers, "served by the same single worker");
 }
 
+both_io!(issue_31_a_missing_or_repeated_host_gets_400_and_the_worker_goes_on);
+/// Issue 31: RFC 9112 §3.2. An HTTP/1.1 request without `Host`, or any request with two,
+/// gets 400 and a close, also after a good request on the same connection; the single
+/// worker serves the next client. HTTP/1.0 without `Host` is still served.
+fn issue_31_a_missing_or_repeated_host_gets_400_and_the_worker_goes_on(io: Io) {
+    let server = http_hello(io, 1, None);
+    let workers = server.wait_for_workers(1);
+    for (request, why) in [
+        (&b"GET / HTTP/1.1\r\n\r\n"[..], "no Host header"),
+        (
+            b"GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n",
+            "no Host header",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+            "no Host header",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "more than one Host",
+        ),
+        (
+            b"GET / HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n",
+            "more than one Host",
+        ),
+    ] {
+        let shown = String::from_utf8_lossy(request);
+        let mut c = Conn::open(server.tcp_addr());
+        c.send(request);
+        let r = c.response();
+        assert_eq!(r.status, 400, "{shown:?}: {r:?}");
+        assert_eq!(r.header("connection"), Some("close"), "{shown:?}");
+        assert!(r.text().contains(why), "{shown:?}: {}", r.text());
+        assert!(c.closed_by_server(), "{shown:?}");
+        assert_hello(&Conn::open(server.tcp_addr()).get("/"));
+    }
+    // After a good request on a keep-alive connection.
+    let mut c = Conn::open(server.tcp_addr());
+    assert_hello(&c.get("/"));
+    c.send(b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(c.response().status, 400);
+    assert!(c.closed_by_server());
+    // HTTP/1.0 may leave Host out.
+    let mut c = Conn::open(server.tcp_addr());
+    c.send(b"GET / HTTP/1.0\r\n\r\n");
+    assert_hello(&c.response());
+    assert_eq!(server.worker_pids(), workers, "served by the same single worker");
+}
+
 both_io!(oversize_and_unsupported_requests_are_refused);
 fn oversize_and_unsupported_requests_are_refused(io: Io) {
     let server = http_hello(io, 1, None);
@@ -364,9 +413,16 @@ fn oversize_and_unsupported_requests_are_refused(io: Io) {
             413,
         ),
         (b"GET / HTTP/2.0\r\nHost: t\r\n\r\n", 505),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
         (
-            &[b"GET / HTTP/1.1\r\nX-Big: ".as_slice(), &[b'a'; 10_000]].concat(),
+            b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n",
+            501,
+        ),
+        (
+            &[
+                b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: ".as_slice(),
+                &[b'a'; 10_000],
+            ]
+            .concat(),
             431,
         ),
     ];
@@ -400,7 +456,8 @@ fn large_files_arrive_intact(io: Io) {
     assert!(r.body == medium, "the 100 KB file differs");
     // Pipelined, on the same connection.
     c.send(
-        b"GET /static/medium.png HTTP/1.1\r\n\r\nGET /static/big.bin HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+        b"GET /static/medium.png HTTP/1.1\r\nHost: t\r\n\r\nGET /static/big.bin HTTP/1.1\r\nHost: t\r\n\r\n\
+          GET / HTTP/1.1\r\nHost: t\r\n\r\n",
     );
     assert!(c.response().body == medium);
     assert!(c.response().body == big);

@@ -16,7 +16,9 @@
 //! - the response head: status line, `Content-Length`, `Date` (formatted once a second),
 //!   `Connection: close` / `keep-alive` when needed;
 //! - limits (head size, header count, body size) and error replies (400, 408, 413, 431,
-//!   501, 505), each closing the connection.
+//!   501, 505), each closing the connection;
+//! - `Host`: exactly one in an HTTP/1.1 request, at most one in HTTP/1.0, as RFC 9112 §3.2
+//!   requires (400 otherwise).
 //!
 //! # Line ends: CRLF only
 //!
@@ -93,7 +95,10 @@ const MAX_CHUNK_LINE: usize = 4096;
 /// (at the connection's close), for the next connection's codec: a connection per request
 /// allocates nothing either.
 ///
-/// The `Host` header is not required (requests typed by hand are served).
+/// An HTTP/1.1 request must have exactly one `Host` header, and an HTTP/1.0 request at
+/// most one (RFC 9112 §3.2): one without, or with two, is answered `400 Bad Request` and the
+/// connection is closed, as soon as its head has arrived. The codec does not check the
+/// header's value: [`HttpRequest::header`] gives it to the handler as it came.
 pub struct Http {
     max_header_bytes: usize,
     max_headers: usize,
@@ -288,6 +293,9 @@ impl Http {
             expect_continue: false,
         };
         let mut transfer_encoding = false;
+        // `Host` fields seen: RFC 9112 §3.2 wants exactly one in HTTP/1.1, at most one in
+        // HTTP/1.0 (checked after the loop).
+        let mut hosts = 0u32;
         // Whether the line before each field (the request line, the previous field) ends
         // in CRLF: see `head_lines_end_in_crlf`.
         let mut crlf = true;
@@ -300,7 +308,9 @@ impl Http {
             };
             head.count = i + 1;
             let name = h.name.as_bytes();
-            if name.eq_ignore_ascii_case(b"content-length") {
+            if name.eq_ignore_ascii_case(b"host") {
+                hosts += 1;
+            } else if name.eq_ignore_ascii_case(b"content-length") {
                 let n = parse_content_length(h.value)?;
                 if head.content_length.is_some_and(|m| m != n) {
                     return Err(malformed("conflicting Content-Length headers"));
@@ -335,6 +345,16 @@ impl Http {
         // httparse accepts a bare LF as a line end: this codec does not (module docs).
         if !head_lines_end_in_crlf(&buf[..head_len], head.method.start as usize, crlf) {
             return Err(malformed(BARE_LF));
+        }
+        // RFC 9112 §3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host and
+        // to any request with more than one. Two Hosts are a known ambiguity between a proxy
+        // and the server behind it (the proxy routes by one, the handler reads the other);
+        // an HTTP/1.0 request may have none (its clients predate the field).
+        if hosts > 1 {
+            return Err(malformed(SEVERAL_HOSTS));
+        }
+        if hosts == 0 && version == 1 {
+            return Err(malformed(NO_HOST));
         }
         if head.chunked && head.content_length.is_some() {
             return Err(malformed("both Content-Length and Transfer-Encoding"));
@@ -496,6 +516,12 @@ struct Head {
 fn malformed(why: &'static str) -> ProtocolError {
     ProtocolError::Malformed(Cow::Borrowed(why))
 }
+
+/// The reason of the 400 answering an HTTP/1.1 request without a `Host` field.
+const NO_HOST: &str = "no Host header (HTTP/1.1 requires one)";
+
+/// The reason of the 400 answering a request with more than one `Host` field.
+const SEVERAL_HOSTS: &str = "more than one Host header";
 
 /// The reason of the 400 answering a bare LF in the head or the trailers.
 const BARE_LF: &str = "bare LF line end (lines end in CRLF)";
@@ -1356,7 +1382,7 @@ mod tests {
 
     const THREE: &[u8] = b"GET /a?x=1 HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\n\
         POST /rpc HTTP/1.1\r\nHost: h\r\nContent-Type: text/xml\r\nContent-Length: 11\r\n\r\nhello world\
-        POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n";
+        POST /up HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n";
 
     fn three_expected() -> Vec<Parts> {
         let h = |n: &str, v: &str| (n.to_owned(), v.as_bytes().to_vec());
@@ -1385,7 +1411,7 @@ mod tests {
                 method: "POST".into(),
                 target: "/up".into(),
                 version: 1,
-                headers: vec![h("Transfer-Encoding", "chunked")],
+                headers: vec![h("Host", "h"), h("Transfer-Encoding", "chunked")],
                 body: b"hello world".to_vec(),
                 keep_alive: true,
             },
@@ -1411,7 +1437,8 @@ mod tests {
     #[test]
     fn request_accessors() {
         let mut codec = Http::new();
-        let mut buf = b"GET /p/q?a=b&c HTTP/1.1\r\nX-One:  1 \r\nx-one: 2\r\nEmpty:\r\n\r\n".to_vec();
+        let mut buf =
+            b"GET /p/q?a=b&c HTTP/1.1\r\nHost: h\r\nX-One:  1 \r\nx-one: 2\r\nEmpty:\r\n\r\n".to_vec();
         let Decoded::Request { request: r, .. } = codec.decode(&mut buf).unwrap() else {
             panic!()
         };
@@ -1422,23 +1449,23 @@ mod tests {
         assert_eq!(r.header_str("x-one"), Some("1"));
         assert_eq!(r.header("empty"), Some(&b""[..]));
         assert_eq!(r.header("missing"), None);
-        assert_eq!(r.headers().len(), 3);
+        assert_eq!(r.headers().len(), 4);
         assert!(!r.is_head() && !r.is_chunked() && r.content_length().is_none());
         assert!(format!("{r:?}").contains("/p/q"));
     }
 
     #[test]
     fn empty_lines_before_a_request_are_skipped() {
-        let p = decode(b"\r\n\r\nGET / HTTP/1.1\r\n\r\n", 1).unwrap();
+        let p = decode(b"\r\n\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n", 1).unwrap();
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].target, "/");
     }
 
     #[test]
     fn chunked_bodies_split_at_every_byte() {
-        let input: &[u8] = b"PUT /x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n\
+        let input: &[u8] = b"PUT /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked\r\n\r\n\
             1\r\na\r\n0010 ; name=\"v\"\r\n0123456789abcdef\r\nA\r\n0123456789\r\n000\r\nT: 1\r\nU: 2\r\n\r\n\
-            GET /next HTTP/1.1\r\n\r\n";
+            GET /next HTTP/1.1\r\nHost: h\r\n\r\n";
         for chunk in 1..=input.len() {
             let p = decode(input, chunk).unwrap();
             assert_eq!(p.len(), 2, "chunk {chunk}");
@@ -1451,7 +1478,7 @@ mod tests {
     fn chunked_body_is_dechunked_in_place() {
         let mut codec = Http::new();
         let mut buf =
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\nrest"
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\nrest"
                 .to_vec();
         let start = buf.as_ptr() as usize;
         let Decoded::Request { request, len } = codec.decode(&mut buf).unwrap() else {
@@ -1467,7 +1494,7 @@ mod tests {
 
     #[test]
     fn bad_chunk_syntax_is_400() {
-        let head = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let head = "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n";
         for body in [
             "x\r\n",                  // not hex
             "\r\n",                   // no size
@@ -1490,10 +1517,13 @@ mod tests {
     /// after a chunk's data, a trailer field and the end of the trailers.
     #[test]
     fn bare_lf_is_refused_everywhere_with_400() {
-        let chunked = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let chunked = "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n";
         let cases = [
             ("the start line", "GET / HTTP/1.1\nHost: h\r\n\r\n".to_owned()),
-            ("an empty line before it", "\nGET / HTTP/1.1\r\n\r\n".to_owned()),
+            (
+                "an empty line before it",
+                "\nGET / HTTP/1.1\r\nHost: h\r\n\r\n".to_owned(),
+            ),
             (
                 "a header field",
                 "GET / HTTP/1.1\r\nHost: h\nAccept: */*\r\n\r\n".to_owned(),
@@ -1580,7 +1610,7 @@ mod tests {
     #[test]
     fn chunked_body_too_large_is_413_before_the_data() {
         let mut codec = Http::new().max_body(10);
-        let input = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n";
+        let input = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n";
         let e = decode_all(&mut codec, input, 1, |_| ()).unwrap_err();
         assert_eq!(
             e,
@@ -1595,7 +1625,8 @@ mod tests {
     #[test]
     fn expect_100_continue_is_answered_once() {
         let mut codec = Http::new();
-        let request = b"POST /rpc HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello";
+        let request =
+            b"POST /rpc HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello";
         let head_len = request.len() - 5;
         let mut interims = 0;
         for n in 0..request.len() {
@@ -1634,9 +1665,11 @@ mod tests {
     #[test]
     fn no_100_continue_when_the_body_is_there_or_for_http_1_0() {
         let mut codec = Http::new();
-        let mut buf = b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi".to_vec();
+        let mut buf =
+            b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi".to_vec();
         assert!(matches!(codec.decode(&mut buf).unwrap(), Decoded::Request { .. }));
-        let mut buf = b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n".to_vec();
+        let mut buf =
+            b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n".to_vec();
         assert!(matches!(codec.decode(&mut buf).unwrap(), Decoded::Request { .. }));
         let mut buf = b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n".to_vec();
         assert!(matches!(
@@ -1646,7 +1679,8 @@ mod tests {
         // Chunked bodies get it too.
         let mut codec = Http::new();
         let mut buf =
-            b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n"
+                .to_vec();
         assert!(matches!(
             codec.decode(&mut buf).unwrap(),
             Decoded::Incomplete { interim: Some(_) }
@@ -1657,20 +1691,20 @@ mod tests {
     fn keep_alive_decisions() {
         let cases: &[(&str, bool, bool, Option<&str>)] = &[
             // request, last, closes, Connection header in the response
-            ("GET / HTTP/1.1\r\n\r\n", false, false, None),
+            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, false, None),
             (
-                "GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
                 false,
                 true,
                 Some("close"),
             ),
             (
-                "GET / HTTP/1.1\r\nConnection: Upgrade, CLOSE\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, CLOSE\r\n\r\n",
                 false,
                 true,
                 Some("close"),
             ),
-            ("GET / HTTP/1.1\r\n\r\n", true, true, Some("close")),
+            ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", true, true, Some("close")),
             ("GET / HTTP/1.0\r\n\r\n", false, true, Some("close")),
             (
                 "GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
@@ -1699,7 +1733,7 @@ mod tests {
             assert!(text.ends_with("\r\n\r\nhi"), "{text}");
         }
         // The handler can close too.
-        let (text, outcome) = respond_to(b"GET / HTTP/1.1\r\n\r\n", false, |_, res| {
+        let (text, outcome) = respond_to(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, |_, res| {
             res.header("Connection", "close");
         });
         assert!(outcome.close);
@@ -1708,7 +1742,7 @@ mod tests {
 
     #[test]
     fn response_head() {
-        let (text, outcome) = respond_to(b"GET / HTTP/1.1\r\n\r\n", false, |_, res| {
+        let (text, outcome) = respond_to(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, |_, res| {
             res.write_all(b"Hello, ").unwrap();
             res.status(404).content_type("text/plain").header("X-A", "b");
             res.write_all(b"World!").unwrap();
@@ -1726,13 +1760,13 @@ mod tests {
         assert!(date.ends_with(" GMT"), "{date}");
 
         // Defaults: 200, no Content-Type, an empty body with Content-Length 0.
-        let (text, _) = respond_to(b"GET / HTTP/1.1\r\n\r\n", false, |_, _| {});
+        let (text, _) = respond_to(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, |_, _| {});
         assert!(text.starts_with("HTTP/1.1 200 OK\r\n"));
         assert_eq!(header_of(&text, "content-type"), None);
         assert_eq!(header_of(&text, "content-length"), Some("0"));
 
         // The codec's headers are its own; header injection is refused.
-        let (text, _) = respond_to(b"GET / HTTP/1.1\r\n\r\n", false, |_, res| {
+        let (text, _) = respond_to(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, |_, res| {
             res.header("Content-Length", "99")
                 .header("X-Evil", "a\r\nSet-Cookie: x")
                 .header("Bad Name", "v")
@@ -1746,7 +1780,7 @@ mod tests {
         );
         assert!(!text.contains("Evil") && !text.contains("Bad"), "{text}");
 
-        let (text, _) = respond_to(b"GET / HTTP/1.1\r\n\r\n", false, |_, res| {
+        let (text, _) = respond_to(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", false, |_, res| {
             res.status(299);
         });
         assert!(text.starts_with("HTTP/1.1 299 \r\n"), "{text}");
@@ -1754,7 +1788,7 @@ mod tests {
 
     #[test]
     fn head_requests_get_the_head_only() {
-        let (text, outcome) = respond_to(b"HEAD / HTTP/1.1\r\n\r\n", false, |req, res| {
+        let (text, outcome) = respond_to(b"HEAD / HTTP/1.1\r\nHost: h\r\n\r\n", false, |req, res| {
             assert!(req.is_head());
             res.content_type("text/plain")
                 .write_all(b"Hello, World!")
@@ -1765,7 +1799,7 @@ mod tests {
         assert!(!outcome.close);
 
         let file = File::open("Cargo.toml").unwrap();
-        let (text, outcome) = respond_to(b"HEAD /f HTTP/1.1\r\n\r\n", false, |_, res| {
+        let (text, outcome) = respond_to(b"HEAD /f HTTP/1.1\r\nHost: h\r\n\r\n", false, |_, res| {
             res.send_file(file, 10..110);
         });
         assert_eq!(header_of(&text, "content-length"), Some("100"));
@@ -1776,7 +1810,7 @@ mod tests {
     #[test]
     fn send_file_sets_the_length_and_the_outcome() {
         let file = File::open("Cargo.toml").unwrap();
-        let (text, outcome) = respond_to(b"GET /f HTTP/1.1\r\n\r\n", false, |_, res| {
+        let (text, outcome) = respond_to(b"GET /f HTTP/1.1\r\nHost: h\r\n\r\n", false, |_, res| {
             res.write_all(b"ab").unwrap();
             res.send_file(file, 10..110);
         });
@@ -1790,7 +1824,7 @@ mod tests {
     fn pipelined_responses_share_the_output_buffer() {
         let mut codec = Http::new();
         let mut input =
-            b"GET /1 HTTP/1.1\r\n\r\nHEAD /2 HTTP/1.1\r\n\r\nGET /3 HTTP/1.1\r\nConnection: close\r\n\r\n"
+            b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\nHEAD /2 HTTP/1.1\r\nHost: h\r\n\r\nGET /3 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
                 .to_vec();
         let mut out = Vec::new();
         let mut at = 0;
@@ -1854,16 +1888,16 @@ mod tests {
     #[test]
     fn malformed_requests_are_400() {
         for input in [
-            &b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n"[..],
-            b"GET  / HTTP/1.1\r\n\r\n",
-            b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n",
-            b"G(T / HTTP/1.1\r\n\r\n",
-            b"GET / HTTP/1.1\r\n folded: x\r\n\r\n",
+            &b"GET / HTTP/1.1\r\nHost: h\r\nBad Header: x\r\n\r\n"[..],
+            b"GET  / HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n",
+            b"G(T / HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET / HTTP/1.1\r\n folded: x\r\nHost: h\r\n\r\n",
             b"GET / XTTP/1.1\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 1x\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
-            b"POST / HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1x\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
         ] {
             assert_eq!(
@@ -1874,15 +1908,75 @@ mod tests {
             );
         }
         // A repeated identical Content-Length is fine.
-        let p = decode_one(b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab").unwrap();
+        let p = decode_one(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab")
+            .unwrap();
         assert_eq!(p.body, b"ab");
+    }
+
+    /// Issue 31: RFC 9112 §3.2. An HTTP/1.1 request without `Host`, and any request with
+    /// two, is a 400 (and the codec's error reply closes the connection); HTTP/1.0 may
+    /// leave it out.
+    #[test]
+    fn issue_31_a_missing_or_repeated_host_is_400() {
+        let refused = |input: &[u8], why: &str| {
+            let shown = String::from_utf8_lossy(input).into_owned();
+            for chunk in [1, input.len()] {
+                match decode(input, chunk) {
+                    Err(ProtocolError::Malformed(w)) => assert_eq!(w, why, "{shown:?}"),
+                    other => panic!("{shown:?} in pieces of {chunk}: {other:?}"),
+                }
+            }
+            assert_eq!(refusal(&mut Http::new(), input), 400, "{shown:?}");
+        };
+        refused(b"GET / HTTP/1.1\r\n\r\n", NO_HOST);
+        refused(b"GET / HTTP/1.1\r\nAccept: */*\r\nX-Host: h\r\n\r\n", NO_HOST);
+        // The absolute form names the host, but the field is required all the same.
+        refused(b"GET http://example.com/ HTTP/1.1\r\n\r\n", NO_HOST);
+        refused(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", SEVERAL_HOSTS);
+        refused(
+            b"GET / HTTP/1.1\r\nhost: a\r\nX: 1\r\nHOST: a\r\n\r\n",
+            SEVERAL_HOSTS,
+        );
+        refused(b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", SEVERAL_HOSTS);
+        // Refused once the head is there, before any of the body is waited for.
+        refused(b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\n", NO_HOST);
+        // In a pipeline: the requests before it are served, then the 400.
+        let mut codec = Http::new();
+        let two = b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\nGET /2 HTTP/1.1\r\n\r\n";
+        let mut served = Vec::new();
+        let e = decode_all(&mut codec, two, two.len(), |r| served.push(r.target().to_owned()))
+            .expect_err("the second has no Host");
+        assert_eq!((served, e), (vec!["/1".to_owned()], malformed(NO_HOST)));
+        let mut out = Vec::new();
+        codec.encode_error(&malformed(NO_HOST), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.ends_with(
+                "\r\n\r\n400 Bad Request: malformed request: no Host header (HTTP/1.1 requires one)\n"
+            ),
+            "the reason, for a person reading it: {text}"
+        );
+
+        // Served: one Host (an empty one too, RFC 9112 §3.2's "no authority"), in any case;
+        // HTTP/1.0 without one.
+        for input in [
+            &b"GET / HTTP/1.1\r\nHost: example.com:8080\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nhOsT: h\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost:\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"GET / HTTP/1.0\r\nHost: h\r\n\r\n",
+        ] {
+            let p =
+                decode_one(input).unwrap_or_else(|e| panic!("{:?}: {e:?}", String::from_utf8_lossy(input)));
+            assert_eq!(p.target, "/");
+        }
     }
 
     #[test]
     fn oversize_requests_are_refused_early() {
         // A head larger than the limit, before it ends.
         let mut codec = Http::new().max_header_bytes(100);
-        let mut input = b"GET / HTTP/1.1\r\nX-Long: ".to_vec();
+        let mut input = b"GET / HTTP/1.1\r\nHost: h\r\nX-Long: ".to_vec();
         input.extend_from_slice(&[b'a'; 200]);
         assert_eq!(refusal(&mut codec, &input), 431);
         let e = decode_all(&mut Http::new().max_header_bytes(100), &input, 7, |_| ()).unwrap_err();
@@ -1891,7 +1985,7 @@ mod tests {
         input.extend_from_slice(b"\r\n\r\n");
         assert_eq!(refusal(&mut codec, &input), 431);
         // Too many headers.
-        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        let mut many = b"GET / HTTP/1.1\r\nHost: h\r\n".to_vec();
         for i in 0..65 {
             many.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
         }
@@ -1900,20 +1994,20 @@ mod tests {
         assert_eq!(
             refusal(
                 &mut Http::new().max_headers(3),
-                b"GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n"
+                b"GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n"
             ),
             431
         );
         assert_eq!(
-            decode(b"GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n", 1)
+            decode(b"GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n", 1)
                 .unwrap()
                 .len(),
             1
         );
         // A body larger than the limit, from its Content-Length alone.
-        let input = b"POST / HTTP/1.1\r\nContent-Length: 1048577\r\n\r\n";
+        let input = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1048577\r\n\r\n";
         assert_eq!(refusal(&mut Http::new(), input), 413);
-        let input = b"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n";
+        let input = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 99999999999999999999\r\n\r\n";
         assert!(matches!(refusal(&mut Http::new(), input), 400 | 413));
         assert_eq!(Http::new().max_request_size(), 8 * 1024 + 1024 * 1024);
         assert_eq!(
@@ -1929,14 +2023,14 @@ mod tests {
         assert_eq!(
             refusal(
                 &mut Http::new(),
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
             ),
             501
         );
         assert_eq!(
             refusal(
                 &mut Http::new(),
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"
+                b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n"
             ),
             501
         );
@@ -1998,7 +2092,10 @@ mod tests {
                 method,
                 target,
                 version,
-                headers: headers.into_iter().map(|(n, v)| (n, v.into_bytes())).collect(),
+                // The one Host an HTTP/1.1 request must have (HTTP/1.0 may have it too).
+                headers: std::iter::once(("Host".to_owned(), b"h".to_vec()))
+                    .chain(headers.into_iter().map(|(n, v)| (n, v.into_bytes())))
+                    .collect(),
                 body,
                 keep_alive: version == 1,
             })

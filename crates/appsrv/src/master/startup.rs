@@ -559,6 +559,7 @@ impl Workers<'_> {
             datagram: worker::datagram::Settings {
                 max_size: config.max_datagram_size as usize,
                 max_answers_per_ip: u32::try_from(config.max_answers_per_ip).unwrap_or(u32::MAX),
+                answer_prefixes: config.answer_prefixes,
                 slip: u32::try_from(config.answers_slip).unwrap_or(u32::MAX),
                 access_sample: u32::try_from(config.access_log_sample).unwrap_or(u32::MAX),
             },

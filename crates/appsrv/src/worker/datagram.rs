@@ -22,8 +22,10 @@
 //! - **What applies to each datagram, in order:** the size limit (`--max-datagram-size`: a
 //!   longer one is dropped), the listener's allow/deny rules (a denied datagram is dropped,
 //!   never answered: an answer would tell a scanner the port is open), the per-source
-//!   answer rate (`--max-answers-per-ip`, with one in `--answers-slip` answered by the
-//!   handler's [`slip`](DatagramHandler::slip)), then the handler. Every drop is counted
+//!   answer rate (`--max-answers-per-ip`, a source being its network: an IPv4 /24 and an
+//!   IPv6 /56 by default, `--answers-ipv4-prefix` and `--answers-ipv6-prefix`; with one in
+//!   `--answers-slip` answered by the handler's [`slip`](DatagramHandler::slip)), then the
+//!   handler. Every drop is counted
 //!   (metrics, status).
 //! - **Stop and reload.** A stopping worker reads what its sockets hold once more, answers
 //!   it, and stops reading them: the master never shuts a datagram socket down (a socket
@@ -89,6 +91,8 @@ pub(crate) struct Settings {
     pub(crate) max_size: usize,
     /// `--max-answers-per-ip` (0: no limit).
     pub(crate) max_answers_per_ip: u32,
+    /// `--answers-ipv4-prefix`, `--answers-ipv6-prefix`: the networks that limit counts.
+    pub(crate) answer_prefixes: crate::scoreboard::AnswerPrefixes,
     /// `--answers-slip` (0: never slip).
     pub(crate) slip: u32,
     /// `--access-log-sample` (1: every datagram).
@@ -280,9 +284,11 @@ impl<'a> Side<'a> {
         let started = access.is_some().then(Instant::now);
         let limit = self.settings.max_answers_per_ip;
         let over = limit > 0
-            && peer
-                .ip()
-                .is_some_and(|ip| !self.board.answer_allowed(ip, limit, now));
+            && peer.ip().is_some_and(|ip| {
+                !self
+                    .board
+                    .answer_allowed(ip, self.settings.answer_prefixes, limit, now)
+            });
         let handler = &mut self.handler;
         // On the slot while the handler runs: a call that outlasts --request-timeout is
         // logged by the master with the sender and the datagram's first bytes. The timeout
