@@ -8,6 +8,7 @@
 #   bench/chaos.sh kill-storm ...   # only these
 #   bench/chaos.sh --list           # the scenarios' names, with what each one does
 #   IO=event bench/chaos.sh ...     # http_hello's scenarios with --io event (issue 16)
+#   IO=hybrid bench/chaos.sh ...    # or --io hybrid (issue 21)
 #
 # Figures (see RELIABILITY.md for the goals and the recorded runs):
 #   reload-keepalive, reload-close   failed requests (wrk's socket errors + non-2xx) of the total,
@@ -15,6 +16,9 @@
 #                                    load across 10 reloads (`reload`, which waits for the new
 #                                    generation) 1 s apart. Goal 0.
 #   upgrade-keepalive, upgrade-close the same across 10 binary upgrades (`upgrade`). Goal 0.
+#   upgrade-signal                   the same (keep-alive) across 10 upgrades by SIGUSR2 to the
+#                                    master the pid file names, each waited for by the old
+#                                    master's "done" line (issue 31). Goal 0.
 #   kill-storm                       static pool of 4 under wrk keep-alive; SIGKILL to a random
 #                                    serving worker every 100 ms for 10 s. Failed requests against
 #                                    workers killed (goal: at most one per kill), the longest time
@@ -68,14 +72,15 @@ HELLO=$EXAMPLES/http_hello
 ECHO=$EXAMPLES/echo
 
 # Scenario names, their one-line descriptions and their time bounds (seconds, for `timeout`).
-SCENARIOS=(reload-keepalive reload-close upgrade-keepalive upgrade-close kill-storm
-  proxy-trickle tls-trickle slow-reader slowloris idle-flood broken-upgrade master-kill
+SCENARIOS=(reload-keepalive reload-close upgrade-keepalive upgrade-close upgrade-signal
+  kill-storm proxy-trickle tls-trickle slow-reader slowloris idle-flood broken-upgrade master-kill
   log-disk-full stderr-closed body-flood slow-bodies)
 declare -A ABOUT=(
   [reload-keepalive]="10 reloads 1 s apart under wrk -c16 keep-alive: failed requests"
   [reload-close]="10 reloads 1 s apart under wrk -c16 Connection: close: failed requests"
   [upgrade-keepalive]="10 upgrades 1 s apart under wrk -c16 keep-alive: failed requests"
   [upgrade-close]="10 upgrades 1 s apart under wrk -c16 Connection: close: failed requests"
+  [upgrade-signal]="10 upgrades by SIGUSR2 1 s apart under wrk -c16 keep-alive: failed requests"
   [kill-storm]="SIGKILL a serving worker every 100 ms for 10 s: failures, pool empty, recovery, zombies"
   [proxy-trickle]="2 PROXY headers trickled 1 byte/2 s against -w 2: time each holds a worker"
   [tls-trickle]="a ClientHello trickled 1 byte/s: time until the server closes it"
@@ -90,9 +95,9 @@ declare -A ABOUT=(
   [slow-bodies]="300 addresses send 70 KB of a 200 KB body, then a byte per 5 s, -w 4: probes within 1 s"
 )
 declare -A BOUND=([reload-keepalive]=45 [reload-close]=45 [upgrade-keepalive]=60
-  [upgrade-close]=60 [kill-storm]=60 [proxy-trickle]=75 [tls-trickle]=75 [slow-reader]=110
-  [slowloris]=80 [idle-flood]=80 [broken-upgrade]=45 [master-kill]=30 [log-disk-full]=40
-  [stderr-closed]=40 [body-flood]=120 [slow-bodies]=90)
+  [upgrade-close]=60 [upgrade-signal]=60 [kill-storm]=60 [proxy-trickle]=75 [tls-trickle]=75
+  [slow-reader]=110 [slowloris]=80 [idle-flood]=80 [broken-upgrade]=45 [master-kill]=30
+  [log-disk-full]=40 [stderr-closed]=40 [body-flood]=120 [slow-bodies]=90)
 
 # ---------------------------------------------------------------------------------------
 # Helpers. Every process a scenario starts is recorded in PIDS (masters after an upgrade are
@@ -147,7 +152,8 @@ wait_for() {
     sleep 0.02
   done
 }
-ready_in() { grep -q 'master: ready' "$1"; }
+# (-s: the log may not exist yet, the server's shell creates it in the background.)
+ready_in() { grep -qs 'master: ready' "$1"; }
 none_alive() { local p; for p in "$@"; do alive "$p" && return 1; done; return 0; }
 
 # A scratch directory readable by the workers (they run as nobody when started as root).
@@ -160,9 +166,13 @@ workdir() {
 start_server() {
   local log=$1 bin=$2
   shift 2
-  # IO=event: http_hello's scenarios in event mode (the other binaries are blocking only).
+  # IO=event: http_hello's scenarios in event mode (the other binaries are blocking only),
+  # also where the scenario runs a copy of it (the upgrades: the copy is what is upgraded;
+  # issue 31 found that these ran in blocking mode whatever IO said).
   local io=()
-  if [ -n "${IO:-}" ] && [ "$bin" = "$HELLO" ]; then io=(--io "$IO"); fi
+  if [ -n "${IO:-}" ] && { [ "$bin" = "$HELLO" ] || cmp -s "$bin" "$HELLO"; }; then
+    io=(--io "$IO")
+  fi
   "$bin" "$@" "${io[@]}" 2>"$log" &
   MASTER=$!
   PIDS+=("$MASTER")
@@ -235,11 +245,13 @@ reload_under_load() {
 scenario_reload_keepalive() { reload_under_load reload-keepalive; }
 scenario_reload_close() { reload_under_load reload-close -H 'Connection: close'; }
 
-# upgrade_under_load NAME [WRK ARGS...]: the master changes at each upgrade; the pid file
-# follows it. The load stays on until every old master has drained and left.
+# upgrade_under_load NAME HOW [WRK ARGS...]: the master changes at each upgrade, asked by
+# HOW: `command` (`upgrade`, which waits for the new master) or `signal` (USR2, then a wait
+# for the old master's "done" line); the pid file follows it. The load stays on until every
+# old master has drained and left.
 upgrade_under_load() {
-  local name=$1 ok=0 old=()
-  shift
+  local name=$1 how=$2 ok=0 old=() i
+  shift 2
   workdir
   cp "$HELLO" "$WORK/server"
   PIDFILES+=("$WORK/pid")
@@ -247,9 +259,13 @@ upgrade_under_load() {
     --pid-file "$WORK/pid"
   start_wrk "$WORK/wrk" "$@" "http://127.0.0.1:$PORT/"
   sleep 1
-  for _ in $(seq 10); do
+  for i in $(seq 10); do
     old+=("$(cat "$WORK/pid")")
-    "$WORK/server" upgrade --control "$WORK/ctl" >/dev/null 2>>"$WORK/upgrade.err" && ok=$((ok + 1))
+    if [[ $how == signal ]]; then
+      kill -USR2 "${old[-1]}" && wait_for 30 upgrades_done "$i" && ok=$((ok + 1))
+    else
+      "$WORK/server" upgrade --control "$WORK/ctl" >/dev/null 2>>"$WORK/upgrade.err" && ok=$((ok + 1))
+    fi
     sleep 1
   done
   local drained=yes
@@ -261,8 +277,11 @@ upgrade_under_load() {
   read -r failed total details < <(wrk_counts "$WORK/wrk")
   echo "$name: $failed failed of $total requests ($ok/10 upgrades ok; old masters drained: $drained; $details)"
 }
-scenario_upgrade_keepalive() { upgrade_under_load upgrade-keepalive; }
-scenario_upgrade_close() { upgrade_under_load upgrade-close -H 'Connection: close'; }
+# upgrades_done N: the old masters have logged N upgrades by signal done.
+upgrades_done() { (($(grep -c 'upgrade asked by SIGUSR2 done' "$WORK/log") >= $1)); }
+scenario_upgrade_keepalive() { upgrade_under_load upgrade-keepalive command; }
+scenario_upgrade_close() { upgrade_under_load upgrade-close command -H 'Connection: close'; }
+scenario_upgrade_signal() { upgrade_under_load upgrade-signal signal; }
 
 # ---------------------------------------------------------------------------------------
 # The kill storm.
@@ -893,7 +912,7 @@ watch_rss() {
 scenario_body_flood() {
   workdir
   ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-  start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 2 --io event
+  IO=event start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 2
   watch_rss "$MASTER" 50 "$WORK/rss" &
   PIDS+=("$!")
   local probes
@@ -909,7 +928,7 @@ scenario_body_flood() {
 scenario_slow_bodies() {
   workdir
   ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
-  start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 4 --io hybrid
+  IO=hybrid start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 4
   local probes
   probes=$(flood_bodies "$PORT" 300 200000 70000 60 300)
   stop_server "$MASTER"

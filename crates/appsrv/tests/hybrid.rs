@@ -745,6 +745,50 @@ fn issue_21_a_stop_with_a_tls_listener_answers_what_the_fronts_drain() {
     );
 }
 
+/// Issue 31: a stop serves the requests waiting in the hand-off channel. Under 16 keep-alive
+/// clients against 2 workers, about 14 complete requests wait there at any moment. Told to
+/// stop once the fronts had left, a worker left after the connection it held, and the
+/// channel's connections were closed unanswered when the master exited (14 of 14 lost, as
+/// at an upgrade: tests/upgrade.rs). A client may find its next connection refused or reset
+/// (a stop shuts the listeners), but a request on a connection the server had taken is
+/// answered.
+#[test]
+fn issue_31_a_stop_answers_the_requests_waiting_in_the_channel() {
+    let mut server = hybrid("http_hello", &["-w", "2"]);
+    let addr = server.tcp_addr();
+    let mut stopped = None;
+    let (done, failures) = under_keepalive_load(addr, 16, |answered| {
+        let at = answered();
+        assert!(
+            wait_until(|| (answered() > at + 200).then_some(())).is_some(),
+            "no request answered; log:\n{}",
+            server.log_text()
+        );
+        server.signal(libc::SIGTERM);
+        stopped = Some(server.wait_exit());
+    });
+    assert!(
+        stopped.is_some_and(|s| s.success()),
+        "{stopped:?}\n{}",
+        server.log_text()
+    );
+    let lost: Vec<_> = failures
+        .iter()
+        .filter(|f| f.contains("reused connection"))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {done} requests on connections the server had taken went unanswered: {lost:?}\n{}",
+        lost.len(),
+        server.log_text()
+    );
+    assert!(
+        !server.log_text().contains("left in the hand-off channel"),
+        "{}",
+        server.log_text()
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 5, 8, 9. Workers that die, are killed or recycled
 // ---------------------------------------------------------------------------------------

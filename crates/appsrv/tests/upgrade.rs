@@ -157,6 +157,72 @@ fn reloads_then_an_upgrade_under_load_fail_no_request(io: Io) {
     );
 }
 
+both_io!(issue_31_upgrades_by_signal_and_by_command_under_more_clients_than_workers_fail_no_request);
+/// Issue 31: an upgrade by SIGUSR2, then one by `upgrade`, under 16 keep-alive clients
+/// that never retry (as `wrk -c16`) against 2 workers, fail no request, and the new master
+/// serves. More clients than workers is the point: requests wait for a worker all the time.
+/// In hybrid mode they wait in the hand-off channel, which belongs to the old master: its
+/// workers used to leave after the connection each held, and the 14 connections in the
+/// channel were closed unanswered when the old master exited (wrk: `read 14`, by signal and
+/// by `upgrade` alike).
+fn issue_31_upgrades_by_signal_and_by_command_under_more_clients_than_workers_fail_no_request(io: Io) {
+    let d = Deploy::new(&format!("usr2-{}", io.name()), "http_hello");
+    let server = d.start(&io.args(&["-w", "2"]));
+    let addr = server.tcp_addr();
+    let first = d.pid();
+    let mut second = 0;
+    let (done, failures) = under_keepalive_load(addr, 16, |answered| {
+        // The load runs, and later the new master answers it.
+        let flowing = |what: &str| {
+            let at = answered();
+            assert!(
+                wait_until(|| (answered() > at + 200).then_some(())).is_some(),
+                "no request answered {what}; log:\n{}",
+                server.log_text()
+            );
+        };
+        flowing("before the upgrades");
+        // SAFETY: kill(2) on the master this test started.
+        assert_eq!(unsafe { libc::kill(first, libc::SIGUSR2) }, 0);
+        server.wait_for_log("upgrade asked by SIGUSR2 done");
+        assert!(
+            wait_until(|| (!alive(first)).then_some(())).is_some(),
+            "the old master drained and left; log:\n{}",
+            server.log_text()
+        );
+        second = d.pid();
+        assert_ne!(second, first, "the pid file names the new master");
+        flowing("by the master the signal started");
+        let out = d.ctl(&["upgrade"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            wait_until(|| (!alive(second)).then_some(())).is_some(),
+            "the second old master drained and left; log:\n{}",
+            server.log_text()
+        );
+        flowing("by the master `upgrade` started");
+    });
+    assert!(
+        failures.is_empty(),
+        "{} failed of {done} requests: {failures:?}",
+        failures.len()
+    );
+    let third = d.pid();
+    assert_ne!(third, second);
+    let out = d.ctl(&["status"]);
+    assert!(
+        text(&out.stdout).contains(&format!("master pid {third}")),
+        "{}",
+        text(&out.stdout)
+    );
+    http_get(addr, &mut None).expect("a new client is answered");
+    assert!(
+        !server.log_text().contains("left in the hand-off channel"),
+        "{}",
+        server.log_text()
+    );
+}
+
 #[test]
 fn an_upgrade_serves_the_new_binary() {
     let d = Deploy::new("answer", "testbed");

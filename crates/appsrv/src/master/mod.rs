@@ -522,6 +522,11 @@ impl<'a> Master<'a> {
                     since,
                 } => {
                     if self.workers.is_empty() {
+                        if let Some(n) = self.handoff.map(|ch| ch.close_left()).filter(|n| *n > 0) {
+                            tracing::warn!(
+                                "{n} connection(s) left in the hand-off channel with no worker to serve them: closed unanswered"
+                            );
+                        }
                         tracing::info!("stopped");
                         return Ok(());
                     }

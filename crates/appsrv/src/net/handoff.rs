@@ -165,6 +165,29 @@ impl Channel {
         let _ = socket::shutdown(self.fronts.as_raw_fd(), socket::Shutdown::Write);
     }
 
+    /// The master's last look, once every front and worker has gone: closes the
+    /// connections still in the channel, in either direction, and returns how many. None is
+    /// left there in a stop or an upgrade's drain (the workers leave only once the channel
+    /// is empty), except those of workers killed at the end of the grace period, and a
+    /// worker's hand-back sent in the instant between its look at the fronts still taking
+    /// them and the last one's exit. They would close with the master anyway: this is so
+    /// that the log says how many, rather than nothing.
+    pub(crate) fn close_left(&self) -> usize {
+        let mut inbox = Inbox::default();
+        let mut n = 0;
+        for end in [self.workers(), self.fronts()] {
+            loop {
+                match inbox.receive(end, false) {
+                    Ok(Some(_)) => n += 1,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+        n
+    }
+
     /// Whether no hand-off waits for a worker (`SIOCINQ` on the workers' end, which the
     /// master holds too: the bytes queued for its readers).
     pub(crate) fn empty(&self) -> bool {
@@ -314,6 +337,36 @@ mod tests {
         // Nothing more: the fronts' end never blocks.
         let e = inbox.receive(ch.fronts(), false).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    fn the_masters_last_look_closes_what_is_left_in_either_direction() {
+        let ch = Channel::new().unwrap();
+        let meta = Meta {
+            served: 0,
+            peer: None,
+            listener: 0,
+        };
+        let mut clients = Vec::new();
+        // Two hand-offs for the workers, one hand-back for the fronts; the fronts' end
+        // shut for writing, as at a stop.
+        for from in [ch.fronts(), ch.fronts(), ch.workers()] {
+            let (conn, client) = UnixStream::pair().unwrap();
+            send(from, conn.as_fd(), &meta, b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            clients.push(client);
+        }
+        ch.shut_for_workers();
+        assert_eq!(ch.close_left(), 3);
+        assert!(ch.empty());
+        for mut c in clients {
+            let mut buf = [0; 1];
+            assert_eq!(
+                c.read(&mut buf).unwrap(),
+                0,
+                "closed: the client sees end of file"
+            );
+        }
+        assert_eq!(ch.close_left(), 0);
     }
 
     #[test]

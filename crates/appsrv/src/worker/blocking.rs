@@ -115,6 +115,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         head: Vec::new(),
         hold: None,
     };
+    let hybrid = handoff.is_some();
     let mut retire_sent = false;
     let mut rejections = Rejections::default();
     let mut buffers = Some(Buffers::new());
@@ -160,7 +161,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
                     Some(bufs) => buffers = Some(bufs),
                     None => return exit::PANIC,
                 }
-                if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire) {
+                if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire, hybrid) {
                     return code;
                 }
                 continue;
@@ -200,7 +201,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             Served::Panicked => return exit::PANIC,
         };
         buffers = Some(bufs);
-        if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire) {
+        if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire, hybrid) {
             return code;
         }
     }
@@ -208,8 +209,26 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
 
 /// After a connection: the worker's exit status if it stops now; the request for a
 /// replacement when the recycling limit is reached.
-fn after_connection(guard: &mut Guard<'_>, retire_sent: &mut bool, retire: &mut dyn FnMut()) -> Option<i32> {
+///
+/// `hybrid`: the worker takes connections from the hand-off channel. Told to stop, it
+/// does not leave here but goes back to the acceptor, which decides: while no front takes
+/// connections any more (a stop, or the old master after an upgrade's hand-over: the
+/// fronts left first), the requests still waiting in the channel are served first, since
+/// nobody else will (the channel is this master's, and closes with it); while fronts take
+/// them (a reload, a recycled worker), the others serve them and the acceptor says stop at
+/// once. Leaving here after the connection it held is what lost every request waiting in
+/// the channel, whenever clients outnumbered the workers (issue 31: 14 of `wrk -c16`'s
+/// connections against 2 workers, at each upgrade).
+fn after_connection(
+    guard: &mut Guard<'_>,
+    retire_sent: &mut bool,
+    retire: &mut dyn FnMut(),
+    hybrid: bool,
+) -> Option<i32> {
     if sys::stop_requested() {
+        if hybrid {
+            return None;
+        }
         if let Some(log) = guard.access.as_mut() {
             log.flush();
         }

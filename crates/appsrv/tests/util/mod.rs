@@ -709,19 +709,44 @@ pub fn http_get(addr: SocketAddr, conn: &mut Option<BufReader<TcpStream>>) -> Re
 /// (reconnecting only after a `Connection: close`); client 2 opens a new connection for
 /// each request. None retries a failed request: every failure counts.
 pub fn under_http_load(addr: SocketAddr, during: impl FnOnce()) -> (u64, Vec<String>) {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     const CLIENTS: usize = 3;
+    http_load(addr, CLIENTS, |i| i == CLIENTS - 1, |_| during())
+}
+
+/// Runs `during` while `clients` HTTP clients load `addr` with `GET /` on keep-alive
+/// connections (each reconnecting only after a `Connection: close`), as `wrk -c N` does:
+/// with more clients than workers, requests wait for a worker all the time (in the listen
+/// queue, or in hybrid mode in the hand-off channel). `during` is given the count of
+/// requests answered so far. Returns that count at the end and the failures; none is
+/// retried.
+pub fn under_keepalive_load(
+    addr: SocketAddr,
+    clients: usize,
+    during: impl FnOnce(&dyn Fn() -> u64),
+) -> (u64, Vec<String>) {
+    http_load(addr, clients, |_| false, during)
+}
+
+/// The load of [`under_http_load`] and [`under_keepalive_load`]: client `i` opens a new
+/// connection for each request when `fresh(i)`.
+fn http_load(
+    addr: SocketAddr,
+    clients: usize,
+    fresh: impl Fn(usize) -> bool + Sync,
+    during: impl FnOnce(&dyn Fn() -> u64),
+) -> (u64, Vec<String>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let failures = std::thread::scope(|s| {
-        let clients: Vec<_> = (0..CLIENTS)
+        let handles: Vec<_> = (0..clients)
             .map(|i| {
-                let (stop, done) = (&stop, &done);
+                let (stop, done, fresh) = (&stop, &done, &fresh);
                 s.spawn(move || {
                     let mut errors = Vec::new();
                     let mut conn = None;
                     while !stop.load(Ordering::Relaxed) {
-                        if i == CLIENTS - 1 {
+                        if fresh(i) {
                             conn = None;
                         }
                         let reused = conn.is_some();
@@ -739,14 +764,27 @@ pub fn under_http_load(addr: SocketAddr, during: impl FnOnce()) -> (u64, Vec<Str
                 })
             })
             .collect();
-        during();
-        stop.store(true, Ordering::Relaxed);
-        clients
+        {
+            // The clients stop when `during` returns, and also when it panics (a failed
+            // assertion): the scope would otherwise wait for them for ever.
+            let _stop = StopOnDrop(&stop);
+            during(&|| done.load(Ordering::Relaxed));
+        }
+        handles
             .into_iter()
             .flat_map(|c| c.join().unwrap())
             .collect::<Vec<_>>()
     });
     (done.load(Ordering::Relaxed), failures)
+}
+
+/// Sets its flag when dropped, also by a panic's unwinding.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Sends `bytes` one at a time to `s`, waiting up to `pause` for an answer after each (a
