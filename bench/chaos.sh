@@ -768,7 +768,7 @@ log_fault() {
   local name=$1 dropped="n/a" alive_after=no
   start_wrk "$WORK/wrk" "http://127.0.0.1:$PORT/"
   sleep 2
-  kill -HUP "$MASTER"
+  kill -HUP "$MASTER" 2>/dev/null || true
   sleep 2
   kill -HUP "$MASTER" 2>/dev/null || true
   sleep 2
