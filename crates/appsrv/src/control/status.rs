@@ -37,8 +37,24 @@ pub(crate) struct Status {
     pub(crate) restarts: Vec<(&'static str, u64)>,
     /// Slow or idle clients from a few addresses holding the pool, while they do.
     pub(crate) slow_clients: Option<Held>,
+    /// Failed authentication's penalties (all zero with `--penalty-max 0`).
+    pub(crate) penalties: PenaltyCounts,
     /// Hybrid mode (`--io hybrid`): the fronts and the requests waiting for a worker.
     pub(crate) hybrid: Option<Hybrid>,
+}
+
+/// The penalty table's counters (`penalty.rs`): kept by the table itself, shared by every
+/// worker, so they cover workers that are gone and only grow while the master lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PenaltyCounts {
+    /// Failed authentications handlers charged (`Conn::penalize`).
+    pub(crate) charged: u64,
+    /// Connections refused at admission for a penalized address.
+    pub(crate) refused: u64,
+    /// Failures the full table could not record (it fails open).
+    pub(crate) unrecorded: u64,
+    /// Addresses refused now (a gauge).
+    pub(crate) addresses: u64,
 }
 
 /// Hybrid mode's side of the status.

@@ -153,6 +153,10 @@ impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
     ) -> io::Result<()> {
         self.handler.handle_request(&mut self.conn, req, res)
     }
+
+    fn ends_connection(&mut self) -> bool {
+        self.conn.take_penalized()
+    }
 }
 
 /// The blocking driver of the request step; returns when the connection should be closed
