@@ -169,10 +169,11 @@ pub(crate) fn create(max: Duration) -> io::Result<&'static Penalties> {
     Ok(install(table, fd))
 }
 
-/// A re-executed worker installs the table its master made, from its memfd.
+/// A re-executed worker installs the table its master made, from its memfd (closed once
+/// mapped: a worker hands it to no one).
 pub(crate) fn adopt(fd: OwnedFd) -> io::Result<&'static Penalties> {
-    let table = Penalties::adopt(fd.try_clone()?)?;
-    Ok(install(table, fd))
+    let table = Penalties::adopt(fd)?;
+    Ok(*INSTALLED.get_or_init(|| table))
 }
 
 fn install(table: &'static Penalties, fd: OwnedFd) -> &'static Penalties {
