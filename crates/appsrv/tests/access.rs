@@ -163,6 +163,23 @@ fn issue_31_a_client_level_penalty_ends_the_input_and_refuses_the_address() {
     let served = wait_until(|| first_line(addr, "127.0.0.1"));
     assert!(served.is_some_and(|g| g.starts_with("pid ")));
 
+    // Re-executed workers (`--exec-workers`) map the master's table from its memfd: a
+    // charge in one is seen by the other's admission.
+    let exec = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2", "--exec-workers"]);
+    let mut s = connect_from("127.0.0.1", exec.tcp_addr());
+    s.write_all(b"penalize\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.ends_with("penalized 1000\n"), "{out:?}");
+    for _ in 0..4 {
+        assert_eq!(
+            first_line(exec.tcp_addr(), "127.0.0.1"),
+            None,
+            "{}",
+            exec.log_text()
+        );
+    }
+
     let off = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2", "--penalty-max", "0"]);
     let mut s = connect_from("127.0.0.1", off.tcp_addr());
     s.write_all(b"penalize\n").unwrap();

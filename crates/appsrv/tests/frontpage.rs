@@ -118,14 +118,16 @@ fn refused_posts_write_nothing_and_an_accepted_one_shows_on_the_pages() {
     check_post(addr, TOKEN);
 }
 
+both_io!(issue_31_a_wrong_token_refuses_the_address_for_a_while);
 /// Issue 31: a wrong token is a failed authentication. Its 401 ends the connection and says
 /// for how long the address is refused (`Retry-After`: 1 s, then 2 s for the next failure
 /// in a row, on a connection admitted before); until then the address's new connections are
-/// closed without a reply, while another address is served; then it is served again.
-#[test]
-fn issue_31_a_wrong_token_refuses_the_address_for_a_while() {
-    let dir = TempDir::new("penalty");
-    let server = with_token(&dir, &[]);
+/// closed without a reply, while another address is served; then it is served again. In
+/// each I/O model: the charge is the worker's, the refusal the admission of whichever
+/// process accepts (a worker, an event loop, a hybrid front).
+fn issue_31_a_wrong_token_refuses_the_address_for_a_while(io: Io) {
+    let dir = TempDir::new(&format!("penalty-{}", io.name()));
+    let server = with_token(&dir, &io.args(&[]));
     let addr = server.tcp_addr();
     let json = item_json("After the penalty");
     // Two connections, each admitted (one per worker, a page served on each) before the
