@@ -482,8 +482,9 @@ impl<C: Codec> Requests<C> {
                 // on this connection (the next attempt must come through admission).
                 let ends = handler.ends_connection();
                 if self.announces_close && !last && (ctx.stopping() || ends) {
-                    // The stop came while the handler ran: this response can still say
-                    // that it is the last (its head is written by `finish`).
+                    // The stop came while the handler ran, or the handler penalized the
+                    // client: this response can still say that it is the last (its head
+                    // is written by `finish`).
                     res.close_after();
                 }
                 // The response is written from here on (the slot still names its
