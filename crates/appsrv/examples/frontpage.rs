@@ -34,7 +34,10 @@
 //! - `POST /item`: inserts an item and its tags in one transaction. Authorised by
 //!   `Authorization: Bearer TOKEN`, the token read from `--api-token-file` at start and on
 //!   `reload` (missing or wrong token, or no token file: `401`; with `--exec-workers`, each
-//!   worker reads the file when it starts). The body is JSON,
+//!   worker reads the file when it starts). A wrong token is a failed authentication
+//!   (`Conn::penalize`): the connection ends after the `401`, which says for how long
+//!   (`Retry-After`), and the client's address is refused new connections by every worker
+//!   for 1 s, then 2 s, 4 s ... with each failure in a row, at most `--penalty-max`. The body is JSON,
 //!   `{"title": "…", "body": "…", "author_id": N, "tags": ["…"]}` (`Content-Type:
 //!   application/json`, else `415`); a bad body (not JSON, an unknown field, an empty or
 //!   overlong title, an unknown author or tag, a repeated tag, a tag of more than 64
@@ -187,7 +190,7 @@ impl appsrv::RequestHandler for Frontpage {
 
     fn handle_request(
         &mut self,
-        _conn: &mut appsrv::Conn<'_>,
+        conn: &mut appsrv::Conn<'_>,
         req: &HttpRequest<'_>,
         res: &mut HttpResponse<'_>,
     ) -> io::Result<()> {
@@ -195,7 +198,7 @@ impl appsrv::RequestHandler for Frontpage {
         match req.path() {
             "/" if read => self.front(res),
             "/rows" if read => self.rows(req, res),
-            "/item" if req.method() == "POST" => self.post_item(req, res),
+            "/item" if req.method() == "POST" => self.post_item(conn, req, res),
             "/" | "/rows" => not_allowed(res, "GET, HEAD"),
             "/item" => not_allowed(res, "POST"),
             path => match path.strip_prefix("/item/") {
@@ -265,9 +268,31 @@ impl Frontpage {
         }
     }
 
-    fn post_item(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
+    fn post_item(
+        &mut self,
+        conn: &mut appsrv::Conn<'_>,
+        req: &HttpRequest<'_>,
+        res: &mut HttpResponse<'_>,
+    ) -> io::Result<()> {
         if let Err(why) = authorise(self.token.as_deref(), req.header_str("authorization")) {
             res.header("WWW-Authenticate", "Bearer realm=\"frontpage\"");
+            // A wrong token is a guess: the client's address is refused new connections
+            // for a while, across all workers (1 s, doubling with each failure in a row,
+            // up to --penalty-max), and this connection ends after the 401. A request
+            // without a token guessed nothing, and is not charged.
+            if why == WRONG_TOKEN {
+                if let Some(wait) = conn.penalize() {
+                    let secs = wait.as_secs_f64().ceil();
+                    res.header("Retry-After", secs.to_string());
+                    return plain(
+                        res,
+                        401,
+                        &format!(
+                            "unauthorised: {why}; new connections from your address are refused for {secs} s\n"
+                        ),
+                    );
+                }
+            }
             return plain(res, 401, &format!("unauthorised: {why}\n"));
         }
         let json = req
@@ -301,6 +326,9 @@ fn html(res: &mut HttpResponse<'_>, page: &impl askama::Template) -> io::Result<
     askama::Template::write_into(page, res)
 }
 
+/// Why [`authorise`] refuses a token that was presented and is not the one.
+const WRONG_TOKEN: &str = "wrong token";
+
 /// Checks `Authorization: Bearer TOKEN` against the configured token.
 fn authorise(token: Option<&str>, header: Option<&str>) -> Result<(), &'static str> {
     let token = token.ok_or("no API token is configured (--api-token-file)")?;
@@ -316,7 +344,7 @@ fn authorise(token: Option<&str>, header: Option<&str>) -> Result<(), &'static s
             .zip(token.bytes())
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0;
-    if same { Ok(()) } else { Err("wrong token") }
+    if same { Ok(()) } else { Err(WRONG_TOKEN) }
 }
 
 /// The body of `POST /item`.

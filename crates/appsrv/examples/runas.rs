@@ -20,7 +20,7 @@
 //!
 //! | faultCode | faultString (examples) |
 //! |---|---|
-//! | 1 | `authentication failed: bad token` |
+//! | 1 | `authentication failed: bad token; new connections from your address are refused for 1 s` (see below) |
 //! | 2 | `command not allowed: "rm"` |
 //! | 3 | `user not allowed for command "id": "root"` |
 //! | 4 | `argument not allowed for command "id": "-Z"` (also: too many arguments) |
@@ -33,6 +33,14 @@
 //! HTTP errors: another path is `404`, another method `405` (`Allow: POST`), another
 //! content type `415`, a body over 64 KiB `413` (the codec's own limit, before the body is
 //! read), a malformed request `400`.
+//!
+//! A bad token is a failed authentication (`Conn::penalize`): the connection ends after
+//! the fault, and the client's address (its IPv6 `/64`) is refused new connections, by
+//! every worker, for 1 s after its first failure in a row, 2 s after the second, 4 s ...,
+//! at most `--penalty-max` (600 s); they are closed at once, without a reply, and the
+//! fault says how long. So a brute force from one address gets a handful of guesses in its
+//! first minute, then one per 10 minutes, instead of about 8,000 a second. The address is
+//! forgotten once it has made no attempt for `--penalty-max` after its refusal ended.
 //!
 //! I/O model: blocking (the only one for it): each request runs a command and waits for it,
 //! which would hold up every other client of an event-loop worker.
@@ -1045,7 +1053,24 @@ impl appsrv::RequestHandler for RunAs {
         if !xml_type {
             return plain(res, 415, "unsupported media type: send text/xml\n");
         }
-        let result = parse_call(req.body()).and_then(|(method, params)| self.call(conn, &method, &params));
+        let mut result =
+            parse_call(req.body()).and_then(|(method, params)| self.call(conn, &method, &params));
+        if let Err(f) = &mut result {
+            // A wrong token, found by this worker's check or by its helper's: the client's
+            // address is refused new connections for a while, across all workers (1 s,
+            // doubling with each failure in a row, up to --penalty-max), and this
+            // connection ends after the fault. Guessing the token is slowed from about
+            // 8,000 attempts a second to a handful a minute, then one per --penalty-max.
+            if f.code == FAULT_AUTH {
+                if let Some(wait) = conn.penalize() {
+                    let _ = write!(
+                        f.message,
+                        "; new connections from your address are refused for {} s",
+                        wait.as_secs_f64().ceil()
+                    );
+                }
+            }
+        }
         if let Err(f) = &result {
             tracing::warn!("fault {}: {}", f.code, f.message);
         }

@@ -350,6 +350,7 @@ impl<'a> Admission<'a> {
             header_timeout: listener.header_timeout,
             handshake_timeout: None,
             max_per_ip: None,
+            penalties: None,
         };
         Admission(crate::worker::admission::Admission::start(
             rules,

@@ -188,6 +188,10 @@ pub(crate) const DEFAULT_MIN_RATE: usize = 500;
 /// The default `--min-send-rate`, bytes per second (mirrors `--min-rate`).
 pub(crate) const DEFAULT_MIN_SEND_RATE: usize = 500;
 
+/// The default `--penalty-max` (failed authentication), as OpenSSH's
+/// `PerSourcePenalties max:600s`.
+pub(crate) const DEFAULT_PENALTY_MAX: Duration = Duration::from_secs(600);
+
 /// The default `--keepalive-timeout`, as Apache's `KeepAliveTimeout`.
 pub(crate) const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default `--keepalive-requests`, as nginx's `keepalive_requests`.
@@ -276,6 +280,9 @@ pub(crate) struct Config {
     /// `--access-log-sample`: one line per N datagrams.
     pub(crate) access_log_sample: u64,
     pub(crate) max_conns_per_ip: u64,
+    /// `--penalty-max`: the longest refusal of an address for failed authentication
+    /// (`Conn::penalize`); `None`: penalties off (no table, `penalize` charges nothing).
+    pub(crate) penalty_max: Option<Duration>,
     /// `--max-datagram-size`, `--max-answers-per-ip`, `--answers-slip`.
     pub(crate) max_datagram_size: u64,
     pub(crate) max_answers_per_ip: u64,
@@ -803,6 +810,13 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             cidrs(prefix, "proxy-from", &d.proxy_from, "Accept PROXY headers only from these balancers; others are closed [default: 127.0.0.0/8 and ::1]"),
         )
         .arg(count(prefix, "max-conns-per-ip", d.max_conns_per_ip, "At most N connections from one client address at once, across all workers; more are refused with the codec's error (HTTP 503), or closed by a handle_client server [0: no limit]"))
+        .arg(
+            env_opt(prefix, "penalty-max")
+                .value_name("SECS")
+                .value_parser(secs)
+                .default_value(fmt_secs(DEFAULT_PENALTY_MAX))
+                .help("Failed authentication (a handler's Conn::penalize or Client::penalize): the n-th failure in a row refuses the client's address (an IPv4 address, an IPv6 /64) for 2^(n-1) s, at most SECS, across all workers: its new connections are closed at once, before any byte is read; forgotten after SECS without a failure once its refusal ends. Behind a proxy without a PROXY header every client shares the proxy's address: use ?proxy, or 0 [0: off]"),
+        )
         .arg(count(prefix, "max-answers-per-ip", d.max_answers_per_ip, "Datagram listeners: answer at most N datagrams per second from one source network (an IPv4 /24 and an IPv6 /56 by default: --answers-ipv4-prefix, --answers-ipv6-prefix), across all workers; the others are dropped, but one in --answers-slip is answered by the handler's slip (DNS: a truncated answer, so a real client retries over TCP), as DNS response rate limiting does against reflection attacks [0: no limit]"))
         .arg(count(prefix, "answers-slip", 2, "With --max-answers-per-ip: one in N rate-limited datagrams gets the handler's slip answer instead of none [0: never]"))
         .arg(
@@ -1195,6 +1209,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         access_log: m.get_one::<PathBuf>("access-log").cloned(),
         access_log_sample: n(m, "access-log-sample"),
         max_conns_per_ip: n(m, "max-conns-per-ip"),
+        penalty_max: timeout(m, "penalty-max"),
         max_datagram_size: n(m, "max-datagram-size"),
         max_answers_per_ip: n(m, "max-answers-per-ip"),
         answers_slip: n(m, "answers-slip"),
@@ -1445,6 +1460,12 @@ mod tests {
         assert_eq!(c.proxy_from.len(), 2, "127.0.0.0/8 and ::1");
         assert_eq!(c.header_timeout, Some(DEFAULT_HEADER_TIMEOUT));
         assert_eq!(c.min_rate, 500);
+        // Issue 31: penalties for failed authentication are on, up to 600 s; 0 turns them off.
+        assert_eq!(c.penalty_max, Some(Duration::from_secs(600)));
+        let off = parse(&Defaults::default(), &["hello", "--penalty-max", "0"]).unwrap();
+        assert_eq!(off.penalty_max, None);
+        let short = parse(&Defaults::default(), &["hello", "--penalty-max", "2.5"]).unwrap();
+        assert_eq!(short.penalty_max, Some(Duration::from_millis(2500)));
         // A bad value set in code is a clear error at start, naming the option.
         let bad = Defaults {
             deny: vec!["10.0.0.1/8".into()],

@@ -122,6 +122,7 @@ mod handler;
 mod master;
 mod net;
 mod peer_counts;
+mod penalty;
 pub mod privileged;
 mod process;
 mod scoreboard;

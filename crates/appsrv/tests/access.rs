@@ -129,6 +129,69 @@ fn greeting(server: &Server, from: &str) -> Option<String> {
     (!out.is_empty()).then_some(out)
 }
 
+/// The testbed's first line to a client connecting from `from` (`pid N`), or None if the
+/// server closed the connection without one.
+fn first_line(addr: std::net::SocketAddr, from: &str) -> Option<String> {
+    let mut line = String::new();
+    let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(connect_from(from, addr)), &mut line);
+    (!line.is_empty()).then_some(line)
+}
+
+/// Issue 31, at the client level: `Client::penalize` ends the connection's input (a line the
+/// client sent after it is not read), and the address's next connections are closed at once,
+/// by either worker, without the greeting, while another address is served; with
+/// `--penalty-max 0` nothing is charged and the address is served.
+#[test]
+fn issue_31_a_client_level_penalty_ends_the_input_and_refuses_the_address() {
+    let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2"]);
+    let addr = server.tcp_addr();
+    let mut s = connect_from("127.0.0.1", addr);
+    s.write_all(b"penalize\nnot read\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert!(lines[0].starts_with("pid "), "{out:?}");
+    assert_eq!(lines[1], "penalized 1000", "the first failure: 1 s");
+    // Refused for that second, on both workers (a margin: each refusal is one connection).
+    for _ in 0..4 {
+        assert_eq!(first_line(addr, "127.0.0.1"), None, "{}", server.log_text());
+    }
+    assert!(first_line(addr, "127.0.0.2").is_some_and(|g| g.starts_with("pid ")));
+    server.wait_for_log("refusing connections from 127.0.0.1 for 1s: 1 failed authentication(s)");
+    // Then served again.
+    let served = wait_until(|| first_line(addr, "127.0.0.1"));
+    assert!(served.is_some_and(|g| g.starts_with("pid ")));
+
+    // Re-executed workers (`--exec-workers`) map the master's table from its memfd: a
+    // charge in one is seen by the other's admission.
+    let exec = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2", "--exec-workers"]);
+    let mut s = connect_from("127.0.0.1", exec.tcp_addr());
+    s.write_all(b"penalize\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.ends_with("penalized 1000\n"), "{out:?}");
+    for _ in 0..4 {
+        assert_eq!(
+            first_line(exec.tcp_addr(), "127.0.0.1"),
+            None,
+            "{}",
+            exec.log_text()
+        );
+    }
+
+    let off = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2", "--penalty-max", "0"]);
+    let mut s = connect_from("127.0.0.1", off.tcp_addr());
+    s.write_all(b"penalize\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.ends_with("penalized none\n"), "{out:?}");
+    assert!(
+        first_line(off.tcp_addr(), "127.0.0.1").is_some(),
+        "no penalty with --penalty-max 0"
+    );
+}
+
 #[test]
 fn allow_and_deny_rules_with_deny_winning() {
     let cases: [(&[&str], bool, bool); 4] = [

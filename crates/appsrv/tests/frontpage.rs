@@ -14,6 +14,7 @@ mod frontpage_common;
 mod util;
 
 use std::collections::HashSet;
+use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
@@ -117,6 +118,69 @@ fn refused_posts_write_nothing_and_an_accepted_one_shows_on_the_pages() {
     check_post(addr, TOKEN);
 }
 
+both_io!(issue_31_a_wrong_token_refuses_the_address_for_a_while);
+/// Issue 31: a wrong token is a failed authentication. Its 401 ends the connection and says
+/// for how long the address is refused (`Retry-After`: 1 s, then 2 s for the next failure
+/// in a row, on a connection admitted before); until then the address's new connections are
+/// closed without a reply, while another address is served; then it is served again. In
+/// each I/O model: the charge is the worker's, the refusal the admission of whichever
+/// process accepts (a worker, an event loop, a hybrid front).
+fn issue_31_a_wrong_token_refuses_the_address_for_a_while(io: Io) {
+    let dir = TempDir::new(&format!("penalty-{}", io.name()));
+    let server = with_token(&dir, &io.args(&[]));
+    let addr = server.tcp_addr();
+    let json = item_json("After the penalty");
+    // Two connections, each admitted (one per worker, a page served on each) before the
+    // first failure: a parallel brute force.
+    let mut conns: Vec<Conn> = (0..2).map(|_| Conn::open(addr)).collect();
+    for c in &mut conns {
+        assert_eq!(c.get("/").status, 200);
+    }
+    let wrong = [
+        ("Authorization", "Bearer not-the-token-at-all-0123"),
+        ("Content-Type", "application/json"),
+    ];
+    let mut waits = Vec::new();
+    for c in &mut conns {
+        let r = c.request("POST", "/item", &wrong, &json);
+        r.expect(
+            401,
+            "wrong token; new connections from your address are refused for",
+        );
+        assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+        waits.push(r.header("retry-after").unwrap_or_default().to_owned());
+    }
+    assert_eq!(waits, ["1", "2"], "each failure in a row doubles the refusal");
+    // Refused now (for 2 s from the second failure): closed at once, without a reply.
+    let mut s = connect_from("127.0.0.1", addr);
+    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "a penalized address was answered: {:?}",
+        text(&got)
+    );
+    let line = server.wait_for_log("refusing connections from 127.0.0.1 for ");
+    assert!(line.contains("2 failed authentication(s) in a row"), "{line}");
+    // Another client, from another address, with the token: served meanwhile.
+    let r = post_item_from("127.0.0.2", addr, Some(TOKEN), Some("application/json"), &json);
+    assert_eq!(r.status, 201, "{r:?} {:?}", r.text());
+    // Once the refusal ends, the address is served again.
+    let served = wait_until(|| {
+        let mut s = connect_from("127.0.0.1", addr);
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        text(&got).starts_with("HTTP/1.1 200 ").then_some(())
+    });
+    assert!(
+        served.is_some(),
+        "127.0.0.1 still refused; log:\n{}",
+        server.log_text()
+    );
+}
+
 /// A new item's time is the time of its POST, in UTC, as the seed's are written.
 #[test]
 fn a_posted_item_shows_the_time_it_was_written() {
@@ -202,7 +266,9 @@ fn a_rotated_token_takes_effect_on_reload_and_on_hup() {
     let out = frontpage_cmd(&["reload", "--control", &ctl]);
     assert!(out.status.success(), "reload: {}", text(&out.stderr));
     replaced(&before);
-    post_item(addr, Some(TOKEN), Some("application/json"), &json).expect(401, "wrong token");
+    // The old token from another address: its failure refuses that address (issue 31).
+    post_item_from("127.0.0.2", addr, Some(TOKEN), Some("application/json"), &json)
+        .expect(401, "wrong token");
     post_ok(addr, second, &json, SEED_ITEMS + 2);
 
     // SIGHUP does the same.
@@ -212,7 +278,8 @@ fn a_rotated_token_takes_effect_on_reload_and_on_hup() {
     server.signal(libc::SIGHUP);
     server.wait_for_log("reload asked by SIGHUP: starting generation 2");
     replaced(&before);
-    post_item(addr, Some(second), Some("application/json"), &json).expect(401, "wrong token");
+    post_item_from("127.0.0.3", addr, Some(second), Some("application/json"), &json)
+        .expect(401, "wrong token");
     post_ok(addr, third, &json, SEED_ITEMS + 3);
 
     // A token file that became unusable fails the reload, and the current token stays.

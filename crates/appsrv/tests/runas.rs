@@ -461,7 +461,10 @@ fn calls_outside_the_policy_get_faults() {
     if !root() {
         return;
     }
-    let (server, _dir) = start("refused");
+    // Two bad tokens, then good ones, in a row from one address: without the penalty for
+    // failed authentication, which would refuse the calls after the first (issue 31 has
+    // its own test).
+    let (server, _dir) = start_with("refused", COMMANDS, &["--penalty-max", "0"]);
     let workers = server.worker_pids();
     let out = rpc(
         &url(&server),
@@ -1379,7 +1382,12 @@ fn issue_18_the_helper_refuses_what_the_policy_forbids_from_an_unchecked_worker(
     if !root() {
         return;
     }
-    let (server, _dir) = start_with("unchecked", COMMANDS, &["--unchecked-workers"]);
+    // A bad token, then good ones: without the penalty (issue 31's test has it).
+    let (server, _dir) = start_with(
+        "unchecked",
+        COMMANDS,
+        &["--unchecked-workers", "--penalty-max", "0"],
+    );
     let workers = server.worker_pids();
     server.wait_for_log("this worker does not check the policy");
     let out = rpc(
@@ -1486,4 +1494,138 @@ fn issue_18_event_mode_is_refused_with_a_helper() {
             "{sub:?}: {err}"
         );
     }
+}
+
+/// `run(token, "nobody", "echo", ["hi"])` as one HTTP POST on a connection of its own from
+/// `from` (a loopback address), which asks the server to close it after the answer: the
+/// answer as text, empty when the server closed the connection without one.
+fn call_from(from: &str, addr: SocketAddr, token: &str) -> String {
+    let body = format!(
+        "<?xml version=\"1.0\"?><methodCall><methodName>run</methodName><params>\
+         <param><value><string>{token}</string></value></param>\
+         <param><value><string>nobody</string></value></param>\
+         <param><value><string>echo</string></value></param>\
+         <param><value><array><data><value><string>hi</string></value></data></array></value></param>\
+         </params></methodCall>"
+    );
+    let request = format!(
+        "POST /RPC2 HTTP/1.1\r\nHost: t\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = connect_from(from, addr);
+    // A refused connection may be closed (or reset) under the write or the read.
+    if s.write_all(request.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// A metric's value in a Prometheus exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// Issue 31: a brute force of wrong tokens from one address, which used to get about 8,000
+/// answers a second, is slowed to the documented rate: the n-th failure in a row refuses the
+/// address for 2^(n-1) s, across both workers, so over 5 s it gets its answers at about
+/// 0, 1 and 3 s (at most 8 allowed here, for a slow machine), every other attempt closed
+/// without a reply. Meanwhile a client with the token from another address (127.0.0.2) is
+/// served every time. The refusals are logged once per episode (per worker, not per
+/// connection) and counted in the metrics.
+#[test]
+fn issue_31_a_brute_force_of_tokens_is_slowed_and_another_address_is_served() {
+    if !root() {
+        return;
+    }
+    let (server, _dir) = start_with("penalty", COMMANDS, &["--metrics-listen", "127.0.0.1:0"]);
+    let addr = server.tcp_addr();
+    let metrics = server.metrics_addr();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let ((answered, refused, first), served) = std::thread::scope(|s| {
+        let good = s.spawn(|| {
+            let mut served = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || served < 5 {
+                let reply = call_from("127.0.0.2", addr, TOKEN);
+                assert!(
+                    reply.contains("<name>stdout</name>") && reply.contains("hi\n"),
+                    "the client with the token, from 127.0.0.2, was not served: {reply:?}"
+                );
+                served += 1;
+            }
+            served
+        });
+        let started = Instant::now();
+        let (mut answered, mut refused, mut first) = (0u32, 0u32, None);
+        while started.elapsed() < Duration::from_secs(5) && answered + refused < 2000 {
+            let reply = call_from("127.0.0.1", addr, "not-the-token-not-the-token");
+            if reply.is_empty() {
+                refused += 1;
+            } else {
+                assert!(reply.contains("authentication failed: bad token"), "{reply}");
+                answered += 1;
+                first.get_or_insert(reply);
+            }
+            // The attacker's pace, bounded to keep the test's load (and its sockets) low:
+            // still about 100 attempts a second where 8,000 were answered.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        ((answered, refused, first), good.join().unwrap())
+    });
+    let log = server.log_text();
+    assert!(
+        (1..=8).contains(&answered),
+        "{answered} wrong tokens answered in 5 s ({refused} refused); log:\n{log}"
+    );
+    assert!(
+        refused >= 20,
+        "only {refused} attempts refused ({answered} answered)"
+    );
+    assert!(served >= 5, "{served}");
+    let first = first.unwrap();
+    assert!(
+        first.contains("new connections from your address are refused for 1 s"),
+        "{first}"
+    );
+    // One line per episode: the first refusal in each worker, not one per connection.
+    let lines = server.wait_for_log("refusing connections from 127.0.0.1 for ");
+    assert!(lines.contains("failed authentication(s) in a row"), "{lines}");
+    let logged = server
+        .log_text()
+        .matches("refusing connections from 127.0.0.1")
+        .count();
+    assert!(
+        (1..=2).contains(&logged),
+        "{logged} lines for one episode:\n{log}"
+    );
+    // The metrics: each answer charged once, each refusal counted.
+    let (_, text) = http_get_text(&metrics, "/metrics");
+    assert_eq!(
+        metric(&text, "appsrv_penalties_total"),
+        f64::from(answered),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "appsrv_penalized_refused_total"),
+        f64::from(refused),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "appsrv_penalties_unrecorded_total"), 0.0);
+}
+
+/// `GET PATH` on `addr` (`HOST:PORT`): the status line and the body.
+fn http_get_text(addr: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    (head.lines().next().unwrap_or("").to_owned(), body.to_owned())
 }

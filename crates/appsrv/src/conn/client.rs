@@ -59,6 +59,8 @@ pub struct Client {
     /// What was received and not consumed yet, and the output not sent yet.
     bufs: Buffers,
     closed: bool,
+    /// [`penalize`](Client::penalize) was called: reads return end of file.
+    penalized: bool,
     /// Bytes received and sent on this connection, for the scoreboard.
     received: u64,
     sent: u64,
@@ -77,6 +79,7 @@ impl Client {
             peer,
             bufs: buffers,
             closed: false,
+            penalized: false,
             received: 0,
             sent: 0,
             watch: SendWatch::default(),
@@ -149,6 +152,42 @@ impl Client {
     /// `client.privileged::<MyHelper>().call(&request)`. See [`privileged`](crate::privileged).
     pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
         crate::privileged::helper()
+    }
+
+    /// Charges the client's address with a failed authentication (a wrong password or
+    /// token), so that brute force from it is slowed across every worker; call it when
+    /// your check fails, after (or before) writing your answer.
+    ///
+    /// From then on, reads on this connection return end of file (what it had sent and
+    /// was not read yet is dropped): a handler's loop ends as if the client had left, and
+    /// writes still go out, so the answer reaches it. The address is refused new
+    /// connections for 2^(n-1) seconds after its n-th failure in a row (1 s, 2 s, 4 s ...),
+    /// at most `--penalty-max` (600 s by default; `0` turns penalties off), closed at once
+    /// before any byte is read; it is forgotten once no failure was charged for
+    /// `--penalty-max` after its refusal ended. Returns how long the address is now
+    /// refused; `None` when nothing was charged (penalties off, a Unix-socket client, or a
+    /// full table, which fails open). See [`Conn::penalize`](crate::Conn::penalize) for
+    /// the whole rule, IPv6 `/64`s and the caveat about proxies.
+    ///
+    /// ```no_run
+    /// use std::io::{self, BufRead, Write};
+    ///
+    /// /// A line protocol whose first line is the password.
+    /// fn handle(client: &mut appsrv::Client) -> io::Result<()> {
+    ///     let mut line = String::new();
+    ///     client.read_line(&mut line)?;
+    ///     if line.trim_end() != "open-sesame-0123456789" {
+    ///         let wait = client.penalize().map_or(0, |d| d.as_secs().max(1));
+    ///         return writeln!(client, "-ERR wrong password; retry in {wait} s");
+    ///     }
+    ///     writeln!(client, "+OK")
+    /// }
+    /// # let _ = handle;
+    /// ```
+    pub fn penalize(&mut self) -> Option<Duration> {
+        self.penalized = true;
+        self.bufs.discard_input();
+        crate::penalty::charge(self.peer.ip()?)
     }
 
     /// The peer's address: IP and port for TCP, the peer's path (usually none) for Unix
@@ -300,7 +339,7 @@ impl Client {
     /// As `recv`; when `interruptible`, a signal ends the wait with `Interrupted` (the
     /// request loop then checks for a stop at a request boundary).
     fn recv_from_socket(&mut self, buf: &mut [u8], interruptible: bool) -> io::Result<usize> {
-        if self.closed {
+        if self.closed || self.penalized {
             return Ok(0);
         }
         if !self.bufs.write.is_empty() {

@@ -2,6 +2,8 @@
 //! address, the TLS session, a connection number, and the handler's own per-connection
 //! state (its session).
 
+use std::time::Duration;
+
 use crate::net::listener::Addr;
 use crate::net::tls::TlsSession;
 
@@ -64,11 +66,23 @@ pub(crate) struct ConnInfo<'a> {
 pub struct Conn<'a, S = ()> {
     info: ConnInfo<'a>,
     session: &'a mut S,
+    /// The handler called [`penalize`](Conn::penalize) for this request.
+    penalized: bool,
 }
 
 impl<'a, S> Conn<'a, S> {
     pub(crate) fn new(info: ConnInfo<'a>, session: &'a mut S) -> Self {
-        Conn { info, session }
+        Conn {
+            info,
+            session,
+            penalized: false,
+        }
+    }
+
+    /// Whether [`penalize`](Conn::penalize) was called since the last look (the request
+    /// loop asks after each request, and closes the connection if so).
+    pub(crate) fn take_penalized(&mut self) -> bool {
+        std::mem::take(&mut self.penalized)
     }
 
     /// The client's address: IP and port for TCP (the one a PROXY header named, behind a
@@ -99,5 +113,76 @@ impl<'a, S> Conn<'a, S> {
     /// `conn.privileged::<MyHelper>().call(&request)`. See [`privileged`](crate::privileged).
     pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
         crate::privileged::helper()
+    }
+
+    /// Charges the client's address with a failed authentication (a wrong password, token
+    /// or signature), so that brute force from it is slowed across every worker, as
+    /// OpenSSH's `PerSourcePenalties` does; call it when your check fails, and answer the
+    /// request as usual (a 401, a fault).
+    ///
+    /// - **This connection** ends after the response to this request (HTTP says
+    ///   `Connection: close`; other protocols are closed after the response): the next
+    ///   attempt needs a new connection, and goes through admission.
+    /// - **The address** is refused for a while: the n-th failure in a row refuses it for
+    ///   2^(n-1) seconds from now (1 s, 2 s, 4 s ...), at most `--penalty-max` (600 s by
+    ///   default; `0` turns penalties off). While refused, each new connection from it is
+    ///   closed at once by the worker that accepts it, before any byte is read or a TLS
+    ///   handshake is made, with no reply; one line per episode in the log
+    ///   (`refusing connections from IP for Ns: N failed authentication(s) in a row`), and
+    ///   `appsrv_penalized_refused_total` counts them. Connections it has open already
+    ///   are served (each of their failures is charged too).
+    /// - The address is forgotten once no failure was charged for `--penalty-max` after
+    ///   its refusal ended; a success does not reset it.
+    ///
+    /// The address is the client's IPv4 address, or its IPv6 `/64` (one host holds a
+    /// whole `/64`); behind a balancer, the one its PROXY header names (`ADDR?proxy`).
+    /// **Behind a proxy that sends no PROXY header**, every client has the proxy's
+    /// address, and one client's failures would refuse them all: listen with `?proxy`, or
+    /// turn penalties off (`--penalty-max 0`) and throttle at the proxy.
+    ///
+    /// Returns how long the address is now refused, for a `Retry-After` or a message; `None`
+    /// when nothing was charged: penalties are off, the client has no address (a Unix
+    /// socket), or the table of penalized addresses (65,536) is full, which fails open: see
+    /// docs/ARCHITECTURE.md ("Failed authentication: penalties").
+    ///
+    /// ```no_run
+    /// use std::io::{self, Write};
+    /// use appsrv::Conn;
+    /// use appsrv::codec::{Http, HttpRequest, HttpResponse};
+    ///
+    /// struct Api;
+    ///
+    /// impl appsrv::RequestHandler for Api {
+    ///     type Codec = Http;
+    ///     type Session = ();
+    ///
+    ///     fn codec(&self) -> Http {
+    ///         Http::default()
+    ///     }
+    ///
+    ///     fn handle_request(
+    ///         &mut self,
+    ///         conn: &mut Conn<'_>,
+    ///         req: &HttpRequest<'_>,
+    ///         res: &mut HttpResponse<'_>,
+    ///     ) -> io::Result<()> {
+    ///         if req.header_str("authorization") != Some("Bearer s3cret-t0ken-0123456789") {
+    ///             res.status(401);
+    ///             if let Some(wait) = conn.penalize() {
+    ///                 res.header("Retry-After", wait.as_secs().max(1).to_string());
+    ///             }
+    ///             return res.write_all(b"unauthorised\n");
+    ///         }
+    ///         res.write_all(b"welcome\n")
+    ///     }
+    /// }
+    ///
+    /// fn main() -> appsrv::Result<()> {
+    ///     appsrv::Server::new("api").listen("127.0.0.1:7004").run_requests(|| Ok(Api))
+    /// }
+    /// ```
+    pub fn penalize(&mut self) -> Option<Duration> {
+        self.penalized = true;
+        crate::penalty::charge(self.info.peer.ip()?)
     }
 }

@@ -132,6 +132,12 @@ pub(crate) trait Context {
 pub(crate) trait Handle<C: Codec> {
     /// Handles one request, writing the response into `res`.
     fn handle(&mut self, req: &C::Request<'_>, res: &mut C::Response<'_>) -> io::Result<()>;
+
+    /// Whether the handler ended the connection after the response it just wrote (it
+    /// charged a failed authentication: `Conn::penalize`). Asked once after each `handle`.
+    fn ends_connection(&mut self) -> bool {
+        false
+    }
 }
 
 /// Limits of the request level.
@@ -477,15 +483,20 @@ impl<C: Codec> Requests<C> {
                 let mut res = self.codec.respond(&request, out, last);
                 ctx.state(State::Handling);
                 let handled = handler.handle(&request, &mut res);
-                if self.announces_close && !last && ctx.stopping() {
-                    // The stop came while the handler ran: this response can still say
-                    // that it is the last (its head is written by `finish`).
+                // The handler penalized the client: whatever the protocol, no more requests
+                // on this connection (the next attempt must come through admission).
+                let ends = handler.ends_connection();
+                if self.announces_close && !last && (ctx.stopping() || ends) {
+                    // The stop came while the handler ran, or the handler penalized the
+                    // client: this response can still say that it is the last (its head
+                    // is written by `finish`).
                     res.close_after();
                 }
                 // The response is written from here on (the slot still names its
                 // request), until the output is sent: a slow reader shows as one.
                 ctx.state(State::Writing);
-                let outcome = res.finish();
+                let mut outcome = res.finish();
+                outcome.close |= ends;
                 Turn::Handled {
                     len,
                     mark,

@@ -727,6 +727,10 @@ impl Exposition {
 /// | `appsrv_listen_backlog` | gauge | `listener` (TCP listeners only) |
 /// | `appsrv_connections_denied_total` | counter | |
 /// | `appsrv_connections_refused_total` | counter | |
+/// | `appsrv_penalized_refused_total` | counter | |
+/// | `appsrv_penalized_addresses` | gauge | |
+/// | `appsrv_penalties_total` | counter | |
+/// | `appsrv_penalties_unrecorded_total` | counter | |
 /// | `appsrv_tls_handshake_failures_total` | counter | |
 /// | `appsrv_slow_requests_total` | counter | |
 /// | `appsrv_open_connections` | gauge | `state`: reading, handling, writing, idle_keepalive |
@@ -883,6 +887,31 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "counter",
         "Connections refused by the per-address cap (--max-conns-per-ip).",
         t.refused,
+    );
+    let p = status.penalties;
+    e.single(
+        "appsrv_penalized_refused_total",
+        "counter",
+        "Connections closed at once because their address is penalized for failed authentication (Conn::penalize, --penalty-max).",
+        p.refused,
+    );
+    e.single(
+        "appsrv_penalized_addresses",
+        "gauge",
+        "Addresses refused now for failed authentication.",
+        p.addresses,
+    );
+    e.single(
+        "appsrv_penalties_total",
+        "counter",
+        "Failed authentications charged by handlers (Conn::penalize, Client::penalize).",
+        p.charged,
+    );
+    e.single(
+        "appsrv_penalties_unrecorded_total",
+        "counter",
+        "Failed authentications the full penalty table could not record: those addresses were not refused (it fails open).",
+        p.unrecorded,
     );
     e.single(
         "appsrv_tls_handshake_failures_total",
@@ -1325,6 +1354,12 @@ pub(crate) mod tests {
                 held: 3,
                 addresses: vec![("192.0.2.7".parse().unwrap(), 3)],
             }),
+            penalties: crate::control::status::PenaltyCounts {
+                charged: 12,
+                refused: 40,
+                unrecorded: 1,
+                addresses: 2,
+            },
             restarts: vec![
                 ("exit", 1),
                 ("signal", 2),
@@ -1639,6 +1674,10 @@ pub(crate) mod tests {
         assert!(!text.contains("listener=\"unix:"), "TCP listeners only");
         assert_eq!(get("appsrv_max_workers_reached_total", None), 7.0);
         assert_eq!(get("appsrv_tls_handshake_failures_total", None), 6.0);
+        assert_eq!(get("appsrv_penalized_refused_total", None), 40.0);
+        assert_eq!(get("appsrv_penalized_addresses", None), 2.0);
+        assert_eq!(get("appsrv_penalties_total", None), 12.0);
+        assert_eq!(get("appsrv_penalties_unrecorded_total", None), 1.0);
         assert_eq!(
             get("appsrv_worker_restarts_total", Some(("reason", "recycled"))),
             4.0

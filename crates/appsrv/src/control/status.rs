@@ -37,6 +37,8 @@ pub(crate) struct Status {
     pub(crate) restarts: Vec<(&'static str, u64)>,
     /// Slow or idle clients from a few addresses holding the pool, while they do.
     pub(crate) slow_clients: Option<Held>,
+    /// Failed authentication's penalties (all zero with `--penalty-max 0`).
+    pub(crate) penalties: PenaltyCounts,
     /// Hybrid mode (`--io hybrid`): the fronts and the requests waiting for a worker.
     pub(crate) hybrid: Option<Hybrid>,
     /// Log lines that could not be written (a full disk, a closed stderr), by process role
@@ -51,6 +53,20 @@ impl Status {
             .iter()
             .fold((0, 0), |(e, a), row| (e + row[0], a + row[1]))
     }
+}
+
+/// The penalty table's counters (`penalty.rs`): kept by the table itself, shared by every
+/// worker, so they cover workers that are gone and only grow while the master lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PenaltyCounts {
+    /// Failed authentications handlers charged (`Conn::penalize`).
+    pub(crate) charged: u64,
+    /// Connections refused at admission for a penalized address.
+    pub(crate) refused: u64,
+    /// Failures the full table could not record (it fails open).
+    pub(crate) unrecorded: u64,
+    /// Addresses refused now (a gauge).
+    pub(crate) addresses: u64,
 }
 
 /// Hybrid mode's side of the status.

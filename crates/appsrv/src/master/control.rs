@@ -264,6 +264,15 @@ impl Master<'_> {
             retired: self.counters.retired.clone(),
             max_workers_reached: self.counters.max_reached,
             slow_clients: self.holds.episode().cloned(),
+            penalties: crate::penalty::installed().map_or_else(Default::default, |t| {
+                let s = t.stats();
+                crate::control::status::PenaltyCounts {
+                    charged: s.charged,
+                    refused: s.refused,
+                    unrecorded: s.unrecorded,
+                    addresses: s.addresses,
+                }
+            }),
             restarts: self.counters.restarts(),
             hybrid,
             log_dropped: board.log_dropped().each_ref().map(|row| {

@@ -1501,6 +1501,7 @@ impl<'a> Master<'a> {
             // re-executed one gets the descriptor through its handoff instead).
             .chain(crate::scoreboard::Board::memfd())
             .chain(self.peer_counts.map(PeerCounts::memfd))
+            .chain(crate::penalty::memfd())
             .chain(self.settings.master_fds.iter().copied())
             .chain(self.settings.control.iter().flat_map(Control::raw_fds))
             .chain(self.settings.metrics.iter().flat_map(MetricsListener::raw_fds))

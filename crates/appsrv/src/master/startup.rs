@@ -397,6 +397,11 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.worker_connections))
         .transpose()
         .map_err(|e| Error::sys("mapping the per-address tables", e))?;
+    // Failed authentication: the penalized addresses, shared by every worker and installed
+    // for the process (handlers charge it through `Conn::penalize`; issue 31).
+    if let Some(max) = config.penalty_max {
+        crate::penalty::create(max).map_err(|e| Error::sys("mapping the penalty table", e))?;
+    }
     // Hybrid mode: the fronts hand connections to the workers over one channel, made now
     // and kept for the master's life (a reload's generations share it).
     let handoff = (config.io == crate::Io::Hybrid)
@@ -583,6 +588,7 @@ impl Workers<'_> {
             access: self.access_log.map(AsRawFd::as_raw_fd),
             logs: crate::process::reopen::worker_end(),
             peers: self.peers.map(PeerCounts::memfd),
+            penalties: crate::penalty::memfd(),
             listeners: self
                 .listeners
                 .iter()
@@ -699,6 +705,10 @@ fn adopt_handoff(
         .map(PeerCounts::adopt)
         .transpose()
         .map_err(|e| Error::sys("mapping the per-address tables", e))?;
+    if let Some(fd) = handoff.penalties {
+        crate::penalty::adopt(adopt(fd, "adopting the penalty table")?)
+            .map_err(|e| Error::sys("mapping the penalty table", e))?;
+    }
     let access = handoff
         .access
         .map(|fd| adopt(fd, "adopting the access log").map(File::from))

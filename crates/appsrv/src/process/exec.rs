@@ -61,6 +61,8 @@ pub(crate) struct Handoff {
     pub(crate) logs: Option<RawFd>,
     /// The per-address tables' memfd (`--io event` with `--max-conns-per-ip`).
     pub(crate) peers: Option<RawFd>,
+    /// The penalty table's memfd (failed authentication; none with `--penalty-max 0`).
+    pub(crate) penalties: Option<RawFd>,
     /// Each listener, with the index of the `--listen` address it serves.
     pub(crate) listeners: Vec<(RawFd, Option<usize>)>,
 }
@@ -74,11 +76,12 @@ impl Handoff {
             .chain(self.access)
             .chain(self.logs)
             .chain(self.peers)
+            .chain(self.penalties)
             .chain(self.listeners.iter().map(|(fd, _)| *fd))
             .collect()
     }
 
-    /// `v1 id=3 master=120 recycle=0,0 board=5 channel=7 wake=6 access=- logs=8 peers=- listeners=3:0,4:1`
+    /// `v1 id=3 master=120 recycle=0,0 board=5 channel=7 wake=6 access=- logs=8 peers=- penalties=9 listeners=3:0,4:1`
     fn encode(&self) -> String {
         let opt = |v: Option<RawFd>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         let listeners: Vec<String> = self
@@ -92,7 +95,7 @@ impl Handoff {
             })
             .collect();
         format!(
-            "v1 id={} master={} recycle={},{} board={} channel={} wake={} access={} logs={} peers={} listeners={}",
+            "v1 id={} master={} recycle={},{} board={} channel={} wake={} access={} logs={} peers={} penalties={} listeners={}",
             self.id,
             self.master,
             self.max_requests,
@@ -103,6 +106,7 @@ impl Handoff {
             opt(self.access),
             opt(self.logs),
             opt(self.peers),
+            opt(self.penalties),
             listeners.join(",")
         )
     }
@@ -123,6 +127,7 @@ impl Handoff {
             access: None,
             logs: None,
             peers: None,
+            penalties: None,
             listeners: Vec::new(),
         };
         let bad = |what: &str| format!("{WORKER_ENV}: bad {what} in {text:?}");
@@ -149,6 +154,7 @@ impl Handoff {
                 "access" => h.access = opt_fd(value, "access")?,
                 "logs" => h.logs = opt_fd(value, "logs")?,
                 "peers" => h.peers = opt_fd(value, "peers")?,
+                "penalties" => h.penalties = opt_fd(value, "penalties")?,
                 "listeners" => {
                     for item in value.split(',').filter(|i| !i.is_empty()) {
                         let (f, origin) = item.split_once(':').ok_or_else(|| bad("listener"))?;
@@ -242,12 +248,14 @@ mod tests {
             access: None,
             logs: Some(8),
             peers: Some(9),
+            penalties: Some(10),
             listeners: vec![(3, Some(0)), (4, None)],
         };
         assert_eq!(Handoff::decode(&h.encode()), Ok(h.clone()));
-        assert_eq!(h.fds(), vec![5, 7, 6, 8, 9, 3, 4]);
+        assert_eq!(h.fds(), vec![5, 7, 6, 8, 9, 10, 3, 4]);
         let without = Handoff {
             peers: None,
+            penalties: None,
             ..h.clone()
         };
         assert_eq!(Handoff::decode(&without.encode()), Ok(without));

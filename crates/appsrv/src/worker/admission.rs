@@ -2,18 +2,21 @@
 //! one step machine that does no I/O.
 //!
 //! ```text
-//!  accept ─▶ PROXY header ─▶ access rules ─▶ TLS handshake ─▶ per-address cap ─▶ serve
-//!            (?proxy)        (--allow,       (?tls, within     (--max-conns-
-//!            within          --deny)         --tls-handshake-  per-ip)
-//!            --header-                       timeout of its
-//!            timeout of                      start)
+//!  accept ─▶ PROXY header ─▶ access rules ─▶ penalty ─▶ TLS handshake ─▶ per-address cap ─▶ serve
+//!            (?proxy)        (--allow,       (failed     (?tls, within     (--max-conns-
+//!            within          --deny)         authenti-   --tls-handshake-  per-ip)
+//!            --header-                       cation,     timeout of its
+//!            timeout of                      penalty.rs) start)
 //!            the accept)
-//!                │               │               │                  │
-//!                ▼               ▼               ▼                  ▼
-//!            bad PROXY        denied        TLS failure          over the cap ─▶ close
+//!                │               │               │            │                  │
+//!                ▼               ▼               ▼            ▼                  ▼
+//!            bad PROXY        denied        penalized    TLS failure          over the cap ─▶ close
 //! ```
 //!
-//! A phase that does not apply (no `proxy` option, no `tls`, no cap) is passed at once.
+//! A phase that does not apply (no `proxy` option, no `tls`, no cap, no penalty table or an
+//! address not penalized) is passed at once. The penalty comes before the TLS handshake and
+//! any request byte, so that a refused address costs an `accept` and a `close`, not a
+//! handshake; after the PROXY header and the rules, so that it is the real client's.
 //! The machine is told what happens: bytes arrived ([`Admission::received`], which says
 //! how many it took), bytes went out ([`Admission::sent`]), the client closed
 //! ([`Admission::closed`]), an I/O error ([`Admission::failed`]), the clock passed the
@@ -36,6 +39,7 @@ use std::time::{Duration, Instant};
 use crate::net::listener::{Addr, Policy};
 use crate::net::proxy::{self, Parsed};
 use crate::net::tls::{Acceptor, TlsSession};
+use crate::penalty::Penalties;
 
 /// What admission needs to know of the listener and of the worker's limits.
 #[derive(Debug, Clone, Copy)]
@@ -50,18 +54,33 @@ pub(crate) struct Rules<'a> {
     pub(crate) handshake_timeout: Option<Duration>,
     /// `--max-conns-per-ip`.
     pub(crate) max_per_ip: Option<usize>,
+    /// The addresses penalized for failed authentication (`--penalty-max`; `None`: off).
+    pub(crate) penalties: Option<&'a Penalties>,
 }
 
 impl Rules<'_> {
     /// Whether the machine would take no step: no PROXY header, no access rules, no TLS,
-    /// no cap. Every client is then admitted as it is, so the driver need not build the
-    /// machine (a connection per request pays nothing for admission it does not use).
-    pub(crate) fn open(&self) -> bool {
+    /// no cap. Every client is then admitted as it is (but a penalized one: see
+    /// [`open_to`](Rules::open_to)).
+    fn open(&self) -> bool {
         !self.policy.proxy
             && self.policy.allow.is_empty()
             && self.policy.deny.is_empty()
             && self.tls.is_none()
             && self.max_per_ip.is_none()
+    }
+
+    /// Whether the machine would take no step for a client at `peer`: [`open`](Rules::open),
+    /// and the address is not penalized. The driver then need not build the machine (a
+    /// connection per request pays nothing for admission it does not use: while nothing
+    /// was ever penalized, the penalty's look costs one load); for a penalized address it
+    /// builds it, and the machine refuses at once.
+    pub(crate) fn open_to(&self, peer: &Addr) -> bool {
+        self.open()
+            && self
+                .penalties
+                .zip(peer.ip())
+                .is_none_or(|(table, ip)| table.refusal(ip).is_none())
     }
 }
 
@@ -96,6 +115,17 @@ pub(crate) enum Rejection {
         /// The cap.
         cap: usize,
     },
+    /// `ip` is refused for `left` still, for `failures` failed authentications in a row
+    /// (`Conn::penalize`, `penalty.rs`): closed at once, before a TLS handshake and without
+    /// a reply.
+    Penalized {
+        /// The client's address.
+        ip: IpAddr,
+        /// How long the refusal still lasts.
+        left: Duration,
+        /// The failures in a row that earned it.
+        failures: u32,
+    },
 }
 
 /// The kinds of [`Rejection`], as an index (one log episode each).
@@ -105,11 +135,12 @@ pub(crate) enum Kind {
     BadProxy = 1,
     Tls = 2,
     OverCap = 3,
+    Penalized = 4,
 }
 
 impl Kind {
     /// How many kinds there are.
-    pub(crate) const COUNT: usize = 4;
+    pub(crate) const COUNT: usize = 5;
 }
 
 impl Rejection {
@@ -119,6 +150,7 @@ impl Rejection {
             Rejection::BadProxy(_) => Kind::BadProxy,
             Rejection::Tls(_) => Kind::Tls,
             Rejection::OverCap { .. } => Kind::OverCap,
+            Rejection::Penalized { .. } => Kind::Penalized,
         }
     }
 }
@@ -134,6 +166,12 @@ impl fmt::Display for Rejection {
                     "more than {cap} connections at once from {ip} (--max-conns-per-ip)"
                 )
             }
+            Rejection::Penalized { ip, left, failures } => write!(
+                f,
+                "{ip} is refused for {}s more after {failures} failed authentication(s) in a row \
+                 (--penalty-max)",
+                left.as_secs_f64().ceil()
+            ),
         }
     }
 }
@@ -394,11 +432,24 @@ impl<'a, S: Seat> Admission<'a, S> {
         }
     }
 
-    /// The PROXY header is read (or not expected): the access rules, then TLS or the cap.
+    /// The PROXY header is read (or not expected): the access rules, the penalty, then TLS
+    /// or the cap.
     fn after_header(&mut self, now: &mut dyn FnMut() -> Instant) {
         if !self.rules.policy.permits(self.peer.ip()) {
             if let Some(ip) = self.peer.ip() {
                 self.reject(Rejection::Denied(ip));
+                return;
+            }
+        }
+        // Before the seat counts it: a refused address is never served, so the cap and
+        // `status` never see it.
+        if let Some((table, ip)) = self.rules.penalties.zip(self.peer.ip()) {
+            if let Some(r) = table.refusal(ip) {
+                self.reject(Rejection::Penalized {
+                    ip,
+                    left: r.left,
+                    failures: r.failures,
+                });
                 return;
             }
         }
@@ -572,6 +623,7 @@ mod tests {
             header_timeout: Some(Duration::from_secs(20)),
             handshake_timeout: Some(Duration::from_secs(10)),
             max_per_ip: None,
+            penalties: None,
         }
     }
 
@@ -1028,6 +1080,58 @@ mod tests {
         assert_eq!(m.rejection(), Some(&Rejection::Tls(TLS_TOO_SLOW.into())));
     }
 
+    /// Issue 31: a penalized address is refused at once, before a TLS handshake or a read,
+    /// and never counted as served; the others are not held up, and the driver's fast path
+    /// for a listener without checks builds the machine only for a penalized address.
+    #[test]
+    fn issue_31_a_penalized_address_is_refused_before_any_read_or_handshake() {
+        let table = Penalties::for_tests(Duration::from_secs(60));
+        let bad: IpAddr = "192.0.2.66".parse().unwrap();
+        // Three failures: refused 4 s, a margin for a slow machine.
+        for _ in 0..3 {
+            table.charge_at(bad, crate::penalty::now_ms()).unwrap();
+        }
+        let (server, _) = tls_configs();
+        let open = Policy::default();
+        let mut r = rules(&open);
+        r.penalties = Some(table);
+        assert!(!r.open_to(&inet("192.0.2.66:1")), "the fast path stops for it");
+        assert!(r.open_to(&inet("192.0.2.67:1")), "and for no one else");
+        assert!(r.open_to(&Addr::Unix(None)), "a Unix client has no address");
+        r.tls = Some(&server);
+        let seat = FakeSeat::default();
+        let m = Admission::new(r, inet("192.0.2.66:4000"), seat.clone(), Instant::now());
+        assert_eq!(m.next(), Next::Close, "no handshake begins");
+        let v = m.finish();
+        assert!(v.unsent.is_empty() && v.tls.is_none());
+        let why = v.rejected.unwrap();
+        assert_eq!(why.kind(), Kind::Penalized);
+        assert!(
+            why.to_string()
+                .starts_with("192.0.2.66 is refused for 4s more after 3 failed authentication(s)"),
+            "{why}"
+        );
+        assert!(seat.permitted.borrow().is_empty(), "never counted as served");
+        // Another address goes on to its handshake.
+        let m = Admission::new(r, inet("192.0.2.67:4000"), FakeSeat::default(), Instant::now());
+        assert!(matches!(m.next(), Next::Read { .. }));
+        // Behind a balancer, the client the header names is the one refused.
+        let mut policy = proxy_policy("127.0.0.0/8");
+        let mut r = rules(&policy);
+        r.penalties = Some(table);
+        let mut m = Admission::new(r, inet("127.0.0.1:1"), FakeSeat::default(), Instant::now());
+        let header = b"PROXY TCP4 192.0.2.66 127.0.0.1 5555 7000\r\nGET / HTTP/1.1\r\n";
+        assert_eq!(m.received(header, Instant::now()), header.len() - 16);
+        assert_eq!(m.rejection().map(Rejection::kind), Some(Kind::Penalized));
+        policy.proxy = false;
+        let r = Rules {
+            penalties: Some(table),
+            ..rules(&policy)
+        };
+        let m = Admission::new(r, inet("127.0.0.1:1"), FakeSeat::default(), Instant::now());
+        assert_eq!(m.next(), Next::Serve, "the balancer itself is not penalized");
+    }
+
     /// Each kind of rejection, and the peer the driver's log line names.
     #[test]
     fn each_rejection_kind_is_told_apart() {
@@ -1039,9 +1143,14 @@ mod tests {
                 ip: "192.0.2.1".parse().unwrap(),
                 cap: 1,
             },
+            Rejection::Penalized {
+                ip: "192.0.2.1".parse().unwrap(),
+                left: Duration::from_millis(1500),
+                failures: 1,
+            },
         ];
         let indexes: Vec<usize> = kinds.iter().map(|k| k.kind() as usize).collect();
-        assert_eq!(indexes, [0, 1, 2, 3]);
+        assert_eq!(indexes, [0, 1, 2, 3, 4]);
         assert!(indexes.iter().all(|i| *i < Kind::COUNT));
     }
 }

@@ -187,6 +187,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
             header_timeout: limits.header_timeout,
             handshake_timeout: tls.handshake_timeout,
             max_per_ip,
+            penalties: crate::penalty::installed(),
         };
         if let Err(rejection) = admit(&mut client, rules, SlotSeat { slot, board }) {
             rejections.reject(rejection, &mut client, slot, handler);
@@ -458,7 +459,7 @@ impl Seat for SlotSeat<'_> {
 /// bounded by the socket's own timeouts. A normal client's header costs one `poll` and one
 /// `read`.
 fn admit<S: Seat>(client: &mut Client, rules: Rules<'_>, mut seat: S) -> Result<(), Rejection> {
-    if rules.open() {
+    if rules.open_to(client.parts().1) {
         // What the machine would do on such a listener, without building it.
         seat.permitted(client.parts().1);
         return Ok(());
@@ -591,6 +592,19 @@ impl Rejections {
                     );
                 }
             }
+            // Counted in the penalty table (shared by every worker), not in the slot.
+            Rejection::Penalized { ip, left, failures } => {
+                if let Some(table) = crate::penalty::installed() {
+                    table.count_refused();
+                }
+                if new {
+                    tracing::warn!(
+                        "refusing connections from {ip} for {}s: {failures} failed authentication(s) \
+                         in a row (penalties double from 1 s up to --penalty-max)",
+                        left.as_secs_f64().ceil()
+                    );
+                }
+            }
         }
     }
 }
@@ -695,6 +709,7 @@ mod tests {
             header_timeout: Some(Duration::from_millis(300)),
             handshake_timeout: None,
             max_per_ip: None,
+            penalties: None,
         };
         std::io::Write::write_all(&mut theirs, b"PROXY TCP4 203.0.113.9 ").unwrap();
         let started = Instant::now();

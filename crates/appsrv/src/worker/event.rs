@@ -1072,6 +1072,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             header_timeout: self.limits.header_timeout,
             handshake_timeout: self.tls.handshake_timeout,
             max_per_ip: self.max_per_ip,
+            penalties: crate::penalty::installed(),
         };
         let mut step = Requests::new(handler.codec(), self.step_limits.clone());
         if let Some(served) = returned {
@@ -1113,7 +1114,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 c.counted_ip = Some(ip);
             }
         }
-        if rules.open() || returned.is_some() {
+        if returned.is_some() || rules.open_to(&peer) {
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
             if let Next::Read { timeout, .. } = first {

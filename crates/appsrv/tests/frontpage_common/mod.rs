@@ -222,6 +222,14 @@ impl Conn {
         }
     }
 
+    /// A connection from `from` (another loopback address: another client, whose failed
+    /// authentications are its own).
+    pub fn open_from(from: &str, addr: SocketAddr) -> Conn {
+        Conn {
+            reader: BufReader::new(connect_from(from, addr)),
+        }
+    }
+
     /// This end's address, as the server's status shows its client.
     pub fn local_addr(&self) -> SocketAddr {
         self.reader.get_ref().local_addr().unwrap()
@@ -261,6 +269,26 @@ pub fn request(
 
 pub fn get(addr: SocketAddr, target: &str) -> Response {
     request(addr, "GET", target, &[], "")
+}
+
+/// [`post_item`] from another loopback address, `from`: a failed authentication there
+/// refuses that address only (issue 31), not the tests' other requests.
+pub fn post_item_from(
+    from: &str,
+    addr: SocketAddr,
+    token: Option<&str>,
+    content_type: Option<&str>,
+    body: &str,
+) -> Response {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = Vec::new();
+    if let Some(a) = &auth {
+        headers.push(("Authorization", a.as_str()));
+    }
+    if let Some(t) = content_type {
+        headers.push(("Content-Type", t));
+    }
+    Conn::open_from(from, addr).request("POST", "/item", &headers, body)
 }
 
 /// `POST /item` with `Authorization: Bearer TOKEN` (none without a token), `Content-Type`
@@ -402,7 +430,9 @@ pub fn assert_nothing_written(addr: SocketAddr, after: &str) {
 }
 
 /// `POST /item` refused with 401 (missing or wrong token), 415 (not JSON) and 400 (a bad
-/// item, with its reason), each time with nothing written.
+/// item, with its reason), each time with nothing written. Each unauthorised request comes
+/// from an address of its own (127.0.0.11 ...): a wrong token refuses its address for a
+/// second (issue 31), which the 401 says (`Retry-After`), and must not refuse the next.
 pub fn check_post_refusals(addr: SocketAddr, token: &str) {
     let good = item_json("A good title");
     let json = Some("application/json");
@@ -432,15 +462,30 @@ pub fn check_post_refusals(addr: SocketAddr, token: &str) {
             vec![("Authorization", format!("Bearer {token}x"))],
         ),
     ];
-    for (what, headers) in &unauthorised {
+    for (i, (what, headers)) in unauthorised.iter().enumerate() {
         let mut all: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         all.push(("Content-Type", "application/json"));
-        let r = request(addr, "POST", "/item", &all, &good);
+        let from = format!("127.0.0.{}", 11 + i);
+        let r = Conn::open_from(&from, addr).request("POST", "/item", &all, &good);
         assert_eq!(r.status, 401, "{what}: {r:?} {:?}", r.text());
         assert_eq!(
             r.header("www-authenticate"),
             Some("Bearer realm=\"frontpage\""),
             "{what}"
+        );
+        // The first two guessed nothing (no token, another scheme): not penalized.
+        let guessed = i >= 2;
+        assert_eq!(
+            r.header("retry-after"),
+            guessed.then_some("1"),
+            "{what}: {r:?} {:?}",
+            r.text()
+        );
+        assert_eq!(
+            r.text().contains("refused for 1 s"),
+            guessed,
+            "{what}: {:?}",
+            r.text()
         );
         assert_nothing_written(addr, what);
     }

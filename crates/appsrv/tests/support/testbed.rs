@@ -12,6 +12,9 @@
 //!   each answers `NAME ok ...` or `NAME error ...`;
 //! - `tls`: answers `tls VERSION subject=SUBJECT alpn=PROTOCOL sni=NAME` (`-` for what is
 //!   absent) on a TLS connection, `tls none` on a plain one.
+//! - `penalize`: charges the client's address with a failed authentication
+//!   (`Client::penalize`) and answers `penalized MS` (the refusal in milliseconds) or
+//!   `penalized none`; reads then return end of file, so the connection ends.
 //!
 //! - `helper whoami`, `helper open PATH`, `helper pid`, `helper sleep SECS` (with
 //!   `--helper`): ask the worker's privileged helper for its identity (`helper uid=U
@@ -243,6 +246,10 @@ impl appsrv::Handler for Testbed {
                     writeln!(client, "root {}", if r == 0 { "ok" } else { "error" })?;
                 }
                 cmd if cmd.starts_with("helper ") => writeln!(client, "{}", ask_helper(client, &cmd[7..]))?,
+                "penalize" => match client.penalize() {
+                    Some(d) => writeln!(client, "penalized {}", d.as_millis())?,
+                    None => writeln!(client, "penalized none")?,
+                },
                 "tolerate-timeouts" => {
                     tolerate_timeouts = true;
                     writeln!(client, "ok")?;
