@@ -467,7 +467,14 @@ impl<C: Codec> Requests<C> {
             // new bytes after it.
             debug_assert!(self.as_read.len() <= input.len());
             let kept = self.as_read.len().min(input.len());
-            self.as_read.extend_from_slice(&input[kept..]);
+            let new = &input[kept..];
+            if self.as_read.capacity() - self.as_read.len() < new.len() {
+                // Grown by a quarter rather than doubled: a slow body held beside its
+                // buffer costs its size and a quarter more, not twice (each byte is still
+                // copied a bounded number of times, five at most).
+                self.as_read.reserve_exact(new.len().max(self.as_read.len() / 4));
+            }
+            self.as_read.extend_from_slice(new);
             let (input, _) = bufs.split();
             self.codec.decode(input).map(|d| match d {
                 Decoded::Request { .. } => None,
