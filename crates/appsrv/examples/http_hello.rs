@@ -24,10 +24,12 @@
 //! Routes: `GET /` answers `Hello, World!` (text/plain); `GET /static/NAME` sends the file
 //! NAME of `--static-dir` with `sendfile(2)`, its `Content-Type` taken from the extension;
 //! a missing file is `404`, a name that tries to leave the directory (`..`, an absolute
-//! path, a NUL byte, a symbolic link to a file outside) is `400` or `404`; methods other
-//! than `GET` and `HEAD` get `405` with `Allow: GET, HEAD`. `GET /sleep?ms=N` (N up to
-//! 10000) sleeps N ms in the handler, then answers `slept`: a handler that blocks, to see
-//! what it does in each I/O model.
+//! path, a NUL byte, a symbolic link to a file outside) is `400` or `404`; `POST /echo`
+//! answers the request's body (up to the codec's 1 MiB, `Content-Length` or chunked):
+//! what a handler gets of a body, in each I/O model; other methods than `GET` and `HEAD`
+//! get `405` with `Allow: GET, HEAD`. `GET /sleep?ms=N` (N up to 10000) sleeps N ms in the
+//! handler, then answers `slept`: a handler that blocks, to see what it does in each I/O
+//! model.
 //!
 //! I/O model: blocking by default (one connection at a time per worker: the handler may
 //! block, as `/sleep` does, without delaying other clients). `--io event -w 2` serves every
@@ -79,6 +81,10 @@ impl appsrv::RequestHandler for HttpHello {
         req: &HttpRequest<'_>,
         res: &mut HttpResponse<'_>,
     ) -> io::Result<()> {
+        if req.method() == "POST" && req.path() == "/echo" {
+            res.content_type("application/octet-stream");
+            return res.write_all(req.body());
+        }
         if req.method() != "GET" && req.method() != "HEAD" {
             res.header("Allow", "GET, HEAD");
             return plain(res, 405, "method not allowed\n");

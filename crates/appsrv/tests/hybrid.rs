@@ -12,7 +12,11 @@
 //! - the dynamic pool grows by requests waiting for a worker, not by open connections;
 //! - privilege drop and the sandbox apply to fronts and workers; configurations hybrid mode
 //!   cannot serve are refused before start (also by `start`, which leaves nothing behind);
-//! - `status --json` and `metrics` show the fronts and the hand-offs.
+//! - `status --json` and `metrics` show the fronts and the hand-offs;
+//! - a request is handed off whole, however large (a body gathered by the front): slow
+//!   bodies hold no worker, a large body reaches the worker byte for byte with one
+//!   `100 Continue`, and a request a worker began to read goes back to the front rather
+//!   than keep the worker waiting (issue 31).
 //!
 //! Regression tests for issue 21 ("Hybrid mode"). The request-level tests of the other
 //! files run in hybrid mode too (`both_io!` in tests/util); reload and upgrade under load
@@ -1306,4 +1310,206 @@ fn issue_21_status_and_metrics_show_the_fronts_and_the_hand_offs() {
         );
     }
     drop(idle);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 31: no worker waits on a client
+// ---------------------------------------------------------------------------------------
+
+/// Reads the interim reply `100 Continue` (its status line and the empty line after it).
+fn expect_continue(c: &mut BufReader<TcpStream>) -> Result<(), String> {
+    let mut line = String::new();
+    c.read_line(&mut line)
+        .map_err(|e| format!("interim reply: {e}"))?;
+    if line != "HTTP/1.1 100 Continue\r\n" {
+        return Err(format!("{line:?} instead of the interim reply"));
+    }
+    line.clear();
+    c.read_line(&mut line)
+        .map_err(|e| format!("interim reply: {e}"))?;
+    if line != "\r\n" {
+        return Err(format!("{line:?} after the interim reply"));
+    }
+    Ok(())
+}
+
+/// Reads one response that must be a 200 with `body` (large: a difference is reported by
+/// its length and first offset, not printed).
+fn expect_echo(c: &mut BufReader<TcpStream>, body: &[u8]) -> Result<(), String> {
+    let (status, got) = read_response(c)?;
+    if !status.starts_with("HTTP/1.1 200") {
+        return Err(format!("{status:?} with {} bytes", got.len()));
+    }
+    if got != body {
+        let at = got.iter().zip(body).position(|(a, b)| a != b);
+        return Err(format!(
+            "{} bytes, expected {}, first difference at {at:?}",
+            got.len(),
+            body.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A body of `len` bytes whose content shows a shift or a loss.
+fn patterned(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+/// Issue 31: 300 slow bodies from 300 addresses (`Content-Length: 200000`, 70,000 bytes,
+/// past what a hand-off message holds, then a byte a second) are held by the front, which
+/// gathers each body; the four workers stay free, and a normal client's 20 requests are
+/// all answered, each within a second. Before, the front handed each such request off
+/// once 64 KiB had come and the workers read the rest: the first four took all four
+/// workers, which waited on the trickles (until `--request-timeout`), and every other
+/// request waited behind them.
+#[test]
+fn issue_31_slow_bodies_from_many_addresses_hold_no_worker() {
+    const N: usize = 300;
+    const PROBES: usize = 20;
+    if !raise_nofile(N as u64 + 200) {
+        return;
+    }
+    let ctl = Control::new("http_hello", "slowbodies");
+    let mut args = vec!["-w", "4", "--backlog", "1024"];
+    args.extend(ctl.args());
+    let server = hybrid("http_hello", &args);
+    let addr = server.tcp_addr();
+    let workers = server.wait_for_workers(4);
+
+    let head = b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 200000\r\n\r\n";
+    let part = patterned(70_000);
+    let slow: Vec<TcpStream> = (0..N)
+        .map(|i| {
+            let from = format!("127.31.{}.{}", i / 250, 1 + i % 250);
+            let mut s = connect_from(&from, addr);
+            s.write_all(head).unwrap();
+            s.write_all(&part).unwrap();
+            s
+        })
+        .collect();
+    let stop = AtomicBool::new(false);
+    let probes: Vec<Result<Duration, String>> = std::thread::scope(|scope| {
+        // The trickle: a byte a second on each slow body, for as long as the probes last.
+        scope.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                for mut s in &slow {
+                    let _ = s.write_all(b"x");
+                }
+                // Pacing the attack, not waiting for the server.
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        });
+        let probes = (0..PROBES)
+            .map(|_| {
+                // Spread over about five seconds of the trickle (pacing).
+                std::thread::sleep(Duration::from_millis(250));
+                let started = Instant::now();
+                let mut c = open_with(addr, Duration::from_secs(1));
+                c.get_mut()
+                    .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                    .map_err(|e| format!("send: {e}"))?;
+                expect_200(&mut c, HELLO)?;
+                Ok(started.elapsed())
+            })
+            .collect();
+        stop.store(true, Ordering::SeqCst);
+        probes
+    });
+    let failed: Vec<_> = probes.iter().filter_map(|p| p.as_ref().err()).collect();
+    let worst = probes.iter().filter_map(|p| p.as_ref().ok()).max();
+    eprintln!(
+        "{} of {PROBES} probes answered beside {N} slow bodies, the slowest in {worst:?}",
+        PROBES - failed.len()
+    );
+    assert!(failed.is_empty(), "probes not answered within 1 s: {failed:?}");
+    assert!(worst.is_some_and(|w| *w < Duration::from_secs(1)), "{worst:?}");
+    // The fronts hold the slow bodies, every worker is idle.
+    ctl.wait_for("the fronts reading the slow bodies, the workers idle", |s| {
+        status_fronts(s).iter().map(|f| num(f, &["reading"])).sum::<u64>() >= N as u64
+            && status_workers(s).len() == 4
+            && status_workers(s).iter().all(|w| w["state"] == "idle")
+    });
+    assert_eq!(server.worker_pids(), workers, "the same four workers throughout");
+    drop(slow);
+}
+
+/// Issue 31: a large body is gathered by the front and reaches the worker whole, byte for
+/// byte: 200 KB with `Content-Length` behind `Expect: 100-continue` (one interim reply:
+/// the worker sent a second one when the front handed the request off at 64 KiB), and
+/// 200 KB chunked, each answered by `POST /echo` with the body as sent and followed by a
+/// pipelined request on the same connection.
+#[test]
+fn issue_31_a_large_body_reaches_the_worker_whole() {
+    let server = hybrid("http_hello", &["-w", "2"]);
+    let addr = server.tcp_addr();
+    server.wait_for_workers(2);
+    let body = patterned(200_000);
+
+    let mut c = open(addr);
+    c.get_mut()
+        .write_all(
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 200000\r\n\r\n",
+        )
+        .unwrap();
+    expect_continue(&mut c).unwrap();
+    c.get_mut().write_all(&body).unwrap();
+    c.get_mut().write_all(GET).unwrap();
+    expect_echo(&mut c, &body).unwrap_or_else(|e| panic!("the echo: {e}"));
+    expect_200(&mut c, HELLO).unwrap_or_else(|e| panic!("the request behind it: {e}"));
+
+    // Chunked, on the same connection (handed back meanwhile), in several writes.
+    let mut chunked = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for piece in body.chunks(7_000) {
+        chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    chunked.extend_from_slice(GET);
+    for piece in chunked.chunks(50_000) {
+        c.get_mut().write_all(piece).unwrap();
+    }
+    expect_echo(&mut c, &body).unwrap_or_else(|e| panic!("the chunked echo: {e}"));
+    expect_200(&mut c, HELLO).unwrap_or_else(|e| panic!("the request behind it: {e}"));
+}
+
+/// Issue 31: a worker that finds the beginning of a request behind the one it answered
+/// (pipelined in the same write, here a head with `Expect: 100-continue` and no body yet)
+/// does not wait on the client for the rest: it hands the connection back with those
+/// bytes at once, so the only worker serves other clients meanwhile; the front gathers
+/// the body, and the request is answered whole, without a second interim reply. Before,
+/// the worker waited for the body (up to the header timeout) and the other clients with
+/// it.
+#[test]
+fn issue_31_a_partial_request_behind_a_whole_one_goes_back_to_the_front() {
+    let server = hybrid("http_hello", &["-w", "1", "--keepalive-timeout", "60"]);
+    let addr = server.tcp_addr();
+    server.wait_for_workers(1);
+    let body = patterned(100_000);
+    let mut c = open(addr);
+    c.get_mut()
+        .write_all(
+            b"GET / HTTP/1.1\r\nHost: t\r\n\r\n\
+              POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n",
+        )
+        .unwrap();
+    expect_200(&mut c, HELLO).unwrap_or_else(|e| panic!("the first request: {e}"));
+    expect_continue(&mut c).unwrap();
+    // The only worker is free for others while the body has not come.
+    for i in 0..5 {
+        let started = Instant::now();
+        let mut other = open_with(addr, Duration::from_secs(2));
+        other
+            .get_mut()
+            .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        expect_200(&mut other, HELLO).unwrap_or_else(|e| panic!("another client's request {i}: {e}"));
+        eprintln!("another client answered in {:?}", started.elapsed());
+    }
+    c.get_mut().write_all(&body[..1000]).unwrap();
+    c.get_mut().write_all(&body[1000..]).unwrap();
+    c.get_mut().write_all(GET).unwrap();
+    expect_echo(&mut c, &body).unwrap_or_else(|e| panic!("the echo (one interim reply only): {e}"));
+    expect_200(&mut c, HELLO).unwrap_or_else(|e| panic!("the request behind it: {e}"));
 }

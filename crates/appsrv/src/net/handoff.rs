@@ -14,9 +14,19 @@
 //! - a worker **hands back** a connection that stayed quiet after a response the same way,
 //!   without bytes, and whichever front reads it next takes it into its loop.
 //!
-//! Sequenced packets keep each message whole, and a message's descriptor arrives with it.
-//! A message holds at most [`INLINE_MAX`] bytes of the request: a larger request is handed
-//! off once that much has arrived, and the worker reads the rest itself. Nothing here knows about loops or handlers.
+//! Sequenced packets keep each message whole, and a message's descriptors arrive with it.
+//! A front hands off only whole requests, so that no worker ever waits on a client for the
+//! rest of one: a message carries up to [`INLINE_MAX`] bytes in itself; more (a large
+//! body, gathered by the front) are **spooled** into a memfd (`memfd_create`,
+//! `MFD_CLOEXEC`) passed beside the connection in the same `SCM_RIGHTS` message, which the
+//! receiver reads and closes. Why not larger messages: a `SOCK_SEQPACKET` message must fit
+//! the sender's buffer, which the kernel caps at `net.core.wmem_max` (208 KiB on most
+//! systems), below the HTTP codec's default limit of 1 MiB of body; and the channel's
+//! buffer is shared by every hand-off waiting for a worker, so one large message would
+//! leave room for few others. A spooled hand-off takes a few hundred bytes of it, whatever
+//! the request's size; the spool costs one `memfd_create`, one write and one read, against
+//! a request of more than 64 KiB. The header says which kind a message is. Nothing here
+//! knows about loops or handlers.
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -24,13 +34,20 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType};
 
-/// The most bytes of a request a hand-off carries (see the module's notes).
+/// The most bytes of a request a hand-off message carries in itself; more are spooled
+/// (see the module's notes).
 pub(crate) const INLINE_MAX: usize = 64 * 1024;
 
 /// The header's size on the wire.
 const HEADER: usize = 36;
 /// The header's first word, which tells a hand-off from anything else.
 const MAGIC: u32 = u32::from_le_bytes(*b"APHO");
+/// The header's flags (its byte 8): the bytes are spooled (a second descriptor)...
+const SPOOLED: u8 = 1;
+/// ... and the interim reply of the request in progress went out ([`Meta::interim_sent`]).
+const INTERIM_SENT: u8 = 2;
+/// The name of a spool (shown in `/proc/PID/fd`).
+const SPOOL_NAME: &std::ffi::CStr = c"appsrv-handoff";
 /// The send buffer asked for on each end: a few whole-size hand-offs, and many small ones,
 /// may wait for a worker (the kernel caps it at `net.core.wmem_max`).
 const SEND_BUFFER: usize = 1024 * 1024;
@@ -46,13 +63,19 @@ pub(crate) struct Meta {
     pub(crate) peer: Option<SocketAddr>,
     /// The index of the listener that accepted it (for its per-connection settings).
     pub(crate) listener: u32,
+    /// The interim reply (HTTP's `100 Continue`) of the request in progress was sent
+    /// already: the receiver's codec, which is new, must not send it again. Only a worker
+    /// that hands a connection back with the beginning of a request sets it (a front hands
+    /// off whole requests, to which no interim reply is due).
+    pub(crate) interim_sent: bool,
 }
 
 impl Meta {
-    fn encode(&self) -> [u8; HEADER] {
+    fn encode(&self, spooled: bool) -> [u8; HEADER] {
         let mut h = [0u8; HEADER];
         h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         h[4..8].copy_from_slice(&self.served.to_le_bytes());
+        h[8] = if spooled { SPOOLED } else { 0 } | if self.interim_sent { INTERIM_SENT } else { 0 };
         if let Some(peer) = self.peer {
             let (family, ip) = match peer.ip() {
                 IpAddr::V4(a) => (4u8, a.to_ipv6_mapped()),
@@ -66,7 +89,8 @@ impl Meta {
         h
     }
 
-    fn decode(h: &[u8; HEADER]) -> Option<Meta> {
+    /// The metadata, and whether the bytes are spooled.
+    fn decode(h: &[u8; HEADER]) -> Option<(Meta, bool)> {
         let word = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
         if word(0) != MAGIC {
             return None;
@@ -80,11 +104,13 @@ impl Meta {
             6 => Some(SocketAddr::new(IpAddr::V6(ip), port)),
             _ => None,
         };
-        Some(Meta {
+        let meta = Meta {
             served: word(4),
             peer,
             listener: word(32),
-        })
+            interim_sent: h[8] & INTERIM_SENT != 0,
+        };
+        Some((meta, h[8] & SPOOLED != 0))
     }
 }
 
@@ -138,15 +164,16 @@ impl Channel {
 
     /// A stop, once every front is gone (the master holds both ends): the connections a
     /// worker handed back just as the last fronts stopped taking them go to the workers
-    /// again, without bytes (each waits for its next request there, or drains), rather
-    /// than stay unread until the master exits. Returns how many.
+    /// again, with the beginning of a request if one came with them (each waits for its
+    /// next request, or the rest of this one, there, or drains), rather than stay unread
+    /// until the master exits. Returns how many.
     pub(crate) fn bounce_to_workers(&self) -> usize {
         let mut inbox = Inbox::default();
         let mut n = 0;
         loop {
             match inbox.receive(self.fronts(), false) {
                 Ok(Some(r)) => {
-                    if send(self.fronts(), r.socket.as_fd(), &r.meta, &[]).is_ok() {
+                    if send(self.fronts(), r.socket.as_fd(), &r.meta, inbox.bytes(&r)).is_ok() {
                         n += 1;
                     }
                 }
@@ -198,18 +225,40 @@ impl Channel {
     }
 }
 
-/// Sends `conn` over `channel` with `meta` and `bytes` (at most [`INLINE_MAX`]), without
-/// waiting: `WouldBlock` when the channel is full. The sender keeps its own copy of the
-/// descriptor, to close once this returns `Ok`.
+/// Sends `conn` over `channel` with `meta` and `bytes` (of any size: more than
+/// [`INLINE_MAX`] are spooled), without waiting: `WouldBlock` when the channel is full. The
+/// sender keeps its own copy of the descriptor, to close once this returns `Ok`.
 pub(crate) fn send(
     channel: BorrowedFd<'_>,
     conn: BorrowedFd<'_>,
     meta: &Meta,
     bytes: &[u8],
 ) -> io::Result<()> {
-    debug_assert!(bytes.len() <= INLINE_MAX);
-    let header = meta.encode();
-    crate::sys::send_with_fds(channel, &[&header, bytes], &[conn.as_raw_fd()], true)
+    if bytes.len() <= INLINE_MAX {
+        let header = meta.encode(false);
+        return crate::sys::send_with_fds(channel, &[&header, bytes], &[conn.as_raw_fd()], true);
+    }
+    // The spool is closed here once sent: the receiver holds the open file then.
+    let spool = crate::sys::memfd_with(SPOOL_NAME, bytes).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("spooling a request of {} bytes: {e}", bytes.len()),
+        )
+    })?;
+    let header = meta.encode(true);
+    crate::sys::send_with_fds(channel, &[&header], &[conn.as_raw_fd(), spool.as_raw_fd()], true)
+}
+
+/// Reads a spool: the whole file, from offset 0 (the sender's writes left the shared file
+/// offset at its end).
+fn read_spool(spool: OwnedFd) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::from(spool);
+    let len = usize::try_from(file.metadata()?.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a spooled hand-off too large"))?;
+    let mut bytes = vec![0; len];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes)
 }
 
 /// Sets the connection's blocking mode in one system call (`FIONBIO`): the descriptor's
@@ -229,8 +278,22 @@ pub(crate) fn set_nonblocking(conn: BorrowedFd<'_>, on: bool) -> io::Result<()> 
 pub(crate) struct Received {
     pub(crate) socket: socket2::Socket,
     pub(crate) meta: Meta,
-    /// How many bytes of the request were received into the caller's buffer.
-    pub(crate) len: usize,
+    /// How many bytes of the request were received into the inbox (inline).
+    len: usize,
+    /// The bytes of a spooled hand-off, read from its memfd (which is closed).
+    spooled: Option<Vec<u8>>,
+}
+
+impl Received {
+    /// The connection, its metadata and the bytes that came with it (borrowed from
+    /// `inbox` when inline, moved out when spooled).
+    pub(crate) fn split(self, inbox: &Inbox) -> (socket2::Socket, Meta, std::borrow::Cow<'_, [u8]>) {
+        let bytes = match self.spooled {
+            Some(bytes) => std::borrow::Cow::Owned(bytes),
+            None => std::borrow::Cow::Borrowed(&inbox.bytes[..self.len]),
+        };
+        (self.socket, self.meta, bytes)
+    }
 }
 
 /// The receiving side's reusable space.
@@ -252,15 +315,21 @@ impl Default for Inbox {
 }
 
 impl Inbox {
-    /// The bytes of the last connection received.
-    pub(crate) fn bytes(&self, r: &Received) -> &[u8] {
-        &self.bytes[..r.len]
+    /// The bytes that came with `r`, the last connection received (inline in the inbox,
+    /// or spooled).
+    pub(crate) fn bytes<'s>(&'s self, r: &'s Received) -> &'s [u8] {
+        match &r.spooled {
+            Some(bytes) => bytes,
+            None => &self.bytes[..r.len],
+        }
     }
 
-    /// Receives one connection. `wait`: block until one comes (a signal interrupts the
+    /// Receives one connection (descriptors close-on-exec: `MSG_CMSG_CLOEXEC`), and reads
+    /// its spool if it has one. `wait`: block until one comes (a signal interrupts the
     /// wait: `Interrupted`); otherwise `WouldBlock` when none is there. A message that is not
     /// a hand-off (cannot happen: only appsrv's processes hold the channel) is dropped with
-    /// its descriptors, as an `InvalidData` error. `Ok(None)`: the other side closed.
+    /// its descriptors, as an `InvalidData` error, and so is a hand-off whose spool cannot
+    /// be read (its connection closed). `Ok(None)`: the other side closed.
     pub(crate) fn receive(&mut self, channel: BorrowedFd<'_>, wait: bool) -> io::Result<Option<Received>> {
         let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
         if !wait {
@@ -290,11 +359,27 @@ impl Inbox {
             .then(|| Meta::decode(&self.header))
             .flatten();
         match (meta, fds.len()) {
-            (Some(meta), 1) => Ok(Some(Received {
+            (Some((meta, false)), 1) => Ok(Some(Received {
                 socket: socket2::Socket::from(fds.remove(0)),
                 meta,
                 len: bytes - HEADER,
+                spooled: None,
             })),
+            (Some((meta, true)), 2) if bytes == HEADER => {
+                let spool = fds.pop().expect("two descriptors");
+                let spooled = read_spool(spool).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("a spooled hand-off that cannot be read ({e})"),
+                    )
+                })?;
+                Ok(Some(Received {
+                    socket: socket2::Socket::from(fds.remove(0)),
+                    meta,
+                    len: 0,
+                    spooled: Some(spooled),
+                }))
+            }
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "a message on the hand-off channel that is not a hand-off",
@@ -317,6 +402,7 @@ mod tests {
             served: 7,
             peer: Some("203.0.113.9:5555".parse().unwrap()),
             listener: 2,
+            interim_sent: false,
         };
         send(ch.fronts(), conn.as_fd(), &meta, b"GET / HTTP/1.1\r\n\r\n").unwrap();
         drop(conn);
@@ -376,15 +462,78 @@ mod tests {
                 served: 0,
                 peer: None,
                 listener: 0,
+                interim_sent: false,
             },
             Meta {
                 served: u32::MAX,
                 peer: Some("[2001:db8::1]:443".parse().unwrap()),
                 listener: 7,
+                interim_sent: true,
             },
         ] {
-            assert_eq!(Meta::decode(&meta.encode()), Some(meta));
+            for spooled in [false, true] {
+                assert_eq!(Meta::decode(&meta.encode(spooled)), Some((meta.clone(), spooled)));
+            }
         }
         assert_eq!(Meta::decode(&[0; HEADER]), None);
+    }
+
+    /// The memfds named as spools that this process holds.
+    fn spools_open() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.to_string_lossy().contains("appsrv-handoff"))
+            .count()
+    }
+
+    /// Issue 31: a request larger than a message can hold travels whole, spooled, with its
+    /// connection: byte for byte, the spool closed on both sides once received; and large
+    /// hand-offs take little of the channel's buffer (twenty of 300 KB wait in it at once,
+    /// where a message holds at most 64 KiB and the buffer about 1 MiB).
+    #[test]
+    fn issue_31_a_large_request_travels_whole_in_a_spool() {
+        let ch = Channel::new().unwrap();
+        let request: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut clients = Vec::new();
+        for served in 0..20 {
+            let (conn, client) = UnixStream::pair().unwrap();
+            let meta = Meta {
+                served,
+                peer: None,
+                listener: 1,
+                interim_sent: served % 2 == 1,
+            };
+            send(ch.fronts(), conn.as_fd(), &meta, &request).unwrap();
+            clients.push(client);
+        }
+        assert_eq!(spools_open(), 0, "the sender closed its spools");
+        let mut inbox = Inbox::default();
+        for served in 0..20 {
+            let got = inbox.receive(ch.workers(), false).unwrap().unwrap();
+            assert_eq!(got.meta.served, served);
+            assert_eq!(got.meta.interim_sent, served % 2 == 1);
+            assert!(inbox.bytes(&got) == request.as_slice(), "the bytes as sent");
+            // The descriptor is the connection.
+            let mut s = UnixStream::from(OwnedFd::from(got.socket));
+            s.write_all(b"hi").unwrap();
+            let mut two = [0; 2];
+            clients[served as usize].read_exact(&mut two).unwrap();
+            assert_eq!(&two, b"hi");
+        }
+        assert!(ch.empty());
+        assert_eq!(spools_open(), 0, "the receiver closed the spools it read");
+        // At the limit, still inline: no spool.
+        let (conn, _client) = UnixStream::pair().unwrap();
+        let meta = Meta {
+            served: 0,
+            peer: None,
+            listener: 0,
+            interim_sent: false,
+        };
+        send(ch.fronts(), conn.as_fd(), &meta, &request[..INLINE_MAX]).unwrap();
+        let got = inbox.receive(ch.workers(), false).unwrap().unwrap();
+        assert!(got.spooled.is_none());
+        assert_eq!(inbox.bytes(&got), &request[..INLINE_MAX]);
     }
 }

@@ -404,6 +404,17 @@ fn memfd_len(fd: &OwnedFd) -> io::Result<usize> {
     Ok(usize::try_from(nix::sys::stat::fstat(fd)?.st_size).unwrap_or(0))
 }
 
+/// A new memfd (`MFD_CLOEXEC`) named `name` that holds `bytes`, its file offset at their
+/// end (a reader of the same open file reads from offset 0: `pread`). Hybrid mode spools
+/// a request larger than a hand-off message into one, to pass it as a descriptor.
+pub(crate) fn memfd_with(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+    use nix::sys::memfd::MFdFlags;
+    let fd = nix::sys::memfd::memfd_create(name, MFdFlags::MFD_CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    io::Write::write_all(&mut file, bytes)?;
+    Ok(OwnedFd::from(file))
+}
+
 /// A new memfd (close-on-exec) of `len` bytes (at least 1), zero-filled, sealed at its
 /// size.
 fn shared_memfd(len: usize) -> io::Result<OwnedFd> {

@@ -22,7 +22,7 @@ use super::accept::{Accepted, Acceptor};
 use super::access::{AccessLog, Outcome};
 use super::admission::{Admission, Kind, Next, Rejection, Rules, Seat};
 use super::guard::Guard;
-use super::serve::Connections;
+use super::serve::{Connections, Progress};
 use super::{ConnLimits, Recycle};
 
 /// What the blocking loop needs from the system before the worker may say it is ready:
@@ -132,12 +132,14 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         let (socket, peer, index) = match acceptor.accept() {
             Accepted::Connection(s, p, i) => (s, p, i),
             Accepted::HandedOff(received) => {
-                let bytes = acceptor.inbox().map_or(&[][..], |inbox| inbox.bytes(&received));
+                let inbox = acceptor.inbox().expect("a hand-off comes from the channel");
+                let (socket, meta, bytes) = received.split(inbox);
                 // The request's bytes the front read count as this worker's, as if it had
                 // read them (the front's own slot is not in the totals).
                 slot.add_bytes(bytes.len() as u64, 0);
                 let bufs = buffers.take().unwrap_or_else(Buffers::new);
-                let client = handed_over(received.socket, &received.meta, bytes, bufs, listeners);
+                let client = handed_over(socket, &meta, &bytes, bufs, listeners);
+                drop(bytes);
                 slot.forget_peer();
                 if let Some(c) = &client {
                     // The slot names the client before the hand-off counts as taken: the
@@ -157,7 +159,7 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
                 let channel = handoff.expect("a hand-off comes from the channel");
                 // SAFETY: the channel's end stays open for the worker's life.
                 let channel = unsafe { BorrowedFd::borrow_raw(channel) };
-                match serve_handed_over(client, &received.meta, channel, handler, &mut guard, board) {
+                match serve_handed_over(client, &meta, channel, handler, &mut guard, board) {
                     Some(bufs) => buffers = Some(bufs),
                     None => return exit::PANIC,
                 }
@@ -275,7 +277,8 @@ fn handed_over(
 }
 
 /// Hybrid mode: serves a connection a front handed over until it closes or goes back to a
-/// front (through `channel`); `None` when the handler panicked.
+/// front (through `channel`), with the beginning of a request if one came that did not
+/// arrive whole in time (`Context::partial_wait`); `None` when the handler panicked.
 fn serve_handed_over<C: Connections>(
     mut client: Client,
     meta: &crate::net::handoff::Meta,
@@ -288,26 +291,31 @@ fn serve_handed_over<C: Connections>(
         since: guard.requests,
         at: std::time::Instant::now(),
     });
-    let mut served = meta.served;
+    let mut progress = Progress {
+        served: meta.served,
+        interim_sent: meta.interim_sent,
+    };
     loop {
-        match serve_admitted(client, handler, guard, board, Some(served)) {
+        match serve_admitted(client, handler, guard, board, Some(progress)) {
             Served::Closed(bufs) => return Some(bufs),
             Served::Panicked => return None,
             // No front takes connections back any more (the server stops: the fronts
             // left first): keep it, as in blocking mode, until it drains.
             // (Served again as handed over: the driver sets the socket's timeout again.)
-            Served::HandBack(back, n) if !board.fronts_receiving() => {
+            Served::HandBack(back, p) if !board.fronts_receiving() => {
                 guard.hold = None;
                 client = back;
-                served = n;
+                progress = p;
             }
-            Served::HandBack(back, n) => {
+            Served::HandBack(back, p) => {
                 let meta = crate::net::handoff::Meta {
-                    served: n,
+                    served: p.served,
+                    interim_sent: p.interim_sent,
                     ..meta.clone()
                 };
-                let sent = crate::net::handoff::set_nonblocking(back.socket().as_fd(), true)
-                    .and_then(|()| crate::net::handoff::send(channel, back.socket().as_fd(), &meta, &[]));
+                let sent = crate::net::handoff::set_nonblocking(back.socket().as_fd(), true).and_then(|()| {
+                    crate::net::handoff::send(channel, back.socket().as_fd(), &meta, back.buffered())
+                });
                 match sent {
                     Ok(()) => return Some(back.finish().1),
                     Err(e) => {
@@ -320,7 +328,7 @@ fn serve_handed_over<C: Connections>(
                         let _ = crate::net::handoff::set_nonblocking(back.socket().as_fd(), false);
                         guard.hold = None;
                         client = back;
-                        served = n;
+                        progress = p;
                     }
                 }
             }
@@ -332,8 +340,8 @@ fn serve_handed_over<C: Connections>(
 enum Served {
     /// Closed; its buffers.
     Closed(Buffers),
-    /// Hybrid mode: to be handed back to a front, with the requests answered on it.
-    HandBack(Client, u32),
+    /// Hybrid mode: to be handed back to a front, with how far it got.
+    HandBack(Client, Progress),
     /// The handler panicked: the connection is closed, the worker must exit.
     Panicked,
 }
@@ -341,13 +349,13 @@ enum Served {
 /// Serves an admitted connection, accounts for it, closes it and gives its buffers back
 /// (or, in hybrid mode, returns it to be handed back); [`Served::Panicked`] when the
 /// handler panicked (the connection is closed, and the worker must exit: the handler's
-/// state may be broken). `served`: requests answered on it before (hybrid mode).
+/// state may be broken). `resumed`: how far it got before (hybrid mode).
 fn serve_admitted<C: Connections>(
     mut client: Client,
     handler: &mut C,
     guard: &mut Guard<'_>,
     board: &'static Board,
-    resumed: Option<u32>,
+    resumed: Option<Progress>,
 ) -> Served {
     let (id, slot) = (guard.id, guard.slot);
     // The request-level loop times each request; for `handle_client` the connection is
@@ -361,10 +369,11 @@ fn serve_admitted<C: Connections>(
         guard.peer = Some(client.peer_addr().to_string());
     }
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard, resumed)));
-    account(guard, &mut client, connection_clock, &outcome);
+    let handed_back = matches!(outcome, Ok(Ok(Some(_))));
+    account(guard, &mut client, connection_clock, &outcome, handed_back);
     let peer = client.peer_addr();
     match outcome {
-        Ok(Ok(Some(n))) => Served::HandBack(client, n),
+        Ok(Ok(Some(p))) => Served::HandBack(client, p),
         Ok(result) => {
             let (flushed, bufs) = client.finish();
             if let Err(e) = result.map(|_| ()).and(flushed) {
@@ -392,12 +401,15 @@ fn serve_admitted<C: Connections>(
 /// still running when it ended, closed and logged: the connection's own (`handle_client`),
 /// or that of a request in progress (a bad request, a client that left or timed out half
 /// way), so that the next connection does not inherit it (the request timeout would kill
-/// an innocent worker). Requests answered in full were logged by the guard.
+/// an innocent worker). Requests answered in full were logged by the guard. A request
+/// begun on a connection `handed_back` to a front (hybrid mode) goes with it: its clock
+/// stops, uncounted and unlogged (the worker that answers it does both).
 fn account<T>(
     guard: &mut Guard<'_>,
     client: &mut Client,
     connection_clock: Option<u64>,
     outcome: &std::thread::Result<io::Result<T>>,
+    handed_back: bool,
 ) {
     let (received, sent) = client.take_traffic();
     guard.slot.add_bytes(received, sent);
@@ -410,6 +422,9 @@ fn account<T>(
         return;
     };
     guard.slot.request_end(started, false);
+    if unanswered && handed_back {
+        return;
+    }
     if let (Some(log), Some(peer)) = (guard.access.as_mut(), guard.peer.as_deref()) {
         let took = Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
         let head: &[u8] = if unanswered { &guard.head } else { b"" };

@@ -998,7 +998,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return;
         };
         let receiving = !self.stopping;
-        front.on_edge(events, receiving, &mut |r| self.take_back(r, handler));
+        front.on_edge(events, receiving, &mut |socket, meta, bytes| {
+            self.take_back(socket, meta, bytes, handler);
+        });
         self.front = Some(front);
         self.watch_channel();
     }
@@ -1023,17 +1025,22 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     }
 
     /// A connection a worker handed back: into the loop as an idle keep-alive connection
-    /// (already admitted), read at once (its next request may be there).
-    fn take_back(&mut self, r: crate::net::handoff::Received, handler: &mut H) {
-        let peer = match r.meta.peer {
+    /// (already admitted), read at once (its next request may be there), or with the
+    /// beginning of a request the worker read (`bytes`), which it gathers on from.
+    fn take_back(&mut self, socket: Socket, meta: crate::net::handoff::Meta, bytes: &[u8], handler: &mut H) {
+        let peer = match meta.peer {
             Some(a) => Addr::Inet(a),
-            None => r
-                .socket
+            None => socket
                 .peer_addr()
                 .map_or(Addr::Unix(None), |a| Addr::from_sockaddr(&a)),
         };
-        let listener = r.meta.listener as usize;
-        self.insert(r.socket, peer, listener, handler, Some(r.meta.served));
+        let listener = meta.listener as usize;
+        let back = Back {
+            served: meta.served,
+            interim_sent: meta.interim_sent,
+            bytes,
+        };
+        self.insert(socket, peer, listener, handler, Some(back));
     }
 
     /// A new connection: registered once, then admitted and served.
@@ -1042,14 +1049,14 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     }
 
     /// A connection into the loop: a new one (`returned` is `None`: admitted first), or
-    /// one a worker handed back after answering `returned` of its requests.
+    /// one a worker handed back.
     fn insert(
         &mut self,
         socket: Socket,
         peer: Addr,
         listener: usize,
         handler: &mut H,
-        returned: Option<u32>,
+        returned: Option<Back<'_>>,
     ) {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -1075,8 +1082,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             penalties: crate::penalty::installed(),
         };
         let mut step = Requests::new(handler.codec(), self.step_limits.clone());
-        if let Some(served) = returned {
-            step.resume(served);
+        if let Some(back) = &returned {
+            step.resume(back.served, back.interim_sent);
         }
         let mut c = Connection {
             generation,
@@ -1108,13 +1115,21 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             watch: None,
             sent_at_check: 0,
         };
-        if let (Some(_), Some(peers), Some(ip)) = (returned, self.peers, peer.ip()) {
+        if let (Some(_), Some(peers), Some(ip)) = (&returned, self.peers, peer.ip()) {
             // Back from a worker: counted here again for the per-address cap.
             if peers.add(self.id, ip) {
                 c.counted_ip = Some(ip);
             }
         }
-        if returned.is_some() || rules.open_to(&peer) {
+        if let Some(bytes) = returned.as_ref().map(|b| b.bytes).filter(|b| !b.is_empty()) {
+            // The beginning of a request: decoded first, then read on.
+            let mut bufs = Buffers::none();
+            bufs.extend_input(bytes);
+            // Counted against the budget of buffered bytes, as `close` will uncount it.
+            self.buffered += bufs.input_capacity();
+            c.bufs = Some(Box::new(bufs));
+            c.pending = Pending::Advance;
+        } else if returned.is_some() || rules.open_to(&peer) {
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
             if let Next::Read { timeout, .. } = first {
@@ -1197,7 +1212,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         };
         let mut private = c.bufs.take();
         let using_shared = private.is_none();
-        self.buffered -= held(private.as_deref());
+        self.buffered -= held(private.as_deref()) + c.step.kept_capacity();
         self.pass_shared = using_shared;
         self.pass_token = token;
         // Lent out of the loop for the pass, which also borrows the loop.
@@ -1225,6 +1240,11 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             }
         };
         self.shared = shared;
+        if matches!(outcome, Pass::Closed | Pass::HandOff) {
+            // Counted again for the moment, as a connection in the slab is: `close` and
+            // `forget` uncount what a connection holds (its buffers are dropped with it).
+            self.buffered += c.step.kept_capacity();
+        }
         if let Pass::Closed = outcome {
             self.shared.discard_input();
             self.shared.output().clear();
@@ -1245,7 +1265,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 c.bufs = Some(b);
             }
         }
-        self.buffered += held(c.bufs.as_deref());
+        self.buffered += held(c.bufs.as_deref()) + c.step.kept_capacity();
         let new_class = match c.pending {
             Pending::Read { wait: Wait::Idle } if c.step.served() > 0 => Class::Idle,
             Pending::Read { .. } | Pending::Admit => Class::Reading,
@@ -1361,7 +1381,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// Closes a connection: out of the epoll set (closing the socket does it), its counts
     /// and its place freed.
     fn close(&mut self, index: usize, mut c: Connection<'a, H>) {
-        self.buffered -= held(c.bufs.as_deref());
+        self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
         self.open -= 1;
         let (received, sent) = (c.received, c.sent);
@@ -1393,7 +1413,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     }
 
     /// A hybrid front hands connection `index` to a worker, with what its buffers hold
-    /// (`private`, or the loop's shared ones).
+    /// (`private`, or the loop's shared ones), as it was read.
     fn hand_off(&mut self, index: usize, mut c: Connection<'a, H>, private: Option<&Buffers>) {
         // Out of this loop's epoll set first: a registration follows the open file, which
         // the worker shares from now on, not this process's descriptor.
@@ -1407,8 +1427,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 Addr::Unix(_) => None,
             },
             listener: c.listener,
+            // A whole request: no interim reply is due to it.
+            interim_sent: false,
         };
-        let bytes = private.map_or_else(|| self.shared.unconsumed(), Buffers::unconsumed);
+        let bytes = c.step.as_read(private.unwrap_or(&self.shared));
         // Its client stays counted for the per-address cap until a worker has it.
         let counted = c
             .counted_ip
@@ -1426,7 +1448,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// has room): its place is freed (the worker counts it for the per-address cap from
     /// now on), its socket closed here.
     fn forget(&mut self, index: usize, mut c: Connection<'a, H>) {
-        self.buffered -= held(c.bufs.as_deref());
+        self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
         self.open -= 1;
         self.slot.add_bytes(c.received, c.sent);
@@ -1564,11 +1586,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return Some(Pass::Ready);
         }
         *reads += 1;
-        // A front reads no more than a hand-off carries.
-        let mut max = match self.front {
-            Some(_) => c.step.max_request_size().min(crate::net::handoff::INLINE_MAX),
-            None => c.step.max_request_size(),
-        };
+        let mut max = c.step.max_request_size();
         // At the budget of buffered bytes, a buffer does not grow: a connection with
         // nothing buffered reads a request head's worth into the worker-wide buffer, one
         // that has private buffers reads into the room they have.
@@ -1726,14 +1744,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 stopping: self.stopping,
             };
             let now = self.now;
-            return c.step.complete(
-                bufs,
-                front.scratch(),
-                crate::net::handoff::INLINE_MAX,
-                &mut quiet,
-                &c.peer,
-                &mut || now,
-            );
+            return c
+                .step
+                .complete(bufs, front.scratch(), &mut quiet, &c.peer, &mut || now);
         }
         let retiring = self.recycle.max_requests > 0 && self.requests + 1 >= self.recycle.max_requests;
         let mut ctx = Turn {
@@ -2001,6 +2014,14 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
         None
     }
+}
+
+/// A connection a worker handed back (hybrid mode): how far it got, and the beginning of
+/// a request that came with it, if any.
+struct Back<'b> {
+    served: u32,
+    interim_sent: bool,
+    bytes: &'b [u8],
 }
 
 /// The step's context outside a handler call (the output went out, a deadline passed).

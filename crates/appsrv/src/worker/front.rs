@@ -5,8 +5,11 @@
 //! The loop itself is the event loop of `event.rs` (accepting, admission, reading, every
 //! deadline), whose request step, in a front, only tells whether a request is whole
 //! ([`Requests::complete`](crate::conn::step::Requests::complete)); then the connection
-//! leaves the loop for a worker (`net/handoff.rs`). See docs/ARCHITECTURE.md, "Hybrid
-//! mode".
+//! leaves the loop for a worker (`net/handoff.rs`) with the whole request, however large
+//! (a large one spooled), so that no worker waits on a client for its bytes. A worker
+//! that began to read a request itself and did not get it whole at once hands the
+//! connection back with those bytes, which the front gathers on from. See
+//! docs/ARCHITECTURE.md, "Hybrid mode".
 
 use std::collections::VecDeque;
 use std::io;
@@ -16,7 +19,7 @@ use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use nix::sys::epoll::EpollFlags;
 use socket2::Socket;
 
-use crate::net::handoff::{self, Inbox, Meta, Received};
+use crate::net::handoff::{self, Inbox, Meta};
 use crate::peer_counts::PeerCounts;
 use crate::scoreboard::Board;
 
@@ -209,9 +212,15 @@ impl Front {
     }
 
     /// An edge on the channel: room for what is held (out); connections handed back (in),
-    /// given to `take` one by one, unless the front is stopping (`receiving` false: the
-    /// other fronts take them).
-    pub(crate) fn on_edge(&mut self, events: EpollFlags, receiving: bool, take: &mut dyn FnMut(Received)) {
+    /// given to `take` one by one with the bytes that came with them (the beginning of a
+    /// request, or none), unless the front is stopping (`receiving` false: the other
+    /// fronts take them).
+    pub(crate) fn on_edge(
+        &mut self,
+        events: EpollFlags,
+        receiving: bool,
+        take: &mut dyn FnMut(Socket, Meta, &[u8]),
+    ) {
         if events.intersects(EpollFlags::EPOLLOUT | EpollFlags::EPOLLERR) {
             self.full = false;
             self.send_held();
@@ -244,30 +253,34 @@ impl Front {
 
     /// A stopping front's last look at the channel: a connection a worker handed back as
     /// the front stopped taking them (it checked that some front takes them, then sent)
-    /// goes to a worker again, without bytes: the worker waits for its next request, and
-    /// keeps it (a stop) or hands it to the next generation's fronts (a reload). Held if
-    /// the channel is full, and sent on its next writable edge.
+    /// goes to a worker again, with the beginning of a request if it came with one: the
+    /// worker waits for its next request (or the rest of this one), and keeps it (a stop)
+    /// or hands it to the next generation's fronts (a reload). Held if the channel is
+    /// full, and sent on its next writable edge.
     pub(crate) fn forward_late(&mut self) {
         if self.board.fronts_receiving() {
             // A reload: the next generation's fronts take them.
             return;
         }
         let mut late = Vec::new();
-        self.take_back(&mut |r| late.push(r));
-        for r in late {
+        self.take_back(&mut |socket, meta, bytes| late.push((socket, meta, bytes.to_vec())));
+        for (socket, meta, bytes) in late {
             tracing::debug!("a connection handed back as this front stopped: to a worker again");
-            self.hand_off(&r.socket, r.meta, &[], None);
+            self.hand_off(&socket, meta, &bytes, None);
         }
     }
 
     /// Takes every connection waiting on the channel for a front (edge-triggered: until
     /// it is empty).
-    fn take_back(&mut self, take: &mut dyn FnMut(Received)) {
+    fn take_back(&mut self, take: &mut dyn FnMut(Socket, Meta, &[u8])) {
         loop {
             // SAFETY: as in `channel`; borrowed apart from the inbox.
             let channel = unsafe { BorrowedFd::borrow_raw(self.channel) };
             match self.inbox.receive(channel, false) {
-                Ok(Some(r)) => take(r),
+                Ok(Some(r)) => {
+                    let (socket, meta, bytes) = r.split(&self.inbox);
+                    take(socket, meta, &bytes);
+                }
                 Ok(None) => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,

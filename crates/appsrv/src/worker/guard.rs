@@ -56,6 +56,14 @@ pub(crate) const HOLD_TIME: Duration = Duration::from_millis(5);
 /// to a front, and the worker takes a waiting request.
 pub(crate) const HOLD_NEXT: Duration = Duration::from_millis(2);
 
+/// How long a hybrid worker waits, at most, for the rest of a request it began to read on
+/// a connection a front handed it (a request pipelined behind the one handed off, or sent
+/// during the hold), before it hands the connection back with what came; the front
+/// gathers the rest and hands the whole request off again. A client that talks fast (a
+/// pipelining one, a request in two segments) sends the rest within microseconds; a slow
+/// one costs the worker this long per request answered, never its own pace.
+pub(crate) const HOLD_PARTIAL: Duration = Duration::from_millis(10);
+
 /// A connection a front handed to this worker.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Hold {
@@ -84,6 +92,13 @@ impl Context for Guard<'_> {
     /// is still up).
     fn saturated(&mut self) -> bool {
         self.board.clients_queued() && self.listeners_queued()
+    }
+
+    /// A connection a front handed over goes back, with the beginning of a request that
+    /// does not come whole within [`HOLD_PARTIAL`], while fronts take connections back (at
+    /// a stop none does: the worker keeps it, as in blocking mode).
+    fn partial_wait(&mut self) -> Option<Duration> {
+        (self.hold.is_some() && self.board.fronts_receiving()).then_some(HOLD_PARTIAL)
     }
 
     fn retiring(&mut self) -> bool {

@@ -16,19 +16,29 @@ use crate::handler::{Handler, RequestHandler};
 
 pub(crate) use crate::conn::step::{Boundary, Context, Limits};
 
+/// Hybrid mode: where a connection that travels between processes is in its requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Progress {
+    /// Requests answered on it so far.
+    pub(crate) served: u32,
+    /// The interim reply of the request whose beginning travels with it went out.
+    pub(crate) interim_sent: bool,
+}
+
 /// What a worker does with each connection.
 pub(crate) trait Connections {
     /// Serves the connection until it closes, or, in hybrid mode, until the context says
-    /// to hand it back to a front: then `Ok(Some(served))`, the requests answered on it
-    /// so far. `resumed`: a connection handed over from another process, with that count
-    /// when it was received (`None` for a connection accepted here: its socket has the
-    /// listener's timeouts; another process may have changed a handed-over one's).
+    /// to hand it back to a front: then `Ok(Some(progress))`, how far it got (the buffer
+    /// may hold the beginning of a request, which goes back with it). `resumed`: a
+    /// connection handed over from another process, with its progress when it was
+    /// received (`None` for a connection accepted here: its socket has the listener's
+    /// timeouts; another process may have changed a handed-over one's).
     fn serve(
         &mut self,
         client: &mut Client,
         ctx: &mut dyn Context,
-        resumed: Option<u32>,
-    ) -> io::Result<Option<u32>>;
+        resumed: Option<Progress>,
+    ) -> io::Result<Option<Progress>>;
     fn on_worker_exit(&mut self);
     /// Whether requests are counted and timed one by one (not for `handle_client`).
     fn request_level(&self) -> bool;
@@ -48,7 +58,12 @@ pub(crate) trait Connections {
 pub(crate) struct ClientLevel<H>(pub(crate) H);
 
 impl<H: Handler> Connections for ClientLevel<H> {
-    fn serve(&mut self, client: &mut Client, _: &mut dyn Context, _: Option<u32>) -> io::Result<Option<u32>> {
+    fn serve(
+        &mut self,
+        client: &mut Client,
+        _: &mut dyn Context,
+        _: Option<Progress>,
+    ) -> io::Result<Option<Progress>> {
         self.0.handle_client(client).map(|()| None)
     }
 
@@ -97,12 +112,12 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
         &mut self,
         client: &mut Client,
         ctx: &mut dyn Context,
-        resumed: Option<u32>,
-    ) -> io::Result<Option<u32>> {
+        resumed: Option<Progress>,
+    ) -> io::Result<Option<Progress>> {
         self.connections += 1;
         let mut step = Requests::new(self.handler.codec(), self.limits.clone());
-        if let Some(served) = resumed {
-            step.resume(served);
+        if let Some(p) = resumed {
+            step.resume(p.served, p.interim_sent);
         }
         let mut session = H::Session::default();
         drive(
@@ -160,7 +175,8 @@ impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
 }
 
 /// The blocking driver of the request step; returns when the connection should be closed
-/// (after flushing): `Ok(None)`, or handed back to a front (hybrid mode): `Ok(Some(served))`.
+/// (after flushing): `Ok(None)`, or handed back to a front (hybrid mode):
+/// `Ok(Some(progress))`, the buffer holding the beginning of a request if one came.
 ///
 /// The syscall floor: a request that arrives in one read costs that `read` and one
 /// `write` of its response (the responses of pipelined requests share the write); no
@@ -177,7 +193,7 @@ fn drive<H: RequestHandler>(
     id: u64,
     client: &mut Client,
     ctx: &mut dyn Context,
-) -> io::Result<Option<u32>> {
+) -> io::Result<Option<Progress>> {
     let max = step.max_request_size();
     // The socket's timeout is the listener's: the keep-alive timeout. It changes only when
     // the wait's timeout does: when the kind of wait changes (with equal read and
@@ -192,6 +208,14 @@ fn drive<H: RequestHandler>(
         advance(&mut step, handler, session, id, client, ctx)
     } else {
         step.first_read()
+    };
+    // Hybrid mode: until when the request begun after `served` answers, on a connection a
+    // front handed over, may take to arrive whole here (`Context::partial_wait`), then it
+    // goes back.
+    let mut partial_until: Option<(u32, Instant)> = None;
+    let back = |step: &Requests<H::Codec>| Progress {
+        served: step.served(),
+        interim_sent: step.interim_sent(),
     };
     loop {
         next = match next {
@@ -218,8 +242,31 @@ fn drive<H: RequestHandler>(
                             );
                             return Ok(None);
                         }
-                        Boundary::HandBack => return Ok(Some(step.served())),
+                        Boundary::HandBack => return Ok(Some(back(&step))),
                     }
+                }
+                // A request begun on a connection that goes back to a front when quiet (a
+                // hybrid worker's): the rest may take a moment to come, not a client's
+                // time. Then the connection goes back with what came, and the front gathers
+                // the rest: a worker never waits on a client's slowness.
+                if wait == Wait::Request {
+                    if let Some(bound) = ctx.partial_wait() {
+                        let now = Instant::now();
+                        let served = step.served();
+                        if partial_until.is_none_or(|(s, _)| s != served) {
+                            // This request's first wait (one pipelined behind another
+                            // starts its own).
+                            partial_until = Some((served, now + bound));
+                        }
+                        let left =
+                            partial_until.map_or(bound, |(_, until)| until.saturating_duration_since(now));
+                        if left < Duration::from_millis(1) {
+                            return Ok(Some(back(&step)));
+                        }
+                        linger = Some(left);
+                    }
+                } else {
+                    partial_until = None;
                 }
                 if guarded && step.drains(ctx) {
                     // The stop came while the guard waited: drain (the step says how).
@@ -244,9 +291,10 @@ fn drive<H: RequestHandler>(
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {
                             advance(&mut step, handler, session, id, client, ctx)
                         }
-                        // Quiet for the linger: back to a front.
+                        // Quiet for the linger, or the rest of a request did not come in
+                        // time: back to a front.
                         Err(e) if e.kind() == io::ErrorKind::TimedOut && linger.is_some() => {
-                            return Ok(Some(step.served()));
+                            return Ok(Some(back(&step)));
                         }
                         Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                             let (bufs, peer, _) = client.parts();
