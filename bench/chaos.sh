@@ -811,10 +811,10 @@ scenario_log_disk_full() {
 
 scenario_stderr_closed() {
   workdir
-  # stderr is a pipe to `head`, which leaves after the first 5 lines (the ready line among
-  # them), as a journald that restarts or a terminal that closes.
+  # stderr is a pipe to `sed`, which leaves after the ready line, as a journald that
+  # restarts or a terminal that closes.
   "$HELLO" -l 127.0.0.1:0 -w 4 --metrics-listen 127.0.0.1:0 \
-    2> >(head -n 5 >"$WORK/log") &
+    2> >(sed '/master: ready/q' >"$WORK/log") &
   MASTER=$!
   PIDS+=("$MASTER")
   wait_for 30 ready_in "$WORK/log"
@@ -844,11 +844,7 @@ async def flooder(i, end):
     except OSError:
         return
     try:
-        w.write(b"POST /upload HTTP/1.1
-Host: t
-Content-Length: %d
-
-" % cl)
+        w.write(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % cl)
         left = sent
         while left > 0 and time.time() < end:
             k = min(left, 65536)
@@ -867,11 +863,7 @@ async def probe(end, stats):
         t0 = time.time()
         try:
             r, w = await asyncio.open_connection("127.0.0.1", port)
-            w.write(b"GET / HTTP/1.1
-Host: t
-Connection: close
-
-")
+            w.write(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
             data = await asyncio.wait_for(r.read(), timeout=10)
             w.close()
             took = time.time() - t0
