@@ -432,6 +432,7 @@ mod tests {
             served: 0,
             peer: None,
             listener: 0,
+            interim_sent: false,
         };
         let mut clients = Vec::new();
         // Two hand-offs for the workers, one hand-back for the fronts; the fronts' end
