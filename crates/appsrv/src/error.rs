@@ -120,7 +120,9 @@ impl Error {
     /// `appsrv::Result<()>` works too, but Rust's runtime prints `Error: ` instead.)
     pub fn exit(&self) -> ! {
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        crate::process::console::errln!("error: {self}");
+        // Not eprintln!, which panics when stderr is gone (a closed pipe): the exit
+        // status says it all then.
+        let _ = std::io::Write::write_fmt(&mut std::io::stderr().lock(), format_args!("error: {self}\n"));
         std::process::exit(1)
     }
 
