@@ -318,7 +318,17 @@ impl Penalties {
                 .key
                 .compare_exchange(old, key, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Some(self.strike(e, tag, now)),
+                Ok(_) => {
+                    if old != 0 {
+                        // Taken over from another address: its state is not this one's,
+                        // even where the two tags happen to match (one in 65,536), which
+                        // would charge this address the other's doubled penalty. (A
+                        // charge of this address by another worker in between may be
+                        // lost: a race loses a charge, never refuses the uncharged.)
+                        e.state.store(0, Ordering::Release);
+                    }
+                    return Some(self.strike(e, tag, now));
+                }
                 // Another worker claimed it for this address: the same entry.
                 Err(k) if k == key => return Some(self.strike(e, tag, now)),
                 // For another address: look again.

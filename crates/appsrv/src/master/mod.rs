@@ -1296,10 +1296,11 @@ impl<'a> Master<'a> {
             // peer: the line said "cutting no connection" while it cut thousands, issue 31),
             // or a blocking worker's one.
             let serving = || match board.read(w.id) {
-                Some(v) => match (&v.event, v.peer) {
-                    (Some(ev), _) => format!("its {} open connection(s)", ev.counts.open),
-                    (None, Some(p)) => format!("the connection from {p}"),
-                    (None, None) => "no connection".to_owned(),
+                Some(v) => match (v.event.map(|ev| ev.counts.open), v.peer) {
+                    (Some(0), _) | (None, None) => "no connection".to_owned(),
+                    (Some(1) | None, Some(p)) => format!("the connection from {p}"),
+                    (Some(n), Some(p)) => format!("its {n} open connections (the last served from {p})"),
+                    (Some(n), None) => format!("its {n} open connections"),
                 },
                 None => "no connection".to_owned(),
             };

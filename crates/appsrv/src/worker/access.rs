@@ -62,6 +62,8 @@ pub(crate) struct AccessLog {
     /// Lines that could not be written (a full disk): counted, warned about once a minute
     /// in the error log, and reported when the log takes lines again.
     lost: LostLines,
+    /// A failed write left the file in the middle of a line.
+    mid_line: bool,
 }
 
 impl AccessLog {
@@ -72,6 +74,7 @@ impl AccessLog {
             second: 0,
             stamp: String::new(),
             lost: LostLines::new(Log::Access),
+            mid_line: false,
         }
     }
 
@@ -118,6 +121,11 @@ impl AccessLog {
         if self.buf.is_empty() {
             return;
         }
+        if self.mid_line {
+            // A short write cut the last batch in the middle of a line: end it, so that
+            // the next line starts a line of its own.
+            self.buf.insert(0, '\n');
+        }
         let mut rest = self.buf.as_bytes();
         let failed = loop {
             match self.file.write(rest) {
@@ -128,6 +136,8 @@ impl AccessLog {
                 Err(e) => break Some(e),
             }
         };
+        let written = self.buf.len() - rest.len();
+        self.mid_line = failed.is_some() && written > 0 && self.buf.as_bytes()[written - 1] != b'\n';
         match failed {
             None => {
                 if let Some(report) = self.lost.recovered() {

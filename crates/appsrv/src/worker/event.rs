@@ -742,7 +742,15 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
 
     /// Whether the connections' buffers hold the budget of `--max-buffered-bytes`.
     fn over_budget(&self) -> bool {
-        self.limits.max_buffered > 0 && self.buffered >= self.limits.max_buffered
+        self.limits.max_buffered > 0 && self.held_total() >= self.limits.max_buffered
+    }
+
+    /// What the budget counts: the connections' buffers, and in a front the requests
+    /// handed off but not yet in a worker (held for room in the channel, or spooled in
+    /// it): those leave the connection, not the front's memory, while the workers are all
+    /// busy.
+    fn held_total(&self) -> usize {
+        self.buffered + self.front.as_ref().map_or(0, super::front::Front::memory)
     }
 
     /// Connections paused at the budget read again once it has room (an eighth of it, so
@@ -752,7 +760,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return;
         }
         let room = self.limits.max_buffered / 8;
-        if self.buffered.saturating_add(room) > self.limits.max_buffered {
+        if self.held_total().saturating_add(room) > self.limits.max_buffered {
             return;
         }
         if let Some(since) = self.budget_episode.take() {
@@ -998,10 +1006,18 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return;
         };
         let receiving = !self.stopping;
+        // Taken back once the front is in its place again: a connection that comes back
+        // with the beginning of a request is driven at once, and must run the front's
+        // path (gather, then hand off), not an event worker's handler path, which is what
+        // the loop runs while `self.front` is out.
+        let mut back = Vec::new();
         front.on_edge(events, receiving, &mut |socket, meta, bytes| {
-            self.take_back(socket, meta, bytes, handler);
+            back.push((socket, meta, bytes.to_vec()));
         });
         self.front = Some(front);
+        for (socket, meta, bytes) in back {
+            self.take_back(socket, meta, &bytes, handler);
+        }
         self.watch_channel();
     }
 

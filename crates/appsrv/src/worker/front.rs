@@ -55,6 +55,14 @@ pub(crate) struct Front {
     in_transit: VecDeque<(u64, IpAddr)>,
     /// Where the next scan for a lingering worker to wake starts.
     next_wake: usize,
+    /// The bytes of the held requests (their copies), and of the spooled hand-offs sent
+    /// and not yet taken by a worker (their memfds: shared memory no process maps, so
+    /// that no RSS shows it), with the count of hand-offs sent with each. Both count
+    /// against the loop's `--max-buffered-bytes`: a request handed off leaves the
+    /// connection's buffers, not the front's memory, while the workers are all busy.
+    held_bytes: usize,
+    spooled: VecDeque<(u64, usize)>,
+    spooled_bytes: usize,
 }
 
 impl Front {
@@ -80,6 +88,9 @@ impl Front {
             peers,
             in_transit: VecDeque::new(),
             next_wake: 0,
+            held_bytes: 0,
+            spooled: VecDeque::new(),
+            spooled_bytes: 0,
         }
     }
 
@@ -93,6 +104,13 @@ impl Front {
     /// flight: the cap may then be passed by as many, for a moment.)
     pub(crate) fn settle(&mut self) {
         let taken = self.board.handoffs_taken();
+        while let Some(&(seq, len)) = self.spooled.front() {
+            if seq > taken {
+                break;
+            }
+            self.spooled.pop_front();
+            self.spooled_bytes -= len;
+        }
         while let Some(&(seq, ip)) = self.in_transit.front() {
             if seq > taken {
                 break;
@@ -104,11 +122,22 @@ impl Front {
         }
     }
 
-    /// A client counted until its connection is taken (see [`settle`](Front::settle)).
-    fn in_transit(&mut self, seq: u64, counted: Option<IpAddr>) {
+    /// A client counted until its connection is taken (see [`settle`](Front::settle)),
+    /// and a spooled request's bytes counted until then too.
+    fn in_transit(&mut self, seq: u64, counted: Option<IpAddr>, len: usize) {
         if let Some(ip) = counted {
             self.in_transit.push_back((seq, ip));
         }
+        if len > handoff::INLINE_MAX {
+            self.spooled.push_back((seq, len));
+            self.spooled_bytes += len;
+        }
+    }
+
+    /// The memory of requests handed off but not yet in a worker: held copies, and
+    /// spooled hand-offs in the channel (see the fields).
+    pub(crate) fn memory(&self) -> usize {
+        self.held_bytes + self.spooled_bytes
     }
 
     /// The channel's end, for the loop's epoll set.
@@ -157,7 +186,7 @@ impl Front {
             match handoff::send(self.channel(), conn.as_fd(), &meta, bytes) {
                 Ok(()) => {
                     let seq = self.sent();
-                    self.in_transit(seq, counted);
+                    self.in_transit(seq, counted, bytes.len());
                     return;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.full = true,
@@ -170,6 +199,7 @@ impl Front {
         }
         match conn.try_clone() {
             Ok(socket) => {
+                self.held_bytes += bytes.len();
                 self.held.push_back(Held {
                     meta,
                     bytes: bytes.to_vec(),
@@ -234,8 +264,9 @@ impl Front {
         while let Some(h) = self.held.pop_front() {
             match handoff::send(self.channel(), h.socket.as_fd(), &h.meta, &h.bytes) {
                 Ok(()) => {
+                    self.held_bytes -= h.bytes.len();
                     let seq = self.sent();
-                    self.in_transit(seq, h.counted);
+                    self.in_transit(seq, h.counted, h.bytes.len());
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.full = true;
@@ -243,6 +274,7 @@ impl Front {
                     break;
                 }
                 Err(e) => {
+                    self.held_bytes -= h.bytes.len();
                     tracing::error!("handing a connection to the workers: {e}; closing it");
                     self.uncount(h.counted);
                 }
