@@ -169,18 +169,26 @@ fn root() -> bool {
     true
 }
 
-/// The example's binary, checked to be newer than its source: `cargo test` builds the
-/// examples, but `cargo test --test runas` alone does not, and an old binary would be
-/// tested instead.
+/// The example's binary, checked to be newer than its source (`examples/runas.rs` and
+/// the modules in `examples/runas/`): `cargo test` builds the examples, but `cargo test
+/// --test runas` alone does not, and an old binary would be tested instead.
 fn runas_binary() -> PathBuf {
     let binary = example("runas");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/runas.rs");
+    let main = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/runas.rs"));
+    let folder = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/runas"));
+    let mut sources = vec![main.to_path_buf()];
+    for entry in std::fs::read_dir(folder).unwrap() {
+        sources.push(entry.unwrap().path());
+    }
     let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).unwrap();
-    assert!(
-        mtime(&binary) >= mtime(Path::new(source)),
-        "{} is older than {source}: build it first (cargo build -p appsrv --example runas)",
-        binary.display()
-    );
+    for source in &sources {
+        assert!(
+            mtime(&binary) >= mtime(source),
+            "{} is older than {}: build it first (cargo build -p appsrv --example runas)",
+            binary.display(),
+            source.display()
+        );
+    }
     binary
 }
 
