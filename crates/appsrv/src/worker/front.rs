@@ -325,3 +325,54 @@ impl Front {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    /// Issue 31's review: a request handed off leaves the connection's buffers but not the
+    /// front's memory while the workers are busy: held for room in the channel (a copy),
+    /// or spooled in it (a memfd). Both count in `memory` until a worker takes them, so
+    /// that the loop's budget sees them.
+    #[test]
+    fn issue_31_requests_not_yet_in_a_worker_count_in_the_fronts_memory() {
+        let board = Board::new().unwrap();
+        let channel = handoff::Channel::new().unwrap();
+        let mut front = Front::new(channel.fronts().as_raw_fd(), 1, board, None);
+        let meta = Meta {
+            served: 0,
+            peer: None,
+            listener: 0,
+            interim_sent: false,
+        };
+        let body = vec![b'a'; 100_000];
+        let mut clients = Vec::new();
+        // Until the channel is full and requests are held: every one counts.
+        while front.held() < 3 {
+            let (conn, client) = UnixStream::pair().unwrap();
+            front.hand_off(
+                &Socket::from(std::os::fd::OwnedFd::from(conn)),
+                meta.clone(),
+                &body,
+                None,
+            );
+            clients.push(client);
+            assert_eq!(
+                front.memory(),
+                clients.len() * body.len(),
+                "after {} hand-offs",
+                clients.len()
+            );
+        }
+        let sent = (clients.len() - front.held()) as u64;
+        // The workers take the spooled ones: they no longer count; the held ones do.
+        for _ in 0..sent {
+            board.handoff_taken();
+        }
+        front.settle();
+        assert_eq!(front.memory(), front.held() * body.len());
+    }
+}
