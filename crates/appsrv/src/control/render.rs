@@ -2171,8 +2171,8 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn an_empty_status_renders() {
+    /// `sample_status` without workers, listeners, restarts or time.
+    fn empty_status() -> Status {
         let mut s = sample_status();
         s.workers.clear();
         s.listeners.clear();
@@ -2180,6 +2180,12 @@ pub(crate) mod tests {
         s.scoreboard.clear();
         s.retired = Totals::default();
         s.uptime = Duration::ZERO;
+        s
+    }
+
+    #[test]
+    fn an_empty_status_renders() {
+        let s = empty_status();
         let text = render_text(&s);
         assert!(
             text.contains("0.00 requests/s") && text.contains("Restarts:      none"),
@@ -2195,5 +2201,137 @@ pub(crate) mod tests {
                 .any(|(n, _, v)| n == "appsrv_request_duration_seconds_count" && *v == 0.0)
         );
         assert!(!samples.iter().any(|(n, _, _)| n.starts_with("appsrv_listen_")));
+    }
+
+    /// `sample_status` in hybrid mode: a front serving with its loop's counts, and one
+    /// starting, whose slot has no loop yet.
+    fn hybrid_status() -> Status {
+        use crate::scoreboard::{ConnCounts, EventView};
+        let mut s = sample_status();
+        let mut front = slot(4105, State::Reading);
+        front.connections = 20;
+        front.requests = 1500;
+        front.event = Some(EventView {
+            counts: ConnCounts {
+                open: 300,
+                reading: 20,
+                writing: 0,
+                idle_keepalive: 280,
+            },
+            handling: false,
+            accepts_paused: false,
+            last_turn: Some(Duration::from_micros(1)),
+        });
+        let mut starting = slot(4106, State::Starting);
+        starting.generation = 2;
+        s.hybrid = Some(crate::control::status::Hybrid {
+            fronts: vec![(3, front), (5, starting)],
+            requests_waiting: 2,
+            handed_off: 1500,
+        });
+        s
+    }
+
+    /// `event_status` with the strings and numbers that are easiest to get wrong: a name
+    /// and paths with quotes, backslashes, control characters (DEL, backspace, form feed)
+    /// and non-ASCII; a reason it is not ready; a Unix client; durations of a microsecond
+    /// and of ten years; a rate with many digits.
+    fn odd_status() -> Status {
+        let mut s = event_status();
+        s.name = "odd \"name\"\\\u{7f}\u{8}\u{c}\u{1}\t\u{e9}\n".into();
+        s.phase = "starting";
+        s.uptime = Duration::from_secs(10 * 365 * 86_400) + Duration::from_micros(123_457);
+        s.listeners[1].addr = "unix:/tmp/\u{7f}\u{8}\u{e9}\n\"x\"".into();
+        s.slow_clients = None;
+        s.restarts.clear();
+        for (id, w) in &mut s.workers {
+            match id {
+                1 => w.idle_for = Some(Duration::from_micros(1)),
+                2 => {
+                    w.current = Some(Duration::from_micros(7));
+                    w.peer = Some(Addr::Unix(Some("/run/\u{e9} \"c\"\n".into())));
+                }
+                3 => w.event.as_mut().unwrap().last_turn = Some(Duration::from_micros(10)),
+                _ => {}
+            }
+        }
+        s.retired.requests += 1_000_003;
+        s
+    }
+
+    /// The three renderings of each test status, as they were written before the
+    /// renderers were split into a function per section and the JSON into serde types
+    /// (issue 32): the rewrite changed no byte. A deliberate change to an output updates
+    /// its file under `tests/data/render/`.
+    #[test]
+    fn issue_32_the_renderings_are_those_of_the_golden_files() {
+        let cases: [(&str, Status, [&str; 3]); 5] = [
+            (
+                "sample",
+                sample_status(),
+                [
+                    include_str!("../../tests/data/render/sample.txt"),
+                    include_str!("../../tests/data/render/sample.json"),
+                    include_str!("../../tests/data/render/sample.prom"),
+                ],
+            ),
+            (
+                "event",
+                event_status(),
+                [
+                    include_str!("../../tests/data/render/event.txt"),
+                    include_str!("../../tests/data/render/event.json"),
+                    include_str!("../../tests/data/render/event.prom"),
+                ],
+            ),
+            (
+                "hybrid",
+                hybrid_status(),
+                [
+                    include_str!("../../tests/data/render/hybrid.txt"),
+                    include_str!("../../tests/data/render/hybrid.json"),
+                    include_str!("../../tests/data/render/hybrid.prom"),
+                ],
+            ),
+            (
+                "odd",
+                odd_status(),
+                [
+                    include_str!("../../tests/data/render/odd.txt"),
+                    include_str!("../../tests/data/render/odd.json"),
+                    include_str!("../../tests/data/render/odd.prom"),
+                ],
+            ),
+            (
+                "empty",
+                empty_status(),
+                [
+                    include_str!("../../tests/data/render/empty.txt"),
+                    include_str!("../../tests/data/render/empty.json"),
+                    include_str!("../../tests/data/render/empty.prom"),
+                ],
+            ),
+        ];
+        for (name, status, [text, json, metrics]) in cases {
+            for (ext, got, want) in [
+                ("txt", render_text(&status), text),
+                ("json", render_json(&status), json),
+                ("prom", render_metrics(&status), metrics),
+            ] {
+                if got != want {
+                    let line = got
+                        .lines()
+                        .zip(want.lines())
+                        .position(|(g, w)| g != w)
+                        .unwrap_or(got.lines().count().min(want.lines().count()));
+                    panic!(
+                        "{name}.{ext} differs from line {}:\n got: {:?}\nwant: {:?}\n\nwhole output:\n{got}",
+                        line + 1,
+                        got.lines().nth(line),
+                        want.lines().nth(line)
+                    );
+                }
+            }
+        }
     }
 }
