@@ -1,11 +1,16 @@
 //! The three renderings of a [`Status`]: a table for people, JSON for programs, and the
 //! Prometheus text exposition format for monitoring. Pure functions of the snapshot.
+//!
+//! Each rendering is written section by section, one small function per section, in the
+//! order of its output: [`render_text`] calls `text_*`, [`render_metrics`] calls
+//! `metrics_*` (one per topic of metric families), and [`render_json`] serializes the
+//! serde types of `mod json`, which mirror the document field for field.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::control::status::Status;
-use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
+use crate::control::status::{Status, Totals};
+use crate::scoreboard::{DURATION_BUCKETS_US, EventView, SlotView, State};
 
 /// The version of the JSON document ([`render_json`]'s `version` field).
 pub(crate) const JSON_VERSION: u32 = 1;
@@ -96,11 +101,27 @@ const SCOREBOARD_WIDTH: usize = 64;
 /// client, the time and the first bytes of the request for busy ones). With event workers
 /// (`--io event`), a `Connections:` line sums their connections by state, and a second
 /// table gives each one's counts, whether it accepts, and how long ago its loop last began
-/// a turn; the rows of blocking workers are the same in both.
+/// a turn; the rows of blocking workers are the same in both. In hybrid mode (`--io
+/// hybrid`), a `Hybrid:` line and a table of the fronts.
 pub(crate) fn render_text(status: &Status) -> String {
     let totals = status.totals();
     let mut out = String::new();
     let o = &mut out;
+    text_header(o, status);
+    text_totals(o, status, &totals);
+    text_connections(o, status);
+    text_request_times(o, &totals);
+    text_listeners(o, status);
+    text_restarts_and_warnings(o, status);
+    text_scoreboard(o, status);
+    text_workers(o, status);
+    text_event_loops(o, status);
+    text_fronts(o, status);
+    out
+}
+
+/// The server, its phase, whether it is ready, its uptime and its pool.
+fn text_header(o: &mut String, status: &Status) {
     let _ = writeln!(
         o,
         "Server:        {} (master pid {})",
@@ -118,6 +139,11 @@ pub(crate) fn render_text(status: &Status) -> String {
         "Pool:          {}, target {} workers, min spare {}, max spare {}, max {}",
         p.policy, p.target, p.min_spare, p.max_spare, p.max
     );
+}
+
+/// The totals over live and retired workers; their datagrams when there are datagram
+/// listeners (or there were datagrams).
+fn text_totals(o: &mut String, status: &Status, totals: &Totals) {
     let _ = writeln!(
         o,
         "Totals:        {} connections, {} requests, {} bytes in, {} bytes out, {:.2} requests/s",
@@ -143,6 +169,10 @@ pub(crate) fn render_text(status: &Status) -> String {
             d.send_failed
         );
     }
+}
+
+/// The connections open now: those the hybrid fronts hold, those of the event workers.
+fn text_connections(o: &mut String, status: &Status) {
     if let Some(h) = &status.hybrid {
         let (held, idle) = h.held();
         let _ = writeln!(
@@ -162,6 +192,10 @@ pub(crate) fn render_text(status: &Status) -> String {
             ev.open, ev.workers, ev.reading, ev.handling, ev.writing, ev.idle_keepalive, ev.accepts_paused
         );
     }
+}
+
+/// Slow handler calls, and the mean request time, when there are any.
+fn text_request_times(o: &mut String, totals: &Totals) {
     if totals.slow_calls > 0 {
         let _ = writeln!(
             o,
@@ -173,6 +207,10 @@ pub(crate) fn render_text(status: &Status) -> String {
         let mean = totals.duration_sum / u32::try_from(totals.requests).unwrap_or(u32::MAX);
         let _ = writeln!(o, "Request time:  {} mean", human(mean));
     }
+}
+
+/// One line per listener, with its accept queue and backlog where the kernel tells them.
+fn text_listeners(o: &mut String, status: &Status) {
     if status.listeners.is_empty() {
         let _ = writeln!(o, "Listeners:     none");
     }
@@ -186,6 +224,11 @@ pub(crate) fn render_text(status: &Status) -> String {
         };
         let _ = writeln!(o, "{label:<15}{}{queue}", escape_bytes(l.addr.as_bytes()));
     }
+}
+
+/// Restarts by reason, the times the pool was full, and the warnings: log lines dropped,
+/// the pool held by slow clients.
+fn text_restarts_and_warnings(o: &mut String, status: &Status) {
     let restarts = if status.restarts.is_empty() {
         "none".to_owned()
     } else {
@@ -210,6 +253,11 @@ pub(crate) fn render_text(status: &Status) -> String {
     if let Some(held) = &status.slow_clients {
         let _ = writeln!(o, "Warning:       {held}; consider --max-conns-per-ip");
     }
+}
+
+/// The scoreboard line (wrapped at [`SCOREBOARD_WIDTH`] letters) and its legend, between
+/// blank lines.
+fn text_scoreboard(o: &mut String, status: &Status) {
     let _ = writeln!(o);
     let letters: Vec<char> = status.scoreboard.chars().collect();
     if letters.is_empty() {
@@ -222,14 +270,25 @@ pub(crate) fn render_text(status: &Status) -> String {
     let _ = writeln!(o, "Key:           {}", LEGEND[0]);
     let _ = writeln!(o, "               {}", LEGEND[1]);
     let _ = writeln!(o);
+}
 
-    let mut rows: Vec<Vec<String>> = vec![
-        [
-            "ID", "PID", "GEN", "STATE", "CONNS", "REQS", "IN", "OUT", "AGE", "CLIENT", "TIME", "REQUEST",
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-    ];
+/// A table's header row.
+fn header_row(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| (*n).to_owned()).collect()
+}
+
+/// How long ago an event loop last began a turn: `2ms ago`, or `never`.
+fn last_turn(e: &EventView) -> String {
+    e.last_turn
+        .map_or_else(|| "never".to_owned(), |t| format!("{} ago", human(t)))
+}
+
+/// The table of live workers, by id: their counters, and, while one serves a client, the
+/// client, the time and the first bytes of the request.
+fn text_workers(o: &mut String, status: &Status) {
+    let mut rows = vec![header_row(&[
+        "ID", "PID", "GEN", "STATE", "CONNS", "REQS", "IN", "OUT", "AGE", "CLIENT", "TIME", "REQUEST",
+    ])];
     for (id, w) in workers_by_id(status) {
         let serving = busy(w);
         let client = w.peer.as_ref().filter(|_| serving).map(ToString::to_string);
@@ -258,82 +317,83 @@ pub(crate) fn render_text(status: &Status) -> String {
             true, true, true, false, true, true, true, true, true, false, true, false,
         ],
     );
+}
+
+/// The table of event workers' loops (none without event workers), after a blank line:
+/// their connections by state, whether they accept, their last turn.
+fn text_event_loops(o: &mut String, status: &Status) {
     let loops: Vec<_> = workers_by_id(status)
         .into_iter()
         .filter_map(|(id, w)| w.event.map(|e| (id, e)))
         .collect();
-    if !loops.is_empty() {
-        let _ = writeln!(o);
-        let mut rows: Vec<Vec<String>> = vec![
-            [
-                "ID",
-                "OPEN",
-                "READING",
-                "HANDLING",
-                "WRITING",
-                "IDLE-KA",
-                "ACCEPTS",
-                "LAST TURN",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for (id, e) in loops {
-            rows.push(vec![
-                id.to_string(),
-                e.counts.open.to_string(),
-                e.counts.reading.to_string(),
-                u8::from(e.handling).to_string(),
-                e.counts.writing.to_string(),
-                e.counts.idle_keepalive.to_string(),
-                if e.accepts_paused { "paused" } else { "open" }.to_owned(),
-                e.last_turn
-                    .map_or_else(|| "never".to_owned(), |t| format!("{} ago", human(t))),
-            ]);
-        }
-        table(o, &rows, &[true, true, true, true, true, true, false, false]);
+    if loops.is_empty() {
+        return;
     }
-    if let Some(h) = status.hybrid.as_ref().filter(|h| !h.fronts.is_empty()) {
-        let _ = writeln!(o);
-        let mut rows: Vec<Vec<String>> = vec![
-            [
-                "FRONT",
-                "PID",
-                "GEN",
-                "STATE",
-                "CONNS",
-                "HANDED",
-                "OPEN",
-                "READING",
-                "IDLE-KA",
-                "LAST TURN",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for (id, f) in &h.fronts {
-            let e = f.event.unwrap_or_default();
-            rows.push(vec![
-                id.to_string(),
-                f.pid.to_string(),
-                f.generation.to_string(),
-                f.state.name().to_owned(),
-                f.connections.to_string(),
-                f.requests.to_string(),
-                e.counts.open.to_string(),
-                e.counts.reading.to_string(),
-                e.counts.idle_keepalive.to_string(),
-                e.last_turn
-                    .map_or_else(|| "never".to_owned(), |t| format!("{} ago", human(t))),
-            ]);
-        }
-        table(
-            o,
-            &rows,
-            &[true, true, true, false, true, true, true, true, true, false],
-        );
+    let _ = writeln!(o);
+    let mut rows = vec![header_row(&[
+        "ID",
+        "OPEN",
+        "READING",
+        "HANDLING",
+        "WRITING",
+        "IDLE-KA",
+        "ACCEPTS",
+        "LAST TURN",
+    ])];
+    for (id, e) in loops {
+        rows.push(vec![
+            id.to_string(),
+            e.counts.open.to_string(),
+            e.counts.reading.to_string(),
+            u8::from(e.handling).to_string(),
+            e.counts.writing.to_string(),
+            e.counts.idle_keepalive.to_string(),
+            if e.accepts_paused { "paused" } else { "open" }.to_owned(),
+            last_turn(&e),
+        ]);
     }
-    out
+    table(o, &rows, &[true, true, true, true, true, true, false, false]);
+}
+
+/// The table of hybrid mode's fronts (none without fronts), after a blank line: their
+/// hand-offs and the connections they hold.
+fn text_fronts(o: &mut String, status: &Status) {
+    let Some(h) = status.hybrid.as_ref().filter(|h| !h.fronts.is_empty()) else {
+        return;
+    };
+    let _ = writeln!(o);
+    let mut rows = vec![header_row(&[
+        "FRONT",
+        "PID",
+        "GEN",
+        "STATE",
+        "CONNS",
+        "HANDED",
+        "OPEN",
+        "READING",
+        "IDLE-KA",
+        "LAST TURN",
+    ])];
+    for (id, f) in &h.fronts {
+        let e = f.event.unwrap_or_default();
+        rows.push(vec![
+            id.to_string(),
+            f.pid.to_string(),
+            f.generation.to_string(),
+            f.state.name().to_owned(),
+            f.connections.to_string(),
+            f.requests.to_string(),
+            e.counts.open.to_string(),
+            e.counts.reading.to_string(),
+            e.counts.idle_keepalive.to_string(),
+            last_turn(&e),
+        ]);
+    }
+    table(
+        o,
+        &rows,
+        &[true, true, true, false, true, true, true, true, true, false],
+    );
 }
 
 /// Writes `rows` (the first one the header) as columns two spaces apart: right-aligned
@@ -360,32 +420,8 @@ fn table(o: &mut String, rows: &[Vec<String>], right: &[bool]) {
     }
 }
 
-/// A JSON string literal.
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-fn json_opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
-    v.map_or_else(|| "null".to_owned(), f)
-}
-
-/// An `f64` as JSON (finite by construction; a non-finite one becomes `null`).
+/// An `f64` as the JSON status writes it (finite by construction; a non-finite one
+/// becomes `null`): at most six decimals, without trailing zeros (`0.113557`, `1.5`, `5`).
 fn json_f64(v: f64) -> String {
     if v.is_finite() {
         let s = format!("{v:.6}");
@@ -476,190 +512,476 @@ fn json_f64(v: f64) -> String {
 ///   }]
 /// }
 /// ```
-/// The `hybrid` object of the JSON status (`null` unless `--io hybrid`).
-fn hybrid_json(status: &Status) -> String {
-    let Some(h) = &status.hybrid else {
-        return "null".to_owned();
-    };
-    let (held, idle) = h.held();
-    let fronts: Vec<String> = h
-        .fronts
-        .iter()
-        .map(|(id, f)| {
-            let e = f.event.unwrap_or_default();
-            format!(
-                "{{\"id\":{id},\"pid\":{},\"generation\":{},\"state\":{},\"connections\":{},\
-                 \"handed_off\":{},\"open\":{},\"reading\":{},\"idle_keepalive\":{},\"last_turn_seconds\":{}}}",
-                f.pid,
-                f.generation,
-                json_str(f.state.name()),
-                f.connections,
-                f.requests,
-                e.counts.open,
-                e.counts.reading,
-                e.counts.idle_keepalive,
-                json_opt(e.last_turn, secs),
-            )
-        })
-        .collect();
-    format!(
-        "{{\"requests_waiting\":{},\"handed_off\":{},\"held\":{held},\"idle_keepalive\":{idle},\"fronts\":[{}]}}",
-        h.requests_waiting,
-        h.handed_off,
-        fronts.join(",")
-    )
+///
+/// Numbers of seconds are exact to the microsecond, written without trailing zeros
+/// (`75`, `1.5`, `0.000001`, never `75.0` or `1e-6`); `requests_per_second` has at most
+/// six decimals. Strings escape `"`, `\`, the control characters and DEL (`\u007f`), and
+/// nothing else.
+pub(crate) fn render_json(status: &Status) -> String {
+    let mut out = to_json(&json::Document::new(status));
+    out.push('\n');
+    out
 }
 
-pub(crate) fn render_json(status: &Status) -> String {
-    let t = status.totals();
-    let ready = status.readiness();
-    let p = &status.pool;
-    let mut buckets: Vec<String> = DURATION_BUCKETS_US
-        .iter()
-        .zip(t.durations)
-        .map(|(le, n)| format!("{{\"le\":{},\"count\":{n}}}", micros_as_secs(u128::from(*le))))
-        .collect();
-    buckets.push(format!(
-        "{{\"le\":null,\"count\":{}}}",
-        t.durations[DURATION_BUCKETS_US.len()]
-    ));
-    let listeners: Vec<String> = status
-        .listeners
-        .iter()
-        .map(|l| {
-            format!(
-                "{{\"addr\":{},\"kind\":{},\"queued\":{},\"backlog\":{}}}",
-                json_str(&l.addr),
-                json_str(if l.datagram { "datagram" } else { "stream" }),
-                json_opt(l.queued, |q| q.to_string()),
-                json_opt(l.backlog, |b| b.to_string())
-            )
-        })
-        .collect();
-    let restarts: Vec<String> = status
-        .restarts
-        .iter()
-        .map(|(reason, n)| format!("{}:{n}", json_str(reason)))
-        .collect();
-    let ev = status.event_totals();
-    let event = if ev.workers == 0 {
-        "null".to_owned()
-    } else {
-        format!(
-            "{{\"workers\":{},\"open\":{},\"reading\":{},\"handling\":{},\"writing\":{},\
-             \"idle_keepalive\":{},\"accepts_paused\":{}}}",
-            ev.workers, ev.open, ev.reading, ev.handling, ev.writing, ev.idle_keepalive, ev.accepts_paused
-        )
-    };
-    let workers: Vec<String> = workers_by_id(status)
-        .into_iter()
-        .map(|(id, w)| {
-            let serving = busy(w);
-            let event = json_opt(w.event, |e| {
-                format!(
-                    "{{\"open\":{},\"reading\":{},\"handling\":{},\"writing\":{},\
-                     \"idle_keepalive\":{},\"accepts_paused\":{},\"last_turn_seconds\":{}}}",
-                    e.counts.open,
-                    e.counts.reading,
-                    u8::from(e.handling),
-                    e.counts.writing,
-                    e.counts.idle_keepalive,
-                    e.accepts_paused,
-                    json_opt(e.last_turn, secs),
-                )
-            });
-            format!(
-                "{{\"id\":{id},\"pid\":{},\"generation\":{},\"state\":{},\"connections\":{},\
-                 \"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\"age_seconds\":{},\
-                 \"idle_seconds\":{},\"client\":{},\"request_seconds\":{},\"request\":{},\
-                 \"slow_requests\":{},\"event\":{event}}}",
-                w.pid,
-                w.generation,
-                json_str(w.state.name()),
-                w.connections,
-                w.requests,
-                w.bytes_in,
-                w.bytes_out,
-                secs(w.age),
-                json_opt(w.idle_for.filter(|_| !serving), secs),
-                json_opt(w.peer.as_ref().filter(|_| serving), |a| json_str(&a.to_string())),
-                json_opt(w.current.filter(|_| serving), secs),
-                json_opt((serving && !w.head.is_empty()).then_some(&w.head), |h| {
-                    json_str(&escape_bytes(h))
-                }),
-                w.slow_calls,
-            )
-        })
-        .collect();
-    format!(
-        "{{\"version\":{JSON_VERSION},\"name\":{},\"master_pid\":{},\"phase\":{},\"ready\":{},\"not_ready\":{},\"uptime_seconds\":{},\
-         \"pool\":{{\"policy\":{},\"target\":{},\"min_spare\":{},\"max_spare\":{},\"max\":{}}},\
-         \"totals\":{{\"connections\":{},\"requests\":{},\"bytes_in\":{},\"bytes_out\":{},\
-         \"denied\":{},\"refused\":{},\"tls_handshake_failures\":{},\"slow_requests\":{},\"requests_per_second\":{},\"request_duration_seconds_sum\":{},\"request_duration_buckets\":[{}],\
-         \"datagrams\":{{\"received\":{},\"sent\":{},\"bytes_in\":{},\"bytes_out\":{},\"denied\":{},\"too_large\":{},\"rate_limited\":{},\"errors\":{},\"send_failed\":{}}}}},\
-         \"event\":{},\"hybrid\":{},\
-         \"listeners\":[{}],\"restarts\":{{{}}},\"max_workers_reached\":{},\"log_lines_dropped\":{{\"error\":{},\"access\":{}}},\"slow_clients\":{},\"scoreboard\":{},\
-         \"workers\":[{}]}}\n",
-        json_str(&status.name),
-        status.master_pid,
-        json_str(status.phase),
-        ready.is_ok(),
-        ready
-            .as_ref()
-            .err()
-            .map_or_else(|| "null".to_owned(), |why| json_str(why)),
-        secs(status.uptime),
-        json_str(p.policy),
-        p.target,
-        p.min_spare,
-        p.max_spare,
-        p.max,
-        t.connections,
-        t.requests,
-        t.bytes_in,
-        t.bytes_out,
-        t.denied,
-        t.refused,
-        t.tls_failed,
-        t.slow_calls,
-        json_f64(requests_per_second(t.requests, status.uptime)),
-        secs(t.duration_sum),
-        buckets.join(","),
-        t.datagrams.received,
-        t.datagrams.sent,
-        t.datagrams.bytes_in,
-        t.datagrams.bytes_out,
-        t.datagrams.denied,
-        t.datagrams.too_large,
-        t.datagrams.rate_limited,
-        t.datagrams.errors,
-        t.datagrams.send_failed,
-        event,
-        hybrid_json(status),
-        listeners.join(","),
-        restarts.join(","),
-        status.max_workers_reached,
-        status.log_dropped_totals().0,
-        status.log_dropped_totals().1,
-        status.slow_clients.as_ref().map_or_else(
-            || "null".to_owned(),
-            |h| {
-                let addresses: Vec<String> = h
+/// `value` as compact JSON, with the status document's numbers and escapes
+/// ([`StatusFormatter`]).
+fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    let mut out = Vec::with_capacity(4096);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, StatusFormatter);
+    // The document's types serialize infallibly (no map has a key that is not a string),
+    // and a Vec takes every write.
+    value
+        .serialize(&mut ser)
+        .expect("the JSON status serializes into memory");
+    // serde_json writes valid UTF-8 (strings come from `&str`; the formatter writes ASCII).
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// serde_json's compact output with the status document's own conventions, which it
+/// had when it was written by hand and which its readers may have come to rely on:
+/// numbers as [`json_f64`] writes them (seconds come from microseconds, so six decimals
+/// give back their exact decimal: `0.0025`, `75`, not `75.0`; a rate keeps six
+/// decimals), backspace and form feed as `\u0008` and `\u000c` rather than `\b` and
+/// `\f`, and DEL escaped as `\u007f`, so that a name or a path printed by `status --json`
+/// cannot carry a raw DEL to a terminal.
+struct StatusFormatter;
+
+impl serde_json::ser::Formatter for StatusFormatter {
+    fn write_f64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, v: f64) -> std::io::Result<()> {
+        w.write_all(json_f64(v).as_bytes())
+    }
+
+    fn write_char_escape<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        escape: serde_json::ser::CharEscape,
+    ) -> std::io::Result<()> {
+        use serde_json::ser::{CharEscape, CompactFormatter};
+        match escape {
+            CharEscape::Backspace => w.write_all(b"\\u0008"),
+            CharEscape::FormFeed => w.write_all(b"\\u000c"),
+            other => CompactFormatter.write_char_escape(w, other),
+        }
+    }
+
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        // serde_json leaves DEL unescaped; the fragments between its escapes may hold one.
+        let mut parts = fragment.split('\u{7f}');
+        if let Some(first) = parts.next() {
+            w.write_all(first.as_bytes())?;
+        }
+        for part in parts {
+            w.write_all(b"\\u007f")?;
+            w.write_all(part.as_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+/// The JSON status document ([`render_json`]) as serde types: one per object of the
+/// document, their fields named and ordered as its keys (serde writes a struct's fields in
+/// the order they are declared), `None` for its `null`s. They borrow from the [`Status`]
+/// they are made from.
+mod json {
+    use std::net::IpAddr;
+    use std::time::Duration;
+
+    use serde::{Serialize, Serializer};
+
+    use super::{busy, escape_bytes, requests_per_second, workers_by_id};
+    use crate::control::status::{self, EventTotals, Status, Totals};
+    use crate::scoreboard::{DURATION_BUCKETS_US, DatagramCounts, EventView, SlotView};
+
+    /// A number of seconds, held as the microseconds it is exact to.
+    ///
+    /// Serialized as an `f64`, which `StatusFormatter` writes with six decimals: a double
+    /// is within half a unit in the last place of the microseconds' decimal, less than
+    /// half a microsecond below 2^33 seconds (272 years), so the six decimals are that
+    /// decimal (`issue_32_seconds_are_written_exactly` checks it).
+    #[derive(Clone, Copy)]
+    pub(super) struct Secs(pub(super) u128);
+
+    impl From<Duration> for Secs {
+        fn from(d: Duration) -> Secs {
+            Secs(d.as_micros())
+        }
+    }
+
+    impl Serialize for Secs {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_f64(self.0 as f64 / 1e6)
+        }
+    }
+
+    /// The whole document.
+    #[derive(Serialize)]
+    pub(super) struct Document<'a> {
+        version: u32,
+        name: &'a str,
+        master_pid: u32,
+        phase: &'a str,
+        ready: bool,
+        not_ready: Option<String>,
+        uptime_seconds: Secs,
+        pool: Pool<'a>,
+        totals: TotalsDoc,
+        event: Option<Event>,
+        hybrid: Option<Hybrid>,
+        listeners: Vec<Listener<'a>>,
+        /// Restarts by reason: an object whose keys are in the snapshot's order.
+        #[serde(serialize_with = "in_order")]
+        restarts: &'a [(&'static str, u64)],
+        max_workers_reached: u64,
+        log_lines_dropped: LogLinesDropped,
+        slow_clients: Option<SlowClients>,
+        scoreboard: &'a str,
+        workers: Vec<Worker>,
+    }
+
+    impl<'a> Document<'a> {
+        pub(super) fn new(status: &'a Status) -> Document<'a> {
+            let ready = status.readiness();
+            let (error, access) = status.log_dropped_totals();
+            let ev = status.event_totals();
+            Document {
+                version: super::JSON_VERSION,
+                name: &status.name,
+                master_pid: status.master_pid,
+                phase: status.phase,
+                ready: ready.is_ok(),
+                not_ready: ready.err(),
+                uptime_seconds: status.uptime.into(),
+                pool: Pool::new(&status.pool),
+                totals: TotalsDoc::new(&status.totals(), status.uptime),
+                event: (ev.workers > 0).then(|| Event::new(&ev)),
+                hybrid: status.hybrid.as_ref().map(Hybrid::new),
+                listeners: status.listeners.iter().map(Listener::new).collect(),
+                restarts: &status.restarts,
+                max_workers_reached: status.max_workers_reached,
+                log_lines_dropped: LogLinesDropped { error, access },
+                slow_clients: status.slow_clients.as_ref().map(SlowClients::new),
+                scoreboard: &status.scoreboard,
+                workers: workers_by_id(status)
+                    .into_iter()
+                    .map(|(id, w)| Worker::new(*id, w))
+                    .collect(),
+            }
+        }
+    }
+
+    /// `(key, value)` pairs as an object, in their order.
+    fn in_order<S: Serializer>(pairs: &&[(&'static str, u64)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+    }
+
+    #[derive(Serialize)]
+    struct Pool<'a> {
+        policy: &'a str,
+        target: usize,
+        min_spare: usize,
+        max_spare: usize,
+        max: usize,
+    }
+
+    impl<'a> Pool<'a> {
+        fn new(p: &'a status::PoolStatus) -> Pool<'a> {
+            Pool {
+                policy: p.policy,
+                target: p.target,
+                min_spare: p.min_spare,
+                max_spare: p.max_spare,
+                max: p.max,
+            }
+        }
+    }
+
+    /// `totals`.
+    #[derive(Serialize)]
+    struct TotalsDoc {
+        connections: u64,
+        requests: u64,
+        bytes_in: u64,
+        bytes_out: u64,
+        denied: u64,
+        refused: u64,
+        tls_handshake_failures: u64,
+        slow_requests: u64,
+        requests_per_second: f64,
+        request_duration_seconds_sum: Secs,
+        request_duration_buckets: Vec<Bucket>,
+        datagrams: Datagrams,
+    }
+
+    impl TotalsDoc {
+        fn new(t: &Totals, uptime: Duration) -> TotalsDoc {
+            TotalsDoc {
+                connections: t.connections,
+                requests: t.requests,
+                bytes_in: t.bytes_in,
+                bytes_out: t.bytes_out,
+                denied: t.denied,
+                refused: t.refused,
+                tls_handshake_failures: t.tls_failed,
+                slow_requests: t.slow_calls,
+                requests_per_second: requests_per_second(t.requests, uptime),
+                request_duration_seconds_sum: t.duration_sum.into(),
+                // One more count than bounds: the last bucket is +Inf, `le` null.
+                request_duration_buckets: t
+                    .durations
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &count)| Bucket {
+                        le: DURATION_BUCKETS_US.get(i).map(|&le| Secs(u128::from(le))),
+                        count,
+                    })
+                    .collect(),
+                datagrams: Datagrams::new(&t.datagrams),
+            }
+        }
+    }
+
+    /// A bucket of the request-duration histogram, not cumulative.
+    #[derive(Serialize)]
+    struct Bucket {
+        le: Option<Secs>,
+        count: u64,
+    }
+
+    #[derive(Serialize)]
+    struct Datagrams {
+        received: u64,
+        sent: u64,
+        bytes_in: u64,
+        bytes_out: u64,
+        denied: u64,
+        too_large: u64,
+        rate_limited: u64,
+        errors: u64,
+        send_failed: u64,
+    }
+
+    impl Datagrams {
+        fn new(d: &DatagramCounts) -> Datagrams {
+            Datagrams {
+                received: d.received,
+                sent: d.sent,
+                bytes_in: d.bytes_in,
+                bytes_out: d.bytes_out,
+                denied: d.denied,
+                too_large: d.too_large,
+                rate_limited: d.rate_limited,
+                errors: d.errors,
+                send_failed: d.send_failed,
+            }
+        }
+    }
+
+    /// The top-level `event`: the live event workers' connections, summed.
+    #[derive(Serialize)]
+    struct Event {
+        workers: usize,
+        open: u64,
+        reading: u64,
+        handling: u64,
+        writing: u64,
+        idle_keepalive: u64,
+        accepts_paused: usize,
+    }
+
+    impl Event {
+        fn new(ev: &EventTotals) -> Event {
+            Event {
+                workers: ev.workers,
+                open: ev.open,
+                reading: ev.reading,
+                handling: ev.handling,
+                writing: ev.writing,
+                idle_keepalive: ev.idle_keepalive,
+                accepts_paused: ev.accepts_paused,
+            }
+        }
+    }
+
+    #[derive(Serialize)]
+    struct Hybrid {
+        requests_waiting: u64,
+        handed_off: u64,
+        held: u64,
+        idle_keepalive: u64,
+        fronts: Vec<Front>,
+    }
+
+    impl Hybrid {
+        fn new(h: &status::Hybrid) -> Hybrid {
+            let (held, idle_keepalive) = h.held();
+            Hybrid {
+                requests_waiting: h.requests_waiting,
+                handed_off: h.handed_off,
+                held,
+                idle_keepalive,
+                fronts: h.fronts.iter().map(|(id, f)| Front::new(*id, f)).collect(),
+            }
+        }
+    }
+
+    /// A front, whose slot's `requests` are its hand-offs; zeros before its loop runs.
+    #[derive(Serialize)]
+    struct Front {
+        id: u32,
+        pid: u32,
+        generation: u32,
+        state: &'static str,
+        connections: u64,
+        handed_off: u64,
+        open: u32,
+        reading: u32,
+        idle_keepalive: u32,
+        last_turn_seconds: Option<Secs>,
+    }
+
+    impl Front {
+        fn new(id: u32, f: &SlotView) -> Front {
+            let e = f.event.unwrap_or_default();
+            Front {
+                id,
+                pid: f.pid,
+                generation: f.generation,
+                state: f.state.name(),
+                connections: f.connections,
+                handed_off: f.requests,
+                open: e.counts.open,
+                reading: e.counts.reading,
+                idle_keepalive: e.counts.idle_keepalive,
+                last_turn_seconds: e.last_turn.map(Secs::from),
+            }
+        }
+    }
+
+    #[derive(Serialize)]
+    struct Listener<'a> {
+        addr: &'a str,
+        kind: &'static str,
+        queued: Option<u32>,
+        backlog: Option<u32>,
+    }
+
+    impl<'a> Listener<'a> {
+        fn new(l: &'a status::ListenerStatus) -> Listener<'a> {
+            Listener {
+                addr: &l.addr,
+                kind: if l.datagram { "datagram" } else { "stream" },
+                queued: l.queued,
+                backlog: l.backlog,
+            }
+        }
+    }
+
+    #[derive(Serialize)]
+    struct LogLinesDropped {
+        error: u64,
+        access: u64,
+    }
+
+    #[derive(Serialize)]
+    struct SlowClients {
+        workers: usize,
+        held: usize,
+        addresses: Vec<HeldBy>,
+    }
+
+    impl SlowClients {
+        fn new(h: &status::Held) -> SlowClients {
+            SlowClients {
+                workers: h.workers,
+                held: h.held,
+                addresses: h
                     .addresses
                     .iter()
-                    .map(|(ip, n)| format!("{{\"address\":{},\"workers\":{n}}}", json_str(&ip.to_string())))
-                    .collect();
-                format!(
-                    "{{\"workers\":{},\"held\":{},\"addresses\":[{}]}}",
-                    h.workers,
-                    h.held,
-                    addresses.join(",")
-                )
+                    .map(|&(address, workers)| HeldBy { address, workers })
+                    .collect(),
             }
-        ),
-        json_str(&status.scoreboard),
-        workers.join(","),
-    )
+        }
+    }
+
+    /// An address holding workers (serde writes an `IpAddr` as its text in JSON).
+    #[derive(Serialize)]
+    struct HeldBy {
+        address: IpAddr,
+        workers: usize,
+    }
+
+    /// A live worker; what it serves only while it serves, its idle time only while not.
+    #[derive(Serialize)]
+    struct Worker {
+        id: u32,
+        pid: u32,
+        generation: u32,
+        state: &'static str,
+        connections: u64,
+        requests: u64,
+        bytes_in: u64,
+        bytes_out: u64,
+        age_seconds: Secs,
+        idle_seconds: Option<Secs>,
+        client: Option<String>,
+        request_seconds: Option<Secs>,
+        request: Option<String>,
+        slow_requests: u64,
+        event: Option<Loop>,
+    }
+
+    impl Worker {
+        fn new(id: u32, w: &SlotView) -> Worker {
+            let serving = busy(w);
+            Worker {
+                id,
+                pid: w.pid,
+                generation: w.generation,
+                state: w.state.name(),
+                connections: w.connections,
+                requests: w.requests,
+                bytes_in: w.bytes_in,
+                bytes_out: w.bytes_out,
+                age_seconds: w.age.into(),
+                idle_seconds: w.idle_for.filter(|_| !serving).map(Secs::from),
+                client: w.peer.as_ref().filter(|_| serving).map(ToString::to_string),
+                request_seconds: w.current.filter(|_| serving).map(Secs::from),
+                request: (serving && !w.head.is_empty()).then(|| escape_bytes(&w.head)),
+                slow_requests: w.slow_calls,
+                event: w.event.as_ref().map(Loop::new),
+            }
+        }
+    }
+
+    /// A worker's `event`: its event loop (null for a blocking worker).
+    #[derive(Serialize)]
+    struct Loop {
+        open: u32,
+        reading: u32,
+        handling: u8,
+        writing: u32,
+        idle_keepalive: u32,
+        accepts_paused: bool,
+        last_turn_seconds: Option<Secs>,
+    }
+
+    impl Loop {
+        fn new(e: &EventView) -> Loop {
+            Loop {
+                open: e.counts.open,
+                reading: e.counts.reading,
+                handling: u8::from(e.handling),
+                writing: e.counts.writing,
+                idle_keepalive: e.counts.idle_keepalive,
+                accepts_paused: e.accepts_paused,
+                last_turn_seconds: e.last_turn.map(Secs::from),
+            }
+        }
+    }
 }
 
 /// A label value in the exposition format: `\`, `"` and newlines escaped.
@@ -702,6 +1024,19 @@ impl Exposition {
     fn single(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
         self.family(name, kind, help);
         self.sample(name, &[], value);
+    }
+
+    /// A family whose samples differ by the value of one label: `(label value, value)`.
+    fn by_label<L: AsRef<str>, V: std::fmt::Display>(
+        &mut self,
+        (name, kind, help): (&str, &str, &str),
+        label: &str,
+        samples: impl IntoIterator<Item = (L, V)>,
+    ) {
+        self.family(name, kind, help);
+        for (l, v) in samples {
+            self.sample(name, &[(label, l.as_ref())], v);
+        }
     }
 }
 
@@ -758,9 +1093,31 @@ impl Exposition {
 /// `appsrv_accepts_paused` is how many event workers stopped accepting (at
 /// `--worker-connections`, or out of descriptors). `appsrv_slow_requests_total` counts
 /// handler calls over `--slow-request` in every worker (blocking workers count none).
+///
+/// The families are written a topic at a time, one `metrics_*` function per topic.
 pub(crate) fn render_metrics(status: &Status) -> String {
     let t = status.totals();
     let mut e = Exposition(String::new());
+    metrics_traffic(&mut e, &t);
+    metrics_datagrams(&mut e, &t);
+    metrics_pool(&mut e, status);
+    metrics_listeners(&mut e, status);
+    metrics_admission(&mut e, status, &t);
+    metrics_event_loops(&mut e, status, &t);
+    metrics_hybrid(&mut e, status);
+    metrics_logs_and_restarts(&mut e, status);
+    metrics_request_durations(&mut e, &t);
+    e.single(
+        "appsrv_uptime_seconds",
+        "gauge",
+        "Time since the master started.",
+        secs(status.uptime),
+    );
+    e.0
+}
+
+/// Connections, requests and bytes of stream listeners.
+fn metrics_traffic(e: &mut Exposition, t: &Totals) {
     e.single(
         "appsrv_connections_total",
         "counter",
@@ -785,6 +1142,10 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "Bytes written to clients.",
         t.bytes_out,
     );
+}
+
+/// Datagrams received, answered and dropped (datagram listeners).
+fn metrics_datagrams(e: &mut Exposition, t: &Totals) {
     let d = &t.datagrams;
     e.single(
         "appsrv_datagrams_received_total",
@@ -810,30 +1171,38 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "Bytes of the answers sent.",
         d.bytes_out,
     );
-    e.family(
-        "appsrv_datagrams_dropped_total",
-        "counter",
-        "Datagrams not answered, by reason: denied (--allow/--deny), too_large (--max-datagram-size), error (the handler failed), send (the kernel refused the answer).",
+    e.by_label(
+        (
+            "appsrv_datagrams_dropped_total",
+            "counter",
+            "Datagrams not answered, by reason: denied (--allow/--deny), too_large (--max-datagram-size), error (the handler failed), send (the kernel refused the answer).",
+        ),
+        "reason",
+        [
+            ("denied", d.denied),
+            ("too_large", d.too_large),
+            ("error", d.errors),
+            ("send", d.send_failed),
+        ],
     );
-    for (reason, n) in [
-        ("denied", d.denied),
-        ("too_large", d.too_large),
-        ("error", d.errors),
-        ("send", d.send_failed),
-    ] {
-        e.sample("appsrv_datagrams_dropped_total", &[("reason", reason)], n);
-    }
     e.single(
         "appsrv_datagrams_rate_limited_total",
         "counter",
         "Datagrams over --max-answers-per-ip: dropped, or answered by the handler's slip (one in --answers-slip).",
         d.rate_limited,
     );
-    e.family("appsrv_workers", "gauge", "Live workers by state.");
-    for state in State::ALL.into_iter().filter(|s| *s != State::Dead) {
-        let n = status.workers.iter().filter(|(_, w)| w.state == state).count();
-        e.sample("appsrv_workers", &[("state", state.name())], n);
-    }
+}
+
+/// Live workers by state (every state but dead, zeros included), and the pool's sizes.
+fn metrics_pool(e: &mut Exposition, status: &Status) {
+    e.by_label(
+        ("appsrv_workers", "gauge", "Live workers by state."),
+        "state",
+        State::ALL.into_iter().filter(|s| *s != State::Dead).map(|state| {
+            let n = status.workers.iter().filter(|(_, w)| w.state == state).count();
+            (state.name(), n)
+        }),
+    );
     e.single(
         "appsrv_workers_target",
         "gauge",
@@ -846,36 +1215,47 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "The most workers the pool may have.",
         status.pool.max,
     );
-    let tcp: Vec<_> = status.listeners.iter().filter(|l| l.queued.is_some()).collect();
-    if !tcp.is_empty() {
-        e.family(
-            "appsrv_listen_queue",
-            "gauge",
-            "Connections waiting in a TCP listener's accept queue.",
-        );
-        for l in &tcp {
-            e.sample(
+}
+
+/// The accept queue and backlog of TCP listeners (the families only when there is one).
+fn metrics_listeners(e: &mut Exposition, status: &Status) {
+    let queues: Vec<_> = status
+        .listeners
+        .iter()
+        .filter_map(|l| l.queued.map(|q| (&l.addr, q)))
+        .collect();
+    if !queues.is_empty() {
+        e.by_label(
+            (
                 "appsrv_listen_queue",
-                &[("listener", &l.addr)],
-                l.queued.unwrap_or(0),
-            );
-        }
-    }
-    let backlogs: Vec<_> = status.listeners.iter().filter(|l| l.backlog.is_some()).collect();
-    if !backlogs.is_empty() {
-        e.family(
-            "appsrv_listen_backlog",
-            "gauge",
-            "The capacity of a TCP listener's accept queue.",
+                "gauge",
+                "Connections waiting in a TCP listener's accept queue.",
+            ),
+            "listener",
+            queues,
         );
-        for l in &backlogs {
-            e.sample(
-                "appsrv_listen_backlog",
-                &[("listener", &l.addr)],
-                l.backlog.unwrap_or(0),
-            );
-        }
     }
+    let backlogs: Vec<_> = status
+        .listeners
+        .iter()
+        .filter_map(|l| l.backlog.map(|b| (&l.addr, b)))
+        .collect();
+    if !backlogs.is_empty() {
+        e.by_label(
+            (
+                "appsrv_listen_backlog",
+                "gauge",
+                "The capacity of a TCP listener's accept queue.",
+            ),
+            "listener",
+            backlogs,
+        );
+    }
+}
+
+/// Connections turned away: by the access rules, the per-address cap, penalties for
+/// failed authentication, failed TLS handshakes.
+fn metrics_admission(e: &mut Exposition, status: &Status, t: &Totals) {
     e.single(
         "appsrv_connections_denied_total",
         "counter",
@@ -919,6 +1299,11 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "Connections closed because their TLS handshake failed (plain-text clients, timeouts, refused client certificates).",
         t.tls_failed,
     );
+}
+
+/// Slow handler calls, and the event workers' connections and paused accepts (zeros
+/// without event workers).
+fn metrics_event_loops(e: &mut Exposition, status: &Status, t: &Totals) {
     e.single(
         "appsrv_slow_requests_total",
         "counter",
@@ -926,19 +1311,20 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         t.slow_calls,
     );
     let ev = status.event_totals();
-    e.family(
-        "appsrv_open_connections",
-        "gauge",
-        "Connections open in event workers, by what each waits for.",
+    e.by_label(
+        (
+            "appsrv_open_connections",
+            "gauge",
+            "Connections open in event workers, by what each waits for.",
+        ),
+        "state",
+        [
+            ("reading", ev.reading),
+            ("handling", ev.handling),
+            ("writing", ev.writing),
+            ("idle_keepalive", ev.idle_keepalive),
+        ],
     );
-    for (state, n) in [
-        ("reading", ev.reading),
-        ("handling", ev.handling),
-        ("writing", ev.writing),
-        ("idle_keepalive", ev.idle_keepalive),
-    ] {
-        e.sample("appsrv_open_connections", &[("state", state)], n);
-    }
     e.single(
         "appsrv_open_connections_all",
         "gauge",
@@ -951,6 +1337,10 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "Event workers that stopped accepting (at --worker-connections, or out of descriptors).",
         ev.accepts_paused,
     );
+}
+
+/// Hybrid mode's requests waiting, hand-offs and fronts (zeros in the other modes).
+fn metrics_hybrid(e: &mut Exposition, status: &Status) {
     let hybrid = status.hybrid.clone().unwrap_or_default();
     e.single(
         "appsrv_requests_waiting",
@@ -976,6 +1366,11 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         "Hybrid mode: connections the fronts hold (not yet with a whole request, or idle between requests).",
         hybrid.held().0,
     );
+}
+
+/// Log lines dropped by log and process role, the times the pool was full, and worker
+/// restarts by reason (the family only once a worker was replaced).
+fn metrics_logs_and_restarts(e: &mut Exposition, status: &Status) {
     e.family(
         "appsrv_log_lines_dropped_total",
         "counter",
@@ -997,15 +1392,20 @@ pub(crate) fn render_metrics(status: &Status) -> String {
         status.max_workers_reached,
     );
     if !status.restarts.is_empty() {
-        e.family(
-            "appsrv_worker_restarts_total",
-            "counter",
-            "Workers replaced, by reason.",
+        e.by_label(
+            (
+                "appsrv_worker_restarts_total",
+                "counter",
+                "Workers replaced, by reason.",
+            ),
+            "reason",
+            status.restarts.iter().copied(),
         );
-        for (reason, n) in &status.restarts {
-            e.sample("appsrv_worker_restarts_total", &[("reason", reason)], n);
-        }
     }
+}
+
+/// The request-duration histogram: cumulative buckets, their sum and count.
+fn metrics_request_durations(e: &mut Exposition, t: &Totals) {
     let name = "appsrv_request_duration_seconds";
     e.family(
         name,
@@ -1022,13 +1422,6 @@ pub(crate) fn render_metrics(status: &Status) -> String {
     e.sample(&bucket, &[("le", "+Inf")], cumulative);
     e.sample(&format!("{name}_sum"), &[], secs(t.duration_sum));
     e.sample(&format!("{name}_count"), &[], cumulative);
-    e.single(
-        "appsrv_uptime_seconds",
-        "gauge",
-        "Time since the master started.",
-        secs(status.uptime),
-    );
-    e.0
 }
 
 /// The two formats of the metrics exposition.
@@ -1380,7 +1773,7 @@ pub(crate) mod tests {
             "a\\\\b\\t\\x00\\x1b[2J\\xc3\\xa9"
         );
         assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-        assert_eq!(json_str("a\"\\\n\u{1}é"), "\"a\\\"\\\\\\n\\u0001é\"");
+        assert_eq!(to_json("a\"\\\n\u{1}é"), "\"a\\\"\\\\\\n\\u0001é\"");
     }
 
     #[test]
@@ -2171,8 +2564,8 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn an_empty_status_renders() {
+    /// `sample_status` without workers, listeners, restarts or time.
+    fn empty_status() -> Status {
         let mut s = sample_status();
         s.workers.clear();
         s.listeners.clear();
@@ -2180,6 +2573,12 @@ pub(crate) mod tests {
         s.scoreboard.clear();
         s.retired = Totals::default();
         s.uptime = Duration::ZERO;
+        s
+    }
+
+    #[test]
+    fn an_empty_status_renders() {
+        let s = empty_status();
         let text = render_text(&s);
         assert!(
             text.contains("0.00 requests/s") && text.contains("Restarts:      none"),
@@ -2195,5 +2594,178 @@ pub(crate) mod tests {
                 .any(|(n, _, v)| n == "appsrv_request_duration_seconds_count" && *v == 0.0)
         );
         assert!(!samples.iter().any(|(n, _, _)| n.starts_with("appsrv_listen_")));
+    }
+
+    /// `sample_status` in hybrid mode: a front serving with its loop's counts, and one
+    /// starting, whose slot has no loop yet.
+    fn hybrid_status() -> Status {
+        use crate::scoreboard::{ConnCounts, EventView};
+        let mut s = sample_status();
+        let mut front = slot(4105, State::Reading);
+        front.connections = 20;
+        front.requests = 1500;
+        front.event = Some(EventView {
+            counts: ConnCounts {
+                open: 300,
+                reading: 20,
+                writing: 0,
+                idle_keepalive: 280,
+            },
+            handling: false,
+            accepts_paused: false,
+            last_turn: Some(Duration::from_micros(1)),
+        });
+        let mut starting = slot(4106, State::Starting);
+        starting.generation = 2;
+        s.hybrid = Some(crate::control::status::Hybrid {
+            fronts: vec![(3, front), (5, starting)],
+            requests_waiting: 2,
+            handed_off: 1500,
+        });
+        s
+    }
+
+    /// `event_status` with the strings and numbers that are easiest to get wrong: a name
+    /// and paths with quotes, backslashes, control characters (DEL, backspace, form feed)
+    /// and non-ASCII; a reason it is not ready; a Unix client; durations of a microsecond
+    /// and of ten years; a rate with many digits.
+    fn odd_status() -> Status {
+        let mut s = event_status();
+        s.name = "odd \"name\"\\\u{7f}\u{8}\u{c}\u{1}\t\u{e9}\n".into();
+        s.phase = "starting";
+        s.uptime = Duration::from_secs(10 * 365 * 86_400) + Duration::from_micros(123_457);
+        s.listeners[1].addr = "unix:/tmp/\u{7f}\u{8}\u{e9}\n\"x\"".into();
+        s.slow_clients = None;
+        s.restarts.clear();
+        for (id, w) in &mut s.workers {
+            match id {
+                1 => w.idle_for = Some(Duration::from_micros(1)),
+                2 => {
+                    w.current = Some(Duration::from_micros(7));
+                    w.peer = Some(Addr::Unix(Some("/run/\u{e9} \"c\"\n".into())));
+                }
+                3 => w.event.as_mut().unwrap().last_turn = Some(Duration::from_micros(10)),
+                _ => {}
+            }
+        }
+        s.retired.requests += 1_000_003;
+        s
+    }
+
+    /// The largest number of microseconds `json::Secs` writes exactly: 2^33 seconds.
+    const EXACT_MICROS: u128 = (1 << 33) * 1_000_000;
+
+    /// A number of seconds in the JSON status is the exact decimal of its microseconds,
+    /// as it was when the document was written by hand: never `75.0`, `1e-6`, or a
+    /// neighbouring microsecond.
+    #[test]
+    fn issue_32_seconds_are_written_exactly() {
+        for us in [
+            0,
+            1,
+            7,
+            10,
+            2_500,
+            999_999,
+            1_000_000,
+            75_000_000,
+            EXACT_MICROS - 1,
+        ] {
+            assert_eq!(to_json(&json::Secs(us)), micros_as_secs(us), "{us} us");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn issue_32_any_seconds_are_written_exactly(us in 0..EXACT_MICROS) {
+            proptest::prop_assert_eq!(to_json(&json::Secs(us)), micros_as_secs(us));
+        }
+    }
+
+    /// The three renderings of each test status, as they were written before the
+    /// renderers were split into a function per section and the JSON into serde types
+    /// (issue 32): the rewrite changed no byte. A deliberate change to an output updates
+    /// its file under `tests/data/render/`.
+    #[test]
+    fn issue_32_the_renderings_are_those_of_the_golden_files() {
+        let cases: [(&str, Status, [&str; 3]); 5] = [
+            (
+                "sample",
+                sample_status(),
+                [
+                    include_str!("../../tests/data/render/sample.txt"),
+                    include_str!("../../tests/data/render/sample.json"),
+                    include_str!("../../tests/data/render/sample.prom"),
+                ],
+            ),
+            (
+                "event",
+                event_status(),
+                [
+                    include_str!("../../tests/data/render/event.txt"),
+                    include_str!("../../tests/data/render/event.json"),
+                    include_str!("../../tests/data/render/event.prom"),
+                ],
+            ),
+            (
+                "hybrid",
+                hybrid_status(),
+                [
+                    include_str!("../../tests/data/render/hybrid.txt"),
+                    include_str!("../../tests/data/render/hybrid.json"),
+                    include_str!("../../tests/data/render/hybrid.prom"),
+                ],
+            ),
+            (
+                "odd",
+                odd_status(),
+                [
+                    include_str!("../../tests/data/render/odd.txt"),
+                    include_str!("../../tests/data/render/odd.json"),
+                    include_str!("../../tests/data/render/odd.prom"),
+                ],
+            ),
+            (
+                "empty",
+                empty_status(),
+                [
+                    include_str!("../../tests/data/render/empty.txt"),
+                    include_str!("../../tests/data/render/empty.json"),
+                    include_str!("../../tests/data/render/empty.prom"),
+                ],
+            ),
+        ];
+        for (name, status, [text, json, metrics]) in cases {
+            for (ext, got, want) in [
+                ("txt", render_text(&status), text),
+                ("json", render_json(&status), json),
+                ("prom", render_metrics(&status), metrics),
+            ] {
+                if got != want {
+                    // The first difference, with some context (the JSON is one long line).
+                    let at = got
+                        .bytes()
+                        .zip(want.bytes())
+                        .position(|(g, w)| g != w)
+                        .unwrap_or(got.len().min(want.len()));
+                    let line = got.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+                    let around = |s: &str| {
+                        let (mut start, mut end) = (at.saturating_sub(60), (at + 60).min(s.len()));
+                        while !s.is_char_boundary(start) {
+                            start -= 1;
+                        }
+                        while !s.is_char_boundary(end) {
+                            end += 1;
+                        }
+                        s[start..end].to_owned()
+                    };
+                    panic!(
+                        "{name}.{ext} differs at byte {at} (line {line}):\n got: {:?}\nwant: {:?}\n\nwhole output:\n{got}",
+                        around(&got),
+                        around(want)
+                    );
+                }
+            }
+        }
     }
 }
