@@ -586,7 +586,7 @@ impl Workers<'_> {
             channel: self.channel.write_fd(),
             wake: crate::sys::wake_fd(),
             access: self.access_log.map(AsRawFd::as_raw_fd),
-            logs: crate::process::reopen::worker_end(),
+            logs: crate::process::reopen::worker_end().map(|fd| fd.as_raw_fd()),
             peers: self.peers.map(PeerCounts::memfd),
             penalties: crate::penalty::memfd(),
             listeners: self
@@ -714,8 +714,7 @@ fn adopt_handoff(
         .map(|fd| adopt(fd, "adopting the access log").map(File::from))
         .transpose()?;
     if let Some(fd) = handoff.logs {
-        let fd = adopt(fd, "adopting the log channel")?;
-        crate::process::reopen::set_worker_end(std::os::fd::IntoRawFd::into_raw_fd(fd));
+        crate::process::reopen::set_worker_end(adopt(fd, "adopting the log channel")?);
     }
     if let Some(fd) = handoff.wake {
         crate::sys::set_wake_fd(std::os::fd::IntoRawFd::into_raw_fd(adopt(
