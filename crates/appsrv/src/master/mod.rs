@@ -1490,7 +1490,6 @@ impl<'a> Master<'a> {
                 );
             }
         }
-        let child_end = child_logs.as_raw_fd();
         let master_fds: Vec<RawFd> = self
             .signals
             .fds()
@@ -1517,9 +1516,10 @@ impl<'a> Master<'a> {
             .collect();
         let _ = io::stdout().flush();
         self.settings.board.claim(id, self.generation);
-        // The child keeps its end of the log channel (the master's copy closes below).
-        let child = || {
-            crate::process::reopen::set_worker_end(child_end);
+        // The child keeps its end of the log channel; the master's copy closes with the
+        // closure, once `fork_child` returns in the master.
+        let child = move || {
+            crate::process::reopen::set_worker_end(child_logs);
             entry(id, role, recycle, &master_fds)
         };
         // SAFETY: the master is single-threaded for its whole life (it starts no thread and
@@ -1532,7 +1532,6 @@ impl<'a> Master<'a> {
                 return Err(e);
             }
         };
-        drop(child_logs); // the worker's end is the worker's
         self.settings.board.set_pid(id, pid.as_raw() as u32);
         tracing::debug!(
             "started {} {id} (pid {pid})",

@@ -586,7 +586,7 @@ impl Workers<'_> {
             channel: self.channel.write_fd(),
             wake: crate::sys::wake_fd(),
             access: self.access_log.map(AsRawFd::as_raw_fd),
-            logs: crate::process::reopen::worker_end(),
+            logs: crate::process::reopen::worker_end().map(|fd| fd.as_raw_fd()),
             peers: self.peers.map(PeerCounts::memfd),
             penalties: crate::penalty::memfd(),
             listeners: self
@@ -621,11 +621,8 @@ pub(crate) fn exec_worker(
 ) -> Result<Infallible> {
     let handoff = handoff.map_err(Error::Config)?;
     let config = &s.config;
-    // SAFETY: the master listed this descriptor as the notification pipe's write end and
-    // kept it open across the exec for this process alone; nothing else here owns it.
-    let channel = unsafe { crate::sys::adopt_fd(handoff.channel) }
-        .map(Channel::from_write_end)
-        .map_err(|e| Error::sys("adopting the notification pipe", e))?;
+    // The master listed this descriptor as the notification pipe's write end.
+    let channel = adopt(handoff.channel, "adopting the notification pipe").map(Channel::from_write_end)?;
     let fail = |reason: String| -> ! {
         tracing::error!("cannot start: {reason}");
         let _ = channel.send(std::process::id(), &Message::StartFailed(reason));
@@ -664,6 +661,15 @@ pub(crate) fn exec_worker(
     )))
 }
 
+/// Takes ownership of descriptor `fd` of a re-executed worker's hand-off (`what` names it
+/// in the error). Only for the numbers its `APPSRV_WORKER` variable lists, each once: a
+/// number that comes from the environment, which no type can vouch for.
+fn adopt(fd: RawFd, what: &'static str) -> Result<std::os::fd::OwnedFd> {
+    // SAFETY: a descriptor the master kept open across the exec for this process alone
+    // (the callers adopt each number of the hand-off once); nothing else here owns it.
+    unsafe { crate::sys::adopt_fd(fd) }.map_err(|e| Error::sys(what, e))
+}
+
 /// What a re-executed worker adopts from its master's hand-off, and what it reads again as
 /// the master did: users, listeners, TLS material, the scoreboard, the access log, the
 /// wake-up eventfd, the confinement.
@@ -680,11 +686,6 @@ fn adopt_handoff(
     Option<File>,
     Confinement,
 )> {
-    let adopt = |fd: RawFd, what: &'static str| {
-        // SAFETY: a descriptor the master kept open across the exec for this process
-        // alone; nothing else here owns it.
-        unsafe { crate::sys::adopt_fd(fd) }.map_err(|e| Error::sys(what, e))
-    };
     let (plan, _) = resolve_users(config)?;
     let sockets = handoff
         .listeners
@@ -714,8 +715,7 @@ fn adopt_handoff(
         .map(|fd| adopt(fd, "adopting the access log").map(File::from))
         .transpose()?;
     if let Some(fd) = handoff.logs {
-        let fd = adopt(fd, "adopting the log channel")?;
-        crate::process::reopen::set_worker_end(std::os::fd::IntoRawFd::into_raw_fd(fd));
+        crate::process::reopen::set_worker_end(adopt(fd, "adopting the log channel")?);
     }
     if let Some(fd) = handoff.wake {
         crate::sys::set_wake_fd(std::os::fd::IntoRawFd::into_raw_fd(adopt(

@@ -30,9 +30,9 @@
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
-use nix::sys::socket::{self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 
 /// The most bytes of a request a hand-off message carries in itself; more are spooled
 /// (see the module's notes).
@@ -218,10 +218,7 @@ impl Channel {
     /// Whether no hand-off waits for a worker (`SIOCINQ` on the workers' end, which the
     /// master holds too: the bytes queued for its readers).
     pub(crate) fn empty(&self) -> bool {
-        let mut queued: libc::c_int = 0;
-        // SAFETY: FIONREAD (SIOCINQ) writes one int through the pointer, which is valid.
-        let r = unsafe { libc::ioctl(self.workers.as_raw_fd(), libc::FIONREAD, &mut queued) };
-        r != 0 || queued == 0
+        !matches!(crate::sys::queued_bytes(self.workers()), Ok(n) if n > 0)
     }
 }
 
@@ -265,12 +262,7 @@ fn read_spool(spool: OwnedFd) -> io::Result<Vec<u8>> {
 /// open file is shared by every process that held it, so the receiver sets the mode its
 /// loop needs (a worker blocks, a front does not).
 pub(crate) fn set_nonblocking(conn: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    let mut value: libc::c_int = on.into();
-    // SAFETY: FIONBIO reads one int through the pointer, which is valid.
-    match unsafe { libc::ioctl(conn.as_raw_fd(), libc::FIONBIO, &mut value) } {
-        0 => Ok(()),
-        _ => Err(io::Error::last_os_error()),
-    }
+    crate::sys::set_nonblocking(conn, on)
 }
 
 /// A connection received from the channel.
@@ -301,7 +293,6 @@ impl Received {
 pub(crate) struct Inbox {
     header: [u8; HEADER],
     bytes: Vec<u8>,
-    control: Vec<u8>,
 }
 
 impl Default for Inbox {
@@ -309,7 +300,6 @@ impl Default for Inbox {
         Inbox {
             header: [0; HEADER],
             bytes: vec![0; INLINE_MAX],
-            control: nix::cmsg_space!([RawFd; 2]),
         }
     }
 }
@@ -331,33 +321,20 @@ impl Inbox {
     /// its descriptors, as an `InvalidData` error, and so is a hand-off whose spool cannot
     /// be read (its connection closed). `Ok(None)`: the other side closed.
     pub(crate) fn receive(&mut self, channel: BorrowedFd<'_>, wait: bool) -> io::Result<Option<Received>> {
-        let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
-        if !wait {
-            flags |= MsgFlags::MSG_DONTWAIT;
-        }
         let mut iov = [
             IoSliceMut::new(&mut self.header),
             IoSliceMut::new(&mut self.bytes),
         ];
-        let msg = socket::recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut self.control), flags)
-            .map_err(io::Error::from)?;
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    // SAFETY: the kernel just installed these descriptors in this process
-                    // for this message (SCM_RIGHTS); nothing else knows their numbers.
-                    fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-                }
-            }
-        }
-        let (bytes, truncated) = (msg.bytes, msg.flags.contains(MsgFlags::MSG_TRUNC));
+        let (bytes, mut fds) = match crate::sys::recv_with_fds(channel, &mut iov, !wait) {
+            Ok(received) => received,
+            Err(crate::sys::RecvError::Io(e)) => return Err(e),
+            // Cut short: not a hand-off (its descriptors are closed).
+            Err(_) => return Err(not_a_handoff()),
+        };
         if bytes == 0 && fds.is_empty() {
             return Ok(None);
         }
-        let meta = (bytes >= HEADER && !truncated)
-            .then(|| Meta::decode(&self.header))
-            .flatten();
+        let meta = (bytes >= HEADER).then(|| Meta::decode(&self.header)).flatten();
         match (meta, fds.len()) {
             (Some((meta, false)), 1) => Ok(Some(Received {
                 socket: socket2::Socket::from(fds.remove(0)),
@@ -380,12 +357,17 @@ impl Inbox {
                     spooled: Some(spooled),
                 }))
             }
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "a message on the hand-off channel that is not a hand-off",
-            )),
+            _ => Err(not_a_handoff()),
         }
     }
+}
+
+/// A message on the channel that is not a hand-off (see [`Inbox::receive`]).
+fn not_a_handoff() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "a message on the hand-off channel that is not a hand-off",
+    )
 }
 
 #[cfg(test)]
@@ -454,6 +436,42 @@ mod tests {
             );
         }
         assert_eq!(ch.close_left(), 0);
+    }
+
+    /// Issue 32: a message that is not a hand-off is dropped with every descriptor it
+    /// carried, however many: a hand-off's header with three (room was made for the two of
+    /// a spooled hand-off only, and the kernel's extra ones stayed open, unlisted), and a
+    /// message too long for the inbox.
+    #[test]
+    fn issue_32_a_stray_message_is_dropped_with_all_its_descriptors() {
+        let ch = Channel::new().unwrap();
+        let meta = Meta {
+            served: 0,
+            peer: None,
+            listener: 0,
+            interim_sent: false,
+        };
+        let mut inbox = Inbox::default();
+        let too_long = vec![0u8; HEADER + INLINE_MAX + 1];
+        for (header, bytes, n) in [
+            (meta.encode(false), &[][..], 3),
+            (meta.encode(false), &too_long[..], 1),
+        ] {
+            let (probe, copies) = crate::sys::Probe::new(n);
+            let raw: Vec<RawFd> = copies.iter().map(AsRawFd::as_raw_fd).collect();
+            crate::sys::send_with_fds(ch.fronts(), &[&header, bytes], &raw, true).unwrap();
+            drop(copies);
+            let e = inbox.receive(ch.workers(), false).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            assert!(
+                probe.all_closed(),
+                "a descriptor of the stray message was left open"
+            );
+        }
+        // The channel still works.
+        let (conn, _client) = UnixStream::pair().unwrap();
+        send(ch.fronts(), conn.as_fd(), &meta, b"x").unwrap();
+        assert!(inbox.receive(ch.workers(), false).unwrap().is_some());
     }
 
     #[test]

@@ -223,7 +223,9 @@ impl From<CallError> for io::Error {
 
 /// A worker's end of its helper's channel.
 struct WorkerEnd {
-    fd: OwnedFd,
+    /// Never closed: the worker holds its end for its life, and the accept loop borrows it
+    /// for as long (see [`channel_fd`]).
+    fd: &'static OwnedFd,
     /// The sequence number of the last request.
     seq: u32,
     /// The helper is known to be gone.
@@ -249,7 +251,10 @@ pub(crate) fn set_worker_end(fd: OwnedFd, timeout: Duration) {
     let _ = socket2::SockRef::from(&fd).set_write_timeout(Some(timeout.max(Duration::from_millis(1))));
     let mut end = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
     *end = Some(WorkerEnd {
-        fd,
+        // Leaked: a worker's end lives as long as the worker (it is set once, after the
+        // helper's start, and the worker never returns), which is what lets
+        // `channel_fd` lend it as `'static`.
+        fd: Box::leak(Box::new(fd)),
         seq: 0,
         gone: false,
         timeout,
@@ -262,12 +267,7 @@ pub(crate) fn set_worker_end(fd: OwnedFd, timeout: Duration) {
 /// The descriptor lives as long as the worker.
 pub(crate) fn channel_fd() -> Option<std::os::fd::BorrowedFd<'static>> {
     let guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
-    // SAFETY: the channel, once installed, is never closed or replaced in a worker (it is
-    // set once, after the helper's start, and the worker never returns): the number stays
-    // this descriptor for the process's life.
-    guard
-        .as_ref()
-        .map(|end| unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&end.fd)) })
+    guard.as_ref().map(|end| end.fd.as_fd())
 }
 
 /// The accept loop saw the helper's end close: the helper is gone. Said once; the worker
@@ -335,7 +335,7 @@ impl<P: Privileged> Helper<P> {
         }
         let timeout = self.timeout.unwrap_or(end.timeout);
         if end.send_timeout != Some(timeout) {
-            socket2::SockRef::from(&end.fd).set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+            socket2::SockRef::from(end.fd).set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
             end.send_timeout = Some(timeout);
         }
         end.seq = end.seq.wrapping_add(1);

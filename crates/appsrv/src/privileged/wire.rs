@@ -17,19 +17,19 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::io::{self, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
-use nix::sys::socket::{self, ControlMessageOwned, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{self, SockFlag, SockType};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::sys::RecvError;
 
 /// The largest payload of one message, request or response: 1 MiB.
 pub const MAX_MESSAGE: usize = 1 << 20;
 /// The most descriptors one message carries.
 pub(crate) const MAX_FDS: usize = 16;
-/// The most descriptors the kernel passes in one message.
-const SCM_MAX_FD: usize = 253;
 const HEADER: usize = 16;
 const MAGIC: &[u8; 4] = b"APv1";
 
@@ -249,43 +249,43 @@ pub(crate) fn send_bytes(to: BorrowedFd<'_>, parts: &[&[u8]], fds: &[RawFd]) -> 
     crate::sys::send_with_fds(to, parts, fds, false)
 }
 
-/// Receives one message from `from` (blocking, unless the socket is non-blocking or
-/// `flags` has `MSG_DONTWAIT`). `buf` is reused between calls.
+/// Receives one message from `from` (blocking, unless the socket is non-blocking). `buf`
+/// is reused between calls. A signal's interruption is retried.
 pub(crate) fn recv(from: BorrowedFd<'_>, buf: &mut Vec<u8>) -> Result<Message, WireError> {
     buf.resize(HEADER + MAX_MESSAGE + 1, 0);
-    // Room for as many descriptors as the kernel passes in one message (SCM_MAX_FD, 253),
-    // not only MAX_FDS: with less, a message carrying more would be cut (MSG_CTRUNC), nix
-    // would not list the descriptors the kernel did install, and they would leak. All
-    // are owned here, and closed with a message that has too many.
-    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
-    let (bytes, flags, fds) = loop {
+    // `sys::recv_with_fds` has room for as many descriptors as the kernel passes in one
+    // message (SCM_MAX_FD, 253), not only MAX_FDS: all are owned there, and closed with a
+    // message that has too many.
+    let received = loop {
         let mut iov = [IoSliceMut::new(buf)];
-        match socket::recvmsg::<()>(
-            from.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => {
-                let mut fds = Vec::new();
-                if let Ok(cmsgs) = msg.cmsgs() {
-                    for c in cmsgs {
-                        if let ControlMessageOwned::ScmRights(received) = c {
-                            // SAFETY: the kernel just installed these descriptors in this
-                            // process for this message; nothing else knows their numbers.
-                            fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-                        }
-                    }
-                }
-                break (msg.bytes, msg.flags, fds);
-            }
-            Err(Errno::EINTR) => {}
-            Err(Errno::EAGAIN) => return Err(WireError::WouldBlock),
-            Err(Errno::ECONNRESET) => return Err(WireError::Closed),
-            Err(e) => return Err(WireError::Io(e.into())),
+        match crate::sys::recv_with_fds(from, &mut iov, false) {
+            Err(RecvError::Io(e)) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
+                Errno::EINTR => {}
+                Errno::EAGAIN => return Err(WireError::WouldBlock),
+                Errno::ECONNRESET => return Err(WireError::Closed),
+                _ => return Err(WireError::Io(e)),
+            },
+            other => break other,
         }
     };
-    if bytes == 0 && fds.is_empty() && !flags.contains(MsgFlags::MSG_TRUNC) {
+    let seq_in = |len: usize| header_seq(&buf[..len.min(buf.len())]);
+    let (bytes, fds) = match received {
+        Ok(message) => message,
+        Err(RecvError::Truncated { len }) => {
+            return Err(WireError::Malformed {
+                seq: seq_in(len),
+                why: format!("over the limit of {MAX_MESSAGE} bytes"),
+            });
+        }
+        Err(RecvError::FdsTruncated { len }) => {
+            return Err(WireError::Malformed {
+                seq: seq_in(len),
+                why: format!("more than {MAX_FDS} descriptors"),
+            });
+        }
+        Err(RecvError::Io(e)) => return Err(WireError::Io(e)),
+    };
+    if bytes == 0 && fds.is_empty() {
         // End of file, or an empty datagram (SEQPACKET has them): only a closed peer
         // leaves the socket hung up.
         let mut poll = [nix::poll::PollFd::new(from, nix::poll::PollFlags::POLLIN)];
@@ -301,12 +301,12 @@ pub(crate) fn recv(from: BorrowedFd<'_>, buf: &mut Vec<u8>) -> Result<Message, W
             why: "an empty message".into(),
         });
     }
-    let seq = header_seq(&buf[..bytes.min(buf.len())]);
+    let seq = seq_in(bytes);
     let bad = |why: String| Err(WireError::Malformed { seq, why });
-    if flags.contains(MsgFlags::MSG_TRUNC) || bytes > HEADER + MAX_MESSAGE {
+    if bytes > HEADER + MAX_MESSAGE {
         return bad(format!("over the limit of {MAX_MESSAGE} bytes"));
     }
-    if flags.contains(MsgFlags::MSG_CTRUNC) || fds.len() > MAX_FDS {
+    if fds.len() > MAX_FDS {
         return bad(format!("more than {MAX_FDS} descriptors"));
     }
     parse(&buf[..bytes], fds)

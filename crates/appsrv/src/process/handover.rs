@@ -416,12 +416,7 @@ pub(crate) fn launch(
     nix::fcntl::fcntl(&ready_read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(err("fcntl"))?;
     // High, close-on-exec duplicates: sources that cannot collide with the targets.
     let high = |fd: std::os::fd::BorrowedFd<'_>| -> Result<OwnedFd, Error> {
-        nix::fcntl::fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(HIGH_FD))
-            .map(|raw| {
-                // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing owns yet.
-                unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) }
-            })
-            .map_err(err("duplicating a descriptor"))
+        sys::dup_at_least(fd, HIGH_FD).map_err(|e| Error::sys("duplicating a descriptor", e))
     };
     let mut sources: Vec<OwnedFd> = Vec::new();
     let mut manifest = Manifest {

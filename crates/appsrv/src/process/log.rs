@@ -56,7 +56,7 @@ use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -156,31 +156,29 @@ pub(crate) const DROP_ROLES: [&str; 4] = ["master", "worker", "front", "helper"]
 /// The table lines are counted in before [`count_dropped_in`] (a line lost during start-up,
 /// before the master has made the scoreboard), and in a process that never calls it.
 static LOCAL_DROPS: DropTable = [const { [const { AtomicU64::new(0) }; 2] }; 4];
-static DROPS: AtomicPtr<DropTable> = AtomicPtr::new(std::ptr::null_mut());
+/// The table of [`count_dropped_in`], once named.
+static DROPS: OnceLock<&'static DropTable> = OnceLock::new();
 
 /// Counts the lines this process (and every process it forks afterwards) drops in `table`,
-/// shared memory of the master's; what was counted before is carried over.
+/// shared memory of the master's; what was counted before is carried over. Once per
+/// process (the master at start, a re-executed worker when it maps the scoreboard): a
+/// different table later is refused, and said.
 pub(crate) fn count_dropped_in(table: &'static DropTable) {
-    let old = drops();
-    if std::ptr::eq(old, table) {
-        return;
-    }
-    for (row, old_row) in table.iter().zip(old) {
-        for (n, old_n) in row.iter().zip(old_row) {
-            n.fetch_add(old_n.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+    match DROPS.set(table) {
+        Ok(()) => {
+            for (row, old_row) in table.iter().zip(&LOCAL_DROPS) {
+                for (n, old_n) in row.iter().zip(old_row) {
+                    n.fetch_add(old_n.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+                }
+            }
         }
+        Err(_) if std::ptr::eq(drops(), table) => {}
+        Err(_) => tracing::error!("a second table of dropped log lines; this process counts in its first"),
     }
-    DROPS.store(std::ptr::from_ref(table).cast_mut(), Ordering::Release);
 }
 
 fn drops() -> &'static DropTable {
-    let p = DROPS.load(Ordering::Acquire);
-    if p.is_null() {
-        &LOCAL_DROPS
-    } else {
-        // SAFETY: only `count_dropped_in` stores here, from a `&'static DropTable`.
-        unsafe { &*p }
-    }
+    DROPS.get().copied().unwrap_or(&LOCAL_DROPS)
 }
 
 /// Counts `n` lines of `log` dropped by this process, in its role's row.

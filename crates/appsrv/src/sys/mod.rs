@@ -2,9 +2,14 @@
 //!
 //! This is the one module that owns `fork`, the signal dispositions of worker processes
 //! and shared memory: every `unsafe` primitive of the crate is defined here, with its
-//! contract in a `# Safety` section. Elsewhere, `unsafe` appears only as calls to these
-//! functions (forking a worker, the daemon's double fork, closing the master's descriptors
-//! in a new worker, closing stray inherited descriptors at start), each with a `// SAFETY:` comment saying why the contract holds.
+//! contract in a `# Safety` section, and so is every conversion of a descriptor number
+//! into an `OwnedFd` or a `BorrowedFd` (descriptors received over `SCM_RIGHTS` come out of
+//! [`recv_with_fds`] owned). Elsewhere, `unsafe` appears only as calls to these functions
+//! whose contract no type can carry (forking a worker, a helper, the daemon's double fork;
+//! exec; adopting inherited descriptors by number; closing the master's descriptors in a
+//! new worker or a helper, and stray inherited ones at start), each with a `// SAFETY:`
+//! comment saying why the contract holds: docs/ARCHITECTURE.md lists them ("`unsafe`
+//! outside `sys/`").
 
 use std::convert::Infallible;
 use std::io;
@@ -951,6 +956,128 @@ pub(crate) fn send_with_fds(
     }
 }
 
+/// The most descriptors the kernel passes in one message (`SCM_MAX_FD`, 253 since Linux
+/// 2.6.38): a sender's `sendmsg` with more fails (`EINVAL`).
+const SCM_MAX_FD: usize = 253;
+
+/// `CMSG_ALIGN`: control messages are aligned to the size of a `long`.
+const fn cmsg_align(n: usize) -> usize {
+    let a = std::mem::size_of::<libc::c_long>();
+    (n + a - 1) & !(a - 1)
+}
+
+/// `CMSG_SPACE` of one `SCM_RIGHTS` message of [`SCM_MAX_FD`] descriptors: with this much
+/// room for control data, no message on appsrv's sockets (which ask for no credentials or
+/// security labels) can have its descriptors cut (`MSG_CTRUNC`).
+const FD_SPACE: usize = cmsg_align(std::mem::size_of::<libc::cmsghdr>())
+    + cmsg_align(SCM_MAX_FD * std::mem::size_of::<std::os::fd::RawFd>());
+
+/// The control buffer of [`recv_with_fds`], on the stack, aligned for a `cmsghdr`.
+#[repr(C, align(8))]
+struct FdSpace([u8; FD_SPACE]);
+
+/// Why [`recv_with_fds`] returned no message.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RecvError {
+    /// The system call failed: `WouldBlock` (nothing waiting, under `dontwait` or on a
+    /// non-blocking socket), `Interrupted` (a signal: returned, never retried here, so that
+    /// a caller sleeping in the call sees its stop signal), or another error.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The message was longer than the buffers (`MSG_TRUNC`): they hold its first `len`
+    /// bytes; the descriptors that came with it are closed.
+    #[error("a message longer than the {len} bytes of room for it")]
+    Truncated {
+        /// The bytes received into the buffers (all of them).
+        len: usize,
+    },
+    /// The message carried more descriptors than the room for them (`MSG_CTRUNC`), which
+    /// cannot happen with room for `SCM_MAX_FD` on a socket that asks for no other control
+    /// data; the buffers hold its first `len` bytes. (The descriptors the kernel did
+    /// install are then not listed, and stay open.)
+    #[error("a message with more descriptors than room for them")]
+    FdsTruncated {
+        /// The bytes received into the buffers.
+        len: usize,
+    },
+}
+
+/// Receives one message from the Unix socket `from` into `bufs` (scattered, in order), with
+/// its descriptors (`SCM_RIGHTS`), owned and close-on-exec (`MSG_CMSG_CLOEXEC`): returns
+/// how many bytes came and the descriptors. `dontwait`: `MSG_DONTWAIT` (otherwise the call
+/// blocks unless the socket does not). `Ok((0, []))` is the peer's end of file, or on a
+/// `SOCK_SEQPACKET` socket an empty message, which the caller tells apart if it needs to.
+/// A message cut short by the buffers is [`RecvError::Truncated`], its descriptors closed,
+/// so that no caller mistakes part of a message for a whole one; `EINTR` is returned as
+/// `Interrupted`. The one receiver of descriptors, beside [`send_with_fds`]: the hand-off
+/// channel, the log reopening, the privileged helper's wire.
+pub(crate) fn recv_with_fds(
+    from: BorrowedFd<'_>,
+    bufs: &mut [io::IoSliceMut<'_>],
+    dontwait: bool,
+) -> Result<(usize, Vec<OwnedFd>), RecvError> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags};
+    use std::os::fd::FromRawFd;
+    let mut space = FdSpace([0; FD_SPACE]);
+    let mut flags = MsgFlags::MSG_CMSG_CLOEXEC;
+    if dontwait {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    let msg = nix::sys::socket::recvmsg::<()>(from.as_raw_fd(), bufs, Some(&mut space.0), flags)
+        .map_err(io::Error::from)?;
+    let (len, got) = (msg.bytes, msg.flags);
+    // Owned at once, so that every return below closes them unless the caller gets them.
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel has just installed these descriptors in this process
+                // for this message (SCM_RIGHTS); nothing else knows their numbers.
+                fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+    }
+    if got.contains(MsgFlags::MSG_TRUNC) {
+        return Err(RecvError::Truncated { len });
+    }
+    if got.contains(MsgFlags::MSG_CTRUNC) {
+        return Err(RecvError::FdsTruncated { len });
+    }
+    Ok((len, fds))
+}
+
+/// The bytes queued for reading on the socket `fd` (`FIONREAD`, `SIOCINQ`).
+pub(crate) fn queued_bytes(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which is valid.
+    match unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut queued) } {
+        0 => Ok(usize::try_from(queued).unwrap_or(0)),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Sets the descriptor's blocking mode in one system call (`FIONBIO`; socket2 and std
+/// take two, `F_GETFL` then `F_SETFL`). The mode belongs to the open file, which every
+/// process holding a copy of the descriptor shares.
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let mut value: libc::c_int = on.into();
+    // SAFETY: FIONBIO reads one int through the pointer, which is valid.
+    match unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONBIO, &mut value) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// A new descriptor for `fd`'s open file, numbered `min` or above, close-on-exec
+/// (`F_DUPFD_CLOEXEC`): for sources that must not collide with the numbers a new program
+/// is given.
+pub(crate) fn dup_at_least(fd: BorrowedFd<'_>, min: std::os::fd::RawFd) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let raw = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(min))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor, which nothing owns yet.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// Whether any of `fds` is readable now (a zero-timeout `poll`): for listening sockets,
 /// whether a connection waits in one of their queues. An error counts as "no".
 pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {
@@ -964,9 +1091,118 @@ pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {
     matches!(nix::poll::poll(&mut polled, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
+/// For tests of descriptor passing: copies of a pipe's write end to send, and its read end,
+/// which sees its end of file once every copy is closed.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct Probe {
+    read: OwnedFd,
+}
+
+#[cfg(test)]
+impl Probe {
+    /// A probe and `n` copies of its write end.
+    pub(crate) fn new(n: usize) -> (Probe, Vec<OwnedFd>) {
+        use nix::fcntl::OFlag;
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).unwrap();
+        let copies = (0..n).map(|_| write.try_clone().unwrap()).collect();
+        (Probe { read }, copies)
+    }
+
+    /// Whether every copy of the write end was closed. Another test thread that forks (to
+    /// run a command) holds copies between its fork and its exec, which closes them: this
+    /// waits for that, polling with a generous deadline, rather than fail for it.
+    pub(crate) fn all_closed(&self) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut byte = [0u8; 1];
+        loop {
+            match nix::unistd::read(&self.read, &mut byte) {
+                Ok(0) => return true,
+                Err(nix::errno::Errno::EAGAIN) if std::time::Instant::now() < deadline => {
+                    let mut fds = [nix::poll::PollFd::new(
+                        std::os::fd::AsFd::as_fd(&self.read),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
+                }
+                _ => return false,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
+
+    /// A SOCK_SEQPACKET pair, as every channel of appsrv's that carries descriptors.
+    fn seqpacket() -> (OwnedFd, OwnedFd) {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_message_arrives_scattered_with_its_descriptors_owned_and_close_on_exec() {
+        let (a, b) = seqpacket();
+        let (probe, copies) = Probe::new(2);
+        let raw: Vec<_> = copies.iter().map(AsRawFd::as_raw_fd).collect();
+        send_with_fds(a.as_fd(), &[b"head", b"-tail"], &raw, false).unwrap();
+        drop(copies);
+        let (mut head, mut tail) = ([0u8; 4], [0u8; 16]);
+        let mut bufs = [io::IoSliceMut::new(&mut head), io::IoSliceMut::new(&mut tail)];
+        let (len, fds) = recv_with_fds(b.as_fd(), &mut bufs, false).unwrap();
+        assert_eq!(
+            (len, &head, &tail[..5], fds.len()),
+            (9, b"head", &b"-tail"[..], 2)
+        );
+        for fd in &fds {
+            let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+            assert_ne!(flags & libc::FD_CLOEXEC, 0, "received close-on-exec");
+        }
+        drop(fds);
+        assert!(
+            probe.all_closed(),
+            "the descriptors received are owned: dropped, closed"
+        );
+    }
+
+    #[test]
+    fn a_truncated_message_is_an_error_and_its_descriptors_are_closed() {
+        let (a, b) = seqpacket();
+        let (probe, copies) = Probe::new(3);
+        let raw: Vec<_> = copies.iter().map(AsRawFd::as_raw_fd).collect();
+        send_with_fds(a.as_fd(), &[b"APv1 and more"], &raw, false).unwrap();
+        drop(copies);
+        let mut small = [0u8; 4];
+        match recv_with_fds(b.as_fd(), &mut [io::IoSliceMut::new(&mut small)], false) {
+            Err(RecvError::Truncated { len: 4 }) => assert_eq!(&small, b"APv1"),
+            other => panic!("{other:?}"),
+        }
+        assert!(probe.all_closed(), "a truncated message's descriptors leaked");
+    }
+
+    #[test]
+    fn end_of_file_nothing_waiting_and_an_empty_message_are_told_as_such() {
+        let (a, b) = seqpacket();
+        let mut buf = [0u8; 8];
+        match recv_with_fds(b.as_fd(), &mut [io::IoSliceMut::new(&mut buf)], true) {
+            Err(RecvError::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::WouldBlock),
+            other => panic!("{other:?}"),
+        }
+        send_with_fds(a.as_fd(), &[], &[], false).unwrap();
+        let empty = recv_with_fds(b.as_fd(), &mut [io::IoSliceMut::new(&mut buf)], true).unwrap();
+        assert_eq!((empty.0, empty.1.len()), (0, 0));
+        drop(a);
+        let eof = recv_with_fds(b.as_fd(), &mut [io::IoSliceMut::new(&mut buf)], false).unwrap();
+        assert_eq!((eof.0, eof.1.len()), (0, 0));
+    }
 
     #[repr(C)]
     struct Cell(std::sync::atomic::AtomicU32);

@@ -61,7 +61,7 @@ pub(crate) struct Acceptor<'a> {
     episode: Option<Errno>,
     /// Hybrid mode: the workers' end of the hand-off channel, and the space its messages
     /// are received into.
-    handoff: Option<(std::os::fd::RawFd, crate::net::handoff::Inbox)>,
+    handoff: Option<(std::os::fd::BorrowedFd<'a>, crate::net::handoff::Inbox)>,
 }
 
 impl<'a> Acceptor<'a> {
@@ -72,7 +72,7 @@ impl<'a> Acceptor<'a> {
         listeners: &'a [Listener],
         board: &'a Board,
         serves: &dyn Fn(usize) -> bool,
-        handoff: Option<std::os::fd::RawFd>,
+        handoff: Option<std::os::fd::BorrowedFd<'a>>,
     ) -> io::Result<Self> {
         // With a privileged helper, its channel is watched too, so that a helper that dies
         // while this worker waits retires the worker at once (the master replaces both),
@@ -87,8 +87,6 @@ impl<'a> Acceptor<'a> {
                 ep.add(l.as_fd(), EpollEvent::new(flags, i as u64))?;
             }
             if let Some(fd) = handoff {
-                // SAFETY: the channel's end stays open for the worker's life.
-                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
                 let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
                 ep.add(fd, EpollEvent::new(flags, HANDOFF))?;
             }
@@ -236,10 +234,8 @@ impl<'a> Acceptor<'a> {
     /// signal); `None` to wait again (interrupted, another worker took it, a stray
     /// message).
     fn take_handoff(&mut self, wait: bool) -> Option<Accepted> {
-        let (fd, inbox) = self.handoff.as_mut()?;
-        // SAFETY: the channel's end stays open for the worker's life.
-        let channel = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
-        match inbox.receive(channel, wait) {
+        let (channel, inbox) = self.handoff.as_mut()?;
+        match inbox.receive(*channel, wait) {
             // Counted as taken by the loop, once the slot names its client.
             Ok(Some(received)) => Some(Accepted::HandedOff(received)),
             // Every sender closed its end: only at the master's death.

@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ pub(crate) struct Prepared<'a> {
     slot: &'a Slot,
     acceptor: Acceptor<'a>,
     /// Hybrid mode: the workers' end of the hand-off channel.
-    handoff: Option<RawFd>,
+    handoff: Option<BorrowedFd<'a>>,
 }
 
 /// Prepares worker `id` to serve the `listeners` that `serves` names, and in hybrid mode
@@ -44,7 +44,7 @@ pub(crate) fn prepare<'a>(
     listeners: &'a [Listener],
     board: &'a Board,
     serves: &dyn Fn(usize) -> bool,
-    handoff: Option<RawFd>,
+    handoff: Option<BorrowedFd<'a>>,
 ) -> Result<Prepared<'a>, String> {
     let slot = board.slot(id).ok_or_else(|| format!("no scoreboard slot {id}"))?;
     let acceptor = Acceptor::new(id, listeners, board, serves, handoff)
@@ -157,8 +157,6 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
                     reopen(&mut guard);
                 }
                 let channel = handoff.expect("a hand-off comes from the channel");
-                // SAFETY: the channel's end stays open for the worker's life.
-                let channel = unsafe { BorrowedFd::borrow_raw(channel) };
                 match serve_handed_over(client, &meta, channel, handler, &mut guard, board) {
                     Some(bufs) => buffers = Some(bufs),
                     None => return exit::PANIC,

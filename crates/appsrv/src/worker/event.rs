@@ -160,7 +160,7 @@ pub(crate) struct Worker<'a> {
     pub(crate) datagrams: Option<super::datagram::Side<'a>>,
     /// Hybrid mode: this loop is a front, which hands complete requests to the workers
     /// over the channel whose end this is.
-    pub(crate) front: Option<std::os::fd::RawFd>,
+    pub(crate) front: Option<std::os::fd::BorrowedFd<'a>>,
 }
 
 /// The epoll instance and the listeners' registrations, made before the worker says it is
@@ -178,15 +178,13 @@ pub(crate) struct Prepared {
 pub(crate) fn prepare(
     listeners: &[Listener],
     serves: &dyn Fn(usize) -> bool,
-    front: Option<std::os::fd::RawFd>,
+    front: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<Prepared, String> {
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| format!("epoll_create: {e}"))?;
     for (i, l) in listeners.iter().enumerate().filter(|(i, _)| serves(*i)) {
         register_listener(&epoll, l, i).map_err(|e| format!("watching {}: {e}", l.label()))?;
     }
     if let Some(fd) = front {
-        // SAFETY: the channel's end stays open for the process's life.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         // Out only while the front holds requests for want of room (`Front::wants_room`):
         // every hand-off a worker takes would otherwise wake the front.
         epoll
@@ -509,7 +507,7 @@ struct Loop<'a, H: RequestHandler> {
     /// When a busy loop next looks for pending signals.
     signals_due: Instant,
     /// A hybrid front's side (`None` in an event worker).
-    front: Option<super::front::Front>,
+    front: Option<super::front::Front<'a>>,
     /// Bytes held in connections' private read buffers (partial requests), against
     /// `limits.max_buffered`.
     buffered: usize,
@@ -1032,10 +1030,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         } else {
             CHANNEL_IN
         };
-        // SAFETY: the channel's end stays open for the process's life.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(front.channel_fd()) };
         let mut ev = EpollEvent::new(flags, CHANNEL);
-        if let Err(e) = self.epoll.modify(fd, &mut ev) {
+        if let Err(e) = self.epoll.modify(front.channel(), &mut ev) {
             tracing::error!("watching the hand-off channel: {e}");
         }
     }

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use nix::sys::epoll::EpollFlags;
 use socket2::Socket;
@@ -36,9 +36,10 @@ struct Held {
 
 /// A front's hand-off state.
 #[derive(Debug)]
-pub(crate) struct Front {
+pub(crate) struct Front<'a> {
     id: u32,
-    channel: RawFd,
+    /// The fronts' end of the channel, the master's, which outlives the worker.
+    channel: BorrowedFd<'a>,
     board: &'static Board,
     inbox: Inbox,
     held: VecDeque<Held>,
@@ -65,15 +66,15 @@ pub(crate) struct Front {
     spooled_bytes: usize,
 }
 
-impl Front {
+impl<'a> Front<'a> {
     /// Front `id` on the channel's end `channel`; it takes connections handed back from
     /// now on.
     pub(crate) fn new(
-        channel: RawFd,
+        channel: BorrowedFd<'a>,
         id: u32,
         board: &'static Board,
         peers: Option<&'static PeerCounts>,
-    ) -> Front {
+    ) -> Front<'a> {
         board.slot(id).map(crate::scoreboard::Slot::set_front);
         board.set_receiving(id, true);
         Front {
@@ -141,7 +142,7 @@ impl Front {
     }
 
     /// The channel's end, for the loop's epoll set.
-    pub(crate) fn channel_fd(&self) -> RawFd {
+    pub(crate) fn channel(&self) -> BorrowedFd<'a> {
         self.channel
     }
 
@@ -153,11 +154,6 @@ impl Front {
             self.watching_room = wants;
             wants
         })
-    }
-
-    fn channel(&self) -> BorrowedFd<'_> {
-        // SAFETY: the channel's end stays open for the process's life.
-        unsafe { BorrowedFd::borrow_raw(self.channel) }
     }
 
     /// Where the step decodes a copy of the request.
@@ -306,9 +302,7 @@ impl Front {
     /// it is empty).
     fn take_back(&mut self, take: &mut dyn FnMut(Socket, Meta, &[u8])) {
         loop {
-            // SAFETY: as in `channel`; borrowed apart from the inbox.
-            let channel = unsafe { BorrowedFd::borrow_raw(self.channel) };
-            match self.inbox.receive(channel, false) {
+            match self.inbox.receive(self.channel, false) {
                 Ok(Some(r)) => {
                     let (socket, meta, bytes) = r.split(&self.inbox);
                     take(socket, meta, &bytes);

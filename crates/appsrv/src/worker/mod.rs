@@ -35,7 +35,7 @@ pub(crate) mod serve;
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::time::Duration;
@@ -160,20 +160,18 @@ where
     if let Err(e) = sys::install_worker_signals() {
         fail(format!("installing signal handlers: {e}"));
     }
-    // SAFETY: these are the master's descriptors (signal pipe, notification read end);
-    // their owners live in the master's part of this copied address space, which the
-    // worker never returns to.
-    unsafe { sys::close_inherited(setup.master_fds) };
-    let handoff = setup.handoff.map(|ch| match setup.role {
-        Role::Front => (ch.fronts().as_raw_fd(), ch.not_for_fronts()),
-        Role::Worker => (ch.workers().as_raw_fd(), ch.not_for_workers()),
-    });
-    if let Some((_, other)) = handoff {
-        // SAFETY: the end of the channel this side does not use; its owner (the master's
-        // `Channel`) lives in the master's part of this copied address space.
-        unsafe { sys::close_inherited(&[other]) };
-    }
-    let handoff = handoff.map(|(ours, _)| ours);
+    // Hybrid mode: this side's end of the hand-off channel, borrowed from the master's
+    // `Channel` for the worker's life (`run` never returns), and the end it does not use.
+    let (handoff, other_end) = match (setup.handoff, setup.role) {
+        (Some(ch), Role::Front) => (Some(ch.fronts()), Some(ch.not_for_fronts())),
+        (Some(ch), Role::Worker) => (Some(ch.workers()), Some(ch.not_for_workers())),
+        (None, _) => (None, None),
+    };
+    let master_fds: Vec<RawFd> = setup.master_fds.iter().copied().chain(other_end).collect();
+    // SAFETY: these are the master's descriptors (signal pipe, notification read end, the
+    // hand-off channel's end this side does not use); their owners live in the master's
+    // part of this copied address space, which the worker never returns to.
+    unsafe { sys::close_inherited(&master_fds) };
     if setup.role == Role::Front {
         crate::process::log::set_front(setup.id);
         let program = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
