@@ -322,7 +322,6 @@ impl<'a> Front<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
     use super::*;
@@ -335,7 +334,7 @@ mod tests {
     fn issue_31_requests_not_yet_in_a_worker_count_in_the_fronts_memory() {
         let board = Board::new().unwrap();
         let channel = handoff::Channel::new().unwrap();
-        let mut front = Front::new(channel.fronts().as_raw_fd(), 1, board, None);
+        let mut front = Front::new(channel.fronts(), 1, board, None);
         let meta = Meta {
             served: 0,
             peer: None,
