@@ -472,7 +472,11 @@ impl Client {
     /// the buffered bytes (with `MSG_MORE`, so that the kernel packs them with the file's
     /// first bytes) and then `sendfile(2)` calls, which copy from the page cache to the
     /// socket without passing through user space. The last segment is pushed at once
-    /// (`TCP_NODELAY`): no delayed-ACK stall at the end of a response.
+    /// (`TCP_NODELAY`): no delayed-ACK stall at the end of a response. With
+    /// `--min-send-rate` (the default), the socket is non-blocking during those calls and a
+    /// full socket is waited on with `poll`, a second at a time, so that a client that
+    /// takes the file too slowly is cut as it would be for any other write; the socket is
+    /// blocking again when this returns.
     ///
     /// Returns an error of kind `UnexpectedEof` if the file is shorter than the range.
     pub fn send_file(&mut self, file: &File, range: Range<u64>) -> io::Result<()> {
@@ -512,6 +516,9 @@ impl Client {
         let mut offset =
             i64::try_from(range.start).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let mut left = len;
+        if self.watch.active() {
+            return self.send_file_watched(file, &mut offset, left);
+        }
         while left > 0 {
             let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
             let r = self.transport.send_file(file, &mut offset, chunk);
@@ -523,6 +530,80 @@ impl Client {
                 }
                 None => {}
             }
+        }
+        Ok(())
+    }
+
+    /// `send_file`'s `sendfile(2)` calls under `--min-send-rate`: the socket is made
+    /// non-blocking for them (and blocking again after, whatever the outcome), and when it
+    /// is full the wait for room is a `poll` of at most one check interval, after which the
+    /// watch hears of it, as it hears of every write that waits.
+    ///
+    /// Why not a blocking `sendfile`, as without the watch: it does not come back when the
+    /// socket's send timeout expires. The kernel copies the file through a pipe and sends
+    /// the pipe's pages in a loop of sends, each with a timeout of its own, and goes on as
+    /// long as each send takes something. Every call that makes progress lasts at least two
+    /// timeouts (the send that took a few bytes waits out its second, and so does the next,
+    /// which finds no room), and a client that frees a few bytes every second keeps one
+    /// call in the kernel for as long as it likes. The watch took the first for a handler
+    /// that had stopped writing and began its window afresh each time (issue 31: a client
+    /// with a 4 KiB window reading a static file at a quarter of the minimum was never cut);
+    /// the second it would never have seen at all.
+    fn send_file_watched(&mut self, file: &File, offset: &mut i64, left: u64) -> io::Result<()> {
+        crate::net::handoff::set_nonblocking(self.transport.socket().as_fd(), true)?;
+        let sent = self.send_file_polling(file, offset, left);
+        let restored = crate::net::handoff::set_nonblocking(self.transport.socket().as_fd(), false);
+        sent.and(restored)
+    }
+
+    /// The loop of [`send_file_watched`](Client::send_file_watched), on the non-blocking
+    /// socket.
+    fn send_file_polling(&mut self, file: &File, offset: &mut i64, mut left: u64) -> io::Result<()> {
+        use nix::poll::{PollFd, PollFlags};
+        let wait = crate::sys::poll_timeout(self.watch.check_interval());
+        // Whether bytes went out since the watch last heard of a wait.
+        let mut progressed = false;
+        // Whether the last poll said there was room.
+        let mut room = false;
+        while left > 0 {
+            let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
+            let took = match self.transport.send_file(file, offset, chunk) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => return Err(e),
+            };
+            if took > 0 {
+                left -= took as u64;
+                self.sent += took as u64;
+                progressed = true;
+                self.watch.progress();
+                if took == chunk {
+                    continue;
+                }
+            }
+            // The socket is full: wait for the client to make room. When the last poll
+            // promised room and the send found none (TCP under memory pressure, where poll
+            // and the send disagree), the wait is a plain pause, not a spin.
+            let socket = self.transport.socket().as_fd();
+            let mut fds = [PollFd::new(socket, PollFlags::POLLOUT)];
+            let polled = if room && took == 0 {
+                &mut fds[..0]
+            } else {
+                &mut fds[..]
+            };
+            room = match nix::poll::poll(polled, wait) {
+                Ok(n) => n > 0,
+                Err(nix::errno::Errno::EINTR) => false,
+                Err(e) => return Err(e.into()),
+            };
+            let checked = self.watch.waited(self.transport.socket(), progressed);
+            progressed = false;
+            if self.watch.cut() {
+                self.abort();
+            }
+            checked?;
         }
         Ok(())
     }
@@ -783,6 +864,65 @@ mod tests {
             started.elapsed()
         );
         assert!(!c.watch.cut(), "the write timeout, not the rate, ended it");
+    }
+
+    /// Whether `socket` has `O_NONBLOCK`.
+    fn nonblocking(socket: &Socket) -> bool {
+        let flags = nix::fcntl::fcntl(socket, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+        nix::fcntl::OFlag::from_bits_truncate(flags).contains(nix::fcntl::OFlag::O_NONBLOCK)
+    }
+
+    /// Issue 31: under `--min-send-rate`, `send_file` makes the socket non-blocking for its
+    /// `sendfile(2)` calls and waits with `poll`. It sends every byte in order through a
+    /// send buffer far smaller than the file (so it waits many times), and the socket is
+    /// blocking again afterwards, after a success and after a failure (the request loop
+    /// and the handler's later reads and writes rely on it).
+    #[test]
+    fn issue_31_a_watched_send_file_sends_everything_and_leaves_the_socket_blocking() {
+        let path = std::env::temp_dir().join(format!("appsrv-send-file-{}", std::process::id()));
+        let content: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let file = File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let watched = |peer_reads: Option<usize>| {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+            let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
+            socket.set_send_buffer_size(4096).unwrap();
+            socket.set_write_timeout(Some(SEND_CHECK)).unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut theirs = theirs;
+                let mut got = Vec::new();
+                match peer_reads {
+                    None => theirs.read_to_end(&mut got).map(|_| ()).unwrap(),
+                    Some(n) => (&mut theirs)
+                        .take(n as u64)
+                        .read_to_end(&mut got)
+                        .map(|_| ())
+                        .unwrap(),
+                }
+                got
+            });
+            let mut c = Client::new(socket, Addr::Unix(None), Buffers::new());
+            c.watch_sends(SendWatch::new(500, Some(Duration::from_secs(60))));
+            c.write_all(b"head:").unwrap();
+            let sent = c.send_file(&file, 0..content.len() as u64);
+            assert!(!nonblocking(c.transport.socket()), "left non-blocking");
+            drop(c);
+            (sent, reader.join().unwrap())
+        };
+        let (sent, got) = watched(None);
+        sent.unwrap();
+        assert_eq!(&got[..5], b"head:");
+        assert!(
+            got[5..] == content[..],
+            "{} bytes of {}",
+            got.len() - 5,
+            content.len()
+        );
+        // A peer that goes away after 100 kB: the send fails, the socket is blocking again.
+        let (sent, got) = watched(Some(100_000));
+        assert!(sent.is_err(), "sent to a peer that left");
+        assert_eq!(got.len(), 100_000);
     }
 
     /// A server `Client` over a socket pair after a TLS handshake with a rustls client in

@@ -15,18 +15,26 @@ pub(crate) const SEND_CHECK: Duration = Duration::from_secs(1);
 
 /// The window over which a reader's progress is measured for `--min-send-rate`...
 pub(crate) const SEND_WINDOW: Duration = Duration::from_secs(10);
-/// ... or longer, up to this, when the connection's segments are so large that a reader at
-/// the minimum rate frees less than two of them in [`SEND_WINDOW`] (its window, and so what
-/// we see acknowledged, opens a segment at a time: loopback's 64 KiB MSS needs over two
-/// minutes at 500 bytes/s, a network's 1448 bytes under six seconds).
+/// ... or longer, up to this, for a reader whose progress shows in steps so large that
+/// one at the minimum rate makes fewer than two of them in [`SEND_WINDOW`]. A receiver
+/// reopens its window in pieces, and what we see acknowledged moves by as much at once. A
+/// step is the largest move seen from one check to the next in the window, and at least two
+/// segments: the kernel sends a small window's client segments of half its window at most,
+/// and such a client reopens its whole window at once (one with a 4 KiB `SO_RCVBUF` reading
+/// 700 bytes/s moved 4 to 6 KiB every 9 s on loopback). Two steps at 500 bytes/s: with
+/// loopback's 64 KiB segments, the whole minute; a network's 1448 bytes, about 12 s; a
+/// 4 KiB window's 2 KiB segments, 16 s (25 s once 6 KiB steps show).
 pub(crate) const MAX_SEND_WINDOW: Duration = Duration::from_secs(60);
 
 /// Watches writes that wait for the client (its receive window and our send buffer are
 /// full): the client must take at least `rate` bytes per second, measured on what it has
 /// acknowledged (not on what the kernel accepted: a 4 MiB send buffer would hide a reader
-/// that takes nothing), over each [`SEND_WINDOW`] of waiting. A window starts at the first
-/// wait and ends after [`SEND_WINDOW`], or when the writes stop waiting (a handler that
-/// streams slowly is not the client's fault).
+/// that takes nothing), over each [`SEND_WINDOW`] of waiting (or more, up to
+/// [`MAX_SEND_WINDOW`], for two steps of its progress at the rate). A window starts at the
+/// first wait and ends after that long, or when the writes stop waiting (a handler that
+/// streams slowly is not the client's fault). The client is credited one step (at most
+/// half of what it owes): what it has freed but not yet shown, so that a reader at the rate
+/// is never cut for where the window's edges fall between its steps.
 ///
 /// With a rate, the socket's send timeout is [`SEND_CHECK`], so that a waiting write comes
 /// back every second; the write timeout (`--write-timeout`,
@@ -39,14 +47,37 @@ pub(crate) struct SendWatch {
     rate: u64,
     /// The handler's write timeout, when the kernel's is [`SEND_CHECK`].
     write_timeout: Option<Duration>,
-    /// The current window: when it began and what the peer had taken then.
-    window: Option<(std::time::Instant, u64)>,
+    /// The current window.
+    window: Option<Window>,
     /// The last time a write waited (a gap of two checks ends the window).
     last_wait: Option<std::time::Instant>,
     /// Since when writes have made no progress at all.
     stalled_since: Option<std::time::Instant>,
     /// The client was cut off for being too slow.
     cut: bool,
+}
+
+/// A window of [`SendWatch`]: what the peer had taken, in bytes, and when.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// When it began, and what the peer had taken then.
+    began: std::time::Instant,
+    at_start: u64,
+    /// What the peer had taken at the last check.
+    last: u64,
+    /// The largest move of what it had taken from one check to the next.
+    step: u64,
+}
+
+impl Window {
+    fn new(now: std::time::Instant, taken: u64) -> Self {
+        Window {
+            began: now,
+            at_start: taken,
+            last: taken,
+            step: 0,
+        }
+    }
 }
 
 impl SendWatch {
@@ -78,6 +109,13 @@ impl SendWatch {
         self.write_timeout
     }
 
+    /// How long one wait for the client lasts before the watch hears of it: the socket's
+    /// send timeout ([`SEND_CHECK`], or the write timeout if that is shorter). A driver
+    /// that waits with `poll` rather than in a blocking write waits this long.
+    pub(crate) fn check_interval(&self) -> Duration {
+        self.kernel_timeout_for(self.write_timeout).unwrap_or(SEND_CHECK)
+    }
+
     /// The handler sets its write timeout: returns the send timeout the socket must get
     /// (still at most [`SEND_CHECK`]); [`keep_write_timeout`](SendWatch::keep_write_timeout)
     /// records it once the socket has it.
@@ -103,14 +141,26 @@ impl SendWatch {
 
     /// A write waited for the client and came back (its send timeout expired, with or
     /// without progress): `Err` when the client is too slow, and the write must give up.
+    ///
+    /// Progress, for the write timeout, is bytes written or, on TCP, bytes the client
+    /// acknowledged since the last check. Bytes written alone are not enough: the kernel
+    /// lets a writer (and `EPOLLOUT`) go on only when a third of the send buffer is free,
+    /// so with loopback's 4 MiB buffer a client taking a healthy 16 kB/s lets nothing be
+    /// written for over a minute. The event loop, which writes only on that edge, cut such
+    /// clients at the write timeout (issue 31); the rate is what judges a slow client.
     pub(crate) fn waited(&mut self, socket: &Socket, progressed: bool) -> io::Result<()> {
         let now = std::time::Instant::now();
-        if !progressed {
+        let measured = crate::sys::peer_progress(socket.as_fd());
+        let peer_took = match (measured, self.window) {
+            (Some((taken, _)), Some(w)) => taken > w.last,
+            _ => false,
+        };
+        if !(progressed || peer_took) {
             // The socket's own send timeout: the first wait began that long ago.
-            let kernel = self.kernel_timeout_for(self.write_timeout).unwrap_or_default();
+            let check = self.check_interval();
             let since = *self
                 .stalled_since
-                .get_or_insert_with(|| now.checked_sub(kernel).unwrap_or(now));
+                .get_or_insert_with(|| now.checked_sub(check).unwrap_or(now));
             if let Some(limit) = self.write_timeout {
                 if now.duration_since(since) >= limit {
                     return Err(io::Error::new(
@@ -130,22 +180,28 @@ impl SendWatch {
             self.window = None;
         }
         self.last_wait = Some(now);
-        let Some((taken, mss)) = crate::sys::peer_progress(socket.as_fd()) else {
+        let Some((taken, mss)) = measured else {
             return Ok(()); // not TCP: only the write timeout applies
         };
-        let window = Duration::from_secs_f64(2.0 * f64::from(mss) / self.rate as f64)
-            .clamp(SEND_WINDOW, MAX_SEND_WINDOW);
-        let Some((began, at_start)) = self.window else {
-            self.window = Some((now, taken));
+        let Some(w) = self.window.as_mut() else {
+            self.window = Some(Window::new(now, taken));
             return Ok(());
         };
+        w.step = w.step.max(taken.saturating_sub(w.last));
+        w.last = taken;
+        let (began, at_start) = (w.began, w.at_start);
+        // A step is at least two segments: the kernel sends a small window's client
+        // segments of half its window at most, and it reopens the whole window at once.
+        let step = w.step.max(2 * u64::from(mss));
+        let window =
+            Duration::from_secs_f64(2.0 * step as f64 / self.rate as f64).clamp(SEND_WINDOW, MAX_SEND_WINDOW);
         let elapsed = now.duration_since(began);
         if elapsed < window {
             return Ok(());
         }
         let got = taken.saturating_sub(at_start);
         let needed = (self.rate as f64 * elapsed.as_secs_f64()) as u64;
-        if got < needed {
+        if got + step.min(needed / 2) < needed {
             self.cut = true;
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -157,7 +213,7 @@ impl SendWatch {
                 ),
             ));
         }
-        self.window = Some((now, taken));
+        self.window = Some(Window::new(now, taken));
         Ok(())
     }
 
