@@ -16,25 +16,6 @@ use std::time::{Duration, Instant};
 
 use util::*;
 
-/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (the servers it starts
-/// inherit it), and says whether that allows `need` descriptors. Tests that cannot have
-/// them skip with a message.
-fn raise_nofile(need: u64) -> bool {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    if hard < need {
-        eprintln!(
-            "skipped: the hard RLIMIT_NOFILE is {hard}, this test needs {need} descriptors \
-             (raise it with `ulimit -Hn` or in limits.conf)"
-        );
-        return false;
-    }
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit");
-    }
-    true
-}
-
 /// Starts `http_hello --io event` with `args` after the listener.
 fn event_hello(args: &[&str]) -> Server {
     let mut all = vec!["-l", "127.0.0.1:0"];

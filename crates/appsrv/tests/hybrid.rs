@@ -139,25 +139,6 @@ fn metric(text: &str, name: &str) -> f64 {
     }
 }
 
-/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (the servers it starts
-/// inherit it), and says whether that allows `need` descriptors; a test that cannot have
-/// them skips with a message.
-fn raise_nofile(need: u64) -> bool {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    if hard < need {
-        eprintln!(
-            "skipped: the hard RLIMIT_NOFILE is {hard}, this test needs {need} descriptors \
-             (raise it with `ulimit -Hn` or in limits.conf)"
-        );
-        return false;
-    }
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit");
-    }
-    true
-}
-
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
 const HELLO: &[u8] = b"Hello, World!";
 

@@ -845,3 +845,23 @@ pub fn spawn_socket_activated(example_name: &str, args: &[&str], env: &[(&str, &
     }
     Server::from_command(cmd)
 }
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (the servers it starts
+/// inherit it), and says whether that allows `need` descriptors; a test that cannot have
+/// them skips with a message.
+#[allow(dead_code)] // not every test binary opens thousands of connections
+pub fn raise_nofile(need: u64) -> bool {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    if hard < need {
+        eprintln!(
+            "skipped: the hard RLIMIT_NOFILE is {hard}, this test needs {need} descriptors \
+             (raise it with `ulimit -Hn` or in limits.conf)"
+        );
+        return false;
+    }
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("setrlimit");
+    }
+    true
+}
