@@ -471,7 +471,6 @@ struct Loop<'a, H: RequestHandler> {
     recycle: Recycle,
     /// The connections, by token (see reactor.rs).
     conns: Slab<Connection<'a, H>>,
-    open: usize,
     counts: ConnCounts,
     published: ConnCounts,
     timers: Timers,
@@ -531,7 +530,7 @@ pub(crate) fn serve<H: RequestHandler>(
             log.flush();
         }
         lp.publish();
-        if lp.stopping && lp.open == 0 {
+        if lp.stopping && lp.conns.is_empty() {
             if let Some(front) = lp.front.as_mut() {
                 // Connections a worker handed back just as this front stopped taking them:
                 // to the workers, rather than lost with this process.
@@ -539,7 +538,7 @@ pub(crate) fn serve<H: RequestHandler>(
             }
             lp.watch_channel();
         }
-        if lp.stopping && lp.open == 0 && lp.front.as_ref().is_none_or(|f| f.idle()) {
+        if lp.stopping && lp.conns.is_empty() && lp.front.as_ref().is_none_or(|f| f.idle()) {
             tracing::debug!("no connection left");
             if let Some(d) = lp.datagrams.as_mut() {
                 if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| d.on_worker_exit())) {
@@ -601,7 +600,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             max_connections: max_connections.max(1),
             recycle,
             conns: Slab::new(),
-            open: 0,
             counts: ConnCounts::default(),
             published: ConnCounts::default(),
             timers: Timers::new(),
@@ -771,7 +769,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             tracing::warn!(
                 "buffered request bytes reached --max-buffered-bytes {} ({} connections open): pausing the connections that hold the most, refusing new large requests (HTTP 503)",
                 self.limits.max_buffered,
-                self.open
+                self.conns.len()
             );
         }
     }
@@ -801,7 +799,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let Some(d) = self.datagrams.as_mut() {
             d.publish();
         }
-        self.counts.open = self.open as u32;
+        self.counts.open = self.conns.len() as u32;
         if self.counts != self.published {
             self.slot.publish_counts(self.counts);
             self.published = self.counts;
@@ -835,7 +833,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 self.ready.push(&mut c.queued, token);
             }
         }
-        tracing::debug!("stopping: {} connections to finish", self.open);
+        tracing::debug!("stopping: {} connections to finish", self.conns.len());
     }
 
     /// Takes the listeners out of the epoll set (an exclusive registration cannot be
@@ -879,7 +877,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// front holds with a whole request for want of room in the channel (workers
     /// saturated: the listen queue pushes back on new clients then).
     fn load(&self) -> usize {
-        self.open + self.front.as_ref().map_or(0, super::front::Front::held)
+        self.conns.len() + self.front.as_ref().map_or(0, super::front::Front::held)
     }
 
     /// Puts the listeners back when below the limit again and not paused for resources.
@@ -1108,7 +1106,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             )));
         }
         self.counts.reading += 1;
-        self.open += 1;
         let token = self.conns.insert(c);
         // Before its first request is handled, in this turn: a handler call that blocks
         // the loop is reported with every connection it holds up.
@@ -1183,7 +1180,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                         "handler panicked while serving {}: {}; connection closed, this worker exits and is replaced (closing its {} other connections)",
                         c.peer,
                         super::panic_message(&payload),
-                        self.open.saturating_sub(1)
+                        self.conns.len().saturating_sub(1)
                     );
                     if let Some(log) = self.access.as_mut() {
                         log.flush();
@@ -1325,7 +1322,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn close(&mut self, token: Token, mut c: Connection<'a, H>) {
         self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
-        self.open -= 1;
         let (received, sent) = (c.received, c.sent);
         self.slot.add_bytes(received, sent);
         if let Some(started) = c.request.take() {
@@ -1392,7 +1388,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn forget(&mut self, token: Token, mut c: Connection<'a, H>) {
         self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
-        self.open -= 1;
         self.slot.add_bytes(c.received, c.sent);
         self.uncount_peer(&mut c);
         drop(c);
@@ -1704,7 +1699,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             slow: &mut self.slow,
             handler_started: None,
             handler_ended: None,
-            open: self.open,
+            open: self.conns.len(),
         };
         let info = ConnInfo {
             peer: &c.peer,

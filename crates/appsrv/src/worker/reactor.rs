@@ -202,6 +202,16 @@ impl<T> Slab<T> {
         self.free.push(token.index());
     }
 
+    /// How many places are taken (held or lent): the connections open.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len() - self.free.len()
+    }
+
+    /// Whether no place is taken.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The values held, with their tokens.
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (Token, &mut T)> {
         self.entries.iter_mut().enumerate().filter_map(|(i, e)| {
@@ -398,6 +408,7 @@ mod tests {
         let a = slab.insert(1);
         let v = slab.take(a).expect("held");
         assert_eq!(slab.get_mut(a), None, "lent: not found while its pass runs");
+        assert_eq!(slab.len(), 1, "a lent value is still open");
         let b = slab.insert(2);
         assert_ne!(a.index(), b.index(), "a lent place is not reused");
         slab.put_back(a, v);
@@ -409,6 +420,7 @@ mod tests {
         let _ = slab.take(a);
         slab.release(a);
         assert_eq!(slab.iter_mut().count(), 1);
+        assert_eq!(slab.len(), 1);
         let c = slab.insert(3);
         assert_eq!(c.index(), a.index());
         assert_eq!(slab.get_mut(a), None);
