@@ -84,7 +84,7 @@ use crate::sys::{self, exit};
 use super::access::{AccessLog, Outcome};
 use super::admission::{self, Admission, Rejection, Rules, Seat};
 use super::blocking::log_connection_error;
-use super::reactor::{self, Armed, Kind, Queued, Ready, Slab, Timers, Token};
+use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
 use super::serve::{Bound, Boundary, Context, Limits};
 use super::{ConnLimits, Recycle};
 
@@ -266,8 +266,8 @@ struct Connection<'a, H: RequestHandler> {
     queued: Queued,
     /// Stopped reading at the budget of buffered bytes (in `Loop::paused`).
     paused: bool,
-    deadline: Option<Instant>,
-    armed: Armed,
+    /// Its one deadline (the wait's), and its entry in the loop's timers.
+    timer: Timer,
     class: Class,
     /// The request in progress: the turn its first bytes came in.
     request: Option<Instant>,
@@ -1061,8 +1061,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             closed_by_peer: false,
             queued: Queued::default(),
             paused: false,
-            deadline: None,
-            armed: Armed::default(),
+            timer: Timer::default(),
             class: Class::Reading,
             request: None,
             received: 0,
@@ -1089,7 +1088,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
             if let Next::Read { timeout, .. } = first {
-                c.deadline = timeout.map(|t| self.now + t);
+                c.timer.deadline = timeout.map(|t| self.now + t);
             }
         } else {
             let now = self.now;
@@ -1141,16 +1140,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             let Some(c) = self.conns.get_mut(token) else {
                 continue;
             };
-            if !c.armed.fire(t) {
-                continue; // a stale entry: a newer, earlier one was pushed
-            }
-            match c.deadline {
-                None => {}
-                Some(d) if d > now => self.timers.set(&mut c.armed, token, d),
-                Some(_) => {
-                    c.deadline = None;
-                    self.timed_out(token, handler);
-                }
+            if self.timers.expired(&mut c.timer, token, t, now) {
+                self.timed_out(token, handler);
             }
         }
     }
@@ -1238,9 +1229,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             }
             c.registered = true;
         }
-        if let Some(d) = c.deadline {
-            self.timers.arm(&mut c.armed, token, d);
-        }
+        self.timers.arm(&mut c.timer, token);
         if let Pass::Ready = outcome {
             self.ready.push(&mut c.queued, token);
         }
@@ -1295,8 +1284,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 };
                 match verdict {
                     Ok(()) => {
-                        c.deadline = Some(self.now + SEND_CHECK);
-                        self.timers.set(&mut c.armed, token, self.now + SEND_CHECK);
+                        // Disarmed as it expired: armed for the next check.
+                        c.timer.deadline = Some(self.now + SEND_CHECK);
+                        self.timers.arm(&mut c.timer, token);
                     }
                     Err(e) => {
                         tracing::info!("connection from {}: {e}", c.peer);
@@ -1473,7 +1463,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         });
         match then {
             Then::Read { wait, timeout } => {
-                c.deadline = timeout.map(|t| self.now + t);
+                c.timer.deadline = timeout.map(|t| self.now + t);
                 c.pending = Pending::Read { wait };
                 None
             }
@@ -1489,7 +1479,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 }
                 match linger {
                     Some(d) if c.transport.shutdown(std::net::Shutdown::Write).is_ok() => {
-                        c.deadline = Some(self.now + d);
+                        c.timer.deadline = Some(self.now + d);
                         c.pending = Pending::Linger { discarded: 0 };
                         if d.is_zero() {
                             // Only what has arrived: never wait.
@@ -1646,10 +1636,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     self.limits.write_timeout,
                 )));
                 c.sent_at_check = c.sent;
-                c.deadline = Some(self.now + SEND_CHECK);
+                c.timer.deadline = Some(self.now + SEND_CHECK);
             }
         } else {
-            c.deadline = self.limits.write_timeout.map(|t| self.now + t);
+            c.timer.deadline = self.limits.write_timeout.map(|t| self.now + t);
         }
     }
 
@@ -1849,7 +1839,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         loop {
             match machine.next() {
                 admission::Next::Read { by } => {
-                    c.deadline = by;
+                    c.timer.deadline = by;
                     if !c.readable && !c.closed_by_peer {
                         return Some(Pass::Wait);
                     }
@@ -1875,7 +1865,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     }
                 }
                 admission::Next::Write { by } => {
-                    c.deadline = by;
+                    c.timer.deadline = by;
                     if !c.writable {
                         return Some(Pass::Wait);
                     }

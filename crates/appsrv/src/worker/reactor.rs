@@ -1,8 +1,8 @@
 //! The event loop's reactor, apart from the loop (the way Redis's `ae.c` stands apart
 //! from `networking.c`): what an epoll registration carries ([`Token`]: a tag, an index
 //! and a generation, encoded and decoded here only), the connection slab that owns the
-//! generations ([`Slab`]), the timers ([`Timers`], with lazy cancellation through
-//! [`Armed`]) and the ready list ([`Ready`], with its per-turn snapshot). None of it
+//! generations ([`Slab`]), the timers ([`Timers`], with lazy cancellation through each
+//! connection's [`Timer`]) and the ready list ([`Ready`], with its per-turn snapshot). None of it
 //! knows what a connection is, and none of it makes a system call but the registration
 //! helpers ([`watch`], [`rewatch`]); `worker/event.rs` drives them.
 //!
@@ -221,28 +221,23 @@ impl<T> Slab<T> {
     }
 }
 
-/// When a connection's timer is armed (kept in the connection): the one heap entry that
-/// counts. Entries of [`Timers`] that do not match it are stale (re-armed earlier since,
-/// or fired) and skipped when they come due, rather than searched for in the heap.
+/// A connection's timer (kept in the connection): its one deadline, which the loop sets
+/// as it likes (`None`: no deadline, which also cancels), and the one heap entry of
+/// [`Timers`] that counts. Entries that do not match it are stale (re-armed earlier
+/// since, or fired) and are skipped when they come due, rather than searched for in the
+/// heap.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-pub(crate) struct Armed(Option<Instant>);
-
-impl Armed {
-    /// Whether an entry due at `at` is this timer's current one; if so it is disarmed
-    /// (fired). A stale entry leaves it as it is.
-    pub(crate) fn fire(&mut self, at: Instant) -> bool {
-        if self.0 == Some(at) {
-            self.0 = None;
-            true
-        } else {
-            false
-        }
-    }
+pub(crate) struct Timer {
+    /// When the connection's wait ends. Moving it later costs nothing (the entry, when
+    /// it comes due, is pushed again for it); moving it earlier needs a [`Timers::arm`].
+    pub(crate) deadline: Option<Instant>,
+    armed: Option<Instant>,
 }
 
 /// The timers: a min-heap of (due, token), no `timerfd` (the wait's timeout is the
 /// earliest entry). Cancelling is lazy: an entry whose token finds nothing (the
-/// connection is gone) or whose [`Armed`] no longer matches is skipped when it comes due.
+/// connection is gone), whose [`Timer`] is armed for another time or has no deadline any
+/// more is skipped when it comes due.
 pub(crate) struct Timers {
     heap: BinaryHeap<Reverse<(Instant, Token)>>,
 }
@@ -255,18 +250,15 @@ impl Timers {
         }
     }
 
-    /// Arms `armed` for `at` unless it is armed for that or earlier already (an earlier
-    /// entry fires first and re-arms for what is due then).
-    pub(crate) fn arm(&mut self, armed: &mut Armed, token: Token, at: Instant) {
-        if armed.0.is_none_or(|a| a > at) {
-            self.set(armed, token, at);
+    /// Arms `timer` for its deadline unless it is armed for that or earlier already (an
+    /// earlier entry, when it comes due, is pushed again for the deadline then).
+    pub(crate) fn arm(&mut self, timer: &mut Timer, token: Token) {
+        if let Some(d) = timer.deadline {
+            if timer.armed.is_none_or(|a| a > d) {
+                timer.armed = Some(d);
+                self.heap.push(Reverse((d, token)));
+            }
         }
-    }
-
-    /// Arms `armed` for `at` whatever it was armed for (an older entry becomes stale).
-    pub(crate) fn set(&mut self, armed: &mut Armed, token: Token, at: Instant) {
-        armed.0 = Some(at);
-        self.heap.push(Reverse((at, token)));
     }
 
     /// The earliest entry's time (stale or not: a stale one costs one early wake-up).
@@ -275,7 +267,8 @@ impl Timers {
     }
 
     /// The earliest entry due at `now` or before, taken out, in order of time. The
-    /// caller checks it with [`Armed::fire`] (and skips it if its token finds nothing).
+    /// caller looks its token up (skipping it if it finds nothing) and asks
+    /// [`Timers::expired`].
     pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(Instant, Token)> {
         let Reverse((t, token)) = *self.heap.peek()?;
         if t > now {
@@ -283,6 +276,27 @@ impl Timers {
         }
         self.heap.pop();
         Some((t, token))
+    }
+
+    /// Whether the entry `(at, token)` that came due at `now` ends `timer`'s wait (its
+    /// deadline is then cleared). No when the entry is stale, when the timer has no
+    /// deadline any more, or when the deadline was moved later (it is armed again for it).
+    pub(crate) fn expired(&mut self, timer: &mut Timer, token: Token, at: Instant, now: Instant) -> bool {
+        if timer.armed != Some(at) {
+            return false; // a stale entry: a newer, earlier one was pushed
+        }
+        timer.armed = None;
+        match timer.deadline {
+            None => false,
+            Some(d) if d > now => {
+                self.arm(timer, token);
+                false
+            }
+            Some(_) => {
+                timer.deadline = None;
+                true
+            }
+        }
     }
 }
 
@@ -435,46 +449,78 @@ mod tests {
         assert_eq!(t.generation(), 0);
     }
 
+    /// The loop's way: every due entry looked up, asked, and the expired ones collected.
+    fn expire(timers: &mut Timers, slab: &mut Slab<Timer>, now: Instant) -> Vec<Token> {
+        let mut fired = Vec::new();
+        while let Some((at, token)) = timers.pop_due(now) {
+            let Some(timer) = slab.get_mut(token) else {
+                continue;
+            };
+            if timers.expired(timer, token, at, now) {
+                fired.push(token);
+            }
+        }
+        fired
+    }
+
     #[test]
-    fn timers_fire_in_order_and_skip_what_was_re_armed_or_removed() {
+    fn timers_fire_in_order_and_skip_what_was_re_armed_cancelled_or_removed() {
         let start = Instant::now();
         let at = |ms| start + Duration::from_millis(ms);
         let mut slab = Slab::new();
         let mut timers = Timers::new();
-        let a = slab.insert(Armed::default());
-        let b = slab.insert(Armed::default());
-        let c = slab.insert(Armed::default());
-        timers.arm(slab.get_mut(a).unwrap(), a, at(30));
-        timers.arm(slab.get_mut(b).unwrap(), b, at(10));
-        timers.arm(slab.get_mut(c).unwrap(), c, at(20));
-        // Later than armed: kept as it is (the earlier entry re-arms when it fires).
-        timers.arm(slab.get_mut(b).unwrap(), b, at(40));
-        // Earlier: re-armed, the entry at 30 is stale from now on.
-        timers.arm(slab.get_mut(a).unwrap(), a, at(5));
+        let mut add = |slab: &mut Slab<Timer>, ms| {
+            let token = slab.insert(Timer {
+                deadline: Some(at(ms)),
+                armed: None,
+            });
+            timers.arm(slab.get_mut(token).unwrap(), token);
+            token
+        };
+        let a = add(&mut slab, 30);
+        let b = add(&mut slab, 10);
+        let c = add(&mut slab, 20);
+        let d = add(&mut slab, 25);
+        let e = add(&mut slab, 15);
+        // Earlier: armed again, the entry at 30 is stale from now on.
+        slab.get_mut(a).unwrap().deadline = Some(at(5));
+        timers.arm(slab.get_mut(a).unwrap(), a);
+        // Later: only the field changes; the entry at 10 comes due and is pushed again.
+        slab.get_mut(b).unwrap().deadline = Some(at(40));
+        timers.arm(slab.get_mut(b).unwrap(), b);
         // Gone: its entry finds nothing.
-        remove(&mut slab, c);
+        let _ = slab.take(c);
+        slab.release(c);
+        // Cancelled: no deadline.
+        slab.get_mut(d).unwrap().deadline = None;
         assert_eq!(timers.earliest(), Some(at(5)));
         assert_eq!(timers.pop_due(at(4)), None, "nothing due yet");
-        let mut fired = Vec::new();
-        while let Some((t, token)) = timers.pop_due(at(100)) {
-            let Some(armed) = slab.get_mut(token) else {
-                continue;
-            };
-            if armed.fire(t) {
-                fired.push((token, t));
-            }
-        }
-        assert_eq!(fired, vec![(a, at(5)), (b, at(10))]);
+        assert_eq!(expire(&mut timers, &mut slab, at(35)), vec![a, e]);
+        assert_eq!(
+            slab.get_mut(a).unwrap().deadline,
+            None,
+            "an expired deadline is cleared"
+        );
+        assert_eq!(timers.earliest(), Some(at(40)), "the moved deadline, armed again");
+        assert_eq!(expire(&mut timers, &mut slab, at(40)), vec![b]);
         assert_eq!(timers.earliest(), None);
-        // Fired: disarmed, so the next arm is taken whatever its time.
-        timers.arm(slab.get_mut(b).unwrap(), b, at(50));
-        assert_eq!(timers.earliest(), Some(at(50)));
-        // Set unconditionally: the earlier entry becomes stale.
-        timers.set(slab.get_mut(b).unwrap(), b, at(60));
-        let (t, token) = timers.pop_due(at(100)).unwrap();
-        assert!(!slab.get_mut(token).unwrap().fire(t), "stale");
-        let (t, token) = timers.pop_due(at(100)).unwrap();
-        assert!(slab.get_mut(token).unwrap().fire(t));
+        // Expired, so disarmed: the next deadline is armed whatever its time.
+        slab.get_mut(b).unwrap().deadline = Some(at(100));
+        timers.arm(slab.get_mut(b).unwrap(), b);
+        assert_eq!(timers.earliest(), Some(at(100)));
+        // A stale entry is dropped, not pushed again: armed for 60, then for 50, which
+        // expires; the next wait's deadline (70) arms anew, and the entry at 60 is stale.
+        let f = slab.insert(Timer::default());
+        for ms in [60, 50] {
+            slab.get_mut(f).unwrap().deadline = Some(at(ms));
+            timers.arm(slab.get_mut(f).unwrap(), f);
+        }
+        assert_eq!(expire(&mut timers, &mut slab, at(55)), vec![f]);
+        slab.get_mut(f).unwrap().deadline = Some(at(70));
+        timers.arm(slab.get_mut(f).unwrap(), f);
+        assert_eq!(expire(&mut timers, &mut slab, at(65)), vec![]);
+        assert_eq!(timers.heap.len(), 2, "b's entry at 100 and f's at 70, once");
+        assert_eq!(expire(&mut timers, &mut slab, at(70)), vec![f]);
     }
 
     /// A connection queued again during its run goes to the next turn: each runs once
