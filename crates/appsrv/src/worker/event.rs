@@ -1,7 +1,9 @@
 //! The event loop (`--io event`): one epoll instance per worker, made after the fork, over
 //! the worker's listeners and all its connections; the user's `RequestHandler` is called
 //! inline for each complete request, through the same I/O-free steps as the blocking loop
-//! (admission, `conn/step.rs`).
+//! (admission, `conn/step.rs`). What does not know about connections (the tokens epoll
+//! carries, the slab that names connections by them, the timers, the ready list) is the
+//! reactor underneath, `worker/reactor.rs`.
 //!
 //! What each turn does, and why (see also docs/ARCHITECTURE.md, "The event loop"):
 //! - **Accepting without a thundering herd.** The master's listeners are shared by every
