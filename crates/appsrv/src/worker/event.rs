@@ -1,7 +1,9 @@
 //! The event loop (`--io event`): one epoll instance per worker, made after the fork, over
 //! the worker's listeners and all its connections; the user's `RequestHandler` is called
 //! inline for each complete request, through the same I/O-free steps as the blocking loop
-//! (admission, `conn/step.rs`).
+//! (admission, `conn/step.rs`). What does not know about connections (the tokens epoll
+//! carries, the slab that names connections by them, the timers, the ready list) is the
+//! reactor underneath, `worker/reactor.rs`.
 //!
 //! What each turn does, and why (see also docs/ARCHITECTURE.md, "The event loop"):
 //! - **Accepting without a thundering herd.** The master's listeners are shared by every
@@ -55,8 +57,6 @@
 //!   it held up) and counted. The slot shows each turn's start: the master kills a worker
 //!   whose turn lasts longer than `--request-timeout` (a handler that blocked).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::io::Read;
 use std::io::{self, IoSlice};
 use std::net::IpAddr;
@@ -86,6 +86,7 @@ use crate::sys::{self, exit};
 use super::access::{AccessLog, Outcome};
 use super::admission::{self, Admission, Rejection, Rules, Seat};
 use super::blocking::log_connection_error;
+use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
 use super::serve::{Bound, Boundary, Context, Limits};
 use super::{ConnLimits, Recycle};
 
@@ -125,12 +126,6 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 /// master's channel, files the handler opens).
 pub(crate) const SPARE_FDS: u64 = 64;
 
-/// The epoll data of a listener: this bit, and its index.
-const LISTENER: u64 = 1 << 63;
-/// The epoll data of a datagram listener: both bits, and its index.
-const DATAGRAM: u64 = LISTENER | 1 << 62;
-/// The epoll data of the hand-off channel (a hybrid front).
-const CHANNEL: u64 = LISTENER | 1 << 61;
 /// What a front watches the channel for: connections handed back.
 const CHANNEL_IN: EpollFlags = EpollFlags::EPOLLIN.union(EpollFlags::EPOLLET);
 
@@ -187,8 +182,7 @@ pub(crate) fn prepare(
     if let Some(fd) = front {
         // Out only while the front holds requests for want of room (`Front::wants_room`):
         // every hand-off a worker takes would otherwise wake the front.
-        epoll
-            .add(fd, EpollEvent::new(CHANNEL_IN, CHANNEL))
+        reactor::watch(&epoll, fd, CHANNEL_IN, Token::CHANNEL)
             .map_err(|e| format!("watching the hand-off channel: {e}"))?;
     }
     let mask = sys::block_flag_signals().map_err(|e| format!("blocking the stop signals: {e}"))?;
@@ -199,8 +193,12 @@ pub(crate) fn prepare(
 /// reading; both level-triggered and exclusive (one waiting worker woken per arrival).
 fn register_listener(epoll: &Epoll, l: &Listener, i: usize) -> nix::Result<()> {
     let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
-    let tag = if l.is_datagram() { DATAGRAM } else { LISTENER };
-    epoll.add(l.socket().as_fd(), EpollEvent::new(flags, tag | i as u64))
+    let token = if l.is_datagram() {
+        Token::datagram(i)
+    } else {
+        Token::listener(i)
+    };
+    reactor::watch(epoll, l.socket().as_fd(), flags, token)
 }
 
 /// What a connection waits for, for the counts on the scoreboard.
@@ -248,7 +246,6 @@ enum Pending {
 
 /// One connection.
 struct Connection<'a, H: RequestHandler> {
-    generation: u32,
     transport: Transport,
     peer: Addr,
     /// Its number among this worker's connections ([`Conn::id`](crate::Conn::id)).
@@ -268,11 +265,11 @@ struct Connection<'a, H: RequestHandler> {
     readable: bool,
     writable: bool,
     closed_by_peer: bool,
-    queued: bool,
+    queued: Queued,
     /// Stopped reading at the budget of buffered bytes (in `Loop::paused`).
     paused: bool,
-    deadline: Option<Instant>,
-    armed: Option<Instant>,
+    /// Its one deadline (the wait's), and its entry in the loop's timers.
+    timer: Timer,
     class: Class,
     /// The request in progress: the turn its first bytes came in.
     request: Option<Instant>,
@@ -474,13 +471,12 @@ struct Loop<'a, H: RequestHandler> {
     max_per_ip: Option<usize>,
     max_connections: usize,
     recycle: Recycle,
-    conns: Vec<Option<Connection<'a, H>>>,
-    free: Vec<usize>,
-    open: usize,
+    /// The connections, by token (see reactor.rs).
+    conns: Slab<Connection<'a, H>>,
     counts: ConnCounts,
     published: ConnCounts,
-    timers: BinaryHeap<Reverse<(Instant, u64)>>,
-    ready: VecDeque<u64>,
+    timers: Timers,
+    ready: Ready,
     shared: Buffers,
     scratch: Vec<u8>,
     now: Instant,
@@ -497,9 +493,6 @@ struct Loop<'a, H: RequestHandler> {
     rejections: super::blocking::Rejections,
     peers: Option<&'static PeerCounts>,
     board: &'static Board,
-    /// The last connection's generation (a token names one connection, never a later one
-    /// in its place).
-    generation: u32,
     reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
     retire: &'a mut dyn FnMut(),
     retire_sent: bool,
@@ -512,11 +505,11 @@ struct Loop<'a, H: RequestHandler> {
     /// `limits.max_buffered`.
     buffered: usize,
     /// Connections that stopped reading at the budget (tokens), resumed when it has room.
-    paused: Vec<u64>,
+    paused: Vec<Token>,
     /// Whether the connection being driven reads into the worker-wide buffers.
     pass_shared: bool,
     /// The token of the connection being driven.
-    pass_token: u64,
+    pass_token: Token,
     /// The budget's episode, for one log line per episode.
     budget_episode: Option<Instant>,
     /// The most `buffered` held since memory was last given back (see [`Loop::trim`]).
@@ -539,7 +532,7 @@ pub(crate) fn serve<H: RequestHandler>(
             log.flush();
         }
         lp.publish();
-        if lp.stopping && lp.open == 0 {
+        if lp.stopping && lp.conns.is_empty() {
             if let Some(front) = lp.front.as_mut() {
                 // Connections a worker handed back just as this front stopped taking them:
                 // to the workers, rather than lost with this process.
@@ -547,7 +540,7 @@ pub(crate) fn serve<H: RequestHandler>(
             }
             lp.watch_channel();
         }
-        if lp.stopping && lp.open == 0 && lp.front.as_ref().is_none_or(|f| f.idle()) {
+        if lp.stopping && lp.conns.is_empty() && lp.front.as_ref().is_none_or(|f| f.idle()) {
             tracing::debug!("no connection left");
             if let Some(d) = lp.datagrams.as_mut() {
                 if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| d.on_worker_exit())) {
@@ -608,13 +601,11 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             max_per_ip,
             max_connections: max_connections.max(1),
             recycle,
-            conns: Vec::new(),
-            free: Vec::new(),
-            open: 0,
+            conns: Slab::new(),
             counts: ConnCounts::default(),
             published: ConnCounts::default(),
-            timers: BinaryHeap::new(),
-            ready: VecDeque::new(),
+            timers: Timers::new(),
+            ready: Ready::new(),
             shared: Buffers::new(),
             scratch: vec![0; 4096],
             now: Instant::now(),
@@ -638,7 +629,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             rejections: super::blocking::Rejections::default(),
             peers,
             board,
-            generation: 0,
             reopen_log,
             retire,
             retire_sent: false,
@@ -648,7 +638,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             buffered: 0,
             paused: Vec::new(),
             pass_shared: false,
-            pass_token: 0,
+            pass_token: Token::default(),
             budget_episode: None,
             buffered_peak: 0,
             trimmed_at: Instant::now(),
@@ -680,30 +670,25 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
         // The ready list as it stands: connections queued during this turn wait for the
         // next one.
-        let ready = self.ready.len();
+        let mut ready = self.ready.snapshot();
         for ev in events {
-            let data = ev.data();
-            if data & LISTENER == 0 {
-                self.event(data, ev.events(), handler);
-            } else if data == CHANNEL {
-                self.channel_event(ev.events(), handler);
-            } else if data & DATAGRAM == DATAGRAM {
-                self.datagrams_readable((data & !DATAGRAM) as usize);
-            } else if ev.events().contains(EpollFlags::EPOLLHUP) {
-                // The master shut the listeners down: a stop.
-                if !self.stopping {
-                    self.begin_stop();
+            let token = Token::from_data(ev.data());
+            match token.kind() {
+                Kind::Connection => self.event(token, ev.events(), handler),
+                Kind::Channel => self.channel_event(ev.events(), handler),
+                Kind::Datagram(index) => self.datagrams_readable(index),
+                Kind::Listener(_) if ev.events().contains(EpollFlags::EPOLLHUP) => {
+                    // The master shut the listeners down: a stop.
+                    if !self.stopping {
+                        self.begin_stop();
+                    }
                 }
-            } else {
-                self.accept((data & !LISTENER) as usize, handler);
+                Kind::Listener(index) => self.accept(index, handler),
             }
         }
-        for _ in 0..ready {
-            let Some(token) = self.ready.pop_front() else {
-                break;
-            };
-            if let Some(c) = self.get(token) {
-                c.queued = false;
+        while let Some(token) = self.ready.next(&mut ready) {
+            if let Some(c) = self.conns.get_mut(token) {
+                Ready::done(&mut c.queued);
                 self.run(token, handler);
             }
         }
@@ -720,19 +705,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
 }
 
 impl<'a, H: RequestHandler> Loop<'a, H> {
-    fn token(index: usize, generation: u32) -> u64 {
-        (u64::from(generation) << 32) | index as u64
-    }
-
-    fn get(&mut self, token: u64) -> Option<&mut Connection<'a, H>> {
-        let index = (token & 0xffff_ffff) as usize;
-        let generation = (token >> 32) as u32;
-        self.conns
-            .get_mut(index)?
-            .as_mut()
-            .filter(|c| c.generation == generation)
-    }
-
     fn limit_reached(&self) -> bool {
         (self.recycle.max_connections > 0 && self.connections >= self.recycle.max_connections)
             || (self.recycle.max_requests > 0 && self.requests >= self.recycle.max_requests)
@@ -770,12 +742,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             );
         }
         for token in std::mem::take(&mut self.paused) {
-            if let Some(c) = self.get(token) {
+            if let Some(c) = self.conns.get_mut(token) {
                 c.paused = false;
-                if !c.queued {
-                    c.queued = true;
-                    self.ready.push_back(token);
-                }
+                self.ready.push(&mut c.queued, token);
             }
         }
     }
@@ -802,7 +771,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             tracing::warn!(
                 "buffered request bytes reached --max-buffered-bytes {} ({} connections open): pausing the connections that hold the most, refusing new large requests (HTTP 503)",
                 self.limits.max_buffered,
-                self.open
+                self.conns.len()
             );
         }
     }
@@ -812,13 +781,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if !self.ready.is_empty() {
             return Some(Duration::ZERO);
         }
-        let next = self
-            .timers
-            .peek()
-            .map(|Reverse((t, _))| *t)
-            .into_iter()
-            .chain(self.resume_at)
-            .min()?;
+        let next = self.timers.earliest().into_iter().chain(self.resume_at).min()?;
         Some(next.saturating_duration_since(Instant::now()))
     }
 
@@ -838,7 +801,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let Some(d) = self.datagrams.as_mut() {
             d.publish();
         }
-        self.counts.open = self.open as u32;
+        self.counts.open = self.conns.len() as u32;
         if self.counts != self.published {
             self.slot.publish_counts(self.counts);
             self.published = self.counts;
@@ -866,17 +829,13 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 let _ = self.epoll.delete(l.socket().as_fd());
             }
         }
-        for (index, c) in self.conns.iter_mut().enumerate() {
-            let Some(c) = c else { continue };
+        for (token, c) in self.conns.iter_mut() {
             if matches!(c.pending, Pending::Read { wait: Wait::Idle }) {
                 c.pending = Pending::Advance;
-                if !c.queued {
-                    c.queued = true;
-                    self.ready.push_back(Self::token(index, c.generation));
-                }
+                self.ready.push(&mut c.queued, token);
             }
         }
-        tracing::debug!("stopping: {} connections to finish", self.open);
+        tracing::debug!("stopping: {} connections to finish", self.conns.len());
     }
 
     /// Takes the listeners out of the epoll set (an exclusive registration cannot be
@@ -920,7 +879,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// front holds with a whole request for want of room in the channel (workers
     /// saturated: the listen queue pushes back on new clients then).
     fn load(&self) -> usize {
-        self.open + self.front.as_ref().map_or(0, super::front::Front::held)
+        self.conns.len() + self.front.as_ref().map_or(0, super::front::Front::held)
     }
 
     /// Puts the listeners back when below the limit again and not paused for resources.
@@ -1030,8 +989,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         } else {
             CHANNEL_IN
         };
-        let mut ev = EpollEvent::new(flags, CHANNEL);
-        if let Err(e) = self.epoll.modify(front.channel(), &mut ev) {
+        if let Err(e) = reactor::rewatch(&self.epoll, front.channel(), flags, Token::CHANNEL) {
             tracing::error!("watching the hand-off channel: {e}");
         }
     }
@@ -1070,21 +1028,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         handler: &mut H,
         returned: Option<Back<'_>>,
     ) {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.conns.push(None);
-                self.conns.len() - 1
-            }
-        };
         if returned.is_none() {
             self.connections += 1;
             self.slot.accepted();
         }
-        // 30 bits: a token's top two bits are the listeners' tags (LISTENER, DATAGRAM).
-        self.generation = self.generation.wrapping_add(1) & 0x3fff_ffff;
-        let generation = self.generation;
-        let token = Self::token(index, generation);
         let rules = Rules {
             policy: self.listeners[listener].policy(),
             tls: self.tls.acceptor(listener),
@@ -1098,7 +1045,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             step.resume(back.served, back.interim_sent);
         }
         let mut c = Connection {
-            generation,
             transport: Transport::new(socket),
             peer: peer.clone(),
             id: self.connections,
@@ -1115,10 +1061,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             readable: returned.is_none(),
             writable: true,
             closed_by_peer: false,
-            queued: false,
+            queued: Queued::default(),
             paused: false,
-            deadline: None,
-            armed: None,
+            timer: Timer::default(),
             class: Class::Reading,
             request: None,
             received: 0,
@@ -1145,7 +1090,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
             if let Next::Read { timeout, .. } = first {
-                c.deadline = timeout.map(|t| self.now + t);
+                c.timer.deadline = timeout.map(|t| self.now + t);
             }
         } else {
             let now = self.now;
@@ -1162,8 +1107,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             )));
         }
         self.counts.reading += 1;
-        self.open += 1;
-        self.conns[index] = Some(c);
+        let token = self.conns.insert(c);
         // Before its first request is handled, in this turn: a handler call that blocks
         // the loop is reported with every connection it holds up.
         self.publish();
@@ -1171,8 +1115,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     }
 
     /// An edge on connection `token`.
-    fn event(&mut self, token: u64, events: EpollFlags, handler: &mut H) {
-        let Some(c) = self.get(token) else { return };
+    fn event(&mut self, token: Token, events: EpollFlags, handler: &mut H) {
+        let Some(c) = self.conns.get_mut(token) else {
+            return;
+        };
         if events.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
             c.readable = true;
         }
@@ -1182,7 +1128,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if events.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP) {
             c.closed_by_peer = true;
         }
-        if c.queued {
+        if c.queued.is_set() {
             // It runs from the ready list anyway.
             return;
         }
@@ -1192,34 +1138,19 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// Fires the timers that are due.
     fn expire(&mut self, handler: &mut H) {
         let now = self.now;
-        while let Some(Reverse((t, token))) = self.timers.peek().copied() {
-            if t > now {
-                break;
-            }
-            self.timers.pop();
-            let Some(c) = self.get(token) else { continue };
-            if c.armed != Some(t) {
-                continue; // a stale entry: a newer, earlier one was pushed
-            }
-            c.armed = None;
-            match c.deadline {
-                None => {}
-                Some(d) if d > now => {
-                    c.armed = Some(d);
-                    self.timers.push(Reverse((d, token)));
-                }
-                Some(_) => {
-                    c.deadline = None;
-                    self.timed_out(token, handler);
-                }
+        while let Some((t, token)) = self.timers.pop_due(now) {
+            let Some(c) = self.conns.get_mut(token) else {
+                continue;
+            };
+            if self.timers.expired(&mut c.timer, token, t, now) {
+                self.timed_out(token, handler);
             }
         }
     }
 
     /// Runs a connection as far as it goes without waiting.
-    fn run(&mut self, token: u64, handler: &mut H) {
-        let index = (token & 0xffff_ffff) as usize;
-        let Some(mut c) = self.conns.get_mut(index).and_then(Option::take) else {
+    fn run(&mut self, token: Token, handler: &mut H) {
+        let Some(mut c) = self.conns.take(token) else {
             return;
         };
         let mut private = c.bufs.take();
@@ -1242,7 +1173,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                         "handler panicked while serving {}: {}; connection closed, this worker exits and is replaced (closing its {} other connections)",
                         c.peer,
                         super::panic_message(&payload),
-                        self.open.saturating_sub(1)
+                        self.conns.len().saturating_sub(1)
                     );
                     if let Some(log) = self.access.as_mut() {
                         log.flush();
@@ -1260,11 +1191,11 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let Pass::Closed = outcome {
             self.shared.discard_input();
             self.shared.output().clear();
-            self.close(index, c);
+            self.close(token, c);
             return;
         }
         if let Pass::HandOff = outcome {
-            self.hand_off(index, c, private.as_deref());
+            self.hand_off(token, c, private.as_deref());
             return;
         }
         // Private buffers only for what is left; empty ones are given back.
@@ -1293,29 +1224,18 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             // by the next wait.
             let flags =
                 EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
-            if let Err(e) = self
-                .epoll
-                .add(c.transport.socket().as_fd(), EpollEvent::new(flags, token))
-            {
+            if let Err(e) = reactor::watch(&self.epoll, c.transport.socket().as_fd(), flags, token) {
                 tracing::warn!("watching a connection from {}: {e}; closing it", c.peer);
-                self.close(index, c);
+                self.close(token, c);
                 return;
             }
             c.registered = true;
         }
-        if let Some(d) = c.deadline {
-            if c.armed.is_none_or(|a| a > d) {
-                c.armed = Some(d);
-                self.timers.push(Reverse((d, token)));
-            }
-        }
+        self.timers.arm(&mut c.timer, token);
         if let Pass::Ready = outcome {
-            if !c.queued {
-                c.queued = true;
-                self.ready.push_back(token);
-            }
+            self.ready.push(&mut c.queued, token);
         }
-        self.conns[index] = Some(c);
+        self.conns.put_back(token, c);
     }
 
     fn count(&mut self, class: Class) {
@@ -1336,9 +1256,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     }
 
     /// A connection's deadline passed.
-    fn timed_out(&mut self, token: u64, handler: &mut H) {
-        let index = (token & 0xffff_ffff) as usize;
-        let Some(c) = self.conns.get_mut(index).and_then(Option::as_mut) else {
+    fn timed_out(&mut self, token: Token, handler: &mut H) {
+        let Some(c) = self.conns.get_mut(token) else {
             return;
         };
         match c.pending {
@@ -1367,16 +1286,16 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 };
                 match verdict {
                     Ok(()) => {
-                        c.deadline = Some(self.now + SEND_CHECK);
-                        c.armed = c.deadline;
-                        self.timers.push(Reverse((self.now + SEND_CHECK, token)));
+                        // Disarmed as it expired: armed for the next check.
+                        c.timer.deadline = Some(self.now + SEND_CHECK);
+                        self.timers.arm(&mut c.timer, token);
                     }
                     Err(e) => {
                         tracing::info!("connection from {}: {e}", c.peer);
                         // Cut off at once: the kernel must not go on trickling the rest.
-                        let c = self.conns[index].take().expect("present");
+                        let c = self.conns.take(token).expect("present");
                         let _ = c.transport.socket().set_linger(Some(Duration::ZERO));
-                        self.close(index, c);
+                        self.close(token, c);
                     }
                 }
             }
@@ -1384,18 +1303,17 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             // client that pipelines without pause is not cut by an old keep-alive one).
             Pending::Advance | Pending::TimedOut => {}
             Pending::Linger { .. } | Pending::Done => {
-                let c = self.conns[index].take().expect("present");
-                self.close(index, c);
+                let c = self.conns.take(token).expect("present");
+                self.close(token, c);
             }
         }
     }
 
     /// Closes a connection: out of the epoll set (closing the socket does it), its counts
     /// and its place freed.
-    fn close(&mut self, index: usize, mut c: Connection<'a, H>) {
+    fn close(&mut self, token: Token, mut c: Connection<'a, H>) {
         self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
-        self.open -= 1;
         let (received, sent) = (c.received, c.sent);
         self.slot.add_bytes(received, sent);
         if let Some(started) = c.request.take() {
@@ -1421,12 +1339,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
         self.uncount_peer(&mut c);
         drop(c);
-        self.free.push(index);
+        self.conns.release(token);
     }
 
-    /// A hybrid front hands connection `index` to a worker, with what its buffers hold
+    /// A hybrid front hands connection `token` to a worker, with what its buffers hold
     /// (`private`, or the loop's shared ones), as it was read.
-    fn hand_off(&mut self, index: usize, mut c: Connection<'a, H>, private: Option<&Buffers>) {
+    fn hand_off(&mut self, token: Token, mut c: Connection<'a, H>, private: Option<&Buffers>) {
         // Out of this loop's epoll set first: a registration follows the open file, which
         // the worker shares from now on, not this process's descriptor.
         if c.registered {
@@ -1453,20 +1371,19 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         self.watch_channel();
         self.shared.discard_input();
         self.shared.output().clear();
-        self.forget(index, c);
+        self.forget(token, c);
     }
 
-    /// A hybrid front handed connection `index` to a worker (or holds it until the channel
+    /// A hybrid front handed connection `token` to a worker (or holds it until the channel
     /// has room): its place is freed (the worker counts it for the per-address cap from
     /// now on), its socket closed here.
-    fn forget(&mut self, index: usize, mut c: Connection<'a, H>) {
+    fn forget(&mut self, token: Token, mut c: Connection<'a, H>) {
         self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
-        self.open -= 1;
         self.slot.add_bytes(c.received, c.sent);
         self.uncount_peer(&mut c);
         drop(c);
-        self.free.push(index);
+        self.conns.release(token);
     }
 
     fn uncount_peer(&mut self, c: &mut Connection<'a, H>) {
@@ -1548,7 +1465,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         });
         match then {
             Then::Read { wait, timeout } => {
-                c.deadline = timeout.map(|t| self.now + t);
+                c.timer.deadline = timeout.map(|t| self.now + t);
                 c.pending = Pending::Read { wait };
                 None
             }
@@ -1564,7 +1481,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 }
                 match linger {
                     Some(d) if c.transport.shutdown(std::net::Shutdown::Write).is_ok() => {
-                        c.deadline = Some(self.now + d);
+                        c.timer.deadline = Some(self.now + d);
                         c.pending = Pending::Linger { discarded: 0 };
                         if d.is_zero() {
                             // Only what has arrived: never wait.
@@ -1721,10 +1638,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     self.limits.write_timeout,
                 )));
                 c.sent_at_check = c.sent;
-                c.deadline = Some(self.now + SEND_CHECK);
+                c.timer.deadline = Some(self.now + SEND_CHECK);
             }
         } else {
-            c.deadline = self.limits.write_timeout.map(|t| self.now + t);
+            c.timer.deadline = self.limits.write_timeout.map(|t| self.now + t);
         }
     }
 
@@ -1774,7 +1691,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             slow: &mut self.slow,
             handler_started: None,
             handler_ended: None,
-            open: self.open,
+            open: self.conns.len(),
         };
         let info = ConnInfo {
             peer: &c.peer,
@@ -1924,7 +1841,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         loop {
             match machine.next() {
                 admission::Next::Read { by } => {
-                    c.deadline = by;
+                    c.timer.deadline = by;
                     if !c.readable && !c.closed_by_peer {
                         return Some(Pass::Wait);
                     }
@@ -1950,7 +1867,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     }
                 }
                 admission::Next::Write { by } => {
-                    c.deadline = by;
+                    c.timer.deadline = by;
                     if !c.writable {
                         return Some(Pass::Wait);
                     }

@@ -31,6 +31,7 @@ pub(crate) mod datagram;
 pub(crate) mod event;
 pub(crate) mod front;
 mod guard;
+mod reactor;
 pub(crate) mod serve;
 
 use std::any::Any;
