@@ -61,6 +61,15 @@ use crate::sys::{self, exit};
 use crate::worker::{Recycle, Role};
 use pool::{Backoff, Jitter, Pacer, Policy, SpawnRate, Verdict};
 
+/// What a round of the master's loop left: whether the loop goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stepped {
+    /// The master has more to do.
+    Going,
+    /// The phase `Stopping` saw its last worker leave: the master returns.
+    Stopped,
+}
+
 /// The master's phases, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -409,6 +418,11 @@ impl<'a> Master<'a> {
         result
     }
 
+    /// The master's loop: the initial pool, then one round per wake-up. A round takes what
+    /// woke it (`take_wakeups`), acts on the signals that came (`on_signals`), the workers'
+    /// messages, their exits, an upgrade's progress and the control requests, then does
+    /// what its phase asks (`phase_step`). Returns when the phase `Stopping` sees its last
+    /// worker gone.
     fn run_loop(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<(), Error> {
         // At start-up a failed fork is fatal: better a clear error now than a server that
         // limps along with part of its pool.
@@ -420,47 +434,8 @@ impl<'a> Master<'a> {
         }
         loop {
             self.wait();
-            // The TLS ticket keys' period may have ended: the master moves its copy on, so
-            // that it keeps no older secret and forks workers at the current period.
-            self.settings.tls.advance_ticket_keys(Instant::now());
-            self.signals.drain();
-            let mut buf = [0u8; 8];
-            let _ = nix::unistd::read(&self.wake, &mut buf);
-            self.settings.board.clear_wake();
-            let workers = self.workers.iter().map(|(pid, w)| (*pid, w.id));
-            let running = self.phase == Phase::Running && self.settings.watch_queue;
-            let board = self.settings.board;
-            self.queue
-                .on_wake(board, self.listeners, workers, running, Instant::now());
-            if let Some(sig) = self.signals.take_stop() {
-                self.on_stop_signal(sig);
-            }
-            if self.signals.reopen.swap(false, Ordering::SeqCst) {
-                self.reopen_log();
-            }
-            // Both log their outcome, with who asked.
-            if self.signals.reload.swap(false, Ordering::SeqCst) {
-                let _ = self.reload("by SIGHUP");
-            }
-            if self.signals.upgrade.swap(false, Ordering::SeqCst) {
-                let _ = self.start_upgrade("by SIGUSR2");
-            }
-            if self.signals.grow.swap(false, Ordering::SeqCst) {
-                let d = self.resize(1);
-                tracing::info!("SIGTTIN received: {d}");
-            }
-            if self.signals.shrink.swap(false, Ordering::SeqCst) {
-                let d = self.resize(-1);
-                tracing::info!("SIGTTOU received: {d}");
-            }
-            for (sig, flag) in &self.signals.other {
-                if flag.swap(false, Ordering::SeqCst) {
-                    tracing::info!(
-                        "{} received: this signal has no action in this version; ignored",
-                        sig.as_str()
-                    );
-                }
-            }
+            self.take_wakeups();
+            self.on_signals();
             for (pid, msg) in self.channel.receive() {
                 self.on_message(Pid::from_raw(pid as i32), msg);
             }
@@ -469,101 +444,173 @@ impl<'a> Master<'a> {
             }
             self.check_upgrade();
             self.service_control();
-            match self.phase {
-                Phase::Starting => {
-                    // A worker that was ready and died meanwhile (a handler panic on the
-                    // very first connection) is replaced here too.
-                    self.maintain(entry)?;
-                    let initial = self.settings.policy.initial();
-                    let ready = |front: bool| {
-                        self.workers
-                            .values()
-                            .filter(|w| w.ready && w.front == front)
-                            .count()
-                    };
-                    if ready(false) >= initial && ready(true) >= self.fronts {
-                        self.phase = Phase::Running;
-                        tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
-                        self.serving = true;
-                        // systemd hears the new MAINPID before the old master (after an
-                        // upgrade) learns it may leave.
-                        crate::process::systemd::ready(&format!("serving with {initial} workers"));
-                        on_ready();
-                    }
-                }
-                Phase::Running => {
-                    self.check_workers();
-                    self.check_holds();
-                    self.maintain(entry)?;
-                    if self.reload_pending.is_some()
-                        && !self.workers.values().any(|w| w.generation < self.generation)
-                    {
-                        let asked = self.reload_pending.take().unwrap_or_default();
-                        tracing::info!(
-                            "reload done: generation {} serves (asked {asked})",
-                            self.generation
-                        );
-                        crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
-                    }
-                }
-                Phase::Draining { until, signal, .. } => {
-                    // Serving as when running (a worker that dies is replaced: the
-                    // instance is still taking the connections its balancer sends until
-                    // it notices), until the delay is over.
-                    self.check_workers();
-                    self.maintain(entry)?;
-                    if Instant::now() >= until {
-                        self.begin_stop(&format!("{}: drain delay over", signal.as_str()));
-                    }
-                }
-                Phase::Stopping {
-                    deadline,
-                    killed,
-                    since,
-                } => {
-                    if self.workers.is_empty() {
-                        if let Some(n) = self.handoff.map(|ch| ch.close_left()).filter(|n| *n > 0) {
-                            tracing::warn!(
-                                "{n} connection(s) left in the hand-off channel with no worker to serve them: closed unanswered"
-                            );
-                        }
-                        tracing::info!("stopped");
-                        return Ok(());
-                    }
-                    if self.workers_wait_for_fronts && !self.workers.values().any(|w| w.front) {
-                        // The fronts are gone: the workers serve what is left in the
-                        // channel (with what was handed back as the fronts stopped), then
-                        // their connections, then leave.
-                        self.workers_wait_for_fronts = false;
-                        if let Some(ch) = self.handoff {
-                            let n = ch.bounce_to_workers();
-                            if n > 0 {
-                                tracing::debug!(
-                                    "{n} connection(s) handed back as the fronts stopped: to the workers"
-                                );
-                            }
-                        }
-                        self.kill_all(Signal::SIGTERM);
-                        if let Some(ch) = self.handoff {
-                            ch.shut_for_workers();
-                        }
-                    }
-                    if !killed && Instant::now() >= deadline {
-                        tracing::warn!(
-                            "grace period of {:?} over: killing {} worker(s) still serving",
-                            self.settings.grace_period,
-                            self.workers.len()
-                        );
-                        self.kill_all(Signal::SIGKILL);
-                        self.phase = Phase::Stopping {
-                            deadline,
-                            killed: true,
-                            since,
-                        };
-                    }
-                }
+            if self.phase_step(entry, on_ready)? == Stepped::Stopped {
+                return Ok(());
             }
         }
+    }
+
+    /// The first step of a round: empties what woke the master (the signal pipe, the
+    /// wake-up eventfd and the board's wake flag), so that the next `poll` sleeps until
+    /// something new, and lets the clock-driven state catch up: the TLS ticket keys' period
+    /// may have ended (the master moves its copy on, so that it keeps no older secret and
+    /// forks workers at the current period), and the listen queue watch looks at the queues.
+    fn take_wakeups(&mut self) {
+        self.settings.tls.advance_ticket_keys(Instant::now());
+        self.signals.drain();
+        let mut buf = [0u8; 8];
+        let _ = nix::unistd::read(&self.wake, &mut buf);
+        self.settings.board.clear_wake();
+        let workers = self.workers.iter().map(|(pid, w)| (*pid, w.id));
+        let running = self.phase == Phase::Running && self.settings.watch_queue;
+        let board = self.settings.board;
+        self.queue
+            .on_wake(board, self.listeners, workers, running, Instant::now());
+    }
+
+    /// Acts on the signals the handlers flagged since the last round, each once however
+    /// many times it came (the handler only sets a flag), in a fixed order: a stop first,
+    /// then the log reopen, reload, upgrade and pool resizing.
+    fn on_signals(&mut self) {
+        if let Some(sig) = self.signals.take_stop() {
+            self.on_stop_signal(sig);
+        }
+        if self.signals.reopen.swap(false, Ordering::SeqCst) {
+            self.reopen_log();
+        }
+        // Both log their outcome, with who asked.
+        if self.signals.reload.swap(false, Ordering::SeqCst) {
+            let _ = self.reload("by SIGHUP");
+        }
+        if self.signals.upgrade.swap(false, Ordering::SeqCst) {
+            let _ = self.start_upgrade("by SIGUSR2");
+        }
+        if self.signals.grow.swap(false, Ordering::SeqCst) {
+            let d = self.resize(1);
+            tracing::info!("SIGTTIN received: {d}");
+        }
+        if self.signals.shrink.swap(false, Ordering::SeqCst) {
+            let d = self.resize(-1);
+            tracing::info!("SIGTTOU received: {d}");
+        }
+        for (sig, flag) in &self.signals.other {
+            if flag.swap(false, Ordering::SeqCst) {
+                tracing::info!(
+                    "{} received: this signal has no action in this version; ignored",
+                    sig.as_str()
+                );
+            }
+        }
+    }
+
+    /// The last step of a round: what the phase asks for, one function per phase.
+    fn phase_step(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<Stepped, Error> {
+        match self.phase {
+            Phase::Starting => self.starting_step(entry, on_ready)?,
+            Phase::Running => self.running_step(entry)?,
+            Phase::Draining { until, signal, .. } => {
+                // Serving as when running (a worker that dies is replaced: the
+                // instance is still taking the connections its balancer sends until
+                // it notices), until the delay is over.
+                self.check_workers();
+                self.maintain(entry)?;
+                if Instant::now() >= until {
+                    self.begin_stop(&format!("{}: drain delay over", signal.as_str()));
+                }
+            }
+            Phase::Stopping {
+                deadline,
+                killed,
+                since,
+            } => return Ok(self.stopping_step(deadline, killed, since)),
+        }
+        Ok(Stepped::Going)
+    }
+
+    /// Starting: the pool fills; once the initial workers and the fronts are all ready, the
+    /// master is `Running`, says so (log, systemd, `on_ready`), and only then: systemd
+    /// hears the new MAINPID before the old master (after an upgrade) learns it may leave.
+    fn starting_step(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<(), Error> {
+        // A worker that was ready and died meanwhile (a handler panic on the
+        // very first connection) is replaced here too.
+        self.maintain(entry)?;
+        let initial = self.settings.policy.initial();
+        let ready = |front: bool| {
+            self.workers
+                .values()
+                .filter(|w| w.ready && w.front == front)
+                .count()
+        };
+        if ready(false) >= initial && ready(true) >= self.fronts {
+            self.phase = Phase::Running;
+            tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
+            self.serving = true;
+            crate::process::systemd::ready(&format!("serving with {initial} workers"));
+            on_ready();
+        }
+        Ok(())
+    }
+
+    /// Running: the workers' limits and the holds are checked, the pool kept at its size,
+    /// and a reload is declared done once no worker of an older generation is left.
+    fn running_step(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
+        self.check_workers();
+        self.check_holds();
+        self.maintain(entry)?;
+        if self.reload_pending.is_some() && !self.workers.values().any(|w| w.generation < self.generation) {
+            let asked = self.reload_pending.take().unwrap_or_default();
+            tracing::info!(
+                "reload done: generation {} serves (asked {asked})",
+                self.generation
+            );
+            crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
+        }
+        Ok(())
+    }
+
+    /// Stopping: waits for the workers to leave, in hybrid mode the fronts first (then the
+    /// workers are told to serve what the fronts left them and stop), and kills whoever is
+    /// still serving when the grace period is over. `Stopped` once no worker is left.
+    fn stopping_step(&mut self, deadline: Instant, killed: bool, since: Instant) -> Stepped {
+        if self.workers.is_empty() {
+            if let Some(n) = self.handoff.map(|ch| ch.close_left()).filter(|n| *n > 0) {
+                tracing::warn!(
+                    "{n} connection(s) left in the hand-off channel with no worker to serve them: closed unanswered"
+                );
+            }
+            tracing::info!("stopped");
+            return Stepped::Stopped;
+        }
+        if self.workers_wait_for_fronts && !self.workers.values().any(|w| w.front) {
+            // The fronts are gone: the workers serve what is left in the
+            // channel (with what was handed back as the fronts stopped), then
+            // their connections, then leave.
+            self.workers_wait_for_fronts = false;
+            if let Some(ch) = self.handoff {
+                let n = ch.bounce_to_workers();
+                if n > 0 {
+                    tracing::debug!("{n} connection(s) handed back as the fronts stopped: to the workers");
+                }
+            }
+            self.kill_all(Signal::SIGTERM);
+            if let Some(ch) = self.handoff {
+                ch.shut_for_workers();
+            }
+        }
+        if !killed && Instant::now() >= deadline {
+            tracing::warn!(
+                "grace period of {:?} over: killing {} worker(s) still serving",
+                self.settings.grace_period,
+                self.workers.len()
+            );
+            self.kill_all(Signal::SIGKILL);
+            self.phase = Phase::Stopping {
+                deadline,
+                killed: true,
+                since,
+            };
+        }
+        Stepped::Going
     }
 
     /// Whether the master has work to do on a clock (not only on events).
