@@ -1188,6 +1188,46 @@ fn n(m: &ArgMatches, id: &str) -> u64 {
     *m.get_one::<u64>(id).expect("has a default")
 }
 
+/// `--proxy-from`, or the loopback addresses when none is given (a PROXY header is
+/// trusted from a local balancer only, unless told otherwise).
+fn proxy_from(m: &ArgMatches) -> Vec<crate::net::proxy::Cidr> {
+    let given = cidr_list(m, "proxy-from");
+    if given.is_empty() {
+        vec![
+            "127.0.0.0/8".parse().expect("valid"),
+            "::1".parse().expect("valid"),
+        ]
+    } else {
+        given
+    }
+}
+
+/// The `--tls-*` defaults for the listeners that do not name their own (an empty ALPN
+/// protocol name is dropped, never offered).
+fn tls_defaults(m: &ArgMatches) -> crate::net::listener::TlsDefaults {
+    crate::net::listener::TlsDefaults {
+        cert: m.get_one::<PathBuf>("tls-cert").cloned(),
+        key: m.get_one::<PathBuf>("tls-key").cloned(),
+        client_ca: m.get_one::<PathBuf>("tls-client-ca").cloned(),
+        alpn: m
+            .get_many::<String>("tls-alpn")
+            .map(|v| {
+                v.filter(|p| !p.is_empty())
+                    .map(|p| p.as_bytes().to_vec())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ticket_lifetime: *m.get_one::<u32>("tls-ticket-lifetime").expect("has a default"),
+    }
+}
+
+/// A repeatable path option's values (none: empty).
+fn paths(m: &ArgMatches, id: &str) -> Vec<PathBuf> {
+    m.get_many::<PathBuf>(id)
+        .map(|v| v.cloned().collect())
+        .unwrap_or_default()
+}
+
 /// Reads the standard options out of the `run` subcommand's matches.
 pub(crate) fn config(m: &ArgMatches) -> Config {
     Config {
@@ -1227,36 +1267,13 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         allow: cidr_list(m, "allow"),
         deny: cidr_list(m, "deny"),
         proxy_protocol: m.get_flag("proxy-protocol"),
-        proxy_from: {
-            let given = cidr_list(m, "proxy-from");
-            if given.is_empty() {
-                vec![
-                    "127.0.0.0/8".parse().expect("valid"),
-                    "::1".parse().expect("valid"),
-                ]
-            } else {
-                given
-            }
-        },
+        proxy_from: proxy_from(m),
         header_timeout: timeout(m, "header-timeout"),
         header_timeout_max: timeout(m, "header-timeout-max"),
         min_rate: n(m, "min-rate"),
         min_send_rate: n(m, "min-send-rate"),
         max_buffered_bytes: n(m, "max-buffered-bytes"),
-        tls: crate::net::listener::TlsDefaults {
-            cert: m.get_one::<PathBuf>("tls-cert").cloned(),
-            key: m.get_one::<PathBuf>("tls-key").cloned(),
-            client_ca: m.get_one::<PathBuf>("tls-client-ca").cloned(),
-            alpn: m
-                .get_many::<String>("tls-alpn")
-                .map(|v| {
-                    v.filter(|p| !p.is_empty())
-                        .map(|p| p.as_bytes().to_vec())
-                        .collect()
-                })
-                .unwrap_or_default(),
-            ticket_lifetime: *m.get_one::<u32>("tls-ticket-lifetime").expect("has a default"),
-        },
+        tls: tls_defaults(m),
         tls_handshake_timeout: timeout(m, "tls-handshake-timeout"),
         chroot: m.get_one::<PathBuf>("chroot").cloned(),
         rlimit_nofile: m.get_one::<u64>("rlimit-nofile").copied(),
@@ -1265,14 +1282,8 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         umask: m.get_one::<u32>("umask").copied(),
         no_new_privs: m.get_flag("no-new-privs"),
         sandbox: m.get_flag("sandbox"),
-        sandbox_read: m
-            .get_many::<PathBuf>("sandbox-read")
-            .map(|v| v.cloned().collect())
-            .unwrap_or_default(),
-        sandbox_write: m
-            .get_many::<PathBuf>("sandbox-write")
-            .map(|v| v.cloned().collect())
-            .unwrap_or_default(),
+        sandbox_read: paths(m, "sandbox-read"),
+        sandbox_write: paths(m, "sandbox-write"),
         sandbox_profile: crate::confine::sandbox::Sandbox::default(),
         helper_profile: None,
         exec_workers: m.get_flag("exec-workers"),

@@ -242,34 +242,35 @@ impl Http {
         self
     }
 
+    /// A head httparse did not parse: `incomplete` (`None`) waits for more unless the
+    /// head is already over `max_header_bytes`; an error is this codec's answer to it (an
+    /// `HTTP/2` request line so far waits for the rest of the line, to tell it apart).
+    fn unparsed(&self, buf: &[u8], error: Option<httparse::Error>) -> Result<Option<Head>, ProtocolError> {
+        let too_large = ProtocolError::HeaderTooLarge {
+            limit: self.max_header_bytes,
+        };
+        match error {
+            None if buf.len() >= self.max_header_bytes => Err(too_large),
+            None => Ok(None),
+            Some(httparse::Error::TooManyHeaders) => Err(too_large),
+            Some(httparse::Error::Version) => match http_version(buf) {
+                Version::Other => Err(ProtocolError::Unsupported(Cow::Borrowed(UNSUPPORTED_VERSION))),
+                // `HTTP/2` so far: wait for the rest of the line.
+                Version::Partial if buf.len() < self.max_header_bytes => Ok(None),
+                _ => Err(malformed("invalid HTTP version")),
+            },
+            Some(e) => Err(malformed(parse_error(e))),
+        }
+    }
+
     /// Parses the request head at the front of `buf`: `None` while it is incomplete.
     fn parse_head(&self, buf: &[u8]) -> Result<Option<Head>, ProtocolError> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers[..self.max_headers]);
         let head_len = match req.parse(buf) {
             Ok(httparse::Status::Complete(n)) => n,
-            Ok(httparse::Status::Partial) => {
-                if buf.len() >= self.max_header_bytes {
-                    return Err(ProtocolError::HeaderTooLarge {
-                        limit: self.max_header_bytes,
-                    });
-                }
-                return Ok(None);
-            }
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(ProtocolError::HeaderTooLarge {
-                    limit: self.max_header_bytes,
-                });
-            }
-            Err(httparse::Error::Version) => match http_version(buf) {
-                Version::Other => {
-                    return Err(ProtocolError::Unsupported(Cow::Borrowed(UNSUPPORTED_VERSION)));
-                }
-                // `HTTP/2` so far: wait for the rest of the line.
-                Version::Partial if buf.len() < self.max_header_bytes => return Ok(None),
-                _ => return Err(malformed("invalid HTTP version")),
-            },
-            Err(e) => return Err(malformed(parse_error(e))),
+            Ok(httparse::Status::Partial) => return self.unparsed(buf, None),
+            Err(e) => return self.unparsed(buf, Some(e)),
         };
         if head_len > self.max_header_bytes {
             return Err(ProtocolError::HeaderTooLarge {
@@ -292,10 +293,7 @@ impl Http {
             keep_alive: false,
             expect_continue: false,
         };
-        let mut transfer_encoding = false;
-        // `Host` fields seen: RFC 9112 §3.2 wants exactly one in HTTP/1.1, at most one in
-        // HTTP/1.0 (checked after the loop).
-        let mut hosts = 0u32;
+        let mut seen = Seen::default();
         // Whether the line before each field (the request line, the previous field) ends
         // in CRLF: see `head_lines_end_in_crlf`.
         let mut crlf = true;
@@ -307,64 +305,13 @@ impl Http {
                 value: Span::of(buf, h.value),
             };
             head.count = i + 1;
-            let name = h.name.as_bytes();
-            if name.eq_ignore_ascii_case(b"host") {
-                hosts += 1;
-            } else if name.eq_ignore_ascii_case(b"content-length") {
-                let n = parse_content_length(h.value)?;
-                if head.content_length.is_some_and(|m| m != n) {
-                    return Err(malformed("conflicting Content-Length headers"));
-                }
-                head.content_length = Some(n);
-            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                if transfer_encoding {
-                    return Err(unsupported(&buf[..head_len], "several Transfer-Encoding headers"));
-                }
-                transfer_encoding = true;
-                if !trim(h.value).eq_ignore_ascii_case(b"chunked") {
-                    return Err(unsupported(
-                        &buf[..head_len],
-                        "Transfer-Encoding other than chunked",
-                    ));
-                }
-                head.chunked = true;
-            } else if name.eq_ignore_ascii_case(b"connection") {
-                for token in h.value.split(|b| *b == b',').map(trim) {
-                    if token.eq_ignore_ascii_case(b"close") {
-                        head.close = true;
-                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                        head.keep_alive = true;
-                    }
-                }
-            } else if name.eq_ignore_ascii_case(b"expect")
-                && trim(h.value).eq_ignore_ascii_case(b"100-continue")
-            {
-                head.expect_continue = true;
-            }
+            head.read_field(h.name.as_bytes(), h.value, &mut seen, &buf[..head_len])?;
         }
         // httparse accepts a bare LF as a line end: this codec does not (module docs).
         if !head_lines_end_in_crlf(&buf[..head_len], head.method.start as usize, crlf) {
             return Err(malformed(BARE_LF));
         }
-        // RFC 9112 §3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host and
-        // to any request with more than one. Two Hosts are a known ambiguity between a proxy
-        // and the server behind it (the proxy routes by one, the handler reads the other);
-        // an HTTP/1.0 request may have none (its clients predate the field).
-        if hosts > 1 {
-            return Err(malformed(SEVERAL_HOSTS));
-        }
-        if hosts == 0 && version == 1 {
-            return Err(malformed(NO_HOST));
-        }
-        if head.chunked && head.content_length.is_some() {
-            return Err(malformed("both Content-Length and Transfer-Encoding"));
-        }
-        if head.chunked && version == 0 {
-            return Err(malformed("Transfer-Encoding in an HTTP/1.0 request"));
-        }
-        if version == 0 {
-            head.expect_continue = false;
-        }
+        head.check_framing(seen.hosts)?;
         Ok(Some(head))
     }
 
@@ -511,6 +458,87 @@ struct Head {
     /// `Connection: keep-alive` was given.
     keep_alive: bool,
     expect_continue: bool,
+}
+
+/// What [`Head::read_field`] counts across a head's fields, for the checks that need all
+/// of them.
+#[derive(Default)]
+struct Seen {
+    /// `Host` fields: RFC 9112 §3.2 wants exactly one in HTTP/1.1, at most one in
+    /// HTTP/1.0 (checked by [`Head::check_framing`]).
+    hosts: u32,
+    /// A `Transfer-Encoding` field came (a second one is refused).
+    transfer_encoding: bool,
+}
+
+impl Head {
+    /// One header field's meaning for the framing and the connection: `Content-Length`,
+    /// `Transfer-Encoding`, `Connection`, `Expect`, and the `Host` count. `head`: the
+    /// whole head's bytes, quoted by an unsupported-request error.
+    #[inline]
+    fn read_field(
+        &mut self,
+        name: &[u8],
+        value: &[u8],
+        seen: &mut Seen,
+        head: &[u8],
+    ) -> Result<(), ProtocolError> {
+        if name.eq_ignore_ascii_case(b"host") {
+            seen.hosts += 1;
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            let n = parse_content_length(value)?;
+            if self.content_length.is_some_and(|m| m != n) {
+                return Err(malformed("conflicting Content-Length headers"));
+            }
+            self.content_length = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if seen.transfer_encoding {
+                return Err(unsupported(head, "several Transfer-Encoding headers"));
+            }
+            seen.transfer_encoding = true;
+            if !trim(value).eq_ignore_ascii_case(b"chunked") {
+                return Err(unsupported(head, "Transfer-Encoding other than chunked"));
+            }
+            self.chunked = true;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in value.split(|b| *b == b',').map(trim) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    self.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    self.keep_alive = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"expect") && trim(value).eq_ignore_ascii_case(b"100-continue") {
+            self.expect_continue = true;
+        }
+        Ok(())
+    }
+
+    /// The checks that need every field: the `Host` count, and a body framed one way only
+    /// (and not chunked in HTTP/1.0, which has no chunks). `Expect: 100-continue` is
+    /// HTTP/1.1's: an HTTP/1.0 request's is ignored.
+    fn check_framing(&mut self, hosts: u32) -> Result<(), ProtocolError> {
+        // RFC 9112 §3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host and
+        // to any request with more than one. Two Hosts are a known ambiguity between a proxy
+        // and the server behind it (the proxy routes by one, the handler reads the other);
+        // an HTTP/1.0 request may have none (its clients predate the field).
+        if hosts > 1 {
+            return Err(malformed(SEVERAL_HOSTS));
+        }
+        if hosts == 0 && self.version == 1 {
+            return Err(malformed(NO_HOST));
+        }
+        if self.chunked && self.content_length.is_some() {
+            return Err(malformed("both Content-Length and Transfer-Encoding"));
+        }
+        if self.chunked && self.version == 0 {
+            return Err(malformed("Transfer-Encoding in an HTTP/1.0 request"));
+        }
+        if self.version == 0 {
+            self.expect_continue = false;
+        }
+        Ok(())
+    }
 }
 
 fn malformed(why: &'static str) -> ProtocolError {

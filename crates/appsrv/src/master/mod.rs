@@ -61,6 +61,15 @@ use crate::sys::{self, exit};
 use crate::worker::{Recycle, Role};
 use pool::{Backoff, Jitter, Pacer, Policy, SpawnRate, Verdict};
 
+/// What a round of the master's loop left: whether the loop goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stepped {
+    /// The master has more to do.
+    Going,
+    /// The phase `Stopping` saw its last worker leave: the master returns.
+    Stopped,
+}
+
 /// The master's phases, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -409,6 +418,11 @@ impl<'a> Master<'a> {
         result
     }
 
+    /// The master's loop: the initial pool, then one round per wake-up. A round takes what
+    /// woke it (`take_wakeups`), acts on the signals that came (`on_signals`), the workers'
+    /// messages, their exits, an upgrade's progress and the control requests, then does
+    /// what its phase asks (`phase_step`). Returns when the phase `Stopping` sees its last
+    /// worker gone.
     fn run_loop(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<(), Error> {
         // At start-up a failed fork is fatal: better a clear error now than a server that
         // limps along with part of its pool.
@@ -420,47 +434,8 @@ impl<'a> Master<'a> {
         }
         loop {
             self.wait();
-            // The TLS ticket keys' period may have ended: the master moves its copy on, so
-            // that it keeps no older secret and forks workers at the current period.
-            self.settings.tls.advance_ticket_keys(Instant::now());
-            self.signals.drain();
-            let mut buf = [0u8; 8];
-            let _ = nix::unistd::read(&self.wake, &mut buf);
-            self.settings.board.clear_wake();
-            let workers = self.workers.iter().map(|(pid, w)| (*pid, w.id));
-            let running = self.phase == Phase::Running && self.settings.watch_queue;
-            let board = self.settings.board;
-            self.queue
-                .on_wake(board, self.listeners, workers, running, Instant::now());
-            if let Some(sig) = self.signals.take_stop() {
-                self.on_stop_signal(sig);
-            }
-            if self.signals.reopen.swap(false, Ordering::SeqCst) {
-                self.reopen_log();
-            }
-            // Both log their outcome, with who asked.
-            if self.signals.reload.swap(false, Ordering::SeqCst) {
-                let _ = self.reload("by SIGHUP");
-            }
-            if self.signals.upgrade.swap(false, Ordering::SeqCst) {
-                let _ = self.start_upgrade("by SIGUSR2");
-            }
-            if self.signals.grow.swap(false, Ordering::SeqCst) {
-                let d = self.resize(1);
-                tracing::info!("SIGTTIN received: {d}");
-            }
-            if self.signals.shrink.swap(false, Ordering::SeqCst) {
-                let d = self.resize(-1);
-                tracing::info!("SIGTTOU received: {d}");
-            }
-            for (sig, flag) in &self.signals.other {
-                if flag.swap(false, Ordering::SeqCst) {
-                    tracing::info!(
-                        "{} received: this signal has no action in this version; ignored",
-                        sig.as_str()
-                    );
-                }
-            }
+            self.take_wakeups();
+            self.on_signals();
             for (pid, msg) in self.channel.receive() {
                 self.on_message(Pid::from_raw(pid as i32), msg);
             }
@@ -469,101 +444,173 @@ impl<'a> Master<'a> {
             }
             self.check_upgrade();
             self.service_control();
-            match self.phase {
-                Phase::Starting => {
-                    // A worker that was ready and died meanwhile (a handler panic on the
-                    // very first connection) is replaced here too.
-                    self.maintain(entry)?;
-                    let initial = self.settings.policy.initial();
-                    let ready = |front: bool| {
-                        self.workers
-                            .values()
-                            .filter(|w| w.ready && w.front == front)
-                            .count()
-                    };
-                    if ready(false) >= initial && ready(true) >= self.fronts {
-                        self.phase = Phase::Running;
-                        tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
-                        self.serving = true;
-                        // systemd hears the new MAINPID before the old master (after an
-                        // upgrade) learns it may leave.
-                        crate::process::systemd::ready(&format!("serving with {initial} workers"));
-                        on_ready();
-                    }
-                }
-                Phase::Running => {
-                    self.check_workers();
-                    self.check_holds();
-                    self.maintain(entry)?;
-                    if self.reload_pending.is_some()
-                        && !self.workers.values().any(|w| w.generation < self.generation)
-                    {
-                        let asked = self.reload_pending.take().unwrap_or_default();
-                        tracing::info!(
-                            "reload done: generation {} serves (asked {asked})",
-                            self.generation
-                        );
-                        crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
-                    }
-                }
-                Phase::Draining { until, signal, .. } => {
-                    // Serving as when running (a worker that dies is replaced: the
-                    // instance is still taking the connections its balancer sends until
-                    // it notices), until the delay is over.
-                    self.check_workers();
-                    self.maintain(entry)?;
-                    if Instant::now() >= until {
-                        self.begin_stop(&format!("{}: drain delay over", signal.as_str()));
-                    }
-                }
-                Phase::Stopping {
-                    deadline,
-                    killed,
-                    since,
-                } => {
-                    if self.workers.is_empty() {
-                        if let Some(n) = self.handoff.map(|ch| ch.close_left()).filter(|n| *n > 0) {
-                            tracing::warn!(
-                                "{n} connection(s) left in the hand-off channel with no worker to serve them: closed unanswered"
-                            );
-                        }
-                        tracing::info!("stopped");
-                        return Ok(());
-                    }
-                    if self.workers_wait_for_fronts && !self.workers.values().any(|w| w.front) {
-                        // The fronts are gone: the workers serve what is left in the
-                        // channel (with what was handed back as the fronts stopped), then
-                        // their connections, then leave.
-                        self.workers_wait_for_fronts = false;
-                        if let Some(ch) = self.handoff {
-                            let n = ch.bounce_to_workers();
-                            if n > 0 {
-                                tracing::debug!(
-                                    "{n} connection(s) handed back as the fronts stopped: to the workers"
-                                );
-                            }
-                        }
-                        self.kill_all(Signal::SIGTERM);
-                        if let Some(ch) = self.handoff {
-                            ch.shut_for_workers();
-                        }
-                    }
-                    if !killed && Instant::now() >= deadline {
-                        tracing::warn!(
-                            "grace period of {:?} over: killing {} worker(s) still serving",
-                            self.settings.grace_period,
-                            self.workers.len()
-                        );
-                        self.kill_all(Signal::SIGKILL);
-                        self.phase = Phase::Stopping {
-                            deadline,
-                            killed: true,
-                            since,
-                        };
-                    }
-                }
+            if self.phase_step(entry, on_ready)? == Stepped::Stopped {
+                return Ok(());
             }
         }
+    }
+
+    /// The first step of a round: empties what woke the master (the signal pipe, the
+    /// wake-up eventfd and the board's wake flag), so that the next `poll` sleeps until
+    /// something new, and lets the clock-driven state catch up: the TLS ticket keys' period
+    /// may have ended (the master moves its copy on, so that it keeps no older secret and
+    /// forks workers at the current period), and the listen queue watch looks at the queues.
+    fn take_wakeups(&mut self) {
+        self.settings.tls.advance_ticket_keys(Instant::now());
+        self.signals.drain();
+        let mut buf = [0u8; 8];
+        let _ = nix::unistd::read(&self.wake, &mut buf);
+        self.settings.board.clear_wake();
+        let workers = self.workers.iter().map(|(pid, w)| (*pid, w.id));
+        let running = self.phase == Phase::Running && self.settings.watch_queue;
+        let board = self.settings.board;
+        self.queue
+            .on_wake(board, self.listeners, workers, running, Instant::now());
+    }
+
+    /// Acts on the signals the handlers flagged since the last round, each once however
+    /// many times it came (the handler only sets a flag), in a fixed order: a stop first,
+    /// then the log reopen, reload, upgrade and pool resizing.
+    fn on_signals(&mut self) {
+        if let Some(sig) = self.signals.take_stop() {
+            self.on_stop_signal(sig);
+        }
+        if self.signals.reopen.swap(false, Ordering::SeqCst) {
+            self.reopen_log();
+        }
+        // Both log their outcome, with who asked.
+        if self.signals.reload.swap(false, Ordering::SeqCst) {
+            let _ = self.reload("by SIGHUP");
+        }
+        if self.signals.upgrade.swap(false, Ordering::SeqCst) {
+            let _ = self.start_upgrade("by SIGUSR2");
+        }
+        if self.signals.grow.swap(false, Ordering::SeqCst) {
+            let d = self.resize(1);
+            tracing::info!("SIGTTIN received: {d}");
+        }
+        if self.signals.shrink.swap(false, Ordering::SeqCst) {
+            let d = self.resize(-1);
+            tracing::info!("SIGTTOU received: {d}");
+        }
+        for (sig, flag) in &self.signals.other {
+            if flag.swap(false, Ordering::SeqCst) {
+                tracing::info!(
+                    "{} received: this signal has no action in this version; ignored",
+                    sig.as_str()
+                );
+            }
+        }
+    }
+
+    /// The last step of a round: what the phase asks for, one function per phase.
+    fn phase_step(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<Stepped, Error> {
+        match self.phase {
+            Phase::Starting => self.starting_step(entry, on_ready)?,
+            Phase::Running => self.running_step(entry)?,
+            Phase::Draining { until, signal, .. } => {
+                // Serving as when running (a worker that dies is replaced: the
+                // instance is still taking the connections its balancer sends until
+                // it notices), until the delay is over.
+                self.check_workers();
+                self.maintain(entry)?;
+                if Instant::now() >= until {
+                    self.begin_stop(&format!("{}: drain delay over", signal.as_str()));
+                }
+            }
+            Phase::Stopping {
+                deadline,
+                killed,
+                since,
+            } => return Ok(self.stopping_step(deadline, killed, since)),
+        }
+        Ok(Stepped::Going)
+    }
+
+    /// Starting: the pool fills; once the initial workers and the fronts are all ready, the
+    /// master is `Running`, says so (log, systemd, `on_ready`), and only then: systemd
+    /// hears the new MAINPID before the old master (after an upgrade) learns it may leave.
+    fn starting_step(&mut self, entry: &mut Entry<'_>, on_ready: &mut dyn FnMut()) -> Result<(), Error> {
+        // A worker that was ready and died meanwhile (a handler panic on the
+        // very first connection) is replaced here too.
+        self.maintain(entry)?;
+        let initial = self.settings.policy.initial();
+        let ready = |front: bool| {
+            self.workers
+                .values()
+                .filter(|w| w.ready && w.front == front)
+                .count()
+        };
+        if ready(false) >= initial && ready(true) >= self.fronts {
+            self.phase = Phase::Running;
+            tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
+            self.serving = true;
+            crate::process::systemd::ready(&format!("serving with {initial} workers"));
+            on_ready();
+        }
+        Ok(())
+    }
+
+    /// Running: the workers' limits and the holds are checked, the pool kept at its size,
+    /// and a reload is declared done once no worker of an older generation is left.
+    fn running_step(&mut self, entry: &mut Entry<'_>) -> Result<(), Error> {
+        self.check_workers();
+        self.check_holds();
+        self.maintain(entry)?;
+        if self.reload_pending.is_some() && !self.workers.values().any(|w| w.generation < self.generation) {
+            let asked = self.reload_pending.take().unwrap_or_default();
+            tracing::info!(
+                "reload done: generation {} serves (asked {asked})",
+                self.generation
+            );
+            crate::process::systemd::ready(&format!("serving (generation {})", self.generation));
+        }
+        Ok(())
+    }
+
+    /// Stopping: waits for the workers to leave, in hybrid mode the fronts first (then the
+    /// workers are told to serve what the fronts left them and stop), and kills whoever is
+    /// still serving when the grace period is over. `Stopped` once no worker is left.
+    fn stopping_step(&mut self, deadline: Instant, killed: bool, since: Instant) -> Stepped {
+        if self.workers.is_empty() {
+            if let Some(n) = self.handoff.map(|ch| ch.close_left()).filter(|n| *n > 0) {
+                tracing::warn!(
+                    "{n} connection(s) left in the hand-off channel with no worker to serve them: closed unanswered"
+                );
+            }
+            tracing::info!("stopped");
+            return Stepped::Stopped;
+        }
+        if self.workers_wait_for_fronts && !self.workers.values().any(|w| w.front) {
+            // The fronts are gone: the workers serve what is left in the
+            // channel (with what was handed back as the fronts stopped), then
+            // their connections, then leave.
+            self.workers_wait_for_fronts = false;
+            if let Some(ch) = self.handoff {
+                let n = ch.bounce_to_workers();
+                if n > 0 {
+                    tracing::debug!("{n} connection(s) handed back as the fronts stopped: to the workers");
+                }
+            }
+            self.kill_all(Signal::SIGTERM);
+            if let Some(ch) = self.handoff {
+                ch.shut_for_workers();
+            }
+        }
+        if !killed && Instant::now() >= deadline {
+            tracing::warn!(
+                "grace period of {:?} over: killing {} worker(s) still serving",
+                self.settings.grace_period,
+                self.workers.len()
+            );
+            self.kill_all(Signal::SIGKILL);
+            self.phase = Phase::Stopping {
+                deadline,
+                killed: true,
+                since,
+            };
+        }
+        Stepped::Going
     }
 
     /// Whether the master has work to do on a clock (not only on events).
@@ -579,6 +626,51 @@ impl<'a> Master<'a> {
     /// Sleeps until a signal, a message, a wake-up, a control request, or the next deadline.
     fn wait(&mut self) {
         let now = Instant::now();
+        let timeout = self.poll_timeout(now);
+        let watch_listeners = self.watches_listeners(now);
+        let mut fds = vec![
+            PollFd::new(self.signals.wake.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.channel.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
+        ];
+        if let Some(c) = &self.settings.control {
+            if self.serving || !self.settings.adopted {
+                fds.extend(c.poll_fds());
+            }
+        }
+        if let Some(fd) = self.upgrade.poll_fd() {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        if let Some(m) = &self.settings.metrics {
+            fds.extend(m.poll_fds());
+        }
+        fds.extend(self.queue.poll_fds(self.listeners));
+        // The on-demand pool's own watch of the listeners, unless the queue watch has them
+        // in the set already.
+        if watch_listeners && !self.queue.watching() {
+            fds.extend(
+                self.worker_listeners()
+                    .into_iter()
+                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
+            );
+        }
+        match nix::poll::poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                // poll on valid descriptors cannot fail short of memory exhaustion; do not
+                // spin if it does.
+                tracing::error!("poll failed: {}", e.desc());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// How long the master may sleep: until the earliest of its deadlines (the phase's,
+    /// a spawn's back-off and pacing, the pool's next round, the holds' next look, the
+    /// periodic checks' tick, the control connections', the queue watch's, an upgrade's,
+    /// the TLS ticket keys' next period, the metrics connections'), at most a minute,
+    /// rounded up so that it never wakes a moment early and sleeps again for nothing.
+    fn poll_timeout(&mut self, now: Instant) -> PollTimeout {
         let mut deadlines: Vec<Instant> = Vec::new();
         match self.phase {
             Phase::Stopping {
@@ -624,61 +716,29 @@ impl<'a> Master<'a> {
                 .as_ref()
                 .and_then(MetricsListener::next_deadline),
         );
-        let timeout = match deadlines.into_iter().min() {
+        match deadlines.into_iter().min() {
             None => PollTimeout::NONE,
             Some(t) => {
                 let ms = t.saturating_duration_since(now).as_millis().saturating_add(1);
                 PollTimeout::try_from(ms.min(60_000) as i32).unwrap_or(PollTimeout::NONE)
             }
-        };
-        // An on-demand pool with no idle worker watches the listeners themselves, between
-        // rounds (a listener stays readable until a worker accepts: watching it right after
-        // a spawn would spin).
-        // Not while a worker is starting either: it will take the waiting connection.
-        // (In hybrid mode the fronts accept on all but the TLS listeners; a front that hands
-        // off a request while no worker is idle wakes the master through the eventfd.)
-        let watch_listeners = matches!(self.settings.policy, Policy::Ondemand { .. })
+        }
+    }
+
+    /// Whether this round's poll watches the listeners for the pool's own sake: an
+    /// on-demand pool with no idle worker watches them itself, between rounds (a listener
+    /// stays readable until a worker accepts: watching it right after a spawn would spin).
+    /// Not while a worker is starting either: it will take the waiting connection. (In
+    /// hybrid mode the fronts accept on all but the TLS listeners; a front that hands off
+    /// a request while no worker is idle wakes the master through the eventfd.)
+    fn watches_listeners(&self, now: Instant) -> bool {
+        matches!(self.settings.policy, Policy::Ondemand { .. })
             && self.phase == Phase::Running
             && self.settings.board.idle() == 0
             && self.starting() == 0
             && self.backoff.may_spawn(now, self.serving_workers())
             && self.active() < self.settings.policy.max()
-            && self.next_round.is_none_or(|t| t <= now);
-        let mut fds = vec![
-            PollFd::new(self.signals.wake.as_fd(), PollFlags::POLLIN),
-            PollFd::new(self.channel.as_fd(), PollFlags::POLLIN),
-            PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
-        ];
-        if let Some(c) = &self.settings.control {
-            if self.serving || !self.settings.adopted {
-                fds.extend(c.poll_fds());
-            }
-        }
-        if let Some(fd) = self.upgrade.poll_fd() {
-            fds.push(PollFd::new(fd, PollFlags::POLLIN));
-        }
-        if let Some(m) = &self.settings.metrics {
-            fds.extend(m.poll_fds());
-        }
-        fds.extend(self.queue.poll_fds(self.listeners));
-        // The on-demand pool's own watch of the listeners, unless the queue watch has them
-        // in the set already.
-        if watch_listeners && !self.queue.watching() {
-            fds.extend(
-                self.worker_listeners()
-                    .into_iter()
-                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
-            );
-        }
-        match nix::poll::poll(&mut fds, timeout) {
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => {
-                // poll on valid descriptors cannot fail short of memory exhaustion; do not
-                // spin if it does.
-                tracing::error!("poll failed: {}", e.desc());
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+            && self.next_round.is_none_or(|t| t <= now)
     }
 
     fn on_stop_signal(&mut self, sig: Signal) {
@@ -1279,108 +1339,35 @@ impl<'a> Master<'a> {
     }
 
     /// Request timeouts, recycling by age and memory, and the kill that follows an abort.
+    ///
+    /// Each worker is looked at once (`WorkerCheck::look_at`, which also kills one that
+    /// outstayed its grace period), then the verdicts are acted on: the timed-out requests'
+    /// workers are aborted, the ones over a limit recycled.
     fn check_workers(&mut self) {
         let now = Instant::now();
         let limits = self.settings.limits.clone();
-        let board = self.settings.board;
         let check_memory =
             limits.max_memory_kib > 0 && now.duration_since(self.last_memory_check) >= MEMORY_INTERVAL;
         if check_memory {
             self.last_memory_check = now;
         }
+        let check = WorkerCheck {
+            now,
+            board: self.settings.board,
+            limits: &limits,
+            grace: self.settings.grace_period,
+            check_memory,
+        };
         let mut recycle = Vec::new();
         let mut expired = Vec::new();
-        let grace = self.settings.grace_period;
         for (pid, w) in &mut self.workers {
-            // What a kill cuts: an event loop's open connections (its slot names no single
-            // peer: the line said "cutting no connection" while it cut thousands, issue 31),
-            // or a blocking worker's one.
-            let serving = || match board.read(w.id) {
-                Some(v) => match (v.event.map(|ev| ev.counts.open), v.peer) {
-                    (Some(0), _) | (None, None) => "no connection".to_owned(),
-                    (Some(1) | None, Some(p)) => format!("the connection from {p}"),
-                    (Some(n), Some(p)) => format!("its {n} open connections (the last served from {p})"),
-                    (Some(n), None) => format!("its {n} open connections"),
-                },
-                None => "no connection".to_owned(),
-            };
-            if w.stop_at.is_some_and(|t| now.duration_since(t) >= grace) {
-                // Asked to leave a grace period ago and still there (a connection that
-                // never ends): as on a stop, the grace period bounds it.
-                tracing::warn!(
-                    "worker {} (pid {pid}) still serving {:?} after being asked to leave; killing it, \
-                     cutting {}",
-                    w.id,
-                    grace,
-                    serving()
-                );
-                let _ = signal::kill(*pid, Signal::SIGKILL);
-                w.stop_at = None;
-                continue;
-            }
-            // --max-worker-memory is a hard limit: a worker replaced for its memory finishes
-            // its connections within the grace period only while it stays below twice the
-            // limit, checked on every tick (a connection whose protocol cannot announce a
-            // close could otherwise grow it by gigabytes meanwhile: issue 14).
-            if matches!(w.leaving, Some(Leave::Recycle("memory"))) && !w.memory_killed {
-                if let Some(kib) = pss_kib(*pid).filter(|kib| *kib > 2 * limits.max_memory_kib) {
-                    tracing::warn!(
-                        "worker {} (pid {pid}) uses {} MiB, over twice --max-worker-memory {} MiB, \
-                         while it finishes: killing it, cutting {}",
-                        w.id,
-                        kib / 1024,
-                        limits.max_memory_kib / 1024,
-                        serving()
-                    );
-                    let _ = signal::kill(*pid, Signal::SIGKILL);
-                    w.stop_at = None;
-                    w.memory_killed = true;
-                    continue;
-                }
-            }
-            if let Some(since) = w.timed_out {
-                if now.duration_since(since) >= ABORT_GRACE {
-                    let _ = signal::kill(*pid, Signal::SIGKILL);
-                }
-                continue;
-            }
-            if let (Some(limit), Some(v)) = (limits.request_timeout, board.read(w.id)) {
-                if let Some(elapsed) = over_request_timeout(&v, limit) {
-                    expired.push((*pid, w.id, elapsed, v));
-                    continue;
-                }
-            }
-            // Fronts run no handler code: not recycled by age or memory.
-            if w.leaving.is_some() || !w.ready || w.front {
-                continue;
-            }
-            if limits
-                .max_age
-                .is_some_and(|age| now.duration_since(w.spawned) >= age)
-            {
-                recycle.push((*pid, "age"));
-            } else if check_memory && pss_kib(*pid).is_some_and(|kib| kib > limits.max_memory_kib) {
-                recycle.push((*pid, "memory"));
+            match check.look_at(*pid, w) {
+                Look::Fine => {}
+                Look::Expired(elapsed, v) => expired.push((*pid, w.id, elapsed, *v)),
+                Look::Recycle(why) => recycle.push((*pid, why)),
             }
         }
-        let abort = sys::core_dumps_enabled();
-        for (pid, id, elapsed, v) in expired {
-            tracing::error!(
-                "{}",
-                timeout_message(
-                    id,
-                    pid,
-                    limits.request_timeout.unwrap_or_default(),
-                    elapsed,
-                    &v,
-                    abort
-                )
-            );
-            let _ = signal::kill(pid, if abort { Signal::SIGABRT } else { Signal::SIGKILL });
-            if let Some(w) = self.workers.get_mut(&pid) {
-                w.timed_out = Some(now);
-            }
-        }
+        self.abort_expired(expired, limits.request_timeout.unwrap_or_default(), now);
         for (pid, why) in recycle {
             if let Some(w) = self.workers.get_mut(&pid) {
                 tracing::info!(
@@ -1392,6 +1379,25 @@ impl<'a> Master<'a> {
             }
         }
         self.release_one_retiring();
+    }
+
+    /// The workers whose request outlived `--request-timeout`: each is aborted (a core
+    /// dump shows where the handler was, when core dumps are enabled) or killed, with one
+    /// error line naming the request, and given `ABORT_GRACE` before the kill that follows.
+    fn abort_expired(
+        &mut self,
+        expired: Vec<(Pid, u32, Duration, scoreboard::SlotView)>,
+        limit: Duration,
+        now: Instant,
+    ) {
+        let abort = sys::core_dumps_enabled();
+        for (pid, id, elapsed, v) in expired {
+            tracing::error!("{}", timeout_message(id, pid, limit, elapsed, &v, abort));
+            let _ = signal::kill(pid, if abort { Signal::SIGABRT } else { Signal::SIGKILL });
+            if let Some(w) = self.workers.get_mut(&pid) {
+                w.timed_out = Some(now);
+            }
+        }
     }
 
     /// Once a second: whether slow or idle clients from a few addresses hold the pool; one
@@ -1632,6 +1638,111 @@ impl<'a> Master<'a> {
         for pid in self.workers.keys() {
             let _ = signal::kill(*pid, sig);
         }
+    }
+}
+
+/// What `check_workers` found about one worker.
+#[derive(Debug)]
+enum Look {
+    /// Nothing to do (or it was dealt with already: a kill).
+    Fine,
+    /// Its request has run this long, over `--request-timeout`; the slot as read (boxed:
+    /// a slot's view is large, and this is the rare verdict).
+    Expired(Duration, Box<scoreboard::SlotView>),
+    /// It reached this limit (`age`, `memory`): to be replaced.
+    Recycle(&'static str),
+}
+
+/// What `check_workers` looks at each worker with, read once per round.
+struct WorkerCheck<'a> {
+    now: Instant,
+    board: &'static scoreboard::Board,
+    limits: &'a Limits,
+    grace: Duration,
+    /// The memory is read this round (once per `MEMORY_INTERVAL`: reading it costs).
+    check_memory: bool,
+}
+
+impl WorkerCheck<'_> {
+    /// One worker's verdict, in order of urgency. A worker asked to leave a grace period
+    /// ago, or one replaced for its memory that grew past twice the limit meanwhile, is
+    /// killed here, at once; one killed after an abort waits `ABORT_GRACE`, then is killed.
+    fn look_at(&self, pid: Pid, w: &mut Worker) -> Look {
+        let (now, limits) = (self.now, self.limits);
+        if w.stop_at.is_some_and(|t| now.duration_since(t) >= self.grace) {
+            // Asked to leave a grace period ago and still there (a connection that
+            // never ends): as on a stop, the grace period bounds it.
+            tracing::warn!(
+                "worker {} (pid {pid}) still serving {:?} after being asked to leave; killing it, \
+                 cutting {}",
+                w.id,
+                self.grace,
+                serving(self.board, w.id)
+            );
+            let _ = signal::kill(pid, Signal::SIGKILL);
+            w.stop_at = None;
+            return Look::Fine;
+        }
+        // --max-worker-memory is a hard limit: a worker replaced for its memory finishes
+        // its connections within the grace period only while it stays below twice the
+        // limit, checked on every tick (a connection whose protocol cannot announce a
+        // close could otherwise grow it by gigabytes meanwhile: issue 14).
+        if matches!(w.leaving, Some(Leave::Recycle("memory"))) && !w.memory_killed {
+            if let Some(kib) = pss_kib(pid).filter(|kib| *kib > 2 * limits.max_memory_kib) {
+                tracing::warn!(
+                    "worker {} (pid {pid}) uses {} MiB, over twice --max-worker-memory {} MiB, \
+                     while it finishes: killing it, cutting {}",
+                    w.id,
+                    kib / 1024,
+                    limits.max_memory_kib / 1024,
+                    serving(self.board, w.id)
+                );
+                let _ = signal::kill(pid, Signal::SIGKILL);
+                w.stop_at = None;
+                w.memory_killed = true;
+                return Look::Fine;
+            }
+        }
+        if let Some(since) = w.timed_out {
+            if now.duration_since(since) >= ABORT_GRACE {
+                let _ = signal::kill(pid, Signal::SIGKILL);
+            }
+            return Look::Fine;
+        }
+        if let (Some(limit), Some(v)) = (limits.request_timeout, self.board.read(w.id)) {
+            if let Some(elapsed) = over_request_timeout(&v, limit) {
+                return Look::Expired(elapsed, Box::new(v));
+            }
+        }
+        // Fronts run no handler code: not recycled by age or memory.
+        if w.leaving.is_some() || !w.ready || w.front {
+            return Look::Fine;
+        }
+        if limits
+            .max_age
+            .is_some_and(|age| now.duration_since(w.spawned) >= age)
+        {
+            Look::Recycle("age")
+        } else if self.check_memory && pss_kib(pid).is_some_and(|kib| kib > limits.max_memory_kib) {
+            Look::Recycle("memory")
+        } else {
+            Look::Fine
+        }
+    }
+}
+
+/// What a kill of worker `id` cuts, for its log line: an event loop's open connections
+/// (its slot names no single peer: the line said "cutting no connection" while it cut
+/// thousands, issue 31), or a blocking worker's one.
+fn serving(board: &scoreboard::Board, id: u32) -> String {
+    match board.read(id) {
+        Some(v) => match (v.event.map(|ev| ev.counts.open), v.peer) {
+            (Some(0), _) | (None, None) => "no connection".to_owned(),
+            (Some(1) | None, Some(p)) => format!("the connection from {p}"),
+            (Some(n), Some(p)) => format!("its {n} open connections (the last served from {p})"),
+            (Some(n), None) => format!("its {n} open connections"),
+        },
+        None => "no connection".to_owned(),
     }
 }
 

@@ -348,6 +348,52 @@ impl Announce<'_> {
     }
 }
 
+/// What the master and its workers share, made once before the first fork: the workers'
+/// notification pipe, the master's signal handlers, and the shared memory and channels
+/// the configuration asks for. A failure names the resource and stops the start.
+struct Shared {
+    channel: Channel,
+    signals: Signals,
+    board: &'static Board,
+    /// Event workers with `--max-conns-per-ip`: the connections per client address.
+    peers: Option<&'static PeerCounts>,
+    /// Hybrid mode: the hand-off channel from the fronts to the workers.
+    handoff: Option<crate::net::handoff::Channel>,
+}
+
+impl Shared {
+    fn new(config: &Config) -> Result<Shared> {
+        let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
+        let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
+        let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
+        crate::process::log::count_dropped_in(board.log_dropped());
+        // Event workers count their connections per address in shared tables, one per worker
+        // id (any id the master may give: pages are allocated only when used).
+        let peers = (config.io != crate::cli::Io::Blocking && config.max_conns_per_ip > 0)
+            .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.worker_connections))
+            .transpose()
+            .map_err(|e| Error::sys("mapping the per-address tables", e))?;
+        // Failed authentication: the penalized addresses, shared by every worker and installed
+        // for the process (handlers charge it through `Conn::penalize`; issue 31).
+        if let Some(max) = config.penalty_max {
+            crate::penalty::create(max).map_err(|e| Error::sys("mapping the penalty table", e))?;
+        }
+        // Hybrid mode: the fronts hand connections to the workers over one channel, made now
+        // and kept for the master's life (a reload's generations share it).
+        let handoff = (config.io == crate::Io::Hybrid)
+            .then(crate::net::handoff::Channel::new)
+            .transpose()
+            .map_err(|e| Error::sys("creating the hand-off channel", e))?;
+        Ok(Shared {
+            channel,
+            signals,
+            board,
+            peers,
+            handoff,
+        })
+    }
+}
+
 /// Logs what the master serves and how, then runs the master until it stops.
 fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> Result<()> {
     let Startup {
@@ -387,27 +433,13 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         config.helper_profile.is_some(),
     );
     let summary = summary(name, config, listeners, metrics.as_ref());
-    let channel = Channel::new().map_err(|e| Error::sys("creating the notification pipe", e))?;
-    let signals = Signals::install().map_err(|e| Error::sys("installing signal handlers", e))?;
-    let board = Board::new().map_err(|e| Error::sys("mapping shared memory", e))?;
-    crate::process::log::count_dropped_in(board.log_dropped());
-    // Event workers count their connections per address in shared tables, one per worker
-    // id (any id the master may give: pages are allocated only when used).
-    let peers = (config.io != crate::cli::Io::Blocking && config.max_conns_per_ip > 0)
-        .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.worker_connections))
-        .transpose()
-        .map_err(|e| Error::sys("mapping the per-address tables", e))?;
-    // Failed authentication: the penalized addresses, shared by every worker and installed
-    // for the process (handlers charge it through `Conn::penalize`; issue 31).
-    if let Some(max) = config.penalty_max {
-        crate::penalty::create(max).map_err(|e| Error::sys("mapping the penalty table", e))?;
-    }
-    // Hybrid mode: the fronts hand connections to the workers over one channel, made now
-    // and kept for the master's life (a reload's generations share it).
-    let handoff = (config.io == crate::Io::Hybrid)
-        .then(crate::net::handoff::Channel::new)
-        .transpose()
-        .map_err(|e| Error::sys("creating the hand-off channel", e))?;
+    let Shared {
+        channel,
+        signals,
+        board,
+        peers,
+        handoff,
+    } = Shared::new(config)?;
     let worker_dir = upgrade.dir.clone();
     let settings = Settings {
         name: name.to_owned(),

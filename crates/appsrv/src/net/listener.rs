@@ -264,51 +264,9 @@ impl FromStr for ListenAddr {
             Some((a, o)) => (a, Some(o)),
             None => (text, None),
         };
-        let endpoint = if let Some(path) = addr.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err(bad("a Unix socket needs a path, as unix:/run/NAME.sock".into()));
-            }
-            Endpoint::Unix(PathBuf::from(path))
-        } else if let Some(path) = addr.strip_prefix("unixgram:") {
-            if path.is_empty() {
-                return Err(bad(
-                    "a Unix datagram socket needs a path, as unixgram:/run/NAME.dgram".into(),
-                ));
-            }
-            Endpoint::UnixDgram(PathBuf::from(path))
-        } else {
-            let (udp, addr) = match addr.strip_prefix("udp://") {
-                Some(rest) => (true, rest),
-                None => (false, addr),
-            };
-            if addr.contains("://") {
-                return Err(bad(
-                    "unknown scheme (known: udp://HOST:PORT; TCP is plain HOST:PORT)".into(),
-                ));
-            }
-            let Some((host, port)) = addr.rsplit_once(':') else {
-                return Err(bad(
-                    "expected HOST:PORT, [IPV6]:PORT, unix:PATH, udp://HOST:PORT or unixgram:PATH".into(),
-                ));
-            };
-            if host.is_empty() {
-                return Err(bad("missing host (use 0.0.0.0:PORT or [::]:PORT for any)".into()));
-            }
-            if port.parse::<u16>().is_err() {
-                return Err(bad(format!("{port:?} is not a port number (0 to 65535)")));
-            }
-            if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
-                return Err(bad("write IPv6 addresses in brackets, as [::1]:7000".into()));
-            }
-            if udp {
-                Endpoint::Udp(addr.to_owned())
-            } else {
-                Endpoint::Inet(addr.to_owned())
-            }
-        };
         let mut parsed = ListenAddr {
             text: text.to_owned(),
-            endpoint,
+            endpoint: parse_endpoint(addr).map_err(bad)?,
             backlog: None,
             mode: None,
             proxy: false,
@@ -318,67 +276,127 @@ impl FromStr for ListenAddr {
         };
         for opt in opts.into_iter().flat_map(|o| o.split('&')) {
             let (key, value) = opt.split_once('=').unwrap_or((opt, ""));
-            match key {
-                "proxy" if value.is_empty() => parsed.proxy = true,
-                "tls" if value.is_empty() => {
-                    parsed.tls.get_or_insert_with(TlsOptions::default);
+            parsed.apply_option(key, value).map_err(bad)?;
+        }
+        parsed.check_datagram_options().map_err(bad)?;
+        Ok(parsed)
+    }
+}
+
+/// The address part of a listen address (before any `?`): a Unix stream or datagram
+/// path, a UDP address, or a TCP `HOST:PORT`. Only the syntax is checked here: names are
+/// resolved when the listener is bound. The error is the reason, for `Error::ListenAddr`.
+fn parse_endpoint(addr: &str) -> Result<Endpoint, String> {
+    if let Some(path) = addr.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err("a Unix socket needs a path, as unix:/run/NAME.sock".into());
+        }
+        Ok(Endpoint::Unix(PathBuf::from(path)))
+    } else if let Some(path) = addr.strip_prefix("unixgram:") {
+        if path.is_empty() {
+            return Err("a Unix datagram socket needs a path, as unixgram:/run/NAME.dgram".into());
+        }
+        Ok(Endpoint::UnixDgram(PathBuf::from(path)))
+    } else {
+        let (udp, addr) = match addr.strip_prefix("udp://") {
+            Some(rest) => (true, rest),
+            None => (false, addr),
+        };
+        if addr.contains("://") {
+            return Err("unknown scheme (known: udp://HOST:PORT; TCP is plain HOST:PORT)".into());
+        }
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            return Err(
+                "expected HOST:PORT, [IPV6]:PORT, unix:PATH, udp://HOST:PORT or unixgram:PATH".into(),
+            );
+        };
+        if host.is_empty() {
+            return Err("missing host (use 0.0.0.0:PORT or [::]:PORT for any)".into());
+        }
+        if port.parse::<u16>().is_err() {
+            return Err(format!("{port:?} is not a port number (0 to 65535)"));
+        }
+        if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+            return Err("write IPv6 addresses in brackets, as [::1]:7000".into());
+        }
+        if udp {
+            Ok(Endpoint::Udp(addr.to_owned()))
+        } else {
+            Ok(Endpoint::Inet(addr.to_owned()))
+        }
+    }
+}
+
+impl ListenAddr {
+    /// One `KEY=VALUE` (or bare `KEY`) option after the `?`, applied to the address parsed
+    /// so far. The error is the reason, for `Error::ListenAddr`.
+    fn apply_option(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "proxy" if value.is_empty() => self.proxy = true,
+            "tls" if value.is_empty() => {
+                self.tls.get_or_insert_with(TlsOptions::default);
+            }
+            "cert" | "key" | "client-ca" => {
+                if value.is_empty() {
+                    return Err(format!("{key}= needs a file's path"));
                 }
-                "cert" | "key" | "client-ca" => {
-                    if value.is_empty() {
-                        return Err(bad(format!("{key}= needs a file's path")));
-                    }
-                    let tls = parsed.tls.get_or_insert_with(TlsOptions::default);
-                    let path = Some(PathBuf::from(value));
-                    match key {
-                        "cert" => tls.cert = path,
-                        "key" => tls.key = path,
-                        _ => tls.client_ca = path,
-                    }
-                }
-                "allow" | "deny" => {
-                    let cidr: Cidr = value
-                        .parse()
-                        .map_err(|e: crate::net::proxy::CidrError| bad(e.to_string()))?;
-                    if key == "allow" {
-                        parsed.allow.push(cidr);
-                    } else {
-                        parsed.deny.push(cidr);
-                    }
-                }
-                "backlog" => {
-                    let n = value.parse::<u32>().ok().filter(|n| *n > 0);
-                    parsed.backlog =
-                        Some(n.ok_or_else(|| bad(format!("backlog={value:?}: expected a positive number")))?);
-                }
-                "mode" => {
-                    if !matches!(parsed.endpoint, Endpoint::Unix(_) | Endpoint::UnixDgram(_)) {
-                        return Err(bad("mode= applies to unix: and unixgram: listeners only".into()));
-                    }
-                    let m = u32::from_str_radix(value, 8).ok().filter(|m| *m <= 0o777);
-                    parsed.mode = Some(m.ok_or_else(|| {
-                        bad(format!("mode={value:?}: expected octal permissions such as 0660"))
-                    })?);
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "unknown option {key:?} (known: backlog, mode, proxy, allow, deny, tls, cert, key, client-ca)"
-                    )));
+                let tls = self.tls.get_or_insert_with(TlsOptions::default);
+                let path = Some(PathBuf::from(value));
+                match key {
+                    "cert" => tls.cert = path,
+                    "key" => tls.key = path,
+                    _ => tls.client_ca = path,
                 }
             }
+            "allow" | "deny" => {
+                let cidr: Cidr = value
+                    .parse()
+                    .map_err(|e: crate::net::proxy::CidrError| e.to_string())?;
+                if key == "allow" {
+                    self.allow.push(cidr);
+                } else {
+                    self.deny.push(cidr);
+                }
+            }
+            "backlog" => {
+                let n = value.parse::<u32>().ok().filter(|n| *n > 0);
+                self.backlog =
+                    Some(n.ok_or_else(|| format!("backlog={value:?}: expected a positive number"))?);
+            }
+            "mode" => {
+                if !matches!(self.endpoint, Endpoint::Unix(_) | Endpoint::UnixDgram(_)) {
+                    return Err("mode= applies to unix: and unixgram: listeners only".into());
+                }
+                let m = u32::from_str_radix(value, 8).ok().filter(|m| *m <= 0o777);
+                self.mode = Some(
+                    m.ok_or_else(|| format!("mode={value:?}: expected octal permissions such as 0660"))?,
+                );
+            }
+            _ => {
+                return Err(format!(
+                    "unknown option {key:?} (known: backlog, mode, proxy, allow, deny, tls, cert, key, client-ca)"
+                ));
+            }
         }
-        if parsed.is_datagram() {
+        Ok(())
+    }
+
+    /// A datagram listener refuses the stream-only options (they would be silently
+    /// meaningless on it). The error is the reason, for `Error::ListenAddr`.
+    fn check_datagram_options(&self) -> Result<(), String> {
+        if self.is_datagram() {
             let stream_only = [
-                (parsed.backlog.is_some(), "backlog"),
-                (parsed.proxy, "proxy"),
-                (parsed.tls.is_some(), "tls"),
+                (self.backlog.is_some(), "backlog"),
+                (self.proxy, "proxy"),
+                (self.tls.is_some(), "tls"),
             ];
             if let Some((_, opt)) = stream_only.iter().find(|(set, _)| *set) {
-                return Err(bad(format!(
+                return Err(format!(
                     "{opt} applies to stream listeners only (a datagram listener takes mode, allow and deny)"
-                )));
+                ));
             }
         }
-        Ok(parsed)
+        Ok(())
     }
 }
 

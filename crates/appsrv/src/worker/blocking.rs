@@ -101,110 +101,183 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
         mut acceptor,
         handoff,
     } = prepared;
-    let mut guard = Guard {
-        id,
-        listeners,
-        board,
+    let mut l = Loop {
+        guard: Guard {
+            id,
+            listeners,
+            board,
+            slot,
+            keepalive_timeout,
+            recycle,
+            request: None,
+            requests: 0,
+            access,
+            peer: None,
+            head: Vec::new(),
+            hold: None,
+        },
+        handler,
         slot,
-        keepalive_timeout,
-        recycle,
-        request: None,
-        requests: 0,
-        access,
-        peer: None,
-        head: Vec::new(),
-        hold: None,
-    };
-    let hybrid = handoff.is_some();
-    let mut retire_sent = false;
-    let mut rejections = Rejections::default();
-    let mut buffers = Some(Buffers::new());
-    let mut reopen = |guard: &mut Guard<'_>| {
-        if let (Some(file), Some(log)) = (reopen_log(), guard.access.as_mut()) {
-            log.replace(file);
-        }
+        board,
+        listeners,
+        tls,
+        limits,
+        max_per_ip,
+        handoff,
+        buffers: Some(Buffers::new()),
+        rejections: Rejections::default(),
+        retire_sent: false,
+        retire,
+        reopen_log,
     };
     loop {
         // Lines are written before the worker may wait: a quiet server holds none back.
-        if let Some(log) = guard.access.as_mut() {
+        if let Some(log) = l.guard.access.as_mut() {
             log.flush();
         }
-        let (socket, peer, index) = match acceptor.accept() {
-            Accepted::Connection(s, p, i) => (s, p, i),
+        let stop = match acceptor.accept() {
+            Accepted::Connection(socket, peer, index) => l.accepted(socket, &peer, index),
             Accepted::HandedOff(received) => {
                 let inbox = acceptor.inbox().expect("a hand-off comes from the channel");
-                let (socket, meta, bytes) = received.split(inbox);
-                // The request's bytes the front read count as this worker's, as if it had
-                // read them (the front's own slot is not in the totals).
-                slot.add_bytes(bytes.len() as u64, 0);
-                let bufs = buffers.take().unwrap_or_else(Buffers::new);
-                let client = handed_over(socket, &meta, &bytes, bufs, listeners);
-                drop(bytes);
-                slot.forget_peer();
-                if let Some(c) = &client {
-                    // The slot names the client before the hand-off counts as taken: the
-                    // front stops counting it for --max-conns-per-ip only then.
-                    slot.connection(&c.peer_addr());
-                }
-                board.handoff_taken();
-                let Some(mut client) = client else {
-                    continue;
-                };
-                if limits.min_send_rate > 0 {
-                    client.watch_sends(SendWatch::new(limits.min_send_rate, limits.write_timeout));
-                }
-                if sys::take_reopen_request() {
-                    reopen(&mut guard);
-                }
-                let channel = handoff.expect("a hand-off comes from the channel");
-                match serve_handed_over(client, &meta, channel, handler, &mut guard, board) {
-                    Some(bufs) => buffers = Some(bufs),
-                    None => return exit::PANIC,
-                }
-                if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire, hybrid) {
-                    return code;
-                }
-                continue;
+                l.handed_off(received, inbox)
             }
             Accepted::Stop => return exit::OK,
             Accepted::Reopen => {
-                reopen(&mut guard);
-                continue;
+                l.reopen();
+                None
             }
         };
-        slot.forget_peer();
-        if sys::take_reopen_request() {
-            reopen(&mut guard);
-        }
-        let peer = Addr::from_sockaddr(&peer);
-        let mut client = Client::new(socket, peer, buffers.take().unwrap_or_else(Buffers::new));
-        if limits.min_send_rate > 0 {
-            client.watch_sends(SendWatch::new(limits.min_send_rate, limits.write_timeout));
-        }
-        let rules = Rules {
-            policy: listeners[index].policy(),
-            tls: tls.acceptor(index),
-            header_timeout: limits.header_timeout,
-            handshake_timeout: tls.handshake_timeout,
-            max_per_ip,
-            penalties: crate::penalty::installed(),
-        };
-        if let Err(rejection) = admit(&mut client, rules, SlotSeat { slot, board }) {
-            rejections.reject(rejection, &mut client, slot, handler);
-            let (_, bufs) = client.finish();
-            buffers = Some(bufs);
-            continue;
-        }
-        guard.hold = None;
-        let bufs = match serve_admitted(client, handler, &mut guard, board, None) {
-            Served::Closed(bufs) => bufs,
-            Served::HandBack(client, _) => client.finish().1,
-            Served::Panicked => return exit::PANIC,
-        };
-        buffers = Some(bufs);
-        if let Some(code) = after_connection(&mut guard, &mut retire_sent, retire, hybrid) {
+        if let Some(code) = stop {
             return code;
         }
+    }
+}
+
+/// The blocking loop's state between connections: what each connection is served with,
+/// and what carries over from one to the next (the buffers, reused; the rejection
+/// episodes; whether the master was asked for a replacement). One place, so that each kind
+/// of connection (accepted here, handed over by a front) is a method of its own.
+struct Loop<'a, C> {
+    guard: Guard<'a>,
+    handler: &'a mut C,
+    slot: &'a Slot,
+    board: &'static Board,
+    listeners: &'a [Listener],
+    tls: &'a ForWorker,
+    limits: ConnLimits,
+    max_per_ip: Option<usize>,
+    /// Hybrid mode: the workers' end of the hand-off channel.
+    handoff: Option<BorrowedFd<'a>>,
+    /// The last connection's buffers, for the next one (`None` only while one is served).
+    buffers: Option<Buffers>,
+    rejections: Rejections,
+    retire_sent: bool,
+    retire: &'a mut dyn FnMut(),
+    reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
+}
+
+impl<C: Connections> Loop<'_, C> {
+    /// Puts the files the master reopened (after a USR1) in place: the log file goes over
+    /// stderr, the access log replaces this worker's copy.
+    fn reopen(&mut self) {
+        if let (Some(file), Some(log)) = ((self.reopen_log)(), self.guard.access.as_mut()) {
+            log.replace(file);
+        }
+    }
+
+    /// A connection this worker accepted: admitted (or refused, with its rejection's reply
+    /// and log line), then served to its end. Returns the worker's exit status if it stops
+    /// now (a handler panic, a stop).
+    fn accepted(&mut self, socket: Socket, peer: &socket2::SockAddr, index: usize) -> Option<i32> {
+        self.slot.forget_peer();
+        if sys::take_reopen_request() {
+            self.reopen();
+        }
+        let peer = Addr::from_sockaddr(peer);
+        let mut client = Client::new(socket, peer, self.buffers.take().unwrap_or_else(Buffers::new));
+        if self.limits.min_send_rate > 0 {
+            client.watch_sends(SendWatch::new(
+                self.limits.min_send_rate,
+                self.limits.write_timeout,
+            ));
+        }
+        let rules = Rules {
+            policy: self.listeners[index].policy(),
+            tls: self.tls.acceptor(index),
+            header_timeout: self.limits.header_timeout,
+            handshake_timeout: self.tls.handshake_timeout,
+            max_per_ip: self.max_per_ip,
+            penalties: crate::penalty::installed(),
+        };
+        let seat = SlotSeat {
+            slot: self.slot,
+            board: self.board,
+        };
+        if let Err(rejection) = admit(&mut client, rules, seat) {
+            self.rejections
+                .reject(rejection, &mut client, self.slot, self.handler);
+            let (_, bufs) = client.finish();
+            self.buffers = Some(bufs);
+            return None;
+        }
+        self.guard.hold = None;
+        let bufs = match serve_admitted(client, self.handler, &mut self.guard, self.board, None) {
+            Served::Closed(bufs) => bufs,
+            Served::HandBack(client, _) => client.finish().1,
+            Served::Panicked => return Some(exit::PANIC),
+        };
+        self.buffers = Some(bufs);
+        after_connection(
+            &mut self.guard,
+            &mut self.retire_sent,
+            self.retire,
+            self.handoff.is_some(),
+        )
+    }
+
+    /// Hybrid mode: a connection a front handed over, admitted there already, with the
+    /// bytes the front read; served to its end or until it goes back to a front. Returns
+    /// the worker's exit status if it stops now (a handler panic, a stop).
+    fn handed_off(
+        &mut self,
+        received: crate::net::handoff::Received,
+        inbox: &crate::net::handoff::Inbox,
+    ) -> Option<i32> {
+        let (socket, meta, bytes) = received.split(inbox);
+        // The request's bytes the front read count as this worker's, as if it had read
+        // them (the front's own slot is not in the totals).
+        self.slot.add_bytes(bytes.len() as u64, 0);
+        let bufs = self.buffers.take().unwrap_or_else(Buffers::new);
+        let client = handed_over(socket, &meta, &bytes, bufs, self.listeners);
+        drop(bytes);
+        self.slot.forget_peer();
+        if let Some(c) = &client {
+            // The slot names the client before the hand-off counts as taken: the front
+            // stops counting it for --max-conns-per-ip only then.
+            self.slot.connection(&c.peer_addr());
+        }
+        self.board.handoff_taken();
+        let mut client = client?;
+        if self.limits.min_send_rate > 0 {
+            client.watch_sends(SendWatch::new(
+                self.limits.min_send_rate,
+                self.limits.write_timeout,
+            ));
+        }
+        if sys::take_reopen_request() {
+            self.reopen();
+        }
+        let channel = self.handoff.expect("a hand-off comes from the channel");
+        match serve_handed_over(client, &meta, channel, self.handler, &mut self.guard, self.board) {
+            Some(bufs) => self.buffers = Some(bufs),
+            None => return Some(exit::PANIC),
+        }
+        after_connection(
+            &mut self.guard,
+            &mut self.retire_sent,
+            self.retire,
+            self.handoff.is_some(),
+        )
     }
 }
 

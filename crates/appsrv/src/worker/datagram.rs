@@ -243,27 +243,9 @@ impl<'a> Side<'a> {
     /// (or its slip) was called.
     fn one(&mut self, listener: &Listener, i: usize, access: &mut Option<AccessLog>) -> bool {
         let (received, answer) = self.batch.slot(i);
-        self.counts.received += 1;
-        if !received.truncated {
-            self.counts.bytes_in += received.data.len() as u64;
-        }
-        if received.truncated {
-            self.counts.too_large += 1;
-            tracing::debug!(
-                "{}: a datagram longer than --max-datagram-size ({} bytes) dropped",
-                listener.label(),
-                self.settings.max_size
-            );
+        let Some(peer) = checked_sender(&mut self.counts, self.settings.max_size, listener, &received) else {
             return false;
-        }
-        let peer = match &received.source {
-            Source::Inet(a) => Addr::Inet(*a),
-            Source::Unix(p) => Addr::Unix(p.clone()),
         };
-        if !listener.policy().permits(peer.ip()) {
-            self.counts.denied += 1;
-            return false;
-        }
         let local_wild;
         let local = match (received.destination, listener.local_addr()) {
             (Some(d), Addr::Inet(l)) => {
@@ -299,30 +281,12 @@ impl<'a> Side<'a> {
             &peer,
             &received.data[..received.data.len().min(crate::scoreboard::HEAD_BYTES)],
         );
-        let (outcome, called) = if over {
-            self.counts.rate_limited += 1;
-            self.limited += 1;
-            let slip = self.settings.slip;
-            if slip > 0 && self.limited % u64::from(slip) == 0 {
-                let _ = guarded(&peer, || {
-                    handler.slip(&datagram, answer);
-                    Ok(())
-                });
-                (Outcome::Slipped, true)
-            } else {
-                (Outcome::Limited, false)
-            }
-        } else {
-            match guarded(&peer, || handler.handle_datagram(&datagram, answer)) {
-                Ok(()) => (Outcome::Ok, true),
-                Err(e) => {
-                    answer.clear();
-                    self.counts.errors += 1;
-                    tracing::debug!("datagram from {peer}: {e}; not answered");
-                    (Outcome::Error, true)
-                }
-            }
+        let tally = Tally {
+            counts: &mut self.counts,
+            limited: &mut self.limited,
+            slip: self.settings.slip,
         };
+        let (outcome, called) = call(handler.as_mut(), tally, over, &datagram, answer);
         self.slot.handler_done(0, false);
         if !answer.is_empty() && matches!(peer, Addr::Unix(None)) {
             // An unbound Unix datagram sender has no address to answer to.
@@ -337,16 +301,94 @@ impl<'a> Side<'a> {
         if let Some(log) = access.as_mut() {
             let sample = u64::from(self.settings.access_sample.max(1));
             if self.seen % sample == 0 {
+                let took = started.map_or(Duration::ZERO, |t| t.elapsed());
                 log.line(
                     &peer.to_string(),
                     outcome,
-                    started.map_or(Duration::ZERO, |t| t.elapsed()),
+                    took,
                     (received.data.len() as u64, answer.len() as u64),
                     b"",
                 );
             }
         }
         called
+    }
+}
+
+/// The checks before the handler, counted: a datagram longer than `--max-datagram-size`
+/// (`max_size`), or from a sender the listener's allow/deny policy refuses, is dropped
+/// without an answer or an access-log line. Returns the sender's address when it passes.
+fn checked_sender(
+    counts: &mut DatagramCounts,
+    max_size: usize,
+    listener: &Listener,
+    received: &crate::sys::dgram::Received<'_>,
+) -> Option<Addr> {
+    counts.received += 1;
+    if !received.truncated {
+        counts.bytes_in += received.data.len() as u64;
+    }
+    if received.truncated {
+        counts.too_large += 1;
+        tracing::debug!(
+            "{}: a datagram longer than --max-datagram-size ({max_size} bytes) dropped",
+            listener.label(),
+        );
+        return None;
+    }
+    let peer = match &received.source {
+        Source::Inet(a) => Addr::Inet(*a),
+        Source::Unix(p) => Addr::Unix(p.clone()),
+    };
+    if !listener.policy().permits(peer.ip()) {
+        counts.denied += 1;
+        return None;
+    }
+    Some(peer)
+}
+
+/// What [`call`] counts: the side's counters, its rate-limited datagrams (for the slip
+/// ratio) and `--answers-slip`.
+struct Tally<'a> {
+    counts: &'a mut DatagramCounts,
+    limited: &'a mut u64,
+    slip: u32,
+}
+
+/// The handler's part of a datagram: its call, with a panic contained; for a sender `over`
+/// its answer rate, the handler's `slip` every `--answers-slip`th datagram and nothing
+/// otherwise. An error clears the answer (nothing is sent). Returns the outcome for the
+/// access log and whether the handler (or its slip) was called.
+fn call(
+    handler: &mut dyn DatagramHandler,
+    tally: Tally<'_>,
+    over: bool,
+    datagram: &Datagram<'_>,
+    answer: &mut Vec<u8>,
+) -> (Outcome, bool) {
+    let peer = datagram.peer;
+    if over {
+        tally.counts.rate_limited += 1;
+        *tally.limited += 1;
+        if tally.slip > 0 && *tally.limited % u64::from(tally.slip) == 0 {
+            let _ = guarded(peer, || {
+                handler.slip(datagram, answer);
+                Ok(())
+            });
+            (Outcome::Slipped, true)
+        } else {
+            (Outcome::Limited, false)
+        }
+    } else {
+        match guarded(peer, || handler.handle_datagram(datagram, answer)) {
+            Ok(()) => (Outcome::Ok, true),
+            Err(e) => {
+                answer.clear();
+                tally.counts.errors += 1;
+                tracing::debug!("datagram from {peer}: {e}; not answered");
+                (Outcome::Error, true)
+            }
+        }
     }
 }
 

@@ -140,6 +140,11 @@ pub(crate) struct ConnLimits {
 pub(crate) type StartHook = Box<dyn FnMut(&WorkerInfo)>;
 
 /// Runs a worker to its end. Called in the child right after fork.
+///
+/// The steps of the module's list, in order, each a function of its own so that this one
+/// reads as the list does: every step before `Ready` returns its failure as a reason,
+/// which becomes a start failure here (`fail_start`); the chosen loop then serves until
+/// it is asked to stop, and its exit code is the process's.
 pub(crate) fn run<C, F>(
     setup: Setup<'_>,
     start_hook: &mut Option<StartHook>,
@@ -153,16 +158,63 @@ where
 {
     crate::process::log::set_worker(setup.id);
     let pid = std::process::id();
-    let fail = |reason: String| -> ! {
-        tracing::error!("cannot start: {reason}");
-        let _ = setup.channel.send(pid, &Message::StartFailed(reason));
-        sys::exit_now(exit::START_FAILED)
-    };
+    let fail = |reason: String| -> ! { fail_start(setup.channel, pid, reason) };
     if let Err(e) = sys::install_worker_signals() {
         fail(format!("installing signal handlers: {e}"));
     }
-    // Hybrid mode: this side's end of the hand-off channel, borrowed from the master's
-    // `Channel` for the worker's life (`run` never returns), and the end it does not use.
+    let handoff = leave_the_master(&setup);
+    if let Err(reason) = confine(&setup, helper, pid) {
+        fail(reason);
+    }
+    panic::set_hook(Box::new(record_panic));
+    let has_datagram_listeners = setup.listeners.iter().any(Listener::is_datagram);
+    let (mut handler, datagram_handler) = match make_handlers(
+        &setup,
+        pid,
+        start_hook,
+        factory,
+        datagrams,
+        has_datagram_listeners,
+    ) {
+        Ok(made) => made,
+        Err(reason) => fail(reason),
+    };
+    let access = match open_access_log(&setup) {
+        Ok(access) => access,
+        Err(reason) => fail(reason),
+    };
+    // Datagrams are served from the event loop only (the configuration check refuses a
+    // blocking server with datagram listeners before start), and a hybrid front is an
+    // event loop.
+    let event_loop = setup.io == crate::Io::Event || has_datagram_listeners || setup.role == Role::Front;
+    let code = if event_loop {
+        serve_events(&setup, pid, &mut handler, access, datagram_handler, handoff)
+    } else {
+        serve_blocking(&setup, pid, &mut handler, access, handoff)
+    };
+    if code == exit::OK {
+        if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
+            tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
+        }
+        tracing::debug!("stopped");
+    }
+    sys::exit_now(code)
+}
+
+/// Ends a worker that could not start: the reason goes to the log and to the master (which
+/// backs off on start failures rather than forking again at once), and the exit code says
+/// so too, for a master that missed the message.
+fn fail_start(channel: &Channel, pid: u32, reason: String) -> ! {
+    tracing::error!("cannot start: {reason}");
+    let _ = channel.send(pid, &Message::StartFailed(reason));
+    sys::exit_now(exit::START_FAILED)
+}
+
+/// Step 3's first half: closes what only the master needs and, for a hybrid front, names
+/// the process and its log lines. Returns this side's end of the hybrid hand-off channel,
+/// borrowed from the master's `Channel` for the worker's life (`run` never returns), so
+/// that the worker cannot close or reuse it by mistake.
+fn leave_the_master<'a>(setup: &Setup<'a>) -> Option<std::os::fd::BorrowedFd<'a>> {
     let (handoff, other_end) = match (setup.handoff, setup.role) {
         (Some(ch), Role::Front) => (Some(ch.fronts()), Some(ch.not_for_fronts())),
         (Some(ch), Role::Worker) => (Some(ch.workers()), Some(ch.not_for_workers())),
@@ -178,8 +230,19 @@ where
         let program = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
         sys::set_process_name(&format!("front:{}", program.trim_end()));
     }
-    // The privileged helper is forked now, still root and before the chroot, the limits
-    // and the drop: it confines itself (privileged/helper.rs).
+    handoff
+}
+
+/// Steps 3 (the helper) to 7: everything that needs root comes before the drop, and the
+/// order matters. The privileged helper is forked first, still root and before the chroot,
+/// the limits and the drop: it confines itself (privileged/helper.rs). The parent-death
+/// signal is set after the drop, which clears it. An orphaned worker (its master died
+/// before this point) exits at once, without a start failure: there is nobody to tell.
+fn confine(
+    setup: &Setup<'_>,
+    helper: &mut Option<Box<dyn crate::privileged::Spawn>>,
+    pid: u32,
+) -> Result<(), String> {
     if let Some(helper) = helper.as_mut().filter(|_| setup.role == Role::Worker) {
         let (uid, gid) = match setup.plan {
             Plan::Drop(c) => (c.uid.as_raw(), c.gid.as_raw()),
@@ -192,147 +255,185 @@ where
             gid,
             sandbox: setup.confinement.helper_sandbox.as_ref(),
         };
-        if let Err(reason) = helper.spawn(&helper_setup) {
-            fail(reason);
-        }
+        helper.spawn(&helper_setup)?;
     }
-    if let Err(reason) = setup.confinement.before_drop() {
-        fail(reason);
-    }
+    setup.confinement.before_drop()?;
     if let Plan::Drop(creds) = setup.plan {
-        if let Err(reason) = crate::confine::privilege::drop_to(creds) {
-            fail(format!("dropping privileges to user {:?}: {reason}", creds.user));
-        }
+        crate::confine::privilege::drop_to(creds)
+            .map_err(|reason| format!("dropping privileges to user {:?}: {reason}", creds.user))?;
     }
     match sys::die_with_parent(setup.master) {
         Ok(true) => {}
         Ok(false) => sys::exit_now(exit::ORPHANED),
-        Err(e) => fail(format!("setting the parent-death signal: {e}")),
+        Err(e) => return Err(format!("setting the parent-death signal: {e}")),
     }
     // The logs are never opened by path in a worker (the master hands it the reopened
     // files): the sandbox gives it no access to their directories.
-    match setup.confinement.after_drop() {
-        Ok(None) => {}
-        Ok(Some(warning)) => tracing::warn!("{warning}"),
-        Err(reason) => fail(reason),
+    if let Some(warning) = setup.confinement.after_drop()? {
+        tracing::warn!("{warning}");
     }
-    panic::set_hook(Box::new(record_panic));
+    Ok(())
+}
 
+/// Step 8: the user's code runs for the first time, confined: the start hook, then the
+/// handler factory and, when there are datagram listeners, the datagram handler's factory.
+/// A panic in any of them is contained and becomes a start failure with its message, like
+/// an error: the master must learn why the worker did not start, not see it crash.
+#[allow(clippy::type_complexity)]
+fn make_handlers<C, F>(
+    setup: &Setup<'_>,
+    pid: u32,
+    start_hook: &mut Option<StartHook>,
+    factory: &mut F,
+    datagrams: &mut Option<datagram::Factory>,
+    has_datagram_listeners: bool,
+) -> Result<(C, Option<Box<dyn crate::handler::DatagramHandler>>), String>
+where
+    F: FnMut() -> Result<C, BoxError>,
+{
     let info = WorkerInfo { id: setup.id, pid };
     if let Some(hook) = start_hook.as_mut() {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| hook(&info))) {
-            fail(format!(
+            return Err(format!(
                 "the on_worker_start hook panicked: {}",
                 panic_message(&p)
             ));
         }
     }
-    let mut handler = match panic::catch_unwind(AssertUnwindSafe(factory)) {
+    let handler = match panic::catch_unwind(AssertUnwindSafe(factory)) {
         Ok(Ok(h)) => h,
-        Ok(Err(e)) => fail(format!("the handler factory failed: {e}")),
-        Err(p) => fail(format!("the handler factory panicked: {}", panic_message(&p))),
+        Ok(Err(e)) => return Err(format!("the handler factory failed: {e}")),
+        Err(p) => return Err(format!("the handler factory panicked: {}", panic_message(&p))),
     };
-    let has_datagram_listeners = setup.listeners.iter().any(Listener::is_datagram);
     let datagram_handler = match datagrams.as_mut() {
         Some(make) if has_datagram_listeners => match panic::catch_unwind(AssertUnwindSafe(make)) {
             Ok(Ok(h)) => Some(h),
-            Ok(Err(e)) => fail(format!("the datagram handler factory failed: {e}")),
-            Err(p) => fail(format!("the datagram handler factory panicked: {}", panic_message(&p))),
+            Ok(Err(e)) => return Err(format!("the datagram handler factory failed: {e}")),
+            Err(p) => return Err(format!("the datagram handler factory panicked: {}", panic_message(&p))),
         },
-        None if has_datagram_listeners => fail(
-            "this server has datagram listeners (udp://, unixgram:) but no datagram handler (Server::datagrams)".into(),
-        ),
+        None if has_datagram_listeners => {
+            return Err(
+                "this server has datagram listeners (udp://, unixgram:) but no datagram handler (Server::datagrams)"
+                    .into(),
+            )
+        }
         _ => None,
     };
-    // Everything the loop needs from the system comes before `Ready`: a failure is a start
-    // failure, with its reason.
+    Ok((handler, datagram_handler))
+}
+
+/// Step 9's first part: this worker's own copy of the access log. Everything the loop
+/// needs from the system comes before `Ready`, so that a failure is a start failure, with
+/// its reason. The files the master reopened on a USR1 before this worker was forked, if
+/// any, replace the one opened at start.
+fn open_access_log(setup: &Setup<'_>) -> Result<Option<access::AccessLog>, String> {
     let mut access = match setup.access_log.map(|(_, f)| f.try_clone()) {
         Some(Ok(file)) => Some(access::AccessLog::new(file)),
-        Some(Err(e)) => fail(format!("opening the access log: {e}")),
+        Some(Err(e)) => return Err(format!("opening the access log: {e}")),
         None => None,
     };
-    // The files the master reopened on a USR1 before this worker was forked, if any.
     if let (Some(log), Some(file)) = (access.as_mut(), take_logs(None)) {
         log.replace(file);
     }
-    let log_path = setup.log_path;
-    let channel = setup.channel;
-    // Datagrams are served from the event loop only (the configuration check refuses a
-    // blocking server with datagram listeners before start).
-    // Which listeners this process accepts on: a hybrid front leaves the TLS ones to the
-    // workers (a TLS session cannot be handed over), which accept nothing else.
-    let tls = &setup.tls;
-    let serves = |i: usize| match (setup.io, setup.role) {
-        (crate::Io::Hybrid, Role::Front) => tls.acceptor(i).is_none(),
-        (crate::Io::Hybrid, Role::Worker) => tls.acceptor(i).is_some(),
+    Ok(access)
+}
+
+/// Whether this process accepts on listener `i`: a hybrid front leaves the TLS ones to the
+/// workers (a TLS session cannot be handed over), which accept nothing else.
+fn serves(setup: &Setup<'_>, i: usize) -> bool {
+    match (setup.io, setup.role) {
+        (crate::Io::Hybrid, Role::Front) => setup.tls.acceptor(i).is_none(),
+        (crate::Io::Hybrid, Role::Worker) => setup.tls.acceptor(i).is_some(),
         _ => true,
+    }
+}
+
+/// Steps 9 and 10 for the event loop (`--io event`, datagram listeners, a hybrid front):
+/// its slot and epoll instance are set up before `Ready` (a failure there is a start
+/// failure), then the loop serves until asked to stop; returns its exit code.
+fn serve_events<C: Connections>(
+    setup: &Setup<'_>,
+    pid: u32,
+    handler: &mut C,
+    access: Option<access::AccessLog>,
+    datagram_handler: Option<Box<dyn crate::handler::DatagramHandler>>,
+    handoff: Option<std::os::fd::BorrowedFd<'_>>,
+) -> i32 {
+    let Some(slot) = setup.board.slot(setup.id) else {
+        fail_start(setup.channel, pid, format!("no scoreboard slot {}", setup.id))
     };
-    let event_loop = setup.io == crate::Io::Event || has_datagram_listeners || setup.role == Role::Front;
-    let code = if event_loop {
-        let Some(slot) = setup.board.slot(setup.id) else {
-            fail(format!("no scoreboard slot {}", setup.id))
-        };
-        let front = handoff.filter(|_| setup.role == Role::Front);
-        let prepared = match event::prepare(setup.listeners, &serves, front) {
-            Ok(p) => p,
-            Err(reason) => fail(reason),
-        };
-        ready(setup.channel, pid);
-        handler.serve_events(
-            event::Worker {
-                id: setup.id,
-                slot,
-                board: setup.board,
-                listeners: setup.listeners,
-                recycle: setup.recycle,
-                access,
-                max_per_ip: setup.max_per_ip,
-                tls: &setup.tls,
-                limits: setup.conn,
-                max_connections: setup.worker_connections,
-                slow_request: setup.slow_request,
-                peers: setup.peers,
-                reopen_log: &mut || take_logs(Some(log_path)),
-                retire: &mut || {
-                    let _ = channel.send(pid, &Message::Retire);
-                },
-                datagrams: datagram_handler
-                    .map(|h| datagram::Side::new(h, setup.datagram, setup.id, slot, setup.board)),
-                front,
-            },
-            prepared,
-        )
-    } else {
-        let prepared = match blocking::prepare(setup.id, setup.listeners, setup.board, &serves, handoff) {
-            Ok(p) => p,
-            Err(reason) => fail(reason),
-        };
-        ready(setup.channel, pid);
-        blocking::serve(blocking::Worker {
+    let front = handoff.filter(|_| setup.role == Role::Front);
+    let prepared = match event::prepare(setup.listeners, &|i| serves(setup, i), front) {
+        Ok(p) => p,
+        Err(reason) => fail_start(setup.channel, pid, reason),
+    };
+    ready(setup.channel, pid);
+    let (log_path, channel) = (setup.log_path, setup.channel);
+    handler.serve_events(
+        event::Worker {
             id: setup.id,
-            prepared,
-            listeners: setup.listeners,
+            slot,
             board: setup.board,
-            keepalive_timeout: setup.keepalive_timeout,
+            listeners: setup.listeners,
             recycle: setup.recycle,
-            handler: &mut handler,
             access,
             max_per_ip: setup.max_per_ip,
             tls: &setup.tls,
             limits: setup.conn,
+            max_connections: setup.worker_connections,
+            slow_request: setup.slow_request,
+            peers: setup.peers,
             reopen_log: &mut || take_logs(Some(log_path)),
             retire: &mut || {
                 let _ = channel.send(pid, &Message::Retire);
             },
-        })
+            datagrams: datagram_handler
+                .map(|h| datagram::Side::new(h, setup.datagram, setup.id, slot, setup.board)),
+            front,
+        },
+        prepared,
+    )
+}
+
+/// Steps 9 and 10 for the blocking loop (`--io blocking`, a hybrid worker): its way of
+/// waiting for connections is set up before `Ready` (a failure there is a start failure),
+/// then it serves one connection at a time until asked to stop; returns its exit code.
+fn serve_blocking<C: Connections>(
+    setup: &Setup<'_>,
+    pid: u32,
+    handler: &mut C,
+    access: Option<access::AccessLog>,
+    handoff: Option<std::os::fd::BorrowedFd<'_>>,
+) -> i32 {
+    let prepared = match blocking::prepare(
+        setup.id,
+        setup.listeners,
+        setup.board,
+        &|i| serves(setup, i),
+        handoff,
+    ) {
+        Ok(p) => p,
+        Err(reason) => fail_start(setup.channel, pid, reason),
     };
-    if code == exit::OK {
-        if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
-            tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
-        }
-        tracing::debug!("stopped");
-    }
-    sys::exit_now(code)
+    ready(setup.channel, pid);
+    let (log_path, channel) = (setup.log_path, setup.channel);
+    blocking::serve(blocking::Worker {
+        id: setup.id,
+        prepared,
+        listeners: setup.listeners,
+        board: setup.board,
+        keepalive_timeout: setup.keepalive_timeout,
+        recycle: setup.recycle,
+        handler,
+        access,
+        max_per_ip: setup.max_per_ip,
+        tls: &setup.tls,
+        limits: setup.conn,
+        reopen_log: &mut || take_logs(Some(log_path)),
+        retire: &mut || {
+            let _ = channel.send(pid, &Message::Retire);
+        },
+    })
 }
 
 /// Tells the master that the worker is ready.

@@ -6,6 +6,7 @@
 //! how the connection was accepted.
 
 use std::io;
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::codec::Codec;
@@ -186,7 +187,7 @@ impl<H: RequestHandler> Handle<H::Codec> for Bound<'_, '_, H> {
 /// timeout, the next boundary back, and a drain a signal interrupted to what is left of
 /// it. Deadlines themselves are the step's, by the clock.
 fn drive<H: RequestHandler>(
-    mut step: Requests<H::Codec>,
+    step: Requests<H::Codec>,
     timeout_known: bool,
     handler: &mut H,
     session: &mut H::Session,
@@ -194,28 +195,29 @@ fn drive<H: RequestHandler>(
     client: &mut Client,
     ctx: &mut dyn Context,
 ) -> io::Result<Option<Progress>> {
-    let max = step.max_request_size();
-    // The socket's timeout is the listener's: the keep-alive timeout. It changes only when
-    // the wait's timeout does: when the kind of wait changes (with equal read and
-    // keep-alive timeouts, a split request costs no setsockopt at all), and for a drain
-    // that a signal interrupted, to what is left of it.
-    // A connection handed over by another process may have any timeout (a linger's): the
-    // first read sets it.
-    let mut set = timeout_known.then(|| step.idle_timeout());
+    let mut d = Drive {
+        max: step.max_request_size(),
+        // The socket's timeout is the listener's: the keep-alive timeout. It changes only
+        // when the wait's timeout does: when the kind of wait changes (with equal read and
+        // keep-alive timeouts, a split request costs no setsockopt at all), and for a drain
+        // that a signal interrupted, to what is left of it.
+        // A connection handed over by another process may have any timeout (a linger's):
+        // the first read sets it.
+        set: timeout_known.then(|| step.idle_timeout()),
+        partial_until: None,
+        step,
+        handler,
+        session,
+        id,
+        client,
+        ctx,
+    };
     // A connection handed over without a request (forwarded at a stop) goes to the
     // boundary at once, where the guard decides how it waits.
-    let mut next = if client.parts().0.has_input() || !timeout_known {
-        advance(&mut step, handler, session, id, client, ctx)
+    let mut next = if d.client.parts().0.has_input() || !timeout_known {
+        d.advance()
     } else {
-        step.first_read()
-    };
-    // Hybrid mode: until when the request begun after `served` answers, on a connection a
-    // front handed over, may take to arrive whole here (`Context::partial_wait`), then it
-    // goes back.
-    let mut partial_until: Option<(u32, Instant)> = None;
-    let back = |step: &Requests<H::Codec>| Progress {
-        served: step.served(),
-        interim_sent: step.interim_sent(),
+        d.step.first_read()
     };
     loop {
         next = match next {
@@ -224,107 +226,183 @@ fn drive<H: RequestHandler>(
                 timeout,
                 guarded,
                 grace,
-            } => {
-                // The answers go out before anything that may wait (the guard, a read).
-                client.flush_output()?;
-                step.output_sent(ctx);
-                // Input already decrypted inside the TLS layer is a request arriving,
-                // though the socket may have nothing more to read.
-                let mut linger = None;
-                if guarded && !client.input_pending() {
-                    match ctx.at_boundary(client.socket(), grace) {
-                        Boundary::Wait => {}
-                        Boundary::Linger(d) => linger = Some(d),
-                        Boundary::GiveUp => {
-                            tracing::debug!(
-                                "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
-                                client.peer_addr()
-                            );
-                            return Ok(None);
-                        }
-                        Boundary::HandBack => return Ok(Some(back(&step))),
-                    }
-                }
-                // A request begun on a connection that goes back to a front when quiet (a
-                // hybrid worker's): the rest may take a moment to come, not a client's
-                // time. Then the connection goes back with what came, and the front gathers
-                // the rest: a worker never waits on a client's slowness.
-                if wait == Wait::Request {
-                    if let Some(bound) = ctx.partial_wait() {
-                        let now = Instant::now();
-                        let served = step.served();
-                        if partial_until.is_none_or(|(s, _)| s != served) {
-                            // This request's first wait (one pipelined behind another
-                            // starts its own).
-                            partial_until = Some((served, now + bound));
-                        }
-                        let left =
-                            partial_until.map_or(bound, |(_, until)| until.saturating_duration_since(now));
-                        if left < Duration::from_millis(1) {
-                            return Ok(Some(back(&step)));
-                        }
-                        linger = Some(left);
-                    }
-                } else {
-                    partial_until = None;
-                }
-                if guarded && step.drains(ctx) {
-                    // The stop came while the guard waited: drain (the step says how).
-                    advance(&mut step, handler, session, id, client, ctx)
-                } else {
-                    // The Idle and Request waits keep one value for the whole connection;
-                    // a drain's shrinks (what is left of it, after a signal). A hybrid
-                    // worker's linger is one value too: a connection it keeps costs no
-                    // `setsockopt` per request.
-                    let want = linger.map_or(timeout, Some);
-                    if set != Some(want) {
-                        client.set_read_timeout(want)?;
-                        set = Some(want);
-                    }
-                    // A wait between requests ends on a signal, so that a stop is seen.
-                    match client.read_more(max, wait != Wait::Request) {
-                        Ok(0) => step.peer_closed(client.parts().0),
-                        Ok(_) => {
-                            step.received(&mut Instant::now);
-                            advance(&mut step, handler, session, id, client, ctx)
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                            advance(&mut step, handler, session, id, client, ctx)
-                        }
-                        // Quiet for the linger, or the rest of a request did not come in
-                        // time: back to a front.
-                        Err(e) if e.kind() == io::ErrorKind::TimedOut && linger.is_some() => {
-                            return Ok(Some(back(&step)));
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                            let (bufs, peer, _) = client.parts();
-                            step.timed_out(bufs, ctx, peer, Instant::now())
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
+            } => match d.read(wait, timeout, guarded, grace)? {
+                ControlFlow::Continue(next) => next,
+                ControlFlow::Break(end) => return Ok(end),
+            },
             Next::More => {
-                client.flush_output()?;
-                step.output_sent(ctx);
-                advance(&mut step, handler, session, id, client, ctx)
+                d.client.flush_output()?;
+                d.step.output_sent(d.ctx);
+                d.advance()
             }
             Next::SendFile(body) => {
-                client.send_file(&body.file, body.range)?;
-                advance(&mut step, handler, session, id, client, ctx)
+                d.client.send_file(&body.file, body.range)?;
+                d.advance()
             }
             Next::Close { linger } => {
                 // The last response goes out here, still shown as writing (and watched
                 // by --min-send-rate), rather than when the connection is finished.
-                client.flush_output()?;
+                d.client.flush_output()?;
                 if let Some(wait) = linger {
-                    client.linger(wait, step::LINGER_BYTES);
+                    d.client.linger(wait, step::LINGER_BYTES);
                 }
                 return Ok(None);
             }
             Next::Fail(e) => return Err(e),
             Next::HandOff => unreachable!("only a front's step hands off"),
         };
+    }
+}
+
+/// One connection under [`drive`]: the step, what it calls, and the driver's own memory
+/// between waits. Kept in one place so that each kind of wait is a method of its own (the
+/// boundary, a hybrid worker's partial wait, the read) rather than one long loop body.
+struct Drive<'a, H: RequestHandler> {
+    step: Requests<H::Codec>,
+    handler: &'a mut H,
+    session: &'a mut H::Session,
+    id: u64,
+    client: &'a mut Client,
+    ctx: &'a mut dyn Context,
+    /// The codec's largest request, the most a read may buffer.
+    max: usize,
+    /// The read timeout the socket has (`None`: unknown, the first read sets it).
+    set: Option<Option<Duration>>,
+    /// Hybrid mode: until when the request begun after `served` answers, on a connection
+    /// a front handed over, may take to arrive whole here (`Context::partial_wait`), then
+    /// it goes back.
+    partial_until: Option<(u32, Instant)>,
+}
+
+/// `Break(end)`: [`drive`] returns `Ok(end)`; `Continue(next)`: the step's next move.
+type Flow = ControlFlow<Option<Progress>, Next>;
+
+impl<H: RequestHandler> Drive<'_, H> {
+    /// One call of the step on the connection's buffers.
+    fn advance(&mut self) -> Next {
+        advance(
+            &mut self.step,
+            self.handler,
+            self.session,
+            self.id,
+            self.client,
+            self.ctx,
+        )
+    }
+
+    /// How far the connection got, for a hand-back to a front.
+    fn back(&self) -> Progress {
+        Progress {
+            served: self.step.served(),
+            interim_sent: self.step.interim_sent(),
+        }
+    }
+
+    /// The step waits for input: the answers go out before anything that may wait (the
+    /// guard, a read), then the boundary and a hybrid worker's partial wait may end the
+    /// connection or send it back, and otherwise the socket is read.
+    fn read(
+        &mut self,
+        wait: Wait,
+        timeout: Option<Duration>,
+        guarded: bool,
+        grace: Duration,
+    ) -> io::Result<Flow> {
+        self.client.flush_output()?;
+        self.step.output_sent(self.ctx);
+        // Input already decrypted inside the TLS layer is a request arriving, though the
+        // socket may have nothing more to read.
+        let mut linger = None;
+        if guarded && !self.client.input_pending() {
+            match self.ctx.at_boundary(self.client.socket(), grace) {
+                Boundary::Wait => {}
+                Boundary::Linger(d) => linger = Some(d),
+                Boundary::GiveUp => {
+                    tracing::debug!(
+                        "closing the idle keep-alive connection from {}: clients are waiting and no worker is idle",
+                        self.client.peer_addr()
+                    );
+                    return Ok(ControlFlow::Break(None));
+                }
+                Boundary::HandBack => return Ok(ControlFlow::Break(Some(self.back()))),
+            }
+        }
+        if wait == Wait::Request {
+            match self.partial_wait() {
+                ControlFlow::Continue(None) => {}
+                ControlFlow::Continue(left) => linger = left,
+                ControlFlow::Break(()) => return Ok(ControlFlow::Break(Some(self.back()))),
+            }
+        } else {
+            self.partial_until = None;
+        }
+        if guarded && self.step.drains(self.ctx) {
+            // The stop came while the guard waited: drain (the step says how).
+            return Ok(ControlFlow::Continue(self.advance()));
+        }
+        self.read_socket(wait, timeout, linger)
+    }
+
+    /// A request begun on a connection that goes back to a front when quiet (a hybrid
+    /// worker's): the rest may take a moment to come, not a client's time. Then the
+    /// connection goes back with what came, and the front gathers the rest: a worker never
+    /// waits on a client's slowness. `Continue(Some(left))`: read for at most `left`;
+    /// `Continue(None)`: not such a connection; `Break`: the moment is over, hand back.
+    fn partial_wait(&mut self) -> ControlFlow<(), Option<Duration>> {
+        let Some(bound) = self.ctx.partial_wait() else {
+            return ControlFlow::Continue(None);
+        };
+        let now = Instant::now();
+        let served = self.step.served();
+        if self.partial_until.is_none_or(|(s, _)| s != served) {
+            // This request's first wait (one pipelined behind another starts its own).
+            self.partial_until = Some((served, now + bound));
+        }
+        let left = self
+            .partial_until
+            .map_or(bound, |(_, until)| until.saturating_duration_since(now));
+        if left < Duration::from_millis(1) {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(Some(left))
+    }
+
+    /// Reads the socket, its timeout set first if the wait's differs from the one it has,
+    /// and tells the step what came: input, the peer's close, a signal, a timeout.
+    fn read_socket(
+        &mut self,
+        wait: Wait,
+        timeout: Option<Duration>,
+        linger: Option<Duration>,
+    ) -> io::Result<Flow> {
+        // The Idle and Request waits keep one value for the whole connection; a drain's
+        // shrinks (what is left of it, after a signal). A hybrid worker's linger is one
+        // value too: a connection it keeps costs no `setsockopt` per request.
+        let want = linger.map_or(timeout, Some);
+        if self.set != Some(want) {
+            self.client.set_read_timeout(want)?;
+            self.set = Some(want);
+        }
+        // A wait between requests ends on a signal, so that a stop is seen.
+        let next = match self.client.read_more(self.max, wait != Wait::Request) {
+            Ok(0) => self.step.peer_closed(self.client.parts().0),
+            Ok(_) => {
+                self.step.received(&mut Instant::now);
+                self.advance()
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => self.advance(),
+            // Quiet for the linger, or the rest of a request did not come in time: back to
+            // a front.
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && linger.is_some() => {
+                return Ok(ControlFlow::Break(Some(self.back())));
+            }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                let (bufs, peer, _) = self.client.parts();
+                self.step.timed_out(bufs, self.ctx, peer, Instant::now())
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(ControlFlow::Continue(next))
     }
 }
 
