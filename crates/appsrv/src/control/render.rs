@@ -1660,7 +1660,9 @@ pub(crate) mod tests {
 
     /// A status with two live workers (one idle, one handling a request with binary bytes
     /// in its head), retired counters, a TCP and a Unix listener.
-    pub(crate) fn sample_status() -> Status {
+    /// The two workers of [`sample_status`]: an idle one with its last client, and a busy
+    /// one serving a request with bytes to escape.
+    fn sample_workers() -> (SlotView, SlotView) {
         let mut idle = slot(4101, State::Idle);
         idle.connections = 5;
         idle.requests = 20;
@@ -1697,6 +1699,11 @@ pub(crate) mod tests {
         busy.idle_for = None;
         busy.peer = Some(Addr::Inet("[2001:db8::7]:40000".parse().unwrap()));
         busy.head = b"GET /slow?\"q\" HTTP/1.1\r\n\x00\xff\\".to_vec();
+        (idle, busy)
+    }
+
+    pub(crate) fn sample_status() -> Status {
+        let (idle, busy) = sample_workers();
         let mut retired = Totals {
             connections: 100,
             requests: 400,

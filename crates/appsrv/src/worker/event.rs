@@ -1537,29 +1537,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         };
         let room_len = room.len();
         if over && room_len == 0 && pending < c.step.max_request_size() {
-            // The request needs more memory than the budget has.
-            self.budget_reached();
-            if self.pass_shared || capacity <= SHED_BELOW {
-                let mut quiet = Quiet {
-                    stopping: self.stopping,
-                };
-                let next = c.step.shed(
-                    bufs,
-                    &mut quiet,
-                    &c.peer,
-                    "the server holds too many unfinished requests; try again later",
-                );
-                self.follow(c, next);
-                return None;
-            }
-            // Well into its request: stop reading (what the client sends stays in the
-            // socket, and TCP pushes back on it) until the budget has room.
-            if !c.paused {
-                c.paused = true;
-                self.paused.push(self.pass_token);
-            }
-            c.pending = Pending::Read { wait };
-            return Some(Pass::Wait);
+            return self.out_of_budget(c, bufs, wait, capacity);
         }
         match c.transport.read(room) {
             Ok(0) if room_len > 0 => {
@@ -1598,6 +1576,39 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 Some(Pass::Closed)
             }
         }
+    }
+
+    /// A request needs more memory than the budget of buffered bytes has (its buffer,
+    /// `capacity` bytes, is full): refused if it is only starting (the codec's refusal,
+    /// then a lingering close), else paused until the budget has room (what the client
+    /// sends stays in the socket, and TCP pushes back on it). `None`: go on now.
+    fn out_of_budget(
+        &mut self,
+        c: &mut Connection<'a, H>,
+        bufs: &mut Buffers,
+        wait: Wait,
+        capacity: usize,
+    ) -> Option<Pass> {
+        self.budget_reached();
+        if self.pass_shared || capacity <= SHED_BELOW {
+            let mut quiet = Quiet {
+                stopping: self.stopping,
+            };
+            let next = c.step.shed(
+                bufs,
+                &mut quiet,
+                &c.peer,
+                "the server holds too many unfinished requests; try again later",
+            );
+            self.follow(c, next);
+            return None;
+        }
+        if !c.paused {
+            c.paused = true;
+            self.paused.push(self.pass_token);
+        }
+        c.pending = Pending::Read { wait };
+        Some(Pass::Wait)
     }
 
     /// Reads and drops what the client still sends, in a lingering close: true when done
