@@ -18,7 +18,6 @@
 
 use std::io;
 use std::os::fd::AsFd;
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -28,13 +27,12 @@ use crate::net::listener::Listener;
 use crate::scoreboard::{Board, State};
 use crate::sys;
 
+use super::ledger::RESOURCE_BACKOFF;
+
 /// The epoll key of the privileged helper's channel.
 const HELPER: u64 = u64::MAX;
 /// The epoll key of the hand-off channel (hybrid mode).
 const HANDOFF: u64 = u64::MAX - 1;
-
-/// How long to pause accepting when the process or system is out of descriptors or memory.
-const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The outcome of waiting for a connection.
 #[derive(Debug)]
