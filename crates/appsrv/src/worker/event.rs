@@ -85,7 +85,7 @@ use crate::sys::{self, exit};
 
 use super::access::{AccessLog, Outcome};
 use super::admission::{self, Admission, Rejection, Rules, Seat};
-use super::ledger::{RESOURCE_BACKOFF, Rejections, log_connection_error, panic_message};
+use super::ledger::{RESOURCE_BACKOFF, Rejections, Trouble, log_connection_error, panic_message};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
 use super::serve::{Bound, Boundary, Context, Limits, RequestDriver};
 use super::{ConnLimits, Recycle};
@@ -481,7 +481,7 @@ struct Loop<'a, H: RequestHandler> {
     accepting: bool,
     resume_at: Option<Instant>,
     since_requeue: u32,
-    accept_trouble: Option<Errno>,
+    accept_trouble: Trouble,
     connections: u64,
     requests: u64,
     head: Head,
@@ -623,7 +623,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             accepting: true,
             resume_at: None,
             since_requeue: 0,
-            accept_trouble: None,
+            accept_trouble: Trouble::default(),
             connections: 0,
             requests: 0,
             head: Head {
@@ -929,9 +929,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             .accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
         {
             Ok((socket, peer)) => {
-                if let Some(e) = self.accept_trouble.take() {
-                    tracing::info!("accepting again after {}", e.desc());
-                }
+                self.accept_trouble.cleared();
                 self.add(socket, Addr::from_sockaddr(&peer), index, handler);
                 self.since_requeue += 1;
             }
@@ -944,14 +942,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     }
                 }
                 other => {
-                    if self.accept_trouble.is_none() {
-                        tracing::error!(
-                            "accepting connections: {} ({other}); pausing {} ms between attempts until it clears",
-                            other.desc(),
-                            RESOURCE_BACKOFF.as_millis()
-                        );
-                    }
-                    self.accept_trouble = Some(other);
+                    self.accept_trouble.began(other, "accepting connections");
                     self.pause_accepting();
                     self.resume_at = Some(self.now + RESOURCE_BACKOFF);
                 }

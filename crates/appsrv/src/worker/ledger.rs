@@ -9,7 +9,8 @@
 //!   once per episode ([`Rejections`]); the close is the driver's own (its sockets differ);
 //! - how a connection's end by an error is logged ([`log_connection_error`]);
 //! - how long a driver pauses accepting when the process or the system is out of
-//!   descriptors or memory ([`RESOURCE_BACKOFF`]);
+//!   descriptors or memory ([`RESOURCE_BACKOFF`]), and that episode's log lines
+//!   ([`Trouble`]);
 //! - panic containment's message: the panic hook ([`record_panic`]) keeps the message and
 //!   location for whoever catches the panic ([`panic_message`]), which logs one line with
 //!   its context.
@@ -20,6 +21,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::panic;
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
 
 use crate::net::listener::Addr;
 use crate::scoreboard::Slot;
@@ -119,6 +122,48 @@ impl Episodes {
     }
 }
 
+/// An episode of errors taking connections (out of descriptors or memory): its first
+/// error is logged with the pause, the next success logs its end, and nothing in between,
+/// whichever driver accepts.
+#[derive(Debug, Default)]
+pub(crate) struct Trouble {
+    errno: Option<Errno>,
+    /// Log lines written, for the tests: an episode's two lines.
+    #[cfg(test)]
+    lines: u64,
+}
+
+impl Trouble {
+    /// An error while `doing` something: logged if it starts an episode. The caller pauses
+    /// for [`RESOURCE_BACKOFF`] (its own way: a blocking driver sleeps, the event loop
+    /// sets a timer).
+    pub(crate) fn began(&mut self, errno: Errno, doing: &str) {
+        if self.errno.is_none() {
+            tracing::error!(
+                "{doing}: {} ({errno}); pausing {} ms between attempts until it clears",
+                errno.desc(),
+                RESOURCE_BACKOFF.as_millis()
+            );
+            #[cfg(test)]
+            {
+                self.lines += 1;
+            }
+        }
+        self.errno = Some(errno);
+    }
+
+    /// A connection was taken: the episode, if any, ends with a line.
+    pub(crate) fn cleared(&mut self) {
+        if let Some(e) = self.errno.take() {
+            tracing::info!("accepting again after {}", e.desc());
+            #[cfg(test)]
+            {
+                self.lines += 1;
+            }
+        }
+    }
+}
+
 /// How a connection's end by an error is logged (the same in every driver): a timeout at
 /// info, a client that left at debug, anything else as a warning.
 pub(crate) fn log_connection_error(peer: &Addr, e: &io::Error) {
@@ -201,6 +246,25 @@ mod tests {
         assert_eq!(rejections.lines, 4);
         rejections.note_at(denied(), &peer, slot, t + Duration::from_secs(127));
         assert_eq!(rejections.lines, 5);
+    }
+
+    /// An accept error episode is two lines however long it lasts: its start (the first
+    /// error, whatever errors follow) and its end (the next connection taken).
+    #[test]
+    fn issue_32_an_accept_error_episode_logs_its_start_and_end() {
+        let mut trouble = Trouble::default();
+        trouble.cleared();
+        assert_eq!(trouble.lines, 0, "no episode, no line");
+        for _ in 0..10 {
+            trouble.began(Errno::EMFILE, "accepting connections");
+        }
+        trouble.began(Errno::ENFILE, "accepting connections");
+        assert_eq!(trouble.lines, 1);
+        trouble.cleared();
+        trouble.cleared();
+        assert_eq!(trouble.lines, 2);
+        trouble.began(Errno::ENOMEM, "accepting connections");
+        assert_eq!(trouble.lines, 3, "a new episode");
     }
 
     /// The hook's message, location included, goes to whoever catches the panic, once.
