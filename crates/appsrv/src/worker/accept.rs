@@ -18,7 +18,6 @@
 
 use std::io;
 use std::os::fd::AsFd;
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -28,13 +27,12 @@ use crate::net::listener::Listener;
 use crate::scoreboard::{Board, State};
 use crate::sys;
 
+use super::ledger::{RESOURCE_BACKOFF, Trouble};
+
 /// The epoll key of the privileged helper's channel.
 const HELPER: u64 = u64::MAX;
 /// The epoll key of the hand-off channel (hybrid mode).
 const HANDOFF: u64 = u64::MAX - 1;
-
-/// How long to pause accepting when the process or system is out of descriptors or memory.
-const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The outcome of waiting for a connection.
 #[derive(Debug)]
@@ -58,7 +56,7 @@ pub(crate) struct Acceptor<'a> {
     listeners: &'a [Listener],
     epoll: Option<Epoll>,
     /// An error episode is in progress (logged once, cleared by the next success).
-    episode: Option<Errno>,
+    episode: Trouble,
     /// Hybrid mode: the workers' end of the hand-off channel, and the space its messages
     /// are received into.
     handoff: Option<(std::os::fd::BorrowedFd<'a>, crate::net::handoff::Inbox)>,
@@ -104,7 +102,7 @@ impl<'a> Acceptor<'a> {
             board,
             listeners,
             epoll,
-            episode: None,
+            episode: Trouble::default(),
             handoff: handoff.map(|fd| (fd, crate::net::handoff::Inbox::default())),
         })
     }
@@ -189,9 +187,7 @@ impl<'a> Acceptor<'a> {
             let listener = &self.listeners[index];
             match listener.socket().accept() {
                 Ok((socket, peer)) => {
-                    if let Some(e) = self.episode.take() {
-                        tracing::info!("accepting again after {}", e.desc());
-                    }
+                    self.episode.cleared();
                     if let Err(e) = listener.prepare(&socket) {
                         tracing::warn!(
                             "setting up a connection on {}: {e}; closing it",
@@ -256,14 +252,7 @@ impl<'a> Acceptor<'a> {
     /// Logs an error once per episode and pauses, so that a persistent error (out of
     /// descriptors) costs a few wake-ups per second, not a busy loop.
     fn trouble(&mut self, errno: Errno, doing: &str) {
-        if self.episode.is_none() {
-            tracing::error!(
-                "{doing}: {} ({errno}); pausing {} ms between attempts until it clears",
-                errno.desc(),
-                RESOURCE_BACKOFF.as_millis()
-            );
-        }
-        self.episode = Some(errno);
+        self.episode.began(errno, doing);
         // A signal ends the pause early, so a stop is not delayed.
         let _ = nix::poll::poll(
             &mut [],

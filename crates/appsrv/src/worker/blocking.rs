@@ -4,7 +4,7 @@
 //! many connections per process) can share everything else.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
@@ -20,8 +20,9 @@ use crate::sys::{self, exit};
 
 use super::accept::{Accepted, Acceptor};
 use super::access::{AccessLog, Outcome};
-use super::admission::{Admission, Kind, Next, Rejection, Rules, Seat};
+use super::admission::{Admission, Next, Rejection, Rules, Seat};
 use super::guard::Guard;
+use super::ledger::{Rejections, log_connection_error, panic_message};
 use super::serve::{Connections, Progress};
 use super::{ConnLimits, Recycle};
 
@@ -214,8 +215,13 @@ impl<C: Connections> Loop<'_, C> {
             board: self.board,
         };
         if let Err(rejection) = admit(&mut client, rules, seat) {
-            self.rejections
-                .reject(rejection, &mut client, self.slot, self.handler);
+            reject(
+                &mut self.rejections,
+                rejection,
+                &mut client,
+                self.slot,
+                self.handler,
+            );
             let (_, bufs) = client.finish();
             self.buffers = Some(bufs);
             return None;
@@ -456,7 +462,7 @@ fn serve_admitted<C: Connections>(
             tracing::error!(
                 "handler panicked while serving {peer}: {}; connection closed, \
                  this worker exits and is replaced",
-                super::panic_message(&payload)
+                panic_message(&payload)
             );
             // Close the connection now, then leave.
             drop(client);
@@ -627,100 +633,23 @@ fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
     }
 }
 
-/// The one rejection path: the kind's scoreboard counter, its log line once per episode,
-/// then the close (for a client over the cap, after the codec's refusal). Rejected
-/// connections have no access-log line.
-#[derive(Debug, Default)]
-pub(crate) struct Rejections {
-    episodes: [Episodes; Kind::COUNT],
-}
-
-impl Rejections {
-    fn reject<C: Connections>(&mut self, why: Rejection, client: &mut Client, slot: &Slot, handler: &mut C) {
-        let over_cap = matches!(why, Rejection::OverCap { .. });
-        self.note(why, &client.peer_addr(), slot);
-        if over_cap {
-            handler.refuse(client, "too many connections from your address");
-        } else {
-            // Closed at once, before any handler code.
-            let _ = client.close();
-        }
-    }
-
-    /// The kind's scoreboard counter and its log line, once per episode (the close is the
-    /// driver's: for a client over the cap, after the codec's refusal).
-    pub(crate) fn note(&mut self, why: Rejection, peer: &Addr, slot: &Slot) {
-        let new = self.episodes[why.kind() as usize].note(peer.ip().unwrap_or(Ipv4Addr::UNSPECIFIED.into()));
-        match &why {
-            Rejection::Denied(ip) => {
-                slot.denied();
-                if new {
-                    tracing::info!("denied connections from {ip} (--allow/--deny)");
-                }
-            }
-            Rejection::BadProxy(reason) => {
-                if new {
-                    tracing::warn!("closing a connection from {peer}: {reason}");
-                }
-            }
-            // A plain-text client, a scanner, an expired client certificate.
-            Rejection::Tls(reason) => {
-                slot.tls_failed();
-                if new {
-                    tracing::warn!("TLS handshake with {peer} failed: {reason}");
-                }
-            }
-            Rejection::OverCap { ip, cap } => {
-                slot.refused();
-                if new {
-                    tracing::warn!(
-                        "refusing connections from {ip}: more than {cap} at once (--max-conns-per-ip)"
-                    );
-                }
-            }
-            // Counted in the penalty table (shared by every worker), not in the slot.
-            Rejection::Penalized { ip, left, failures } => {
-                if let Some(table) = crate::penalty::installed() {
-                    table.count_refused();
-                }
-                if new {
-                    tracing::warn!(
-                        "refusing connections from {ip} for {}s: {failures} failed authentication(s) \
-                         in a row (penalties double from 1 s up to --penalty-max)",
-                        left.as_secs_f64().ceil()
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// Logs a kind of event once per episode: again only after a minute without it.
-#[derive(Debug, Default)]
-struct Episodes {
-    last: Option<(std::net::IpAddr, std::time::Instant)>,
-}
-
-impl Episodes {
-    /// Whether this event for `ip` starts a new episode (and should be logged).
-    fn note(&mut self, ip: std::net::IpAddr) -> bool {
-        let now = std::time::Instant::now();
-        let new = !matches!(self.last, Some((last, t)) if last == ip && now.duration_since(t) < Duration::from_secs(60));
-        self.last = Some((ip, now));
-        new
-    }
-}
-
-/// How a connection's end by an error is logged (the same in both loops): a timeout at
-/// info, a client that left at debug, anything else as a warning.
-pub(crate) fn log_connection_error(peer: &Addr, e: &io::Error) {
-    match e.kind() {
-        io::ErrorKind::TimedOut => tracing::info!("connection from {peer}: {e}"),
-        io::ErrorKind::BrokenPipe
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::UnexpectedEof => tracing::debug!("connection from {peer} ended early: {e}"),
-        _ => tracing::warn!("connection from {peer} ended with an error: {e}"),
+/// The one rejection path, as the blocking driver takes it: the ledger's accounting (the
+/// kind's counter, its line once per episode), then the close (for a client over the cap,
+/// after the codec's refusal).
+fn reject<C: Connections>(
+    rejections: &mut Rejections,
+    why: Rejection,
+    client: &mut Client,
+    slot: &Slot,
+    handler: &mut C,
+) {
+    let over_cap = matches!(why, Rejection::OverCap { .. });
+    rejections.note(why, &client.peer_addr(), slot);
+    if over_cap {
+        handler.refuse(client, "too many connections from your address");
+    } else {
+        // Closed at once, before any handler code.
+        let _ = client.close();
     }
 }
 

@@ -411,7 +411,7 @@ fn guarded(peer: &Addr, call: impl FnOnce() -> std::io::Result<()>) -> std::io::
         Err(payload) => {
             tracing::error!(
                 "datagram handler panicked on a datagram from {peer}: {}; this worker exits and is replaced",
-                super::panic_message(&payload)
+                super::ledger::panic_message(&payload)
             );
             sys::exit_now(exit::PANIC)
         }

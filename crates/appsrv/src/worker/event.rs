@@ -85,16 +85,13 @@ use crate::sys::{self, exit};
 
 use super::access::{AccessLog, Outcome};
 use super::admission::{self, Admission, Rejection, Rules, Seat};
-use super::blocking::log_connection_error;
+use super::ledger::{RESOURCE_BACKOFF, Rejections, Trouble, log_connection_error, panic_message};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
-use super::serve::{Bound, Boundary, Context, Limits};
+use super::serve::{Bound, Boundary, Context, Limits, RequestDriver};
 use super::{ConnLimits, Recycle};
 
 /// A worker re-registers its listeners after this many accepts (see the module's notes).
 pub(crate) const REQUEUE_EVERY: u32 = 32;
-/// How long accepting pauses when the process or the system is out of descriptors or
-/// memory.
-pub(crate) const RESOURCE_BACKOFF: Duration = Duration::from_millis(100);
 /// Events taken from the kernel per `epoll_wait`.
 const EVENTS: usize = 512;
 /// Reads of one connection per pass at most, when each fills the buffer (a client that
@@ -484,13 +481,13 @@ struct Loop<'a, H: RequestHandler> {
     accepting: bool,
     resume_at: Option<Instant>,
     since_requeue: u32,
-    accept_trouble: Option<Errno>,
+    accept_trouble: Trouble,
     connections: u64,
     requests: u64,
     head: Head,
     slow: Slow,
     access: Option<AccessLog>,
-    rejections: super::blocking::Rejections,
+    rejections: Rejections,
     peers: Option<&'static PeerCounts>,
     board: &'static Board,
     reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
@@ -518,8 +515,21 @@ struct Loop<'a, H: RequestHandler> {
     trimmed_at: Instant,
 }
 
+/// The event loop as a [`RequestDriver`]: what it works with and its epoll instance, made
+/// before `Ready`; the request level hands it the user's handler.
+pub(crate) struct Driver<'a> {
+    pub(crate) worker: Worker<'a>,
+    pub(crate) prepared: Prepared,
+}
+
+impl RequestDriver for Driver<'_> {
+    fn drive<H: RequestHandler>(self, handler: &mut H, limits: Limits) -> i32 {
+        serve(self.worker, self.prepared, handler, limits)
+    }
+}
+
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
-pub(crate) fn serve<H: RequestHandler>(
+fn serve<H: RequestHandler>(
     worker: Worker<'_>,
     prepared: Prepared,
     handler: &mut H,
@@ -546,7 +556,7 @@ pub(crate) fn serve<H: RequestHandler>(
                 if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| d.on_worker_exit())) {
                     tracing::error!(
                         "the datagram handler's on_worker_exit panicked: {}",
-                        super::panic_message(&p)
+                        panic_message(&p)
                     );
                 }
             }
@@ -613,7 +623,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             accepting: true,
             resume_at: None,
             since_requeue: 0,
-            accept_trouble: None,
+            accept_trouble: Trouble::default(),
             connections: 0,
             requests: 0,
             head: Head {
@@ -626,7 +636,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 unlogged: 0,
             },
             access,
-            rejections: super::blocking::Rejections::default(),
+            rejections: Rejections::default(),
             peers,
             board,
             reopen_log,
@@ -919,9 +929,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             .accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
         {
             Ok((socket, peer)) => {
-                if let Some(e) = self.accept_trouble.take() {
-                    tracing::info!("accepting again after {}", e.desc());
-                }
+                self.accept_trouble.cleared();
                 self.add(socket, Addr::from_sockaddr(&peer), index, handler);
                 self.since_requeue += 1;
             }
@@ -934,14 +942,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     }
                 }
                 other => {
-                    if self.accept_trouble.is_none() {
-                        tracing::error!(
-                            "accepting connections: {} ({other}); pausing {} ms between attempts until it clears",
-                            other.desc(),
-                            RESOURCE_BACKOFF.as_millis()
-                        );
-                    }
-                    self.accept_trouble = Some(other);
+                    self.accept_trouble.began(other, "accepting connections");
                     self.pause_accepting();
                     self.resume_at = Some(self.now + RESOURCE_BACKOFF);
                 }
@@ -1172,7 +1173,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     tracing::error!(
                         "handler panicked while serving {}: {}; connection closed, this worker exits and is replaced (closing its {} other connections)",
                         c.peer,
-                        super::panic_message(&payload),
+                        panic_message(&payload),
                         self.conns.len().saturating_sub(1)
                     );
                     if let Some(log) = self.access.as_mut() {

@@ -31,11 +31,10 @@ pub(crate) mod datagram;
 pub(crate) mod event;
 pub(crate) mod front;
 mod guard;
+mod ledger;
 mod reactor;
 pub(crate) mod serve;
 
-use std::any::Any;
-use std::cell::RefCell;
 use std::os::fd::{AsFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
@@ -43,6 +42,8 @@ use std::time::Duration;
 
 use crate::scoreboard::Board;
 use crate::worker::serve::Connections;
+
+use ledger::{panic_message, record_panic};
 
 use nix::unistd::Pid;
 
@@ -369,8 +370,8 @@ fn serve_events<C: Connections>(
     };
     ready(setup.channel, pid);
     let (log_path, channel) = (setup.log_path, setup.channel);
-    handler.serve_events(
-        event::Worker {
+    let driver = event::Driver {
+        worker: event::Worker {
             id: setup.id,
             slot,
             board: setup.board,
@@ -392,7 +393,11 @@ fn serve_events<C: Connections>(
             front,
         },
         prepared,
-    )
+    };
+    handler.drive_requests(driver).unwrap_or_else(|| {
+        tracing::error!("handle_client servers are blocking only (--io blocking)");
+        exit::START_FAILED
+    })
 }
 
 /// Steps 9 and 10 for the blocking loop (`--io blocking`, a hybrid worker): its way of
@@ -467,27 +472,4 @@ fn take_logs(logged: Option<Option<&Path>>) -> Option<std::fs::File> {
         }
     }
     files.access.map(std::fs::File::from)
-}
-
-thread_local! {
-    /// The message and location of the last panic, taken by whoever catches it: the
-    /// default hook would print a multi-line report to stderr; appsrv logs one line with
-    /// the context (the peer) at the place the panic is caught instead.
-    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-fn record_panic(info: &panic::PanicHookInfo<'_>) {
-    let msg = crate::error::panic_text(info.payload());
-    let text = match info.location() {
-        Some(l) => format!("{msg} at {}:{}", l.file(), l.line()),
-        None => msg,
-    };
-    LAST_PANIC.with(|p| *p.borrow_mut() = Some(text));
-}
-
-/// The panic's message with its location when the hook saw it.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    LAST_PANIC
-        .with(|p| p.borrow_mut().take())
-        .unwrap_or_else(|| crate::error::panic_text(payload))
 }

@@ -48,10 +48,23 @@ pub(crate) trait Connections {
     /// (HTTP 503, `-ERR refused: …`), then a lingering close.
     fn refuse(&mut self, _client: &mut Client, _why: &'static str) {}
 
-    /// Serves this worker's connections with an event loop (`--io event`) until a stop;
-    /// returns the worker's exit status. Request level only: the configuration refuses
-    /// `--io event` for `handle_client` servers before start.
-    fn serve_events(&mut self, worker: super::event::Worker<'_>, prepared: super::event::Prepared) -> i32;
+    /// Hands the user's handler and the request step's limits to `driver`, a loop that runs
+    /// the request step itself over many connections (the event loop, `--io event`), and
+    /// returns the worker's exit status it ends with. `None` at the client level, whose
+    /// handler owns its connection and cannot be multiplexed: the configuration refuses
+    /// such servers for those loops before start, so `worker::run` only reports it.
+    fn drive_requests<D: RequestDriver>(&mut self, driver: D) -> Option<i32>;
+}
+
+/// A loop that serves request-level connections by running the request step itself (the
+/// event loop does; the blocking loop calls [`Connections::serve`] per connection
+/// instead). The level hands it what it owns without naming it, so that the
+/// client/request level depends on no driver: which loop serves is chosen once, in
+/// `worker::run`, from the I/O model and the role.
+pub(crate) trait RequestDriver {
+    /// Serves until a stop with `handler` and the step's `limits`; returns the worker's
+    /// exit status.
+    fn drive<H: RequestHandler>(self, handler: &mut H, limits: Limits) -> i32;
 }
 
 /// The client level.
@@ -76,9 +89,8 @@ impl<H: Handler> Connections for ClientLevel<H> {
         false
     }
 
-    fn serve_events(&mut self, _: super::event::Worker<'_>, _: super::event::Prepared) -> i32 {
-        tracing::error!("handle_client servers are blocking only (--io blocking)");
-        crate::sys::exit::START_FAILED
+    fn drive_requests<D: RequestDriver>(&mut self, _: D) -> Option<i32> {
+        None
     }
 }
 
@@ -140,8 +152,8 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
         true
     }
 
-    fn serve_events(&mut self, worker: super::event::Worker<'_>, prepared: super::event::Prepared) -> i32 {
-        super::event::serve(worker, prepared, &mut self.handler, self.limits.clone())
+    fn drive_requests<D: RequestDriver>(&mut self, driver: D) -> Option<i32> {
+        Some(driver.drive(&mut self.handler, self.limits.clone()))
     }
 
     fn refuse(&mut self, client: &mut Client, why: &'static str) {
