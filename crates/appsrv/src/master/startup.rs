@@ -590,7 +590,11 @@ impl Workers<'_> {
                 write_timeout: config.write_timeout,
                 max_buffered: usize::try_from(config.max_buffered_bytes).unwrap_or(usize::MAX),
             },
-            io: config.io,
+            io: match config.io {
+                crate::Io::Blocking => worker::Model::Blocking,
+                crate::Io::Event => worker::Model::Event,
+                crate::Io::Hybrid => worker::Model::Hybrid,
+            },
             worker_connections: config.worker_connections,
             slow_request: config.slow_request,
             datagram: worker::datagram::Settings {
