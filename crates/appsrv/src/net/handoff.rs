@@ -53,7 +53,7 @@ const SPOOL_NAME: &std::ffi::CStr = c"appsrv-handoff";
 const SEND_BUFFER: usize = 1024 * 1024;
 
 /// What travels with a connection besides its descriptor and bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Meta {
     /// Requests answered on the connection so far (`--keepalive-requests` counts across
     /// hand-offs).
@@ -410,12 +410,7 @@ mod tests {
     #[test]
     fn the_masters_last_look_closes_what_is_left_in_either_direction() {
         let ch = Channel::new().unwrap();
-        let meta = Meta {
-            served: 0,
-            peer: None,
-            listener: 0,
-            interim_sent: false,
-        };
+        let meta = Meta::default();
         let mut clients = Vec::new();
         // Two hand-offs for the workers, one hand-back for the fronts; the fronts' end
         // shut for writing, as at a stop.
@@ -445,12 +440,7 @@ mod tests {
     #[test]
     fn issue_32_a_stray_message_is_dropped_with_all_its_descriptors() {
         let ch = Channel::new().unwrap();
-        let meta = Meta {
-            served: 0,
-            peer: None,
-            listener: 0,
-            interim_sent: false,
-        };
+        let meta = Meta::default();
         let mut inbox = Inbox::default();
         let too_long = vec![0u8; HEADER + INLINE_MAX + 1];
         for (header, bytes, n) in [
@@ -477,12 +467,7 @@ mod tests {
     #[test]
     fn the_header_round_trips_ipv6_and_no_client() {
         for meta in [
-            Meta {
-                served: 0,
-                peer: None,
-                listener: 0,
-                interim_sent: false,
-            },
+            Meta::default(),
             Meta {
                 served: u32::MAX,
                 peer: Some("[2001:db8::1]:443".parse().unwrap()),
@@ -544,12 +529,7 @@ mod tests {
         assert_eq!(spools_open(), 0, "the receiver closed the spools it read");
         // At the limit, still inline: no spool.
         let (conn, _client) = UnixStream::pair().unwrap();
-        let meta = Meta {
-            served: 0,
-            peer: None,
-            listener: 0,
-            interim_sent: false,
-        };
+        let meta = Meta::default();
         send(ch.fronts(), conn.as_fd(), &meta, &request[..INLINE_MAX]).unwrap();
         let got = inbox.receive(ch.workers(), false).unwrap().unwrap();
         assert!(got.spooled.is_none());

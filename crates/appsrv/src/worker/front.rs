@@ -335,12 +335,7 @@ mod tests {
         let board = Board::new().unwrap();
         let channel = handoff::Channel::new().unwrap();
         let mut front = Front::new(channel.fronts(), 1, board, None);
-        let meta = Meta {
-            served: 0,
-            peer: None,
-            listener: 0,
-            interim_sent: false,
-        };
+        let meta = Meta::default();
         let body = vec![b'a'; 100_000];
         let mut clients = Vec::new();
         // Until the channel is full and requests are held: every one counts.
