@@ -267,7 +267,6 @@ impl<C: Codec + 'static> RequestStep<C> {
             crate::conn::step::Next::More => StepNext::More,
             crate::conn::step::Next::Close { .. } => StepNext::Close,
             crate::conn::step::Next::Fail(_) => StepNext::Fail,
-            crate::conn::step::Next::HandOff => unreachable!("only a front's step hands off"),
         };
         (n, next)
     }
@@ -473,7 +472,7 @@ pub struct DatagramLoop {
     listener: crate::net::listener::Listener,
     side: crate::worker::datagram::Side<'static>,
     client: std::net::UdpSocket,
-    access: Option<crate::worker::access::AccessLog>,
+    ledger: crate::worker::ledger::Ledger<'static>,
 }
 
 impl std::fmt::Debug for DatagramLoop {
@@ -525,7 +524,14 @@ impl DatagramLoop {
             listener,
             side,
             client,
-            access: None,
+            // No access log, no recycling limit: the side's own work is what is measured.
+            ledger: crate::worker::ledger::Ledger::new(
+                slot,
+                None,
+                crate::worker::Recycle::default(),
+                Box::new(|| {}),
+                Box::new(|| None),
+            ),
         })
     }
 
@@ -545,7 +551,7 @@ impl DatagramLoop {
     /// The worker's turn on the readable listener (`Side::readable`): returns the datagrams
     /// passed to the handler.
     pub fn serve(&mut self) -> u64 {
-        self.side.readable(&self.listener, &mut self.access)
+        self.side.readable(&self.listener, &mut self.ledger)
     }
 
     /// One answer the client received, if any is waiting.

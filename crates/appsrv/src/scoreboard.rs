@@ -1012,8 +1012,15 @@ impl Slot {
         }
     }
 
+    /// The request clock of [`request_start`](Slot::request_start) stops at `now` (from
+    /// [`now_ns`]), uncounted: the ledger counts the requests answered.
+    pub(crate) fn request_stop(&self, now: u64) {
+        self.request_started.store(0, Ordering::Release);
+        self.last_activity.store(now, Ordering::Relaxed);
+    }
+
     /// One request answered in `us` microseconds: the count and the histogram.
-    fn count_request(&self, us: u64) {
+    pub(crate) fn count_request(&self, us: u64) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let bucket = DURATION_BUCKETS_US
             .iter()

@@ -315,6 +315,96 @@ fn the_files_of_each_folder_have_no_cycle() {
     );
 }
 
+/// The file graph of folder `folder` of `src/`: each file (but `mod.rs`, the folder's
+/// root, which names its files to declare them) → the files of the folder it uses.
+fn folder_graph(folder: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(folder);
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    let names: BTreeSet<String> = files
+        .iter()
+        .map(|p| p.file_stem().unwrap().to_str().unwrap().to_owned())
+        .filter(|n| n != "mod")
+        .collect();
+    let mut graph = BTreeMap::new();
+    for file in &files {
+        let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
+        if name == "mod" {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        let uses = sibling_uses(folder, false, &text)
+            .into_iter()
+            .filter(|u| names.contains(u) && *u != name)
+            .collect();
+        graph.insert(name, uses);
+    }
+    graph
+}
+
+/// The file map of `worker/` in docs/ARCHITECTURE.md: the text block after "Inside
+/// `worker/`", one line per file (or several files, comma-separated) with what it uses
+/// after an arrow, `(none)` for nothing.
+fn documented_worker_map() -> BTreeMap<String, BTreeSet<String>> {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&doc).unwrap();
+    let section = text
+        .split("Inside `worker/` the files")
+        .nth(1)
+        .expect("docs/ARCHITECTURE.md maps the files of worker/");
+    let block = section
+        .split("```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the worker/ file map is a text block");
+    let mut map = BTreeMap::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let (files, uses) = line.split_once("->").expect("file -> uses");
+        let uses: BTreeSet<String> = uses
+            .split_whitespace()
+            .filter(|u| *u != "(none)")
+            .map(str::to_owned)
+            .collect();
+        for file in files.split(',') {
+            map.insert(file.trim().to_owned(), uses.clone());
+        }
+    }
+    map
+}
+
+/// Issue 32: the files of `worker/` use each other as its map in docs/ARCHITECTURE.md
+/// says, no more and no less: the map is checked, not only the absence of a cycle.
+#[test]
+fn the_files_of_worker_follow_their_map() {
+    let actual = folder_graph("worker");
+    let documented = documented_worker_map();
+    let render = |g: &BTreeMap<String, BTreeSet<String>>| {
+        g.iter()
+            .map(|(f, u)| {
+                let uses: Vec<&str> = u.iter().map(String::as_str).collect();
+                format!(
+                    "{f} -> {}",
+                    if uses.is_empty() {
+                        "(none)".into()
+                    } else {
+                        uses.join(" ")
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(
+        render(&actual),
+        render(&documented),
+        "worker/'s files and their map in docs/ARCHITECTURE.md differ; the files use:\n{}",
+        render(&actual)
+    );
+}
+
 /// A cycle of `graph`, if it has one, as the path that closes it.
 fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(

@@ -238,10 +238,18 @@ pub(crate) enum Next {
     /// The handler failed: its partial response was dropped, the connection ends with
     /// this error (logged by the worker).
     Fail(io::Error),
-    /// Hybrid mode, in a front ([`Requests::complete`]): the buffer holds a whole request:
-    /// send the output, if any (an interim reply), then hand the connection to a worker
-    /// with the bytes it read ([`Requests::as_read`]).
-    HandOff,
+}
+
+/// What [`Requests::complete`] found, in a hybrid front: a whole request, or what the
+/// step asks for until there is one. Its own type, so that [`Next`], which every driver
+/// follows, has no variant that only a front can meet.
+#[derive(Debug)]
+pub(crate) enum Gathered {
+    /// The buffer holds a whole request: send the output, if any (an interim reply), then
+    /// hand the connection to a worker with the bytes it read ([`Requests::as_read`]).
+    Whole,
+    /// Not yet: what the step asks for (read on, or close after a protocol error).
+    Step(Next),
 }
 
 /// One connection's request level: its codec and where it is between requests.
@@ -459,9 +467,9 @@ impl<C: Codec> Requests<C> {
         ctx: &mut dyn Context,
         peer: &Addr,
         now: &mut dyn FnMut() -> Instant,
-    ) -> Next {
+    ) -> Gathered {
         if !bufs.has_input() {
-            return self.at_boundary(ctx, now);
+            return Gathered::Step(self.at_boundary(ctx, now));
         }
         // What the decoding found; the request itself (which borrows the buffer) is not
         // needed.
@@ -493,16 +501,16 @@ impl<C: Codec> Requests<C> {
             })
         };
         match decoded {
-            Ok(None) => Next::HandOff,
+            Ok(None) => Gathered::Whole,
             Ok(Some(interim)) => {
                 self.interim(interim, bufs.output());
                 if self.as_read.is_empty() {
                     // From now on decoded in place: the bytes as they came, kept.
                     self.as_read.extend_from_slice(bufs.unconsumed());
                 }
-                self.partial(bufs, ctx, peer, now)
+                Gathered::Step(self.partial(bufs, ctx, peer, now))
             }
-            Err(e) => self.protocol_error(bufs, ctx, peer, &e),
+            Err(e) => Gathered::Step(self.protocol_error(bufs, ctx, peer, &e)),
         }
     }
 
@@ -514,7 +522,7 @@ impl<C: Codec> Requests<C> {
     }
 
     /// Hybrid mode, in a front, once [`complete`](Requests::complete) said
-    /// [`Next::HandOff`]: the bytes to hand off (the request and anything behind it), as
+    /// [`Gathered::Whole`]: the bytes to hand off (the request and anything behind it), as
     /// they came.
     pub(crate) fn as_read<'b>(&'b self, bufs: &'b Buffers) -> &'b [u8] {
         if self.as_read.is_empty() {
@@ -996,7 +1004,7 @@ mod tests {
     }
 
     /// Hybrid mode, in a front: `bytes` arrive; the step says whether the request is whole.
-    fn front_feed<C: Codec>(c: &mut Conn<C>, scratch: &mut Vec<u8>, bytes: &[u8]) -> Next {
+    fn front_feed<C: Codec>(c: &mut Conn<C>, scratch: &mut Vec<u8>, bytes: &[u8]) -> Gathered {
         let mut left = bytes;
         while !left.is_empty() {
             let room = c.bufs.room(c.step.max_request_size());
@@ -1048,9 +1056,12 @@ mod tests {
             let next = front_feed(&mut front, &mut scratch, piece);
             output.push_str(&front.sent());
             if i + 1 < pieces.len() {
-                assert!(is_request_read(&next), "piece {i}: {next:?}");
+                assert!(
+                    matches!(&next, Gathered::Step(n) if is_request_read(n)),
+                    "piece {i}: {next:?}"
+                );
             } else {
-                assert!(matches!(next, Next::HandOff), "{next:?}");
+                assert!(matches!(next, Gathered::Whole), "{next:?}");
             }
             // Another connection's request meanwhile: the scratch is the front's.
             scratch.clear();
@@ -1084,7 +1095,10 @@ mod tests {
         let mut front = Conn::new(Http::default(), LIMITS);
         front.step.resume(4, true);
         let next = front_feed(&mut front, &mut Vec::new(), HEAD);
-        assert!(is_request_read(&next), "{next:?}");
+        assert!(
+            matches!(&next, Gathered::Step(n) if is_request_read(n)),
+            "{next:?}"
+        );
         assert_eq!(front.sent(), "");
         // In a worker: not for this request, again for the next.
         let mut worker = Conn::new(Http::default(), LIMITS);

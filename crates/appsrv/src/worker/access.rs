@@ -78,11 +78,11 @@ impl AccessLog {
         }
     }
 
-    /// Appends one line.
-    /// `peer` is the client's address, formatted once per connection by the caller.
+    /// Appends one line. `peer` is the client's address, formatted into the buffer (no
+    /// allocation per line).
     pub(crate) fn line(
         &mut self,
-        peer: &str,
+        peer: &(impl std::fmt::Display + ?Sized),
         outcome: Outcome,
         took: Duration,
         bytes: (u64, u64),

@@ -1,12 +1,13 @@
-//! The blocking connection loop: one connection at a time, from accept to close.
+//! The blocking driver (`--io blocking`): one connection at a time, from accept to close.
 //!
-//! Kept apart from the worker's set-up so that other loops (an event loop that multiplexes
-//! many connections per process) can share everything else.
+//! A [`Driver`] like the others: the worker's set-up, the ledger and the request step are
+//! shared; what is its own is the wait for a connection (the acceptor), admission with
+//! `poll(2)` waits, and the keep-alive guard (`guard.rs`). The hybrid worker's driver
+//! (`hybrid.rs`) is this loop plus the connections a front hands over.
 
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
@@ -18,133 +19,120 @@ use crate::net::tls::ForWorker;
 use crate::scoreboard::{Board, Slot, State};
 use crate::sys::{self, exit};
 
+use super::ConnLimits;
+use super::Setup;
 use super::accept::{Accepted, Acceptor};
-use super::access::{AccessLog, Outcome};
+use super::access::Outcome;
 use super::admission::{Admission, Next, Rejection, Rules, Seat};
+use super::driver::{Driver, Extras, Shared, accepts_on};
 use super::guard::Guard;
-use super::ledger::{Rejections, log_connection_error, panic_message};
+use super::ledger::{Ledger, Panicked, contain, log_connection_error};
 use super::serve::{Connections, Progress};
-use super::{ConnLimits, Recycle};
 
-/// What the blocking loop needs from the system before the worker may say it is ready:
-/// its scoreboard slot and its way of waiting for connections (an epoll instance with
-/// several listeners). Made before `Ready` is sent, so that a failure here is a start
-/// failure (reported with its reason, counted by the back-off), not a ready worker's exit.
+/// The blocking driver (`--io blocking`): its acceptor (an epoll instance when it waits
+/// on several listeners), made before `Ready`, and the keep-alive timeout its guard holds
+/// connections to.
 #[derive(Debug)]
-pub(crate) struct Prepared<'a> {
-    slot: &'a Slot,
+pub(crate) struct Blocking<'a> {
     acceptor: Acceptor<'a>,
-    /// Hybrid mode: the workers' end of the hand-off channel.
-    handoff: Option<BorrowedFd<'a>>,
+    keepalive_timeout: Option<Duration>,
 }
 
-/// Prepares worker `id` to serve the `listeners` that `serves` names, and in hybrid mode
-/// the connections handed over on the channel's end `handoff` (see [`Prepared`]).
-pub(crate) fn prepare<'a>(
-    id: u32,
-    listeners: &'a [Listener],
-    board: &'a Board,
-    serves: &dyn Fn(usize) -> bool,
-    handoff: Option<BorrowedFd<'a>>,
-) -> Result<Prepared<'a>, String> {
-    let slot = board.slot(id).ok_or_else(|| format!("no scoreboard slot {id}"))?;
-    let acceptor = Acceptor::new(id, listeners, board, serves, handoff)
+impl<'a> Blocking<'a> {
+    /// The driver for the listeners this process accepts on, and in hybrid mode the
+    /// connections handed over on the channel's end `handoff` (the hybrid worker's).
+    pub(crate) fn new(setup: &Setup<'a>, handoff: Option<BorrowedFd<'a>>) -> Result<Self, String> {
+        let acceptor = Acceptor::new(
+            setup.id,
+            setup.listeners,
+            setup.board,
+            &|i| accepts_on(setup, i),
+            handoff,
+        )
         .map_err(|e| format!("cannot wait for connections: {e}"))?;
-    Ok(Prepared {
-        slot,
-        acceptor,
-        handoff,
-    })
+        Ok(Blocking {
+            acceptor,
+            keepalive_timeout: setup.keepalive_timeout,
+        })
+    }
 }
 
-/// Everything the blocking loop works with: the worker's whole context, passed once.
-pub(crate) struct Worker<'a, C> {
-    pub(crate) id: u32,
-    pub(crate) prepared: Prepared<'a>,
-    pub(crate) listeners: &'a [Listener],
-    pub(crate) board: &'static Board,
-    /// The idle timeout between requests, for the keep-alive guard.
-    pub(crate) keepalive_timeout: Option<Duration>,
-    pub(crate) recycle: Recycle,
-    pub(crate) handler: &'a mut C,
-    /// The access log.
-    pub(crate) access: Option<AccessLog>,
-    /// `--max-conns-per-ip`.
-    pub(crate) max_per_ip: Option<usize>,
-    pub(crate) tls: &'a ForWorker,
-    pub(crate) limits: ConnLimits,
-    /// Runs between connections after a USR1: takes the files the master reopened (the
-    /// log file goes over stderr), returns the new access log if any.
-    pub(crate) reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
-    /// Asks the master for a replacement (the recycling limit is reached).
-    pub(crate) retire: &'a mut dyn FnMut(),
+impl<'a> Driver<'a> for Blocking<'a> {
+    fn prepare(setup: &Setup<'a>, _: &'static Slot, _: Extras<'a>) -> Result<Self, String> {
+        Blocking::new(setup, None)
+    }
+
+    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+        serve::<C>(self, shared, level, None)
+    }
 }
 
-/// Serves connections until a stop; returns the worker's exit status.
-pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
-    let Worker {
-        id,
-        prepared,
-        listeners,
-        board,
+/// The connections a hybrid worker's acceptor also takes, from the hand-off channel: the
+/// channel's end, and what is done with each (`hybrid.rs`), so that this loop names no
+/// other driver.
+pub(crate) struct HandOffs<'a, C> {
+    pub(crate) channel: BorrowedFd<'a>,
+    #[allow(clippy::type_complexity)]
+    pub(crate) take:
+        fn(&mut Loop<'a, '_, C>, crate::net::handoff::Received, &crate::net::handoff::Inbox) -> Option<i32>,
+}
+
+/// Serves connections until a stop; returns the worker's exit status. `handoffs`: the
+/// hybrid worker's, whose connections the acceptor also takes (see [`HandOffs`]).
+pub(crate) fn serve<'a, C: Connections>(
+    driver: Blocking<'a>,
+    shared: Shared<'a>,
+    level: &mut C,
+    handoffs: Option<HandOffs<'a, C>>,
+) -> i32 {
+    let Blocking {
+        mut acceptor,
         keepalive_timeout,
-        recycle,
-        handler,
-        access,
-        max_per_ip,
+    } = driver;
+    let Shared {
+        id,
+        board,
+        slot,
+        listeners,
         tls,
         limits,
-        reopen_log,
-        retire,
-    } = worker;
-    let Prepared {
-        slot,
-        mut acceptor,
-        handoff,
-    } = prepared;
+        max_per_ip,
+        ledger,
+    } = shared;
     let mut l = Loop {
         guard: Guard {
             id,
             listeners,
             board,
-            slot,
             keepalive_timeout,
-            recycle,
+            ledger,
             request: None,
-            requests: 0,
-            access,
             peer: None,
-            head: Vec::new(),
             hold: None,
         },
-        handler,
+        level,
         slot,
         board,
         listeners,
         tls,
         limits,
         max_per_ip,
-        handoff,
+        handoffs,
         buffers: Some(Buffers::new()),
-        rejections: Rejections::default(),
-        retire_sent: false,
-        retire,
-        reopen_log,
     };
     loop {
         // Lines are written before the worker may wait: a quiet server holds none back.
-        if let Some(log) = l.guard.access.as_mut() {
-            log.flush();
-        }
+        l.guard.ledger.flush();
         let stop = match acceptor.accept() {
             Accepted::Connection(socket, peer, index) => l.accepted(socket, &peer, index),
             Accepted::HandedOff(received) => {
                 let inbox = acceptor.inbox().expect("a hand-off comes from the channel");
-                l.handed_off(received, inbox)
+                let take = l.handoffs.as_ref().expect("an acceptor with a channel").take;
+                take(&mut l, received, inbox)
             }
             Accepted::Stop => return exit::OK,
             Accepted::Reopen => {
-                l.reopen();
+                l.guard.ledger.reopen();
                 None
             }
         };
@@ -155,53 +143,36 @@ pub(crate) fn serve<C: Connections>(worker: Worker<'_, C>) -> i32 {
 }
 
 /// The blocking loop's state between connections: what each connection is served with,
-/// and what carries over from one to the next (the buffers, reused; the rejection
-/// episodes; whether the master was asked for a replacement). One place, so that each kind
-/// of connection (accepted here, handed over by a front) is a method of its own.
-struct Loop<'a, C> {
-    guard: Guard<'a>,
-    handler: &'a mut C,
-    slot: &'a Slot,
-    board: &'static Board,
-    listeners: &'a [Listener],
+/// and what carries over from one to the next (the buffers, reused; the ledger). One
+/// place, so that each kind of connection (accepted here, handed over by a front, in
+/// `hybrid.rs`) is a function of its own.
+pub(crate) struct Loop<'a, 'l, C> {
+    pub(crate) guard: Guard<'a>,
+    pub(crate) level: &'l mut C,
+    pub(crate) slot: &'a Slot,
+    pub(crate) board: &'static Board,
+    pub(crate) listeners: &'a [Listener],
     tls: &'a ForWorker,
-    limits: ConnLimits,
+    pub(crate) limits: ConnLimits,
     max_per_ip: Option<usize>,
-    /// Hybrid mode: the workers' end of the hand-off channel.
-    handoff: Option<BorrowedFd<'a>>,
+    /// Hybrid mode: the connections handed over.
+    pub(crate) handoffs: Option<HandOffs<'a, C>>,
     /// The last connection's buffers, for the next one (`None` only while one is served).
-    buffers: Option<Buffers>,
-    rejections: Rejections,
-    retire_sent: bool,
-    retire: &'a mut dyn FnMut(),
-    reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
+    pub(crate) buffers: Option<Buffers>,
 }
 
-impl<C: Connections> Loop<'_, C> {
-    /// Puts the files the master reopened (after a USR1) in place: the log file goes over
-    /// stderr, the access log replaces this worker's copy.
-    fn reopen(&mut self) {
-        if let (Some(file), Some(log)) = ((self.reopen_log)(), self.guard.access.as_mut()) {
-            log.replace(file);
-        }
-    }
-
+impl<C: Connections> Loop<'_, '_, C> {
     /// A connection this worker accepted: admitted (or refused, with its rejection's reply
     /// and log line), then served to its end. Returns the worker's exit status if it stops
     /// now (a handler panic, a stop).
     fn accepted(&mut self, socket: Socket, peer: &socket2::SockAddr, index: usize) -> Option<i32> {
         self.slot.forget_peer();
         if sys::take_reopen_request() {
-            self.reopen();
+            self.guard.ledger.reopen();
         }
         let peer = Addr::from_sockaddr(peer);
         let mut client = Client::new(socket, peer, self.buffers.take().unwrap_or_else(Buffers::new));
-        if self.limits.min_send_rate > 0 {
-            client.watch_sends(SendWatch::new(
-                self.limits.min_send_rate,
-                self.limits.write_timeout,
-            ));
-        }
+        self.watch_sends(&mut client);
         let rules = Rules {
             policy: self.listeners[index].policy(),
             tls: self.tls.acceptor(index),
@@ -215,75 +186,30 @@ impl<C: Connections> Loop<'_, C> {
             board: self.board,
         };
         if let Err(rejection) = admit(&mut client, rules, seat) {
-            reject(
-                &mut self.rejections,
-                rejection,
-                &mut client,
-                self.slot,
-                self.handler,
-            );
+            reject(&mut self.guard.ledger, rejection, &mut client, self.level);
             let (_, bufs) = client.finish();
             self.buffers = Some(bufs);
             return None;
         }
+        self.guard.ledger.connection();
         self.guard.hold = None;
-        let bufs = match serve_admitted(client, self.handler, &mut self.guard, self.board, None) {
+        let bufs = match serve_admitted(client, self.level, &mut self.guard, self.board, None) {
             Served::Closed(bufs) => bufs,
             Served::HandBack(client, _) => client.finish().1,
-            Served::Panicked => return Some(exit::PANIC),
+            Served::Panicked(code) => return Some(code),
         };
         self.buffers = Some(bufs);
-        after_connection(
-            &mut self.guard,
-            &mut self.retire_sent,
-            self.retire,
-            self.handoff.is_some(),
-        )
+        after_connection(&mut self.guard, self.handoffs.is_some())
     }
 
-    /// Hybrid mode: a connection a front handed over, admitted there already, with the
-    /// bytes the front read; served to its end or until it goes back to a front. Returns
-    /// the worker's exit status if it stops now (a handler panic, a stop).
-    fn handed_off(
-        &mut self,
-        received: crate::net::handoff::Received,
-        inbox: &crate::net::handoff::Inbox,
-    ) -> Option<i32> {
-        let (socket, meta, bytes) = received.split(inbox);
-        // The request's bytes the front read count as this worker's, as if it had read
-        // them (the front's own slot is not in the totals).
-        self.slot.add_bytes(bytes.len() as u64, 0);
-        let bufs = self.buffers.take().unwrap_or_else(Buffers::new);
-        let client = handed_over(socket, &meta, &bytes, bufs, self.listeners);
-        drop(bytes);
-        self.slot.forget_peer();
-        if let Some(c) = &client {
-            // The slot names the client before the hand-off counts as taken: the front
-            // stops counting it for --max-conns-per-ip only then.
-            self.slot.connection(&c.peer_addr());
-        }
-        self.board.handoff_taken();
-        let mut client = client?;
+    /// `--min-send-rate`: the client's sends are watched.
+    pub(crate) fn watch_sends(&self, client: &mut Client) {
         if self.limits.min_send_rate > 0 {
             client.watch_sends(SendWatch::new(
                 self.limits.min_send_rate,
                 self.limits.write_timeout,
             ));
         }
-        if sys::take_reopen_request() {
-            self.reopen();
-        }
-        let channel = self.handoff.expect("a hand-off comes from the channel");
-        match serve_handed_over(client, &meta, channel, self.handler, &mut self.guard, self.board) {
-            Some(bufs) => self.buffers = Some(bufs),
-            None => return Some(exit::PANIC),
-        }
-        after_connection(
-            &mut self.guard,
-            &mut self.retire_sent,
-            self.retire,
-            self.handoff.is_some(),
-        )
     }
 }
 
@@ -299,153 +225,52 @@ impl<C: Connections> Loop<'_, C> {
 /// once. Leaving here after the connection it held is what lost every request waiting in
 /// the channel, whenever clients outnumbered the workers (issue 31: 14 of `wrk -c16`'s
 /// connections against 2 workers, at each upgrade).
-fn after_connection(
-    guard: &mut Guard<'_>,
-    retire_sent: &mut bool,
-    retire: &mut dyn FnMut(),
-    hybrid: bool,
-) -> Option<i32> {
+pub(crate) fn after_connection(guard: &mut Guard<'_>, hybrid: bool) -> Option<i32> {
     if sys::stop_requested() {
         if hybrid {
             return None;
         }
-        if let Some(log) = guard.access.as_mut() {
-            log.flush();
-        }
+        guard.ledger.flush();
         return Some(exit::OK);
     }
-    if !*retire_sent && guard.limit_reached() {
-        // The master starts a replacement first, then asks this worker to stop: the
-        // pool's capacity never dips. Meanwhile this worker goes on serving.
-        tracing::info!("reached its recycling limit; asking the master for a replacement");
-        retire();
-        *retire_sent = true;
-    }
+    guard.ledger.check_recycle();
     None
 }
 
-/// Hybrid mode: the client of a connection a front handed over, with the bytes it read
-/// (`None`, logged, when the socket cannot be set up: the connection is closed).
-fn handed_over(
-    socket: Socket,
-    meta: &crate::net::handoff::Meta,
-    bytes: &[u8],
-    mut bufs: Buffers,
-    listeners: &[Listener],
-) -> Option<Client> {
-    let set_up = crate::net::handoff::set_nonblocking(socket.as_fd(), false).and_then(|()| {
-        match listeners.get(meta.listener as usize) {
-            Some(l) => l.prepare(&socket),
-            None => Ok(()),
-        }
-    });
-    if let Err(e) = set_up {
-        tracing::warn!("setting up a connection handed over: {e}; closing it");
-        return None;
-    }
-    let peer = match meta.peer {
-        Some(a) => Addr::Inet(a),
-        None => socket
-            .peer_addr()
-            .map_or(Addr::Unix(None), |a| Addr::from_sockaddr(&a)),
-    };
-    bufs.extend_input(bytes);
-    Some(Client::new(socket, peer, bufs))
-}
-
-/// Hybrid mode: serves a connection a front handed over until it closes or goes back to a
-/// front (through `channel`), with the beginning of a request if one came that did not
-/// arrive whole in time (`Context::partial_wait`); `None` when the handler panicked.
-fn serve_handed_over<C: Connections>(
-    mut client: Client,
-    meta: &crate::net::handoff::Meta,
-    channel: BorrowedFd<'_>,
-    handler: &mut C,
-    guard: &mut Guard<'_>,
-    board: &'static Board,
-) -> Option<Buffers> {
-    guard.hold = Some(super::guard::Hold {
-        since: guard.requests,
-        at: std::time::Instant::now(),
-    });
-    let mut progress = Progress {
-        served: meta.served,
-        interim_sent: meta.interim_sent,
-    };
-    loop {
-        match serve_admitted(client, handler, guard, board, Some(progress)) {
-            Served::Closed(bufs) => return Some(bufs),
-            Served::Panicked => return None,
-            // No front takes connections back any more (the server stops: the fronts
-            // left first): keep it, as in blocking mode, until it drains.
-            // (Served again as handed over: the driver sets the socket's timeout again.)
-            Served::HandBack(back, p) if !board.fronts_receiving() => {
-                guard.hold = None;
-                client = back;
-                progress = p;
-            }
-            Served::HandBack(back, p) => {
-                let meta = crate::net::handoff::Meta {
-                    served: p.served,
-                    interim_sent: p.interim_sent,
-                    ..meta.clone()
-                };
-                let sent = crate::net::handoff::set_nonblocking(back.socket().as_fd(), true).and_then(|()| {
-                    crate::net::handoff::send(channel, back.socket().as_fd(), &meta, back.buffered())
-                });
-                match sent {
-                    Ok(()) => return Some(back.finish().1),
-                    Err(e) => {
-                        // The fronts do not take it now (the channel is full): keep it, as
-                        // in blocking mode, for the rest of its life.
-                        tracing::debug!(
-                            "cannot hand the connection from {} back: {e}; keeping it",
-                            back.peer_addr()
-                        );
-                        let _ = crate::net::handoff::set_nonblocking(back.socket().as_fd(), false);
-                        guard.hold = None;
-                        client = back;
-                        progress = p;
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// How a connection's service ended.
-enum Served {
+pub(crate) enum Served {
     /// Closed; its buffers.
     Closed(Buffers),
     /// Hybrid mode: to be handed back to a front, with how far it got.
     HandBack(Client, Progress),
-    /// The handler panicked: the connection is closed, the worker must exit.
-    Panicked,
+    /// The handler panicked: the connection is closed, the worker must exit with this
+    /// status.
+    Panicked(i32),
 }
 
 /// Serves an admitted connection, accounts for it, closes it and gives its buffers back
 /// (or, in hybrid mode, returns it to be handed back); [`Served::Panicked`] when the
 /// handler panicked (the connection is closed, and the worker must exit: the handler's
 /// state may be broken). `resumed`: how far it got before (hybrid mode).
-fn serve_admitted<C: Connections>(
+pub(crate) fn serve_admitted<C: Connections>(
     mut client: Client,
-    handler: &mut C,
+    level: &mut C,
     guard: &mut Guard<'_>,
     board: &'static Board,
     resumed: Option<Progress>,
 ) -> Served {
-    let (id, slot) = (guard.id, guard.slot);
+    let (id, slot) = (guard.id, guard.ledger.slot());
     // The request-level loop times each request; for `handle_client` the connection is
     // the unit (its clock covers the whole connection).
-    let connection_clock = (!handler.request_level()).then(|| {
+    let connection_clock = (!level.request_level()).then(|| {
         client.show_reads(board, id);
         board.set_state(id, State::Handling);
         slot.request_start(&[])
     });
-    if guard.access.is_some() {
-        guard.peer = Some(client.peer_addr().to_string());
+    if guard.ledger.logs_access() {
+        guard.peer = Some(client.peer_addr());
     }
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| handler.serve(&mut client, guard, resumed)));
+    let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
     account(guard, &mut client, connection_clock, &outcome, handed_back);
     let peer = client.peer_addr();
@@ -458,18 +283,14 @@ fn serve_admitted<C: Connections>(
             }
             Served::Closed(bufs)
         }
-        Err(payload) => {
-            tracing::error!(
-                "handler panicked while serving {peer}: {}; connection closed, \
-                 this worker exits and is replaced",
-                panic_message(&payload)
-            );
+        Err(panic) => {
             // Close the connection now, then leave.
             drop(client);
-            if let Some(log) = guard.access.as_mut() {
-                log.flush();
-            }
-            Served::Panicked
+            Served::Panicked(guard.ledger.panicked(
+                format_args!("handler panicked while serving {peer}"),
+                &panic,
+                "connection closed, this worker exits and is replaced",
+            ))
         }
     }
 }
@@ -478,18 +299,19 @@ fn serve_admitted<C: Connections>(
 /// still running when it ended, closed and logged: the connection's own (`handle_client`),
 /// or that of a request in progress (a bad request, a client that left or timed out half
 /// way), so that the next connection does not inherit it (the request timeout would kill
-/// an innocent worker). Requests answered in full were logged by the guard. A request
+/// an innocent worker). Requests answered in full were accounted by the guard. A request
 /// begun on a connection `handed_back` to a front (hybrid mode) goes with it: its clock
 /// stops, uncounted and unlogged (the worker that answers it does both).
 fn account<T>(
     guard: &mut Guard<'_>,
     client: &mut Client,
     connection_clock: Option<u64>,
-    outcome: &std::thread::Result<io::Result<T>>,
+    outcome: &Result<io::Result<T>, Panicked>,
     handed_back: bool,
 ) {
     let (received, sent) = client.take_traffic();
-    guard.slot.add_bytes(received, sent);
+    let slot = guard.ledger.slot();
+    slot.add_bytes(received, sent);
     let open = match (connection_clock, guard.request.take()) {
         (Some(started), _) => Some((started, false)),
         (None, Some(started)) => Some((started, true)),
@@ -498,14 +320,22 @@ fn account<T>(
     let Some((started, unanswered)) = open else {
         return;
     };
-    guard.slot.request_end(started, false);
+    let now = crate::scoreboard::now_ns();
+    slot.request_stop(now);
     if unanswered && handed_back {
         return;
     }
-    if let (Some(log), Some(peer)) = (guard.access.as_mut(), guard.peer.as_deref()) {
-        let took = Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
-        let head: &[u8] = if unanswered { &guard.head } else { b"" };
-        log.line(peer, ended(outcome, unanswered), took, (received, sent), head);
+    let Some(peer) = guard.peer.as_ref() else {
+        return;
+    };
+    let took = Duration::from_nanos(now.saturating_sub(started));
+    let outcome = ended(outcome, unanswered);
+    if unanswered {
+        guard
+            .ledger
+            .request_unanswered(peer, outcome, took, (received, sent));
+    } else {
+        guard.ledger.connection_end(peer, outcome, took, (received, sent));
     }
 }
 
@@ -514,7 +344,7 @@ fn account<T>(
 /// `closed` when the client left, an I/O error ended it or the handler panicked; otherwise
 /// `ok` for a connection, and `error` for a request (the request loop answered it with the
 /// codec's error reply).
-fn ended<T>(outcome: &std::thread::Result<io::Result<T>>, unanswered: bool) -> Outcome {
+fn ended<T>(outcome: &Result<io::Result<T>, Panicked>, unanswered: bool) -> Outcome {
     match outcome {
         Ok(Ok(_)) if unanswered => Outcome::Error,
         Ok(Ok(_)) => Outcome::Ok,
@@ -636,17 +466,11 @@ fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
 /// The one rejection path, as the blocking driver takes it: the ledger's accounting (the
 /// kind's counter, its line once per episode), then the close (for a client over the cap,
 /// after the codec's refusal).
-fn reject<C: Connections>(
-    rejections: &mut Rejections,
-    why: Rejection,
-    client: &mut Client,
-    slot: &Slot,
-    handler: &mut C,
-) {
+fn reject<C: Connections>(ledger: &mut Ledger<'_>, why: Rejection, client: &mut Client, level: &mut C) {
     let over_cap = matches!(why, Rejection::OverCap { .. });
-    rejections.note(why, &client.peer_addr(), slot);
+    ledger.reject(why, &client.peer_addr());
     if over_cap {
-        handler.refuse(client, "too many connections from your address");
+        level.refuse(client, "too many connections from your address");
     } else {
         // Closed at once, before any handler code.
         let _ = client.close();
@@ -661,13 +485,12 @@ mod tests {
     /// for requests cut short alike.
     #[test]
     fn the_access_logs_outcome_follows_one_rule_set() {
-        let timed_out = || -> std::thread::Result<io::Result<()>> {
-            Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")))
-        };
-        let reset = || -> std::thread::Result<io::Result<()>> {
+        let timed_out =
+            || -> Result<io::Result<()>, Panicked> { Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t"))) };
+        let reset = || -> Result<io::Result<()>, Panicked> {
             Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)))
         };
-        let panicked = || -> std::thread::Result<io::Result<()>> { Err(Box::new("boom")) };
+        let panicked = || -> Result<io::Result<()>, Panicked> { Err(Panicked("boom".into())) };
         for unanswered in [false, true] {
             assert_eq!(ended(&timed_out(), unanswered), Outcome::Timeout);
             assert_eq!(ended(&reset(), unanswered), Outcome::Closed);

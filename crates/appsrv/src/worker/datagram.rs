@@ -37,7 +37,6 @@
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use crate::conn::datagram::Datagram;
@@ -45,10 +44,11 @@ use crate::error::BoxError;
 use crate::handler::DatagramHandler;
 use crate::net::listener::{Addr, Listener};
 use crate::scoreboard::{Board, DatagramCounts, Slot};
+use crate::sys;
 use crate::sys::dgram::{Batch, Source};
-use crate::sys::{self, exit};
 
-use super::access::{AccessLog, Outcome};
+use super::access::Outcome;
+use super::ledger::{Ledger, OncePerMinute, Panicked, contain};
 
 /// Slots of a worker's batch: datagrams taken by one `recvmmsg`.
 pub(crate) const BATCH: usize = 32;
@@ -116,8 +116,8 @@ pub(crate) struct Side<'a> {
     limited: u64,
     /// When the last refused send, and the last failed receive, were logged (one line per
     /// minute at most each).
-    send_trouble: Option<Instant>,
-    recv_trouble: Option<Instant>,
+    send_trouble: OncePerMinute,
+    recv_trouble: OncePerMinute,
 }
 
 impl std::fmt::Debug for Side<'_> {
@@ -148,8 +148,8 @@ impl<'a> Side<'a> {
             published: DatagramCounts::default(),
             seen: 0,
             limited: 0,
-            send_trouble: None,
-            recv_trouble: None,
+            send_trouble: OncePerMinute::default(),
+            recv_trouble: OncePerMinute::default(),
         }
     }
 
@@ -180,7 +180,7 @@ impl<'a> Side<'a> {
 
     /// Reads and answers what `listener` holds (up to [`BATCHES_PER_TURN`] batches);
     /// returns how many datagrams were passed to the handler (for recycling by requests).
-    pub(crate) fn readable(&mut self, listener: &Listener, access: &mut Option<AccessLog>) -> u64 {
+    pub(crate) fn readable(&mut self, listener: &Listener, ledger: &mut Ledger<'_>) -> u64 {
         let mut handled = 0;
         for _ in 0..BATCHES_PER_TURN {
             let n = match self
@@ -189,7 +189,7 @@ impl<'a> Side<'a> {
             {
                 Ok(n) => n,
                 Err(e) => {
-                    if once_a_minute(&mut self.recv_trouble) {
+                    if self.recv_trouble.due(Instant::now()).is_some() {
                         tracing::warn!("receiving on {}: {e} (logged once a minute)", listener.label());
                     }
                     break;
@@ -199,7 +199,7 @@ impl<'a> Side<'a> {
                 break;
             }
             for i in 0..n {
-                if self.one(listener, i, access) {
+                if self.one(listener, i, ledger) {
                     handled += 1;
                 }
             }
@@ -208,7 +208,7 @@ impl<'a> Side<'a> {
             self.counts.bytes_out += sent.bytes;
             if sent.failed > 0 {
                 self.counts.send_failed += sent.failed;
-                if once_a_minute(&mut self.send_trouble) {
+                if self.send_trouble.due(Instant::now()).is_some() {
                     tracing::warn!(
                         "{}: {} answers refused by the kernel ({}); counted in appsrv_datagrams_dropped_total{{reason=\"send\"}} (logged once a minute)",
                         listener.label(),
@@ -227,11 +227,11 @@ impl<'a> Side<'a> {
     /// At a stop: reads and answers what `listener` holds until a receive finds less than a
     /// full turn's worth, or at most [`STOP_DRAIN_TURNS`] turns (a flood that never pauses
     /// must not hold a stopping worker).
-    pub(crate) fn drain(&mut self, listener: &Listener, access: &mut Option<AccessLog>) -> u64 {
+    pub(crate) fn drain(&mut self, listener: &Listener, ledger: &mut Ledger<'_>) -> u64 {
         let mut handled = 0;
         for _ in 0..STOP_DRAIN_TURNS {
             let before = self.counts.received;
-            handled += self.readable(listener, access);
+            handled += self.readable(listener, ledger);
             if self.counts.received - before < (BATCHES_PER_TURN * self.batch.capacity()) as u64 {
                 break;
             }
@@ -241,7 +241,7 @@ impl<'a> Side<'a> {
 
     /// Datagram `i` of the batch: checks, then the handler. Returns whether the handler
     /// (or its slip) was called.
-    fn one(&mut self, listener: &Listener, i: usize, access: &mut Option<AccessLog>) -> bool {
+    fn one(&mut self, listener: &Listener, i: usize, ledger: &mut Ledger<'_>) -> bool {
         let (received, answer) = self.batch.slot(i);
         let Some(peer) = checked_sender(&mut self.counts, self.settings.max_size, listener, &received) else {
             return false;
@@ -263,7 +263,7 @@ impl<'a> Side<'a> {
         // One clock read serves the answer rate and the request timeout; the access log's
         // duration is only timed when there is a log.
         let now = crate::scoreboard::now_ns();
-        let started = access.is_some().then(Instant::now);
+        let started = ledger.logs_access().then(Instant::now);
         let limit = self.settings.max_answers_per_ip;
         let over = limit > 0
             && peer.ip().is_some_and(|ip| {
@@ -286,7 +286,14 @@ impl<'a> Side<'a> {
             limited: &mut self.limited,
             slip: self.settings.slip,
         };
-        let (outcome, called) = call(handler.as_mut(), tally, over, &datagram, answer);
+        let (outcome, called) = match call(handler.as_mut(), tally, over, &datagram, answer) {
+            Ok(done) => done,
+            Err(panic) => sys::exit_now(ledger.panicked(
+                format_args!("datagram handler panicked on a datagram from {peer}"),
+                &panic,
+                "this worker exits and is replaced",
+            )),
+        };
         self.slot.handler_done(0, false);
         if !answer.is_empty() && matches!(peer, Addr::Unix(None)) {
             // An unbound Unix datagram sender has no address to answer to.
@@ -298,12 +305,12 @@ impl<'a> Side<'a> {
         // counting it would skew the sample (with a sample of 2 and every other datagram
         // denied, every answered one would be logged, or none).
         self.seen += 1;
-        if let Some(log) = access.as_mut() {
+        if let Some(log) = ledger.access() {
             let sample = u64::from(self.settings.access_sample.max(1));
             if self.seen % sample == 0 {
                 let took = started.map_or(Duration::ZERO, |t| t.elapsed());
                 log.line(
-                    &peer.to_string(),
+                    &peer,
                     outcome,
                     took,
                     (received.data.len() as u64, answer.len() as u64),
@@ -355,7 +362,8 @@ struct Tally<'a> {
     slip: u32,
 }
 
-/// The handler's part of a datagram: its call, with a panic contained; for a sender `over`
+/// The handler's part of a datagram: its call, with a panic contained (`Err`, for the
+/// ledger's line and the worker's exit); for a sender `over`
 /// its answer rate, the handler's `slip` every `--answers-slip`th datagram and nothing
 /// otherwise. An error clears the answer (nothing is sent). Returns the outcome for the
 /// access log and whether the handler (or its slip) was called.
@@ -365,55 +373,26 @@ fn call(
     over: bool,
     datagram: &Datagram<'_>,
     answer: &mut Vec<u8>,
-) -> (Outcome, bool) {
+) -> Result<(Outcome, bool), Panicked> {
     let peer = datagram.peer;
     if over {
         tally.counts.rate_limited += 1;
         *tally.limited += 1;
         if tally.slip > 0 && *tally.limited % u64::from(tally.slip) == 0 {
-            let _ = guarded(peer, || {
-                handler.slip(datagram, answer);
-                Ok(())
-            });
-            (Outcome::Slipped, true)
+            contain(|| handler.slip(datagram, answer))?;
+            Ok((Outcome::Slipped, true))
         } else {
-            (Outcome::Limited, false)
+            Ok((Outcome::Limited, false))
         }
     } else {
-        match guarded(peer, || handler.handle_datagram(datagram, answer)) {
-            Ok(()) => (Outcome::Ok, true),
+        match contain(|| handler.handle_datagram(datagram, answer))? {
+            Ok(()) => Ok((Outcome::Ok, true)),
             Err(e) => {
                 answer.clear();
                 tally.counts.errors += 1;
                 tracing::debug!("datagram from {peer}: {e}; not answered");
-                (Outcome::Error, true)
+                Ok((Outcome::Error, true))
             }
-        }
-    }
-}
-
-/// Whether a trouble last logged at `last` may be logged again (a minute later), marking
-/// it logged now if so.
-fn once_a_minute(last: &mut Option<Instant>) -> bool {
-    let now = Instant::now();
-    let due = last.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60));
-    if due {
-        *last = Some(now);
-    }
-    due
-}
-
-/// Runs a handler call; a panic is logged with the sender and ends the worker, which the
-/// master replaces (the state of a handler that panicked cannot be trusted).
-fn guarded(peer: &Addr, call: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
-    match panic::catch_unwind(AssertUnwindSafe(call)) {
-        Ok(r) => r,
-        Err(payload) => {
-            tracing::error!(
-                "datagram handler panicked on a datagram from {peer}: {}; this worker exits and is replaced",
-                super::ledger::panic_message(&payload)
-            );
-            sys::exit_now(exit::PANIC)
         }
     }
 }

@@ -60,9 +60,8 @@
 use std::io::Read;
 use std::io::{self, IoSlice};
 use std::net::IpAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
-use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -74,7 +73,7 @@ use crate::codec::FileBody;
 use crate::conn::buffers::{BUFFER_SIZE, Buffers};
 use crate::conn::context::{Conn as HandlerConn, ConnInfo};
 use crate::conn::send_watch::{SEND_CHECK, SendWatch};
-use crate::conn::step::{self, Next, Requests, Wait};
+use crate::conn::step::{self, Gathered, Next, Requests, Wait};
 use crate::conn::transport::Transport;
 use crate::handler::RequestHandler;
 use crate::net::listener::{Addr, Listener};
@@ -83,12 +82,14 @@ use crate::peer_counts::PeerCounts;
 use crate::scoreboard::{Board, ConnCounts, Slot, State};
 use crate::sys::{self, exit};
 
-use super::access::{AccessLog, Outcome};
+use super::ConnLimits;
+use super::Setup;
+use super::access::Outcome;
 use super::admission::{self, Admission, Rejection, Rules, Seat};
-use super::ledger::{RESOURCE_BACKOFF, Rejections, Trouble, log_connection_error, panic_message};
+use super::driver::{Driver, Extras, Shared, accepts_on};
+use super::ledger::{Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
-use super::serve::{Bound, Boundary, Context, Limits, RequestDriver};
-use super::{ConnLimits, Recycle};
+use super::serve::{Bound, Boundary, Connections, Context, Limits, RequestDriver};
 
 /// A worker re-registers its listeners after this many accepts (see the module's notes).
 pub(crate) const REQUEUE_EVERY: u32 = 32;
@@ -113,9 +114,6 @@ const TRIM_ABOVE: usize = 4 << 20;
 /// starting a large request. A larger one is paused: it is well into its request, and
 /// resumes when the budget has room (or its deadline cuts it).
 const SHED_BELOW: usize = crate::conn::buffers::BUFFER_SIZE;
-/// How long a slow handler call's log line covers: one line per episode, the calls
-/// within it counted.
-const SLOW_EPISODE: Duration = Duration::from_secs(60);
 /// How often a loop that never sleeps looks for pending signals (a stop is seen within
 /// this, under any load).
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
@@ -126,33 +124,83 @@ pub(crate) const SPARE_FDS: u64 = 64;
 /// What a front watches the channel for: connections handed back.
 const CHANNEL_IN: EpollFlags = EpollFlags::EPOLLIN.union(EpollFlags::EPOLLET);
 
-/// Everything the event loop works with, passed once.
-pub(crate) struct Worker<'a> {
-    pub(crate) id: u32,
-    pub(crate) slot: &'a Slot,
-    pub(crate) board: &'static Board,
-    pub(crate) listeners: &'a [Listener],
-    pub(crate) recycle: Recycle,
-    pub(crate) access: Option<AccessLog>,
-    pub(crate) max_per_ip: Option<usize>,
-    pub(crate) tls: &'a ForWorker,
-    pub(crate) limits: ConnLimits,
+/// The event driver (`--io event`, datagram listeners; a hybrid front is this driver with
+/// its hand-off channel, `front.rs`): its epoll instance, made before `Ready`, and its own
+/// settings.
+pub(crate) struct Event<'a> {
+    prepared: Prepared,
     /// `--worker-connections`.
-    pub(crate) max_connections: usize,
+    max_connections: usize,
     /// `--slow-request`.
-    pub(crate) slow_request: Option<Duration>,
+    slow_request: Option<Duration>,
     /// The event workers' connections by client address (`--max-conns-per-ip`).
-    pub(crate) peers: Option<&'static PeerCounts>,
-    /// Runs after a USR1: takes the files the master reopened (the log file goes over
-    /// stderr), returns the new access log if any.
-    pub(crate) reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
-    /// Asks the master for a replacement (a recycling limit is reached).
-    pub(crate) retire: &'a mut dyn FnMut(),
+    peers: Option<&'static PeerCounts>,
     /// The datagram side, when the server has a datagram handler (`Server::datagrams`).
-    pub(crate) datagrams: Option<super::datagram::Side<'a>>,
+    datagrams: Option<super::datagram::Side<'a>>,
     /// Hybrid mode: this loop is a front, which hands complete requests to the workers
     /// over the channel whose end this is.
-    pub(crate) front: Option<std::os::fd::BorrowedFd<'a>>,
+    front: Option<BorrowedFd<'a>>,
+}
+
+impl std::fmt::Debug for Event<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("max_connections", &self.max_connections)
+            .field("front", &self.front.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Event<'a> {
+    /// The driver for the listeners this process accepts on; `front`: a hybrid front's end
+    /// of the hand-off channel.
+    pub(crate) fn new(
+        setup: &Setup<'a>,
+        slot: &'static Slot,
+        extras: Extras<'a>,
+        front: Option<BorrowedFd<'a>>,
+    ) -> Result<Self, String> {
+        let prepared = prepare(setup.listeners, &|i| accepts_on(setup, i), front)?;
+        let datagrams = extras
+            .datagrams
+            .map(|h| super::datagram::Side::new(h, setup.datagram, setup.id, slot, setup.board));
+        Ok(Event {
+            prepared,
+            max_connections: setup.worker_connections,
+            slow_request: setup.slow_request,
+            peers: setup.peers,
+            datagrams,
+            front,
+        })
+    }
+}
+
+impl<'a> Driver<'a> for Event<'a> {
+    fn prepare(setup: &Setup<'a>, slot: &'static Slot, extras: Extras<'a>) -> Result<Self, String> {
+        Event::new(setup, slot, extras, None)
+    }
+
+    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+        level
+            .drive_requests(Run { driver: self, shared })
+            .unwrap_or_else(|| {
+                tracing::error!("handle_client servers are blocking only (--io blocking)");
+                exit::START_FAILED
+            })
+    }
+}
+
+/// The event loop as the request level's [`RequestDriver`]: the level hands it the user's
+/// handler and the step's limits.
+struct Run<'a> {
+    driver: Event<'a>,
+    shared: Shared<'a>,
+}
+
+impl RequestDriver for Run<'_> {
+    fn drive<H: RequestHandler>(self, handler: &mut H, limits: Limits) -> i32 {
+        serve(self.driver, self.shared, handler, limits)
+    }
 }
 
 /// The epoll instance and the listeners' registrations, made before the worker says it is
@@ -310,17 +358,13 @@ impl Seat for EventSeat {
 }
 
 /// The worker's side of a connection's step, for one pass.
-struct Turn<'t> {
-    slot: &'t Slot,
+struct Turn<'t, 'l> {
+    ledger: &'t mut Ledger<'l>,
     stopping: bool,
-    retiring: bool,
     peer: &'t Addr,
     request: &'t mut Option<Instant>,
-    head: &'t mut Head,
     /// The turn's clock.
     now: Instant,
-    access: Option<&'t mut AccessLog>,
-    requests: &'t mut u64,
     slow: &'t mut Slow,
     /// The clock at the start and at the end of the handler call (two reads per request;
     /// the request's duration ends at the second).
@@ -329,27 +373,13 @@ struct Turn<'t> {
     open: usize,
 }
 
-/// The first bytes of the request in progress (for the slot, the slow-call line and the
-/// access log).
-struct Head {
-    bytes: [u8; crate::scoreboard::HEAD_BYTES],
-    len: usize,
-}
-
-impl Head {
-    fn get(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-}
-
 /// Slow handler calls: the limit, and the episode being logged.
 struct Slow {
     limit: Option<Duration>,
-    logged: Option<Instant>,
-    unlogged: u64,
+    episode: OncePerMinute,
 }
 
-impl Context for Turn<'_> {
+impl Context for Turn<'_, '_> {
     fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
         // Only a blocking driver waits at a boundary.
         Boundary::Wait
@@ -360,7 +390,7 @@ impl Context for Turn<'_> {
     }
 
     fn retiring(&mut self) -> bool {
-        self.retiring
+        self.ledger.retiring()
     }
 
     fn stopping(&mut self) -> bool {
@@ -370,7 +400,7 @@ impl Context for Turn<'_> {
     fn state(&mut self, state: State) {
         match state {
             State::Handling => {
-                self.slot.handler_call(self.peer, self.head.get());
+                self.ledger.slot().handler_call(self.peer, self.ledger.head());
                 self.handler_started = Some(Instant::now());
             }
             State::Writing => {
@@ -379,7 +409,7 @@ impl Context for Turn<'_> {
                     self.handler_ended = Some(ended);
                     let took = ended.saturating_duration_since(started);
                     if self.slow.limit.is_some_and(|l| took > l) {
-                        self.slow_call(took);
+                        self.slow_call(took, ended);
                     }
                 }
             }
@@ -389,13 +419,11 @@ impl Context for Turn<'_> {
 
     fn request_start(&mut self, head: &[u8]) {
         *self.request = Some(self.now);
-        self.request_head(head);
+        self.ledger.request_head(head);
     }
 
     fn request_head(&mut self, head: &[u8]) {
-        let n = head.len().min(self.head.bytes.len());
-        self.head.bytes[..n].copy_from_slice(&head[..n]);
-        self.head.len = n;
+        self.ledger.request_head(head);
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
@@ -404,34 +432,23 @@ impl Context for Turn<'_> {
         };
         let ended = self.handler_ended.take().unwrap_or_else(Instant::now);
         let took = ended.saturating_duration_since(started);
-        self.slot.handler_done(took.as_micros() as u64, true);
-        *self.requests += 1;
-        if let Some(log) = self.access.as_deref_mut() {
-            let outcome = if ok { Outcome::Ok } else { Outcome::Error };
-            log.line(&self.peer.to_string(), outcome, took, bytes, self.head.get());
-        }
+        self.ledger.slot().handler_done(0, false);
+        self.ledger.request_end(self.peer, took, bytes, ok);
     }
 }
 
-impl Turn<'_> {
-    fn slow_call(&mut self, took: Duration) {
-        self.slot.slow_call();
-        let now = Instant::now();
-        if self
-            .slow
-            .logged
-            .is_some_and(|t| now.duration_since(t) < SLOW_EPISODE)
-        {
-            self.slow.unlogged += 1;
+impl Turn<'_, '_> {
+    fn slow_call(&mut self, took: Duration, now: Instant) {
+        self.ledger.slot().slow_call();
+        let Some(more) = self.slow.episode.due(now) else {
             return;
-        }
-        let more = std::mem::take(&mut self.slow.unlogged);
+        };
         tracing::warn!(
             "a handler call for {} took {} ms (--slow-request {} ms), request {:?}: it held up this worker's {} other connections{}; a handler that blocks belongs in --io blocking",
             self.peer,
             took.as_millis(),
             self.slow.limit.unwrap_or_default().as_millis(),
-            String::from_utf8_lossy(self.head.get()),
+            String::from_utf8_lossy(self.ledger.head()),
             self.open.saturating_sub(1),
             if more > 0 {
                 format!(" ({more} more slow calls in the last minute)")
@@ -439,7 +456,6 @@ impl Turn<'_> {
                 String::new()
             }
         );
-        self.slow.logged = Some(now);
     }
 }
 
@@ -467,7 +483,6 @@ struct Loop<'a, H: RequestHandler> {
     step_limits: Limits,
     max_per_ip: Option<usize>,
     max_connections: usize,
-    recycle: Recycle,
     /// The connections, by token (see reactor.rs).
     conns: Slab<Connection<'a, H>>,
     counts: ConnCounts,
@@ -482,17 +497,13 @@ struct Loop<'a, H: RequestHandler> {
     resume_at: Option<Instant>,
     since_requeue: u32,
     accept_trouble: Trouble,
-    connections: u64,
-    requests: u64,
-    head: Head,
+    /// Connections accepted so far (each one's number, [`Conn::id`](crate::Conn::id)).
+    accepted: u64,
     slow: Slow,
-    access: Option<AccessLog>,
-    rejections: Rejections,
+    /// The accounts (requests, rejections, the recycling limit, the access log).
+    ledger: Ledger<'a>,
     peers: Option<&'static PeerCounts>,
     board: &'static Board,
-    reopen_log: &'a mut dyn FnMut() -> Option<std::fs::File>,
-    retire: &'a mut dyn FnMut(),
-    retire_sent: bool,
     datagrams: Option<super::datagram::Side<'a>>,
     /// When a busy loop next looks for pending signals.
     signals_due: Instant,
@@ -515,32 +526,17 @@ struct Loop<'a, H: RequestHandler> {
     trimmed_at: Instant,
 }
 
-/// The event loop as a [`RequestDriver`]: what it works with and its epoll instance, made
-/// before `Ready`; the request level hands it the user's handler.
-pub(crate) struct Driver<'a> {
-    pub(crate) worker: Worker<'a>,
-    pub(crate) prepared: Prepared,
-}
-
-impl RequestDriver for Driver<'_> {
-    fn drive<H: RequestHandler>(self, handler: &mut H, limits: Limits) -> i32 {
-        serve(self.worker, self.prepared, handler, limits)
-    }
-}
-
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
 fn serve<H: RequestHandler>(
-    worker: Worker<'_>,
-    prepared: Prepared,
+    driver: Event<'_>,
+    shared: Shared<'_>,
     handler: &mut H,
     step_limits: Limits,
 ) -> i32 {
-    let mut lp = Loop::<H>::new(worker, prepared, step_limits);
+    let mut lp = Loop::<H>::new(driver, shared, step_limits);
     let mut events = vec![EpollEvent::empty(); EVENTS];
     loop {
-        if let Some(log) = lp.access.as_mut() {
-            log.flush();
-        }
+        lp.ledger.flush();
         lp.publish();
         if lp.stopping && lp.conns.is_empty() {
             if let Some(front) = lp.front.as_mut() {
@@ -553,11 +549,8 @@ fn serve<H: RequestHandler>(
         if lp.stopping && lp.conns.is_empty() && lp.front.as_ref().is_none_or(|f| f.idle()) {
             tracing::debug!("no connection left");
             if let Some(d) = lp.datagrams.as_mut() {
-                if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| d.on_worker_exit())) {
-                    tracing::error!(
-                        "the datagram handler's on_worker_exit panicked: {}",
-                        panic_message(&p)
-                    );
+                if let Err(p) = contain(|| d.on_worker_exit()) {
+                    tracing::error!("the datagram handler's on_worker_exit panicked: {}", p.0);
                 }
             }
             return exit::OK;
@@ -577,25 +570,25 @@ fn serve<H: RequestHandler>(
 }
 
 impl<'a, H: RequestHandler> Loop<'a, H> {
-    fn new(worker: Worker<'a>, prepared: Prepared, step_limits: Limits) -> Self {
-        let Worker {
-            id,
-            slot,
-            board,
-            listeners,
-            recycle,
-            access,
-            max_per_ip,
-            tls,
-            limits,
+    fn new(driver: Event<'a>, shared: Shared<'a>, step_limits: Limits) -> Self {
+        let Event {
+            prepared,
             max_connections,
             slow_request,
             peers,
-            reopen_log,
-            retire,
             datagrams,
             front,
-        } = worker;
+        } = driver;
+        let Shared {
+            id,
+            board,
+            slot,
+            listeners,
+            tls,
+            limits,
+            max_per_ip,
+            ledger,
+        } = shared;
         slot.set_event();
         let front = front.map(|fd| super::front::Front::new(fd, id, board, peers));
         board.set_state(id, State::Reading);
@@ -610,7 +603,6 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             step_limits,
             max_per_ip,
             max_connections: max_connections.max(1),
-            recycle,
             conns: Slab::new(),
             counts: ConnCounts::default(),
             published: ConnCounts::default(),
@@ -624,24 +616,14 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             resume_at: None,
             since_requeue: 0,
             accept_trouble: Trouble::default(),
-            connections: 0,
-            requests: 0,
-            head: Head {
-                bytes: [0; crate::scoreboard::HEAD_BYTES],
-                len: 0,
-            },
+            accepted: 0,
             slow: Slow {
                 limit: slow_request,
-                logged: None,
-                unlogged: 0,
+                episode: OncePerMinute::default(),
             },
-            access,
-            rejections: Rejections::default(),
+            ledger,
             peers,
             board,
-            reopen_log,
-            retire,
-            retire_sent: false,
             datagrams,
             signals_due: Instant::now() + SIGNAL_CHECK,
             front,
@@ -674,9 +656,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             front.settle();
         }
         if sys::take_reopen_request() {
-            if let (Some(file), Some(log)) = ((self.reopen_log)(), self.access.as_mut()) {
-                log.replace(file);
-            }
+            self.ledger.reopen();
         }
         // The ready list as it stands: connections queued during this turn wait for the
         // next one.
@@ -706,20 +686,11 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         self.resume_paused();
         self.trim();
         self.resume_accepting();
-        if !self.retire_sent && self.limit_reached() {
-            tracing::info!("reached its recycling limit; asking the master for a replacement");
-            (self.retire)();
-            self.retire_sent = true;
-        }
+        self.ledger.check_recycle();
     }
 }
 
 impl<'a, H: RequestHandler> Loop<'a, H> {
-    fn limit_reached(&self) -> bool {
-        (self.recycle.max_connections > 0 && self.connections >= self.recycle.max_connections)
-            || (self.recycle.max_requests > 0 && self.requests >= self.recycle.max_requests)
-    }
-
     /// Whether the connections' buffers hold the budget of `--max-buffered-bytes`.
     fn over_budget(&self) -> bool {
         self.limits.max_buffered > 0 && self.held_total() >= self.limits.max_buffered
@@ -803,7 +774,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         let Some(side) = self.datagrams.as_mut() else {
             return;
         };
-        self.requests += side.readable(&self.listeners[index], &mut self.access);
+        let n = side.readable(&self.listeners[index], &mut self.ledger);
+        self.ledger.datagrams_answered(n);
     }
 
     /// Publishes the counts on the scoreboard when they changed (a few stores per turn).
@@ -835,7 +807,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         // what comes later: see datagram.rs).
         if let Some(side) = self.datagrams.as_mut() {
             for l in self.listeners.iter().filter(|l| l.is_datagram()) {
-                self.requests += side.drain(l, &mut self.access);
+                let n = side.drain(l, &mut self.ledger);
+                self.ledger.datagrams_answered(n);
                 let _ = self.epoll.delete(l.socket().as_fd());
             }
         }
@@ -1030,7 +1003,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         returned: Option<Back<'_>>,
     ) {
         if returned.is_none() {
-            self.connections += 1;
+            self.accepted += 1;
             self.slot.accepted();
         }
         let rules = Rules {
@@ -1048,7 +1021,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         let mut c = Connection {
             transport: Transport::new(socket),
             peer: peer.clone(),
-            id: self.connections,
+            id: self.accepted,
             listener: listener as u32,
             registered: false,
             admission: None,
@@ -1088,6 +1061,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             c.bufs = Some(Box::new(bufs));
             c.pending = Pending::Advance;
         } else if returned.is_some() || rules.open_to(&peer) {
+            if returned.is_none() {
+                self.ledger.connection();
+            }
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
             if let Next::Read { timeout, .. } = first {
@@ -1166,20 +1142,17 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 Some(b) => b,
                 None => &mut shared,
             };
-            let r = panic::catch_unwind(AssertUnwindSafe(|| self.drive(&mut c, bufs, handler)));
-            match r {
+            match contain(|| self.drive(&mut c, bufs, handler)) {
                 Ok(pass) => pass,
-                Err(payload) => {
-                    tracing::error!(
-                        "handler panicked while serving {}: {}; connection closed, this worker exits and is replaced (closing its {} other connections)",
-                        c.peer,
-                        panic_message(&payload),
-                        self.conns.len().saturating_sub(1)
-                    );
-                    if let Some(log) = self.access.as_mut() {
-                        log.flush();
-                    }
-                    sys::exit_now(exit::PANIC);
+                Err(panic) => {
+                    let others = self.conns.len();
+                    sys::exit_now(self.ledger.panicked(
+                        format_args!("handler panicked while serving {}", c.peer),
+                        &panic,
+                        &format!(
+                            "connection closed, this worker exits and is replaced (closing its {others} other connections)"
+                        ),
+                    ))
                 }
             }
         };
@@ -1320,8 +1293,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let Some(started) = c.request.take() {
             // A request left unanswered when the connection ended.
             self.slot.handler_done(0, false);
-            if let Some(log) = self.access.as_mut() {
-                let took = started.elapsed();
+            if self.ledger.logs_access() {
                 // As the blocking loop records them: refused as too slow, answered with
                 // the codec's error reply, or cut by the client (or an error).
                 let outcome = match c.step.rejected() {
@@ -1329,13 +1301,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     Some(_) => Outcome::Error,
                     None => Outcome::Closed,
                 };
-                log.line(
-                    &c.peer.to_string(),
-                    outcome,
-                    took,
-                    (received, sent),
-                    self.head.get(),
-                );
+                self.ledger
+                    .request_unanswered(&c.peer, outcome, started.elapsed(), (received, sent));
             }
         }
         self.uncount_peer(&mut c);
@@ -1441,7 +1408,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                         stopping: self.stopping,
                     };
                     let next = c.step.timed_out(bufs, &mut quiet, &c.peer, self.now);
-                    self.follow(c, next);
+                    self.follow(c, Gathered::Step(next));
                     None
                 }
                 Pending::Read { wait } => self.read(c, bufs, handler, wait, &mut reads),
@@ -1547,7 +1514,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     tracing::debug!("connection from {} ended early: {e}", c.peer);
                     return Some(Pass::Closed);
                 }
-                self.follow(c, next);
+                self.follow(c, Gathered::Step(next));
                 None
             }
             Ok(n) => {
@@ -1601,7 +1568,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 &c.peer,
                 "the server holds too many unfinished requests; try again later",
             );
-            self.follow(c, next);
+            self.follow(c, Gathered::Step(next));
             return None;
         }
         if !c.paused {
@@ -1658,7 +1625,14 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     }
 
     /// Turns the step's answer into the connection's next move.
-    fn follow(&mut self, c: &mut Connection<'a, H>, next: Next) {
+    fn follow(&mut self, c: &mut Connection<'a, H>, next: Gathered) {
+        let next = match next {
+            Gathered::Whole => {
+                c.pending = Pending::Output(Then::HandOff);
+                return;
+            }
+            Gathered::Step(next) => next,
+        };
         c.pending = match next {
             Next::Read { wait, timeout, .. } => Pending::Output(Then::Read { wait, timeout }),
             Next::More => Pending::Output(Then::Yield),
@@ -1674,12 +1648,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 log_connection_error(&c.peer, &e);
                 Pending::Output(Then::Close { linger: None })
             }
-            Next::HandOff => Pending::Output(Then::HandOff),
         };
     }
 
     /// One call of the step with the handler bound to the connection.
-    fn advance(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Next {
+    /// In a front, the step only gathers the request ([`Gathered::Whole`]: hand it off).
+    fn advance(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Gathered {
         if let Some(front) = self.front.as_mut() {
             let mut quiet = Quiet {
                 stopping: self.stopping,
@@ -1689,17 +1663,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 .step
                 .complete(bufs, front.scratch(), &mut quiet, &c.peer, &mut || now);
         }
-        let retiring = self.recycle.max_requests > 0 && self.requests + 1 >= self.recycle.max_requests;
         let mut ctx = Turn {
-            slot: self.slot,
+            ledger: &mut self.ledger,
             stopping: self.stopping,
-            retiring,
             peer: &c.peer,
             request: &mut c.request,
-            head: &mut self.head,
             now: self.now,
-            access: self.access.as_mut(),
-            requests: &mut self.requests,
             slow: &mut self.slow,
             handler_started: None,
             handler_ended: None,
@@ -1715,7 +1684,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             conn: HandlerConn::new(info, &mut c.session),
         };
         let now = self.now;
-        c.step.advance(bufs, &mut bound, &mut ctx, &c.peer, &mut || now)
+        Gathered::Step(c.step.advance(bufs, &mut bound, &mut ctx, &c.peer, &mut || now))
     }
 
     /// Writes the pending output (and TLS records): `Ok(true)` when all of it went out,
@@ -1934,7 +1903,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         }
         if let Some(why) = verdict.rejected {
             let over_cap = matches!(why, Rejection::OverCap { .. });
-            self.rejections.note(why, &c.peer, self.slot);
+            self.ledger.reject(why, &c.peer);
             if over_cap {
                 c.step.refuse(bufs, "too many connections from your address");
                 bufs.discard_input();
@@ -1946,12 +1915,13 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             return Some(Pass::Closed);
         }
         tracing::debug!("serving {}", c.peer);
+        self.ledger.connection();
         if bufs.has_input() || c.transport.input_pending() {
             let next = self.advance(c, bufs, handler);
             self.follow(c, next);
         } else {
             let first = c.step.first_read();
-            self.follow(c, first);
+            self.follow(c, Gathered::Step(first));
         }
         None
     }

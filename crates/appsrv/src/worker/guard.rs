@@ -1,6 +1,8 @@
-//! The worker's side of a connection at the request level: its scoreboard slot, its
-//! request clock and access-log line, the recycling limit, and the keep-alive guard that
-//! gives up an idle keep-alive connection when clients wait and no worker is idle.
+//! The blocking driver's side of a connection at the request level: the keep-alive guard
+//! that gives up an idle keep-alive connection when clients wait and no worker is idle,
+//! and the slot's request clock (which the master's `--request-timeout` watches). The
+//! request's accounts (its count, its access-log line, the recycling limit) are the
+//! ledger's, as in every driver.
 
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
@@ -9,68 +11,44 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags};
 use socket2::Socket;
 
-use crate::net::listener::Listener;
-use crate::scoreboard::{Board, Slot, State};
+use crate::net::listener::{Addr, Listener};
+use crate::scoreboard::{Board, State};
 use crate::sys;
 
-use super::Recycle;
-use super::access::{AccessLog, Outcome};
+use super::ledger::Ledger;
 use super::serve::{Boundary, Context};
 
-/// The worker's side of a connection: the keep-alive guard, and the scoreboard slot.
+/// The worker's side of a connection in the blocking driver: the keep-alive guard, the
+/// slot's request clock, and the ledger.
 pub(crate) struct Guard<'a> {
     pub(crate) id: u32,
     pub(crate) listeners: &'a [Listener],
     pub(crate) board: &'a Board,
-    pub(crate) slot: &'a Slot,
     pub(crate) keepalive_timeout: Option<Duration>,
-    pub(crate) recycle: Recycle,
-    /// The start of the request in progress (monotonic ns), if any.
+    pub(crate) ledger: Ledger<'a>,
+    /// The start of the request in progress (monotonic ns, the slot's clock), if any.
     pub(crate) request: Option<u64>,
-    /// Requests served by this worker.
-    pub(crate) requests: u64,
-    /// The access log, when one is configured.
-    pub(crate) access: Option<AccessLog>,
-    /// The client of the connection in progress, formatted once (for the access log).
-    pub(crate) peer: Option<String>,
-    /// The first bytes of the request in progress (for the access log).
-    pub(crate) head: Vec<u8>,
+    /// The client of the connection in progress (only with an access log: for its lines).
+    pub(crate) peer: Option<Addr>,
     /// Hybrid mode: the connection was handed to this worker by a front, and goes back to
     /// one when it stays quiet (`None`: a connection the worker accepted itself, TLS).
     pub(crate) hold: Option<Hold>,
 }
 
-/// How long a hybrid worker keeps a connection after a response, for its next request,
-/// before it hands it back to a front.
-pub(crate) const HOLD_LINGER: Duration = Duration::from_millis(100);
-/// Requests a hybrid worker answers on one connection, at most, while other complete
-/// requests wait for a worker, before it hands it back (to the back of the queue).
-pub(crate) const HOLD_REQUESTS: u64 = 100;
-/// How long a hybrid worker keeps one connection, at most, while other complete requests
-/// wait for a worker: [`HOLD_REQUESTS`] of a handler that blocks 5 ms would hold it for
-/// half a second, and every waiting client behind it.
-pub(crate) const HOLD_TIME: Duration = Duration::from_millis(5);
-/// How long a hybrid worker waits for the next request of a connection it keeps while
-/// other complete requests wait. A client that talks fast (a benchmark, a pooled proxy
-/// connection) sends it within microseconds of the response; one that does not goes back
-/// to a front, and the worker takes a waiting request.
-pub(crate) const HOLD_NEXT: Duration = Duration::from_millis(2);
-
-/// How long a hybrid worker waits, at most, for the rest of a request it began to read on
-/// a connection a front handed it (a request pipelined behind the one handed off, or sent
-/// during the hold), before it hands the connection back with what came; the front
-/// gathers the rest and hands the whole request off again. A client that talks fast (a
-/// pipelining one, a request in two segments) sends the rest within microseconds; a slow
-/// one costs the worker this long per request answered, never its own pace.
-pub(crate) const HOLD_PARTIAL: Duration = Duration::from_millis(10);
-
-/// A connection a front handed to this worker.
+/// A connection this worker holds for others: in hybrid mode, a front handed it over and
+/// takes it back when it stays quiet. The guard keeps the data; the policy is the hybrid
+/// driver's (`hybrid.rs`), which sets it, so that the guard names no driver.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Hold {
     /// The worker's request count when it took the connection.
     pub(crate) since: u64,
     /// When it took it.
     pub(crate) at: Instant,
+    /// How long the rest of a request begun on it may take to arrive before the
+    /// connection goes back with what came ([`Context::partial_wait`]).
+    pub(crate) partial: Duration,
+    /// What to do at a boundary between two of its requests.
+    pub(crate) boundary: fn(&mut Guard<'_>, Hold) -> Boundary,
 }
 
 impl Guard<'_> {
@@ -98,11 +76,12 @@ impl Context for Guard<'_> {
     /// does not come whole within [`HOLD_PARTIAL`], while fronts take connections back (at
     /// a stop none does: the worker keeps it, as in blocking mode).
     fn partial_wait(&mut self) -> Option<Duration> {
-        (self.hold.is_some() && self.board.fronts_receiving()).then_some(HOLD_PARTIAL)
+        let hold = self.hold?;
+        self.board.fronts_receiving().then_some(hold.partial)
     }
 
     fn retiring(&mut self) -> bool {
-        self.recycle.max_requests > 0 && self.requests + 1 >= self.recycle.max_requests
+        self.ledger.retiring()
     }
 
     fn state(&mut self, state: State) {
@@ -110,25 +89,22 @@ impl Context for Guard<'_> {
     }
 
     fn request_start(&mut self, head: &[u8]) {
-        self.request = Some(self.slot.request_start(head));
-        self.keep_head(head);
+        self.request = Some(self.ledger.slot().request_start(head));
+        self.ledger.request_head(head);
     }
 
     fn request_head(&mut self, head: &[u8]) {
-        self.slot.store_head(head);
-        self.keep_head(head);
+        self.ledger.slot().store_head(head);
+        self.ledger.request_head(head);
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         if let Some(started) = self.request.take() {
-            self.slot.request_end(started, true);
-            self.requests += 1;
-            if let (Some(log), Some(peer)) = (self.access.as_mut(), self.peer.as_ref()) {
-                let took =
-                    std::time::Duration::from_nanos(crate::scoreboard::now_ns().saturating_sub(started));
-                let outcome = if ok { Outcome::Ok } else { Outcome::Error };
-                log.line(peer, outcome, took, bytes, &self.head);
-            }
+            let now = crate::scoreboard::now_ns();
+            self.ledger.slot().request_stop(now);
+            let took = Duration::from_nanos(now.saturating_sub(started));
+            let peer = self.peer.as_ref().unwrap_or(&Addr::Unix(None));
+            self.ledger.request_end(peer, took, bytes, ok);
         }
     }
 
@@ -151,13 +127,13 @@ impl Context for Guard<'_> {
             // With no front to take it (all are stopping: the server stops), the
             // connection stays here, as in blocking mode.
             if self.board.fronts_receiving() {
-                return self.hybrid_boundary(hold);
+                return (hold.boundary)(self, hold);
             }
         }
         // The mark comes before the flag is read: a worker the master finds unmarked has
         // not looked yet. (A wake-up that lands between the look and the read is lost:
         // the master wakes the marked workers again at each look while clients wait.)
-        self.slot.keepalive_wait();
+        self.ledger.slot().keepalive_wait();
         if !self.board.clients_queued() {
             return Boundary::Wait;
         }
@@ -181,64 +157,5 @@ impl Context for Guard<'_> {
         } else {
             Boundary::Wait
         }
-    }
-}
-
-impl Guard<'_> {
-    /// Hybrid mode, between two requests of a connection a front handed over: keep it
-    /// while its next request comes within [`HOLD_LINGER`] (the driver's read waits that
-    /// long: no system call here), then hand it back. While other complete requests wait
-    /// and no worker is idle, the worker keeps the connection only while its next request
-    /// comes within [`HOLD_NEXT`], for at most [`HOLD_REQUESTS`] requests and
-    /// [`HOLD_TIME`], then takes the waiting ones. Handing back a connection whose next
-    /// request was a few microseconds away (a zero-timeout look for it) cost two hand-offs
-    /// per request: 34,000 requests/s instead of 47,000 at c = 32 … 256 on 8 workers
-    /// (BENCHMARKS.md, "Hybrid mode"). A stop hands the connection back at once: the
-    /// fronts of the next generation take it (a reload loses no connection).
-    ///
-    /// A request handed off while every worker lingers does not wait for a linger to end:
-    /// the front wakes one lingering worker ([`Board::wake_lingering`], the mark set here)
-    /// with a signal, which interrupts its read; the worker asks again and hands its quiet
-    /// connection back. Watching the channel beside the connection instead would cost a
-    /// `poll` per request kept. At `--max-requests` the connection goes back too.
-    fn hybrid_boundary(&mut self, hold: Hold) -> Boundary {
-        if sys::stop_requested() {
-            return Boundary::HandBack;
-        }
-        if self.limit_reached() {
-            // --max-requests: back to the front, so that the worker retires now and the
-            // connection goes on with another (a client that never pauses would keep it).
-            return Boundary::HandBack;
-        }
-        // The mark comes before the look at the requests waiting (and a fence between,
-        // paired with the front's): a front that hands off a request sees the mark and
-        // wakes this worker out of its linger, or this sees the request.
-        self.slot.keepalive_wait();
-        self.slot.linger_wait();
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        if !(self.board.requests_waiting() && self.board.idle() == 0) {
-            return Boundary::Linger(self.keepalive_timeout.map_or(HOLD_LINGER, |t| t.min(HOLD_LINGER)));
-        }
-        if self.requests.saturating_sub(hold.since) >= HOLD_REQUESTS || hold.at.elapsed() >= HOLD_TIME {
-            return Boundary::HandBack;
-        }
-        // A short wait, for a client that talks fast: no front wakes the worker out of
-        // it (the next request is the one it waits for).
-        self.slot.linger_end();
-        Boundary::Linger(HOLD_NEXT)
-    }
-
-    /// Keeps the request's first bytes for its access-log line (only with a log).
-    fn keep_head(&mut self, head: &[u8]) {
-        if self.access.is_some() {
-            self.head.clear();
-            self.head.extend_from_slice(head);
-        }
-    }
-
-    pub(crate) fn limit_reached(&self) -> bool {
-        let (connections, requests) = self.slot.served();
-        (self.recycle.max_connections > 0 && connections >= self.recycle.max_connections)
-            || (self.recycle.max_requests > 0 && requests >= self.recycle.max_requests)
     }
 }

@@ -1,33 +1,286 @@
 //! The accounting and logging every driver shares.
 //!
-//! Each I/O model (the blocking loop, the event loop, a hybrid front, the datagram side)
-//! is a driver of its own, but what a connection's end, a rejection or a panic leaves in
-//! the scoreboard and in the log must not depend on which one served it. What was written
-//! once per driver lives here, once, so that no driver names another:
+//! Each I/O model (the blocking loop, the event loop, a hybrid front, a hybrid worker, the
+//! datagram side) is a driver of its own, but what a request, a connection's end, a
+//! rejection or a panic leaves in the scoreboard and in the logs must not depend on which
+//! one served it. What was written once per driver lives here, once, so that no driver
+//! names another:
 //!
+//! - the [`Ledger`]: request accounting (the request's first bytes, its count on the slot,
+//!   its access-log line with its outcome), the line of a request or a connection that
+//!   ended unanswered, the recycling limit read from one count ([`Recycle`]), the
+//!   master's replacement asked once, the access log's reopening, and panic containment's
+//!   log line and exit status ([`Ledger::panicked`]);
 //! - the one rejection path's accounting: the kind's scoreboard counter and its log line
 //!   once per episode ([`Rejections`]); the close is the driver's own (its sockets differ);
 //! - how a connection's end by an error is logged ([`log_connection_error`]);
 //! - how long a driver pauses accepting when the process or the system is out of
 //!   descriptors or memory ([`RESOURCE_BACKOFF`]), and that episode's log lines
 //!   ([`Trouble`]);
-//! - panic containment's message: the panic hook ([`record_panic`]) keeps the message and
-//!   location for whoever catches the panic ([`panic_message`]), which logs one line with
-//!   its context.
+//! - one log line a minute for a trouble that repeats ([`OncePerMinute`]);
+//! - panic containment: the panic hook ([`record_panic`]) keeps the message and location
+//!   for whoever catches the panic ([`contain`], [`panic_message`]), which logs one line
+//!   with its context.
+//!
+//! What stays with each driver is what its mechanics differ in: how the slot's request
+//! clock runs (per request in the blocking loop, where the master's `--request-timeout`
+//! watches it; per turn and per handler call in the event loop), and how an unanswered
+//! request's outcome is known (from the I/O result, or from the step).
 
 use std::any::Any;
 use std::cell::RefCell;
+use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::panic;
+use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
 use crate::net::listener::Addr;
-use crate::scoreboard::Slot;
+use crate::scoreboard::{HEAD_BYTES, Slot};
+use crate::sys::exit;
 
+use super::Recycle;
+use super::access::{AccessLog, Outcome};
 use super::admission::{Kind, Rejection};
+
+/// The worker's accounts, one per process whatever its driver: what every request and
+/// connection leaves in the scoreboard and the access log, the recycling limit, and the
+/// rejections. Each driver calls it at the same points of a connection's life (a
+/// connection admitted, a request begun and answered, a connection ended with a request
+/// unanswered), so that the accounts are the same in every I/O model.
+pub(crate) struct Ledger<'a> {
+    slot: &'a Slot,
+    access: Option<AccessLog>,
+    recycle: Recycle,
+    /// Connections admitted and requests answered by this worker: the one count its
+    /// recycling limit reads (the slot's counts are for the status, and a hybrid front's
+    /// or a datagram's differ in what they count).
+    connections: u64,
+    requests: u64,
+    /// The first bytes of the request in progress (for the access log, the slot and the
+    /// slow-call line).
+    head: [u8; HEAD_BYTES],
+    head_len: usize,
+    rejections: Rejections,
+    /// Asks the master for a replacement (the recycling limit is reached); once.
+    retire: Box<dyn FnMut() + 'a>,
+    retire_sent: bool,
+    /// Takes the files the master reopened after a USR1 (the log file goes over stderr),
+    /// returns the new access log if any.
+    reopen_log: Box<dyn FnMut() -> Option<std::fs::File> + 'a>,
+}
+
+impl fmt::Debug for Ledger<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("recycle", &self.recycle)
+            .field("connections", &self.connections)
+            .field("requests", &self.requests)
+            .field("access_log", &self.access.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Ledger<'a> {
+    /// The accounts of the worker whose slot is `slot`.
+    pub(crate) fn new(
+        slot: &'a Slot,
+        access: Option<AccessLog>,
+        recycle: Recycle,
+        retire: Box<dyn FnMut() + 'a>,
+        reopen_log: Box<dyn FnMut() -> Option<std::fs::File> + 'a>,
+    ) -> Self {
+        Ledger {
+            slot,
+            access,
+            recycle,
+            connections: 0,
+            requests: 0,
+            head: [0; HEAD_BYTES],
+            head_len: 0,
+            rejections: Rejections::default(),
+            retire,
+            retire_sent: false,
+            reopen_log,
+        }
+    }
+
+    /// The worker's scoreboard slot.
+    pub(crate) fn slot(&self) -> &'a Slot {
+        self.slot
+    }
+
+    /// Whether there is an access log (a driver formats nothing for it otherwise).
+    pub(crate) fn logs_access(&self) -> bool {
+        self.access.is_some()
+    }
+
+    /// A connection admitted (or handed over by a front): returns its number among this
+    /// worker's connections, which the handler sees as [`Conn::id`](crate::Conn::id).
+    /// A rejected connection is not counted: a flood of refused clients must not recycle
+    /// the pool.
+    pub(crate) fn connection(&mut self) -> u64 {
+        self.connections += 1;
+        self.connections
+    }
+
+    /// A request begins, or more of its first bytes arrived: `head` is its first bytes.
+    pub(crate) fn request_head(&mut self, head: &[u8]) {
+        let n = head.len().min(HEAD_BYTES);
+        self.head[..n].copy_from_slice(&head[..n]);
+        self.head_len = n;
+    }
+
+    /// The first bytes of the request in progress.
+    pub(crate) fn head(&self) -> &[u8] {
+        &self.head[..self.head_len]
+    }
+
+    /// The request in progress was answered in `took`, `bytes` being (request, response)
+    /// length and `ok` whether the handler succeeded: counted on the slot (the count and
+    /// the duration histogram) and toward the recycling limit, and its access-log line
+    /// (`ok`, or `error` for the codec's error reply).
+    pub(crate) fn request_end(&mut self, peer: &Addr, took: Duration, bytes: (u64, u64), ok: bool) {
+        self.requests += 1;
+        self.slot.count_request(took.as_micros() as u64);
+        if let Some(log) = self.access.as_mut() {
+            let outcome = if ok { Outcome::Ok } else { Outcome::Error };
+            log.line(peer, outcome, took, bytes, &self.head[..self.head_len]);
+        }
+    }
+
+    /// Requests the datagram side answered (they count toward `--max-requests`; their
+    /// lines are the side's own, sampled).
+    pub(crate) fn datagrams_answered(&mut self, n: u64) {
+        self.requests += n;
+    }
+
+    /// A request that was begun but not answered when its connection ended (the client
+    /// left, a timeout, the codec's refusal): its line with `outcome`, not counted.
+    pub(crate) fn request_unanswered(
+        &mut self,
+        peer: &Addr,
+        outcome: Outcome,
+        took: Duration,
+        bytes: (u64, u64),
+    ) {
+        if let Some(log) = self.access.as_mut() {
+            log.line(peer, outcome, took, bytes, &self.head[..self.head_len]);
+        }
+    }
+
+    /// A connection of the client level (`handle_client`), which is its own unit: its
+    /// line when it ended, after `took`, with `outcome`.
+    pub(crate) fn connection_end(
+        &mut self,
+        peer: &Addr,
+        outcome: Outcome,
+        took: Duration,
+        bytes: (u64, u64),
+    ) {
+        if let Some(log) = self.access.as_mut() {
+            log.line(peer, outcome, took, bytes, b"");
+        }
+    }
+
+    /// The access log, for the datagram side's sampled lines.
+    pub(crate) fn access(&mut self) -> Option<&mut AccessLog> {
+        self.access.as_mut()
+    }
+
+    /// Writes the buffered access-log lines (before the worker may wait, and at its end).
+    pub(crate) fn flush(&mut self) {
+        if let Some(log) = self.access.as_mut() {
+            log.flush();
+        }
+    }
+
+    /// After a USR1: the files the master reopened are put in place (the log file goes
+    /// over stderr; the access log replaces this worker's copy).
+    pub(crate) fn reopen(&mut self) {
+        if let (Some(file), Some(log)) = ((self.reopen_log)(), self.access.as_mut()) {
+            log.replace(file);
+        }
+    }
+
+    /// Requests answered so far.
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// Whether the request about to be answered is the last the recycling limit allows
+    /// (`--max-requests`): a codec that can announce a close ends the connection after it.
+    pub(crate) fn retiring(&self) -> bool {
+        self.recycle.max_requests > 0 && self.requests + 1 >= self.recycle.max_requests
+    }
+
+    /// Whether a recycling limit (`--max-requests`, `--max-connections`) is reached.
+    pub(crate) fn limit_reached(&self) -> bool {
+        (self.recycle.max_connections > 0 && self.connections >= self.recycle.max_connections)
+            || (self.recycle.max_requests > 0 && self.requests >= self.recycle.max_requests)
+    }
+
+    /// At a limit, asks the master for a replacement, once: the master starts one first,
+    /// then tells this worker to stop, so the pool's capacity never dips; meanwhile this
+    /// worker goes on serving.
+    pub(crate) fn check_recycle(&mut self) {
+        if !self.retire_sent && self.limit_reached() {
+            tracing::info!("reached its recycling limit; asking the master for a replacement");
+            (self.retire)();
+            self.retire_sent = true;
+        }
+    }
+
+    /// The one rejection path's accounting (see [`Rejections`]).
+    pub(crate) fn reject(&mut self, why: Rejection, peer: &Addr) {
+        self.rejections.note(why, peer, self.slot);
+    }
+
+    /// The user's code panicked (caught by [`contain`]): one error line, `what` saying
+    /// where and `then` what follows, the access log's lines written, and the status the
+    /// worker exits with (its handler's state cannot be trusted; the master replaces it).
+    pub(crate) fn panicked(&mut self, what: fmt::Arguments<'_>, panic: &Panicked, then: &str) -> i32 {
+        tracing::error!("{what}: {}; {then}", panic.0);
+        self.flush();
+        exit::PANIC
+    }
+}
+
+/// A panic caught by [`contain`]: its message, with its location when the hook saw it.
+#[derive(Debug)]
+pub(crate) struct Panicked(pub(crate) String);
+
+/// Runs a call of the user's code with its panic contained: the panic's message (and
+/// location) instead, for [`Ledger::panicked`] or a start failure's reason.
+pub(crate) fn contain<T>(call: impl FnOnce() -> T) -> Result<T, Panicked> {
+    panic::catch_unwind(AssertUnwindSafe(call)).map_err(|p| Panicked(panic_message(&*p)))
+}
+
+/// A trouble that repeats (a receive error, a slow handler call, an answer the kernel
+/// refused) is logged once a minute, with how many times it happened in between.
+#[derive(Debug, Default)]
+pub(crate) struct OncePerMinute {
+    logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl OncePerMinute {
+    /// The trouble happened at `now`: `Some(n)` when it is to be logged (`n` times since
+    /// the last line, not logged), `None` when it was logged less than a minute ago.
+    pub(crate) fn due(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .logged
+            .is_some_and(|t| now.saturating_duration_since(t) < EPISODE)
+        {
+            self.unlogged += 1;
+            return None;
+        }
+        self.logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
 
 /// How long to pause accepting when the process or system is out of descriptors or memory.
 /// One value for every driver: a persistent error costs a few wake-ups per second, not a
@@ -279,5 +532,153 @@ mod tests {
         assert!(first.contains("ledger.rs:"), "{first}");
         // Taken: a second catch without a hook falls back to the payload.
         assert_eq!(panic_message(&*caught), "boom");
+    }
+
+    /// A ledger over slot 1 of a fresh board, writing its access log to a file of its own;
+    /// `retired` counts the master's replacement asked for.
+    fn ledger_with_log(
+        name: &str,
+        recycle: Recycle,
+        retired: &'static std::sync::atomic::AtomicU32,
+    ) -> (Ledger<'static>, std::path::PathBuf) {
+        let board: &'static Board = Box::leak(Box::new(Board::new().unwrap()));
+        let slot = board.slot(1).unwrap();
+        let path = std::env::temp_dir().join(format!("appsrv-ledger-{name}-{}", std::process::id()));
+        let log = AccessLog::new(std::fs::File::create(&path).unwrap());
+        let retire = Box::new(move || {
+            retired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        (
+            Ledger::new(slot, Some(log), recycle, retire, Box::new(|| None)),
+            path,
+        )
+    }
+
+    /// Each way a request or a connection ends leaves one access-log line with its outcome,
+    /// whichever driver reports it; only answered requests count (on the slot, and toward
+    /// the recycling limit).
+    #[test]
+    fn issue_32_each_outcome_leaves_its_line_and_only_answers_count() {
+        static RETIRED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let (mut ledger, path) = ledger_with_log("outcomes", Recycle::default(), &RETIRED);
+        let peer = inet("192.0.2.7:4000");
+        let ms = Duration::from_millis(1);
+        ledger.request_head(b"GET /a HTTP/1.1\r\nHost: x\r\n");
+        ledger.request_end(&peer, ms, (30, 100), true);
+        ledger.request_head(b"BAD");
+        ledger.request_end(&peer, ms, (3, 20), false);
+        ledger.request_head(b"SLOW");
+        ledger.request_unanswered(&peer, Outcome::Timeout, ms, (4, 0));
+        ledger.request_head(b"HALF");
+        ledger.request_unanswered(&peer, Outcome::Closed, ms, (4, 0));
+        ledger.connection_end(&peer, Outcome::Ok, ms, (5, 5));
+        ledger.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        for (line, want) in lines.iter().zip([
+            " 192.0.2.7:4000 ok 1000us in=30 out=100 \"GET /a HTTP/1.1\"",
+            " 192.0.2.7:4000 error 1000us in=3 out=20 \"BAD\"",
+            " 192.0.2.7:4000 timeout 1000us in=4 out=0 \"SLOW\"",
+            " 192.0.2.7:4000 closed 1000us in=4 out=0 \"HALF\"",
+            " 192.0.2.7:4000 ok 1000us in=5 out=5 \"\"",
+        ]) {
+            assert!(line.ends_with(want), "{line:?} should end with {want:?}");
+        }
+        assert_eq!(ledger.requests(), 2, "answered requests only");
+        assert_eq!(ledger.slot().served().1, 2, "the slot counts the same");
+    }
+
+    /// The recycling limit is read from the ledger's one count: reached by requests
+    /// (the last one announced by `retiring` first), or by connections; the master is
+    /// asked for a replacement once, however often the driver checks.
+    #[test]
+    fn issue_32_the_recycling_limit_is_reached_by_requests_or_connections() {
+        static BY_REQUESTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        static BY_CONNECTIONS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let peer = inet("192.0.2.7:4000");
+        let recycle = Recycle {
+            max_requests: 3,
+            max_connections: 0,
+        };
+        let (mut ledger, path) = ledger_with_log("requests", recycle, &BY_REQUESTS);
+        let _ = std::fs::remove_file(&path);
+        for _ in 0..2 {
+            assert!(!ledger.retiring());
+            ledger.request_end(&peer, Duration::ZERO, (1, 1), true);
+            ledger.check_recycle();
+        }
+        assert!(ledger.retiring(), "the third request is the last");
+        assert!(!ledger.limit_reached());
+        // A request left unanswered does not count.
+        ledger.request_unanswered(&peer, Outcome::Closed, Duration::ZERO, (1, 0));
+        ledger.check_recycle();
+        assert_eq!(BY_REQUESTS.load(std::sync::atomic::Ordering::Relaxed), 0);
+        ledger.request_end(&peer, Duration::ZERO, (1, 1), true);
+        for _ in 0..3 {
+            ledger.check_recycle();
+        }
+        assert!(ledger.limit_reached());
+        assert_eq!(
+            BY_REQUESTS.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "asked once"
+        );
+
+        let recycle = Recycle {
+            max_requests: 0,
+            max_connections: 2,
+        };
+        let (mut ledger, path) = ledger_with_log("connections", recycle, &BY_CONNECTIONS);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(ledger.connection(), 1, "the handler's Conn::id");
+        ledger.request_end(&peer, Duration::ZERO, (1, 1), true);
+        ledger.check_recycle();
+        assert!(!ledger.limit_reached() && !ledger.retiring());
+        assert_eq!(ledger.connection(), 2);
+        ledger.check_recycle();
+        ledger.check_recycle();
+        assert!(ledger.limit_reached());
+        assert_eq!(
+            BY_CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "asked once"
+        );
+    }
+
+    /// A trouble that repeats is logged once a minute, with the count of the ones between.
+    #[test]
+    fn issue_32_a_repeated_trouble_is_logged_once_a_minute_with_its_count() {
+        let mut once = OncePerMinute::default();
+        let t = Instant::now();
+        assert_eq!(once.due(t), Some(0), "the first is logged");
+        for i in 1..=4 {
+            assert_eq!(once.due(t + Duration::from_secs(i)), None);
+        }
+        assert_eq!(
+            once.due(t + Duration::from_secs(61)),
+            Some(4),
+            "with the 4 unlogged"
+        );
+        assert_eq!(once.due(t + Duration::from_secs(62)), None);
+    }
+
+    /// A panic in the user's code is contained: its message and location for the line,
+    /// and the worker's exit status for a panic.
+    #[test]
+    fn issue_32_a_contained_panic_ends_the_worker_with_the_panic_status() {
+        static RETIRED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let (mut ledger, path) = ledger_with_log("panic", Recycle::default(), &RETIRED);
+        let _ = std::fs::remove_file(&path);
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(record_panic));
+        let caught = contain(|| -> u32 { panic!("handler bug") });
+        panic::set_hook(previous);
+        let p = caught.unwrap_err();
+        assert!(p.0.starts_with("handler bug at "), "{}", p.0);
+        assert_eq!(contain(|| 7).unwrap(), 7);
+        let code = ledger.panicked(format_args!("handler panicked while serving x"), &p, "exits");
+        assert_eq!(code, exit::PANIC);
     }
 }

@@ -28,10 +28,12 @@ pub(crate) mod access;
 pub(crate) mod admission;
 pub(crate) mod blocking;
 pub(crate) mod datagram;
+mod driver;
 pub(crate) mod event;
 pub(crate) mod front;
 mod guard;
-mod ledger;
+mod hybrid;
+pub(crate) mod ledger;
 mod reactor;
 pub(crate) mod serve;
 
@@ -197,14 +199,19 @@ where
         Ok(access) => access,
         Err(reason) => fail(reason),
     };
-    // Datagrams are served from the event loop only (the configuration check refuses a
-    // blocking server with datagram listeners before start), and a hybrid front is an
-    // event loop.
-    let event_loop = setup.io == Model::Event || has_datagram_listeners || setup.role == Role::Front;
-    let code = if event_loop {
-        serve_events(&setup, pid, &mut handler, access, datagram_handler, handoff)
-    } else {
-        serve_blocking(&setup, pid, &mut handler, access, handoff)
+    let extras = driver::Extras {
+        handoff,
+        datagrams: datagram_handler,
+    };
+    let code = match driver::choose(setup.io, setup.role, has_datagram_listeners) {
+        driver::Kind::Blocking => {
+            start::<blocking::Blocking<'_>, C>(&setup, pid, &mut handler, access, extras)
+        }
+        driver::Kind::Event => start::<event::Event<'_>, C>(&setup, pid, &mut handler, access, extras),
+        driver::Kind::Front => start::<hybrid::FrontDriver<'_>, C>(&setup, pid, &mut handler, access, extras),
+        driver::Kind::HybridWorker => {
+            start::<hybrid::HybridWorker<'_>, C>(&setup, pid, &mut handler, access, extras)
+        }
     };
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
@@ -352,106 +359,40 @@ fn open_access_log(setup: &Setup<'_>) -> Result<Option<access::AccessLog>, Strin
     Ok(access)
 }
 
-/// Whether this process accepts on listener `i`: a hybrid front leaves the TLS ones to the
-/// workers (a TLS session cannot be handed over), which accept nothing else.
-fn serves(setup: &Setup<'_>, i: usize) -> bool {
-    match (setup.io, setup.role) {
-        (Model::Hybrid, Role::Front) => setup.tls.acceptor(i).is_none(),
-        (Model::Hybrid, Role::Worker) => setup.tls.acceptor(i).is_some(),
-        _ => true,
-    }
-}
-
-/// Steps 9 and 10 for the event loop (`--io event`, datagram listeners, a hybrid front):
-/// its slot and epoll instance are set up before `Ready` (a failure there is a start
-/// failure), then the loop serves until asked to stop; returns its exit code.
-fn serve_events<C: Connections>(
-    setup: &Setup<'_>,
+/// Steps 9 and 10 with driver `D`: its slot and what it needs from the system are set up
+/// before `Ready` (a failure there is a start failure), then it serves until asked to
+/// stop; returns its exit code.
+fn start<'a, D: driver::Driver<'a>, C: Connections>(
+    setup: &'a Setup<'a>,
     pid: u32,
-    handler: &mut C,
+    level: &mut C,
     access: Option<access::AccessLog>,
-    datagram_handler: Option<Box<dyn crate::handler::DatagramHandler>>,
-    handoff: Option<std::os::fd::BorrowedFd<'_>>,
+    extras: driver::Extras<'a>,
 ) -> i32 {
     let Some(slot) = setup.board.slot(setup.id) else {
         fail_start(setup.channel, pid, format!("no scoreboard slot {}", setup.id))
     };
-    let front = handoff.filter(|_| setup.role == Role::Front);
-    let prepared = match event::prepare(setup.listeners, &|i| serves(setup, i), front) {
-        Ok(p) => p,
+    let driver = match D::prepare(setup, slot, extras) {
+        Ok(d) => d,
         Err(reason) => fail_start(setup.channel, pid, reason),
     };
     ready(setup.channel, pid);
     let (log_path, channel) = (setup.log_path, setup.channel);
-    let driver = event::Driver {
-        worker: event::Worker {
-            id: setup.id,
-            slot,
-            board: setup.board,
-            listeners: setup.listeners,
-            recycle: setup.recycle,
-            access,
-            max_per_ip: setup.max_per_ip,
-            tls: &setup.tls,
-            limits: setup.conn,
-            max_connections: setup.worker_connections,
-            slow_request: setup.slow_request,
-            peers: setup.peers,
-            reopen_log: &mut || take_logs(Some(log_path)),
-            retire: &mut || {
-                let _ = channel.send(pid, &Message::Retire);
-            },
-            datagrams: datagram_handler
-                .map(|h| datagram::Side::new(h, setup.datagram, setup.id, slot, setup.board)),
-            front,
-        },
-        prepared,
-    };
-    handler.drive_requests(driver).unwrap_or_else(|| {
-        tracing::error!("handle_client servers are blocking only (--io blocking)");
-        exit::START_FAILED
-    })
-}
-
-/// Steps 9 and 10 for the blocking loop (`--io blocking`, a hybrid worker): its way of
-/// waiting for connections is set up before `Ready` (a failure there is a start failure),
-/// then it serves one connection at a time until asked to stop; returns its exit code.
-fn serve_blocking<C: Connections>(
-    setup: &Setup<'_>,
-    pid: u32,
-    handler: &mut C,
-    access: Option<access::AccessLog>,
-    handoff: Option<std::os::fd::BorrowedFd<'_>>,
-) -> i32 {
-    let prepared = match blocking::prepare(
-        setup.id,
-        setup.listeners,
-        setup.board,
-        &|i| serves(setup, i),
-        handoff,
-    ) {
-        Ok(p) => p,
-        Err(reason) => fail_start(setup.channel, pid, reason),
-    };
-    ready(setup.channel, pid);
-    let (log_path, channel) = (setup.log_path, setup.channel);
-    blocking::serve(blocking::Worker {
+    let reopen_log = Box::new(move || take_logs(Some(log_path)));
+    let retire = Box::new(move || {
+        let _ = channel.send(pid, &Message::Retire);
+    });
+    let shared = driver::Shared {
         id: setup.id,
-        prepared,
-        listeners: setup.listeners,
         board: setup.board,
-        keepalive_timeout: setup.keepalive_timeout,
-        recycle: setup.recycle,
-        handler,
-        access,
-        max_per_ip: setup.max_per_ip,
+        slot,
+        listeners: setup.listeners,
         tls: &setup.tls,
         limits: setup.conn,
-        reopen_log: &mut || take_logs(Some(log_path)),
-        retire: &mut || {
-            let _ = channel.send(pid, &Message::Retire);
-        },
-    })
+        max_per_ip: setup.max_per_ip,
+        ledger: ledger::Ledger::new(slot, access, setup.recycle, retire, reopen_log),
+    };
+    driver.serve(shared, level)
 }
 
 /// Tells the master that the worker is ready.

@@ -261,7 +261,6 @@ fn drive<H: RequestHandler>(
                 return Ok(None);
             }
             Next::Fail(e) => return Err(e),
-            Next::HandOff => unreachable!("only a front's step hands off"),
         };
     }
 }
