@@ -4,6 +4,7 @@
 # move them beyond the noise.
 #
 #   bench/revisions.sh BEFORE_EXAMPLES_DIR AFTER_EXAMPLES_DIR
+#   ARGS="--io event" bench/revisions.sh ...     the servers' extra arguments (the I/O model)
 #
 # Each server runs with -w 2; the load is wrk -t1 -c1 (keep-alive) and ab -c 1 (a
 # connection per request), DURATION seconds / N requests each, ROUNDS rounds. Needs wrk and
@@ -13,6 +14,7 @@ set -euo pipefail
 BEFORE=${1:?before examples dir}
 AFTER=${2:?after examples dir}
 ROUNDS=${ROUNDS:-3}
+ARGS=${ARGS:-}
 DURATION=${DURATION:-5}
 N=${N:-20000}
 work=$(mktemp -d)
@@ -21,7 +23,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 # rate DIR WORKLOAD → requests per second
 rate() {
   local dir=$1 workload=$2
-  "$dir/http_hello" -l 127.0.0.1:0 -w 2 2>"$work/log" &
+  # shellcheck disable=SC2086 # ARGS is a list of arguments
+  "$dir/http_hello" -l 127.0.0.1:0 -w 2 $ARGS 2>"$work/log" &
   local pid=$!
   local port
   port=$(ready_port "$work/log")
