@@ -284,26 +284,7 @@ fn the_files_of_each_folder_have_no_cycle() {
             continue;
         }
         let folder = dir.file_name().unwrap().to_str().unwrap().to_owned();
-        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        let files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-            .collect();
-        let names: BTreeSet<String> = files
-            .iter()
-            .map(|p| p.file_stem().unwrap().to_str().unwrap().to_owned())
-            .filter(|n| n != "mod")
-            .collect();
-        for file in &files {
-            let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
-            let text = std::fs::read_to_string(file).unwrap();
-            let uses = sibling_uses(&folder, name == "mod", &text)
-                .into_iter()
-                .filter(|u| names.contains(u) && *u != name)
-                .collect();
-            graph.insert(name, uses);
-        }
+        let graph = folder_graph(&folder, true);
         if let Some(cycle) = find_cycle(&graph) {
             cycles.push(format!("{folder}/: {}", cycle.join(" -> ")));
         }
@@ -315,9 +296,10 @@ fn the_files_of_each_folder_have_no_cycle() {
     );
 }
 
-/// The file graph of folder `folder` of `src/`: each file (but `mod.rs`, the folder's
-/// root, which names its files to declare them) → the files of the folder it uses.
-fn folder_graph(folder: &str) -> BTreeMap<String, BTreeSet<String>> {
+/// The file graph of folder `folder` of `src/`: each file → the files of the folder it
+/// uses; `mod.rs` (the folder's root, which names its files to declare them) only
+/// `with_root`.
+fn folder_graph(folder: &str, with_root: bool) -> BTreeMap<String, BTreeSet<String>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(folder);
     let files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -332,11 +314,11 @@ fn folder_graph(folder: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut graph = BTreeMap::new();
     for file in &files {
         let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
-        if name == "mod" {
+        if name == "mod" && !with_root {
             continue;
         }
         let text = std::fs::read_to_string(file).unwrap();
-        let uses = sibling_uses(folder, false, &text)
+        let uses = sibling_uses(folder, name == "mod", &text)
             .into_iter()
             .filter(|u| names.contains(u) && *u != name)
             .collect();
@@ -379,7 +361,7 @@ fn documented_worker_map() -> BTreeMap<String, BTreeSet<String>> {
 /// says, no more and no less: the map is checked, not only the absence of a cycle.
 #[test]
 fn the_files_of_worker_follow_their_map() {
-    let actual = folder_graph("worker");
+    let actual = folder_graph("worker", false);
     let documented = documented_worker_map();
     let render = |g: &BTreeMap<String, BTreeSet<String>>| {
         g.iter()
