@@ -1105,6 +1105,7 @@ pub(crate) fn parse(mut cmd: Command, args: Vec<OsString>) -> ArgMatches {
                 // A closed pipe (`| head`) is not a failure.
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
                 Err(e) => {
+                    // Not console's errln!: the command line sits below process/.
                     let _ = std::io::Write::write_fmt(
                         &mut std::io::stderr().lock(),
                         format_args!("error: writing the manual page: {e}\n"),

@@ -203,9 +203,7 @@ pub(crate) fn charge(ip: IpAddr) -> Option<Duration> {
 
 /// Monotonic milliseconds, comparable between processes (`CLOCK_MONOTONIC`, the vDSO).
 pub(crate) fn now_ms() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000 + t.tv_nsec() as u64 / 1_000_000)
-        .unwrap_or(0)
+    sys::monotonic_ns() / 1_000_000
 }
 
 fn until_of(state: u64) -> u64 {

@@ -186,8 +186,9 @@ pub(crate) struct Slot {
 /// The number of counters in [`DatagramCounts`].
 const DATAGRAM_COUNTERS: usize = 9;
 
-/// A worker's datagram counters since it started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A worker's datagram counters since it started (serialized as `status --json`'s
+/// `totals.datagrams`: the fields' names and order are the document's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct DatagramCounts {
     pub(crate) received: u64,
     pub(crate) sent: u64,
@@ -405,9 +406,7 @@ fn take_answer(e: &RateEntry, second: u32, limit: u32) -> bool {
 
 /// Monotonic time in nanoseconds, comparable between processes.
 pub(crate) fn now_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
+    crate::sys::monotonic_ns()
 }
 
 impl Board {
@@ -871,13 +870,10 @@ impl Slot {
         self.handling.store(1, Ordering::Relaxed);
     }
 
-    /// The handler call is over; `micros` is how long the request took from its first
-    /// bytes to its response, for the duration histogram.
-    pub(crate) fn handler_done(&self, micros: u64, count: bool) {
+    /// The handler call is over (the request is counted by the worker's ledger, with
+    /// [`count_request`](Slot::count_request)).
+    pub(crate) fn handler_done(&self) {
         self.handling.store(0, Ordering::Relaxed);
-        if count {
-            self.count_request(micros);
-        }
     }
 
     /// A handler call slower than `--slow-request`.
@@ -1005,8 +1001,7 @@ impl Slot {
     /// is done; `count` says whether it counts as a request (not for `handle_client`).
     pub(crate) fn request_end(&self, started: u64, count: bool) {
         let now = now_ns();
-        self.request_started.store(0, Ordering::Release);
-        self.last_activity.store(now, Ordering::Relaxed);
+        self.request_stop(now);
         if count {
             self.count_request(now.saturating_sub(started) / 1_000);
         }

@@ -550,9 +550,9 @@ impl Client {
     /// with a 4 KiB window reading a static file at a quarter of the minimum was never cut);
     /// the second it would never have seen at all.
     fn send_file_watched(&mut self, file: &File, offset: &mut i64, left: u64) -> io::Result<()> {
-        crate::net::handoff::set_nonblocking(self.transport.socket().as_fd(), true)?;
+        crate::sys::set_nonblocking(self.transport.socket().as_fd(), true)?;
         let sent = self.send_file_polling(file, offset, left);
-        let restored = crate::net::handoff::set_nonblocking(self.transport.socket().as_fd(), false);
+        let restored = crate::sys::set_nonblocking(self.transport.socket().as_fd(), false);
         sent.and(restored)
     }
 

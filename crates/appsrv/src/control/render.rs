@@ -627,9 +627,9 @@ mod json {
         ready: bool,
         not_ready: Option<String>,
         uptime_seconds: Secs,
-        pool: Pool<'a>,
+        pool: &'a status::PoolStatus,
         totals: TotalsDoc,
-        event: Option<Event>,
+        event: Option<EventTotals>,
         hybrid: Option<Hybrid>,
         listeners: Vec<Listener<'a>>,
         /// Restarts by reason: an object whose keys are in the snapshot's order.
@@ -655,9 +655,9 @@ mod json {
                 ready: ready.is_ok(),
                 not_ready: ready.err(),
                 uptime_seconds: status.uptime.into(),
-                pool: Pool::new(&status.pool),
+                pool: &status.pool,
                 totals: TotalsDoc::new(&status.totals(), status.uptime),
-                event: (ev.workers > 0).then(|| Event::new(&ev)),
+                event: (ev.workers > 0).then_some(ev),
                 hybrid: status.hybrid.as_ref().map(Hybrid::new),
                 listeners: status.listeners.iter().map(Listener::new).collect(),
                 restarts: &status.restarts,
@@ -678,27 +678,6 @@ mod json {
         s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
     }
 
-    #[derive(Serialize)]
-    struct Pool<'a> {
-        policy: &'a str,
-        target: usize,
-        min_spare: usize,
-        max_spare: usize,
-        max: usize,
-    }
-
-    impl<'a> Pool<'a> {
-        fn new(p: &'a status::PoolStatus) -> Pool<'a> {
-            Pool {
-                policy: p.policy,
-                target: p.target,
-                min_spare: p.min_spare,
-                max_spare: p.max_spare,
-                max: p.max,
-            }
-        }
-    }
-
     /// `totals`.
     #[derive(Serialize)]
     struct TotalsDoc {
@@ -713,7 +692,7 @@ mod json {
         requests_per_second: f64,
         request_duration_seconds_sum: Secs,
         request_duration_buckets: Vec<Bucket>,
-        datagrams: Datagrams,
+        datagrams: DatagramCounts,
     }
 
     impl TotalsDoc {
@@ -739,7 +718,7 @@ mod json {
                         count,
                     })
                     .collect(),
-                datagrams: Datagrams::new(&t.datagrams),
+                datagrams: t.datagrams,
             }
         }
     }
@@ -749,61 +728,6 @@ mod json {
     struct Bucket {
         le: Option<Secs>,
         count: u64,
-    }
-
-    #[derive(Serialize)]
-    struct Datagrams {
-        received: u64,
-        sent: u64,
-        bytes_in: u64,
-        bytes_out: u64,
-        denied: u64,
-        too_large: u64,
-        rate_limited: u64,
-        errors: u64,
-        send_failed: u64,
-    }
-
-    impl Datagrams {
-        fn new(d: &DatagramCounts) -> Datagrams {
-            Datagrams {
-                received: d.received,
-                sent: d.sent,
-                bytes_in: d.bytes_in,
-                bytes_out: d.bytes_out,
-                denied: d.denied,
-                too_large: d.too_large,
-                rate_limited: d.rate_limited,
-                errors: d.errors,
-                send_failed: d.send_failed,
-            }
-        }
-    }
-
-    /// The top-level `event`: the live event workers' connections, summed.
-    #[derive(Serialize)]
-    struct Event {
-        workers: usize,
-        open: u64,
-        reading: u64,
-        handling: u64,
-        writing: u64,
-        idle_keepalive: u64,
-        accepts_paused: usize,
-    }
-
-    impl Event {
-        fn new(ev: &EventTotals) -> Event {
-            Event {
-                workers: ev.workers,
-                open: ev.open,
-                reading: ev.reading,
-                handling: ev.handling,
-                writing: ev.writing,
-                idle_keepalive: ev.idle_keepalive,
-                accepts_paused: ev.accepts_paused,
-            }
-        }
     }
 
     #[derive(Serialize)]
@@ -1658,8 +1582,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// A status with two live workers (one idle, one handling a request with binary bytes
-    /// in its head), retired counters, a TCP and a Unix listener.
     /// The two workers of [`sample_status`]: an idle one with its last client, and a busy
     /// one serving a request with bytes to escape.
     fn sample_workers() -> (SlotView, SlotView) {
@@ -1702,6 +1624,8 @@ pub(crate) mod tests {
         (idle, busy)
     }
 
+    /// A status with two live workers (one idle, one handling a request with binary bytes
+    /// in its head), retired counters, a TCP and a Unix listener.
     pub(crate) fn sample_status() -> Status {
         let (idle, busy) = sample_workers();
         let mut retired = Totals {

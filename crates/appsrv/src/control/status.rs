@@ -97,8 +97,8 @@ impl Hybrid {
     }
 }
 
-/// The pool's policy and sizes.
-#[derive(Debug, Clone)]
+/// The pool's policy and sizes (serialized as `status --json`'s `pool`).
+#[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct PoolStatus {
     /// static, dynamic or ondemand.
     pub(crate) policy: &'static str,
@@ -162,8 +162,8 @@ impl Totals {
 }
 
 /// The live event workers' connections (`--io event`), summed: gauges, so workers that
-/// are gone do not count.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// are gone do not count (serialized as `status --json`'s `event`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct EventTotals {
     /// Live event workers.
     pub(crate) workers: usize,

@@ -258,13 +258,6 @@ fn read_spool(spool: OwnedFd) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Sets the connection's blocking mode in one system call (`FIONBIO`): the descriptor's
-/// open file is shared by every process that held it, so the receiver sets the mode its
-/// loop needs (a worker blocks, a front does not).
-pub(crate) fn set_nonblocking(conn: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    crate::sys::set_nonblocking(conn, on)
-}
-
 /// A connection received from the channel.
 #[derive(Debug)]
 pub(crate) struct Received {

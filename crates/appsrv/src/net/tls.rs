@@ -263,10 +263,11 @@ impl Store {
             .collect()
     }
 
-    /// Moves the current ticket keys on to the period of `now`, wiping the secrets passed:
-    /// the master calls it when [`next_ticket_key_change`](Self::next_ticket_key_change)
-    /// comes, so it never holds a secret older than the current period's (and a worker it
-    /// forks has no periods to catch up on).
+    /// Moves the current ticket keys on to the period of `now`, wiping the secrets passed
+    /// (nothing when the period has not changed: a compare per listener): the master calls
+    /// it at each round, and wakes for [`next_ticket_key_change`](Self::next_ticket_key_change),
+    /// so it never holds a secret older than the current period's (and a worker it forks
+    /// has no periods to catch up on).
     pub(crate) fn advance_ticket_keys(&self, now: std::time::Instant) {
         for l in self.current.borrow().iter().flatten() {
             l.keys.advance(now);

@@ -409,7 +409,6 @@ fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
         if let Some(summary) = message.strip_prefix(b"R") {
             if summary.ends_with(b"\n") {
                 out!("{}", String::from_utf8_lossy(summary));
-                let _ = io::stdout().flush();
                 std::process::exit(0);
             }
         }

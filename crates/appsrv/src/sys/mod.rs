@@ -37,6 +37,15 @@ pub(crate) mod exit {
     pub(crate) const ORPHANED: i32 = 75; // EX_TEMPFAIL
 }
 
+/// The monotonic clock in nanoseconds (`CLOCK_MONOTONIC`, shared by every process of the
+/// server: the scoreboard's request clocks, the penalty table, the log's warnings); 0 if
+/// it cannot be read.
+pub(crate) fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
 /// How many threads this process has, from `/proc/self/task`.
 pub(crate) fn thread_count() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
@@ -960,17 +969,12 @@ pub(crate) fn send_with_fds(
 /// 2.6.38): a sender's `sendmsg` with more fails (`EINVAL`).
 const SCM_MAX_FD: usize = 253;
 
-/// `CMSG_ALIGN`: control messages are aligned to the size of a `long`.
-const fn cmsg_align(n: usize) -> usize {
-    let a = std::mem::size_of::<libc::c_long>();
-    (n + a - 1) & !(a - 1)
-}
-
 /// `CMSG_SPACE` of one `SCM_RIGHTS` message of [`SCM_MAX_FD`] descriptors: with this much
 /// room for control data, no message on appsrv's sockets (which ask for no credentials or
 /// security labels) can have its descriptors cut (`MSG_CTRUNC`).
-const FD_SPACE: usize = cmsg_align(std::mem::size_of::<libc::cmsghdr>())
-    + cmsg_align(SCM_MAX_FD * std::mem::size_of::<std::os::fd::RawFd>());
+// SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
+const FD_SPACE: usize =
+    unsafe { libc::CMSG_SPACE((SCM_MAX_FD * std::mem::size_of::<std::os::fd::RawFd>()) as u32) } as usize;
 
 /// The control buffer of [`recv_with_fds`], on the stack, aligned for a `cmsghdr`.
 #[repr(C, align(8))]

@@ -24,7 +24,7 @@ use super::Setup;
 use super::accept::{Accepted, Acceptor};
 use super::access::Outcome;
 use super::admission::{Admission, Next, Rejection, Rules, Seat};
-use super::driver::{Driver, Extras, Shared, accepts_on};
+use super::driver::{Driver, Extras, Shared, accepts_on, rules};
 use super::guard::Guard;
 use super::ledger::{Ledger, Panicked, contain, log_connection_error};
 use super::serve::{Connections, Progress};
@@ -173,14 +173,7 @@ impl<C: Connections> Loop<'_, '_, C> {
         let peer = Addr::from_sockaddr(peer);
         let mut client = Client::new(socket, peer, self.buffers.take().unwrap_or_else(Buffers::new));
         self.watch_sends(&mut client);
-        let rules = Rules {
-            policy: self.listeners[index].policy(),
-            tls: self.tls.acceptor(index),
-            header_timeout: self.limits.header_timeout,
-            handshake_timeout: self.tls.handshake_timeout,
-            max_per_ip: self.max_per_ip,
-            penalties: crate::penalty::installed(),
-        };
+        let rules = rules(self.listeners, self.tls, &self.limits, self.max_per_ip, index);
         let seat = SlotSeat {
             slot: self.slot,
             board: self.board,
@@ -268,7 +261,7 @@ pub(crate) fn serve_admitted<C: Connections>(
         slot.request_start(&[])
     });
     if guard.ledger.logs_access() {
-        guard.peer = Some(client.peer_addr());
+        guard.peer = Some(client.peer_addr().to_string());
     }
     let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
@@ -325,7 +318,7 @@ fn account<T>(
     if unanswered && handed_back {
         return;
     }
-    let Some(peer) = guard.peer.as_ref() else {
+    let Some(peer) = guard.peer.as_deref() else {
         return;
     };
     let took = Duration::from_nanos(now.saturating_sub(started));
@@ -467,10 +460,8 @@ fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
 /// kind's counter, its line once per episode), then the close (for a client over the cap,
 /// after the codec's refusal).
 fn reject<C: Connections>(ledger: &mut Ledger<'_>, why: Rejection, client: &mut Client, level: &mut C) {
-    let over_cap = matches!(why, Rejection::OverCap { .. });
-    ledger.reject(why, &client.peer_addr());
-    if over_cap {
-        level.refuse(client, "too many connections from your address");
+    if let Some(refusal) = ledger.reject(why, &client.peer_addr()) {
+        level.refuse(client, refusal);
     } else {
         // Closed at once, before any handler code.
         let _ = client.close();

@@ -179,7 +179,8 @@ impl<'a> Side<'a> {
     }
 
     /// Reads and answers what `listener` holds (up to [`BATCHES_PER_TURN`] batches);
-    /// returns how many datagrams were passed to the handler (for recycling by requests).
+    /// returns how many datagrams were passed to the handler, which the ledger counts as
+    /// requests (for recycling by requests).
     pub(crate) fn readable(&mut self, listener: &Listener, ledger: &mut Ledger<'_>) -> u64 {
         let mut handled = 0;
         for _ in 0..BATCHES_PER_TURN {
@@ -221,6 +222,7 @@ impl<'a> Side<'a> {
                 break;
             }
         }
+        ledger.datagrams_answered(handled);
         handled
     }
 
@@ -294,7 +296,7 @@ impl<'a> Side<'a> {
                 "this worker exits and is replaced",
             )),
         };
-        self.slot.handler_done(0, false);
+        self.slot.handler_done();
         if !answer.is_empty() && matches!(peer, Addr::Unix(None)) {
             // An unbound Unix datagram sender has no address to answer to.
             answer.clear();

@@ -30,6 +30,7 @@ use crate::net::listener::Listener;
 use crate::net::tls::ForWorker;
 use crate::scoreboard::{Board, Slot};
 
+use super::admission::Rules;
 use super::ledger::Ledger;
 use super::serve::Connections;
 use super::{ConnLimits, Model, Role, Setup};
@@ -91,6 +92,26 @@ pub(crate) fn accepts_on(setup: &Setup<'_>, i: usize) -> bool {
         (Model::Hybrid, Role::Front) => setup.tls.acceptor(i).is_none(),
         (Model::Hybrid, Role::Worker) => setup.tls.acceptor(i).is_some(),
         _ => true,
+    }
+}
+
+/// The admission rules of a connection accepted on listener `index`: its access rules and
+/// PROXY settings, its TLS, the deadlines, the per-address cap and the penalty table, the
+/// same in every driver.
+pub(crate) fn rules<'r>(
+    listeners: &'r [Listener],
+    tls: &'r ForWorker,
+    limits: &ConnLimits,
+    max_per_ip: Option<usize>,
+    index: usize,
+) -> Rules<'r> {
+    Rules {
+        policy: listeners[index].policy(),
+        tls: tls.acceptor(index),
+        header_timeout: limits.header_timeout,
+        handshake_timeout: tls.handshake_timeout,
+        max_per_ip,
+        penalties: crate::penalty::installed(),
     }
 }
 

@@ -85,8 +85,8 @@ use crate::sys::{self, exit};
 use super::ConnLimits;
 use super::Setup;
 use super::access::Outcome;
-use super::admission::{self, Admission, Rejection, Rules, Seat};
-use super::driver::{Driver, Extras, Shared, accepts_on};
+use super::admission::{self, Admission, Seat};
+use super::driver::{Driver, Extras, Shared, accepts_on, rules};
 use super::ledger::{Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
 use super::serve::{Bound, Boundary, Connections, Context, Limits, RequestDriver};
@@ -328,6 +328,16 @@ struct Connection<'a, H: RequestHandler> {
     sent_at_check: u64,
 }
 
+impl<H: RequestHandler> Connection<'_, H> {
+    /// The client's IP as counted for the per-address cap (after admission, or by the
+    /// admission still in progress), taken: nobody counts it any more.
+    fn take_counted(&mut self) -> Option<IpAddr> {
+        self.counted_ip
+            .take()
+            .or_else(|| self.admission.as_ref().and_then(|a| a.seat().counted))
+    }
+}
+
 /// The per-address cap's seat: this worker's table of connections by client address, and
 /// the sum over every event worker's table (`peer_counts`), so that the cap counts
 /// connections across the pool, and a killed worker's counts vanish with its table.
@@ -432,7 +442,7 @@ impl Context for Turn<'_, '_> {
         };
         let ended = self.handler_ended.take().unwrap_or_else(Instant::now);
         let took = ended.saturating_duration_since(started);
-        self.ledger.slot().handler_done(0, false);
+        self.ledger.slot().handler_done();
         self.ledger.request_end(self.peer, took, bytes, ok);
     }
 }
@@ -774,8 +784,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         let Some(side) = self.datagrams.as_mut() else {
             return;
         };
-        let n = side.readable(&self.listeners[index], &mut self.ledger);
-        self.ledger.datagrams_answered(n);
+        side.readable(&self.listeners[index], &mut self.ledger);
     }
 
     /// Publishes the counts on the scoreboard when they changed (a few stores per turn).
@@ -807,8 +816,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         // what comes later: see datagram.rs).
         if let Some(side) = self.datagrams.as_mut() {
             for l in self.listeners.iter().filter(|l| l.is_datagram()) {
-                let n = side.drain(l, &mut self.ledger);
-                self.ledger.datagrams_answered(n);
+                side.drain(l, &mut self.ledger);
                 let _ = self.epoll.delete(l.socket().as_fd());
             }
         }
@@ -1006,14 +1014,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             self.accepted += 1;
             self.slot.accepted();
         }
-        let rules = Rules {
-            policy: self.listeners[listener].policy(),
-            tls: self.tls.acceptor(listener),
-            header_timeout: self.limits.header_timeout,
-            handshake_timeout: self.tls.handshake_timeout,
-            max_per_ip: self.max_per_ip,
-            penalties: crate::penalty::installed(),
-        };
+        let rules = rules(self.listeners, self.tls, &self.limits, self.max_per_ip, listener);
         let mut step = Requests::new(handler.codec(), self.step_limits.clone());
         if let Some(back) = &returned {
             step.resume(back.served, back.interim_sent);
@@ -1286,13 +1287,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// Closes a connection: out of the epoll set (closing the socket does it), its counts
     /// and its place freed.
     fn close(&mut self, token: Token, mut c: Connection<'a, H>) {
-        self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
-        self.uncount(c.class);
-        let (received, sent) = (c.received, c.sent);
-        self.slot.add_bytes(received, sent);
         if let Some(started) = c.request.take() {
             // A request left unanswered when the connection ended.
-            self.slot.handler_done(0, false);
+            self.slot.handler_done();
             if self.ledger.logs_access() {
                 // As the blocking loop records them: refused as too slow, answered with
                 // the codec's error reply, or cut by the client (or an error).
@@ -1301,13 +1298,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     Some(_) => Outcome::Error,
                     None => Outcome::Closed,
                 };
+                let bytes = (c.received, c.sent);
                 self.ledger
-                    .request_unanswered(&c.peer, outcome, started.elapsed(), (received, sent));
+                    .request_unanswered(&c.peer, outcome, started.elapsed(), bytes);
             }
         }
-        self.uncount_peer(&mut c);
-        drop(c);
-        self.conns.release(token);
+        self.forget(token, c);
     }
 
     /// A hybrid front hands connection `token` to a worker, with what its buffers hold
@@ -1328,12 +1324,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             // A whole request: no interim reply is due to it.
             interim_sent: false,
         };
-        let bytes = c.step.as_read(private.unwrap_or(&self.shared));
         // Its client stays counted for the per-address cap until a worker has it.
-        let counted = c
-            .counted_ip
-            .take()
-            .or_else(|| c.admission.as_ref().and_then(|a| a.seat().counted));
+        let counted = c.take_counted();
+        let bytes = c.step.as_read(private.unwrap_or(&self.shared));
         let front = self.front.as_mut().expect("only a front hands off");
         front.hand_off(c.transport.socket(), meta, bytes, counted);
         self.watch_channel();
@@ -1342,9 +1335,9 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         self.forget(token, c);
     }
 
-    /// A hybrid front handed connection `token` to a worker (or holds it until the channel
-    /// has room): its place is freed (the worker counts it for the per-address cap from
-    /// now on), its socket closed here.
+    /// Connection `token` leaves the loop (closed, or handed to a worker by a hybrid front,
+    /// which counts it for the per-address cap from then on): its counts and its place are
+    /// freed, its socket closed here.
     fn forget(&mut self, token: Token, mut c: Connection<'a, H>) {
         self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
@@ -1355,11 +1348,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     }
 
     fn uncount_peer(&mut self, c: &mut Connection<'a, H>) {
-        let counted = c
-            .counted_ip
-            .take()
-            .or_else(|| c.admission.as_ref().and_then(|a| a.seat().counted));
-        if let (Some(ip), Some(peers)) = (counted, self.peers) {
+        if let (Some(ip), Some(peers)) = (c.take_counted(), self.peers) {
             peers.remove(self.id, ip);
         }
     }
@@ -1902,10 +1891,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             c.transport.set_tls(session);
         }
         if let Some(why) = verdict.rejected {
-            let over_cap = matches!(why, Rejection::OverCap { .. });
-            self.ledger.reject(why, &c.peer);
-            if over_cap {
-                c.step.refuse(bufs, "too many connections from your address");
+            if let Some(refusal) = self.ledger.reject(why, &c.peer) {
+                c.step.refuse(bufs, refusal);
                 bufs.discard_input();
                 c.pending = Pending::Output(Then::Close {
                     linger: Some(Duration::ZERO),

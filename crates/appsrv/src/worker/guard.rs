@@ -11,7 +11,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags};
 use socket2::Socket;
 
-use crate::net::listener::{Addr, Listener};
+use crate::net::listener::Listener;
 use crate::scoreboard::{Board, State};
 use crate::sys;
 
@@ -28,8 +28,9 @@ pub(crate) struct Guard<'a> {
     pub(crate) ledger: Ledger<'a>,
     /// The start of the request in progress (monotonic ns, the slot's clock), if any.
     pub(crate) request: Option<u64>,
-    /// The client of the connection in progress (only with an access log: for its lines).
-    pub(crate) peer: Option<Addr>,
+    /// The client of the connection in progress, formatted once per connection (only with
+    /// an access log: for its lines).
+    pub(crate) peer: Option<String>,
     /// Hybrid mode: the connection was handed to this worker by a front, and goes back to
     /// one when it stays quiet (`None`: a connection the worker accepted itself, TLS).
     pub(crate) hold: Option<Hold>,
@@ -73,7 +74,7 @@ impl Context for Guard<'_> {
     }
 
     /// A connection a front handed over goes back, with the beginning of a request that
-    /// does not come whole within [`HOLD_PARTIAL`], while fronts take connections back (at
+    /// does not come whole within the hold's `partial` wait, while fronts take connections back (at
     /// a stop none does: the worker keeps it, as in blocking mode).
     fn partial_wait(&mut self) -> Option<Duration> {
         let hold = self.hold?;
@@ -103,8 +104,8 @@ impl Context for Guard<'_> {
             let now = crate::scoreboard::now_ns();
             self.ledger.slot().request_stop(now);
             let took = Duration::from_nanos(now.saturating_sub(started));
-            let peer = self.peer.as_ref().unwrap_or(&Addr::Unix(None));
-            self.ledger.request_end(peer, took, bytes, ok);
+            self.ledger
+                .request_end(self.peer.as_deref().unwrap_or_default(), took, bytes, ok);
         }
     }
 

@@ -193,7 +193,7 @@ fn handed_over(
     mut bufs: Buffers,
     listeners: &[Listener],
 ) -> Option<Client> {
-    let set_up = crate::net::handoff::set_nonblocking(socket.as_fd(), false).and_then(|()| {
+    let set_up = crate::sys::set_nonblocking(socket.as_fd(), false).and_then(|()| {
         match listeners.get(meta.listener as usize) {
             Some(l) => l.prepare(&socket),
             None => Ok(()),
@@ -253,7 +253,7 @@ fn serve_handed_over<C: Connections>(
                     interim_sent: p.interim_sent,
                     ..meta.clone()
                 };
-                let sent = crate::net::handoff::set_nonblocking(back.socket().as_fd(), true).and_then(|()| {
+                let sent = crate::sys::set_nonblocking(back.socket().as_fd(), true).and_then(|()| {
                     crate::net::handoff::send(channel, back.socket().as_fd(), &meta, back.buffered())
                 });
                 match sent {
@@ -265,7 +265,7 @@ fn serve_handed_over<C: Connections>(
                             "cannot hand the connection from {} back: {e}; keeping it",
                             back.peer_addr()
                         );
-                        let _ = crate::net::handoff::set_nonblocking(back.socket().as_fd(), false);
+                        let _ = crate::sys::set_nonblocking(back.socket().as_fd(), false);
                         guard.hold = None;
                         client = back;
                         progress = p;

@@ -117,10 +117,10 @@ impl<'a> Ledger<'a> {
         self.access.is_some()
     }
 
-    /// A connection admitted (or handed over by a front): returns its number among this
-    /// worker's connections, which the handler sees as [`Conn::id`](crate::Conn::id).
-    /// A rejected connection is not counted: a flood of refused clients must not recycle
-    /// the pool.
+    /// A connection admitted (or handed over by a front), toward `--max-connections`:
+    /// returns how many so far. A rejected connection is not counted: a flood of refused
+    /// clients must not recycle the pool. (The handler's [`Conn::id`](crate::Conn::id) is
+    /// numbered by the request level, or by the event loop, among connections accepted.)
     pub(crate) fn connection(&mut self) -> u64 {
         self.connections += 1;
         self.connections
@@ -142,7 +142,13 @@ impl<'a> Ledger<'a> {
     /// length and `ok` whether the handler succeeded: counted on the slot (the count and
     /// the duration histogram) and toward the recycling limit, and its access-log line
     /// (`ok`, or `error` for the codec's error reply).
-    pub(crate) fn request_end(&mut self, peer: &Addr, took: Duration, bytes: (u64, u64), ok: bool) {
+    pub(crate) fn request_end(
+        &mut self,
+        peer: &(impl fmt::Display + ?Sized),
+        took: Duration,
+        bytes: (u64, u64),
+        ok: bool,
+    ) {
         self.requests += 1;
         self.slot.count_request(took.as_micros() as u64);
         if let Some(log) = self.access.as_mut() {
@@ -161,7 +167,7 @@ impl<'a> Ledger<'a> {
     /// left, a timeout, the codec's refusal): its line with `outcome`, not counted.
     pub(crate) fn request_unanswered(
         &mut self,
-        peer: &Addr,
+        peer: &(impl fmt::Display + ?Sized),
         outcome: Outcome,
         took: Duration,
         bytes: (u64, u64),
@@ -175,7 +181,7 @@ impl<'a> Ledger<'a> {
     /// line when it ended, after `took`, with `outcome`.
     pub(crate) fn connection_end(
         &mut self,
-        peer: &Addr,
+        peer: &(impl fmt::Display + ?Sized),
         outcome: Outcome,
         took: Duration,
         bytes: (u64, u64),
@@ -233,9 +239,15 @@ impl<'a> Ledger<'a> {
         }
     }
 
-    /// The one rejection path's accounting (see [`Rejections`]).
-    pub(crate) fn reject(&mut self, why: Rejection, peer: &Addr) {
+    /// The one rejection path's accounting (see [`Rejections`]). Returns the reason the
+    /// codec's refusal gives before the close, for a client over the cap (its protocol
+    /// says why it must come back later); `None`: the driver closes at once, before any
+    /// handler code.
+    pub(crate) fn reject(&mut self, why: Rejection, peer: &Addr) -> Option<&'static str> {
+        let refusal =
+            matches!(why, Rejection::OverCap { .. }).then_some("too many connections from your address");
         self.rejections.note(why, peer, self.slot);
+        refusal
     }
 
     /// The user's code panicked (caught by [`contain`]): one error line, `what` saying
@@ -521,8 +533,13 @@ mod tests {
     }
 
     /// The hook's message, location included, goes to whoever catches the panic, once.
+    /// The panic hook is the process's: the tests that swap it take turns (the test
+    /// runner's threads would otherwise see each other's hook, or the default one).
+    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn issue_32_a_caught_panic_carries_its_location_once() {
+        let _turn = HOOK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let previous = panic::take_hook();
         panic::set_hook(Box::new(record_panic));
         let caught = panic::catch_unwind(|| panic!("boom")).unwrap_err();
@@ -671,6 +688,7 @@ mod tests {
         static RETIRED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let (mut ledger, path) = ledger_with_log("panic", Recycle::default(), &RETIRED);
         let _ = std::fs::remove_file(&path);
+        let _turn = HOOK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let previous = panic::take_hook();
         panic::set_hook(Box::new(record_panic));
         let caught = contain(|| -> u32 { panic!("handler bug") });
