@@ -4,7 +4,7 @@
 # bounded in time (it runs under `timeout`) and stops every process it started, also when it
 # fails or is interrupted. Clients never retry (wrk and ab do not), so a failure is counted.
 #
-#   bench/chaos.sh                  # every scenario, in order (about 5 minutes; at most 13)
+#   bench/chaos.sh                  # every scenario, in order (about 6 minutes; at most 19)
 #   bench/chaos.sh kill-storm ...   # only these
 #   bench/chaos.sh --list           # the scenarios' names, with what each one does
 #   IO=event bench/chaos.sh ...     # http_hello's scenarios with --io event (issue 16)
@@ -54,6 +54,17 @@
 #   master-kill                      SIGKILL to the master under wrk load: the time until all its
 #                                    workers are gone (parent-death signal), and the time from a
 #                                    fresh start on the same port to its ready line.
+#   log-disk-full                    logs (--log-file, --access-log) on a full 64 KiB tmpfs under
+#                                    wrk load, two reloads: failed requests (goal 0), the master
+#                                    alive, lines counted as dropped, and a "writable again" line
+#                                    once space is freed (issue 31; needs root).
+#   stderr-closed                    stderr a pipe whose reader leaves after the ready line, under
+#                                    wrk load, two reloads: failed requests (goal 0), master alive.
+#   body-flood                       3,000 connections each send 990 KB of a 1 MB body, then a
+#                                    byte every 5 s, to 2 event workers: the largest worker RSS
+#                                    (bounded by --max-buffered-bytes) and probes answered.
+#   slow-bodies                      300 addresses send 70 KB of a 200 KB body, then a byte every
+#                                    5 s, to hybrid -w 4: probes answered within 1 s.
 #
 # wrk counts a request unanswered after 2 s (its default --timeout) as a timeout: a failure.
 # The machine may be busy: counts (failed requests, processes left) are the figures that
@@ -89,8 +100,8 @@ declare -A ABOUT=(
   [idle-flood]="300 idle connections to echo: a normal client's wait; with --max-conns-per-ip 2"
   [broken-upgrade]="upgrade to a wrapper whose child never gets ready: exit code, failures, leftovers"
   [master-kill]="SIGKILL the master under load: workers gone, fresh start ready"
-  [log-disk-full]="logs on a full 64 KiB tmpfs under wrk, a reload: failures, master alive, lines dropped"
-  [stderr-closed]="stderr a pipe whose reader left, under wrk, a reload: failures, master alive"
+  [log-disk-full]="logs on a full 64 KiB tmpfs under wrk, two reloads: failures, master alive, lines dropped"
+  [stderr-closed]="stderr a pipe whose reader left, under wrk, two reloads: failures, master alive"
   [body-flood]="3,000 connections each send 990 KB of a 1 MB body, then a byte per 5 s: worker RSS, probes"
   [slow-bodies]="300 addresses send 70 KB of a 200 KB body, then a byte per 5 s, -w 4: probes within 1 s"
 )
@@ -164,23 +175,39 @@ workdir() {
 
 # start_server LOG BIN ARGS...: starts a master, waits for its ready line; sets MASTER and PORT.
 start_server() {
+  launch_server "$@" && await_ready "$1"
+}
+
+# io_args BIN: the arguments IO asks for, one a line. IO=event: http_hello's scenarios in
+# event mode (the other binaries are blocking only), also where the scenario runs a copy of
+# it (the upgrades: the copy is what is upgraded; issue 31 found that these ran in blocking
+# mode whatever IO said).
+io_args() {
+  if [ -n "${IO:-}" ] && { [ "$1" = "$HELLO" ] || cmp -s "$1" "$HELLO"; }; then
+    printf '%s\n' --io "$IO"
+  fi
+}
+
+# launch_server LOG BIN ARGS...: starts BIN ARGS (and what IO asks for) in the background,
+# its stderr to LOG; MASTER is its pid.
+launch_server() {
   local log=$1 bin=$2
   shift 2
-  # IO=event: http_hello's scenarios in event mode (the other binaries are blocking only),
-  # also where the scenario runs a copy of it (the upgrades: the copy is what is upgraded;
-  # issue 31 found that these ran in blocking mode whatever IO said).
   local io=()
-  if [ -n "${IO:-}" ] && { [ "$bin" = "$HELLO" ] || cmp -s "$bin" "$HELLO"; }; then
-    io=(--io "$IO")
-  fi
+  mapfile -t io < <(io_args "$bin")
   "$bin" "$@" "${io[@]}" 2>"$log" &
   MASTER=$!
   PIDS+=("$MASTER")
-  if ! wait_for 30 ready_in "$log"; then
-    echo "the server did not become ready: $(tail -3 "$log")" >&2
+}
+
+# await_ready LOG: waits (30 s at most) for the ready line in LOG, where the server logs
+# (its stderr, or its --log-file); PORT is then its first listener's port.
+await_ready() {
+  if ! wait_for 30 ready_in "$1"; then
+    echo "the server did not become ready: $(tail -3 "$1" 2>/dev/null)" >&2
     return 1
   fi
-  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$log" | head -1 | cut -d: -f2)
+  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$1" | head -1 | cut -d: -f2)
 }
 
 # stop_server PID: TERM (connections in progress may finish), KILL after 5 s.
@@ -779,7 +806,8 @@ log_fault() {
   fi
   local failed total details
   read -r failed total details < <(wrk_counts "$WORK/wrk")
-  echo "$name: $failed failed of $total requests over 2 reloads, master alive: $alive_after,"     "log lines counted as dropped: $dropped ($details)"
+  echo "$name: $failed failed of $total requests over 2 reloads, master alive: $alive_after," \
+    "log lines counted as dropped: $dropped ($details)"
 }
 
 scenario_log_disk_full() {
@@ -788,11 +816,11 @@ scenario_log_disk_full() {
   mkdir "$WORK/disk"
   mount -t tmpfs -o size=64k,mode=0755 tmpfs "$WORK/disk"
   trap 'umount -l "$WORK/disk" 2>/dev/null; cleanup' EXIT
-  start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 4 --log-file "$WORK/disk/error.log" \
-    --access-log "$WORK/disk/access.log" --metrics-listen 127.0.0.1:0 2>/dev/null || true
-  # The lines go to the file: the ready line and the addresses are read there.
-  wait_for 30 ready_in "$WORK/disk/error.log"
-  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$WORK/disk/error.log" | head -1 | cut -d: -f2)
+  launch_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 4 --log-file "$WORK/disk/error.log" \
+    --access-log "$WORK/disk/access.log" --metrics-listen 127.0.0.1:0
+  # The lines go to the file (stderr only has what comes before it is opened): the ready
+  # line and the addresses are read there.
+  await_ready "$WORK/disk/error.log" || { stop_server "$MASTER"; return; }
   METRICS=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/disk/error.log" | head -1 | cut -c8-)
   head -c 1M /dev/zero >"$WORK/disk/filler" 2>/dev/null || true
   while printf 'filler\n' >>"$WORK/disk/error.log" 2>/dev/null; do :; done
@@ -813,12 +841,13 @@ scenario_stderr_closed() {
   workdir
   # stderr is a pipe to `sed`, which leaves after the ready line, as a journald that
   # restarts or a terminal that closes.
-  "$HELLO" -l 127.0.0.1:0 -w 4 --metrics-listen 127.0.0.1:0 \
+  local io=()
+  mapfile -t io < <(io_args "$HELLO")
+  "$HELLO" -l 127.0.0.1:0 -w 4 --metrics-listen 127.0.0.1:0 "${io[@]}" \
     2> >(sed '/master: ready/q' >"$WORK/log") &
   MASTER=$!
   PIDS+=("$MASTER")
-  wait_for 30 ready_in "$WORK/log"
-  PORT=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$WORK/log" | head -1 | cut -d: -f2)
+  await_ready "$WORK/log" || { stop_server "$MASTER"; return; }
   METRICS=$(grep -o 'http://127.0.0.1:[0-9]*' "$WORK/log" | head -1 | cut -c8-)
   log_fault stderr-closed
   stop_server "$MASTER"
@@ -914,7 +943,8 @@ scenario_body_flood() {
   local left="n/a"
   alive "$MASTER" && left=$(curl -s "http://127.0.0.1:$PORT/" >/dev/null && echo serving)
   stop_server "$MASTER"
-  echo "body-flood: largest worker RSS ${rss} MiB (2 event workers, 3,000 unfinished 1 MB"     "uploads); $probes; afterwards: $left"
+  echo "body-flood: largest worker RSS ${rss} MiB (2 event workers, 3,000 unfinished 1 MB" \
+    "uploads); $probes; afterwards: $left"
 }
 
 scenario_slow_bodies() {
@@ -930,7 +960,7 @@ scenario_slow_bodies() {
 
 # ---------------------------------------------------------------------------------------
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
 known() { [[ -v ABOUT[$1] ]]; }
 

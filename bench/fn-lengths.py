@@ -72,7 +72,7 @@ def tokens(src):
             m = IDENT.match(src, i)
             yield ("ident", m.group(0), line)
             i = m.end()
-        elif c in "{}();":
+        elif c in "{}()[];":
             yield ("punct", c, line)
             i += 1
         else:
@@ -89,13 +89,14 @@ def functions(src):
         if k + 1 >= len(toks) or toks[k + 1][0] != "ident":
             continue  # `fn(u8) -> u8`, a pointer type
         name = toks[k + 1][1]
-        # The body is the first `{` outside parentheses; a `;` first means no body.
+        # The body is the first `{` outside parentheses and brackets (`-> [u8; 29] {`); a
+        # `;` first means no body.
         parens, j = 0, k + 2
         while j < len(toks):
             t = toks[j][1]
-            if t == "(":
+            if t in "([":
                 parens += 1
-            elif t == ")":
+            elif t in ")]":
                 parens -= 1
             elif parens == 0 and t in "{;":
                 break

@@ -21,6 +21,7 @@ most RATE * SECONDS queries per run (environment: RATE 2000, SECONDS 5, SOURCES 
 """
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -94,6 +95,7 @@ class Server:
                 return
             except OSError:
                 pass
+        self.stop()
         sys.exit(f"{' '.join(self.cmd)} does not answer")
 
     def status(self):
@@ -102,8 +104,15 @@ class Server:
         return json.loads(out)["totals"]["datagrams"]
 
     def stop(self):
+        """Stops the server (its workers follow the master) and removes its directory."""
         self.proc.terminate()
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def worst(server):
@@ -157,6 +166,14 @@ def flood(server, q):
 
 def main():
     on = Server()
+    try:
+        measure(on, lambda flags: Server(*flags))
+    finally:
+        on.stop()
+
+
+def measure(on, start):
+    """The worst query against `on`, then the three floods (servers made by `start`)."""
     rows = worst(on)
     ratio, out_b, in_b, name, tname, edns = rows[0]
     print(f"appsrv dns example: {DNS} (zone {ZONE}); {SOURCES} sources 127.0.0.2-{1 + SOURCES} (one /24),"
@@ -180,14 +197,14 @@ def main():
             else:
                 if off:
                     off.stop()
-                server = off = Server(*flags)
+                server = off = start(flags)
             sent, bytes_in, answers, bytes_out, took, d = flood(server, q)
             print(f"| {label} | {sent} in {took:.1f} s | {bytes_in} | {answers} | {bytes_out} |"
                   f" {bytes_out / bytes_in:.2f} | {d.get('rate_limited')}, {d.get('bytes_in')},"
                   f" {d.get('bytes_out')} |")
     finally:
-        on.stop()
         if off:
             off.stop()
+
 
 main()
