@@ -83,9 +83,9 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::sys::{self, SharedZeroed};
@@ -159,14 +159,15 @@ pub(crate) struct Stats {
 /// The table this process made (the master, before forking: its workers inherit it) or
 /// adopted (a re-executed worker).
 static INSTALLED: OnceLock<&'static Penalties> = OnceLock::new();
-/// Its memfd (kept open for life: re-executed workers inherit it), -1 before.
-static MEMFD: AtomicI32 = AtomicI32::new(-1);
+/// Its memfd (kept open for life: re-executed workers inherit it).
+static MEMFD: OnceLock<OwnedFd> = OnceLock::new();
 
 /// Makes the table with the maximum penalty `max` and installs it for this process and
 /// the workers it forks; called once by the master before the first fork.
 pub(crate) fn create(max: Duration) -> io::Result<&'static Penalties> {
     let (table, fd) = Penalties::map(max)?;
-    Ok(install(table, fd))
+    let _ = MEMFD.set(fd);
+    Ok(*INSTALLED.get_or_init(|| table))
 }
 
 /// A re-executed worker installs the table its master made, from its memfd (closed once
@@ -174,14 +175,6 @@ pub(crate) fn create(max: Duration) -> io::Result<&'static Penalties> {
 pub(crate) fn adopt(fd: OwnedFd) -> io::Result<&'static Penalties> {
     let table = Penalties::adopt(fd)?;
     Ok(*INSTALLED.get_or_init(|| table))
-}
-
-fn install(table: &'static Penalties, fd: OwnedFd) -> &'static Penalties {
-    let table = *INSTALLED.get_or_init(|| table);
-    if MEMFD.load(Ordering::SeqCst) < 0 {
-        MEMFD.store(fd.into_raw_fd(), Ordering::SeqCst);
-    }
-    table
 }
 
 /// The table of this process: `None` with `--penalty-max 0`, and in a process that is no
@@ -192,7 +185,7 @@ pub(crate) fn installed() -> Option<&'static Penalties> {
 
 /// The memfd of the installed table, for a re-executed worker to map.
 pub(crate) fn memfd() -> Option<RawFd> {
-    Some(MEMFD.load(Ordering::SeqCst)).filter(|fd| *fd >= 0)
+    MEMFD.get().map(AsRawFd::as_raw_fd)
 }
 
 /// Charges `ip` with a failure in the installed table, now: the refusal it earned, `None`

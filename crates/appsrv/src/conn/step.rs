@@ -473,13 +473,10 @@ impl<C: Codec> Requests<C> {
         }
         // What the decoding found; the request itself (which borrows the buffer) is not
         // needed.
-        let decoded = if self.as_read.is_empty() {
+        let input: &mut [u8] = if self.as_read.is_empty() {
             scratch.clear();
             scratch.extend_from_slice(bufs.unconsumed());
-            self.codec.decode(scratch).map(|d| match d {
-                Decoded::Request { .. } => None,
-                Decoded::Incomplete { interim } => Some(interim),
-            })
+            scratch
         } else {
             let input = bufs.unconsumed();
             // Nothing is consumed in a front, so the buffer holds what was kept and the
@@ -494,12 +491,12 @@ impl<C: Codec> Requests<C> {
                 self.as_read.reserve_exact(new.len().max(self.as_read.len() / 4));
             }
             self.as_read.extend_from_slice(new);
-            let (input, _) = bufs.split();
-            self.codec.decode(input).map(|d| match d {
-                Decoded::Request { .. } => None,
-                Decoded::Incomplete { interim } => Some(interim),
-            })
+            bufs.split().0
         };
+        let decoded = self.codec.decode(input).map(|d| match d {
+            Decoded::Request { .. } => None,
+            Decoded::Incomplete { interim } => Some(interim),
+        });
         match decoded {
             Ok(None) => Gathered::Whole,
             Ok(Some(interim)) => {

@@ -183,12 +183,7 @@ fn drops() -> &'static DropTable {
 
 /// Counts `n` lines of `log` dropped by this process, in its role's row.
 pub(crate) fn count_dropped(log: Log, n: u64) {
-    let row = match ROLE.load(Ordering::Relaxed) {
-        MASTER => 0,
-        id if id & HELPER != 0 => 3,
-        id if id & FRONT != 0 => 2,
-        _ => 1,
-    };
+    let row = Kind::of(ROLE.load(Ordering::Relaxed)).row();
     drops()[row][log as usize].fetch_add(n, Ordering::Relaxed);
 }
 
@@ -414,15 +409,54 @@ pub(crate) fn set_front(id: u32) {
     ROLE.store(id | FRONT, Ordering::Relaxed);
 }
 
+/// A process's role as [`ROLE`] holds it: the master, or a worker, front or helper with its
+/// worker number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Master,
+    Worker(u32),
+    Front(u32),
+    Helper(u32),
+}
+
+impl Kind {
+    fn of(role: u32) -> Kind {
+        match role {
+            MASTER => Kind::Master,
+            id if id & HELPER != 0 => Kind::Helper(id & !HELPER),
+            id if id & FRONT != 0 => Kind::Front(id & !FRONT),
+            id => Kind::Worker(id),
+        }
+    }
+
+    /// Its row of [`DropTable`] (and [`DROP_ROLES`]' name).
+    fn row(self) -> usize {
+        match self {
+            Kind::Master => 0,
+            Kind::Worker(_) => 1,
+            Kind::Front(_) => 2,
+            Kind::Helper(_) => 3,
+        }
+    }
+
+    /// The worker number, for all but the master.
+    fn worker(self) -> Option<u32> {
+        match self {
+            Kind::Master => None,
+            Kind::Worker(id) | Kind::Front(id) | Kind::Helper(id) => Some(id),
+        }
+    }
+}
+
 struct Role(u32);
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            MASTER => f.write_str("master"),
-            id if id & HELPER != 0 => write!(f, "worker {} helper", id & !HELPER),
-            id if id & FRONT != 0 => write!(f, "front {}", id & !FRONT),
-            id => write!(f, "worker {id}"),
+        match Kind::of(self.0) {
+            Kind::Master => f.write_str("master"),
+            Kind::Helper(id) => write!(f, "worker {id} helper"),
+            Kind::Front(id) => write!(f, "front {id}"),
+            Kind::Worker(id) => write!(f, "worker {id}"),
         }
     }
 }
@@ -495,11 +529,11 @@ fn json_head(w: &mut Writer<'_>, level: Level, pid: u32, role: u32) -> fmt::Resu
         "{{\"time\":{time},\"level\":\"{}\",\"pid\":{pid},",
         level_str(level)
     )?;
-    match role {
-        MASTER => write!(w, "\"role\":\"master\","),
-        id if id & HELPER != 0 => write!(w, "\"role\":\"helper\",\"worker\":{},", id & !HELPER),
-        id if id & FRONT != 0 => write!(w, "\"role\":\"front\",\"worker\":{},", id & !FRONT),
-        id => write!(w, "\"role\":\"worker\",\"worker\":{id},"),
+    let kind = Kind::of(role);
+    write!(w, "\"role\":\"{}\",", DROP_ROLES[kind.row()])?;
+    match kind.worker() {
+        Some(id) => write!(w, "\"worker\":{id},"),
+        None => Ok(()),
     }
 }
 
