@@ -28,12 +28,7 @@ fn rss_kib(pid: i32) -> u64 {
 /// Answers to `GET /` from a new client, within `bound`.
 fn served(addr: SocketAddr, bound: Duration) {
     let started = Instant::now();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(bound)).unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
+    let out = get_once(addr, "/", bound);
     assert!(
         out.starts_with("HTTP/1.1 200 "),
         "a normal client after {:?}: {out:?}",

@@ -1,7 +1,10 @@
 //! Overall deadlines on the slow paths of a connection: a response read too slowly
 //! (`--min-send-rate`), and the operator's warning when slow clients hold the pool.
 //!
-//! Regression tests for issue 14 ("Reliability under faults").
+//! Regression tests for issue 14 ("Reliability under faults") and issue 31 ("Faults that
+//! still take a server down"): a client with a small receive window is measured by what
+//! it acknowledges, below the minimum rate (cut) and above it (not cut, also past the
+//! write timeout).
 
 mod util;
 
@@ -35,15 +38,36 @@ impl Drop for Site {
     }
 }
 
-/// A client with a small receive buffer (so the server's writes soon wait for it) that
-/// has asked for the big file. Its segments are a network's (an MSS of 1448 bytes), not
-/// loopback's 64 KiB, so that its window opens in small steps as it reads, as it would
-/// across a network (on loopback's, the send watch must wait up to a minute to see any
-/// progress: see `client::MAX_SEND_WINDOW`).
-fn slow_download(addr: SocketAddr) -> TcpStream {
+/// `http_hello` in `io` with one worker serving a new [`Site`] (tagged `tag` and the model)
+/// whose `big.bin` has `len` bytes, and `extra` arguments. The site comes first: bound as
+/// `let (_site, server)`, the server is dropped (killed) before its directory is removed.
+fn big_file_server(io: Io, tag: &str, len: usize, extra: &[&str]) -> (Site, Server) {
+    let site = Site::new(&format!("{tag}-{}", io.name()), len);
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--static-dir", site.arg()];
+    args.extend_from_slice(extra);
+    let server = Server::start_io("http_hello", io, &args);
+    (site, server)
+}
+
+/// A client that has asked for the big file on a new connection, reading nothing yet.
+///
+/// `rcvbuf`: its `SO_RCVBUF`, set before it connects so that it never advertises more: the
+/// server's writes soon wait for it. With 4 KiB and loopback's segments, the kernel sends
+/// it none larger than half its window (2 KiB), so its window reopens, and what it
+/// acknowledges moves, in steps of about that much.
+///
+/// `mss`: its segment size. A network's (1448 bytes), not loopback's 64 KiB, opens its
+/// window in small steps as it reads, as it would across a network (on loopback's, the
+/// send watch must wait up to a minute to see any progress: see
+/// `client::MAX_SEND_WINDOW`).
+fn download(addr: SocketAddr, rcvbuf: Option<usize>, mss: Option<u32>) -> TcpStream {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.set_recv_buffer_size(4096).unwrap();
-    s.set_tcp_mss(1448).unwrap();
+    if let Some(size) = rcvbuf {
+        s.set_recv_buffer_size(size).unwrap();
+    }
+    if let Some(mss) = mss {
+        s.set_tcp_mss(mss).unwrap();
+    }
     s.connect(&addr.into()).unwrap();
     let mut s = TcpStream::from(s);
     s.write_all(b"GET /static/big.bin HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -51,15 +75,18 @@ fn slow_download(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// A client with a small receive buffer and a network's segments (see [`download`]).
+fn slow_download(addr: SocketAddr) -> TcpStream {
+    download(addr, Some(4096), Some(1448))
+}
+
 /// `GET /` on a new connection: the status line, within [`PATIENCE`].
 fn hello(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.lines().next().unwrap_or_default().to_owned()
+    get_once(addr, "/", PATIENCE)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 both_io!(issue_14_a_reader_below_min_send_rate_is_cut_off_and_the_worker_serves_on);
@@ -68,12 +95,7 @@ both_io!(issue_14_a_reader_below_min_send_rate_is_cut_off_and_the_worker_serves_
 /// cut off by the worker, which serves the next client.
 /// In event mode the worker serves other clients while it holds the slow reader.
 fn issue_14_a_reader_below_min_send_rate_is_cut_off_and_the_worker_serves_on(io: Io) {
-    let site = Site::new(&format!("cut-{}", io.name()), 32 << 20);
-    let server = Server::start_io(
-        "http_hello",
-        io,
-        &["-l", "127.0.0.1:0", "-w", "1", "--static-dir", site.arg()],
-    );
+    let (_site, server) = big_file_server(io, "cut", 32 << 20, &[]);
     let addr = server.tcp_addr();
     let _reader = slow_download(addr); // reads nothing
     let started = Instant::now();
@@ -100,12 +122,7 @@ fn issue_14_a_reader_below_min_send_rate_is_cut_off_and_the_worker_serves_on(io:
 both_io!(a_healthy_slow_download_is_not_cut);
 /// A long download at a healthy rate is never cut, however long it waits on the client.
 fn a_healthy_slow_download_is_not_cut(io: Io) {
-    let site = Site::new(&format!("healthy-{}", io.name()), 8 << 20);
-    let server = Server::start_io(
-        "http_hello",
-        io,
-        &["-l", "127.0.0.1:0", "-w", "1", "--static-dir", site.arg()],
-    );
+    let (_site, server) = big_file_server(io, "healthy", 8 << 20, &[]);
     let mut reader = slow_download(server.tcp_addr());
     reader.set_read_timeout(Some(PATIENCE)).unwrap();
     // About 40 kB/s, 80 times the minimum, for well over one 10 s window.
@@ -127,18 +144,9 @@ fn a_healthy_slow_download_is_not_cut(io: Io) {
     );
 }
 
-/// A client with a small receive window that has asked for the big file: `SO_RCVBUF`
-/// 4 KiB, set before it connects, so that it never advertises more. Its segments are
-/// loopback's; the kernel sends it none larger than half its window (2 KiB), so its window
-/// reopens, and what it acknowledges moves, in steps of about that much.
+/// A client with a small receive window and loopback's segments (see [`download`]).
 fn small_window_download(addr: SocketAddr) -> TcpStream {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.set_recv_buffer_size(4096).unwrap();
-    s.connect(&addr.into()).unwrap();
-    let mut s = TcpStream::from(s);
-    s.write_all(b"GET /static/big.bin HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
-    s
+    download(addr, Some(4096), None)
 }
 
 /// How a paced download ended.
@@ -186,21 +194,7 @@ both_io!(issue_31_a_small_window_reader_below_min_send_rate_is_cut_off);
 /// 128 bytes/s under the default 500 is the same case): it is cut after about one window,
 /// and the worker serves the next client.
 fn issue_31_a_small_window_reader_below_min_send_rate_is_cut_off(io: Io) {
-    let site = Site::new(&format!("window-cut-{}", io.name()), 16 << 20);
-    let server = Server::start_io(
-        "http_hello",
-        io,
-        &[
-            "-l",
-            "127.0.0.1:0",
-            "-w",
-            "1",
-            "--static-dir",
-            site.arg(),
-            "--min-send-rate",
-            "4000",
-        ],
-    );
+    let (_site, server) = big_file_server(io, "window-cut", 16 << 20, &["--min-send-rate", "4000"]);
     let addr = server.tcp_addr();
     let download = small_window_download(addr);
     let started = Instant::now();
@@ -216,16 +210,14 @@ fn issue_31_a_small_window_reader_below_min_send_rate_is_cut_off(io: Io) {
     // buffer); a minute is generous on a loaded machine and far short of the 16 MB at the
     // client's pace (over four hours).
     let cut = "below --min-send-rate 4000 bytes/s: cut off";
-    let deadline = started + Duration::from_secs(60);
-    while !server.log_text().contains(cut) {
-        assert!(
-            Instant::now() < deadline,
-            "the slow reader is still served after {:?}; log:\n{}",
-            started.elapsed(),
-            server.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let limit = Duration::from_secs(60).saturating_sub(started.elapsed());
+    let seen = wait_until_for(limit, || server.log_text().contains(cut).then_some(()));
+    assert!(
+        seen.is_some(),
+        "the slow reader is still served after {:?}; log:\n{}",
+        started.elapsed(),
+        server.log_text()
+    );
     let line = server.wait_for_log(cut);
     assert!(line.contains("worker 1"), "{line}");
     // The client sees the reset once it has read what its kernel had taken already.
@@ -243,12 +235,7 @@ both_io!(issue_31_a_small_window_reader_above_min_send_rate_is_not_cut);
 /// (and with the sendfile fix, the blocking one too): the window now spans two of the
 /// steps seen, and one step is credited.
 fn issue_31_a_small_window_reader_above_min_send_rate_is_not_cut(io: Io) {
-    let site = Site::new(&format!("window-healthy-{}", io.name()), 16 << 20);
-    let server = Server::start_io(
-        "http_hello",
-        io,
-        &["-l", "127.0.0.1:0", "-w", "1", "--static-dir", site.arg()],
-    );
+    let (_site, server) = big_file_server(io, "window-healthy", 16 << 20, &[]);
     let download = small_window_download(server.tcp_addr());
     let paced = read_paced(download, 350, Duration::from_millis(500), Duration::from_secs(40));
     assert!(paced.cut.is_none(), "cut: {paced:?}; log:\n{}", server.log_text());
@@ -269,27 +256,9 @@ both_io!(issue_31_a_reader_above_min_send_rate_outlasts_the_write_timeout);
 /// (its window reopens in large pieces): the write timeout is 15 s here, well above that,
 /// to keep the test short (60 s by default).
 fn issue_31_a_reader_above_min_send_rate_outlasts_the_write_timeout(io: Io) {
-    let site = Site::new(&format!("write-timeout-{}", io.name()), 16 << 20);
-    let server = Server::start_io(
-        "http_hello",
-        io,
-        &[
-            "-l",
-            "127.0.0.1:0",
-            "-w",
-            "1",
-            "--static-dir",
-            site.arg(),
-            "--write-timeout",
-            "15",
-        ],
-    );
-    let mut download = TcpStream::connect(server.tcp_addr()).unwrap();
-    download
-        .write_all(b"GET /static/big.bin HTTP/1.1\r\nHost: t\r\n\r\n")
-        .unwrap();
+    let (_site, server) = big_file_server(io, "write-timeout", 16 << 20, &["--write-timeout", "15"]);
     let paced = read_paced(
-        download,
+        download(server.tcp_addr(), None, None),
         4096,
         Duration::from_millis(250),
         Duration::from_secs(35),

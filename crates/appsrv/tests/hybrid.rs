@@ -207,16 +207,21 @@ fn hello(c: &mut BufReader<TcpStream>) -> Result<(), String> {
     expect_200(c, HELLO)
 }
 
-/// `GET /` on a new connection that the request closes; panics unless it is answered
-/// within `bound`.
-fn hello_once(addr: SocketAddr, bound: Duration) -> Duration {
+/// `GET /` on a new connection that the request closes, reading with a timeout of
+/// `bound`: how long it took to be answered `Hello, World!`, or what went wrong.
+fn try_hello_once(addr: SocketAddr, bound: Duration) -> Result<Duration, String> {
     let started = Instant::now();
     let mut c = open_with(addr, bound);
     c.get_mut()
         .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    expect_200(&mut c, HELLO).unwrap_or_else(|e| panic!("a new client: {e}"));
-    let took = started.elapsed();
+        .map_err(|e| format!("send: {e}"))?;
+    expect_200(&mut c, HELLO)?;
+    Ok(started.elapsed())
+}
+
+/// [`try_hello_once`]; panics unless it is answered within `bound`.
+fn hello_once(addr: SocketAddr, bound: Duration) -> Duration {
+    let took = try_hello_once(addr, bound).unwrap_or_else(|e| panic!("a new client: {e}"));
     assert!(took < bound, "a new client took {took:?} (bound {bound:?})");
     took
 }
@@ -1385,13 +1390,7 @@ fn issue_31_slow_bodies_from_many_addresses_hold_no_worker() {
             .map(|_| {
                 // Spread over about five seconds of the trickle (pacing).
                 std::thread::sleep(Duration::from_millis(250));
-                let started = Instant::now();
-                let mut c = open_with(addr, Duration::from_secs(1));
-                c.get_mut()
-                    .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-                    .map_err(|e| format!("send: {e}"))?;
-                expect_200(&mut c, HELLO)?;
-                Ok(started.elapsed())
+                try_hello_once(addr, Duration::from_secs(1))
             })
             .collect();
         stop.store(true, Ordering::SeqCst);
@@ -1479,14 +1478,9 @@ fn issue_31_a_partial_request_behind_a_whole_one_goes_back_to_the_front() {
     expect_continue(&mut c).unwrap();
     // The only worker is free for others while the body has not come.
     for i in 0..5 {
-        let started = Instant::now();
-        let mut other = open_with(addr, Duration::from_secs(2));
-        other
-            .get_mut()
-            .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        expect_200(&mut other, HELLO).unwrap_or_else(|e| panic!("another client's request {i}: {e}"));
-        eprintln!("another client answered in {:?}", started.elapsed());
+        let took = try_hello_once(addr, Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("another client's request {i}: {e}"));
+        eprintln!("another client answered in {took:?}");
     }
     c.get_mut().write_all(&body[..1000]).unwrap();
     c.get_mut().write_all(&body[1000..]).unwrap();

@@ -4,7 +4,10 @@
 //! and the reload lines that say who asked.
 //!
 //! Regression tests for issue #17 ("What an operator and a crate user meet first"), its
-//! logging part.
+//! logging part; issue 20 (an access line for a request that arrives in pieces); and
+//! issue 31 ("Faults that still take a server down"): a full log disk or a closed stderr
+//! pipe drops and counts lines instead of ending the server, and nothing in the library
+//! prints with a macro that panics.
 
 mod util;
 
@@ -12,6 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use util::*;
 
@@ -397,12 +401,7 @@ fn issue_17_usr1_reopens_the_access_log_of_request_level_workers(io: Io) {
     let server = Server::start_io("http_hello", io, &args);
     let addr = server.tcp_addr();
     let get = |path: &str| {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(PATIENCE)).unwrap();
-        use std::io::{Read, Write};
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
+        let out = get_once(addr, path, PATIENCE);
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     };
     get("/?before");
@@ -519,20 +518,9 @@ fn issue_20_a_request_that_arrives_in_pieces_is_logged_whole(io: Io) {
     assert!(line.contains("\"GET /?in-pieces HTTP/1.1"), "{line}");
 }
 
-/// One HTTP/1.1 request with `Connection: close`; the whole response as text.
-fn http_text(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
-        .unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+/// [`get_once`] with a read timeout of 20 s: the whole response as text.
+fn http_text<A: std::net::ToSocketAddrs + ?Sized>(addr: &A, path: &str) -> String {
+    get_once(addr, path, Duration::from_secs(20))
 }
 
 /// The value of the metric sample `name{labels}` (labels as the server renders them).
@@ -543,25 +531,21 @@ fn metric_value(metrics_addr: &str, sample: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {sample} in:\n{text}"))
 }
 
-/// A tmpfs of 64 KiB, mounted for one test and unmounted (then removed) when dropped.
-struct TinyDisk(PathBuf);
+/// A tmpfs of 64 KiB mounted on a [`LogDir`] for one test, unmounted when dropped (then
+/// the `LogDir` removes the directory).
+struct TinyDisk(LogDir);
 
 impl TinyDisk {
     fn mount(tag: &str) -> TinyDisk {
-        let dir = std::env::temp_dir().join(format!("appsrv-tiny-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = LogDir::new(&format!("tiny-{tag}"));
         let ok = Command::new("mount")
             .args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs"])
-            .arg(&dir)
+            .arg(&dir.0)
             .status()
             .unwrap()
             .success();
-        assert!(ok, "mounting a tmpfs on {}", dir.display());
+        assert!(ok, "mounting a tmpfs on {}", dir.0.display());
         TinyDisk(dir)
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).to_string_lossy().into_owned()
     }
 
     /// Fills what is left of the disk with a file of its own, then the last page of each
@@ -569,7 +553,7 @@ impl TinyDisk {
     /// full) with filler lines.
     fn fill(&self, logs: &[&str]) {
         use std::io::Write;
-        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        let mut f = std::fs::File::create(self.0.path("filler")).unwrap();
         let block = [0u8; 1024];
         while f.write_all(&block).is_ok() {}
         for log in logs {
@@ -579,14 +563,13 @@ impl TinyDisk {
     }
 
     fn free(&self) {
-        std::fs::remove_file(self.0.join("filler")).unwrap();
+        std::fs::remove_file(self.0.path("filler")).unwrap();
     }
 }
 
 impl Drop for TinyDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
+        let _ = Command::new("umount").arg("-l").arg(&self.0.0).status();
     }
 }
 
@@ -601,7 +584,8 @@ fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(io: Io) {
         return;
     }
     let disk = TinyDisk::mount(io.name());
-    let (log, access) = (disk.path("error.log"), disk.path("access.log"));
+    let dir = &disk.0;
+    let (log, access) = (dir.path("error.log"), dir.path("access.log"));
     let mut args = vec![
         "-l",
         "127.0.0.1:0",
@@ -617,16 +601,9 @@ fn issue_31_a_full_log_disk_drops_lines_and_the_server_goes_on(io: Io) {
     args.extend(user_args());
     let server = Server::spawn("http_hello", &io.args(&args), &[]);
     // The lines go to the log file: the addresses are read there.
-    let line_with = |needle: &str| {
-        wait_until(|| {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            text.lines().find(|l| l.contains(needle)).map(str::to_owned)
-        })
-        .unwrap_or_else(|| panic!("no {needle:?} in {log}"))
-    };
-    line_with("master: ready");
-    let addr = line_with("listening on ").rsplit_once(' ').unwrap().1.to_owned();
-    let metrics = line_with("serving metrics on http://");
+    dir.wait_for_line("error.log", "master: ready");
+    let addr = server_addr(dir);
+    let metrics = dir.wait_for_line("error.log", "serving metrics on http://");
     let metrics = metrics
         .split("http://")
         .nth(1)
@@ -708,9 +685,14 @@ fn issue_31_a_closed_stderr_pipe_does_not_end_the_server() {
     let metrics = server.metrics_addr();
     let sample = "appsrv_log_lines_dropped_total{log=\"error\",role=\"master\"}";
     // The reader thread closes its end right after the ready line; a reload's lines then
-    // meet EPIPE. Reload until one has (the first may race the close).
+    // meet EPIPE. Reload until one has (the first may race the close), at most every
+    // 500 ms by the clock: a reload takes time, and a signal on every poll is a storm.
+    let mut last_hup: Option<Instant> = None;
     let dropped = wait_until(|| {
-        server.signal(libc::SIGHUP);
+        if last_hup.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
+            server.signal(libc::SIGHUP);
+            last_hup = Some(Instant::now());
+        }
         let n = metric_value(&metrics, sample);
         (n > 0).then_some(n)
     });

@@ -1613,7 +1613,7 @@ fn issue_31_a_brute_force_of_tokens_is_slowed_and_another_address_is_served() {
         "{logged} lines for one episode:\n{log}"
     );
     // The metrics: each answer charged once, each refusal counted.
-    let (_, text) = http_get_text(&metrics, "/metrics");
+    let text = get_once(&metrics, "/metrics", PATIENCE);
     assert_eq!(
         metric(&text, "appsrv_penalties_total"),
         f64::from(answered),
@@ -1625,15 +1625,4 @@ fn issue_31_a_brute_force_of_tokens_is_slowed_and_another_address_is_served() {
         "{text}"
     );
     assert_eq!(metric(&text, "appsrv_penalties_unrecorded_total"), 0.0);
-}
-
-/// `GET PATH` on `addr` (`HOST:PORT`): the status line and the body.
-fn http_get_text(addr: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    (head.lines().next().unwrap_or("").to_owned(), body.to_owned())
 }

@@ -271,11 +271,10 @@ pub fn get(addr: SocketAddr, target: &str) -> Response {
     request(addr, "GET", target, &[], "")
 }
 
-/// [`post_item`] from another loopback address, `from`: a failed authentication there
-/// refuses that address only (issue 31), not the tests' other requests.
-pub fn post_item_from(
-    from: &str,
-    addr: SocketAddr,
+/// `POST /item` on `conn` with `Authorization: Bearer TOKEN` (none without a token),
+/// `Content-Type` `content_type` (none without) and the JSON `body`.
+pub fn post_item_on(
+    conn: &mut Conn,
     token: Option<&str>,
     content_type: Option<&str>,
     body: &str,
@@ -288,21 +287,24 @@ pub fn post_item_from(
     if let Some(t) = content_type {
         headers.push(("Content-Type", t));
     }
-    Conn::open_from(from, addr).request("POST", "/item", &headers, body)
+    conn.request("POST", "/item", &headers, body)
 }
 
-/// `POST /item` with `Authorization: Bearer TOKEN` (none without a token), `Content-Type`
-/// `content_type` (none without) and the JSON `body`.
+/// [`post_item`] from another loopback address, `from`: a failed authentication there
+/// refuses that address only (issue 31), not the tests' other requests.
+pub fn post_item_from(
+    from: &str,
+    addr: SocketAddr,
+    token: Option<&str>,
+    content_type: Option<&str>,
+    body: &str,
+) -> Response {
+    post_item_on(&mut Conn::open_from(from, addr), token, content_type, body)
+}
+
+/// [`post_item_on`] a connection of its own.
 pub fn post_item(addr: SocketAddr, token: Option<&str>, content_type: Option<&str>, body: &str) -> Response {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = Vec::new();
-    if let Some(a) = &auth {
-        headers.push(("Authorization", a.as_str()));
-    }
-    if let Some(t) = content_type {
-        headers.push(("Content-Type", t));
-    }
-    request(addr, "POST", "/item", &headers, body)
+    post_item_on(&mut Conn::open(addr), token, content_type, body)
 }
 
 /// A well-formed new item with `title`.

@@ -141,8 +141,6 @@ pub struct Server {
     child: Option<Child>,
     pid: i32,
     log: Arc<(Mutex<Log>, Condvar)>,
-    /// The addresses from the `listening on ADDR` lines.
-    pub addrs: Vec<String>,
 }
 
 impl Server {
@@ -198,11 +196,7 @@ impl Server {
     /// `F_DUPFD_CLOEXEC`). Does not wait for anything.
     pub fn spawn_inheriting(mut cmd: Command, fds: &[(std::os::fd::BorrowedFd<'_>, i32)]) -> Server {
         use std::os::fd::AsRawFd;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        Self::close_others(&mut cmd);
+        Self::prepare(&mut cmd, &[]);
         let pairs: Vec<(i32, i32)> = fds.iter().map(|(s, n)| (s.as_raw_fd(), *n)).collect();
         assert!(
             pairs.iter().all(|(s, _)| pairs.iter().all(|(_, n)| s != n)),
@@ -225,14 +219,20 @@ impl Server {
     }
 
     fn spawn_command(mut cmd: Command, env: &[(&str, &str)]) -> Server {
+        Self::prepare(&mut cmd, env);
+        Self::launch(cmd)
+    }
+
+    /// Sets up `cmd` as every server is started: `env` added, no stdin or stdout, stderr
+    /// piped (for the log), its own process group, and only stdio inherited.
+    fn prepare(cmd: &mut Command, env: &[(&str, &str)]) {
         cmd.envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             // Its own process group, so that Drop can kill workers too.
             .process_group(0);
-        Self::close_others(&mut cmd);
-        Self::launch(cmd)
+        Self::close_others(cmd);
     }
 
     fn close_others(cmd: &mut Command) {
@@ -258,12 +258,8 @@ impl Server {
     /// is closed. The lines up to then are kept (addresses, `ready`).
     pub fn spawn_hanging_up(example_name: &str, args: &[&str], after: &str) -> Server {
         let mut cmd = Command::new(example(example_name));
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        Self::close_others(&mut cmd);
+        cmd.args(args);
+        Self::prepare(&mut cmd, &[]);
         Self::launch_until(cmd, Some(after.to_owned()))
     }
 
@@ -306,14 +302,11 @@ impl Server {
             m.lock().unwrap().closed = true;
             cv.notify_all();
         });
-        let mut server = Server {
+        Server {
             child: Some(child),
             pid,
             log,
-            addrs: Vec::new(),
-        };
-        server.addrs = Vec::new();
-        server
+        }
     }
 
     pub fn pid(&self) -> i32 {
@@ -471,8 +464,14 @@ impl Drop for Server {
 }
 
 /// Polls `f` every 20 ms until it returns `Some`, for at most [`PATIENCE`].
-pub fn wait_until<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + PATIENCE;
+pub fn wait_until<T>(f: impl FnMut() -> Option<T>) -> Option<T> {
+    wait_until_for(PATIENCE, f)
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, for at most `limit` (for a wait that a
+/// test bounds otherwise than by [`PATIENCE`]).
+pub fn wait_until_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
             return Some(v);
@@ -650,6 +649,20 @@ pub fn socket_path(tag: &str) -> String {
     dir.join(format!("appsrv-test-{}-{tag}-{n}.sock", std::process::id()))
         .to_string_lossy()
         .into_owned()
+}
+
+/// `GET PATH` on a new connection that the request closes (`Connection: close`): all the
+/// server sends until it closes the connection (or a read fails: a reset, or no byte for
+/// `timeout`), as text, for the test to judge.
+pub fn get_once(addr: impl std::net::ToSocketAddrs, path: &str, timeout: Duration) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(timeout)).unwrap();
+    // One write, so that the request goes out whole (`write!` may split it).
+    let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
 }
 
 /// One HTTP/1.1 GET on `conn` (opening one if needed), never retried: as wrk and ab, a
@@ -849,7 +862,6 @@ pub fn spawn_socket_activated(example_name: &str, args: &[&str], env: &[(&str, &
 /// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (the servers it starts
 /// inherit it), and says whether that allows `need` descriptors; a test that cannot have
 /// them skips with a message.
-#[allow(dead_code)] // not every test binary opens thousands of connections
 pub fn raise_nofile(need: u64) -> bool {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
