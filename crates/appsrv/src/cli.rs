@@ -327,6 +327,9 @@ pub(crate) struct Config {
     pub(crate) worker_connections: usize,
     /// Event mode: a handler call longer than this is logged (`None`: never).
     pub(crate) slow_request: Option<Duration>,
+    /// Async handlers: handler calls in flight per worker at most (`--max-inflight`; 0:
+    /// no limit but `--worker-connections`).
+    pub(crate) max_inflight: usize,
     /// Hybrid mode: the front processes (`--fronts`).
     pub(crate) fronts: usize,
     pub(crate) daemon: bool,
@@ -712,6 +715,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         )
         .arg(count(prefix, "fronts", DEFAULT_FRONTS, "Hybrid mode: front processes, each an event loop over up to --worker-connections connections, that accept, admit and read requests for the workers"))
         .arg(count(prefix, "worker-connections", d.worker_connections, "Event mode: connections per worker at most; a worker stops accepting at this many and resumes below it. The soft RLIMIT_NOFILE is raised to what this needs (up to the hard limit)"))
+        .arg(count(prefix, "max-inflight", 0, "Async handlers (run_async_requests, run_async): requests (client level: connections) in the handler at once per worker at most; beyond it the worker reads no new request until some finish, and stops accepting at --worker-connections (0: no limit but --worker-connections)"))
         .arg(count(prefix, "max-requests", 0, "Recycle a worker after this many requests (request-level handlers; 0: never)"))
         .arg(count(prefix, "max-connections", 0, "Recycle a worker after this many connections (0: never)"))
         .arg(count(prefix, "max-jitter", 0, "Add 0 to N (drawn for each worker) to --max-requests and --max-connections, so that workers do not all restart together"))
@@ -779,7 +783,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             env_opt(prefix, "request-timeout")
                 .value_name("SECS")
                 .value_parser(secs)
-                .help("Kill a worker whose handler runs longer than this on one request (handle_client: on one connection), with a log line naming the client and the request [default: 60 for request-level handlers, off for handle_client; 0: off]"),
+                .help("Kill a worker whose handler runs longer than this on one request (handle_client: on one connection), with a log line naming the client and the request; async handlers: cancel the call and answer with the codec's error reply (HTTP 504; the client level: close the connection), and kill a worker only when one poll blocks its thread this long [default: 60 for request-level handlers, off for handle_client; 0: off]"),
         )
         .arg(
             env_opt(prefix, "slow-request")
@@ -1265,6 +1269,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         worker_connections: n(m, "worker-connections") as usize,
         fronts: n(m, "fronts") as usize,
         slow_request: timeout(m, "slow-request"),
+        max_inflight: n(m, "max-inflight") as usize,
         allow: cidr_list(m, "allow"),
         deny: cidr_list(m, "deny"),
         proxy_protocol: m.get_flag("proxy-protocol"),

@@ -57,6 +57,9 @@ pub(crate) struct Program {
     pub(crate) datagram_only: bool,
     /// The request handler's `Session` holds state (hybrid mode cannot serve it).
     pub(crate) stateful_sessions: bool,
+    /// The handler is async (`Server::run_async_requests`, `Server::run_async`): event
+    /// workers only.
+    pub(crate) asynchronous: bool,
 }
 
 /// What a server does with datagrams, for the configuration checks.
@@ -166,6 +169,7 @@ where
         request_level,
         DatagramUse::of(&program),
         program.stateful_sessions,
+        program.asynchronous,
     )?;
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
@@ -401,6 +405,7 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
         request_level,
         DatagramUse::of(program),
         program.stateful_sessions,
+        program.asynchronous,
     )?;
     config.confinement()?.check()?;
     if !request_level && config.max_requests > 0 {
@@ -449,8 +454,12 @@ fn check_io(
     request_level: bool,
     datagrams: DatagramUse,
     stateful_sessions: bool,
+    asynchronous: bool,
 ) -> Result<()> {
     check_datagrams(config, datagrams)?;
+    if asynchronous {
+        check_async(config, request_level, datagrams)?;
+    }
     if config.helper_profile.is_some() && !nix::unistd::Uid::effective().is_root() {
         return Err(Error::Config(
             "this server has a privileged helper (Server::privileged), which keeps root's capabilities for its workers: start it as root".into(),
@@ -467,9 +476,9 @@ fn check_io(
             "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only".into(),
         ));
     }
-    if !request_level {
+    if !request_level && !asynchronous {
         return Err(Error::Config(
-            "--io event: this server's handler takes whole connections (handle_client), which block; it runs with --io blocking only".into(),
+            "--io event: this server's handler takes whole connections (handle_client), which block; it runs with --io blocking only (an AsyncHandler, Server::run_async, serves whole connections in event workers)".into(),
         ));
     }
     if config.pool != cli::PoolKind::Static {
@@ -489,6 +498,29 @@ fn check_io(
         ));
     }
     raise_nofile(config);
+    Ok(())
+}
+
+/// What an async handler asks of the configuration (issue 33): event workers, whose
+/// runtime holds its requests while they wait, and no datagram listener (the async driver
+/// serves streams only).
+fn check_async(config: &Config, request_level: bool, datagrams: DatagramUse) -> Result<()> {
+    let run = if request_level {
+        "run_async_requests"
+    } else {
+        "run_async"
+    };
+    if config.io != crate::Io::Event {
+        return Err(Error::Config(format!(
+            "--io {}: this server's handler is async (Server::{run}): its requests wait in the runtime of event workers, so it runs with --io event only (its default)",
+            config.io.name()
+        )));
+    }
+    if datagrams.handler || config.listen.iter().any(|a| a.is_datagram()) {
+        return Err(Error::Config(format!(
+            "this server's handler is async (Server::{run}), and async workers serve stream listeners only: serve datagrams from another server (Server::run_datagrams)"
+        )));
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 use std::io;
 
 use crate::codec::Codec;
+use crate::conn::async_client::AsyncClient;
 use crate::conn::client::Client;
 use crate::conn::context::Conn;
 use crate::conn::datagram::Datagram;
@@ -125,6 +126,147 @@ pub trait RequestHandler {
 
     /// Called once when the worker stops in an orderly way. Does nothing by default.
     fn on_worker_exit(&mut self) {}
+}
+
+/// Serves requests with `async` code: the request level of [`RequestHandler`], in event
+/// workers where many requests wait at once (issue 33).
+///
+/// Each worker runs a current-thread tokio runtime, made after the fork, and serves every
+/// connection it accepts as a future of that runtime: a handler that awaits (a timer, a
+/// database with `tokio-postgres`, another service with hyper's client) lets the worker
+/// serve the others meanwhile, so two processes hold thousands of requests in flight.
+/// The framework reads, frames (with the handler's [`Codec`]) and writes as for
+/// [`RequestHandler`]: the same codecs, keep-alive, pipelining (a connection's requests
+/// are answered one after the other, in order), limits and protocol errors.
+///
+/// State, by lifetime:
+/// - the handler value: one per worker, made by the factory after fork, **shared** by
+///   every request in flight in the worker, hence `&self`: keep mutable state in a
+///   `Cell` or `RefCell` (the worker has one thread; never hold a `RefCell` borrow
+///   across an `.await`) or in an `Rc`;
+/// - the [`Session`](AsyncRequestHandler::Session): one per connection, as for
+///   [`RequestHandler`], through [`Conn::session`];
+/// - the [`Codec`]: one per connection.
+///
+/// Limits (see [`Server::run_async_requests`](crate::Server::run_async_requests)):
+/// `--max-inflight` requests at once per worker; `--request-timeout` cancels a request's
+/// future (it is dropped at its current `.await`) and answers with the codec's error
+/// reply (HTTP `504`); a client that closes its connection cancels the future of its
+/// request in flight. A future that blocks the thread (a blocking call, a long
+/// computation) holds up every connection of its worker: each poll longer than
+/// `--slow-request` is logged with the client and the request.
+///
+/// ```no_run
+/// use std::io;
+/// use std::time::Duration;
+/// use appsrv::Conn;
+/// use appsrv::codec::{Lines, LinesResponse};
+///
+/// struct Later;
+///
+/// impl appsrv::AsyncRequestHandler for Later {
+///     type Codec = Lines;
+///     type Session = ();
+///
+///     fn codec(&self) -> Lines {
+///         Lines::default()
+///     }
+///
+///     async fn handle_request(
+///         &self,
+///         _conn: &mut Conn<'_>,
+///         line: &&[u8],
+///         out: &mut LinesResponse<'_>,
+///     ) -> io::Result<()> {
+///         tokio::time::sleep(Duration::from_millis(10)).await;
+///         out.push(&line.to_ascii_uppercase());
+///         out.push(b"\r\n");
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() -> appsrv::Result<()> {
+///     appsrv::Server::new("later").listen("127.0.0.1:7003").run_async_requests(|| Ok(Later))
+/// }
+/// ```
+// The futures are polled on the worker's one thread: no `Send` bound is wanted, which is
+// what the lint warns about.
+#[allow(async_fn_in_trait)]
+pub trait AsyncRequestHandler {
+    /// The protocol's framing.
+    type Codec: Codec;
+
+    /// The handler's state for one connection, as [`RequestHandler::Session`].
+    type Session: Default;
+
+    /// Makes the codec of a new connection: called once for each connection.
+    fn codec(&self) -> Self::Codec;
+
+    /// Handles one request: writes the response into `res`, awaiting what it needs.
+    ///
+    /// An error ends the connection (logged with the peer's address). A panic is caught:
+    /// the connection is closed, the panic logged with the client and the request, and
+    /// the worker goes on serving its other connections (the handler's state is shared
+    /// and may be half-updated: keep it consistent at every `.await`, or fail with an
+    /// error instead).
+    ///
+    /// (`'r` names the lifetime of the request's bytes, of its response and of the
+    /// connection's context alike: an `async fn` in a trait needs its lifetimes tied to
+    /// an argument's type. Implementations write the usual elided `'_`s.)
+    async fn handle_request<'r>(
+        &self,
+        conn: &mut Conn<'r, Self::Session>,
+        req: &<Self::Codec as Codec>::Request<'r>,
+        res: &mut <Self::Codec as Codec>::Response<'r>,
+    ) -> io::Result<()>;
+
+    /// Called once when the worker stops in an orderly way, after its last request.
+    /// Does nothing by default.
+    fn on_worker_exit(&self) {}
+}
+
+/// Serves whole connections with `async` code: the client level of [`Handler`], for
+/// conversational protocols (an SMTP- or FTP-like dialogue, a session that pushes
+/// messages) in event workers, thousands of connections per process.
+///
+/// The connection is an [`AsyncClient`], a tokio [`AsyncRead`](tokio::io::AsyncRead) and
+/// [`AsyncWrite`](tokio::io::AsyncWrite) stream (use `tokio::io::AsyncBufReadExt` and
+/// `AsyncWriteExt` on it) with the client's address, its TLS session and the read and
+/// write deadlines of [`Client`]. The handler value is one per worker and shared by
+/// every connection in progress (`&self`), as for [`AsyncRequestHandler`].
+///
+/// ```no_run
+/// use std::io;
+/// use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+///
+/// struct Echo;
+///
+/// impl appsrv::AsyncHandler for Echo {
+///     async fn handle_client(&self, client: &mut appsrv::AsyncClient) -> io::Result<()> {
+///         let mut lines = BufReader::new(client);
+///         let mut line = String::new();
+///         while lines.read_line(&mut line).await? > 0 {
+///             lines.get_mut().write_all(line.as_bytes()).await?;
+///             line.clear();
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() -> appsrv::Result<()> {
+///     appsrv::Server::new("echo").listen("127.0.0.1:7004").run_async(|| Ok(Echo))
+/// }
+/// ```
+#[allow(async_fn_in_trait)]
+pub trait AsyncHandler {
+    /// Serves one connection, from admission to close: the connection is closed (its
+    /// output flushed) when the future completes. An error is logged with the client's
+    /// address and ends only this connection; a panic is caught, logged, and ends only
+    /// this connection.
+    async fn handle_client(&self, client: &mut AsyncClient) -> io::Result<()>;
+
+    /// Called once when the worker stops in an orderly way. Does nothing by default.
+    fn on_worker_exit(&self) {}
 }
 
 /// Answers datagrams inside a worker process: the datagram level (`udp://` and `unixgram:`

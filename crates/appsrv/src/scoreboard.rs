@@ -158,7 +158,8 @@ pub(crate) struct Slot {
     reading: AtomicU32,
     writing: AtomicU32,
     idle_keepalive: AtomicU32,
-    /// Event worker: a handler call is running (0 or 1).
+    /// Event worker: handler calls running, its requests in flight (0 or 1 in the event
+    /// loop; any number in an async worker).
     handling: AtomicU32,
     /// Event worker: it stopped accepting (at `--worker-connections`, or out of
     /// descriptors).
@@ -772,6 +773,7 @@ impl Board {
                     idle_keepalive: s.idle_keepalive.load(Ordering::Relaxed),
                 },
                 handling: s.handling.load(Ordering::Relaxed) != 0,
+                in_flight: s.handling.load(Ordering::Relaxed),
                 accepts_paused: s.accepts_paused.load(Ordering::Relaxed),
                 last_turn: ago(s.last_turn.load(Ordering::Relaxed)),
             }),
@@ -874,6 +876,12 @@ impl Slot {
     /// [`count_request`](Slot::count_request)).
     pub(crate) fn handler_done(&self) {
         self.handling.store(0, Ordering::Relaxed);
+    }
+
+    /// An async worker publishes its requests in flight (client-level sessions count one
+    /// each).
+    pub(crate) fn set_in_flight(&self, n: u32) {
+        self.handling.store(n, Ordering::Relaxed);
     }
 
     /// A handler call slower than `--slow-request`.
@@ -1100,6 +1108,8 @@ pub(crate) struct EventView {
     pub(crate) counts: ConnCounts,
     /// A handler call is running.
     pub(crate) handling: bool,
+    /// Requests in flight (async workers: any number; the event loop: 0 or 1).
+    pub(crate) in_flight: u32,
     pub(crate) accepts_paused: bool,
     /// Since the loop last began a turn.
     pub(crate) last_turn: Option<Duration>,

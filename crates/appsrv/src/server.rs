@@ -12,9 +12,13 @@ use tracing::Level;
 use crate::cli::{self, Defaults};
 use crate::dispatch::{self, Hook, Program};
 use crate::error::{BoxError, Result};
-use crate::handler::{DatagramHandler, Handler, RequestHandler, WorkerInfo};
+use crate::handler::{
+    AsyncHandler, AsyncRequestHandler, DatagramHandler, Handler, RequestHandler, WorkerInfo,
+};
 use crate::worker::StartHook;
-use crate::worker::serve::{ClientLevel, Connections, Limits, RequestLevel};
+use crate::worker::serve::{
+    AsyncClientLevel, AsyncRequestLevel, ClientLevel, Connections, Limits, RequestLevel,
+};
 
 /// A server: its name, its defaults, and the command line it parses.
 ///
@@ -61,6 +65,8 @@ pub struct Server {
     /// The request handler's sessions hold state (`RequestHandler::Session` is not
     /// zero-sized), which a connection handed between processes cannot take along.
     stateful_sessions: bool,
+    /// The handler is async (event workers only).
+    asynchronous: bool,
 }
 
 impl std::fmt::Debug for Server {
@@ -95,6 +101,7 @@ impl Server {
             datagrams: None,
             datagram_only: false,
             stateful_sessions: false,
+            asynchronous: false,
         }
     }
 
@@ -694,6 +701,49 @@ impl Server {
         })
     }
 
+    /// Runs the server at the request level with an async handler (issue 33): as
+    /// [`run_requests`](Server::run_requests), in event workers (`--io event`, the
+    /// default for such a server; `blocking` and `hybrid` are refused before start), each
+    /// running a current-thread tokio runtime made after the fork, where every connection
+    /// is a future: a handler that awaits (a timer, `tokio-postgres`, hyper's client)
+    /// holds no process, so two workers hold thousands of requests in flight.
+    ///
+    /// Limits: `--max-inflight` (requests in the handler at once per worker; default: no
+    /// limit but `--worker-connections`, 10000); `--request-timeout` (default 60 s)
+    /// cancels a call and answers with the codec's error reply (HTTP 504); a client that
+    /// closes its connection cancels its request's future; `--slow-request` (default 100
+    /// ms) logs a poll that blocked the thread. A panic in a handler closes its connection
+    /// and the worker goes on. See [`AsyncRequestHandler`].
+    pub fn run_async_requests<H, F>(mut self, mut factory: F) -> Result<()>
+    where
+        H: AsyncRequestHandler,
+        F: FnMut() -> std::result::Result<H, BoxError>,
+    {
+        self.stateful_sessions = std::mem::size_of::<H::Session>() != 0;
+        self.asynchronous = true;
+        self.defaults.io = crate::Io::Event;
+        self.launch(true, |limits: Limits| {
+            move || factory().map(|h| AsyncRequestLevel::new(h, limits.clone()))
+        })
+    }
+
+    /// Runs the server at the client level with an async handler (issue 33): each
+    /// connection is given whole to [`AsyncHandler::handle_client`] as an
+    /// [`AsyncClient`](crate::AsyncClient), in event workers (`--io event`, the default
+    /// for such a server), thousands of connections per worker: for conversational
+    /// protocols. `--read-timeout` and `--write-timeout` bound each read and write;
+    /// `--request-timeout` (default: off) bounds a whole connection; `--max-inflight`
+    /// bounds the connections in the handler at once. A panic closes its connection only.
+    pub fn run_async<H, F>(mut self, mut factory: F) -> Result<()>
+    where
+        H: AsyncHandler,
+        F: FnMut() -> std::result::Result<H, BoxError>,
+    {
+        self.asynchronous = true;
+        self.defaults.io = crate::Io::Event;
+        self.launch(false, |_| move || factory().map(AsyncClientLevel))
+    }
+
     /// Runs a server that serves datagrams only (`udp://` and `unixgram:` listeners, no
     /// stream listener): each worker's [`DatagramHandler`], made by `factory`, answers the
     /// datagrams from the worker's event loop (whatever `--io` says: there are no stream
@@ -741,6 +791,7 @@ impl Server {
             datagrams: self.datagrams,
             datagram_only: self.datagram_only,
             stateful_sessions: self.stateful_sessions,
+            asynchronous: self.asynchronous,
         };
         dispatch::launch(program, &matches, request_level, make_factory)
     }

@@ -849,6 +849,10 @@ impl Codec for Http {
             ProtocolError::Unsupported(what) if what == UNSUPPORTED_VERSION => 505,
             ProtocolError::Unsupported(_) => 501,
             ProtocolError::Refused(_) => 503,
+            ProtocolError::HandlerTimeout { .. } => 504,
+            // A variant added later: the generic server error.
+            #[allow(unreachable_patterns)]
+            _ => 500,
         };
         self.body.clear();
         // Writing to a Vec cannot fail.

@@ -87,6 +87,12 @@ pub enum ProtocolError {
     /// The server refuses the client before reading a request (too many connections from
     /// its address); HTTP answers 503.
     Refused(Cow<'static, str>),
+    /// The handler did not answer within `--request-timeout` (an async handler, whose
+    /// call is cancelled); HTTP answers 504.
+    HandlerTimeout {
+        /// The limit.
+        limit: std::time::Duration,
+    },
 }
 
 impl fmt::Display for ProtocolError {
@@ -100,6 +106,13 @@ impl fmt::Display for ProtocolError {
             ProtocolError::Timeout => f.write_str("timed out waiting for the rest of the request"),
             ProtocolError::Unsupported(what) => write!(f, "unsupported: {what}"),
             ProtocolError::Refused(why) => write!(f, "refused: {why}"),
+            ProtocolError::HandlerTimeout { limit } => {
+                write!(
+                    f,
+                    "no answer within the request timeout ({} s)",
+                    limit.as_secs_f64()
+                )
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! blocking [`Client`](client::Client) that `handle_client` users see, the I/O-free
 //! request step, and the connection context given to request handlers.
 
+pub(crate) mod async_client;
 pub(crate) mod buffers;
 pub(crate) mod client;
 pub(crate) mod context;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use socket2::Socket;
 
 use super::buffers::Buffers;
-use crate::codec::{Codec, Decoded, FileBody, ProtocolError, Respond};
+use crate::codec::{Codec, Decoded, FileBody, ProtocolError};
 use crate::net::listener::Addr;
 use crate::scoreboard::{HEAD_BYTES, State};
 
@@ -148,8 +148,34 @@ pub(crate) trait Handle<C: Codec> {
     }
 }
 
+/// Why an async handler's call was cut before it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// It ran longer than `--request-timeout` (this long).
+    TimedOut(Duration),
+    /// The client closed the connection.
+    Gone,
+    /// The handler panicked (logged by the worker, which knows the request).
+    Panicked,
+}
+
+/// An async handler, as the step awaits it: the worker binds the user's handler to the
+/// connection and races it with what may cut it.
+pub(crate) trait HandleAsync<C: Codec> {
+    /// Handles one request: `Err` when the call was cut (its future dropped); with
+    /// whether the handler penalized the client ([`Handle::ends_connection`]).
+    ///
+    /// `self` is borrowed for the request's lifetime `'r`: the handler's context (the
+    /// connection's session) is lent to the call for as long as the request is.
+    async fn handle<'r>(
+        &'r mut self,
+        req: &C::Request<'r>,
+        res: &mut C::Response<'r>,
+    ) -> (Result<io::Result<()>, Cut>, bool);
+}
+
 /// Limits of the request level.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Limits {
     /// How long an idle connection may wait for its next request (the socket's timeout
     /// between requests, inherited from the listener).
@@ -308,6 +334,41 @@ enum Turn {
     },
     Incomplete,
     Bad(ProtocolError),
+    /// An async handler's call was cut (its request of `len` bytes, whose response began
+    /// at `mark`).
+    Cut {
+        len: usize,
+        mark: usize,
+        cut: Cut,
+    },
+}
+
+/// What the request's decoding claims, checked (the fuzz targets check it too): a request
+/// takes at least one byte, no more than the buffer holds, nor than the codec's limit.
+fn check_decoded(len: usize, held: usize, max: usize) {
+    debug_assert!(len > 0, "a request of 0 bytes: the loop would spin");
+    debug_assert!(len <= held, "decode claimed {len} bytes of a buffer of {held}");
+    debug_assert!(len <= max, "a request of {len} bytes, above max_request_size()");
+}
+
+/// The response made: marked as the connection's last if the stop came while the handler
+/// ran, or the handler penalized the client (`ends`), while it can still say so (its head
+/// is written by `finish`); then finished. From here on it is written (the slot still
+/// names its request) until the output is sent: a slow reader shows as one.
+fn close_response<R: crate::codec::Respond>(
+    mut res: R,
+    announces_close: bool,
+    last: bool,
+    ends: bool,
+    ctx: &mut dyn Context,
+) -> crate::codec::Outcome {
+    if announces_close && !last && (ctx.stopping() || ends) {
+        res.close_after();
+    }
+    ctx.state(State::Writing);
+    let mut outcome = res.finish();
+    outcome.close |= ends;
+    outcome
 }
 
 impl<C: Codec> Requests<C> {
@@ -434,6 +495,8 @@ impl<C: Codec> Requests<C> {
                 }
                 Turn::Incomplete => break,
                 Turn::Bad(e) => return self.protocol_error(bufs, ctx, peer, &e),
+                // Only an async call is cut.
+                Turn::Cut { len, mark, cut } => return self.cut(bufs, ctx, peer, (len, mark), cut),
             }
         }
         if !bufs.has_input() {
@@ -542,37 +605,12 @@ impl<C: Codec> Requests<C> {
 
     /// Decodes the request at the front of the buffer, and handles it if complete.
     fn one(&mut self, bufs: &mut Buffers, handler: &mut dyn Handle<C>, ctx: &mut dyn Context) -> Turn {
-        if !self.in_request {
-            let input = bufs.unconsumed();
-            self.head_len = input.len().min(HEAD_BYTES);
-            ctx.request_start(&input[..self.head_len]);
-            self.in_request = true;
-        } else if self.head_len < HEAD_BYTES && bufs.unconsumed().len() > self.head_len {
-            let input = bufs.unconsumed();
-            self.head_len = input.len().min(HEAD_BYTES);
-            ctx.request_head(&input[..self.head_len]);
-        }
-        // Only a protocol that can tell its client ends a connection between requests:
-        // to a client of one that cannot, a close looks like a failure, so its
-        // connections last until the client leaves (or a timeout, or the grace period),
-        // even while the worker stops or retires.
-        let last = self.announces_close
-            && (ctx.stopping()
-                || self.served + 1 >= self.limits.keepalive_requests
-                || ctx.retiring()
-                || ctx.saturated());
+        let last = self.open_request(bufs, ctx);
         let (input, out) = bufs.split();
         let held = input.len();
         match self.codec.decode(input) {
             Ok(Decoded::Request { request, len }) => {
-                // What the loop relies on (the fuzz targets check it): a request takes at
-                // least one byte, no more than the buffer holds, nor than the codec's limit.
-                debug_assert!(len > 0, "a request of 0 bytes: the loop would spin");
-                debug_assert!(len <= held, "decode claimed {len} bytes of a buffer of {held}");
-                debug_assert!(
-                    len <= self.max,
-                    "a request of {len} bytes, above max_request_size()"
-                );
+                check_decoded(len, held, self.max);
                 let mark = out.len();
                 let mut res = self.codec.respond(&request, out, last);
                 ctx.state(State::Handling);
@@ -580,17 +618,7 @@ impl<C: Codec> Requests<C> {
                 // The handler penalized the client: whatever the protocol, no more requests
                 // on this connection (the next attempt must come through admission).
                 let ends = handler.ends_connection();
-                if self.announces_close && !last && (ctx.stopping() || ends) {
-                    // The stop came while the handler ran, or the handler penalized the
-                    // client: this response can still say that it is the last (its head
-                    // is written by `finish`).
-                    res.close_after();
-                }
-                // The response is written from here on (the slot still names its
-                // request), until the output is sent: a slow reader shows as one.
-                ctx.state(State::Writing);
-                let mut outcome = res.finish();
-                outcome.close |= ends;
+                let outcome = close_response(res, self.announces_close, last, ends, ctx);
                 Turn::Handled {
                     len,
                     mark,
@@ -605,6 +633,154 @@ impl<C: Codec> Requests<C> {
             }
             Err(e) => Turn::Bad(e),
         }
+    }
+
+    /// Async handlers (issue 33): as [`advance`](Requests::advance), the handler awaited
+    /// for each request. The same decoding, accounting, deadlines and refusals: only the
+    /// call differs, and what may cut it (`--request-timeout`, the client's close).
+    pub(crate) async fn advance_async<A: HandleAsync<C>>(
+        &mut self,
+        bufs: &mut Buffers,
+        handler: &mut A,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        now: &mut dyn FnMut() -> Instant,
+    ) -> Next {
+        if let Some(linger) = self.after_file.take() {
+            return Next::Close { linger };
+        }
+        let mut answered = 0;
+        while bufs.has_input() {
+            if answered == PASS_LIMIT {
+                return Next::More;
+            }
+            let turn = self.one_async(bufs, handler, ctx).await;
+            match turn {
+                Turn::Handled {
+                    len,
+                    mark,
+                    last,
+                    handled,
+                    outcome,
+                } => {
+                    if let Some(next) = self.answered(bufs, ctx, (len, mark, last), handled, outcome) {
+                        return next;
+                    }
+                    answered += 1;
+                }
+                Turn::Incomplete => break,
+                Turn::Bad(e) => return self.protocol_error(bufs, ctx, peer, &e),
+                Turn::Cut { len, mark, cut } => return self.cut(bufs, ctx, peer, (len, mark), cut),
+            }
+        }
+        if !bufs.has_input() {
+            self.at_boundary(ctx, now)
+        } else {
+            self.partial(bufs, ctx, peer, now)
+        }
+    }
+
+    /// [`one`](Requests::one) with the handler awaited.
+    async fn one_async<A: HandleAsync<C>>(
+        &mut self,
+        bufs: &mut Buffers,
+        handler: &mut A,
+        ctx: &mut dyn Context,
+    ) -> Turn {
+        let last = self.open_request(bufs, ctx);
+        let (input, out) = bufs.split();
+        let held = input.len();
+        match self.codec.decode(input) {
+            Ok(Decoded::Request { request, len }) => {
+                check_decoded(len, held, self.max);
+                let mark = out.len();
+                let mut res = self.codec.respond(&request, out, last);
+                ctx.state(State::Handling);
+                let (handled, ends) = handler.handle(&request, &mut res).await;
+                let handled = match handled {
+                    Ok(handled) => handled,
+                    Err(cut) => {
+                        drop(res);
+                        return Turn::Cut { len, mark, cut };
+                    }
+                };
+                let outcome = close_response(res, self.announces_close, last, ends, ctx);
+                Turn::Handled {
+                    len,
+                    mark,
+                    last,
+                    handled,
+                    outcome,
+                }
+            }
+            Ok(Decoded::Incomplete { interim }) => {
+                self.interim(interim, out);
+                Turn::Incomplete
+            }
+            Err(e) => Turn::Bad(e),
+        }
+    }
+
+    /// An async handler's call was cut: past `--request-timeout`, the codec's error reply
+    /// (HTTP 504) and a lingering close; the client gone, a close. The response begun is
+    /// dropped, the request consumed: the connection ends either way.
+    fn cut(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        (len, mark): (usize, usize),
+        cut: Cut,
+    ) -> Next {
+        bufs.output().truncate(mark);
+        bufs.consume(len);
+        match cut {
+            Cut::TimedOut(limit) => {
+                ctx.state(State::Closing);
+                let e = ProtocolError::HandlerTimeout { limit };
+                self.rejected = Some((e.clone(), bufs.output().len()));
+                self.codec.encode_error(&e, bufs.output());
+                tracing::warn!(
+                    "a request from {peer} ran longer than --request-timeout ({} s): its future is cancelled and the client answered with the codec's error reply",
+                    limit.as_secs_f64()
+                );
+                Next::Close { linger: Some(LINGER) }
+            }
+            Cut::Gone => {
+                tracing::debug!(
+                    "{peer} closed the connection while its request was handled: the request's future is cancelled"
+                );
+                Next::Close { linger: None }
+            }
+            Cut::Panicked => {
+                ctx.state(State::Closing);
+                Next::Close { linger: None }
+            }
+        }
+    }
+
+    /// What comes before a request is decoded, in both kinds of call: its first bytes to
+    /// the context, and whether its response is to be the connection's last.
+    fn open_request(&mut self, bufs: &Buffers, ctx: &mut dyn Context) -> bool {
+        if !self.in_request {
+            let input = bufs.unconsumed();
+            self.head_len = input.len().min(HEAD_BYTES);
+            ctx.request_start(&input[..self.head_len]);
+            self.in_request = true;
+        } else if self.head_len < HEAD_BYTES && bufs.unconsumed().len() > self.head_len {
+            let input = bufs.unconsumed();
+            self.head_len = input.len().min(HEAD_BYTES);
+            ctx.request_head(&input[..self.head_len]);
+        }
+        // Only a protocol that can tell its client ends a connection between requests:
+        // to a client of one that cannot, a close looks like a failure, so its
+        // connections last until the client leaves (or a timeout, or the grace period),
+        // even while the worker stops or retires.
+        self.announces_close
+            && (ctx.stopping()
+                || self.served + 1 >= self.limits.keepalive_requests
+                || ctx.retiring()
+                || ctx.saturated())
     }
 
     /// A request was handled: accounts for it, and says whether the connection goes on

@@ -31,6 +31,13 @@ pub(crate) struct Transport {
     tls: Option<Box<TlsSession>>,
 }
 
+impl AsRawFd for Transport {
+    /// The socket's descriptor (for an async worker's reactor to watch it).
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
 impl Transport {
     /// A plain transport over `socket`.
     pub(crate) fn new(socket: Socket) -> Self {

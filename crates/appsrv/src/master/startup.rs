@@ -406,6 +406,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         entry,
         ..
     } = s;
+    let request_timeout = limits.request_timeout;
     let config = &config;
     let adopted = prepared.publish_pid;
     let shared_listeners = prepared.from_systemd;
@@ -473,6 +474,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         confinement: &confinement,
         tls: &tls,
         handoff: handoff.as_ref(),
+        request_timeout,
     };
     let mut spawn = |id: u32, role: worker::Role, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
         if let Some((exe, argv)) = &exec {
@@ -553,6 +555,8 @@ struct Workers<'a> {
     confinement: &'a Confinement,
     tls: &'a Store,
     handoff: Option<&'a crate::net::handoff::Channel>,
+    /// `--request-timeout` as the master applies it (async workers cancel a call past it).
+    request_timeout: Option<std::time::Duration>,
 }
 
 impl Workers<'_> {
@@ -606,6 +610,11 @@ impl Workers<'_> {
             },
             role,
             handoff: self.handoff,
+            async_limits: worker::AsyncLimits {
+                max_inflight: config.max_inflight,
+                request_timeout: self.request_timeout,
+                read_timeout: config.read_timeout,
+            },
         }
     }
 
@@ -682,6 +691,7 @@ pub(crate) fn exec_worker(
         tls: &tls,
         // The configuration check refuses --exec-workers with --io hybrid.
         handoff: None,
+        request_timeout: s.limits.request_timeout,
     };
     let recycle = Recycle {
         max_requests: handoff.max_requests,

@@ -650,8 +650,39 @@ pub(crate) fn pass_fds(cmd: &mut std::process::Command, fds: Vec<(std::os::fd::R
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
+    // Only an atomic store (and the async worker's wake-up write): async-signal-safe.
     STOP.store(true, Ordering::SeqCst);
+    poke_worker();
+}
+
+/// An async worker's wake-up eventfd (-1: none), written by the stop and reopen signals'
+/// handlers: the worker's runtime cannot let signals in around its own `epoll_wait` as
+/// the event loop does (`epoll_pwait`), so it watches this descriptor instead.
+static WORKER_WAKE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Makes `fd` (a non-blocking eventfd the worker keeps open for its life) the one the
+/// stop and reopen signals write to.
+pub(crate) fn set_worker_wake_fd(fd: std::os::fd::RawFd) {
+    WORKER_WAKE.store(fd, Ordering::SeqCst);
+}
+
+/// Called from a signal handler: one 8-byte `write` to the wake-up eventfd, if any.
+fn poke_worker() {
+    let fd = WORKER_WAKE.load(Ordering::SeqCst);
+    if fd < 0 {
+        return;
+    }
+    let one: u64 = 1;
+    // SAFETY: errno is the interrupted code's: saved and put back around the write, which
+    // is async-signal-safe and writes 8 bytes from a live local to an eventfd the worker
+    // keeps open for its whole life; its outcome does not matter (a saturated counter
+    // still reads as readable).
+    unsafe {
+        let errno = libc::__errno_location();
+        let saved = *errno;
+        let _ = libc::write(fd, (&one as *const u64).cast(), 8);
+        *errno = saved;
+    }
 }
 
 /// Set by the worker's handler for USR1 (reopen the log file).
@@ -659,6 +690,7 @@ static REOPEN: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_reopen_signal(_: libc::c_int) {
     REOPEN.store(true, Ordering::SeqCst);
+    poke_worker();
 }
 
 extern "C" fn on_ignored_signal(_: libc::c_int) {}

@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 use crate::net::listener::{Addr, Policy};
 use crate::net::proxy::{self, Parsed};
 use crate::net::tls::{Acceptor, TlsSession};
+use crate::peer_counts::PeerCounts;
 use crate::penalty::Penalties;
+use crate::scoreboard::Board;
 
 /// What admission needs to know of the listener and of the worker's limits.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +95,35 @@ pub(crate) trait Seat {
     /// How many connections from `ip` are being served at once, this one included (it
     /// was [`permitted`](Seat::permitted) before).
     fn connections_from(&self, ip: IpAddr) -> usize;
+}
+
+/// The per-address cap's seat: this worker's table of connections by client address, and
+/// the sum over every event worker's table (`peer_counts`), so that the cap counts
+/// connections across the pool (event workers, async workers and hybrid fronts), and a killed worker's counts vanish with its table.
+pub(crate) struct EventSeat {
+    pub(crate) id: u32,
+    pub(crate) peers: Option<&'static PeerCounts>,
+    pub(crate) counted: Option<IpAddr>,
+    /// A hybrid front: the connections its workers hold count too (their slots name them).
+    pub(crate) workers: Option<&'static Board>,
+}
+
+impl Seat for EventSeat {
+    fn permitted(&mut self, peer: &Addr) {
+        let (Some(peers), Some(ip)) = (self.peers, peer.ip()) else {
+            return;
+        };
+        if peers.add(self.id, ip) {
+            self.counted = Some(ip);
+        } else {
+            // Cannot happen with tables twice --worker-connections in size: said, not hidden.
+            tracing::warn!("no room to count the connection from {ip} for --max-conns-per-ip");
+        }
+    }
+
+    fn connections_from(&self, ip: IpAddr) -> usize {
+        self.peers.map_or(0, |p| p.total(ip)) + self.workers.map_or(0, |b| b.connections_from(ip))
+    }
 }
 
 /// Why a connection is not admitted. Each kind has its own scoreboard counter (but a bad

@@ -2,7 +2,7 @@
 //! driver serves with, and the [`Driver`] interface that `worker::run` picks an
 //! implementation of once, from the I/O model and the role ([`choose`]).
 //!
-//! Four drivers implement it:
+//! Five drivers implement it:
 //!
 //! | driver                  | serves                                        | file          |
 //! |-------------------------|-----------------------------------------------|---------------|
@@ -10,6 +10,7 @@
 //! | [`Event`]               | all at once from epoll (`--io event`, datagrams) | `event.rs` |
 //! | [`FrontDriver`]         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
 //! | [`HybridWorker`]        | the blocking loop plus connections handed over | `hybrid.rs`  |
+//! | [`Tasks`]               | async handlers: a future per connection on a tokio runtime | `tasks.rs` |
 //!
 //! Each prepares what it needs from the system before the worker says it is ready (its
 //! acceptor, its epoll instance: a failure there is a start failure with its reason), then
@@ -22,6 +23,7 @@
 //! [`Event`]: super::event::Event
 //! [`FrontDriver`]: super::hybrid::FrontDriver
 //! [`HybridWorker`]: super::hybrid::HybridWorker
+//! [`Tasks`]: super::tasks::Tasks
 
 use std::os::fd::BorrowedFd;
 
@@ -126,14 +128,18 @@ pub(crate) enum Kind {
     Front,
     /// `--io hybrid`, a worker.
     HybridWorker,
+    /// An async handler (`--io event`).
+    Tasks,
 }
 
-/// Which driver serves: a front is one whatever else; datagrams are served from an event
-/// loop only (the configuration check refuses a blocking server that mixes them with
-/// stream listeners before start).
-pub(crate) fn choose(model: Model, role: Role, datagram_listeners: bool) -> Kind {
+/// Which driver serves: a front is one whatever else; an async handler runs the async
+/// driver (the configuration refuses it with another model, and with datagram listeners,
+/// before start); datagrams are served from an event loop only (the configuration check
+/// refuses a blocking server that mixes them with stream listeners before start).
+pub(crate) fn choose(model: Model, role: Role, datagram_listeners: bool, asynchronous: bool) -> Kind {
     match (role, model) {
         (Role::Front, _) => Kind::Front,
+        (Role::Worker, _) if asynchronous => Kind::Tasks,
         (Role::Worker, Model::Event) => Kind::Event,
         (Role::Worker, _) if datagram_listeners => Kind::Event,
         (Role::Worker, Model::Hybrid) => Kind::HybridWorker,
@@ -148,11 +154,18 @@ mod tests {
     /// The one place a model and a role become a driver.
     #[test]
     fn issue_32_a_driver_is_chosen_from_the_model_and_the_role() {
-        assert_eq!(choose(Model::Blocking, Role::Worker, false), Kind::Blocking);
-        assert_eq!(choose(Model::Event, Role::Worker, false), Kind::Event);
-        assert_eq!(choose(Model::Blocking, Role::Worker, true), Kind::Event);
-        assert_eq!(choose(Model::Hybrid, Role::Worker, false), Kind::HybridWorker);
-        assert_eq!(choose(Model::Hybrid, Role::Front, false), Kind::Front);
-        assert_eq!(choose(Model::Hybrid, Role::Front, true), Kind::Front);
+        assert_eq!(
+            choose(Model::Blocking, Role::Worker, false, false),
+            Kind::Blocking
+        );
+        assert_eq!(choose(Model::Event, Role::Worker, false, false), Kind::Event);
+        assert_eq!(choose(Model::Blocking, Role::Worker, true, false), Kind::Event);
+        assert_eq!(
+            choose(Model::Hybrid, Role::Worker, false, false),
+            Kind::HybridWorker
+        );
+        assert_eq!(choose(Model::Hybrid, Role::Front, false, false), Kind::Front);
+        assert_eq!(choose(Model::Hybrid, Role::Front, true, false), Kind::Front);
+        assert_eq!(choose(Model::Event, Role::Worker, false, true), Kind::Tasks);
     }
 }

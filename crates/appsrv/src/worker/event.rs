@@ -85,7 +85,7 @@ use crate::sys::{self, exit};
 use super::ConnLimits;
 use super::Setup;
 use super::access::Outcome;
-use super::admission::{self, Admission, Seat};
+use super::admission::{self, Admission, EventSeat};
 use super::driver::{Driver, Extras, Shared, accepts_on, rules};
 use super::ledger::{Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
@@ -335,35 +335,6 @@ impl<H: RequestHandler> Connection<'_, H> {
         self.counted_ip
             .take()
             .or_else(|| self.admission.as_ref().and_then(|a| a.seat().counted))
-    }
-}
-
-/// The per-address cap's seat: this worker's table of connections by client address, and
-/// the sum over every event worker's table (`peer_counts`), so that the cap counts
-/// connections across the pool, and a killed worker's counts vanish with its table.
-struct EventSeat {
-    id: u32,
-    peers: Option<&'static PeerCounts>,
-    counted: Option<IpAddr>,
-    /// A hybrid front: the connections its workers hold count too (their slots name them).
-    workers: Option<&'static Board>,
-}
-
-impl Seat for EventSeat {
-    fn permitted(&mut self, peer: &Addr) {
-        let (Some(peers), Some(ip)) = (self.peers, peer.ip()) else {
-            return;
-        };
-        if peers.add(self.id, ip) {
-            self.counted = Some(ip);
-        } else {
-            // Cannot happen with tables twice --worker-connections in size: said, not hidden.
-            tracing::warn!("no room to count the connection from {ip} for --max-conns-per-ip");
-        }
-    }
-
-    fn connections_from(&self, ip: IpAddr) -> usize {
-        self.peers.map_or(0, |p| p.total(ip)) + self.workers.map_or(0, |b| b.connections_from(ip))
     }
 }
 

@@ -36,6 +36,7 @@ mod hybrid;
 pub(crate) mod ledger;
 mod reactor;
 pub(crate) mod serve;
+pub(crate) mod tasks;
 
 use std::os::fd::{AsFd, RawFd};
 use std::panic::{self, AssertUnwindSafe};
@@ -120,6 +121,20 @@ pub(crate) struct Setup<'a> {
     pub(crate) role: Role,
     /// Hybrid mode: the hand-off channel (each side closes the end it does not use).
     pub(crate) handoff: Option<&'a crate::net::handoff::Channel>,
+    /// Async handlers: their limits.
+    pub(crate) async_limits: AsyncLimits,
+}
+
+/// The limits only the async driver enforces in the worker (issue 33).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AsyncLimits {
+    /// `--max-inflight`: handler calls at once (0: no limit).
+    pub(crate) max_inflight: usize,
+    /// `--request-timeout`: a handler call is cancelled past it (the master's watch is
+    /// then for a thread stuck in one poll).
+    pub(crate) request_timeout: Option<Duration>,
+    /// `--read-timeout`, for the client level's reads.
+    pub(crate) read_timeout: Option<Duration>,
 }
 
 /// The I/O model a worker runs (`--io`). The master maps the command line's `cli::Io` to
@@ -203,7 +218,7 @@ where
         handoff,
         datagrams: datagram_handler,
     };
-    let code = match driver::choose(setup.io, setup.role, has_datagram_listeners) {
+    let code = match driver::choose(setup.io, setup.role, has_datagram_listeners, handler.is_async()) {
         driver::Kind::Blocking => {
             start::<blocking::Blocking<'_>, C>(&setup, pid, &mut handler, access, extras)
         }
@@ -212,6 +227,7 @@ where
         driver::Kind::HybridWorker => {
             start::<hybrid::HybridWorker<'_>, C>(&setup, pid, &mut handler, access, extras)
         }
+        driver::Kind::Tasks => start::<tasks::Tasks<'_>, C>(&setup, pid, &mut handler, access, extras),
     };
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {

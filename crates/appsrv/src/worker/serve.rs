@@ -13,7 +13,7 @@ use crate::codec::Codec;
 use crate::conn::client::Client;
 use crate::conn::context::{Conn, ConnInfo};
 use crate::conn::step::{self, Handle, Next, Requests, Wait};
-use crate::handler::{Handler, RequestHandler};
+use crate::handler::{AsyncHandler, AsyncRequestHandler, Handler, RequestHandler};
 
 pub(crate) use crate::conn::step::{Boundary, Context, Limits};
 
@@ -54,6 +54,126 @@ pub(crate) trait Connections {
     /// handler owns its connection and cannot be multiplexed: the configuration refuses
     /// such servers for those loops before start, so `worker::run` only reports it.
     fn drive_requests<D: RequestDriver>(&mut self, driver: D) -> Option<i32>;
+
+    /// Whether the handler is `async` ([`AsyncRequestHandler`], [`AsyncHandler`]): its
+    /// worker runs the async driver, which calls [`drive_async`](Connections::drive_async).
+    fn is_async(&self) -> bool {
+        false
+    }
+
+    /// Hands an async handler to `driver`, which serves until a stop; returns the
+    /// worker's exit status. `None` for the other handlers (the configuration refuses
+    /// them for the async driver before start).
+    fn drive_async<D: AsyncDriver>(&mut self, _driver: D) -> Option<i32> {
+        None
+    }
+}
+
+/// A driver of async handlers (`worker/tasks.rs`), at either level; named here so that the
+/// level depends on no driver, as for [`RequestDriver`].
+pub(crate) trait AsyncDriver {
+    /// Serves request-level connections with `handler` and the step's `limits` until a
+    /// stop; returns the worker's exit status.
+    fn drive_requests<H: AsyncRequestHandler>(self, handler: &H, limits: Limits) -> i32;
+
+    /// Serves whole connections with `handler` until a stop; returns the worker's exit
+    /// status.
+    fn drive_clients<H: AsyncHandler>(self, handler: &H) -> i32;
+}
+
+/// Refuses the blocking loop's way of serving to an async handler: the configuration
+/// refuses `--io blocking` and `hybrid` for one before start, so this is only reported.
+fn not_for_blocking() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "an async handler runs in event workers only (--io event)",
+    )
+}
+
+/// The request level, async (issue 33).
+pub(crate) struct AsyncRequestLevel<H: AsyncRequestHandler> {
+    handler: H,
+    limits: Limits,
+}
+
+impl<H: AsyncRequestHandler> std::fmt::Debug for AsyncRequestLevel<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncRequestLevel")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: AsyncRequestHandler> AsyncRequestLevel<H> {
+    pub(crate) fn new(handler: H, limits: Limits) -> Self {
+        AsyncRequestLevel { handler, limits }
+    }
+}
+
+impl<H: AsyncRequestHandler> Connections for AsyncRequestLevel<H> {
+    fn serve(
+        &mut self,
+        _: &mut Client,
+        _: &mut dyn Context,
+        _: Option<Progress>,
+    ) -> io::Result<Option<Progress>> {
+        Err(not_for_blocking())
+    }
+
+    fn on_worker_exit(&mut self) {
+        self.handler.on_worker_exit();
+    }
+
+    fn request_level(&self) -> bool {
+        true
+    }
+
+    fn drive_requests<D: RequestDriver>(&mut self, _: D) -> Option<i32> {
+        None
+    }
+
+    fn is_async(&self) -> bool {
+        true
+    }
+
+    fn drive_async<D: AsyncDriver>(&mut self, driver: D) -> Option<i32> {
+        Some(driver.drive_requests(&self.handler, self.limits.clone()))
+    }
+}
+
+/// The client level, async (issue 33).
+#[derive(Debug)]
+pub(crate) struct AsyncClientLevel<H>(pub(crate) H);
+
+impl<H: AsyncHandler> Connections for AsyncClientLevel<H> {
+    fn serve(
+        &mut self,
+        _: &mut Client,
+        _: &mut dyn Context,
+        _: Option<Progress>,
+    ) -> io::Result<Option<Progress>> {
+        Err(not_for_blocking())
+    }
+
+    fn on_worker_exit(&mut self) {
+        self.0.on_worker_exit();
+    }
+
+    fn request_level(&self) -> bool {
+        false
+    }
+
+    fn drive_requests<D: RequestDriver>(&mut self, _: D) -> Option<i32> {
+        None
+    }
+
+    fn is_async(&self) -> bool {
+        true
+    }
+
+    fn drive_async<D: AsyncDriver>(&mut self, driver: D) -> Option<i32> {
+        Some(driver.drive_clients(&self.0))
+    }
 }
 
 /// A loop that serves request-level connections by running the request step itself (the

@@ -1,0 +1,1464 @@
+//! The async driver (issue 33): async handlers ([`AsyncRequestHandler`],
+//! [`AsyncHandler`]) in event workers, each connection a future of a current-thread tokio
+//! runtime that the worker builds after the fork.
+//!
+//! How the runtime and appsrv share the worker:
+//! - **The runtime owns the waiting.** Its reactor (one epoll instance, made in
+//!   [`Driver::prepare`], so a failure is a start failure) watches the listeners, the
+//!   connections and the handlers' own sockets (a database, another service) alike; its
+//!   timers serve the deadlines and `tokio::time`. appsrv's own loop (`event.rs`) cannot
+//!   run beside it: a second epoll instance would need one of them to block in the other.
+//!   The runtime is `current_thread`: no thread starts unless a handler asks for one
+//!   (`spawn_blocking`), and the process stays a one-thread worker like the others.
+//! - **appsrv keeps the connection's steps.** Each accepted connection is one future that
+//!   runs the same I/O-free machines as the other drivers: admission (`admission.rs`:
+//!   PROXY header, access rules, penalty, TLS, the per-address cap), then the request
+//!   step (`conn/step.rs`, its handler call awaited: [`Requests::advance_async`]) or the
+//!   client level's handler with an [`AsyncClient`]; and the same [`Ledger`] (counts, access
+//!   log, recycling). The futures borrow the worker's set-up, so they are not spawned
+//!   tasks (which must be `'static`) but live in one `FuturesUnordered`, polled when woken,
+//!   inside the one future the runtime runs ([`Worker::run`]); a `LocalSet` around it lets
+//!   handlers `spawn_local` tasks of their own.
+//! - **Signals.** The stop and reopen signals' handlers write to an eventfd
+//!   (`sys::set_worker_wake_fd`) that the run watches: the runtime's `epoll_wait` cannot
+//!   let signals in as the event loop's `epoll_pwait` does.
+//! - **In flight.** A connection's requests are answered one after the other (pipelined
+//!   ones in order, as the step does everywhere); many connections are in flight at once.
+//!   `--max-inflight` is a semaphore taken around each handler call: at the limit a
+//!   connection with a whole request waits, reading nothing more, and at
+//!   `--worker-connections` open connections the worker stops accepting.
+//! - **Faults.** A call longer than `--request-timeout` is cancelled (its future dropped)
+//!   and answered with the codec's error reply (HTTP 504); a client that closes its side
+//!   while its request is handled cancels it; a panic is caught with the future
+//!   (`catch_unwind`), logged with the client and the request, and closes that connection
+//!   only: the worker goes on, since its other requests in flight would be lost with it
+//!   and the handler, shared through `&self`, has no `&mut` state that the panic could
+//!   leave half-written (what it keeps in a `Cell` is the handler's to keep consistent).
+//!   Each poll of a connection's future is timed: one longer than `--slow-request` blocked
+//!   the thread (a blocking call in a handler) and is logged with the client and the
+//!   request; each run of the whole is a turn on the slot, so that the master still kills
+//!   a worker whose thread is stuck past `--request-timeout`.
+//! - **Stopping.** At a stop the worker stops accepting, idle keep-alive connections end at
+//!   their boundary as in the event loop (HTTP's wait for a last request), requests in
+//!   flight finish and are answered, and the worker exits when its last connection closes
+//!   (or the master's grace period ends it). Client-level sessions run until they end;
+//!   [`AsyncClient::stopped`] tells a handler to end its dialogue (SMTP's `421`).
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::io::{self, Read};
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context as TaskCx, Poll};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use nix::errno::Errno;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use socket2::Socket;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
+
+use crate::codec::{Codec, FileBody};
+use crate::conn::async_client::AsyncClient;
+use crate::conn::buffers::{BUFFER_SIZE, Buffers};
+use crate::conn::context::{Conn, ConnInfo};
+use crate::conn::step::{self, Cut, HandleAsync, Next, Requests, Wait};
+use crate::conn::transport::Transport;
+use crate::handler::{AsyncHandler, AsyncRequestHandler};
+use crate::net::listener::{Addr, Listener};
+use crate::net::tls::ForWorker;
+use crate::peer_counts::PeerCounts;
+use crate::scoreboard::{ConnCounts, HEAD_BYTES, Slot, State};
+use crate::sys::{self, exit};
+
+use super::access::Outcome;
+use super::admission::{self, Admission, EventSeat};
+use super::driver::{Driver, Extras, Shared, rules};
+use super::ledger::{
+    Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error, panic_message,
+};
+use super::serve::{AsyncDriver, Boundary, Connections, Context, Limits};
+use super::{ConnLimits, Setup};
+
+/// The async driver: the runtime and the wake-up descriptor, made before `Ready`, and its
+/// own settings.
+pub(crate) struct Tasks<'a> {
+    runtime: tokio::runtime::Runtime,
+    wake: EventFd,
+    /// `--worker-connections`.
+    max_connections: usize,
+    /// `--max-inflight` (0: no limit).
+    max_inflight: usize,
+    /// `--request-timeout`: a handler call is cancelled past it.
+    request_timeout: Option<Duration>,
+    /// `--read-timeout` and `--write-timeout`, for the client level's reads and writes.
+    io_timeouts: (Option<Duration>, Option<Duration>),
+    /// `--slow-request`.
+    slow_request: Option<Duration>,
+    /// The event workers' connections by client address (`--max-conns-per-ip`).
+    peers: Option<&'static PeerCounts>,
+    _setup: std::marker::PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for Tasks<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tasks")
+            .field("max_connections", &self.max_connections)
+            .field("max_inflight", &self.max_inflight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Driver<'a> for Tasks<'a> {
+    fn prepare(setup: &Setup<'a>, _slot: &'static Slot, extras: Extras<'a>) -> Result<Self, String> {
+        if extras.datagrams.is_some() {
+            return Err("datagram listeners are not served by async handlers".into());
+        }
+        // Made here, after the fork and the privilege drop, in the worker: the master
+        // never has a runtime (rule 1), and none is inherited (rule 9).
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| format!("making the async runtime: {e}"))?;
+        let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| format!("making the signals' eventfd: {e}"))?;
+        sys::set_worker_wake_fd(wake.as_raw_fd());
+        Ok(Tasks {
+            runtime,
+            wake,
+            max_connections: setup.worker_connections.max(1),
+            max_inflight: setup.async_limits.max_inflight,
+            request_timeout: setup.async_limits.request_timeout,
+            io_timeouts: (setup.async_limits.read_timeout, setup.conn.write_timeout),
+            slow_request: setup.slow_request,
+            peers: setup.peers,
+            _setup: std::marker::PhantomData,
+        })
+    }
+
+    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+        match level.drive_async(Run { driver: self, shared }) {
+            Some(code) => code,
+            None => {
+                // The configuration refuses a handler that is not async for this driver.
+                tracing::error!("this worker runs the async driver, and its handler is not async");
+                exit::START_FAILED
+            }
+        }
+    }
+}
+
+/// The driver and the worker's context, handed to the level.
+struct Run<'a> {
+    driver: Tasks<'a>,
+    shared: Shared<'a>,
+}
+
+impl AsyncDriver for Run<'_> {
+    fn drive_requests<H: AsyncRequestHandler>(self, handler: &H, limits: Limits) -> i32 {
+        let level = RequestsOf { handler };
+        self.go(&level, Some(limits))
+    }
+
+    fn drive_clients<H: AsyncHandler>(self, handler: &H) -> i32 {
+        let level = ClientsOf { handler };
+        self.go(&level, None)
+    }
+}
+
+impl<'a> Run<'a> {
+    fn go<L: Level>(self, level: &L, step_limits: Option<Limits>) -> i32 {
+        let Run { driver, shared } = self;
+        let Tasks {
+            runtime,
+            wake,
+            max_connections,
+            max_inflight,
+            request_timeout,
+            io_timeouts,
+            slow_request,
+            peers,
+            _setup,
+        } = driver;
+        let Shared {
+            id,
+            board,
+            slot,
+            listeners,
+            tls,
+            limits,
+            max_per_ip,
+            ledger,
+        } = shared;
+        slot.set_event();
+        board.set_state(id, State::Reading);
+        let worker = Worker {
+            id,
+            slot,
+            listeners,
+            tls,
+            limits,
+            max_per_ip,
+            peers,
+            step_limits: step_limits.unwrap_or_default(),
+            ledger: RefCell::new(ledger),
+            max_connections,
+            permits: (max_inflight > 0).then(|| Semaphore::new(max_inflight.min(Semaphore::MAX_PERMITS))),
+            request_timeout,
+            io_timeouts,
+            slow: RefCell::new(Slow {
+                limit: slow_request,
+                episode: OncePerMinute::default(),
+            }),
+            stopping: Cell::new(false),
+            stop: Notify::new(),
+            open: Cell::new(0),
+            idle: Cell::new(0),
+            in_flight: Cell::new(0),
+            accepted: Cell::new(0),
+            scratch: RefCell::new(vec![0; BUFFER_SIZE]),
+            published: Cell::new((ConnCounts::default(), 0)),
+        };
+        let local = tokio::task::LocalSet::new();
+        let run = Turned {
+            slot,
+            worker: &worker,
+            inner: worker.run(level, std::os::fd::AsFd::as_fd(&wake)),
+        };
+        match contain(|| local.block_on(&runtime, run)) {
+            Ok(code) => {
+                worker.ledger.borrow_mut().flush();
+                code
+            }
+            Err(p) => {
+                worker
+                    .ledger
+                    .borrow_mut()
+                    .panicked(format_args!("the async worker panicked"), &p, "exiting")
+            }
+        }
+    }
+}
+
+/// The level's part of a connection: what the request level and the client level do
+/// with an admitted connection, and with one refused over the per-address cap.
+trait Level {
+    /// Serves the admitted connection `io` of `peer` (number `id`), `bufs` holding what
+    /// admission read past its needs.
+    async fn serve(
+        &self,
+        w: &Worker<'_>,
+        io: AsyncFd<Transport>,
+        peer: &Addr,
+        id: u64,
+        bufs: Buffers,
+        label: &Label,
+    );
+
+    /// Refuses the connection with the codec's reply for `why` (the request level), or
+    /// closes it (the client level has no codec).
+    async fn refuse(&self, w: &Worker<'_>, io: AsyncFd<Transport>, why: &'static str);
+}
+
+/// The worker's state, shared by its connections' futures (one thread: cells).
+struct Worker<'a> {
+    id: u32,
+    slot: &'static Slot,
+    listeners: &'a [Listener],
+    tls: &'a ForWorker,
+    limits: ConnLimits,
+    max_per_ip: Option<usize>,
+    peers: Option<&'static PeerCounts>,
+    step_limits: Limits,
+    ledger: RefCell<Ledger<'a>>,
+    max_connections: usize,
+    /// `--max-inflight`'s permits (`None`: no limit).
+    permits: Option<Semaphore>,
+    request_timeout: Option<Duration>,
+    io_timeouts: (Option<Duration>, Option<Duration>),
+    slow: RefCell<Slow>,
+    stopping: Cell<bool>,
+    /// Wakes the connections that wait between requests when the worker stops.
+    stop: Notify,
+    /// Connections open, of which idle keep-alive ones and requests in flight.
+    open: Cell<usize>,
+    idle: Cell<u32>,
+    in_flight: Cell<u32>,
+    /// Connections accepted so far (each one's number, [`Conn::id`]).
+    accepted: Cell<u64>,
+    /// The worker-wide read buffer: a read lands here and what it got is copied into the
+    /// connection's own buffers, of the size they need (no borrow across an `.await`).
+    scratch: RefCell<Vec<u8>>,
+    /// What the slot last showed (connections, requests in flight).
+    published: Cell<(ConnCounts, u32)>,
+}
+
+/// Slow polls: the limit, and the episode being logged.
+struct Slow {
+    limit: Option<Duration>,
+    episode: OncePerMinute,
+}
+
+/// A connection's name for the slow-poll line: its client, and its request's first bytes.
+#[derive(Debug)]
+struct Label {
+    peer: RefCell<Addr>,
+    head: RefCell<Vec<u8>>,
+}
+
+/// What the accept wait found.
+enum Event {
+    Signal,
+    Accepted(io::Result<(Socket, Addr, usize)>),
+    Closed,
+    Resume,
+}
+
+impl<'a> Worker<'a> {
+    /// Accepts and serves until a stop and the last connection's end; returns the exit
+    /// status.
+    async fn run<L: Level>(&self, level: &L, wake: BorrowedFd<'_>) -> i32 {
+        // SAFETY: `wake` borrows the driver's eventfd, open for the whole run (the borrow
+        // outlives the `AsyncFd`), and always returns the same descriptor.
+        let wake = match unsafe { AsyncFd::register_with_interest(wake, Interest::READABLE) }
+            .map_err(io::Error::from)
+        {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!("watching the signals' eventfd: {e}; stopping");
+                return exit::OK;
+            }
+        };
+        let mut listeners = Vec::new();
+        for (i, l) in self
+            .listeners
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_datagram())
+        {
+            let fd = std::os::fd::AsFd::as_fd(l.socket());
+            // SAFETY: the listener is the master's, open for the worker's life (the borrow
+            // outlives the `AsyncFd`), and a `BorrowedFd` always returns the same descriptor.
+            match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
+            {
+                Ok(fd) => listeners.push((i, fd)),
+                Err(e) => {
+                    tracing::error!("watching listener {}: {e}; stopping", l.label());
+                    return exit::OK;
+                }
+            }
+        }
+        let mut conns = FuturesUnordered::new();
+        let mut trouble = Trouble::default();
+        let mut resume_at: Option<tokio::time::Instant> = None;
+        // A stop that came before the wake-up descriptor was set.
+        if sys::stop_requested() {
+            self.begin_stop();
+        }
+        loop {
+            if self.stopping.get() && conns.is_empty() {
+                tracing::debug!("no connection left");
+                return exit::OK;
+            }
+            let accepting =
+                !self.stopping.get() && resume_at.is_none() && self.open.get() < self.max_connections;
+            self.slot.set_accepts_paused(!accepting && !self.stopping.get());
+            let event = tokio::select! {
+                biased;
+                r = wake.readable() => {
+                    if let Ok(mut guard) = r {
+                        // The counter read (it is non-blocking), then the readiness
+                        // cleared: the next signal's write is a new edge.
+                        let mut counter = [0u8; 8];
+                        let _ = nix::unistd::read(guard.get_inner(), &mut counter);
+                        guard.clear_ready();
+                    }
+                    Event::Signal
+                }
+                Some(()) = conns.next(), if !conns.is_empty() => Event::Closed,
+                r = accept(&listeners), if accepting => Event::Accepted(r),
+                () = sleep_until(resume_at), if resume_at.is_some() => Event::Resume,
+            };
+            match event {
+                Event::Signal => {
+                    if sys::take_reopen_request() {
+                        self.ledger.borrow_mut().reopen();
+                    }
+                    if sys::stop_requested() && !self.stopping.get() {
+                        self.begin_stop();
+                    }
+                }
+                Event::Closed => {
+                    self.open.set(self.open.get() - 1);
+                    self.publish();
+                }
+                Event::Accepted(Ok((socket, peer, index))) => {
+                    trouble.cleared();
+                    self.open.set(self.open.get() + 1);
+                    let label = Rc::new(Label {
+                        peer: RefCell::new(peer.clone()),
+                        head: RefCell::new(Vec::new()),
+                    });
+                    conns.push(Watched {
+                        worker: self,
+                        label: label.clone(),
+                        inner: self.connection(level, socket, peer, index, label),
+                    });
+                    self.publish();
+                }
+                Event::Accepted(Err(e)) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
+                    Errno::EINTR => {}
+                    errno if super::accept::connection_error(errno) => {}
+                    Errno::EINVAL => {
+                        // The master shut the listeners down: a stop.
+                        if !self.stopping.get() {
+                            self.begin_stop();
+                        }
+                    }
+                    errno => {
+                        trouble.began(errno, "accepting connections");
+                        resume_at = Some(tokio::time::Instant::now() + RESOURCE_BACKOFF);
+                    }
+                },
+                Event::Resume => resume_at = None,
+            }
+        }
+    }
+
+    /// The worker is asked to stop: no more accepting; idle connections are woken to end
+    /// at their boundary.
+    fn begin_stop(&self) {
+        tracing::debug!(
+            "stopping: {} connections, {} requests in flight",
+            self.open.get(),
+            self.in_flight.get()
+        );
+        self.stopping.set(true);
+        self.stop.notify_waiters();
+        STOPPED.with(|n| n.notify_waiters());
+    }
+
+    /// The slot shows the connections and the requests in flight (when they changed).
+    fn publish(&self) {
+        let idle = self.idle.get();
+        let in_flight = self.in_flight.get();
+        let open = self.open.get() as u32;
+        let counts = ConnCounts {
+            open,
+            reading: open.saturating_sub(idle).saturating_sub(in_flight),
+            writing: 0,
+            idle_keepalive: idle,
+        };
+        if self.published.get() != (counts, in_flight) {
+            self.slot.publish_counts(counts);
+            self.slot.set_in_flight(in_flight);
+            self.published.set((counts, in_flight));
+        }
+    }
+
+    /// One connection, from accept to close.
+    async fn connection<L: Level>(
+        &self,
+        level: &L,
+        socket: Socket,
+        peer: Addr,
+        listener: usize,
+        label: Rc<Label>,
+    ) {
+        let id = self.accepted.get() + 1;
+        self.accepted.set(id);
+        self.slot.accepted();
+        let transport = Transport::new(socket);
+        // SAFETY: the transport owns the connection's socket, which it closes only when
+        // dropped, with the `AsyncFd` that owns it; its descriptor never changes.
+        let registered =
+            unsafe { AsyncFd::register_with_interest(transport, Interest::READABLE | Interest::WRITABLE) };
+        let io = match registered.map_err(io::Error::from) {
+            Ok(io) => io,
+            Err(e) => {
+                tracing::warn!("cannot watch the connection from {peer}: {e}; closing it");
+                return;
+            }
+        };
+        let mut io = io;
+        let (peer, counted, bufs) = match self.admit(&mut io, peer, listener).await {
+            Admitted::Serve { peer, counted, bufs } => (peer, counted, bufs),
+            Admitted::Refuse { counted, why } => {
+                level.refuse(self, io, why).await;
+                self.uncount(counted);
+                return;
+            }
+            Admitted::Closed { counted } => {
+                self.uncount(counted);
+                return;
+            }
+        };
+        *label.peer.borrow_mut() = peer.clone();
+        self.ledger.borrow_mut().connection();
+        level.serve(self, io, &peer, id, bufs, &label).await;
+        self.uncount(counted);
+    }
+
+    fn uncount(&self, counted: Option<IpAddr>) {
+        if let (Some(ip), Some(peers)) = (counted, self.peers) {
+            peers.remove(self.id, ip);
+        }
+    }
+
+    /// Admission (`admission.rs`), its reads and writes awaited, each by its phase's
+    /// deadline.
+    async fn admit(&self, io: &mut AsyncFd<Transport>, peer: Addr, listener: usize) -> Admitted {
+        let rules = rules(self.listeners, self.tls, &self.limits, self.max_per_ip, listener);
+        if rules.open_to(&peer) {
+            return Admitted::Serve {
+                peer,
+                counted: None,
+                bufs: Buffers::none(),
+            };
+        }
+        let seat = EventSeat {
+            id: self.id,
+            peers: self.peers,
+            counted: None,
+            workers: None,
+        };
+        let mut machine = Admission::start(rules, peer, seat, &mut Instant::now);
+        let mut bufs = Buffers::none();
+        loop {
+            match machine.next() {
+                admission::Next::Read { by } => {
+                    let room = bufs.room(BUFFER_SIZE);
+                    match within(by, read_raw(io, room)).await {
+                        None => machine.deadline_passed(Instant::now()),
+                        Some(Ok(0)) => machine.closed(),
+                        Some(Ok(n)) => {
+                            bufs.filled(n);
+                            let used = machine.received(bufs.unconsumed(), Instant::now());
+                            bufs.consume(used);
+                        }
+                        Some(Err(e)) => machine.failed(&e),
+                    }
+                }
+                admission::Next::Write { by } => match within(by, send_raw(io, machine.pending())).await {
+                    None => machine.deadline_passed(Instant::now()),
+                    Some(Ok(0)) => machine.failed(&io::ErrorKind::WriteZero.into()),
+                    Some(Ok(n)) => machine.sent(n, Instant::now()),
+                    Some(Err(e)) => machine.failed(&e),
+                },
+                admission::Next::Serve | admission::Next::Close => break,
+            }
+        }
+        let counted = machine.seat().counted;
+        let verdict = machine.finish();
+        if !verdict.unsent.is_empty() {
+            let _ = io
+                .get_ref()
+                .socket()
+                .send_with_flags(&verdict.unsent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        }
+        if let Some(session) = verdict.tls {
+            io.get_mut().set_tls(session);
+        }
+        if let Some(why) = verdict.rejected {
+            return match self.ledger.borrow_mut().reject(why, &verdict.peer) {
+                Some(why) => Admitted::Refuse { counted, why },
+                None => Admitted::Closed { counted },
+            };
+        }
+        tracing::debug!("serving {}", verdict.peer);
+        Admitted::Serve {
+            peer: verdict.peer,
+            counted,
+            bufs,
+        }
+    }
+
+    /// A `--max-inflight` permit, awaited (none without a limit), and the count of
+    /// requests in flight, which drops with the returned guard.
+    async fn in_flight(&self) -> InFlight<'_, 'a> {
+        let permit = match self.permits.as_ref() {
+            Some(s) => s.acquire().await.ok(),
+            None => None,
+        };
+        self.in_flight.set(self.in_flight.get() + 1);
+        self.publish();
+        InFlight {
+            worker: self,
+            _permit: permit,
+        }
+    }
+}
+
+/// A request (or a client-level session) in flight, counted until dropped.
+struct InFlight<'w, 'a> {
+    worker: &'w Worker<'a>,
+    _permit: Option<SemaphorePermit<'w>>,
+}
+
+impl Drop for InFlight<'_, '_> {
+    fn drop(&mut self) {
+        self.worker.in_flight.set(self.worker.in_flight.get() - 1);
+        self.worker.publish();
+    }
+}
+
+/// What admission decided.
+enum Admitted {
+    /// Serve the connection: its client (from a PROXY header, if any), its address as
+    /// counted for the per-address cap, and the bytes read past admission's needs.
+    Serve {
+        peer: Addr,
+        counted: Option<IpAddr>,
+        bufs: Buffers,
+    },
+    /// Over the per-address cap: the codec's refusal, then a close.
+    Refuse {
+        counted: Option<IpAddr>,
+        why: &'static str,
+    },
+    /// Closed (logged and counted by the ledger).
+    Closed { counted: Option<IpAddr> },
+}
+
+thread_local! {
+    /// Wakes [`stopped`]'s waiters when the worker stops (the worker's one thread).
+    static STOPPED: Rc<Notify> = Rc::new(Notify::new());
+}
+
+/// Completes when the worker is asked to stop (at once if it was): for
+/// [`AsyncClient::stopped`].
+pub(crate) async fn stopped() {
+    let notify = STOPPED.with(Rc::clone);
+    let notified = notify.notified();
+    if sys::stop_requested() {
+        return;
+    }
+    notified.await;
+}
+
+/// The one future the runtime runs, timed as the slot's turns: the master's
+/// `--request-timeout` watch kills a worker whose thread is stuck in one poll, as it
+/// does an event loop whose turn does not end. The access log's lines go out after each
+/// run, before the runtime waits.
+struct Turned<'w, 'a, F> {
+    slot: &'static Slot,
+    worker: &'w Worker<'a>,
+    inner: F,
+}
+
+impl<F: Future> Future for Turned<'_, '_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<F::Output> {
+        // SAFETY: `inner` is structurally pinned: it is never moved out of `self`, which
+        // is pinned, and `Turned` has no `Drop` of its own.
+        let this = unsafe { self.get_unchecked_mut() };
+        this.slot.turn_begin(crate::scoreboard::now_ns());
+        // SAFETY: as above.
+        let inner = unsafe { Pin::new_unchecked(&mut this.inner) };
+        let r = inner.poll(cx);
+        this.worker.ledger.borrow_mut().flush();
+        this.slot.turn_end();
+        r
+    }
+}
+
+/// A connection's future, each poll timed against `--slow-request`.
+struct Watched<'w, 'a, F> {
+    worker: &'w Worker<'a>,
+    label: Rc<Label>,
+    inner: F,
+}
+
+impl<F: Future> Future for Watched<'_, '_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<F::Output> {
+        // SAFETY: `inner` is structurally pinned (never moved out of the pinned `self`;
+        // `Watched` has no `Drop` of its own).
+        let this = unsafe { self.get_unchecked_mut() };
+        let limit = this.worker.slow.borrow().limit;
+        let Some(limit) = limit else {
+            // SAFETY: as above.
+            return unsafe { Pin::new_unchecked(&mut this.inner) }.poll(cx);
+        };
+        let started = Instant::now();
+        // SAFETY: as above.
+        let r = unsafe { Pin::new_unchecked(&mut this.inner) }.poll(cx);
+        let ended = Instant::now();
+        let took = ended.saturating_duration_since(started);
+        if took > limit {
+            this.worker.slow_poll(&this.label, took, ended);
+        }
+        r
+    }
+}
+
+impl Worker<'_> {
+    /// A poll that held the thread longer than `--slow-request`: counted, and logged once
+    /// per episode.
+    fn slow_poll(&self, label: &Label, took: Duration, now: Instant) {
+        self.slot.slow_call();
+        let mut slow = self.slow.borrow_mut();
+        let Some(more) = slow.episode.due(now) else {
+            return;
+        };
+        tracing::warn!(
+            "a poll of the future serving {} took {} ms (--slow-request {} ms), request {:?}: it held up this worker's {} other connections; a handler must not block the thread (use an async client, or tokio::task::spawn_blocking){}",
+            label.peer.borrow(),
+            took.as_millis(),
+            slow.limit.unwrap_or_default().as_millis(),
+            String::from_utf8_lossy(&label.head.borrow()),
+            self.open.get().saturating_sub(1),
+            if more > 0 {
+                format!(" ({more} more slow polls in the last minute)")
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+/// Waits until `at` (never when `None`).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `f` by the deadline `by` (`None`: no deadline of its own); `None` when it passed.
+async fn within<T>(by: Option<Instant>, f: impl Future<Output = T>) -> Option<T> {
+    match by {
+        Some(by) => tokio::time::timeout_at(by.into(), f).await.ok(),
+        None => Some(f.await),
+    }
+}
+
+/// Accepts one connection on one of `listeners` (the first ready).
+async fn accept(listeners: &[(usize, AsyncFd<BorrowedFd<'_>>)]) -> io::Result<(Socket, Addr, usize)> {
+    std::future::poll_fn(|cx| {
+        for (index, fd) in listeners {
+            loop {
+                let mut guard = match fd.poll_read_ready(cx) {
+                    Poll::Ready(Ok(g)) => g,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => break,
+                };
+                match guard.try_io(|fd| accept4(fd.get_ref())) {
+                    Ok(Ok((socket, peer))) => return Poll::Ready(Ok((socket, peer, *index))),
+                    Ok(Err(e)) => return Poll::Ready(Err(e)),
+                    // Another worker took it: readiness cleared, polled again to wait.
+                    Err(_would_block) => {}
+                }
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// `accept4` on a listener, the new socket non-blocking and close-on-exec.
+fn accept4(fd: &BorrowedFd<'_>) -> io::Result<(Socket, Addr)> {
+    let flags = nix::sys::socket::SockFlag::SOCK_NONBLOCK | nix::sys::socket::SockFlag::SOCK_CLOEXEC;
+    let raw = nix::sys::socket::accept4(fd.as_raw_fd(), flags).map_err(io::Error::from)?;
+    // SAFETY: `accept4` just returned this descriptor, which nothing else owns.
+    let socket = unsafe { <Socket as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let peer = socket
+        .peer_addr()
+        .map_or(Addr::Unix(None), |a| Addr::from_sockaddr(&a));
+    Ok((socket, peer))
+}
+
+/// Reads raw bytes (admission: before TLS) into `buf`.
+async fn read_raw(io: &mut AsyncFd<Transport>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        let mut guard = io.readable_mut().await?;
+        match guard.try_io(|t| t.get_ref().socket().read(buf)) {
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(r) => return r,
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// Sends raw bytes (admission: TLS handshake records).
+async fn send_raw(io: &mut AsyncFd<Transport>, data: &[u8]) -> io::Result<usize> {
+    loop {
+        let mut guard = io.writable_mut().await?;
+        match guard.try_io(|t| t.get_ref().socket().send_with_flags(data, libc::MSG_NOSIGNAL)) {
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(r) => return r,
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// Reads plaintext into `buf`: what the TLS layer holds first, else the socket's, once it
+/// is readable. `unread`: the socket may hold bytes whose readiness was taken already
+/// (by [`gone`]), so it is read before waiting.
+async fn read_some(io: &mut AsyncFd<Transport>, buf: &mut [u8], unread: &Cell<bool>) -> io::Result<usize> {
+    if io.get_mut().input_pending() || unread.take() {
+        match io.get_mut().read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+    loop {
+        let mut guard = io.readable_mut().await?;
+        match guard.try_io(|t| t.get_mut().read(buf)) {
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(Err(e)) => {
+                if e.kind() == io::ErrorKind::InvalidData {
+                    // A TLS protocol error: the alert rustls prepared, best effort.
+                    let _ = guard.get_inner_mut().write_records();
+                }
+                return Err(e);
+            }
+            Ok(r) => return r,
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// Writes `bufs`' output (and the TLS records it makes) to the client, each wait bounded
+/// by `--write-timeout`; returns the bytes written.
+async fn write_out(
+    io: &mut AsyncFd<Transport>,
+    bufs: &mut Buffers,
+    timeout: Option<Duration>,
+) -> io::Result<u64> {
+    let mut sent = 0;
+    while !bufs.pending_output().is_empty() {
+        let n = bounded(timeout, write_some(io, bufs.pending_output())).await?;
+        bufs.output_written(n);
+        sent += n as u64;
+    }
+    while io.get_ref().records_pending() {
+        bounded(timeout, write_records(io)).await?;
+    }
+    Ok(sent)
+}
+
+/// `f`, failing with `TimedOut` past `timeout`.
+async fn bounded<T>(timeout: Option<Duration>, f: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    match timeout {
+        Some(t) => tokio::time::timeout(t, f).await.unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the client took nothing for {} s (--write-timeout)",
+                    t.as_secs_f64()
+                ),
+            ))
+        }),
+        None => f.await,
+    }
+}
+
+/// One write of plaintext: the bytes taken.
+async fn write_some(io: &mut AsyncFd<Transport>, data: &[u8]) -> io::Result<usize> {
+    loop {
+        let mut guard = io.writable_mut().await?;
+        match guard.try_io(|t| {
+            let (taken, r) = t.get_mut().write(&[io::IoSlice::new(data)]);
+            match r {
+                // Taken bytes are gone (under TLS, records may wait): reported.
+                _ if taken > 0 => Ok(taken),
+                Err(e) => Err(e),
+                Ok(()) => Err(io::ErrorKind::WriteZero.into()),
+            }
+        }) {
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(r) => return r,
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// Writes pending TLS records once the socket takes them.
+async fn write_records(io: &mut AsyncFd<Transport>) -> io::Result<usize> {
+    loop {
+        let mut guard = io.writable_mut().await?;
+        match guard.try_io(|t| t.get_mut().write_records()) {
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(r) => return r,
+            Err(_would_block) => {}
+        }
+    }
+}
+
+/// Sends `body`'s range: `sendfile(2)` on a plain connection, copied through the TLS
+/// layer otherwise.
+async fn send_file(
+    io: &mut AsyncFd<Transport>,
+    body: &FileBody,
+    timeout: Option<Duration>,
+) -> io::Result<u64> {
+    let mut offset = body.range.start as i64;
+    let end = body.range.end as i64;
+    let mut sent = 0;
+    if !io.get_ref().is_tls() {
+        while offset < end {
+            let len = (end - offset).min(1 << 30) as usize;
+            let n = bounded(timeout, async {
+                loop {
+                    let mut guard = io.writable_mut().await?;
+                    match guard.try_io(|t| t.get_mut().send_file(&body.file, &mut offset, len)) {
+                        Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Ok(r) => return r,
+                        Err(_would_block) => {}
+                    }
+                }
+            })
+            .await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file ended before its range",
+                ));
+            }
+            sent += n as u64;
+        }
+        return Ok(sent);
+    }
+    let mut chunk = vec![0; BUFFER_SIZE];
+    while offset < end {
+        let want = ((end - offset) as usize).min(chunk.len());
+        let n = std::os::unix::fs::FileExt::read_at(&body.file, &mut chunk[..want], offset as u64)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the file ended before its range",
+            ));
+        }
+        let mut at = 0;
+        while at < n {
+            at += bounded(timeout, write_some(io, &chunk[at..n])).await?;
+        }
+        offset += n as i64;
+        sent += n as u64;
+    }
+    while io.get_ref().records_pending() {
+        bounded(timeout, write_records(io)).await?;
+    }
+    Ok(sent)
+}
+
+/// A close after which the client may still send (an error reply, a last response with
+/// requests pipelined behind it): shut for writing, then read and discard for at most
+/// `wait` (and [`step::LINGER_BYTES`]), so that the close does not reset what the client
+/// has not read yet.
+async fn linger(io: &mut AsyncFd<Transport>, wait: Duration) {
+    io.get_mut().close_notify();
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while io.get_ref().records_pending() {
+            if write_records(io).await.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    if io.get_ref().shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let mut scratch = [0u8; 4096];
+    let mut discarded = 0;
+    let _ = tokio::time::timeout(wait, async {
+        while discarded < step::LINGER_BYTES {
+            match io.get_ref().discard(&mut scratch, false) {
+                Ok(0) => break,
+                Ok(n) => discarded += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if wait.is_zero() {
+                        break;
+                    }
+                    let Ok(mut guard) = io.readable().await else { break };
+                    guard.clear_ready();
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    })
+    .await;
+}
+
+/// Completes when the client closes its side (or resets) while its request is handled.
+/// Bytes it sends meanwhile (a pipelined request) are left in the socket, `unread` set,
+/// for the next read.
+async fn gone(io: &AsyncFd<Transport>, unread: &Cell<bool>) {
+    loop {
+        let Ok(mut guard) = io.ready(Interest::READABLE).await else {
+            return;
+        };
+        let ready = guard.ready();
+        if ready.is_read_closed() || ready.is_error() {
+            return;
+        }
+        // Data, not the end: the next read takes it; this waits for the next edge.
+        unread.set(true);
+        guard.clear_ready_matching(tokio::io::Ready::READABLE);
+    }
+}
+
+/// The request level's side: the user's handler and the connection it answers.
+struct RequestsOf<'h, H> {
+    handler: &'h H,
+}
+
+impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
+    async fn serve(
+        &self,
+        w: &Worker<'_>,
+        mut io: AsyncFd<Transport>,
+        peer: &Addr,
+        id: u64,
+        mut bufs: Buffers,
+        label: &Label,
+    ) {
+        let mut step = Requests::new(self.handler.codec(), w.step_limits.clone());
+        let mut session = H::Session::default();
+        let unread = Cell::new(false);
+        let mut ctx = TaskContext {
+            w,
+            peer,
+            label,
+            request: None,
+            head: Vec::new(),
+            received: 0,
+            sent: 0,
+            idle: false,
+        };
+        let write_timeout = w.limits.write_timeout;
+        let mut now = Instant::now;
+        let mut next = if bufs.has_input() || io.get_mut().input_pending() {
+            Next::More
+        } else {
+            step.first_read()
+        };
+        let end: Option<io::Error> = loop {
+            next = match next {
+                Next::Read { wait, timeout, .. } => {
+                    match write_out(&mut io, &mut bufs, write_timeout).await {
+                        Ok(n) => ctx.sent += n,
+                        Err(e) => break Some(e),
+                    }
+                    step.output_sent(&mut ctx);
+                    if !bufs.has_input() {
+                        // Between reads a connection keeps no buffer: an idle one, or one
+                        // whose request is in flight elsewhere, costs its future only.
+                        bufs = Buffers::none();
+                    }
+                    ctx.set_idle(wait == Wait::Idle);
+                    let read = read_input(
+                        &mut io,
+                        &mut bufs,
+                        step.max_request_size(),
+                        timeout,
+                        &unread,
+                        w,
+                        wait,
+                    );
+                    let got = read.await;
+                    ctx.set_idle(false);
+                    match got {
+                        Input::Bytes(n) => {
+                            ctx.received += n as u64;
+                            step.received(&mut now);
+                            self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
+                                .await
+                        }
+                        Input::Eof => step.peer_closed(&bufs),
+                        Input::TimedOut => step.timed_out(&mut bufs, &mut ctx, peer, Instant::now()),
+                        // The worker stops: the boundary again, where an idle HTTP
+                        // connection drains.
+                        Input::Stop => {
+                            self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
+                                .await
+                        }
+                        Input::Failed(e) => Next::Fail(e),
+                    }
+                }
+                Next::More => {
+                    match write_out(&mut io, &mut bufs, write_timeout).await {
+                        Ok(n) => ctx.sent += n,
+                        Err(e) => break Some(e),
+                    }
+                    step.output_sent(&mut ctx);
+                    self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
+                        .await
+                }
+                Next::SendFile(body) => {
+                    match write_out(&mut io, &mut bufs, write_timeout).await {
+                        Ok(n) => ctx.sent += n,
+                        Err(e) => break Some(e),
+                    }
+                    match send_file(&mut io, &body, write_timeout).await {
+                        Ok(n) => ctx.sent += n,
+                        Err(e) => break Some(e),
+                    }
+                    self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
+                        .await
+                }
+                Next::Close { linger: wait } => {
+                    match write_out(&mut io, &mut bufs, write_timeout).await {
+                        Ok(n) => ctx.sent += n,
+                        Err(e) => break Some(e),
+                    }
+                    if let Some(wait) = wait {
+                        linger(&mut io, wait).await;
+                    }
+                    break None;
+                }
+                Next::Fail(e) => break Some(e),
+            };
+        };
+        if let Some(e) = &end {
+            log_connection_error(peer, e);
+        }
+        ctx.set_idle(false);
+        ctx.closed(step.rejected().map(|(e, _)| e));
+        w.slot.add_bytes(ctx.received, ctx.sent);
+    }
+
+    async fn refuse(&self, _w: &Worker<'_>, mut io: AsyncFd<Transport>, why: &'static str) {
+        let mut step = Requests::new(self.handler.codec(), Limits::default());
+        let mut bufs = Buffers::none();
+        step.refuse(&mut bufs, why);
+        if write_out(&mut io, &mut bufs, Some(Duration::from_secs(1)))
+            .await
+            .is_ok()
+        {
+            // No waiting: a refused client may be one of many.
+            linger(&mut io, Duration::ZERO).await;
+        }
+    }
+}
+
+impl<H: AsyncRequestHandler> RequestsOf<'_, H> {
+    /// One call of the step, the handler bound to the connection for it.
+    #[allow(clippy::too_many_arguments)]
+    async fn advance(
+        &self,
+        step: &mut Requests<H::Codec>,
+        bufs: &mut Buffers,
+        ctx: &mut TaskContext<'_, '_>,
+        io: &AsyncFd<Transport>,
+        session: &mut H::Session,
+        id: u64,
+        unread: &Cell<bool>,
+    ) -> Next {
+        let peer = ctx.peer;
+        let mut bound = Bound {
+            handler: self.handler,
+            info: ConnInfo {
+                peer,
+                tls: io.get_ref().tls(),
+                id,
+            },
+            session,
+            w: ctx.w,
+            io,
+            unread,
+            label: ctx.label,
+        };
+        step.advance_async(bufs, &mut bound, ctx, peer, &mut Instant::now)
+            .await
+    }
+}
+
+/// What a read found.
+enum Input {
+    Bytes(usize),
+    Eof,
+    TimedOut,
+    /// The worker stops while the connection waits between requests.
+    Stop,
+    Failed(io::Error),
+}
+
+/// Reads what comes next into `bufs` (through the worker-wide scratch buffer), by the
+/// wait's `timeout`; a wait between requests also ends at a stop.
+async fn read_input(
+    io: &mut AsyncFd<Transport>,
+    bufs: &mut Buffers,
+    max: usize,
+    timeout: Option<Duration>,
+    unread: &Cell<bool>,
+    w: &Worker<'_>,
+    wait: Wait,
+) -> Input {
+    let room = max.saturating_sub(bufs.unconsumed().len()).clamp(1, BUFFER_SIZE);
+    let stoppable = wait == Wait::Idle && !w.stopping.get();
+    let read = async {
+        // The scratch buffer is borrowed only between the read's completion and the copy,
+        // never across an `.await`: the read goes into a buffer of the connection's own
+        // for that moment.
+        let mut chunk = take_scratch(w, room);
+        let r = read_some(io, &mut chunk[..room], unread).await;
+        let r = r.inspect(|&n| bufs.extend_input(&chunk[..n]));
+        give_back_scratch(w, chunk);
+        r
+    };
+    let stop = async {
+        if stoppable {
+            w.stop.notified().await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let timed = async {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        r = read => match r {
+            Ok(0) => Input::Eof,
+            Ok(n) => Input::Bytes(n),
+            Err(e) => Input::Failed(e),
+        },
+        () = stop => Input::Stop,
+        () = timed => Input::TimedOut,
+    }
+}
+
+/// The worker-wide read buffer, lent to one read (a new one if another read has it: the
+/// read that waits holds it across its `.await`).
+fn take_scratch(w: &Worker<'_>, room: usize) -> Vec<u8> {
+    let mut s = w.scratch.borrow_mut();
+    if s.len() >= room {
+        std::mem::take(&mut *s)
+    } else {
+        vec![0; room]
+    }
+}
+
+fn give_back_scratch(w: &Worker<'_>, chunk: Vec<u8>) {
+    let mut s = w.scratch.borrow_mut();
+    if s.is_empty() && chunk.len() == BUFFER_SIZE {
+        *s = chunk;
+    }
+}
+
+/// The user's handler bound to one connection for the step, raced with what may cut its
+/// call.
+struct Bound<'h, 'c, 'w, 'a, H: AsyncRequestHandler> {
+    handler: &'h H,
+    info: ConnInfo<'c>,
+    session: &'c mut H::Session,
+    w: &'w Worker<'a>,
+    io: &'c AsyncFd<Transport>,
+    unread: &'c Cell<bool>,
+    label: &'w Label,
+}
+
+impl<H: AsyncRequestHandler> HandleAsync<H::Codec> for Bound<'_, '_, '_, '_, H> {
+    async fn handle<'r>(
+        &'r mut self,
+        req: &<H::Codec as Codec>::Request<'r>,
+        res: &mut <H::Codec as Codec>::Response<'r>,
+    ) -> (Result<io::Result<()>, Cut>, bool) {
+        let _flight = self.w.in_flight().await;
+        let mut conn = Conn::new(self.info, &mut *self.session);
+        let call = AssertUnwindSafe(self.handler.handle_request(&mut conn, req, res)).catch_unwind();
+        let limit = self.w.request_timeout;
+        let timeout = async {
+            match limit {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let label = self.label;
+        let handled = tokio::select! {
+            biased;
+            r = call => match r {
+                Ok(r) => Ok(r),
+                Err(p) => {
+                    tracing::error!(
+                        "the handler panicked on a request from {} ({:?}): {}; closing that connection, the worker goes on",
+                        label.peer.borrow(),
+                        String::from_utf8_lossy(&label.head.borrow()),
+                        panic_message(&*p)
+                    );
+                    Err(Cut::Panicked)
+                }
+            },
+            () = timeout => Err(Cut::TimedOut(limit.unwrap_or_default())),
+            () = gone(self.io, self.unread) => Err(Cut::Gone),
+        };
+        (handled, conn.take_penalized())
+    }
+}
+
+/// The worker's side of a connection's step.
+struct TaskContext<'w, 'a> {
+    w: &'w Worker<'a>,
+    peer: &'w Addr,
+    label: &'w Label,
+    /// The request in progress: when its first bytes came.
+    request: Option<Instant>,
+    /// Its first bytes (the ledger's copy is the worker's, shared by every connection).
+    head: Vec<u8>,
+    received: u64,
+    sent: u64,
+    /// Counted among the idle keep-alive connections.
+    idle: bool,
+}
+
+impl TaskContext<'_, '_> {
+    fn set_idle(&mut self, idle: bool) {
+        if idle != self.idle {
+            self.idle = idle;
+            let n = self.w.idle.get();
+            self.w.idle.set(if idle { n + 1 } else { n - 1 });
+            self.w.publish();
+        }
+    }
+
+    fn store_head(&mut self, head: &[u8]) {
+        self.head.clear();
+        self.head.extend_from_slice(&head[..head.len().min(HEAD_BYTES)]);
+        let mut label = self.label.head.borrow_mut();
+        label.clear();
+        label.extend_from_slice(&self.head);
+    }
+
+    /// The connection ended: a request left unanswered gets its line, as the other
+    /// drivers record it.
+    fn closed(&mut self, rejected: Option<&crate::codec::ProtocolError>) {
+        let Some(started) = self.request.take() else {
+            return;
+        };
+        let mut ledger = self.w.ledger.borrow_mut();
+        if ledger.logs_access() {
+            let outcome = match rejected {
+                Some(
+                    crate::codec::ProtocolError::Timeout | crate::codec::ProtocolError::HandlerTimeout { .. },
+                ) => Outcome::Timeout,
+                Some(_) => Outcome::Error,
+                None => Outcome::Closed,
+            };
+            ledger.request_head(&self.head);
+            ledger.request_unanswered(self.peer, outcome, started.elapsed(), (self.received, self.sent));
+        }
+    }
+}
+
+impl Context for TaskContext<'_, '_> {
+    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
+        Boundary::Wait
+    }
+
+    fn saturated(&mut self) -> bool {
+        false
+    }
+
+    fn retiring(&mut self) -> bool {
+        self.w.ledger.borrow().retiring()
+    }
+
+    fn stopping(&mut self) -> bool {
+        self.w.stopping.get()
+    }
+
+    fn request_start(&mut self, head: &[u8]) {
+        self.request = Some(Instant::now());
+        self.store_head(head);
+    }
+
+    fn request_head(&mut self, head: &[u8]) {
+        self.store_head(head);
+    }
+
+    fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
+        let Some(started) = self.request.take() else {
+            return;
+        };
+        let mut ledger = self.w.ledger.borrow_mut();
+        ledger.request_head(&self.head);
+        ledger.request_end(self.peer, started.elapsed(), bytes, ok);
+        ledger.check_recycle();
+    }
+}
+
+/// The client level's side: the user's handler, which owns each connection.
+struct ClientsOf<'h, H> {
+    handler: &'h H,
+}
+
+impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
+    async fn serve(
+        &self,
+        w: &Worker<'_>,
+        io: AsyncFd<Transport>,
+        peer: &Addr,
+        id: u64,
+        bufs: Buffers,
+        _label: &Label,
+    ) {
+        let started = Instant::now();
+        let (read_timeout, write_timeout) = w.io_timeouts;
+        let mut client = AsyncClient::new(io, peer.clone(), id, read_timeout, write_timeout);
+        client.prepend(bufs.unconsumed());
+        let flight = w.in_flight().await;
+        let call = AssertUnwindSafe(self.handler.handle_client(&mut client)).catch_unwind();
+        let outcome = match w.request_timeout {
+            Some(t) => tokio::time::timeout(t, call).await.ok(),
+            None => Some(call.await),
+        };
+        drop(flight);
+        let outcome = match outcome {
+            Some(Ok(Ok(()))) => {
+                let _ = bounded(Some(Duration::from_secs(1)), async {
+                    use tokio::io::AsyncWriteExt;
+                    client.shutdown().await
+                })
+                .await;
+                Outcome::Ok
+            }
+            Some(Ok(Err(e))) => {
+                log_connection_error(peer, &e);
+                if e.kind() == io::ErrorKind::TimedOut {
+                    Outcome::Timeout
+                } else {
+                    Outcome::Error
+                }
+            }
+            Some(Err(p)) => {
+                tracing::error!(
+                    "the handler panicked on the connection from {peer}: {}; closing it, the worker goes on",
+                    panic_message(&*p)
+                );
+                Outcome::Error
+            }
+            None => {
+                tracing::warn!(
+                    "the connection from {peer} ran longer than --request-timeout ({} s): its handler's future is cancelled and the connection closed",
+                    w.request_timeout.unwrap_or_default().as_secs_f64()
+                );
+                Outcome::Timeout
+            }
+        };
+        let bytes = (client.received, client.sent);
+        w.slot.add_bytes(bytes.0, bytes.1);
+        w.ledger
+            .borrow_mut()
+            .connection_end(peer, outcome, started.elapsed(), bytes);
+        w.ledger.borrow_mut().check_recycle();
+    }
+
+    async fn refuse(&self, _w: &Worker<'_>, _io: AsyncFd<Transport>, _why: &'static str) {
+        // No codec to say why: closed at once.
+    }
+}
