@@ -216,6 +216,12 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         if program.datagram_only {
             c.io = crate::Io::Event;
         }
+        // An async handler runs in event workers: that is its default, also when the
+        // command line was parsed (`Server::args`) before the handler's kind was known.
+        // A model given on the command line or in the environment stays, to be refused.
+        if program.asynchronous && m.value_source("io") == Some(clap::parser::ValueSource::DefaultValue) {
+            c.io = crate::Io::Event;
+        }
         c
     };
     match matches.subcommand() {

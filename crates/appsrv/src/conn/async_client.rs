@@ -61,6 +61,17 @@ impl std::fmt::Debug for AsyncClient {
     }
 }
 
+thread_local! {
+    /// Wakes [`AsyncClient::stopped`]'s waiters when the worker stops (the async worker
+    /// has one thread).
+    static STOPPED: std::rc::Rc<tokio::sync::Notify> = std::rc::Rc::new(tokio::sync::Notify::new());
+}
+
+/// The worker was asked to stop: wakes the handlers waiting in [`AsyncClient::stopped`].
+pub(crate) fn worker_stops() {
+    STOPPED.with(|n| n.notify_waiters());
+}
+
 impl AsyncClient {
     /// The connection `io` (registered with the runtime, admitted) of `peer`, number `id`
     /// among the worker's, with the server's read and write timeouts.
@@ -147,7 +158,12 @@ impl AsyncClient {
     /// Completes when the worker is asked to stop (at once if it was): to `select!` on
     /// beside a read that waits for the client's next command.
     pub async fn stopped(&self) {
-        super::super::worker::tasks::stopped().await;
+        let notify = STOPPED.with(std::rc::Rc::clone);
+        let notified = notify.notified();
+        if crate::sys::stop_requested() {
+            return;
+        }
+        notified.await;
     }
 
     /// `Ready(Err(TimedOut))` once the deadline in `slot` (armed now with `timeout` if it

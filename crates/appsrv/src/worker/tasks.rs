@@ -442,7 +442,7 @@ impl<'a> Worker<'a> {
         );
         self.stopping.set(true);
         self.stop.notify_waiters();
-        STOPPED.with(|n| n.notify_waiters());
+        crate::conn::async_client::worker_stops();
     }
 
     /// The slot shows the connections and the requests in flight (when they changed).
@@ -625,22 +625,6 @@ enum Admitted {
     },
     /// Closed (logged and counted by the ledger).
     Closed { counted: Option<IpAddr> },
-}
-
-thread_local! {
-    /// Wakes [`stopped`]'s waiters when the worker stops (the worker's one thread).
-    static STOPPED: Rc<Notify> = Rc::new(Notify::new());
-}
-
-/// Completes when the worker is asked to stop (at once if it was): for
-/// [`AsyncClient::stopped`].
-pub(crate) async fn stopped() {
-    let notify = STOPPED.with(Rc::clone);
-    let notified = notify.notified();
-    if sys::stop_requested() {
-        return;
-    }
-    notified.await;
 }
 
 /// The one future the runtime runs, timed as the slot's turns: the master's

@@ -1,0 +1,475 @@
+//! Async handlers in event workers (issue 33), through the `asyncbed` test server and the
+//! `async_hello` example as real processes: requests that wait on timers, many in flight
+//! per worker, pipelining in order, state per worker and per connection, the limits
+//! (`--max-inflight`, `--request-timeout` answered 504, a client that leaves cancelling its
+//! request), faults (a panic closes its connection only, a poll that blocks the thread is
+//! logged), stop, reload and recycling with requests in flight, admission (PROXY header,
+//! per-address cap, TLS) in front of an async handler, the client level, and the
+//! configuration errors before start.
+
+mod util;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use util::*;
+
+/// A private directory for one server's control socket and files, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("appsrv-async-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Dir(d)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts `example` on a TCP port of its own, with its control socket in `dir`, and `args`.
+fn start(example_name: &str, dir: &Dir, args: &[&str]) -> Server {
+    let sock = dir.path("ctl.sock");
+    let mut all = vec!["-l", "127.0.0.1:0", "--control", &sock];
+    all.extend_from_slice(args);
+    Server::start(example_name, &all)
+}
+
+/// Starts the asyncbed's request level.
+fn bed(dir: &Dir, args: &[&str]) -> Server {
+    start("asyncbed", dir, args)
+}
+
+/// One HTTP/1.1 GET on a keep-alive connection: the status code and the body.
+fn get(c: &mut BufReader<TcpStream>, path: &str) -> (u16, String) {
+    c.get_mut()
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .unwrap();
+    read_response(c)
+}
+
+/// Reads one response: its status and body (Content-Length framed).
+fn read_response(c: &mut BufReader<TcpStream>) -> (u16, String) {
+    let mut status = String::new();
+    c.read_line(&mut status).expect("a status line");
+    assert!(status.starts_with("HTTP/1.1 "), "a response, got {status:?}");
+    let code = status[9..12].parse().unwrap();
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        c.read_line(&mut h).unwrap();
+        if h == "\r\n" {
+            break;
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length: ") {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; len];
+    c.read_exact(&mut body).unwrap();
+    (code, String::from_utf8(body).unwrap())
+}
+
+fn open(addr: SocketAddr) -> BufReader<TcpStream> {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    BufReader::new(s)
+}
+
+/// `GET path` on a new connection: status and body.
+fn get_new(addr: SocketAddr, path: &str) -> (u16, String) {
+    get(&mut open(addr), path)
+}
+
+/// Runs `program ARGS` (the example's subcommand) and returns its stdout, asserting success.
+fn ctl(example_name: &str, args: &[&str]) -> String {
+    let out = Command::new(example(example_name)).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The example (an async handler) answers, and `/sleep` waits on a timer without holding
+/// the worker: 100 sleeps of 1 s on one worker all finish in about a second, where a
+/// blocking worker would take 100 s.
+#[test]
+fn issue_33_async_hello_serves_many_sleeping_requests_on_one_worker() {
+    let dir = Dir::new("hello");
+    let server = start("async_hello", &dir, &["-w", "1"]);
+    let addr = server.tcp_addr();
+    assert_eq!(get_new(addr, "/"), (200, "Hello, World!".into()));
+    let started = Instant::now();
+    let clients: Vec<_> = (0..100)
+        .map(|_| std::thread::spawn(move || get_new(addr, "/sleep?ms=1000")))
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap(), (200, "slept\n".into()));
+    }
+    // A generous bound for a loaded machine: one after the other would take 100 s.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(20), "100 sleeps of 1 s took {took:?}");
+}
+
+/// Issue 33: the io default of an async server is event, whatever order the program
+/// parsed its options in; `--io blocking` and `--io hybrid` are refused before start,
+/// with a message naming the model and the way out.
+#[test]
+fn issue_33_an_async_handler_with_blocking_or_hybrid_io_is_refused_before_start() {
+    for io in ["blocking", "hybrid"] {
+        let out = Command::new(example("async_hello"))
+            .args(["check", "-l", "127.0.0.1:0", "--io", io])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--io {io} accepted: {err}");
+        assert!(
+            err.contains(&format!("--io {io}")) && err.contains("async") && err.contains("--io event"),
+            "{err}"
+        );
+        let out = Command::new(example("async_hello"))
+            .args(["-l", "127.0.0.1:0", "--io", io])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "run with --io {io} started");
+    }
+    // Through the environment too.
+    let out = Command::new(example("asyncbed"))
+        .args(["check", "-l", "127.0.0.1:0"])
+        .env("ASYNCBED_IO", "blocking")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+/// Pipelined requests on one connection are answered in order, however long each takes;
+/// the session is the connection's, the handler's state the worker's.
+#[test]
+fn issue_33_pipelined_requests_are_answered_in_order_and_state_is_per_worker_and_connection() {
+    let dir = Dir::new("pipeline");
+    let server = bed(&dir, &["-w", "1"]);
+    let addr = server.tcp_addr();
+    let mut c = open(addr);
+    c.get_mut()
+        .write_all(
+            b"GET /sleep?ms=300 HTTP/1.1\r\nHost: t\r\n\r\n\
+              GET /session HTTP/1.1\r\nHost: t\r\n\r\n\
+              GET /sleep?ms=10 HTTP/1.1\r\nHost: t\r\n\r\n\
+              GET /session HTTP/1.1\r\nHost: t\r\n\r\n",
+        )
+        .unwrap();
+    assert_eq!(read_response(&mut c), (200, "slept\n".into()));
+    assert_eq!(read_response(&mut c), (200, "1\n".into()));
+    assert_eq!(read_response(&mut c), (200, "slept\n".into()));
+    assert_eq!(read_response(&mut c), (200, "2\n".into()));
+    // Another connection: a new session; the same worker's counter.
+    let mut d = open(addr);
+    assert_eq!(get(&mut d, "/session"), (200, "1\n".into()));
+    assert_eq!(get(&mut c, "/count"), (200, "1\n".into()));
+    assert_eq!(get(&mut d, "/count"), (200, "2\n".into()));
+}
+
+/// `--request-timeout` cancels the call and answers 504; the worker goes on (the same
+/// process answers next), and the access log says `timeout`.
+#[test]
+fn issue_33_a_request_past_the_request_timeout_is_cancelled_and_answered_504() {
+    let dir = Dir::new("timeout");
+    let access = dir.path("access.log");
+    let server = bed(
+        &dir,
+        &["-w", "1", "--request-timeout", "1", "--access-log", &access],
+    );
+    let addr = server.tcp_addr();
+    let (_, pid) = get_new(addr, "/pid");
+    let mut c = open(addr);
+    let (code, body) = get(&mut c, "/hold?ms=10000");
+    assert_eq!(code, 504, "{body}");
+    assert!(body.contains("504 Gateway Timeout"), "{body}");
+    assert_eq!(get_new(addr, "/pid").1, pid, "the worker was not replaced");
+    assert_eq!(get_new(addr, "/stats").1, "cancelled=1 in_flight=0\n");
+    server.wait_for_log("ran longer than --request-timeout (1 s)");
+    let line = wait_until(|| {
+        std::fs::read_to_string(&access)
+            .ok()?
+            .lines()
+            .find(|l| l.contains("/hold"))
+            .map(str::to_string)
+    })
+    .expect("an access-log line");
+    assert!(line.contains(" timeout "), "{line}");
+}
+
+/// A client that closes its connection while its request is handled cancels the
+/// request's future (its drop runs), without waiting for its end.
+#[test]
+fn issue_33_a_client_that_disconnects_cancels_its_request() {
+    let dir = Dir::new("gone");
+    let server = bed(&dir, &["-w", "1"]);
+    let addr = server.tcp_addr();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.write_all(b"GET /hold?ms=60000 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    wait_until(|| (get_new(addr, "/stats").1 == "cancelled=0 in_flight=1\n").then_some(()))
+        .expect("the request in flight");
+    drop(c);
+    wait_until(|| (get_new(addr, "/stats").1 == "cancelled=1 in_flight=0\n").then_some(()))
+        .expect("the request cancelled when its client left");
+}
+
+/// A panic closes its connection, with a log line naming the client and the request; the
+/// worker goes on, and the requests it has in flight for others are answered.
+#[test]
+fn issue_33_a_panicking_handler_closes_its_connection_only() {
+    let dir = Dir::new("panic");
+    let server = bed(&dir, &["-w", "1"]);
+    let addr = server.tcp_addr();
+    let (_, pid) = get_new(addr, "/pid");
+    let other = std::thread::spawn(move || get_new(addr, "/hold?ms=1500"));
+    wait_until(|| get_new(addr, "/stats").1.ends_with("in_flight=1\n").then_some(())).expect("in flight");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(b"GET /panic HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert!(
+        out.is_empty(),
+        "no response to a panicked request: {:?}",
+        String::from_utf8_lossy(&out)
+    );
+    let line = server.wait_for_log("the handler panicked");
+    assert!(
+        line.contains("127.0.0.1:") && line.contains("GET /panic") && line.contains("asked to panic"),
+        "{line}"
+    );
+    assert_eq!(other.join().unwrap(), (200, "held\n".into()));
+    assert_eq!(get_new(addr, "/pid").1, pid, "the worker goes on");
+}
+
+/// A poll that blocks the thread longer than `--slow-request` is logged with the client
+/// and the request's first bytes.
+#[test]
+fn issue_33_a_poll_that_blocks_the_thread_is_logged() {
+    let dir = Dir::new("slow");
+    let server = bed(&dir, &["-w", "1", "--slow-request", "0.1"]);
+    let addr = server.tcp_addr();
+    assert_eq!(get_new(addr, "/spin?ms=300"), (200, "spun\n".into()));
+    let line = server.wait_for_log("a poll of the future serving");
+    assert!(
+        line.contains("127.0.0.1:")
+            && line.contains("GET /spin?ms=300")
+            && line.contains("--slow-request 100 ms"),
+        "{line}"
+    );
+}
+
+/// `--max-inflight 2` on one worker: four requests of 600 ms are handled two at a time
+/// (so they take two rounds, where one would do without the limit), and all are answered.
+#[test]
+fn issue_33_max_inflight_holds_requests_beyond_it_until_some_finish() {
+    let dir = Dir::new("inflight");
+    let server = bed(&dir, &["-w", "1", "--max-inflight", "2"]);
+    let addr = server.tcp_addr();
+    let started = Instant::now();
+    let clients: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(move || get_new(addr, "/hold?ms=600")))
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap(), (200, "held\n".into()));
+    }
+    // Without the limit, the four would take one round.
+    assert!(
+        started.elapsed() >= Duration::from_millis(1150),
+        "two rounds of 600 ms"
+    );
+}
+
+/// A stop lets requests in flight finish and be answered, then the server exits.
+#[test]
+fn issue_33_a_stop_lets_requests_in_flight_finish() {
+    let dir = Dir::new("stop");
+    let mut server = bed(&dir, &["-w", "2"]);
+    let addr = server.tcp_addr();
+    let clients: Vec<_> = (0..20)
+        .map(|_| std::thread::spawn(move || get_new(addr, "/hold?ms=1500")))
+        .collect();
+    wait_until(|| {
+        let n: u32 = ["/stats", "/stats", "/stats", "/stats"]
+            .iter()
+            .map(|p| {
+                get_new(addr, p)
+                    .1
+                    .split("in_flight=")
+                    .nth(1)
+                    .unwrap()
+                    .trim()
+                    .parse::<u32>()
+                    .unwrap()
+            })
+            .max()
+            .unwrap();
+        (n > 0).then_some(())
+    })
+    .expect("requests in flight");
+    server.signal(libc::SIGTERM);
+    for c in clients {
+        assert_eq!(
+            c.join().unwrap(),
+            (200, "held\n".into()),
+            "a request in flight lost at the stop"
+        );
+    }
+    assert!(server.wait_exit().success());
+}
+
+/// A reload replaces the workers while requests are in flight: every one is answered,
+/// and the new workers serve.
+#[test]
+fn issue_33_a_reload_with_requests_in_flight_loses_none() {
+    let dir = Dir::new("reload");
+    let sock = dir.path("ctl.sock");
+    let server = bed(&dir, &["-w", "2"]);
+    let addr = server.tcp_addr();
+    let before = server.worker_pids();
+    let clients: Vec<_> = (0..40)
+        .map(|_| std::thread::spawn(move || get_new(addr, "/hold?ms=1000")))
+        .collect();
+    ctl("asyncbed", &["reload", "--control", &sock]);
+    for c in clients {
+        assert_eq!(c.join().unwrap(), (200, "held\n".into()));
+    }
+    let after = wait_until(|| {
+        let now = server.worker_pids();
+        (now.len() == 2 && now.is_disjoint(&before)).then_some(now)
+    })
+    .expect("two new workers");
+    let (_, pid) = get_new(addr, "/pid");
+    assert!(after.contains(&pid.trim().parse().unwrap()));
+}
+
+/// Recycling by request count waits for the requests in flight: the worker asks for its
+/// replacement at the limit, finishes what it has, and is replaced.
+#[test]
+fn issue_33_recycling_waits_for_requests_in_flight() {
+    let dir = Dir::new("recycle");
+    let server = bed(&dir, &["-w", "1", "--max-requests", "10"]);
+    let addr = server.tcp_addr();
+    let (_, first) = get_new(addr, "/pid");
+    let clients: Vec<_> = (0..12)
+        .map(|_| std::thread::spawn(move || get_new(addr, "/hold?ms=800")))
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap(), (200, "held\n".into()));
+    }
+    server.wait_for_log("reached its recycling limit");
+    wait_until(|| (get_new(addr, "/pid").1 != first).then_some(())).expect("a new worker");
+}
+
+/// Admission runs before an async handler as before any other: the PROXY header names
+/// the client the handler sees, and `--max-conns-per-ip` refuses a client over the cap
+/// with the codec's 503.
+#[test]
+fn issue_33_admission_comes_before_an_async_handler() {
+    let dir = Dir::new("admission");
+    let sock = dir.path("ctl.sock");
+    let server = Server::start(
+        "asyncbed",
+        &[
+            "-l",
+            "127.0.0.1:0?proxy",
+            "--proxy-from",
+            "127.0.0.0/8",
+            "--control",
+            &sock,
+            "--max-conns-per-ip",
+            "1",
+            "-w",
+            "1",
+        ],
+    );
+    let addr = server.tcp_addr();
+    let mut c = open(addr);
+    c.get_mut()
+        .write_all(b"PROXY TCP4 192.0.2.7 127.0.0.1 4711 80\r\nGET /peer HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut c), (200, "192.0.2.7:4711\n".into()));
+    // A second connection of the same client while the first is open: over the cap.
+    let mut d = open(addr);
+    d.get_mut()
+        .write_all(b"PROXY TCP4 192.0.2.7 127.0.0.1 4712 80\r\nGET /peer HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let (code, body) = read_response(&mut d);
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(get(&mut c, "/session"), (200, "1\n".into()), "the first goes on");
+}
+
+/// The client level: each connection is the handler's, thousands per worker; a panic
+/// closes one connection and the others go on.
+#[test]
+fn issue_33_the_async_client_level_serves_sessions_at_once_and_contains_a_panic() {
+    let dir = Dir::new("client");
+    let server = bed(&dir, &["--client", "-w", "1"]);
+    let addr = server.tcp_addr();
+    let session = |addr| {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut r = BufReader::new(s);
+        let mut greeting = String::new();
+        r.read_line(&mut greeting).unwrap();
+        assert!(greeting.starts_with("pid "), "{greeting}");
+        r
+    };
+    let mut a = session(addr);
+    a.get_mut().write_all(b"hello\npeer\n").unwrap();
+    let mut line = String::new();
+    a.read_line(&mut line).unwrap();
+    assert_eq!(line, "hello\n");
+    line.clear();
+    a.read_line(&mut line).unwrap();
+    assert!(line.starts_with("127.0.0.1:"), "{line}");
+    // 50 sessions that each wait 1 s at once, on one worker.
+    let started = Instant::now();
+    let sleepers: Vec<_> = (0..50)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = session(addr);
+                s.get_mut().write_all(b"sleep 1000\n").unwrap();
+                let mut l = String::new();
+                s.read_line(&mut l).unwrap();
+                l
+            })
+        })
+        .collect();
+    for s in sleepers {
+        assert_eq!(s.join().unwrap(), "slept\n");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "one after the other would take 50 s"
+    );
+    let mut p = session(addr);
+    p.get_mut().write_all(b"panic\n").unwrap();
+    let mut rest = String::new();
+    let _ = p.read_to_string(&mut rest);
+    assert_eq!(rest, "", "the panicked session is closed");
+    server.wait_for_log("the handler panicked on the connection from 127.0.0.1:");
+    a.get_mut().write_all(b"still here\n").unwrap();
+    line.clear();
+    a.read_line(&mut line).unwrap();
+    assert_eq!(line, "still here\n");
+}
