@@ -785,19 +785,37 @@ async fn send_raw(io: &mut AsyncFd<Transport>, data: &[u8]) -> io::Result<usize>
     }
 }
 
-/// Reads plaintext into `buf`: what the TLS layer holds first, else the socket's, once it
-/// is readable. `unread`: the socket may hold bytes whose readiness was taken already
-/// (by [`gone`]), so it is read before waiting.
-async fn read_some(io: &mut AsyncFd<Transport>, buf: &mut [u8], unread: &Cell<bool>) -> io::Result<usize> {
+/// Reads plaintext into `bufs` (at most `room` bytes): what the TLS layer holds first,
+/// else the socket's, once it is readable. `unread`: the socket may hold bytes whose
+/// readiness was taken already (by [`gone`]), so it is read before waiting.
+///
+/// The read lands in the worker-wide scratch buffer, borrowed for the system call and the
+/// copy only, never across an `.await`, and what it got is copied into the connection's
+/// own buffers, of the size they need: a connection that waits holds no read buffer
+/// (10,000 waiting connections with a 16 KiB buffer each would be 160 MiB).
+async fn read_some(
+    io: &mut AsyncFd<Transport>,
+    bufs: &mut Buffers,
+    room: usize,
+    w: &Worker<'_>,
+    unread: &Cell<bool>,
+) -> io::Result<usize> {
+    let mut into_bufs = |t: &mut Transport| -> io::Result<usize> {
+        let mut scratch = w.scratch.borrow_mut();
+        let room = room.min(scratch.len());
+        let n = t.read(&mut scratch[..room])?;
+        bufs.extend_input(&scratch[..n]);
+        Ok(n)
+    };
     if io.get_mut().input_pending() || unread.take() {
-        match io.get_mut().read(buf) {
+        match into_bufs(io.get_mut()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
             r => return r,
         }
     }
     loop {
         let mut guard = io.readable_mut().await?;
-        match guard.try_io(|t| t.get_mut().read(buf)) {
+        match guard.try_io(|t| into_bufs(t.get_mut())) {
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
             Ok(Err(e)) => {
                 if e.kind() == io::ErrorKind::InvalidData {
@@ -953,7 +971,8 @@ async fn linger(io: &mut AsyncFd<Transport>, wait: Duration) {
     if io.get_ref().shutdown(std::net::Shutdown::Write).is_err() {
         return;
     }
-    let mut scratch = [0u8; 4096];
+    // On the heap: an array here would sit in every connection's future, lingering or not.
+    let mut scratch = vec![0u8; 4096];
     let mut discarded = 0;
     let _ = tokio::time::timeout(wait, async {
         while discarded < step::LINGER_BYTES {
@@ -1028,81 +1047,70 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         } else {
             step.first_read()
         };
+        // One place for each kind of wait (the output's write, the read, the step's call):
+        // each `.await` site keeps its future in the connection's, and sites of the same
+        // call are not always laid over each other, so the loop has one of each. The rare
+        // ones (a file, a lingering close) are boxed: a connection pays for them only
+        // while it sends a file or lingers.
         let end: Option<io::Error> = loop {
-            next = match next {
+            if let Next::Fail(e) = next {
+                break Some(e);
+            }
+            // Every other move sends the output first.
+            match write_out(&mut io, &mut bufs, write_timeout).await {
+                Ok(n) => ctx.sent += n,
+                Err(e) => break Some(e),
+            }
+            step.output_sent(&mut ctx);
+            let then = match next {
                 Next::Read { wait, timeout, .. } => {
-                    match write_out(&mut io, &mut bufs, write_timeout).await {
-                        Ok(n) => ctx.sent += n,
-                        Err(e) => break Some(e),
-                    }
-                    step.output_sent(&mut ctx);
                     if !bufs.has_input() {
-                        // Between reads a connection keeps no buffer: an idle one, or one
-                        // whose request is in flight elsewhere, costs its future only.
+                        // Between reads a connection keeps no buffer: an idle one costs its
+                        // future and its socket only.
                         bufs = Buffers::none();
                     }
                     ctx.set_idle(wait == Wait::Idle);
-                    let read = read_input(
-                        &mut io,
-                        &mut bufs,
-                        step.max_request_size(),
-                        timeout,
-                        &unread,
-                        w,
-                        wait,
-                    );
-                    let got = read.await;
+                    let max = step.max_request_size();
+                    let got = read_input(&mut io, &mut bufs, max, timeout, &unread, w, wait).await;
                     ctx.set_idle(false);
                     match got {
                         Input::Bytes(n) => {
                             ctx.received += n as u64;
                             step.received(&mut now);
-                            self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
-                                .await
+                            Then::Advance
                         }
-                        Input::Eof => step.peer_closed(&bufs),
-                        Input::TimedOut => step.timed_out(&mut bufs, &mut ctx, peer, Instant::now()),
+                        Input::Eof => Then::Next(step.peer_closed(&bufs)),
+                        Input::TimedOut => {
+                            Then::Next(step.timed_out(&mut bufs, &mut ctx, peer, Instant::now()))
+                        }
                         // The worker stops: the boundary again, where an idle HTTP
                         // connection drains.
-                        Input::Stop => {
-                            self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
-                                .await
-                        }
-                        Input::Failed(e) => Next::Fail(e),
+                        Input::Stop => Then::Advance,
+                        Input::Failed(e) => Then::Next(Next::Fail(e)),
                     }
                 }
-                Next::More => {
-                    match write_out(&mut io, &mut bufs, write_timeout).await {
-                        Ok(n) => ctx.sent += n,
-                        Err(e) => break Some(e),
+                Next::More => Then::Advance,
+                Next::SendFile(body) => match Box::pin(send_file(&mut io, &body, write_timeout)).await {
+                    Ok(n) => {
+                        ctx.sent += n;
+                        Then::Advance
                     }
-                    step.output_sent(&mut ctx);
-                    self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
-                        .await
-                }
-                Next::SendFile(body) => {
-                    match write_out(&mut io, &mut bufs, write_timeout).await {
-                        Ok(n) => ctx.sent += n,
-                        Err(e) => break Some(e),
-                    }
-                    match send_file(&mut io, &body, write_timeout).await {
-                        Ok(n) => ctx.sent += n,
-                        Err(e) => break Some(e),
-                    }
-                    self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
-                        .await
-                }
+                    Err(e) => break Some(e),
+                },
                 Next::Close { linger: wait } => {
-                    match write_out(&mut io, &mut bufs, write_timeout).await {
-                        Ok(n) => ctx.sent += n,
-                        Err(e) => break Some(e),
-                    }
                     if let Some(wait) = wait {
-                        linger(&mut io, wait).await;
+                        Box::pin(linger(&mut io, wait)).await;
                     }
                     break None;
                 }
-                Next::Fail(e) => break Some(e),
+                Next::Fail(_) => unreachable!("handled above"),
+            };
+            next = match then {
+                Then::Advance => {
+                    self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
+                        .await
+                }
+                Then::Next(next) => next,
             };
         };
         if let Some(e) = &end {
@@ -1159,6 +1167,14 @@ impl<H: AsyncRequestHandler> RequestsOf<'_, H> {
     }
 }
 
+/// What comes after a move of the request loop.
+enum Then {
+    /// The step's next call.
+    Advance,
+    /// What the step said already.
+    Next(Next),
+}
+
 /// What a read found.
 enum Input {
     Bytes(usize),
@@ -1182,16 +1198,7 @@ async fn read_input(
 ) -> Input {
     let room = max.saturating_sub(bufs.unconsumed().len()).clamp(1, BUFFER_SIZE);
     let stoppable = wait == Wait::Idle && !w.stopping.get();
-    let read = async {
-        // The scratch buffer is borrowed only between the read's completion and the copy,
-        // never across an `.await`: the read goes into a buffer of the connection's own
-        // for that moment.
-        let mut chunk = take_scratch(w, room);
-        let r = read_some(io, &mut chunk[..room], unread).await;
-        let r = r.inspect(|&n| bufs.extend_input(&chunk[..n]));
-        give_back_scratch(w, chunk);
-        r
-    };
+    let read = read_some(io, bufs, room, w, unread);
     let stop = async {
         if stoppable {
             w.stop.notified().await;
@@ -1214,24 +1221,6 @@ async fn read_input(
         },
         () = stop => Input::Stop,
         () = timed => Input::TimedOut,
-    }
-}
-
-/// The worker-wide read buffer, lent to one read (a new one if another read has it: the
-/// read that waits holds it across its `.await`).
-fn take_scratch(w: &Worker<'_>, room: usize) -> Vec<u8> {
-    let mut s = w.scratch.borrow_mut();
-    if s.len() >= room {
-        std::mem::take(&mut *s)
-    } else {
-        vec![0; room]
-    }
-}
-
-fn give_back_scratch(w: &Worker<'_>, chunk: Vec<u8>) {
-    let mut s = w.scratch.borrow_mut();
-    if s.is_empty() && chunk.len() == BUFFER_SIZE {
-        *s = chunk;
     }
 }
 
