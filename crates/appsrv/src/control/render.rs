@@ -100,9 +100,9 @@ const SCOREBOARD_WIDTH: usize = 64;
 /// pool, totals, listeners, restarts, the scoreboard line, then one row per worker (the
 /// client, the time and the first bytes of the request for busy ones). With event workers
 /// (`--io event`), a `Connections:` line sums their connections by state, and a second
-/// table gives each one's counts, whether it accepts, and how long ago its loop last began
-/// a turn; the rows of blocking workers are the same in both. In hybrid mode (`--io
-/// hybrid`), a `Hybrid:` line and a table of the fronts.
+/// table gives each one's counts, its requests in flight, whether it accepts, and how long
+/// ago its loop last began a turn; the rows of blocking workers are the same in both. In
+/// hybrid mode (`--io hybrid`), a `Hybrid:` line and a table of the fronts.
 pub(crate) fn render_text(status: &Status) -> String {
     let totals = status.totals();
     let mut out = String::new();
@@ -171,7 +171,9 @@ fn text_totals(o: &mut String, status: &Status, totals: &Totals) {
     }
 }
 
-/// The connections open now: those the hybrid fronts hold, those of the event workers.
+/// The connections open now: those the hybrid fronts hold, those of the event workers
+/// (with a request in flight: the sum of their requests in flight, which an async worker
+/// has any number of, and the event loop 0 or 1).
 fn text_connections(o: &mut String, status: &Status) {
     if let Some(h) = &status.hybrid {
         let (held, idle) = h.held();
@@ -187,9 +189,15 @@ fn text_connections(o: &mut String, status: &Status) {
     if ev.workers > 0 {
         let _ = writeln!(
             o,
-            "Connections:   {} open in {} event workers: {} reading, {} handling, {} writing, \
+            "Connections:   {} open in {} event workers: {} reading, {} in flight, {} writing, \
              {} idle keep-alive; accepts paused in {}",
-            ev.open, ev.workers, ev.reading, ev.handling, ev.writing, ev.idle_keepalive, ev.accepts_paused
+            ev.open,
+            ev.workers,
+            ev.reading,
+            ev.requests_in_flight,
+            ev.writing,
+            ev.idle_keepalive,
+            ev.accepts_paused
         );
     }
 }
@@ -320,7 +328,8 @@ fn text_workers(o: &mut String, status: &Status) {
 }
 
 /// The table of event workers' loops (none without event workers), after a blank line:
-/// their connections by state, whether they accept, their last turn.
+/// their connections by state, their requests in flight (`IN-FLIGHT`: an async worker's
+/// any number, the event loop's 0 or 1), whether they accept, their last turn.
 fn text_event_loops(o: &mut String, status: &Status) {
     let loops: Vec<_> = workers_by_id(status)
         .into_iter()
@@ -334,7 +343,7 @@ fn text_event_loops(o: &mut String, status: &Status) {
         "ID",
         "OPEN",
         "READING",
-        "HANDLING",
+        "IN-FLIGHT",
         "WRITING",
         "IDLE-KA",
         "ACCEPTS",
@@ -345,7 +354,7 @@ fn text_event_loops(o: &mut String, status: &Status) {
             id.to_string(),
             e.counts.open.to_string(),
             e.counts.reading.to_string(),
-            u8::from(e.handling).to_string(),
+            e.in_flight.to_string(),
             e.counts.writing.to_string(),
             e.counts.idle_keepalive.to_string(),
             if e.accepts_paused { "paused" } else { "open" }.to_owned(),
@@ -466,7 +475,9 @@ fn json_f64(v: f64) -> String {
 ///   "event": null,                 without event workers (--io event); with them, their
 ///                                  connections now, summed over the live ones:
 ///                                  {"workers": 2, "open": 1200, "reading": 10,
-///                                   "handling": 1, "writing": 3, "idle_keepalive": 1186,
+///                                   "handling": 1,           (at most 1 per worker)
+///                                   "requests_in_flight": 1, (their requests in flight)
+///                                   "writing": 3, "idle_keepalive": 1186,
 ///                                   "accepts_paused": 0}    (workers that stopped accepting)
 ///   "hybrid": null,                unless --io hybrid; then
 ///                                  {"requests_waiting": 0,   complete requests waiting for
@@ -505,10 +516,15 @@ fn json_f64(v: f64) -> String {
 ///                                  outside printable ASCII as \xNN), or null
 ///     "slow_requests": 0,          handler calls over --slow-request
 ///     "event": null                a blocking worker; an event worker's loop:
-///                                  {"open": 600, "reading": 5, "handling": 1, "writing": 1,
+///                                  {"open": 600, "reading": 5, "handling": 1,
+///                                   "requests_in_flight": 1, "writing": 1,
 ///                                   "idle_keepalive": 593, "accepts_paused": false,
 ///                                   "last_turn_seconds": 0.002}
-///                                  (since its loop last began a turn, null if it never did)
+///                                  (since its loop last began a turn, null if it never did);
+///                                  requests_in_flight: an async worker's (run_async,
+///                                  run_async_requests) any number, a client-level session
+///                                  counting one; the event loop's 0 or 1; handling is 1
+///                                  while any is
 ///   }]
 /// }
 /// ```
@@ -887,6 +903,7 @@ mod json {
         open: u32,
         reading: u32,
         handling: u8,
+        requests_in_flight: u32,
         writing: u32,
         idle_keepalive: u32,
         accepts_paused: bool,
@@ -899,6 +916,7 @@ mod json {
                 open: e.counts.open,
                 reading: e.counts.reading,
                 handling: u8::from(e.handling),
+                requests_in_flight: e.in_flight,
                 writing: e.counts.writing,
                 idle_keepalive: e.counts.idle_keepalive,
                 accepts_paused: e.accepts_paused,
@@ -994,6 +1012,7 @@ impl Exposition {
 /// | `appsrv_slow_requests_total` | counter | |
 /// | `appsrv_open_connections` | gauge | `state`: reading, handling, writing, idle_keepalive |
 /// | `appsrv_open_connections_all` | gauge | |
+/// | `appsrv_requests_in_flight` | gauge | `worker`: each event worker's slot id (event workers only) |
 /// | `appsrv_accepts_paused` | gauge | |
 /// | `appsrv_requests_waiting` | gauge | hybrid mode: complete requests waiting for a worker |
 /// | `appsrv_handoffs_total` | counter | hybrid mode: by every front since the start |
@@ -1014,7 +1033,12 @@ impl Exposition {
 /// gauge, `appsrv_open_connections_all`, rather than a `state="all"` sample, so that a
 /// `sum()` over the states stays meaningful (and a connection the loop has not classified
 /// yet, such as one accepted during the turn, still counts in the total).
-/// `appsrv_accepts_paused` is how many event workers stopped accepting (at
+/// `appsrv_requests_in_flight` is per event worker, labelled with its slot id (the `ID`
+/// of `status`, the `id` of `status --json`; bounded by the pool's maximum, reused when a
+/// worker is replaced), and the family is there only with event workers: an async
+/// worker's requests in flight (any number, a client-level session counting one), the
+/// event loop's 0 or 1. (`appsrv_open_connections{state="handling"}` counts at most one
+/// per worker.) `appsrv_accepts_paused` is how many event workers stopped accepting (at
 /// `--worker-connections`, or out of descriptors). `appsrv_slow_requests_total` counts
 /// handler calls over `--slow-request` in every worker (blocking workers count none).
 ///
@@ -1225,8 +1249,8 @@ fn metrics_admission(e: &mut Exposition, status: &Status, t: &Totals) {
     );
 }
 
-/// Slow handler calls, and the event workers' connections and paused accepts (zeros
-/// without event workers).
+/// Slow handler calls, and the event workers' connections, requests in flight (the family
+/// only with event workers) and paused accepts (zeros without event workers).
 fn metrics_event_loops(e: &mut Exposition, status: &Status, t: &Totals) {
     e.single(
         "appsrv_slow_requests_total",
@@ -1255,6 +1279,19 @@ fn metrics_event_loops(e: &mut Exposition, status: &Status, t: &Totals) {
         "Connections open in event workers, in all states.",
         ev.open,
     );
+    if ev.workers > 0 {
+        e.by_label(
+            (
+                "appsrv_requests_in_flight",
+                "gauge",
+                "Requests in flight in each event worker, by slot id (async handlers: any number, a client-level session counting one; the event loop: 0 or 1).",
+            ),
+            "worker",
+            workers_by_id(status)
+                .into_iter()
+                .filter_map(|(id, w)| w.event.map(|e| (id.to_string(), e.in_flight))),
+        );
+    }
     e.single(
         "appsrv_accepts_paused",
         "gauge",
@@ -2286,6 +2323,7 @@ pub(crate) mod tests {
                 idle_keepalive: 1186,
             },
             handling: true,
+            in_flight: 1,
             accepts_paused: false,
             last_turn: Some(Duration::from_millis(2)),
         });
@@ -2302,6 +2340,7 @@ pub(crate) mod tests {
                 idle_keepalive: 9993,
             },
             handling: false,
+            in_flight: 0,
             accepts_paused: true,
             last_turn: None,
         });
@@ -2316,7 +2355,7 @@ pub(crate) mod tests {
         let text = render_text(&event_status());
         assert!(
             text.contains(
-                "Connections:   11200 open in 2 event workers: 17 reading, 1 handling, 3 writing, \
+                "Connections:   11200 open in 2 event workers: 17 reading, 1 in flight, 3 writing, \
                  11179 idle keep-alive; accepts paused in 1\n"
             ),
             "{text}"
@@ -2333,7 +2372,15 @@ pub(crate) mod tests {
         assert_eq!(
             words(header),
             [
-                "ID", "OPEN", "READING", "HANDLING", "WRITING", "IDLE-KA", "ACCEPTS", "LAST", "TURN"
+                "ID",
+                "OPEN",
+                "READING",
+                "IN-FLIGHT",
+                "WRITING",
+                "IDLE-KA",
+                "ACCEPTS",
+                "LAST",
+                "TURN"
             ]
         );
         let rows: Vec<Vec<String>> = text
@@ -2495,6 +2542,149 @@ pub(crate) mod tests {
         }
     }
 
+    /// `event_status` with a third event worker, 5, running async handlers: 37 requests
+    /// in flight on its 50 connections (3 reading, 10 idle keep-alive; an async worker
+    /// writes as it goes, so none writing), its slot in the reading state, as the async
+    /// driver leaves it.
+    fn async_status() -> Status {
+        use crate::scoreboard::{ConnCounts, EventView};
+        let mut s = event_status();
+        let mut tasks = slot(4107, State::Reading);
+        tasks.idle_for = None;
+        tasks.event = Some(EventView {
+            counts: ConnCounts {
+                open: 50,
+                reading: 3,
+                writing: 0,
+                idle_keepalive: 10,
+            },
+            handling: true,
+            in_flight: 37,
+            accepts_paused: false,
+            last_turn: Some(Duration::from_micros(300)),
+        });
+        s.workers.push((5, tasks));
+        s
+    }
+
+    /// Requests in flight per event worker (issue 33): the text's `Connections:` line and
+    /// `IN-FLIGHT` column, `requests_in_flight` in the JSON (each worker's and the sum),
+    /// and the `appsrv_requests_in_flight{worker}` gauge; blocking workers have none.
+    #[test]
+    fn issue_33_requests_in_flight_per_worker_in_every_output() {
+        let s = async_status();
+        let text = render_text(&s);
+        assert!(
+            text.contains(
+                "Connections:   11250 open in 3 event workers: 20 reading, 38 in flight, 3 writing, \
+                 11189 idle keep-alive; accepts paused in 1\n"
+            ),
+            "{text}"
+        );
+        let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let loops: Vec<Vec<String>> = text
+            .lines()
+            .skip_while(|l| !(l.starts_with("ID") && l.contains("IN-FLIGHT")))
+            .map(words)
+            .collect();
+        assert_eq!(
+            loops,
+            [
+                words("ID OPEN READING IN-FLIGHT WRITING IDLE-KA ACCEPTS LAST TURN"),
+                words("3 1200 10 1 3 1186 open 2ms ago"),
+                words("4 10000 7 0 0 9993 paused never"),
+                words("5 50 3 37 0 10 open 0ms ago"),
+            ],
+            "{text}"
+        );
+        // The column lines up: 37 ends where IN-FLIGHT does.
+        let mut table = text.lines().skip_while(|l| !l.contains("IN-FLIGHT"));
+        let header = table.next().unwrap();
+        let row = table.find(|l| l.trim_start().starts_with("5 ")).unwrap();
+        let end = header.find("IN-FLIGHT").unwrap() + "IN-FLIGHT".len();
+        assert_eq!(&row[end - 2..end], "37", "{text}");
+
+        let json = render_json(&s);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+        assert_eq!(v["event"]["requests_in_flight"], 38, "the sum: {json}");
+        assert_eq!(v["event"]["handling"], 2, "workers in a handler call, kept");
+        assert_eq!(v["event"]["workers"], 3);
+        let w = v["workers"].as_array().unwrap();
+        let in_flight: Vec<(u64, serde_json::Value)> = w
+            .iter()
+            .map(|w| {
+                (
+                    w["id"].as_u64().unwrap(),
+                    w["event"]["requests_in_flight"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            in_flight,
+            [
+                (1, serde_json::Value::Null),
+                (2, serde_json::Value::Null),
+                (3, 1.into()),
+                (4, 0.into()),
+                (5, 37.into()),
+            ]
+        );
+        assert!(
+            json.contains(
+                r#""event":{"open":50,"reading":3,"handling":1,"requests_in_flight":37,"writing":0,"idle_keepalive":10,"accepts_paused":false,"last_turn_seconds":0.0003}"#
+            ),
+            "{json}"
+        );
+
+        let metrics = render_metrics(&s);
+        assert!(
+            metrics.contains(
+                "# HELP appsrv_requests_in_flight Requests in flight in each event worker, by slot id \
+                 (async handlers: any number, a client-level session counting one; the event loop: 0 or 1).\n\
+                 # TYPE appsrv_requests_in_flight gauge\n\
+                 appsrv_requests_in_flight{worker=\"3\"} 1\n\
+                 appsrv_requests_in_flight{worker=\"4\"} 0\n\
+                 appsrv_requests_in_flight{worker=\"5\"} 37\n"
+            ),
+            "{metrics}"
+        );
+        let strict = strict_parse(&metrics);
+        let samples: Vec<(String, f64)> = strict
+            .iter()
+            .filter(|(n, _, _)| n == "appsrv_requests_in_flight")
+            .map(|(_, l, v)| {
+                assert_eq!(l.len(), 1);
+                assert_eq!(l[0].0, "worker");
+                (l[0].1.clone(), *v)
+            })
+            .collect();
+        assert_eq!(
+            samples,
+            [("3".into(), 1.0), ("4".into(), 0.0), ("5".into(), 37.0)]
+        );
+        let scrape = prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        let five = scrape
+            .samples
+            .iter()
+            .find(|x| x.metric == "appsrv_requests_in_flight" && x.labels.get("worker") == Some("5"))
+            .unwrap();
+        assert_eq!(five.value, prometheus_parse::Value::Gauge(37.0));
+        // OpenMetrics: the same samples, a gauge.
+        let om = to_openmetrics(&metrics);
+        let family = strict_openmetrics(&om)
+            .into_iter()
+            .find(|f| f.0 == "appsrv_requests_in_flight")
+            .unwrap();
+        assert_eq!((family.1.as_str(), family.3.len()), ("gauge", 3));
+        assert!(om.contains("appsrv_requests_in_flight{worker=\"5\"} 37\n"));
+
+        // Without event workers: no JSON field, no family, no text.
+        let plain = sample_status();
+        assert!(!render_metrics(&plain).contains("appsrv_requests_in_flight"));
+        assert!(!render_json(&plain).contains("requests_in_flight"));
+        assert!(!render_text(&plain).contains("in flight") && !render_text(&plain).contains("IN-FLIGHT"));
+    }
+
     /// `sample_status` without workers, listeners, restarts or time.
     fn empty_status() -> Status {
         let mut s = sample_status();
@@ -2543,6 +2733,7 @@ pub(crate) mod tests {
                 idle_keepalive: 280,
             },
             handling: false,
+            in_flight: 0,
             accepts_paused: false,
             last_turn: Some(Duration::from_micros(1)),
         });

@@ -170,8 +170,12 @@ pub(crate) struct EventTotals {
     /// Connections open, and by what each waits for.
     pub(crate) open: u64,
     pub(crate) reading: u64,
-    /// Connections in a handler call (at most one per worker).
+    /// Connections in a handler call, at most one per worker: an async worker with
+    /// requests in flight counts one here, and all of them in `requests_in_flight`.
     pub(crate) handling: u64,
+    /// Requests in flight (async workers: any number each, a client-level session
+    /// counting one; the event loop: 0 or 1, as `handling`).
+    pub(crate) requests_in_flight: u64,
     pub(crate) writing: u64,
     pub(crate) idle_keepalive: u64,
     /// Event workers that stopped accepting (at `--worker-connections`, or out of
@@ -197,6 +201,7 @@ impl Status {
             t.open += u64::from(e.counts.open);
             t.reading += u64::from(e.counts.reading);
             t.handling += u64::from(e.handling);
+            t.requests_in_flight += u64::from(e.in_flight);
             t.writing += u64::from(e.counts.writing);
             t.idle_keepalive += u64::from(e.counts.idle_keepalive);
             t.accepts_paused += usize::from(e.accepts_paused);
