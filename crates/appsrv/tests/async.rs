@@ -473,3 +473,46 @@ fn issue_33_the_async_client_level_serves_sessions_at_once_and_contains_a_panic(
     a.read_line(&mut line).unwrap();
     assert_eq!(line, "still here\n");
 }
+
+/// The requests in flight, per worker, in `metrics` (`appsrv_requests_in_flight`) and
+/// `status --json`, while they wait; and `--max-inflight` caps them as the metrics see.
+#[test]
+fn issue_33_requests_in_flight_show_in_metrics_and_status() {
+    let dir = Dir::new("metrics");
+    let sock = dir.path("ctl.sock");
+    let server = bed(
+        &dir,
+        &[
+            "-w",
+            "1",
+            "--max-inflight",
+            "15",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let addr = server.tcp_addr();
+    let metrics = server.metrics_addr();
+    let clients: Vec<_> = (0..20)
+        .map(|_| std::thread::spawn(move || get_new(addr, "/hold?ms=1500")))
+        .collect();
+    let line = wait_until(|| {
+        let text = get_once(metrics.as_str(), "/metrics", PATIENCE);
+        text.lines()
+            .find(|l| l.starts_with("appsrv_requests_in_flight{worker=\"1\"} 15"))
+            .map(str::to_string)
+    })
+    .expect("15 requests in flight in the metrics, the --max-inflight cap");
+    assert!(line.ends_with(" 15"), "{line}");
+    let json = ctl("asyncbed", &["status", "--json", "--control", &sock]);
+    assert!(json.contains("\"requests_in_flight\":15"), "{json}");
+    for c in clients {
+        assert_eq!(c.join().unwrap(), (200, "held\n".into()));
+    }
+    wait_until(|| {
+        get_once(metrics.as_str(), "/metrics", PATIENCE)
+            .contains("appsrv_requests_in_flight{worker=\"1\"} 0")
+            .then_some(())
+    })
+    .expect("none in flight at the end");
+}

@@ -2607,7 +2607,10 @@ pub(crate) mod tests {
         let json = render_json(&s);
         let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
         assert_eq!(v["event"]["requests_in_flight"], 38, "the sum: {json}");
-        assert_eq!(v["event"]["handling"], 2, "workers in a handler call, kept");
+        assert_eq!(
+            v["event"]["handling"], 38,
+            "connections in the handler: the states add up to the open ones"
+        );
         assert_eq!(v["event"]["workers"], 3);
         let w = v["workers"].as_array().unwrap();
         let in_flight: Vec<(u64, serde_json::Value)> = w

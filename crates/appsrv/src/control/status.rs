@@ -200,7 +200,9 @@ impl Status {
             t.workers += 1;
             t.open += u64::from(e.counts.open);
             t.reading += u64::from(e.counts.reading);
-            t.handling += u64::from(e.handling);
+            // The requests in flight: for an async worker, any number of them; the
+            // states then add up to the open connections (a sync loop has 0 or 1).
+            t.handling += u64::from(e.in_flight);
             t.requests_in_flight += u64::from(e.in_flight);
             t.writing += u64::from(e.counts.writing);
             t.idle_keepalive += u64::from(e.counts.idle_keepalive);
