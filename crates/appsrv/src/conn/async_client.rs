@@ -67,9 +67,22 @@ thread_local! {
     static STOPPED: std::rc::Rc<tokio::sync::Notify> = std::rc::Rc::new(tokio::sync::Notify::new());
 }
 
+thread_local! {
+    /// The worker began to stop (its listeners shut, or a stop signal): set before the
+    /// waiters are woken, so that a `stopped()` made after the wake-up sees it.
+    static STOPPING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// The worker was asked to stop: wakes the handlers waiting in [`AsyncClient::stopped`].
 pub(crate) fn worker_stops() {
+    STOPPING.with(|s| s.set(true));
     STOPPED.with(|n| n.notify_waiters());
+}
+
+/// Whether the worker is stopping: a stop signal came, or the driver began to stop (the
+/// master shut the listeners before its signal arrived).
+fn worker_stopping() -> bool {
+    crate::sys::stop_requested() || STOPPING.with(std::cell::Cell::get)
 }
 
 impl AsyncClient {
@@ -152,18 +165,39 @@ impl AsyncClient {
     /// a conversational protocol ends its session at the next good moment (SMTP says
     /// `421`). A session that goes on is served until it ends or the grace period does.
     pub fn stopping(&self) -> bool {
-        crate::sys::stop_requested()
+        worker_stopping()
     }
 
     /// Completes when the worker is asked to stop (at once if it was): to `select!` on
-    /// beside a read that waits for the client's next command.
-    pub async fn stopped(&self) {
+    /// beside a read that waits for the client's next command. The future does not
+    /// borrow the client, so that the read can:
+    ///
+    /// ```no_run
+    /// # async fn f(client: &mut appsrv::AsyncClient) -> std::io::Result<()> {
+    /// use tokio::io::AsyncBufReadExt;
+    /// let stopped = client.stopped();
+    /// let mut lines = tokio::io::BufReader::new(client);
+    /// let mut line = String::new();
+    /// tokio::select! {
+    ///     n = lines.read_line(&mut line) => { n?; /* a command */ }
+    ///     () = stopped => { /* say goodbye */ }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + use<> {
         let notify = STOPPED.with(std::rc::Rc::clone);
-        let notified = notify.notified();
-        if crate::sys::stop_requested() {
-            return;
+        async move {
+            let notified = notify.notified();
+            if worker_stopping() {
+                return;
+            }
+            notified.await;
         }
-        notified.await;
+    }
+
+    /// The connection, for the driver's close once the handler is done.
+    pub(crate) fn into_io(self) -> AsyncFd<Transport> {
+        self.io
     }
 
     /// `Ready(Err(TimedOut))` once the deadline in `slot` (armed now with `timeout` if it
@@ -221,9 +255,8 @@ impl AsyncClient {
 impl AsyncRead for AsyncClient {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.shut {
-            return Poll::Ready(Ok(()));
-        }
+        // Reading after `shutdown` is allowed: the client may still send (a half-closed
+        // connection reads what comes until the client's own close).
         if !this.early.is_empty() {
             let n = this.early.len().min(buf.remaining());
             buf.put_slice(&this.early[..n]);

@@ -1244,31 +1244,50 @@ impl<H: AsyncRequestHandler> HandleAsync<H::Codec> for Bound<'_, '_, '_, '_, H> 
     ) -> (Result<io::Result<()>, Cut>, bool) {
         let _flight = self.w.in_flight().await;
         let mut conn = Conn::new(self.info, &mut *self.session);
-        let call = AssertUnwindSafe(self.handler.handle_request(&mut conn, req, res)).catch_unwind();
         let limit = self.w.request_timeout;
-        let timeout = async {
-            match limit {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending().await,
+        let outcome = {
+            let call = AssertUnwindSafe(self.handler.handle_request(&mut conn, req, res)).catch_unwind();
+            let mut call = std::pin::pin!(call);
+            // A call that completes at its first poll (no `.await` that waits: the usual
+            // request) needs neither a timer nor a watch on the client: both are armed only
+            // for a call that waits (a timer costs its insertion into the runtime's wheel and
+            // its removal, a watch a readiness registration).
+            let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            let outcome = match first {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            };
+            match outcome {
+                Some(r) => Ok(r),
+                None => {
+                    let timeout = async {
+                        match limit {
+                            Some(t) => tokio::time::sleep(t).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        biased;
+                        r = &mut call => Ok(r),
+                        () = timeout => Err(Cut::TimedOut(limit.unwrap_or_default())),
+                        () = gone(self.io, self.unread) => Err(Cut::Gone),
+                    }
+                }
             }
         };
         let label = self.label;
-        let handled = tokio::select! {
-            biased;
-            r = call => match r {
-                Ok(r) => Ok(r),
-                Err(p) => {
-                    tracing::error!(
-                        "the handler panicked on a request from {} ({:?}): {}; closing that connection, the worker goes on",
-                        label.peer.borrow(),
-                        String::from_utf8_lossy(&label.head.borrow()),
-                        panic_message(&*p)
-                    );
-                    Err(Cut::Panicked)
-                }
-            },
-            () = timeout => Err(Cut::TimedOut(limit.unwrap_or_default())),
-            () = gone(self.io, self.unread) => Err(Cut::Gone),
+        let handled = match outcome {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(p)) => {
+                tracing::error!(
+                    "the handler panicked on a request from {} ({:?}): {}; closing that connection, the worker goes on",
+                    label.peer.borrow(),
+                    String::from_utf8_lossy(&label.head.borrow()),
+                    panic_message(&*p)
+                );
+                Err(Cut::Panicked)
+            }
+            Err(cut) => Err(cut),
         };
         (handled, conn.take_penalized())
     }
@@ -1391,13 +1410,15 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
             None => Some(call.await),
         };
         drop(flight);
+        let mut close_gently = false;
         let outcome = match outcome {
             Some(Ok(Ok(()))) => {
                 let _ = bounded(Some(Duration::from_secs(1)), async {
                     use tokio::io::AsyncWriteExt;
-                    client.shutdown().await
+                    client.flush().await
                 })
                 .await;
+                close_gently = true;
                 Outcome::Ok
             }
             Some(Ok(Err(e))) => {
@@ -1429,6 +1450,14 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
             .borrow_mut()
             .connection_end(peer, outcome, started.elapsed(), bytes);
         w.ledger.borrow_mut().check_recycle();
+        if close_gently {
+            // The handler is done: its last reply goes out with the close, which lingers
+            // (what the client still sends is read and dropped until its own close, 2 s
+            // at most), so that unread input does not make the kernel reset the
+            // connection under that reply.
+            let mut io = client.into_io();
+            Box::pin(linger(&mut io, step::LINGER)).await;
+        }
     }
 
     async fn refuse(&self, _w: &Worker<'_>, _io: AsyncFd<Transport>, _why: &'static str) {
