@@ -6,6 +6,9 @@
 //! ```text
 //! cargo run --release --example frontpage        # SQLite: ./frontpage-data/frontpage.db
 //! cargo run --release --example frontpage -- --database 'postgres:///frontpage?host=/var/run/postgresql'
+//! # async mode (issue 33): PostgreSQL from event workers, two connections each
+//! cargo run --release --example frontpage -- --database 'postgres:///frontpage?host=/var/run/postgresql' \
+//!     --io event -w 2 --db-connections 2
 //! ```
 //!
 //! Then, from another terminal:
@@ -20,6 +23,7 @@
 //!     -d '{"title":"Hello","body":"First post","author_id":1,"tags":["rust","sqlite"]}' \
 //!     http://127.0.0.1:8090/item                 # 201 Created, Location: /item/501
 //! $ ab -n 50000 -c 32 -k http://127.0.0.1:8090/ # or bench/frontpage.sh, against PHP
+//! $ bench/axum/check.sh http://127.0.0.1:8090 http://127.0.0.1:8080   # the same bytes as axum-peer
 //! ```
 //!
 //! ## Routes
@@ -72,8 +76,9 @@
 //! seed data are loaded by the first worker that finds the database empty (under an
 //! advisory lock); the master never talks to PostgreSQL, because the client (tokio-postgres)
 //! runs on a Tokio runtime, and the master stays single-threaded. Each worker builds a
-//! current-thread runtime (no thread) and blocks on it for each query; the front page's
-//! three queries are sent together and answered in one round trip (pipelined). Without a user in the URL the
+//! current-thread runtime (no thread) and blocks on it for each query, or, in async mode
+//! (below), runs its queries on its event loop's runtime; the front page's three queries
+//! are sent together and answered in one round trip (pipelined). Without a user in the URL the
 //! workers connect as their own user name, as `psql` does; with peer authentication that
 //! role is the workers' OS user, which shows that the connection was made after the
 //! privilege drop: create the role and its database with `createuser nobody; createdb -O
@@ -106,19 +111,67 @@
 //! - the connection is made by the workers' user, not by root, so the database sees (and
 //!   peer authentication checks) the least privileged identity;
 //! - the PostgreSQL client's runtime is built in the process that uses it, after the fork
-//!   (a runtime does not survive one);
+//!   (a runtime does not survive one): by the factory in blocking mode, by appsrv for the
+//!   worker's event loop in async mode;
 //! - a failure (no such file, a refused login, a schema mismatch) stops the start with the
 //!   reason, before the server reports itself ready.
 //!
-//! ## Blocking or event mode
+//! ## Blocking or async mode
 //!
-//! This example runs `--io blocking` (the default): every query blocks its worker until the
+//! This example runs `--io blocking` by default: every query blocks its worker until the
 //! database answers, and in blocking mode that holds up only the one connection the worker
-//! serves. Under `--io event` one worker serves many connections from one loop, and a
-//! query would hold up all of them: pick event mode for handlers that never wait (answers
-//! from memory, like `ping` or `http_hello`). Size the pool for the database: enough
-//! workers to keep it busy (about twice the cores it can use), not one per client; the
-//! pool grows with `--max-workers` when clients queue.
+//! serves. Size that pool for the database: enough workers to keep it busy (about twice
+//! the cores it can use), not one per client; the pool grows with `--max-workers` when
+//! clients queue. `--io hybrid` serves the same handler from blocking workers behind event
+//! loops that hold the idle connections.
+//!
+//! **Async mode** (issue 33): with PostgreSQL, `--io event` runs the pages through an
+//! [`AsyncRequestHandler`](appsrv::AsyncRequestHandler) instead
+//! ([`Server::run_async_requests`](appsrv::Server::run_async_requests)). Each event worker
+//! runs a current-thread tokio runtime, made after the fork, with every connection a future
+//! of it: a request that waits for PostgreSQL holds no process, and the worker serves its
+//! other connections meanwhile. Each worker keeps `--db-connections` tokio-postgres
+//! connections (default 2; `FRONTPAGE_DB_CONNECTIONS`), each with its statements prepared
+//! once, handed to the requests round-robin and shared by all of them at once: the queries
+//! of the requests in flight on a connection are pipelined (sent without waiting for the
+//! answers before them), so no request waits for a free connection (`frontpage/pool.rs`).
+//! The pages are the same bytes, from the same code: the handler routes and checks a
+//! request (`route`), runs its `Query` (blocking on the worker's client runtime, or
+//! awaiting on the event loop's), and renders the `Answer` (`respond`). The same
+//! statuses too: 503 with `Retry-After: 1` while the database is unreachable, a lost
+//! connection made again by the next request that picks it (at most once a second while
+//! the server is down), a read whose connection turns out gone run again on a new one, a
+//! write never repeated. An insert is one statement (one implicit transaction) in both
+//! modes on PostgreSQL, since a connection shared by concurrent requests cannot hold a
+//! `BEGIN … COMMIT` for one of them.
+//!
+//! Why two connections per worker: PostgreSQL runs a session's queries one at a time, in
+//! one backend process, so one connection lets a worker keep at most one of the server's
+//! CPUs busy, however many requests it holds; two let the queries of one worker run while
+//! it renders the pages of others (on a 2-CPU machine with 2 workers, smoke figures: the
+//! front page 1.2 to 2 times as fast with 2 connections as with 1, no clear gain from 4 or
+//! 8).
+//! With a worker per CPU (the default `-w`) that is two backends per core, the blocking
+//! mode's sizing; more connections multiply backends (memory, `max_connections`) for
+//! nothing once the database's CPUs are busy.
+//!
+//! What to observe: `ab -k -c 256 …` against `-w 2 --io event` is answered by two
+//! processes, where the blocking mode needs a worker per client in flight; `status` shows
+//! the requests in flight per worker; `SELECT count(*) FROM pg_stat_activity WHERE usename
+//! = 'nobody'` shows `-w` × `--db-connections` sessions, whatever the load; a
+//! `pg_terminate_backend` of them costs the next reads nothing, and a database restart
+//! gets 503s, then pages, from the same workers. `--max-inflight` and `--request-timeout`
+//! (504) apply as to any async handler.
+//!
+//! Two things differ. The worker's runtime does not exist yet when the handler factory
+//! runs, and a connection belongs to the runtime that drives its socket: the factory makes
+//! a blocking-mode connection on a runtime of its own (which finds what would stop the
+//! start, and loads the schema into an empty database), closes it, and the pool's
+//! connections are made by the first requests. And at a stop the runtime is gone before
+//! `on_worker_exit`, so the sessions are closed without a goodbye (the server sees its
+//! clients go). SQLite has no async client: under `--io event` its blocking handler runs
+//! in the event loop, as it always has, each query (sub-millisecond, from a local file)
+//! holding up the worker's other connections; `--db-connections` is for async mode only.
 //!
 //! With `--sandbox`, workers may write the SQLite database's directory (and nothing else on
 //! disk), or, for PostgreSQL, create sockets and connect (`socket`, `connect`). They read
@@ -138,8 +191,10 @@ use serde::Deserialize;
 mod db;
 #[path = "frontpage/pages.rs"]
 mod pages;
+#[path = "frontpage/pool.rs"]
+mod pool;
 
-use db::{Database, Failure};
+use db::{Answer, Database, Failure, Query};
 
 #[derive(clap::Args, Debug)]
 struct Args {
@@ -160,6 +215,46 @@ struct Args {
     /// in milliseconds
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     db_busy_timeout: u64,
+
+    /// Async mode (PostgreSQL with --io event): PostgreSQL connections per worker, each
+    /// shared by the requests in flight (their queries pipelined), used round-robin. The
+    /// blocking mode has one per worker
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    db_connections: u16,
+}
+
+/// The command line: the example's own options, and the I/O model the server's `--io` chose,
+/// which decides the handler (the async one for PostgreSQL under `--io event`). `--io` is
+/// appsrv's option, parsed into the same matches as the example's; `None` for the
+/// subcommands that serve nothing (`stop`, `status`), whose matches do not have it.
+#[derive(Debug)]
+struct Options {
+    args: Args,
+    io: Option<appsrv::Io>,
+}
+
+impl clap::FromArgMatches for Options {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Options {
+            args: Args::from_arg_matches(m)?,
+            io: m.try_get_one::<appsrv::Io>("io").ok().flatten().copied(),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Options::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for Options {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Args::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Args::augment_args_for_update(cmd)
+    }
 }
 
 /// The largest `n` of `/rows?n=N`.
@@ -172,8 +267,10 @@ const MAX_TEXT: usize = 10_000;
 const MAX_TAGS: usize = 8;
 const MAX_TAG: usize = 64;
 
-/// One worker's handler: its database connection with its prepared statements, its
-/// compiled templates, and the API token it was started with.
+/// One worker's handler in every mode but async (`--io blocking` and `hybrid`, and SQLite
+/// under `--io event`): its database connection with its prepared statements, and the API
+/// token it was started with. The pages' code is shared with [`AsyncFrontpage`]: [`route`], then the query, then
+/// [`respond`].
 struct Frontpage {
     /// `None` only after `on_worker_exit`, when no request comes any more.
     store: Option<db::Store>,
@@ -194,18 +291,15 @@ impl appsrv::RequestHandler for Frontpage {
         req: &HttpRequest<'_>,
         res: &mut HttpResponse<'_>,
     ) -> io::Result<()> {
-        let read = matches!(req.method(), "GET" | "HEAD");
-        match req.path() {
-            "/" if read => self.front(res),
-            "/rows" if read => self.rows(req, res),
-            "/item" if req.method() == "POST" => self.post_item(conn, req, res),
-            "/" | "/rows" => not_allowed(res, "GET, HEAD"),
-            "/item" => not_allowed(res, "POST"),
-            path => match path.strip_prefix("/item/") {
-                Some(id) if read => self.item(id, res),
-                Some(_) => not_allowed(res, "GET, HEAD"),
-                None => plain(res, 404, "not found\n"),
-            },
+        match route(conn, self.token.as_deref(), req, res)? {
+            Some(query) => {
+                let store = self
+                    .store
+                    .as_mut()
+                    .expect("the store is open until on_worker_exit");
+                respond(res, store.run(&query))
+            }
+            None => Ok(()),
         }
     }
 
@@ -217,105 +311,146 @@ impl appsrv::RequestHandler for Frontpage {
     }
 }
 
-impl Frontpage {
-    fn store(&mut self) -> &mut db::Store {
-        self.store
-            .as_mut()
-            .expect("the store is open until on_worker_exit")
+/// One worker's handler in async mode (PostgreSQL under `--io event`): its few connections,
+/// shared by every request in flight in the worker, and the API token it was started with.
+struct AsyncFrontpage {
+    pool: pool::Pool,
+    token: Option<Rc<str>>,
+}
+
+impl appsrv::AsyncRequestHandler for AsyncFrontpage {
+    type Codec = Http;
+    type Session = ();
+
+    fn codec(&self) -> Http {
+        Http::new().max_body(MAX_BODY)
     }
 
-    fn front(&mut self, res: &mut HttpResponse<'_>) -> io::Result<()> {
-        match self.store().front() {
-            Ok(front) => html(res, &pages::FrontPage { front: &front }),
-            Err(f) => failure(res, f),
-        }
-    }
-
-    fn rows(&mut self, req: &HttpRequest<'_>, res: &mut HttpResponse<'_>) -> io::Result<()> {
-        let n = req
-            .query()
-            .unwrap_or("")
-            .split('&')
-            .find_map(|pair| pair.strip_prefix("n="))
-            .filter(|n| !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|n| n.parse::<i64>().ok())
-            .filter(|n| (1..=MAX_ROWS).contains(n));
-        let Some(n) = n else {
-            return plain(
-                res,
-                400,
-                &format!("expected /rows?n=N with N from 1 to {MAX_ROWS}\n"),
-            );
-        };
-        match self.store().rows(n) {
-            Ok(table) => html(res, &pages::RowsPage { table: &table }),
-            Err(f) => failure(res, f),
-        }
-    }
-
-    fn item(&mut self, id: &str, res: &mut HttpResponse<'_>) -> io::Result<()> {
-        // Only plain decimal ids name an item; anything else names nothing.
-        let id = Some(id)
-            .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|id| id.parse::<i64>().ok());
-        let Some(id) = id else {
-            return plain(res, 404, "no such item\n");
-        };
-        match self.store().item(id) {
-            Ok(Some(item)) => html(res, &pages::ItemPage { item: &item }),
-            Ok(None) => plain(res, 404, "no such item\n"),
-            Err(f) => failure(res, f),
-        }
-    }
-
-    fn post_item(
-        &mut self,
+    async fn handle_request(
+        &self,
         conn: &mut appsrv::Conn<'_>,
         req: &HttpRequest<'_>,
         res: &mut HttpResponse<'_>,
     ) -> io::Result<()> {
-        if let Err(why) = authorise(self.token.as_deref(), req.header_str("authorization")) {
-            res.header("WWW-Authenticate", "Bearer realm=\"frontpage\"");
-            // A wrong token is a guess: the client's address is refused new connections
-            // for a while, across all workers (1 s, doubling with each failure in a row,
-            // up to --penalty-max), and this connection ends after the 401. A request
-            // without a token guessed nothing, and is not charged.
-            if why == WRONG_TOKEN {
-                if let Some(wait) = conn.penalize() {
-                    let secs = wait.as_secs_f64().ceil();
-                    res.header("Retry-After", secs.to_string());
-                    return plain(
-                        res,
-                        401,
-                        &format!(
-                            "unauthorised: {why}; new connections from your address are refused for {secs} s\n"
-                        ),
-                    );
-                }
+        match route(conn, self.token.as_deref(), req, res)? {
+            // Awaited on the worker's runtime: its other requests are served meanwhile.
+            Some(query) => respond(res, self.pool.run(&query).await),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Routes a request and checks its input: the [`Query`] it needs, or `None` when it has
+/// been answered already (405, 404, a bad `n`, a refused token or body).
+fn route(
+    conn: &mut appsrv::Conn<'_>,
+    token: Option<&str>,
+    req: &HttpRequest<'_>,
+    res: &mut HttpResponse<'_>,
+) -> io::Result<Option<Query>> {
+    let read = matches!(req.method(), "GET" | "HEAD");
+    let answered = match req.path() {
+        "/" if read => return Ok(Some(Query::Front)),
+        "/rows" if read => match rows_wanted(req) {
+            Some(n) => return Ok(Some(Query::Rows(n))),
+            None => plain(
+                res,
+                400,
+                &format!("expected /rows?n=N with N from 1 to {MAX_ROWS}\n"),
+            ),
+        },
+        "/item" if req.method() == "POST" => match post_item(conn, token, req, res)? {
+            Some(new) => return Ok(Some(Query::Insert(new))),
+            None => Ok(()),
+        },
+        "/" | "/rows" => not_allowed(res, "GET, HEAD"),
+        "/item" => not_allowed(res, "POST"),
+        path => match path.strip_prefix("/item/") {
+            // Only plain decimal ids name an item; anything else names nothing.
+            Some(id) if read => match Some(id)
+                .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|id| id.parse::<i64>().ok())
+            {
+                Some(id) => return Ok(Some(Query::Item(id))),
+                None => plain(res, 404, "no such item\n"),
+            },
+            Some(_) => not_allowed(res, "GET, HEAD"),
+            None => plain(res, 404, "not found\n"),
+        },
+    };
+    answered.map(|()| None)
+}
+
+/// The `n` of `/rows?n=N`: the first `n=` of the query, 1 to 4 digits, 1 to [`MAX_ROWS`].
+fn rows_wanted(req: &HttpRequest<'_>) -> Option<i64> {
+    req.query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("n="))
+        .filter(|n| !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.parse::<i64>().ok())
+        .filter(|n| (1..=MAX_ROWS).contains(n))
+}
+
+/// `POST /item`'s token, type and body: the item to insert, or `None` when the request
+/// has been refused (401, 415, 400).
+fn post_item(
+    conn: &mut appsrv::Conn<'_>,
+    token: Option<&str>,
+    req: &HttpRequest<'_>,
+    res: &mut HttpResponse<'_>,
+) -> io::Result<Option<db::NewItem>> {
+    if let Err(why) = authorise(token, req.header_str("authorization")) {
+        res.header("WWW-Authenticate", "Bearer realm=\"frontpage\"");
+        // A wrong token is a guess: the client's address is refused new connections
+        // for a while, across all workers (1 s, doubling with each failure in a row,
+        // up to --penalty-max), and this connection ends after the 401. A request
+        // without a token guessed nothing, and is not charged.
+        if why == WRONG_TOKEN {
+            if let Some(wait) = conn.penalize() {
+                let secs = wait.as_secs_f64().ceil();
+                res.header("Retry-After", secs.to_string());
+                plain(
+                    res,
+                    401,
+                    &format!(
+                        "unauthorised: {why}; new connections from your address are refused for {secs} s\n"
+                    ),
+                )?;
+                return Ok(None);
             }
-            return plain(res, 401, &format!("unauthorised: {why}\n"));
         }
-        let json = req
-            .header_str("content-type")
-            .and_then(|t| t.split(';').next())
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
-            return plain(res, 415, "expected Content-Type: application/json\n");
+        plain(res, 401, &format!("unauthorised: {why}\n"))?;
+        return Ok(None);
+    }
+    let json = req
+        .header_str("content-type")
+        .and_then(|t| t.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        plain(res, 415, "expected Content-Type: application/json\n")?;
+        return Ok(None);
+    }
+    match parse_item(req.body()) {
+        Ok(new) => Ok(Some(new)),
+        Err(why) => plain(res, 400, &format!("bad item: {why}\n")).map(|()| None),
+    }
+}
+
+/// Writes what the database answered: the page, or the failure's answer.
+fn respond(res: &mut HttpResponse<'_>, answer: Result<Answer, Failure>) -> io::Result<()> {
+    match answer {
+        Ok(Answer::Front(front)) => html(res, &pages::FrontPage { front: &front }),
+        Ok(Answer::Rows(table)) => html(res, &pages::RowsPage { table: &table }),
+        Ok(Answer::Item(Some(item))) => html(res, &pages::ItemPage { item: &item }),
+        Ok(Answer::Item(None)) => plain(res, 404, "no such item\n"),
+        Ok(Answer::Inserted(id)) => {
+            res.status(201)
+                .header("Location", format!("/item/{id}"))
+                .content_type("application/json");
+            writeln!(res, "{{\"id\":{id}}}")
         }
-        let new = match parse_item(req.body()) {
-            Ok(new) => new,
-            Err(why) => return plain(res, 400, &format!("bad item: {why}\n")),
-        };
-        match self.store().insert(&new) {
-            Ok(id) => {
-                res.status(201)
-                    .header("Location", format!("/item/{id}"))
-                    .content_type("application/json");
-                writeln!(res, "{{\"id\":{id}}}")
-            }
-            Err(Failure::Invalid(why)) => plain(res, 400, &format!("bad item: {why}\n")),
-            Err(f) => failure(res, f),
-        }
+        Err(f) => failure(res, f),
     }
 }
 
@@ -417,7 +552,8 @@ fn failure(res: &mut HttpResponse<'_>, f: Failure) -> io::Result<()> {
             res.header("Retry-After", "1");
             plain(res, 503, "the database is unavailable; try again\n")
         }
-        Failure::Invalid(why) => plain(res, 400, &format!("{why}\n")),
+        // Only an insert is refused with a reason (an unknown author or tag).
+        Failure::Invalid(why) => plain(res, 400, &format!("bad item: {why}\n")),
         Failure::Internal(why) => {
             tracing::error!("database error: {why}");
             plain(res, 500, "internal error\n")
@@ -491,7 +627,7 @@ fn serve() -> appsrv::Result<()> {
     let mut server = appsrv::server!("frontpage")
         .about("An application front page on SQLite or PostgreSQL: per-worker connections, statements and templates")
         .listen("127.0.0.1:8090");
-    let args: Args = server.args();
+    let Options { args, io } = server.args();
     let sub = server.subcommand().unwrap_or("run").to_owned();
     let serving = matches!(sub.as_str(), "run" | "start");
     let workers = server.worker_identity()?;
@@ -544,7 +680,7 @@ fn serve() -> appsrv::Result<()> {
     let reloaded = Rc::clone(&current);
     let busy = Duration::from_millis(args.db_busy_timeout);
     let (checked, identity) = (database.clone(), workers.clone());
-    server
+    let server = server
         .sandbox(profile)
         .on_check(move || {
             // What `run` would refuse, found without creating anything.
@@ -555,11 +691,38 @@ fn serve() -> appsrv::Result<()> {
                 *reloaded.borrow_mut() = Some(read_token(path)?);
             }
             Ok(())
-        })
-        .run_requests(move || {
+        });
+    match (&database, io) {
+        // Async mode: PostgreSQL's client is async, and event workers run it on their own
+        // runtime. (SQLite has no async client: under `--io event` its blocking handler runs
+        // in the event loop, as it always has, each query holding up the worker's loop.)
+        (Database::Postgres(_), Some(appsrv::Io::Event)) => {
+            let connections = usize::from(args.db_connections);
+            if serving {
+                tracing::info!(
+                    "async mode: PostgreSQL from the event workers' runtimes, {connections} \
+                     pipelined connection(s) per worker"
+                );
+            }
+            server.run_async_requests(move || {
+                // The factory runs before the worker's runtime exists, and a connection
+                // belongs to the runtime that drives it: the pool's connections are made by
+                // the first requests. What would stop a start (a refused login, no such
+                // database, a schema that does not match) is found here, with the blocking
+                // mode's connection on a runtime of its own, closed at once; it loads the
+                // schema and seed data into an empty database too.
+                drop(db::open(&database, busy)?);
+                Ok(AsyncFrontpage {
+                    pool: pool::Pool::new(&database, connections)?,
+                    token: current.borrow().clone(),
+                })
+            })
+        }
+        _ => server.run_requests(move || {
             Ok(Frontpage {
                 store: Some(db::open(&database, busy)?),
                 token: current.borrow().clone(),
             })
-        })
+        }),
+    }
 }

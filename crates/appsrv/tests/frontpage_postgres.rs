@@ -365,37 +365,42 @@ fn load_request(
 
 #[test]
 fn a_database_restart_under_load_gets_503_and_no_worker_crashes() {
+    // One worker more than clients: the keep-alive clients need not take turns.
+    restart_under_load("restart", &["-w", "4"], 4, 3);
+}
+
+/// A database restart under keep-alive load from `clients` clients, against the example
+/// with `workers` workers and `extra`: the clients see pages, 503s with `Retry-After` during
+/// the outage, then pages again (50 in a row each); no other answer, no worker crashes, and
+/// a POST is served after the restart (the statements were prepared again).
+fn restart_under_load(tag: &str, extra: &[&str], workers: usize, clients: usize) {
     let Some(pg) = cluster() else { return };
     let _exclusive = CLUSTER.write().unwrap_or_else(|e| e.into_inner());
-    let db = Database::create(&pg, "restart");
+    let db = Database::create(&pg, tag);
     let restarter = Restarter {
         pg: pg.clone(),
         stopped: std::cell::Cell::new(false),
     };
-    let dir = TempDir::new("pg-restart");
+    let dir = TempDir::new(&format!("pg-{tag}"));
     let token = dir.write("token", TOKEN, 0o600);
-    // One worker more than clients: the keep-alive clients need not take turns.
-    const CLIENTS: usize = 3;
-    let server = Server::start(
-        "frontpage",
-        &[
-            "-l",
-            "127.0.0.1:0",
-            "-w",
-            "4",
-            "--database",
-            &db.url(),
-            "--api-token-file",
-            &token,
-        ],
-    );
-    let before = server.wait_for_workers(4);
+    let url = db.url();
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "--database",
+        &url,
+        "--api-token-file",
+        &token,
+    ];
+    args.extend_from_slice(extra);
+    let server = Server::start("frontpage", &args);
+    let before = server.wait_for_workers(workers);
     let addr = server.tcp_addr();
     let front = golden("front.html");
 
     let stop = AtomicBool::new(false);
     let started_again = AtomicBool::new(false);
-    let seen: Vec<Seen> = (0..CLIENTS).map(|_| Seen::default()).collect();
+    let seen: Vec<Seen> = (0..clients).map(|_| Seen::default()).collect();
     let errors = Mutex::new(Vec::<String>::new());
     // Fails at the first failed request, or when `f` is not true within `deadline`.
     let wait_for = |what: &str, deadline: Duration, f: &dyn Fn() -> bool| {
@@ -466,7 +471,7 @@ fn a_database_restart_under_load_gets_503_and_no_worker_crashes() {
     assert!(!log.contains("database error"), "{log}");
     // The statements are prepared again on the new connections: a write works. A worker
     // that no client reached since the restart finds its connection gone at this request
-    // and answers 503 (nothing written: the transaction never began), as Retry-After says,
+    // and answers 503 (nothing written: the insert never ran), as Retry-After says,
     // the next request is served.
     let json = item_json("After the restart");
     let posted = wait_until(|| {
@@ -519,17 +524,23 @@ fn the_test_databases_are_dropped() {
 /// is back.
 #[test]
 fn issue_20_a_worker_started_during_an_outage_answers_503_then_pages() {
+    started_during_an_outage("outage-start", &[]);
+}
+
+/// A worker of the example with one worker and `extra`, replaced while the database is
+/// down, answers 503 with `Retry-After`, then the front page once the database is back.
+fn started_during_an_outage(tag: &str, extra: &[&str]) {
     let Some(pg) = cluster() else { return };
     let _exclusive = CLUSTER.write().unwrap_or_else(|e| e.into_inner());
-    let db = Database::create(&pg, "outage-start");
+    let db = Database::create(&pg, tag);
     let restarter = Restarter {
         pg: pg.clone(),
         stopped: std::cell::Cell::new(false),
     };
-    let server = Server::start(
-        "frontpage",
-        &["-l", "127.0.0.1:0", "-w", "1", "--database", &db.url()],
-    );
+    let url = db.url();
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--database", &url];
+    args.extend_from_slice(extra);
+    let server = Server::start("frontpage", &args);
     let before = server.wait_for_workers(1);
     let addr = server.tcp_addr();
     assert_eq!(get(addr, "/").status, 200);
@@ -563,6 +574,9 @@ fn issue_20_a_worker_started_during_an_outage_answers_503_then_pages() {
     .expect("pages again once the database is back");
     assert_eq!(page.text(), golden("front.html"));
     assert_eq!(server.worker_pids(), replaced, "the replacement kept serving");
+    drop(server);
+    drop(restarter);
+    drop(db);
 }
 
 /// A session the server ended while the worker was idle (`idle_session_timeout`, an
@@ -590,4 +604,296 @@ fn issue_20_a_read_after_the_session_was_ended_gets_its_page() {
         log.contains("connection lost") && log.contains("connected again"),
         "{log}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 33: the async mode (PostgreSQL with `--io event`), a few pipelining connections per
+// worker on the worker's runtime.
+
+/// The async mode's options: event workers, two connections each.
+const ASYNC: [&str; 4] = ["--io", "event", "--db-connections", "2"];
+
+/// A response as a client sees it, but for its `Date`.
+fn without_date(r: &frontpage_common::Response) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let headers = r
+        .headers
+        .iter()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case("date"))
+        .cloned()
+        .collect();
+    (r.status, headers, r.body.clone())
+}
+
+/// The sessions of the workers' role in `db`.
+fn sessions(db: &Database) -> Vec<String> {
+    db.query(&format!(
+        "SELECT state FROM pg_stat_activity WHERE datname = '{}' AND usename = 'nobody' \
+         AND backend_type = 'client backend'",
+        db.name
+    ))
+}
+
+/// Both modes on one database answer the same bytes (status, headers but `Date`, body):
+/// the pages, the 400s, 404s and 405s, the refused POSTs (401 without a token, 415, 400 for
+/// a bad body and for an unknown author or tag, which the database refuses), and the page
+/// of an item posted through the async server.
+#[test]
+fn issue_33_the_async_mode_answers_the_blocking_modes_bytes() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "async-bytes");
+    let dir = TempDir::new("pg-async-bytes");
+    let token = dir.write("token", TOKEN, 0o600);
+    let mut async_args = ASYNC.to_vec();
+    async_args.extend(["--api-token-file", &token]);
+    let asynchronous = frontpage(&db.url(), &async_args);
+    let blocking = frontpage(&db.url(), &["--io", "blocking", "--api-token-file", &token]);
+    let (a, b) = (asynchronous.tcp_addr(), blocking.tcp_addr());
+    // The golden files, HEAD, and the read errors, as every mode must.
+    check_pages(a);
+    check_read_errors(a);
+    let json = Some("application/json");
+    let posts: [(&str, Option<&str>, Option<&str>, String); 6] = [
+        ("no token", None, json, item_json("t")),
+        ("not JSON", Some(TOKEN), Some("text/plain"), item_json("t")),
+        ("bad JSON", Some(TOKEN), json, "{\"title\": ".into()),
+        (
+            "an unknown author",
+            Some(TOKEN),
+            json,
+            r#"{"title":"t","body":"b","author_id":999,"tags":["rust"]}"#.into(),
+        ),
+        (
+            "an unknown tag",
+            Some(TOKEN),
+            json,
+            r#"{"title":"t","body":"b","author_id":1,"tags":["rust","no-such-tag","nor-this"]}"#.into(),
+        ),
+        (
+            "an unknown author and tag",
+            Some(TOKEN),
+            json,
+            r#"{"title":"t","body":"b","author_id":0,"tags":["no-such-tag"]}"#.into(),
+        ),
+    ];
+    for (what, token, content_type, body) in &posts {
+        let (ra, rb) = (
+            post_item(a, *token, *content_type, body),
+            post_item(b, *token, *content_type, body),
+        );
+        assert!(
+            matches!(ra.status, 400 | 401 | 415),
+            "{what}: {ra:?} {:?}",
+            ra.text()
+        );
+        assert_eq!(without_date(&ra), without_date(&rb), "POST /item with {what}");
+    }
+    assert_nothing_written(a, "the refusals");
+    // A refusal by the database left no session in a transaction.
+    let states = sessions(&db);
+    assert!(
+        states.iter().all(|s| s == "idle"),
+        "sessions after the refusals: {states:?}"
+    );
+    post_ok(a, TOKEN, &item_json("Posted <async> & 'escaped'"), SEED_ITEMS + 1);
+    let targets = [
+        "/",
+        "/rows?n=1",
+        "/rows?n=5",
+        "/rows?n=36",
+        "/rows?n=134",
+        "/rows?n=1000",
+        "/rows?n=1001",
+        "/rows?n=x",
+        "/item/1",
+        "/item/7",
+        "/item/501",
+        "/item/502",
+        "/item/abc",
+        "/nope",
+    ];
+    let (mut ca, mut cb) = (Conn::open(a), Conn::open(b));
+    for target in targets {
+        for method in ["GET", "HEAD", "POST"] {
+            let (ra, rb) = (
+                ca.request(method, target, &[], ""),
+                cb.request(method, target, &[], ""),
+            );
+            assert_eq!(without_date(&ra), without_date(&rb), "{method} {target}");
+        }
+    }
+    // Item 501, as the blocking mode shows it: the async POST wrote its tags too (the
+    // seed has 83 items tagged rust).
+    let front = get(b, "/").text();
+    assert!(front.contains("rust (84)"), "{front}");
+    assert!(
+        front.contains("Posted &#60;async&#62; &#38; &#39;escaped&#39;"),
+        "{front}"
+    );
+    drop((asynchronous, blocking));
+}
+
+/// `POST /item` in async mode: the refusals of every mode, and accepted items as they show
+/// on the pages (the same checks as the blocking mode's), in the database with their tags.
+#[test]
+fn issue_33_async_refusals_write_nothing_and_a_post_is_written() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "async-post");
+    let dir = TempDir::new("pg-async-post");
+    let token = dir.write("token", TOKEN, 0o600);
+    let mut args = ASYNC.to_vec();
+    args.extend(["--api-token-file", &token]);
+    let server = frontpage(&db.url(), &args);
+    let addr = server.tcp_addr();
+    check_post_refusals(addr, TOKEN);
+    check_post(addr, TOKEN);
+    assert_eq!(db.query("SELECT COUNT(*) FROM items"), ["502"]);
+    assert_eq!(
+        db.query(
+            "SELECT t.name FROM item_tags it JOIN tags t ON t.id = it.tag_id \
+             WHERE it.item_id = 501 ORDER BY t.name"
+        ),
+        ["rust", "sqlite"]
+    );
+    drop(server);
+}
+
+/// 200 keep-alive clients at once against two async workers with two connections each:
+/// every request is answered 200 with its page, by the same two workers, which hold four
+/// PostgreSQL sessions between them (the requests in flight share them, pipelined).
+#[test]
+fn issue_33_two_async_workers_serve_200_concurrent_keepalive_clients() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "async-load");
+    let server = frontpage(&db.url(), &ASYNC);
+    let workers = server.worker_pids();
+    let addr = server.tcp_addr();
+    const CLIENTS: usize = 200;
+    const ROUNDS: usize = 5;
+    let pages = [
+        ("/", golden("front.html")),
+        ("/rows?n=36", golden("rows-36.html")),
+        ("/rows?n=134", golden("rows-134.html")),
+    ];
+    // Every client connects, then all send together.
+    let start = std::sync::Barrier::new(CLIENTS);
+    let failed = Mutex::new(Vec::<String>::new());
+    std::thread::scope(|s| {
+        for i in 0..CLIENTS {
+            let (start, failed, pages) = (&start, &failed, &pages);
+            s.spawn(move || {
+                let mut c = Conn::open(addr);
+                start.wait();
+                for round in 0..ROUNDS {
+                    let (target, page) = &pages[(i + round) % pages.len()];
+                    let r = c.get(target);
+                    if r.status != 200 || r.text() != *page {
+                        failed.lock().unwrap().push(format!(
+                            "client {i}, {target}: {} {:?}",
+                            r.status,
+                            r.text().lines().next()
+                        ));
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let failed = failed.into_inner().unwrap();
+    assert!(failed.is_empty(), "{} failed: {failed:#?}", failed.len());
+    assert_eq!(server.worker_pids(), workers, "the same two workers");
+    let states = sessions(&db);
+    assert_eq!(
+        states.len(),
+        4,
+        "two connections per worker: {states:?}; log:\n{}",
+        server.log_text()
+    );
+    drop(server);
+}
+
+/// Sessions the server ended (`pg_terminate_backend`) cost the next reads nothing: each
+/// worker finds its connections gone, makes them again and runs the reads (as the blocking
+/// mode does, issue 20); no worker crashes.
+#[test]
+fn issue_33_async_reads_after_the_sessions_were_ended_get_their_pages() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "async-terminated");
+    let server = frontpage(&db.url(), &ASYNC);
+    let workers = server.worker_pids();
+    let addr = server.tcp_addr();
+    // Four connections (two per worker), one per request, round-robin, on either worker:
+    // two rounds of 8 on a connection each reach them all.
+    let mut c = Conn::open(addr);
+    let mut d = Conn::open(addr);
+    for _ in 0..4 {
+        assert_eq!(c.get("/").status, 200);
+        assert_eq!(d.get("/").status, 200);
+    }
+    let before = sessions(&db);
+    let ended = db.query(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = '{}' AND usename = 'nobody'",
+        db.name
+    ));
+    assert!(
+        ended.len() >= 2 && ended.iter().all(|t| t == "t"),
+        "{ended:?} (sessions before: {before:?})"
+    );
+    let front = golden("front.html");
+    for round in 0..4 {
+        for conn in [&mut c, &mut d] {
+            let r = conn.get("/");
+            assert_eq!(r.status, 200, "round {round}: {:?}", r.text());
+            assert_eq!(r.text(), front);
+        }
+    }
+    let log = server.log_text();
+    assert!(
+        log.contains("connection lost") && log.contains("connected again"),
+        "{log}"
+    );
+    assert_eq!(server.worker_pids(), workers, "no worker crashed");
+    drop(server);
+}
+
+/// A database restart under keep-alive load in async mode: 503 with `Retry-After` during
+/// the outage, pages after it, no other answer, no worker crashes, a POST afterwards (the
+/// blocking mode's test, with more clients than workers: the async workers hold them all).
+#[test]
+fn issue_33_an_async_database_restart_under_load_gets_503_then_pages() {
+    let mut extra = vec!["-w", "2"];
+    extra.extend(ASYNC);
+    restart_under_load("async-restart", &extra, 2, 8);
+}
+
+/// An async worker started while the database is down starts without a connection,
+/// answers 503, and serves pages once the database is back.
+#[test]
+fn issue_33_an_async_worker_started_during_an_outage_answers_503_then_pages() {
+    started_during_an_outage("async-outage", &ASYNC);
+}
+
+/// `--sandbox` in async mode: the workers run under their seccomp filter and reach
+/// PostgreSQL from their runtime (socket, connect), and a POST is written.
+#[test]
+fn issue_33_sandboxed_async_workers_reach_postgres() {
+    let Some((pg, _shared)) = shared() else { return };
+    let db = Database::create(&pg, "async-sandbox");
+    let dir = TempDir::new("pg-async-sandbox");
+    let token = dir.write("token", TOKEN, 0o600);
+    let mut args = ASYNC.to_vec();
+    args.extend(["--sandbox", "--api-token-file", &token]);
+    let server = frontpage(&db.url(), &args);
+    for pid in server.worker_pids() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(
+            status.lines().any(|l| l == "Seccomp:\t2"),
+            "worker {pid} runs under a seccomp filter:\n{status}"
+        );
+    }
+    let addr = server.tcp_addr();
+    check_pages(addr);
+    post_ok(addr, TOKEN, &item_json("Sandboxed"), SEED_ITEMS + 1);
+    assert!(get(addr, "/").text().contains("501 items"));
+    drop(server);
 }

@@ -1,11 +1,16 @@
 //! The front page's data: one schema and one set of seed data on SQLite and PostgreSQL,
 //! the queries each page runs, and what a failure means for the client (503, 400, 500).
 //!
-//! Each worker holds one [`Store`]: its own database connection and its prepared
-//! statements, made by the handler factory after the fork and the privilege drop, and kept
-//! for the worker's life. SQLite's statements live in rusqlite's per-connection statement
-//! cache (prepared on first use, then found by their text); PostgreSQL's are prepared on the
+//! In blocking mode each worker holds one [`Store`]: its own database connection and its
+//! prepared statements, made by the handler factory after the fork and the privilege drop,
+//! and kept for the worker's life. In async mode (PostgreSQL, `--io event`) it holds a few
+//! [`PgConn`]s instead (`pool.rs`), which run the same queries ([`PgConn::run`]) on the
+//! worker's runtime. SQLite's statements live in rusqlite's per-connection statement cache
+//! (prepared on first use, then found by their text); PostgreSQL's are prepared on the
 //! server once per connection, and prepared again after a reconnection.
+//!
+//! A request's work is a [`Query`] (routed and checked by the handler), and its result an
+//! [`Answer`] or a [`Failure`]: the handler renders either, in either mode.
 //!
 //! The SQL text is shared: `$1` is PostgreSQL's placeholder, and SQLite reads `$1` as a
 //! named parameter that takes the next position, which is the same thing for statements
@@ -670,9 +675,43 @@ fn seed_sqlite(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------
-// In each worker: the connection and its statements.
+// In each worker: what a request asks, and the blocking mode's connection.
 
-/// One worker's database: its connection and prepared statements.
+/// What a request asks of the database: the handler has routed it and checked its input
+/// (`frontpage.rs`), whichever mode runs it.
+#[derive(Debug)]
+pub(crate) enum Query {
+    /// `/`: the front page's three queries.
+    Front,
+    /// `/rows?n=N`: the first N items.
+    Rows(i64),
+    /// `/item/ID`.
+    Item(i64),
+    /// `POST /item`.
+    Insert(NewItem),
+}
+
+impl Query {
+    /// Whether the query only reads, and so may run again on a new connection when its
+    /// connection turns out to be gone. A write is never repeated: whether a lost write
+    /// took effect cannot be known.
+    pub(crate) fn reads(&self) -> bool {
+        !matches!(self, Query::Insert(_))
+    }
+}
+
+/// What a [`Query`] got.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Front(Front),
+    Rows(Table),
+    /// `None`: no such item.
+    Item(Option<Item>),
+    /// The new item's id.
+    Inserted(i64),
+}
+
+/// One worker's database in blocking mode: its connection and prepared statements.
 pub(crate) enum Store {
     Sqlite(rusqlite::Connection),
     Postgres(Box<Pg>),
@@ -685,6 +724,16 @@ impl fmt::Debug for Store {
             Store::Postgres(_) => "Store::Postgres",
         })
     }
+}
+
+/// `--database` as tokio-postgres's configuration, with a connect timeout of 5 s unless the
+/// URL sets one.
+pub(crate) fn postgres_config(db: &Database, url: &str) -> Result<tokio_postgres::Config, String> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{db}: {e}"))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    Ok(config)
 }
 
 /// Opens the worker's connection (in the handler factory: after the fork, the privilege
@@ -714,10 +763,7 @@ pub(crate) fn open(db: &Database, busy_timeout: Duration) -> Result<Store, Strin
             Ok(Store::Sqlite(conn))
         }
         Database::Postgres(url) => {
-            let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{db}: {e}"))?;
-            if config.get_connect_timeout().is_none() {
-                config.connect_timeout(Duration::from_secs(5));
-            }
+            let config = postgres_config(db, url)?;
             // Built here, in the worker (a runtime does not survive a fork): a current-thread
             // runtime starts no thread, and runs only while the worker blocks on it.
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -754,117 +800,86 @@ pub(crate) fn open(db: &Database, busy_timeout: Duration) -> Result<Store, Strin
 }
 
 impl Store {
-    /// The front page's three queries.
-    pub(crate) fn front(&mut self) -> Result<Front, Failure> {
+    /// Runs `query`, blocking until the database answers. An insert the data refuses (an
+    /// unknown author or tag) is [`Failure::Invalid`], and writes nothing.
+    pub(crate) fn run(&mut self, query: &Query) -> Result<Answer, Failure> {
         match self {
-            Store::Sqlite(c) => {
-                let latest = {
-                    let mut s = c.prepare_cached(SQL_LATEST).map_err(lite)?;
-                    s.query_map([], |r| {
-                        Ok(Latest {
-                            id: r.get(0)?,
-                            title: r.get(1)?,
-                            author: r.get(2)?,
-                            created: r.get(3)?,
-                            score: r.get(4)?,
-                        })
-                    })
-                    .and_then(Iterator::collect)
-                    .map_err(lite)?
-                };
-                let count = c
-                    .prepare_cached(SQL_COUNT)
-                    .and_then(|mut s| s.query_row([], |r| r.get(0)))
-                    .map_err(lite)?;
-                let tags = c
-                    .prepare_cached(SQL_CLOUD)
-                    .and_then(|mut s| {
-                        s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                            .collect::<rusqlite::Result<Vec<_>>>()
-                    })
-                    .map_err(lite)?;
-                Ok(Front {
-                    latest,
-                    count,
-                    cloud: cloud(tags),
-                })
-            }
-            Store::Postgres(pg) => pg.read(|rt, c| {
-                // The three queries go out together and their answers come back together:
-                // one round trip to the server, not three (tokio-postgres pipelines the
-                // requests of futures polled at the same time).
-                let (latest, count, tags) = rt.block_on(async {
-                    tokio::try_join!(
-                        c.client.query(&c.latest, &[]),
-                        c.client.query_one(&c.count, &[]),
-                        c.client.query(&c.cloud, &[])
-                    )
-                })?;
-                let latest = latest
-                    .iter()
-                    .map(|r| Latest {
-                        id: r.get(0),
-                        title: r.get(1),
-                        author: r.get(2),
-                        created: r.get(3),
-                        score: r.get(4),
-                    })
-                    .collect();
-                Ok(Front {
-                    latest,
-                    count: count.get(0),
-                    cloud: cloud(tags.iter().map(|r| (r.get(0), r.get(1))).collect()),
-                })
+            Store::Sqlite(c) => Ok(match query {
+                Query::Front => Answer::Front(sqlite_front(c)?),
+                Query::Rows(n) => Answer::Rows(sqlite_rows(c, *n)?),
+                Query::Item(id) => Answer::Item(sqlite_item(c, *id)?),
+                Query::Insert(new) => Answer::Inserted(sqlite_insert(c, new)?),
             }),
+            // The queries are the async mode's (`PgConn::run`), blocked on.
+            Store::Postgres(pg) => {
+                let run = |rt: &tokio::runtime::Runtime, c: &mut PgConn| rt.block_on(c.run(query));
+                let ran = if query.reads() { pg.read(run) } else { pg.with(run) };
+                ran?.map_err(Failure::Invalid)
+            }
         }
     }
+}
 
-    /// The first `n` items, with the columns of [`columns`]`(n)`.
-    pub(crate) fn rows(&mut self, n: i64) -> Result<Table, Failure> {
-        let header = columns(n);
-        let width = header.len();
-        let rows = match self {
-            Store::Sqlite(c) => {
-                let mut s = c.prepare_cached(rows_sql(n)).map_err(lite)?;
-                s.query_map([n], |r| {
-                    (0..width)
-                        .map(|i| {
-                            Ok(match r.get_ref(i)? {
-                                rusqlite::types::ValueRef::Integer(v) => v.to_string(),
-                                v => v.as_str()?.to_owned(),
-                            })
-                        })
-                        .collect()
-                })
-                .and_then(Iterator::collect)
-                .map_err(lite)?
-            }
-            Store::Postgres(pg) => pg.read(|rt, c| {
-                let stmt = match width {
-                    1 => &c.rows_1,
-                    6 => &c.rows_6,
-                    _ => &c.rows_7,
-                };
-                Ok(rt
-                    .block_on(c.client.query(stmt, &[&n]))?
-                    .iter()
-                    .map(|r| {
-                        (0..width)
-                            .map(|i| match r.columns()[i].type_() {
-                                &tokio_postgres::types::Type::INT8 => r.get::<_, i64>(i).to_string(),
-                                _ => r.get::<_, String>(i),
-                            })
-                            .collect()
+/// The front page's three queries.
+fn sqlite_front(c: &rusqlite::Connection) -> Result<Front, Failure> {
+    let latest = {
+        let mut s = c.prepare_cached(SQL_LATEST).map_err(lite)?;
+        s.query_map([], |r| {
+            Ok(Latest {
+                id: r.get(0)?,
+                title: r.get(1)?,
+                author: r.get(2)?,
+                created: r.get(3)?,
+                score: r.get(4)?,
+            })
+        })
+        .and_then(Iterator::collect)
+        .map_err(lite)?
+    };
+    let count = c
+        .prepare_cached(SQL_COUNT)
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(lite)?;
+    let tags = c
+        .prepare_cached(SQL_CLOUD)
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(lite)?;
+    Ok(Front {
+        latest,
+        count,
+        cloud: cloud(tags),
+    })
+}
+
+/// The first `n` items, with the columns of [`columns`]`(n)`.
+fn sqlite_rows(c: &rusqlite::Connection, n: i64) -> Result<Table, Failure> {
+    let header = columns(n);
+    let width = header.len();
+    let mut s = c.prepare_cached(rows_sql(n)).map_err(lite)?;
+    let rows = s
+        .query_map([n], |r| {
+            (0..width)
+                .map(|i| {
+                    Ok(match r.get_ref(i)? {
+                        rusqlite::types::ValueRef::Integer(v) => v.to_string(),
+                        v => v.as_str()?.to_owned(),
                     })
-                    .collect())
-            })?,
-        };
-        Ok(Table { header, rows })
-    }
+                })
+                .collect()
+        })
+        .and_then(Iterator::collect)
+        .map_err(lite)?;
+    Ok(Table { header, rows })
+}
 
-    /// Item `id`, or `None`.
-    pub(crate) fn item(&mut self, id: i64) -> Result<Option<Item>, Failure> {
-        let from_lite = |r: &rusqlite::Row<'_>| {
+/// Item `id`, or `None`.
+fn sqlite_item(c: &rusqlite::Connection, id: i64) -> Result<Option<Item>, Failure> {
+    let mut s = c.prepare_cached(SQL_ITEM).map_err(lite)?;
+    let mut rows = s
+        .query_map([id], |r| {
             Ok(Item {
                 id: r.get(0)?,
                 title: r.get(1)?,
@@ -874,138 +889,51 @@ impl Store {
                 author: r.get(5)?,
                 email: r.get(6)?,
             })
-        };
-        match self {
-            Store::Sqlite(c) => {
-                let mut s = c.prepare_cached(SQL_ITEM).map_err(lite)?;
-                let mut rows = s.query_map([id], from_lite).map_err(lite)?;
-                rows.next().transpose().map_err(lite)
-            }
-            Store::Postgres(pg) => pg.read(|rt, c| {
-                Ok(rt.block_on(c.client.query_opt(&c.item, &[&id]))?.map(|r| Item {
-                    id: r.get(0),
-                    title: r.get(1),
-                    body: r.get(2),
-                    score: r.get(3),
-                    created: r.get(4),
-                    author: r.get(5),
-                    email: r.get(6),
-                }))
-            }),
-        }
-    }
+        })
+        .map_err(lite)?;
+    rows.next().transpose().map_err(lite)
+}
 
-    /// Inserts an item and its tags in one transaction: either all of it is written, or
-    /// (an unknown author or tag, a failure) nothing. Returns the new item's id.
-    pub(crate) fn insert(&mut self, new: &NewItem) -> Result<i64, Failure> {
-        match self {
-            Store::Sqlite(c) => {
-                // IMMEDIATE takes the write lock at BEGIN, so that busy_timeout applies
-                // there; a deferred transaction that reads, then writes, could fail with
-                // SQLITE_BUSY at once when another writer came first.
-                let tx = c
-                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                    .map_err(lite)?;
-                let author: Option<i64> = tx
-                    .prepare_cached(SQL_AUTHOR)
-                    .and_then(|mut s| s.query_map([new.author_id], |r| r.get(0))?.next().transpose())
-                    .map_err(lite)?;
-                if author.is_none() {
-                    return Err(Failure::Invalid(format!("unknown author_id {}", new.author_id)));
-                }
-                let mut tag_ids = Vec::new();
-                for name in &new.tags {
-                    let id: Option<i64> = tx
-                        .prepare_cached(SQL_TAG)
-                        .and_then(|mut s| s.query_map([name], |r| r.get(0))?.next().transpose())
-                        .map_err(lite)?;
-                    tag_ids.push(id.ok_or_else(|| Failure::Invalid(format!("unknown tag {name:?}")))?);
-                }
-                let id: i64 = tx
-                    .prepare_cached(SQL_INSERT_ITEM)
-                    .and_then(|mut s| {
-                        s.query_row(
-                            rusqlite::params![new.author_id, new.title, new.body, new.created],
-                            |r| r.get(0),
-                        )
-                    })
-                    .map_err(lite)?;
-                for t in tag_ids {
-                    tx.prepare_cached(SQL_INSERT_TAG)
-                        .and_then(|mut s| s.execute([id, t]))
-                        .map_err(lite)?;
-                }
-                tx.commit().map_err(lite)?;
-                Ok(id)
-            }
-            Store::Postgres(pg) => {
-                let mut invalid = None;
-                let id = pg.with(|rt, c| {
-                    let PgConn {
-                        client,
-                        author,
-                        tag,
-                        insert_item,
-                        insert_tag,
-                        ..
-                    } = c;
-                    rt.block_on(async {
-                        let tx = client.transaction().await?;
-                        // Everything after BEGIN, so that a refusal or an error ends the
-                        // transaction here: a dropped Transaction only queues its ROLLBACK,
-                        // which this connection would send with the worker's next request,
-                        // leaving the session idle in a transaction that holds its locks.
-                        let written = async {
-                            if tx.query_opt(&*author, &[&new.author_id]).await?.is_none() {
-                                invalid = Some(format!("unknown author_id {}", new.author_id));
-                                return Ok(None);
-                            }
-                            let mut tag_ids = Vec::new();
-                            for name in &new.tags {
-                                match tx.query_opt(&*tag, &[name]).await? {
-                                    Some(r) => tag_ids.push(r.get::<_, i64>(0)),
-                                    None => {
-                                        invalid = Some(format!("unknown tag {name:?}"));
-                                        return Ok(None);
-                                    }
-                                }
-                            }
-                            let id: i64 = tx
-                                .query_one(
-                                    &*insert_item,
-                                    &[&new.author_id, &new.title, &new.body, &new.created],
-                                )
-                                .await?
-                                .get(0);
-                            for t in tag_ids {
-                                tx.execute(&*insert_tag, &[&id, &t]).await?;
-                            }
-                            Ok::<_, tokio_postgres::Error>(Some(id))
-                        }
-                        .await;
-                        match written {
-                            Ok(Some(id)) => {
-                                tx.commit().await?;
-                                Ok(id)
-                            }
-                            Ok(None) => {
-                                tx.rollback().await?;
-                                Ok(0)
-                            }
-                            Err(e) => {
-                                let _ = tx.rollback().await;
-                                Err(e)
-                            }
-                        }
-                    })
-                })?;
-                match invalid {
-                    Some(reason) => Err(Failure::Invalid(reason)),
-                    None => Ok(id),
-                }
-            }
-        }
+/// Inserts an item and its tags in one transaction: either all of it is written, or
+/// (an unknown author or tag, a failure) nothing. Returns the new item's id.
+fn sqlite_insert(c: &mut rusqlite::Connection, new: &NewItem) -> Result<i64, Failure> {
+    // IMMEDIATE takes the write lock at BEGIN, so that busy_timeout applies there; a
+    // deferred transaction that reads, then writes, could fail with SQLITE_BUSY at once
+    // when another writer came first.
+    let tx = c
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(lite)?;
+    let author: Option<i64> = tx
+        .prepare_cached(SQL_AUTHOR)
+        .and_then(|mut s| s.query_map([new.author_id], |r| r.get(0))?.next().transpose())
+        .map_err(lite)?;
+    if author.is_none() {
+        return Err(Failure::Invalid(format!("unknown author_id {}", new.author_id)));
     }
+    let mut tag_ids = Vec::new();
+    for name in &new.tags {
+        let id: Option<i64> = tx
+            .prepare_cached(SQL_TAG)
+            .and_then(|mut s| s.query_map([name], |r| r.get(0))?.next().transpose())
+            .map_err(lite)?;
+        tag_ids.push(id.ok_or_else(|| Failure::Invalid(format!("unknown tag {name:?}")))?);
+    }
+    let id: i64 = tx
+        .prepare_cached(SQL_INSERT_ITEM)
+        .and_then(|mut s| {
+            s.query_row(
+                rusqlite::params![new.author_id, new.title, new.body, new.created],
+                |r| r.get(0),
+            )
+        })
+        .map_err(lite)?;
+    for t in tag_ids {
+        tx.prepare_cached(SQL_INSERT_TAG)
+            .and_then(|mut s| s.execute([id, t]))
+            .map_err(lite)?;
+    }
+    tx.commit().map_err(lite)?;
+    Ok(id)
 }
 
 /// A SQLite error as a failure: a database locked for longer than `busy_timeout` is
@@ -1020,8 +948,203 @@ fn lite(e: rusqlite::Error) -> Failure {
     }
 }
 
-/// A PostgreSQL connection that comes back: dropped when it fails, made again (with its
-/// statements) by the next request, at most once a second while the server is down.
+// ---------------------------------------------------------------------------------------
+// PostgreSQL: a connection and its queries, for both modes.
+
+/// `POST /item` on PostgreSQL in one statement, so one implicit transaction: the item and
+/// its tags are written together, or (an unknown author or tag) nothing is. One statement
+/// rather than `BEGIN … COMMIT` because a connection of the async mode is shared: the
+/// queries of other requests pipelined on it between a `BEGIN` and its `COMMIT` would run
+/// inside that transaction. The row says why nothing was written: the new id (NULL when
+/// none), whether the author exists, and the first unknown tag in the order given (NULL
+/// when none), which are the blocking SQLite insert's reasons, checked in its order. An
+/// identity value is drawn only for a row inserted: a refusal leaves no gap in the ids.
+const SQL_INSERT_PG: &str = "WITH author AS (SELECT id FROM authors WHERE id = $1), \
+     wanted AS (SELECT w.name, w.ord, t.id FROM unnest($5::text[]) WITH ORDINALITY AS w (name, ord) \
+         LEFT JOIN tags t ON t.name = w.name), \
+     item AS (INSERT INTO items (author_id, title, body, score, created) \
+         SELECT id, $2::text, $3::text, 0, $4::text FROM author \
+         WHERE NOT EXISTS (SELECT 1 FROM wanted WHERE id IS NULL) RETURNING id), \
+     tagged AS (INSERT INTO item_tags (item_id, tag_id) SELECT item.id, wanted.id FROM item, wanted) \
+     SELECT (SELECT id FROM item), EXISTS (SELECT 1 FROM author), \
+         (SELECT name FROM wanted WHERE id IS NULL ORDER BY ord LIMIT 1)";
+
+/// A connection and its prepared statements: one per worker in blocking mode ([`Pg`]),
+/// `--db-connections` per worker in async mode (`pool.rs`), the same queries in both.
+pub(crate) struct PgConn {
+    pub(crate) client: tokio_postgres::Client,
+    latest: tokio_postgres::Statement,
+    count: tokio_postgres::Statement,
+    cloud: tokio_postgres::Statement,
+    item: tokio_postgres::Statement,
+    rows_1: tokio_postgres::Statement,
+    rows_6: tokio_postgres::Statement,
+    rows_7: tokio_postgres::Statement,
+    insert: tokio_postgres::Statement,
+    /// The connection's task, which ends when the connection does.
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PgConn {
+    /// Connects, runs the connection's task on the current runtime (`tokio::spawn`: the
+    /// blocking mode's runtime, polled while the worker blocks on it, or the worker's own in
+    /// async mode), loads the schema and seed data if the database has none, and prepares
+    /// the statements.
+    pub(crate) async fn open(
+        config: &tokio_postgres::Config,
+        name: &str,
+    ) -> Result<PgConn, tokio_postgres::Error> {
+        let (mut client, connection) = config.connect(tokio_postgres::NoTls).await?;
+        // The connection's own task: it reads and writes the socket, and ends when the
+        // connection does (the client then reports it closed).
+        let name = name.to_owned();
+        let task = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!("{name}: the connection ended: {}", describe(&e));
+            }
+        });
+        load_postgres(&mut client).await?;
+        PgConn::prepare(client, task).await
+    }
+
+    /// Ends the session in an orderly way: the client, dropped, asks its task to send the
+    /// server a goodbye (`Terminate`), and the task ends once it is sent.
+    async fn close(self) {
+        drop(self.client);
+        let _ = self.task.await;
+    }
+
+    /// Prepares every statement on `client`, pipelined: one round trip.
+    async fn prepare(
+        client: tokio_postgres::Client,
+        task: tokio::task::JoinHandle<()>,
+    ) -> Result<PgConn, tokio_postgres::Error> {
+        let c = &client;
+        let (latest, count, cloud, item, rows_1, rows_6, rows_7, insert) = tokio::try_join!(
+            c.prepare(SQL_LATEST),
+            c.prepare(SQL_COUNT),
+            c.prepare(SQL_CLOUD),
+            c.prepare(SQL_ITEM),
+            c.prepare(SQL_ROWS_1),
+            c.prepare(SQL_ROWS_6),
+            c.prepare(SQL_ROWS_7),
+            c.prepare(SQL_INSERT_PG),
+        )?;
+        Ok(PgConn {
+            client,
+            latest,
+            count,
+            cloud,
+            item,
+            rows_1,
+            rows_6,
+            rows_7,
+            insert,
+            task,
+        })
+    }
+
+    /// Runs `query`; `Ok(Err(reason))` is an insert the data refuses (nothing written).
+    pub(crate) async fn run(&self, query: &Query) -> Result<Result<Answer, String>, tokio_postgres::Error> {
+        Ok(Ok(match query {
+            Query::Front => Answer::Front(self.front().await?),
+            Query::Rows(n) => Answer::Rows(self.rows(*n).await?),
+            Query::Item(id) => Answer::Item(self.item(*id).await?),
+            Query::Insert(new) => match self.insert(new).await? {
+                Ok(id) => Answer::Inserted(id),
+                Err(reason) => return Ok(Err(reason)),
+            },
+        }))
+    }
+
+    async fn front(&self) -> Result<Front, tokio_postgres::Error> {
+        // The three queries go out together and their answers come back together: one
+        // round trip to the server, not three (tokio-postgres pipelines the requests of
+        // futures polled at the same time).
+        let (latest, count, tags) = tokio::try_join!(
+            self.client.query(&self.latest, &[]),
+            self.client.query_one(&self.count, &[]),
+            self.client.query(&self.cloud, &[])
+        )?;
+        let latest = latest
+            .iter()
+            .map(|r| Latest {
+                id: r.get(0),
+                title: r.get(1),
+                author: r.get(2),
+                created: r.get(3),
+                score: r.get(4),
+            })
+            .collect();
+        Ok(Front {
+            latest,
+            count: count.get(0),
+            cloud: cloud(tags.iter().map(|r| (r.get(0), r.get(1))).collect()),
+        })
+    }
+
+    async fn rows(&self, n: i64) -> Result<Table, tokio_postgres::Error> {
+        let header = columns(n);
+        let width = header.len();
+        let stmt = match width {
+            1 => &self.rows_1,
+            6 => &self.rows_6,
+            _ => &self.rows_7,
+        };
+        let rows = self
+            .client
+            .query(stmt, &[&n])
+            .await?
+            .iter()
+            .map(|r| {
+                (0..width)
+                    .map(|i| match r.columns()[i].type_() {
+                        &tokio_postgres::types::Type::INT8 => r.get::<_, i64>(i).to_string(),
+                        _ => r.get::<_, String>(i),
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Table { header, rows })
+    }
+
+    async fn item(&self, id: i64) -> Result<Option<Item>, tokio_postgres::Error> {
+        Ok(self.client.query_opt(&self.item, &[&id]).await?.map(|r| Item {
+            id: r.get(0),
+            title: r.get(1),
+            body: r.get(2),
+            score: r.get(3),
+            created: r.get(4),
+            author: r.get(5),
+            email: r.get(6),
+        }))
+    }
+
+    /// Inserts an item and its tags ([`SQL_INSERT_PG`]): the new id, or why nothing was
+    /// written.
+    async fn insert(&self, new: &NewItem) -> Result<Result<i64, String>, tokio_postgres::Error> {
+        let row = self
+            .client
+            .query_one(
+                &self.insert,
+                &[&new.author_id, &new.title, &new.body, &new.created, &new.tags],
+            )
+            .await?;
+        let (id, author, unknown_tag): (Option<i64>, bool, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        Ok(match (id, author, unknown_tag) {
+            (Some(id), _, _) => Ok(id),
+            (None, false, _) => Err(format!("unknown author_id {}", new.author_id)),
+            (None, true, Some(name)) => Err(format!("unknown tag {name:?}")),
+            // The statement inserts whenever the author and every tag exist.
+            (None, true, None) => unreachable!("an insert with a known author and known tags wrote nothing"),
+        })
+    }
+}
+
+/// The blocking mode's PostgreSQL connection, one per worker, that comes back: dropped
+/// when it fails, made again (with its statements) by the next request, at most once a
+/// second while the server is down.
 pub(crate) struct Pg {
     name: String,
     config: tokio_postgres::Config,
@@ -1034,80 +1157,26 @@ pub(crate) struct Pg {
     retry_at: Option<Instant>,
 }
 
-/// A connection and its prepared statements.
-struct PgConn {
-    client: tokio_postgres::Client,
-    latest: tokio_postgres::Statement,
-    count: tokio_postgres::Statement,
-    cloud: tokio_postgres::Statement,
-    item: tokio_postgres::Statement,
-    rows_1: tokio_postgres::Statement,
-    rows_6: tokio_postgres::Statement,
-    rows_7: tokio_postgres::Statement,
-    author: tokio_postgres::Statement,
-    tag: tokio_postgres::Statement,
-    insert_item: tokio_postgres::Statement,
-    insert_tag: tokio_postgres::Statement,
+impl Drop for Pg {
+    /// Closes the connection in an orderly way (the runtime, dropped first, would drop the
+    /// connection's task with its socket, and the server would see a lost client). Bounded:
+    /// a server that does not read is not waited for.
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(1), conn.close()).await });
+        }
+    }
 }
 
 impl Pg {
     /// Connects, loads the schema and seed data if the database has none, and prepares
     /// the statements.
     fn connect(&self) -> Result<PgConn, tokio_postgres::Error> {
-        let (mut client, connection) = self.rt.block_on(self.config.connect(tokio_postgres::NoTls))?;
-        // The connection's own task: it reads and writes the socket whenever the worker
-        // blocks on the runtime, and ends when the connection does (the client then
-        // reports it closed).
-        let name = self.name.clone();
-        self.rt.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!("{name}: the connection ended: {}", describe(&e));
-            }
-        });
-        self.rt.block_on(async {
-            load_postgres(&mut client).await?;
-            PgConn::prepare(client).await
-        })
+        self.rt.block_on(PgConn::open(&self.config, &self.name))
     }
-}
 
-impl PgConn {
-    /// Prepares every statement on `client` (pipelined too: one round trip).
-    async fn prepare(client: tokio_postgres::Client) -> Result<PgConn, tokio_postgres::Error> {
-        let c = &client;
-        let (latest, count, cloud, item, rows_1, rows_6) = tokio::try_join!(
-            c.prepare(SQL_LATEST),
-            c.prepare(SQL_COUNT),
-            c.prepare(SQL_CLOUD),
-            c.prepare(SQL_ITEM),
-            c.prepare(SQL_ROWS_1),
-            c.prepare(SQL_ROWS_6),
-        )?;
-        let (rows_7, author, tag, insert_item, insert_tag) = tokio::try_join!(
-            c.prepare(SQL_ROWS_7),
-            c.prepare(SQL_AUTHOR),
-            c.prepare(SQL_TAG),
-            c.prepare(SQL_INSERT_ITEM),
-            c.prepare(SQL_INSERT_TAG),
-        )?;
-        Ok(PgConn {
-            client,
-            latest,
-            count,
-            cloud,
-            item,
-            rows_1,
-            rows_6,
-            rows_7,
-            author,
-            tag,
-            insert_item,
-            insert_tag,
-        })
-    }
-}
-
-impl Pg {
     /// Runs `f` on the connection, connecting first if there is none. A failure that means
     /// the connection is gone (or cannot be made) drops it and is a 503.
     fn with<T>(
@@ -1171,7 +1240,7 @@ impl Pg {
 /// I/O error, SQLSTATE class 08 (connection exception), 57P01–57P03 (the server shuts
 /// down or is starting), or 53300 (too many connections, for now). Other errors without a SQLSTATE are the client's own (a value of
 /// the wrong type): a bug to report as such, not a reason to reconnect.
-fn lost(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn lost(e: &tokio_postgres::Error) -> bool {
     match e.code() {
         None => {
             e.is_closed()
@@ -1186,7 +1255,7 @@ fn lost(e: &tokio_postgres::Error) -> bool {
 
 /// An error with its cause (tokio-postgres's Display leaves the database's message
 /// in the source).
-fn describe(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.severity(), db.message()),
         None => match std::error::Error::source(e) {
