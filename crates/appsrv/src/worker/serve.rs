@@ -120,9 +120,9 @@ impl<H: AsyncRequestHandler> Connections for AsyncRequestLevel<H> {
         Err(not_for_blocking())
     }
 
-    fn on_worker_exit(&mut self) {
-        self.handler.on_worker_exit();
-    }
+    /// The async driver calls the handler's `on_worker_exit` itself, in its runtime
+    /// (what the handler closes may have a task to finish there).
+    fn on_worker_exit(&mut self) {}
 
     fn request_level(&self) -> bool {
         true
@@ -155,9 +155,8 @@ impl<H: AsyncHandler> Connections for AsyncClientLevel<H> {
         Err(not_for_blocking())
     }
 
-    fn on_worker_exit(&mut self) {
-        self.0.on_worker_exit();
-    }
+    /// As for [`AsyncRequestLevel`]: called by the driver, in its runtime.
+    fn on_worker_exit(&mut self) {}
 
     fn request_level(&self) -> bool {
         false

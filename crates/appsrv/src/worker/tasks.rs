@@ -155,6 +155,10 @@ impl<'a> Driver<'a> for Tasks<'a> {
     }
 }
 
+/// How long the runtime runs after the handler's `on_worker_exit`, for the tasks it
+/// ends to finish (a database connection's goodbye).
+const EXIT_GRACE: Duration = Duration::from_millis(20);
+
 /// The driver and the worker's context, handed to the level.
 struct Run<'a> {
     driver: Tasks<'a>,
@@ -234,6 +238,19 @@ impl<'a> Run<'a> {
         };
         match contain(|| local.block_on(&runtime, run)) {
             Ok(code) => {
+                // The handler's goodbye runs in the runtime, before it is dropped: what it
+                // closes (a database connection) may have a task of its own to finish (the
+                // protocol's goodbye), which is given a moment to run.
+                let goodbye = async {
+                    level.on_worker_exit();
+                    for _ in 0..16 {
+                        tokio::task::yield_now().await;
+                    }
+                    tokio::time::sleep(EXIT_GRACE).await;
+                };
+                if let Err(p) = contain(|| local.block_on(&runtime, goodbye)) {
+                    tracing::error!("on_worker_exit panicked: {}", p.0);
+                }
                 worker.ledger.borrow_mut().flush();
                 code
             }
@@ -265,6 +282,9 @@ trait Level {
     /// Refuses the connection with the codec's reply for `why` (the request level), or
     /// closes it (the client level has no codec).
     async fn refuse(&self, w: &Worker<'_>, io: AsyncFd<Transport>, why: &'static str);
+
+    /// The handler's `on_worker_exit`.
+    fn on_worker_exit(&self);
 }
 
 /// The worker's state, shared by its connections' futures (one thread: cells).
@@ -1121,6 +1141,10 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         w.slot.add_bytes(ctx.received, ctx.sent);
     }
 
+    fn on_worker_exit(&self) {
+        self.handler.on_worker_exit();
+    }
+
     async fn refuse(&self, _w: &Worker<'_>, mut io: AsyncFd<Transport>, why: &'static str) {
         let mut step = Requests::new(self.handler.codec(), Limits::default());
         let mut bufs = Buffers::none();
@@ -1458,6 +1482,10 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
             let mut io = client.into_io();
             Box::pin(linger(&mut io, step::LINGER)).await;
         }
+    }
+
+    fn on_worker_exit(&self) {
+        self.handler.on_worker_exit();
     }
 
     async fn refuse(&self, _w: &Worker<'_>, _io: AsyncFd<Transport>, _why: &'static str) {
