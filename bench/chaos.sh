@@ -4,7 +4,7 @@
 # bounded in time (it runs under `timeout`) and stops every process it started, also when it
 # fails or is interrupted. Clients never retry (wrk and ab do not), so a failure is counted.
 #
-#   bench/chaos.sh                  # every scenario, in order (about 6 minutes; at most 19)
+#   bench/chaos.sh                  # every scenario, in order (about 7 minutes; at most 22)
 #   bench/chaos.sh kill-storm ...   # only these
 #   bench/chaos.sh --list           # the scenarios' names, with what each one does
 #   IO=event bench/chaos.sh ...     # http_hello's scenarios with --io event (issue 16)
@@ -26,7 +26,11 @@
 #                                    kill back to 4 serving workers (goal < 2 s), zombie children
 #                                    of the master after that (goal 0). "Serving" is the master's
 #                                    own view (`status json`: idle, reading, handling, writing or
-#                                    closing, and the process alive), sampled every 20 ms.
+#                                    closing, and the process alive; an event or async worker
+#                                    also taking connections, `accepts_paused` false: its state
+#                                    is `reading` from its start to its exit, with connections
+#                                    or without, and an async one never shows `finishing`),
+#                                    sampled every 20 ms.
 #   proxy-trickle                    how long each of two connections trickling a PROXY v1 header
 #                                    one byte every 2 s holds its worker (-w 2) before the server
 #                                    closes it (goal: --header-timeout, 20 s), and how long a
@@ -66,7 +70,24 @@
 #   slow-bodies                      300 addresses send 70 KB of a 200 KB body, then a byte every
 #                                    5 s, to hybrid -w 4: probes answered within 1 s.
 #
-# wrk counts a request unanswered after 2 s (its default --timeout) as a timeout: a failure.
+# Issue 33, async handlers (async_hello: an event worker runs a tokio runtime, each connection
+# one of its futures; `/sleep?ms=N` waits on a tokio timer). IO does not apply to them.
+#   async-reload                     async_hello -w 2 under `wrk -t1 -c64 --timeout 5s`
+#                                    keep-alive load of `GET /sleep?ms=200` (about 64 requests
+#                                    always in flight, 32 per worker) across 10 reloads 1 s
+#                                    apart: failed requests of the total. Goal 0.
+#   async-upgrade                    the same across 10 binary upgrades (`upgrade`). Goal 0.
+#   async-kill-storm                 kill-storm's storm on async_hello -w 4 under
+#                                    `wrk -t1 -c64 --timeout 5s` keep-alive `GET /sleep?ms=20`:
+#                                    failed requests against workers killed, and per kill beside
+#                                    the requests a worker holds in flight on average
+#                                    (c / workers = 16), the expected loss of a kill (an async
+#                                    worker takes all its connections with it: the goal is not
+#                                    one per kill); pool empty, back to 4 and zombies as in
+#                                    kill-storm (same goals).
+#
+# wrk counts a request unanswered after 2 s (its default --timeout; 5 s in the async
+# scenarios) as a timeout: a failure.
 # The machine may be busy: counts (failed requests, processes left) are the figures that
 # matter; times are bounds ("held > 60 s") or orders of magnitude. Flags that a build may not
 # have yet are detected from --help (has_flag), never passed blindly: slow-reader pins
@@ -81,11 +102,12 @@ cd "$(dirname "$0")/.."
 EXAMPLES=${EXAMPLES:-$PWD/target/release/examples}
 HELLO=$EXAMPLES/http_hello
 ECHO=$EXAMPLES/echo
+ASYNC=$EXAMPLES/async_hello
 
 # Scenario names, their one-line descriptions and their time bounds (seconds, for `timeout`).
 SCENARIOS=(reload-keepalive reload-close upgrade-keepalive upgrade-close upgrade-signal
   kill-storm proxy-trickle tls-trickle slow-reader slowloris idle-flood broken-upgrade master-kill
-  log-disk-full stderr-closed body-flood slow-bodies)
+  log-disk-full stderr-closed body-flood slow-bodies async-reload async-upgrade async-kill-storm)
 declare -A ABOUT=(
   [reload-keepalive]="10 reloads 1 s apart under wrk -c16 keep-alive: failed requests"
   [reload-close]="10 reloads 1 s apart under wrk -c16 Connection: close: failed requests"
@@ -104,11 +126,24 @@ declare -A ABOUT=(
   [stderr-closed]="stderr a pipe whose reader left, under wrk, two reloads: failures, master alive"
   [body-flood]="3,000 connections each send 990 KB of a 1 MB body, then a byte per 5 s: worker RSS, probes"
   [slow-bodies]="300 addresses send 70 KB of a 200 KB body, then a byte per 5 s, -w 4: probes within 1 s"
+  [async-reload]="async_hello -w 2, 10 reloads 1 s apart under wrk -c64 /sleep?ms=200: failed requests"
+  [async-upgrade]="async_hello -w 2, 10 upgrades 1 s apart under wrk -c64 /sleep?ms=200: failed requests"
+  [async-kill-storm]="kill-storm on async_hello -w 4, wrk -c64 /sleep?ms=20: failures per kill, pool empty, recovery, zombies"
 )
 declare -A BOUND=([reload-keepalive]=45 [reload-close]=45 [upgrade-keepalive]=60
   [upgrade-close]=60 [upgrade-signal]=60 [kill-storm]=60 [proxy-trickle]=75 [tls-trickle]=75
   [slow-reader]=110 [slowloris]=80 [idle-flood]=80 [broken-upgrade]=45 [master-kill]=30
-  [log-disk-full]=40 [stderr-closed]=40 [body-flood]=120 [slow-bodies]=90)
+  [log-disk-full]=40 [stderr-closed]=40 [body-flood]=120 [slow-bodies]=90 [async-reload]=60
+  [async-upgrade]=75 [async-kill-storm]=60)
+
+# The server and the load of the reload and upgrade helpers, and wrk's connections
+# (start_wrk). Set here, not read from the environment; a scenario changes them for one call,
+# `LOAD_SERVER=$ASYNC LOAD_WORKERS=2 reload_under_load ...` (issue 33's async scenarios).
+LOAD_SERVER=$HELLO
+LOAD_WORKERS=4
+LOAD_PATH=/
+LOAD_NOTE="" # added to the line, after wrk's details
+WRK_CONNS=16
 
 # ---------------------------------------------------------------------------------------
 # Helpers. Every process a scenario starts is recorded in PIDS (masters after an upgrade are
@@ -217,11 +252,12 @@ stop_server() {
   wait "$1" 2>/dev/null || true
 }
 
-# start_wrk OUT ARGS...: wrk -t1 -c16 (for at most 10 minutes; stop_wrk ends it) in WRK.
+# start_wrk OUT ARGS...: wrk -t1 -c$WRK_CONNS (16; for at most 10 minutes; stop_wrk ends it)
+# in WRK.
 start_wrk() {
   local out=$1
   shift
-  wrk -t1 -c16 -d600s "$@" >"$out" 2>&1 &
+  wrk -t1 -c"$WRK_CONNS" -d600s "$@" >"$out" 2>&1 &
   WRK=$!
   PIDS+=("$WRK")
 }
@@ -251,23 +287,23 @@ has_flag() { "$HELLO" --help 2>/dev/null | grep -q -- "$1"; }
 # ---------------------------------------------------------------------------------------
 # Scenarios: reloads and upgrades under load.
 
-# reload_under_load NAME [WRK ARGS...]
+# reload_under_load NAME [WRK ARGS...]: LOAD_SERVER -w LOAD_WORKERS, wrk on LOAD_PATH.
 reload_under_load() {
   local name=$1 ok=0
   shift
   workdir
-  start_server "$WORK/log" "$HELLO" -l 127.0.0.1:0 -w 4 --control "$WORK/ctl"
-  start_wrk "$WORK/wrk" "$@" "http://127.0.0.1:$PORT/"
+  start_server "$WORK/log" "$LOAD_SERVER" -l 127.0.0.1:0 -w "$LOAD_WORKERS" --control "$WORK/ctl"
+  start_wrk "$WORK/wrk" "$@" "http://127.0.0.1:$PORT$LOAD_PATH"
   sleep 1
   for _ in $(seq 10); do
-    "$HELLO" reload --control "$WORK/ctl" >/dev/null 2>>"$WORK/reload.err" && ok=$((ok + 1))
+    "$LOAD_SERVER" reload --control "$WORK/ctl" >/dev/null 2>>"$WORK/reload.err" && ok=$((ok + 1))
     sleep 1
   done
   stop_wrk
   stop_server "$MASTER"
   local failed total details
   read -r failed total details < <(wrk_counts "$WORK/wrk")
-  echo "$name: $failed failed of $total requests ($ok/10 reloads ok; $details)"
+  echo "$name: $failed failed of $total requests ($ok/10 reloads ok; $details${LOAD_NOTE:+; $LOAD_NOTE})"
 }
 scenario_reload_keepalive() { reload_under_load reload-keepalive; }
 scenario_reload_close() { reload_under_load reload-close -H 'Connection: close'; }
@@ -275,16 +311,17 @@ scenario_reload_close() { reload_under_load reload-close -H 'Connection: close';
 # upgrade_under_load NAME HOW [WRK ARGS...]: the master changes at each upgrade, asked by
 # HOW: `command` (`upgrade`, which waits for the new master) or `signal` (USR2, then a wait
 # for the old master's "done" line); the pid file follows it. The load stays on until every
-# old master has drained and left.
+# old master has drained and left. The server: a copy of LOAD_SERVER, -w LOAD_WORKERS; wrk
+# on LOAD_PATH.
 upgrade_under_load() {
   local name=$1 how=$2 ok=0 old=() i
   shift 2
   workdir
-  cp "$HELLO" "$WORK/server"
+  cp "$LOAD_SERVER" "$WORK/server"
   PIDFILES+=("$WORK/pid")
-  start_server "$WORK/log" "$WORK/server" -l 127.0.0.1:0 -w 4 --control "$WORK/ctl" \
+  start_server "$WORK/log" "$WORK/server" -l 127.0.0.1:0 -w "$LOAD_WORKERS" --control "$WORK/ctl" \
     --pid-file "$WORK/pid"
-  start_wrk "$WORK/wrk" "$@" "http://127.0.0.1:$PORT/"
+  start_wrk "$WORK/wrk" "$@" "http://127.0.0.1:$PORT$LOAD_PATH"
   sleep 1
   for i in $(seq 10); do
     old+=("$(cat "$WORK/pid")")
@@ -302,7 +339,8 @@ upgrade_under_load() {
   stop_server "$(cat "$WORK/pid")"
   local failed total details
   read -r failed total details < <(wrk_counts "$WORK/wrk")
-  echo "$name: $failed failed of $total requests ($ok/10 upgrades ok; old masters drained: $drained; $details)"
+  echo "$name: $failed failed of $total requests ($ok/10 upgrades ok; old masters drained:" \
+    "$drained; $details${LOAD_NOTE:+; $LOAD_NOTE})"
 }
 # upgrades_done N: the old masters have logged N upgrades by signal done.
 upgrades_done() { (($(grep -c 'upgrade asked by SIGUSR2 done' "$WORK/log") >= $1)); }
@@ -369,9 +407,15 @@ def status():
     return json.loads(data[3:])
 
 def serving():
-    """The workers the master sees serving, whose process is alive."""
+    """The workers the master sees serving, whose process is alive. An event or async
+    worker (its "event" is not null) is "reading" from its start to its exit, with
+    connections or without (an async one does not show "finishing" when it stops either):
+    it serves when it also takes connections (not "accepts_paused": at
+    --worker-connections, or backing off after an accept error)."""
     workers = status()["workers"]
-    return [w["pid"] for w in workers if w["state"] in SERVING and state(w["pid"]) not in (None, "Z")]
+    return [w["pid"] for w in workers
+            if w["state"] in SERVING and not (w.get("event") or {}).get("accepts_paused")
+            and state(w["pid"]) not in (None, "Z")]
 
 samples, kills = [], 0
 start = time.monotonic()
@@ -959,6 +1003,57 @@ scenario_slow_bodies() {
 }
 
 # ---------------------------------------------------------------------------------------
+# Issue 33: async handlers (async_hello: event workers, each connection a future of the
+# worker's tokio runtime; /sleep?ms=N a tokio timer). Many requests are in flight in each
+# worker at once: wrk -c64, and --timeout 5s.
+
+# has_async NAME: async_hello is there (an older build's EXAMPLES may not have it); else
+# prints NAME's "n/a" line.
+has_async() {
+  [[ -x $ASYNC ]] && return 0
+  echo "$1: n/a (no async_hello in $EXAMPLES)"
+  return 1
+}
+
+scenario_async_reload() {
+  has_async async-reload || return 0
+  LOAD_SERVER=$ASYNC LOAD_WORKERS=2 LOAD_PATH='/sleep?ms=200' WRK_CONNS=64 \
+    LOAD_NOTE="async_hello -w 2, wrk -c64 --timeout 5s GET /sleep?ms=200" \
+    reload_under_load async-reload --timeout 5s
+}
+
+scenario_async_upgrade() {
+  has_async async-upgrade || return 0
+  LOAD_SERVER=$ASYNC LOAD_WORKERS=2 LOAD_PATH='/sleep?ms=200' WRK_CONNS=64 \
+    LOAD_NOTE="async_hello -w 2, wrk -c64 --timeout 5s GET /sleep?ms=200" \
+    upgrade_under_load async-upgrade command --timeout 5s
+}
+
+# The storm of kill-storm; the loss of a kill is the requests in flight on the killed
+# worker's connections: about c / workers = 16.
+scenario_async_kill_storm() {
+  has_async async-kill-storm || return 0
+  local workers=4 conns=64
+  workdir
+  start_server "$WORK/log" "$ASYNC" -l 127.0.0.1:0 -w "$workers" --control "$WORK/ctl"
+  WRK_CONNS=$conns start_wrk "$WORK/wrk" --timeout 5s "http://127.0.0.1:$PORT/sleep?ms=20"
+  sleep 1
+  local kills empty samples longest back zombies backoff
+  read -r kills empty samples longest back zombies backoff < <(storm "$MASTER" "$WORK/ctl" "$workers")
+  sleep 0.5
+  stop_wrk
+  stop_server "$MASTER"
+  local failed total details per_kill
+  read -r failed total details < <(wrk_counts "$WORK/wrk")
+  per_kill=$(awk -v f="$failed" -v k="$kills" 'BEGIN { if (k > 0) printf "%.1f", f / k; else print "n/a" }')
+  echo "async-kill-storm: $failed failed requests for $kills workers killed ($per_kill per kill;" \
+    "expected loss bound: c / workers = $((conns / workers)) in flight per worker), pool empty" \
+    "for at most $longest s, back to $workers in $back s, $zombies zombies ($total requests;" \
+    "empty in $empty of $samples samples during the storm; restarts counted as back-off:" \
+    "$backoff; async_hello -w $workers, wrk -c$conns --timeout 5s GET /sleep?ms=20; $details)"
+}
+
+# ---------------------------------------------------------------------------------------
 
 usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
@@ -985,7 +1080,9 @@ main() {
     known "$s" || { echo "unknown scenario $s (bench/chaos.sh --list)" >&2; return 2; }
   done
   if [[ $EXAMPLES == "$PWD/target/release/examples" ]]; then
-    cargo build --release --quiet -p appsrv --example http_hello --example echo
+    local examples=(--example http_hello --example echo)
+    [[ " ${chosen[*]} " == *" async-"* ]] && examples+=(--example async_hello)
+    cargo build --release --quiet -p appsrv "${examples[@]}"
   fi
   local started=$SECONDS rc
   for s in "${chosen[@]}"; do

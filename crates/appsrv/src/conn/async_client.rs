@@ -173,6 +173,7 @@ impl AsyncClient {
     /// borrow the client, so that the read can:
     ///
     /// ```no_run
+    /// # #[allow(dead_code)]
     /// # async fn f(client: &mut appsrv::AsyncClient) -> std::io::Result<()> {
     /// use tokio::io::AsyncBufReadExt;
     /// let stopped = client.stopped();

@@ -50,6 +50,11 @@ impl Buffers {
         self.read.len()
     }
 
+    /// The memory both buffers hold (their capacities).
+    pub(crate) fn held(&self) -> usize {
+        self.read.capacity() + self.write.capacity()
+    }
+
     /// Whether received bytes wait to be consumed.
     pub(crate) fn has_input(&self) -> bool {
         self.end > self.start

@@ -74,7 +74,7 @@ use crate::handler::{AsyncHandler, AsyncRequestHandler};
 use crate::net::listener::{Addr, Listener};
 use crate::net::tls::ForWorker;
 use crate::peer_counts::PeerCounts;
-use crate::scoreboard::{ConnCounts, HEAD_BYTES, Slot, State};
+use crate::scoreboard::{Board, ConnCounts, HEAD_BYTES, Slot, State};
 use crate::sys::{self, exit};
 
 use super::access::Outcome;
@@ -155,6 +155,9 @@ impl<'a> Driver<'a> for Tasks<'a> {
     }
 }
 
+/// The most memory a connection's buffers keep between requests (more is given back).
+const KEEP_BUFFERS: usize = 2048;
+
 /// How long the runtime runs after the handler's `on_worker_exit`, for the tasks it
 /// ends to finish (a database connection's goodbye).
 const EXIT_GRACE: Duration = Duration::from_millis(20);
@@ -205,6 +208,7 @@ impl<'a> Run<'a> {
         board.set_state(id, State::Reading);
         let worker = Worker {
             id,
+            board,
             slot,
             listeners,
             tls,
@@ -290,6 +294,7 @@ trait Level {
 /// The worker's state, shared by its connections' futures (one thread: cells).
 struct Worker<'a> {
     id: u32,
+    board: &'static Board,
     slot: &'static Slot,
     listeners: &'a [Listener],
     tls: &'a ForWorker,
@@ -389,7 +394,7 @@ impl<'a> Worker<'a> {
             }
             let accepting =
                 !self.stopping.get() && resume_at.is_none() && self.open.get() < self.max_connections;
-            self.slot.set_accepts_paused(!accepting && !self.stopping.get());
+            self.slot.set_accepts_paused(!accepting);
             let event = tokio::select! {
                 biased;
                 r = wake.readable() => {
@@ -461,6 +466,10 @@ impl<'a> Worker<'a> {
             self.in_flight.get()
         );
         self.stopping.set(true);
+        // Shown as finishing, not accepting (`status`, the kill storm's count of serving
+        // workers), as the event loop's stop does.
+        self.board.set_state(self.id, State::Finishing);
+        self.slot.set_accepts_paused(true);
         self.stop.notify_waiters();
         crate::conn::async_client::worker_stops();
     }
@@ -1084,9 +1093,10 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
             step.output_sent(&mut ctx);
             let then = match next {
                 Next::Read { wait, timeout, .. } => {
-                    if !bufs.has_input() {
-                        // Between reads a connection keeps no buffer: an idle one costs its
-                        // future and its socket only.
+                    if !bufs.has_input() && bufs.held() > KEEP_BUFFERS {
+                        // Between reads a connection keeps small buffers only (the size of
+                        // its last request and response, reused by the next: no allocation
+                        // per request); a large request's or response's are given back.
                         bufs = Buffers::none();
                     }
                     ctx.set_idle(wait == Wait::Idle);
