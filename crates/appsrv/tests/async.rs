@@ -516,3 +516,36 @@ fn issue_33_requests_in_flight_show_in_metrics_and_status() {
     })
     .expect("none in flight at the end");
 }
+
+/// A client that sends its request and shuts its side gets its answer, and the
+/// connection ends at once: the close that came with the request is not lost by the read
+/// that drained the socket (not after `--keepalive-timeout`).
+#[test]
+fn issue_33_a_request_followed_by_the_clients_close_is_answered_and_the_connection_ends() {
+    let dir = Dir::new("halfclose");
+    let server = bed(&dir, &["-w", "1", "--keepalive-timeout", "60"]);
+    let addr = server.tcp_addr();
+    // The worker's thread busy for a moment, so that the request and the close are both
+    // in the socket when it reads: one edge says both.
+    let mut busy = open(addr);
+    busy.get_mut()
+        .write_all(b"GET /spin?ms=500 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let started = Instant::now();
+    assert_eq!(read_response(&mut busy), (200, "spun\n".into()));
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.ends_with("Hello, World!"),
+        "{out}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "held until the keep-alive timeout"
+    );
+}

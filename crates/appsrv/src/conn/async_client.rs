@@ -284,8 +284,16 @@ impl AsyncRead for AsyncClient {
                     };
                 }
             };
+            let room = buf.remaining();
             match guard.try_io(|t| t.get_mut().read(buf.initialize_unfilled())) {
                 Ok(Ok(n)) => {
+                    // A short read drained a plain socket: its next bytes are a new edge
+                    // (the readiness would otherwise cost a failing `recv` at the next
+                    // read). Not under TLS, where bytes may stay in the socket.
+                    if n < room && !guard.get_inner().is_tls() {
+                        // Readable only: a close that came with the bytes stays seen.
+                        guard.clear_ready_matching(tokio::io::Ready::READABLE);
+                    }
                     buf.advance(n);
                     this.received += n as u64;
                     this.read_deadline = None;

@@ -853,7 +853,17 @@ async fn read_some(
                 }
                 return Err(e);
             }
-            Ok(r) => return r,
+            Ok(Ok(n)) => {
+                // A short read on a plain socket drained it: the next bytes will be a new
+                // edge, so the readiness is cleared now rather than found stale by the next
+                // read (one `recv` that fails with EAGAIN per request, otherwise). Not under
+                // TLS, where a read may leave bytes in the socket.
+                if n < room && !guard.get_inner().is_tls() {
+                    // Readable only: a close that came with the bytes stays seen.
+                    guard.clear_ready_matching(tokio::io::Ready::READABLE);
+                }
+                return Ok(n);
+            }
             Err(_would_block) => {}
         }
     }
@@ -867,6 +877,23 @@ async fn write_out(
     timeout: Option<Duration>,
 ) -> io::Result<u64> {
     let mut sent = 0;
+    // The usual case first: the socket takes the whole output at once, and no timer (a
+    // clock read, and the timer's entry if it was polled) is made for the write.
+    if !bufs.pending_output().is_empty() && !io.get_ref().is_tls() {
+        let data = bufs.pending_output();
+        match io.get_mut().write(&[io::IoSlice::new(data)]) {
+            (n, _) if n > 0 => {
+                bufs.output_written(n);
+                sent += n as u64;
+            }
+            (_, Err(e))
+                if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted =>
+            {
+                return Err(e);
+            }
+            _ => {}
+        }
+    }
     while !bufs.pending_output().is_empty() {
         let n = bounded(timeout, write_some(io, bufs.pending_output())).await?;
         bufs.output_written(n);
