@@ -21,9 +21,11 @@
 #              --io hybrid -w 32 (the handler blocks its process), axum-peer --threads 2.
 #              Requests/s, p50, p99, errors (wrk's socket errors + non-2xx). Goal (async):
 #              requests/s >= 0.9 x c / SLEEP_MS and p99 <= SLEEP_MS + 30 ms (80 ms).
-#   hello      (~1 min) GET / (13 bytes), keep-alive, wrk -t2 -d5s at c = 8, 32, 256:
+#   hello      (~3.5 min) GET / (13 bytes), keep-alive, wrk -t2 -d5s at c = 8, 32, 256:
 #              async_hello -w 2, http_hello --io event -w 2 (the same page from a sync
-#              handler in the same loop), axum-peer --threads 2. Requests/s, errors, and the
+#              handler in the same loop), axum-peer --threads 2, taking turns in each cell
+#              (a fresh start and WARMUP s unmeasured each), HELLO_ROUNDS (3) rounds, the
+#              median kept. Requests/s, errors, and the
 #              server's CPU µs per request (all its processes and threads: bench/lib.sh
 #              proc_counters before and after the run, per_request). Goals: async CPU per
 #              request <= 1.15 x the sync event handler's; async requests/s >= 1.0 x axum's.
@@ -148,6 +150,7 @@ HELLO_DURATION=${DURATION:-${HELLO_DURATION:-5}}
 FP_DURATION=${DURATION:-${FP_DURATION:-5}}
 SLEEP_CONCURRENCY=${CONCURRENCY:-${SLEEP_CONCURRENCY:-100 1000}}
 HELLO_CONCURRENCY=${CONCURRENCY:-${HELLO_CONCURRENCY:-8 32 256}}
+HELLO_ROUNDS=${HELLO_ROUNDS:-3}
 FP_CONCURRENCY=${CONCURRENCY:-${FP_CONCURRENCY:-32 128 500}}
 WRK_THREADS=${WRK_THREADS:-2}
 SLEEP_MS=${SLEEP_MS:-50}
@@ -175,7 +178,7 @@ DB_ROLE=${RUN_USER:-$(id -un)}
 
 numbers() { [[ $2 =~ ^\ *[1-9][0-9]*(\ +[1-9][0-9]*)*\ *$ ]] || die "$1 must be numbers separated by spaces, not '$2'"; }
 for v in SLEEP_CONCURRENCY HELLO_CONCURRENCY FP_CONCURRENCY; do numbers "$v" "${!v}"; done
-for v in SLEEP_DURATION HELLO_DURATION FP_DURATION WRK_THREADS SLEEP_MS ASYNC_W FP_DB_CONNECTIONS W \
+for v in SLEEP_DURATION HELLO_DURATION HELLO_ROUNDS FP_DURATION WRK_THREADS SLEEP_MS ASYNC_W FP_DB_CONNECTIONS W \
   MEM_CONNECTIONS MEM_SLEEP_MS MEM_PROBES SMTP_IDLE SMTP_SESSIONS; do
   numbers "$v" "${!v}"
   [[ ${!v} != *" "* ]] || die "$v must be one number"
@@ -432,26 +435,40 @@ part_sleep() {
 # hello: the cost of an async handler that does not wait.
 
 part_hello() {
-  local c srv r
+  local c srv r round
   local -a servers=()
   have async_hello && servers+=(async_hello-w2) || na hello async_hello-w2 "no async_hello in $EX"
   have http_hello && servers+=(http_hello-event-w2) || na hello http_hello-event-w2 "no http_hello in $EX"
   [ -x "$AXUM" ] && servers+=(axum-peer-t2) || na hello axum-peer-t2 "no axum-peer at $AXUM"
   declare -A rps=() cpu=()
-  for srv in "${servers[@]}"; do
-    case $srv in
-      async_hello-w2) start_ex async_hello --io event -w 2 ;;
-      http_hello-event-w2) start_ex http_hello --io event -w 2 ;;
-      axum-peer-t2) start_axum --threads 2 ;;
-    esac
+  # The servers take turns in each cell (a fresh start, WARMUP seconds of the same load
+  # unmeasured, then the measured run), and each cell is run HELLO_ROUNDS times: the
+  # median is kept. Run one server after the other instead and a drift of the machine
+  # (its clock, its other work) over the minutes of the part becomes a difference
+  # between the servers: two such runs disagreed by 20 to 30 % on the same build.
+  for round in $(seq "$HELLO_ROUNDS"); do
     for c in $HELLO_CONCURRENCY; do
-      wrk_cell "$c" "$HELLO_DURATION" /
-      record_wrk hello "$srv" "c$c" rps cpu errors
-      rps[$srv,$c]=$R_RPS cpu[$srv,$c]=$R_CPU
+      for srv in "${servers[@]}"; do
+        case $srv in
+          async_hello-w2) start_ex async_hello --io event -w 2 ;;
+          http_hello-event-w2) start_ex http_hello --io event -w 2 ;;
+          axum-peer-t2) start_axum --threads 2 ;;
+        esac
+        timeout $((WARMUP + 30)) wrk -t"$WRK_THREADS" -c"$c" -d"${WARMUP}s" "http://127.0.0.1:$PORT/" >/dev/null 2>&1 || true
+        wrk_cell "$c" "$HELLO_DURATION" /
+        record_wrk hello "$srv" "c$c round$round" rps cpu errors
+        rps[$srv,$c]+="$R_RPS " cpu[$srv,$c]+="$R_CPU "
+        stop_server
+      done
     done
-    stop_server
   done
   for c in $HELLO_CONCURRENCY; do
+    for srv in "${servers[@]}"; do
+      rps[$srv,$c]=$(median ${rps[$srv,$c]}) cpu[$srv,$c]=$(median ${cpu[$srv,$c]})
+      record hello "$srv" "c$c median" requests_per_second "${rps[$srv,$c]}"
+      record hello "$srv" "c$c median" cpu_us_per_request "${cpu[$srv,$c]}"
+      say "hello: $srv c$c median of $HELLO_ROUNDS: ${rps[$srv,$c]} req/s, ${cpu[$srv,$c]} µs/req"
+    done
     r=$(ratio "${cpu[async_hello-w2,$c]:-}" "${cpu[http_hello-event-w2,$c]:-}")
     record hello "CPU/request: async_hello ÷ http_hello event" "c$c" ratio "$r"
     goal hello "CPU/request: async_hello ÷ http_hello event" "c$c" ratio "$r" '<=' 1.15
@@ -459,6 +476,13 @@ part_hello() {
     record hello "req/s: async_hello ÷ axum-peer" "c$c" ratio "$r"
     goal hello "req/s: async_hello ÷ axum-peer" "c$c" ratio "$r" '>=' 1.0
   done
+}
+
+# median X...: the median of the numbers given (the lower middle one of an even count);
+# nothing when none is.
+median() {
+  [ $# -gt 0 ] || return 0
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
 }
 
 # ---------------------------------------------------------------------------------------
@@ -1093,7 +1117,7 @@ part_smtp() {
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "settings: PARTS=\"$PARTS\" SLEEP_DURATION=$SLEEP_DURATION HELLO_DURATION=$HELLO_DURATION FP_DURATION=$FP_DURATION SLEEP_CONCURRENCY=\"$SLEEP_CONCURRENCY\" HELLO_CONCURRENCY=\"$HELLO_CONCURRENCY\" FP_CONCURRENCY=\"$FP_CONCURRENCY\" WRK_THREADS=$WRK_THREADS SLEEP_MS=$SLEEP_MS FP_PAGES=\"$FP_PAGES\" ASYNC_W=$ASYNC_W FP_DB_CONNECTIONS=$FP_DB_CONNECTIONS W=$W WARMUP=$WARMUP MEM_CONNECTIONS=$MEM_CONNECTIONS MEM_SLEEP_MS=$MEM_SLEEP_MS SMTP_IDLE=$SMTP_IDLE SMTP_SESSIONS=$SMTP_SESSIONS"
+  echo "settings: PARTS=\"$PARTS\" SLEEP_DURATION=$SLEEP_DURATION HELLO_DURATION=$HELLO_DURATION FP_DURATION=$FP_DURATION SLEEP_CONCURRENCY=\"$SLEEP_CONCURRENCY\" HELLO_CONCURRENCY=\"$HELLO_CONCURRENCY\" HELLO_ROUNDS=$HELLO_ROUNDS FP_CONCURRENCY=\"$FP_CONCURRENCY\" WRK_THREADS=$WRK_THREADS SLEEP_MS=$SLEEP_MS FP_PAGES=\"$FP_PAGES\" ASYNC_W=$ASYNC_W FP_DB_CONNECTIONS=$FP_DB_CONNECTIONS W=$W WARMUP=$WARMUP MEM_CONNECTIONS=$MEM_CONNECTIONS MEM_SLEEP_MS=$MEM_SLEEP_MS SMTP_IDLE=$SMTP_IDLE SMTP_SESSIONS=$SMTP_SESSIONS"
   echo "appsrv: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- crates/appsrv 2>/dev/null || echo ' (crates/appsrv modified)'); examples: $EX; axum-peer: $AXUM"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine shares its CPUs)"
   echo "machine: $(nproc) CPUs, $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), Linux $(uname -r); RLIMIT_NOFILE $(ulimit -n)"
