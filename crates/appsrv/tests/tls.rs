@@ -929,3 +929,30 @@ fn issue_31_a_ticket_resumes_on_every_worker_after_the_ticket_key_changes() {
         "workers {refused:?} (one a replacement) refused a ticket"
     );
 }
+
+/// Issue 33: async handlers over TLS, at both levels: the handshake is admission's, the
+/// requests and the client level's lines go through the TLS layer, a request that waits
+/// and keep-alive work as over plain TCP.
+#[test]
+fn issue_33_async_handlers_serve_over_tls() {
+    let pki = Pki::new("async");
+    pki.issue("server", "localhost", None);
+    let config = pki.client_config(None, &[]);
+    let sock = pki.path("ctl.sock");
+    {
+        let server = start_tls("asyncbed", &pki, &["-w", "1", "--control", &sock]);
+        let addr = server.tcp_addr();
+        let mut tls = BufReader::new(connect(addr, &config));
+        assert_eq!(https_get(&mut tls, "/sleep?ms=200").unwrap(), b"slept\n");
+        assert_eq!(https_get(&mut tls, "/").unwrap(), b"Hello, World!");
+        assert_eq!(https_get(&mut tls, "/session").unwrap(), b"1\n");
+        assert_eq!(https_get(&mut tls, "/session").unwrap(), b"2\n", "one connection");
+    }
+    let server = start_tls("asyncbed", &pki, &["--client", "-w", "1", "--control", &sock]);
+    let mut tls = BufReader::new(connect(server.tcp_addr(), &config));
+    assert!(read_line(&mut tls).starts_with("pid "));
+    tls.get_mut().write_all(b"hello over TLS\nsleep 100\n").unwrap();
+    tls.get_mut().flush().unwrap();
+    assert_eq!(read_line(&mut tls), "hello over TLS\n");
+    assert_eq!(read_line(&mut tls), "slept\n");
+}
