@@ -17,7 +17,7 @@
 //!   `Content-Type: text/plain` (13 bytes, `http_hello`'s); with it, `frontpage`'s front
 //!   page: its three queries (the 20 latest items with their authors, the number of items,
 //!   the 20 most used tags) sent together on one connection, so answered in one round
-//!   trip, rendered by the same askama templates (copies, in `templates/`) as
+//!   trip, rendered by the same askama templates (frontpage's own files: askama.toml) as
 //!   `text/html; charset=utf-8`.
 //! - `GET /rows?n=N`, with `--database`, N from 1 to 1000: `frontpage`'s table of the
 //!   first N items (1 column up to 5 rows, 6 up to 36, 7 beyond); a bad N is `400` with
@@ -269,14 +269,14 @@ struct Table {
     rows: Vec<Vec<String>>,
 }
 
-/// `/`: templates/front.html, a copy of frontpage's.
+/// `/`: frontpage's front.html.
 #[derive(Template)]
 #[template(path = "front.html")]
 struct FrontPage<'a> {
     front: &'a Front,
 }
 
-/// `/rows?n=N`: templates/rows.html, a copy of frontpage's.
+/// `/rows?n=N`: frontpage's rows.html.
 #[derive(Template)]
 #[template(path = "rows.html")]
 struct RowsPage<'a> {

@@ -480,25 +480,52 @@ impl<C: Codec> Requests<C> {
             if answered == PASS_LIMIT {
                 return Next::More;
             }
-            match self.one(bufs, handler, ctx) {
-                Turn::Handled {
-                    len,
-                    mark,
-                    last,
-                    handled,
-                    outcome,
-                } => {
-                    if let Some(next) = self.answered(bufs, ctx, (len, mark, last), handled, outcome) {
-                        return next;
-                    }
-                    answered += 1;
-                }
-                Turn::Incomplete => break,
-                Turn::Bad(e) => return self.protocol_error(bufs, ctx, peer, &e),
-                // Only an async call is cut.
-                Turn::Cut { len, mark, cut } => return self.cut(bufs, ctx, peer, (len, mark), cut),
+            let turn = self.one(bufs, handler, ctx);
+            match self.after_turn(bufs, ctx, peer, turn) {
+                Some(Ok(())) => answered += 1,
+                Some(Err(next)) => return next,
+                None => break,
             }
         }
+        self.after_pass(bufs, ctx, peer, now)
+    }
+
+    /// What a decoding turn leads to, in both kinds of call: `Some(Ok)`, a request was
+    /// answered and the pass goes on; `Some(Err(next))`, the connection's next move;
+    /// `None`, the request is not whole yet.
+    fn after_turn(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        turn: Turn,
+    ) -> Option<Result<(), Next>> {
+        match turn {
+            Turn::Handled {
+                len,
+                mark,
+                last,
+                handled,
+                outcome,
+            } => match self.answered(bufs, ctx, (len, mark, last), handled, outcome) {
+                Some(next) => Some(Err(next)),
+                None => Some(Ok(())),
+            },
+            Turn::Incomplete => None,
+            Turn::Bad(e) => Some(Err(self.protocol_error(bufs, ctx, peer, &e))),
+            // Only an async call is cut.
+            Turn::Cut { len, mark, cut } => Some(Err(self.cut(bufs, ctx, peer, (len, mark), cut))),
+        }
+    }
+
+    /// The end of a pass: at a boundary, or in the middle of a request.
+    fn after_pass(
+        &mut self,
+        bufs: &mut Buffers,
+        ctx: &mut dyn Context,
+        peer: &Addr,
+        now: &mut dyn FnMut() -> Instant,
+    ) -> Next {
         if !bufs.has_input() {
             self.at_boundary(ctx, now)
         } else {
@@ -655,29 +682,13 @@ impl<C: Codec> Requests<C> {
                 return Next::More;
             }
             let turn = self.one_async(bufs, handler, ctx).await;
-            match turn {
-                Turn::Handled {
-                    len,
-                    mark,
-                    last,
-                    handled,
-                    outcome,
-                } => {
-                    if let Some(next) = self.answered(bufs, ctx, (len, mark, last), handled, outcome) {
-                        return next;
-                    }
-                    answered += 1;
-                }
-                Turn::Incomplete => break,
-                Turn::Bad(e) => return self.protocol_error(bufs, ctx, peer, &e),
-                Turn::Cut { len, mark, cut } => return self.cut(bufs, ctx, peer, (len, mark), cut),
+            match self.after_turn(bufs, ctx, peer, turn) {
+                Some(Ok(())) => answered += 1,
+                Some(Err(next)) => return next,
+                None => break,
             }
         }
-        if !bufs.has_input() {
-            self.at_boundary(ctx, now)
-        } else {
-            self.partial(bufs, ctx, peer, now)
-        }
+        self.after_pass(bufs, ctx, peer, now)
     }
 
     /// [`one`](Requests::one) with the handler awaited.

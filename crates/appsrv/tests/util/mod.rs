@@ -877,3 +877,29 @@ pub fn raise_nofile(need: u64) -> bool {
     }
     true
 }
+
+/// A private directory for one test (a control socket, logs, a maildir), readable by the
+/// workers' user, removed on drop; named after the test binary's pid and `tag`.
+pub struct TestDir(pub PathBuf);
+
+impl TestDir {
+    pub fn new(prefix: &str, tag: &str) -> TestDir {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("appsrv-{prefix}-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        TestDir(d)
+    }
+
+    /// The path of `name` in it, as a string for a command line.
+    pub fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
