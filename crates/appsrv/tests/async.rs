@@ -537,3 +537,32 @@ fn issue_33_a_request_followed_by_the_clients_close_is_answered_and_the_connecti
         "held until the keep-alive timeout"
     );
 }
+
+/// A large request pipelined behind one in flight is read whole when its turn comes: the
+/// socket's readiness, taken while the first request waited, is not lost (a review of
+/// issue 33 found the body left unread until the read timeout).
+#[test]
+fn issue_33_a_large_request_pipelined_behind_one_in_flight_is_read_at_once() {
+    let dir = Dir::new("pipelined-body");
+    let server = bed(&dir, &["-w", "1", "--read-timeout", "60"]);
+    let addr = server.tcp_addr();
+    let mut c = open(addr);
+    let body = vec![b'b'; 200 * 1024];
+    let mut batch = b"GET /hold?ms=300 HTTP/1.1\r\nHost: t\r\n\r\n".to_vec();
+    batch.extend_from_slice(
+        format!(
+            "POST /len HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    batch.extend_from_slice(&body);
+    let started = Instant::now();
+    c.get_mut().write_all(&batch).unwrap();
+    assert_eq!(read_response(&mut c), (200, "held\n".into()));
+    assert_eq!(read_response(&mut c), (200, format!("{}\n", body.len())));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the body waited for the read timeout"
+    );
+}

@@ -956,3 +956,43 @@ fn issue_33_async_handlers_serve_over_tls() {
     assert_eq!(read_line(&mut tls), "hello over TLS\n");
     assert_eq!(read_line(&mut tls), "slept\n");
 }
+
+/// Issue 33 (review): a large response over TLS to a client that reads slowly goes out
+/// whole: rustls's buffer of records fills, the socket takes part of them, and the
+/// write goes on (it failed with "write zero").
+#[test]
+fn issue_33_a_large_tls_response_to_a_slow_reader_goes_out_whole() {
+    let pki = Pki::new("async-big");
+    pki.issue("server", "localhost", None);
+    let sock = pki.path("ctl.sock");
+    let server = start_tls("asyncbed", &pki, &["-w", "1", "--control", &sock]);
+    let mut tls = BufReader::new(connect(server.tcp_addr(), &pki.client_config(None, &[])));
+    write!(
+        tls.get_mut(),
+        "GET /big?kb=4096 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    )
+    .unwrap();
+    tls.get_mut().flush().unwrap();
+    // Read in small steps with pauses: the server's socket buffer fills again and again.
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        tls.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut got = 0;
+    let mut chunk = [0u8; 16 * 1024];
+    while got < 4096 * 1024 {
+        let n = tls.read(&mut chunk).unwrap();
+        assert!(n > 0, "the response ended after {got} bytes");
+        assert!(chunk[..n].iter().all(|b| *b == b'x'));
+        got += n;
+        // About 3 MB/s: slower than the server writes, so its socket buffer stays full.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(got, 4096 * 1024);
+}

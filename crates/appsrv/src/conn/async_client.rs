@@ -264,8 +264,14 @@ impl AsyncRead for AsyncClient {
             this.early.drain(..n);
             return Poll::Ready(Ok(()));
         }
-        // Alerts or key-update answers the TLS layer wants to send go out first.
-        ready!(this.poll_records(cx))?;
+        // Alerts or key-update answers the TLS layer wants to send go out, as far as the
+        // socket takes them now: a read does not wait for them (a client that reads only
+        // once it has sent everything would wait for the read, and the read for it).
+        if this.io.get_ref().records_pending() {
+            if let Ok(n) = this.io.get_mut().write_records() {
+                this.sent += n as u64;
+            }
+        }
         loop {
             // Plaintext rustls holds already needs no readiness.
             if this.io.get_mut().input_pending() {

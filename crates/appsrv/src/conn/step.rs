@@ -767,6 +767,9 @@ impl<C: Codec> Requests<C> {
                 Next::Close { linger: None }
             }
             Cut::Panicked => {
+                // Logged by the worker, which knows the request; in the access log an
+                // `error`, as a handler's failure is.
+                ctx.request_end((len as u64, 0), false);
                 ctx.state(State::Closing);
                 Next::Close { linger: None }
             }

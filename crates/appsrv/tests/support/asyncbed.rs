@@ -11,7 +11,8 @@
 //! - `/pid`: the worker's pid; `/peer`: the client's address as the handler sees it;
 //! - `/count`: a counter shared by the worker's requests (`Cell` in `&self`);
 //! - `/session`: a counter of the connection's requests (its session);
-//! - `/stats`: `cancelled=N in_flight=M` (this worker's).
+//! - `/stats`: `cancelled=N in_flight=M` (this worker's);
+//! - `/len` (POST): the body's length; `/big?kb=N`: N KiB of `x`.
 //!
 //! `--client`: the client level (`Server::run_async`), a line protocol: `pid PID` on
 //! connect, then each line is echoed, except `sleep MS` (waits, answers `slept`), `panic`,
@@ -54,9 +55,10 @@ impl Drop for Holding<'_> {
     }
 }
 
+/// The number of the query's one parameter (`ms=N`, `kb=N`).
 fn ms(req: &HttpRequest<'_>) -> Option<u64> {
     req.query()
-        .and_then(|q| q.strip_prefix("ms="))
+        .and_then(|q| q.split_once('=').map(|(_, v)| v))
         .and_then(|n| n.parse().ok())
 }
 
@@ -110,6 +112,11 @@ impl appsrv::AsyncRequestHandler for Bed {
                 *conn.session() += 1;
                 let n = *conn.session();
                 plain(res, 200, &format!("{n}\n"))
+            }
+            "/len" => plain(res, 200, &format!("{}\n", req.body().len())),
+            "/big" => {
+                res.content_type("application/octet-stream");
+                res.write_all(&vec![b'x'; ms(req).unwrap_or(0) as usize * 1024])
             }
             "/stats" => plain(
                 res,
