@@ -29,6 +29,12 @@ use crate::sys;
 
 use super::ledger::{RESOURCE_BACKOFF, Trouble};
 
+/// A worker that registers its listeners `EPOLLEXCLUSIVE` (the event loop, the async
+/// driver) re-registers them after this many accepts, which puts it at the back of the
+/// queue of waiters: Linux wakes exclusive waiters in the order they registered, and the
+/// first worker would otherwise take nearly every connection of a lightly loaded server.
+pub(crate) const REQUEUE_EVERY: u32 = 32;
+
 /// The epoll key of the privileged helper's channel.
 const HELPER: u64 = u64::MAX;
 /// The epoll key of the hand-off channel (hybrid mode).

@@ -84,6 +84,7 @@ use crate::sys::{self, exit};
 
 use super::ConnLimits;
 use super::Setup;
+use super::accept::REQUEUE_EVERY;
 use super::access::Outcome;
 use super::admission::{self, Admission, EventSeat};
 use super::driver::{Driver, Extras, Shared, accepts_on, rules};
@@ -91,8 +92,6 @@ use super::ledger::{Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, l
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
 use super::serve::{Bound, Boundary, Connections, Context, Limits, RequestDriver};
 
-/// A worker re-registers its listeners after this many accepts (see the module's notes).
-pub(crate) const REQUEUE_EVERY: u32 = 32;
 /// Events taken from the kernel per `epoll_wait`.
 const EVENTS: usize = 512;
 /// Reads of one connection per pass at most, when each fills the buffer (a client that

@@ -58,6 +58,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use socket2::Socket;
 use tokio::io::Interest;
@@ -91,6 +92,8 @@ use super::{ConnLimits, Setup};
 pub(crate) struct Tasks<'a> {
     runtime: tokio::runtime::Runtime,
     wake: EventFd,
+    /// The stream listeners, in an epoll instance of the worker's own (see [`Accept`]).
+    accepting: EpollFd,
     /// `--worker-connections`.
     max_connections: usize,
     /// `--max-inflight` (0: no limit).
@@ -129,10 +132,12 @@ impl<'a> Driver<'a> for Tasks<'a> {
             .map_err(|e| format!("making the async runtime: {e}"))?;
         let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| format!("making the signals' eventfd: {e}"))?;
+        let accepting = listeners_epoll(setup.listeners)?;
         sys::set_worker_wake_fd(wake.as_raw_fd());
         Ok(Tasks {
             runtime,
             wake,
+            accepting,
             max_connections: setup.worker_connections.max(1),
             max_inflight: setup.async_limits.max_inflight,
             request_timeout: setup.async_limits.request_timeout,
@@ -189,6 +194,7 @@ impl<'a> Run<'a> {
         let Tasks {
             runtime,
             wake,
+            accepting,
             max_connections,
             max_inflight,
             request_timeout,
@@ -250,9 +256,11 @@ impl<'a> Run<'a> {
             // c = 500, 11,000 -> 13,200 requests/s, 82 -> 68 µs of CPU per request.
             // The `LocalSet`'s tasks (those the handlers `spawn_local`) are polled inside
             // this turn too, so the master's watch sees one of them that blocks the thread.
-            inner: local.run_until(tokio::task::unconstrained(
-                worker.run(level, std::os::fd::AsFd::as_fd(&wake)),
-            )),
+            inner: local.run_until(tokio::task::unconstrained(worker.run(
+                level,
+                std::os::fd::AsFd::as_fd(&wake),
+                accepting,
+            ))),
         };
         let served = contain(|| runtime.block_on(run));
         match served {
@@ -367,7 +375,7 @@ enum Event {
 impl<'a> Worker<'a> {
     /// Accepts and serves until a stop and the last connection's end; returns the exit
     /// status.
-    async fn run<L: Level>(&self, level: &L, wake: BorrowedFd<'_>) -> i32 {
+    async fn run<L: Level>(&self, level: &L, wake: BorrowedFd<'_>, accepting: EpollFd) -> i32 {
         // SAFETY: `wake` borrows the driver's eventfd, open for the whole run (the borrow
         // outlives the `AsyncFd`), and always returns the same descriptor.
         let wake = match unsafe { AsyncFd::register_with_interest(wake, Interest::READABLE) }
@@ -379,25 +387,13 @@ impl<'a> Worker<'a> {
                 return exit::OK;
             }
         };
-        let mut listeners = Vec::new();
-        for (i, l) in self
-            .listeners
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.is_datagram())
-        {
-            let fd = std::os::fd::AsFd::as_fd(l.socket());
-            // SAFETY: the listener is the master's, open for the worker's life (the borrow
-            // outlives the `AsyncFd`), and a `BorrowedFd` always returns the same descriptor.
-            match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
-            {
-                Ok(fd) => listeners.push((i, fd)),
-                Err(e) => {
-                    tracing::error!("watching listener {}: {e}; stopping", l.label());
-                    return exit::OK;
-                }
+        let listeners = match Accept::new(accepting, self.listeners) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("watching the listeners: {e}; stopping");
+                return exit::OK;
             }
-        }
+        };
         let mut conns = FuturesUnordered::new();
         let mut trouble = Trouble::default();
         let mut resume_at: Option<tokio::time::Instant> = None;
@@ -427,7 +423,7 @@ impl<'a> Worker<'a> {
                     Event::Signal
                 }
                 Some(()) = conns.next(), if !conns.is_empty() => Event::Closed,
-                r = accept(&listeners), if accepting => Event::Accepted(r),
+                r = listeners.accept(), if accepting => Event::Accepted(r),
                 () = sleep_until(resume_at), if resume_at.is_some() => Event::Resume,
             };
             match event {
@@ -780,27 +776,119 @@ async fn within<T>(by: Option<Instant>, f: impl Future<Output = T>) -> Option<T>
     }
 }
 
-/// Accepts one connection on one of `listeners` (the first ready).
-async fn accept(listeners: &[(usize, AsyncFd<BorrowedFd<'_>>)]) -> io::Result<(Socket, Addr, usize)> {
-    std::future::poll_fn(|cx| {
-        for (index, fd) in listeners {
+/// An epoll instance's descriptor, for the runtime to watch.
+struct EpollFd(Epoll);
+
+impl AsRawFd for EpollFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.0.as_raw_fd()
+    }
+}
+
+/// The worker's stream listeners, for `accept`.
+///
+/// They are registered level-triggered with `EPOLLEXCLUSIVE` in an epoll instance of the
+/// worker's own, which the runtime watches as one descriptor (tokio's reactor has no
+/// exclusive registration): a new connection wakes one waiting worker (or a few), not
+/// all of them, as in the event loop. Linux wakes the exclusive waiters in the order they
+/// registered, so a worker puts itself at the back of the queue (delete and add) every
+/// [`REQUEUE_EVERY`](super::accept::REQUEUE_EVERY) accepts, as the event loop does, and the
+/// connections spread over the workers.
+fn listeners_epoll(listeners: &[Listener]) -> Result<EpollFd, String> {
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+        .map_err(|e| format!("making the listeners' epoll instance: {e}"))?;
+    for (i, l) in listeners.iter().enumerate().filter(|(_, l)| !l.is_datagram()) {
+        watch_listener(&epoll, l, i).map_err(|e| format!("watching {}: {e}", l.label()))?;
+    }
+    Ok(EpollFd(epoll))
+}
+
+fn watch_listener(epoll: &Epoll, l: &Listener, i: usize) -> nix::Result<()> {
+    let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
+    epoll.add(l.socket(), EpollEvent::new(flags, i as u64))
+}
+
+/// The listeners' epoll instance, watched by the runtime.
+struct Accept<'l> {
+    epoll: AsyncFd<EpollFd>,
+    listeners: &'l [Listener],
+    since_requeue: Cell<u32>,
+}
+
+impl<'l> Accept<'l> {
+    fn new(epoll: EpollFd, listeners: &'l [Listener]) -> io::Result<Self> {
+        // SAFETY: the `AsyncFd` owns the epoll instance, which it closes only when it is
+        // dropped; its descriptor never changes.
+        let epoll = unsafe { AsyncFd::register_with_interest(epoll, Interest::READABLE) }?;
+        Ok(Accept {
+            epoll,
+            listeners,
+            since_requeue: Cell::new(0),
+        })
+    }
+
+    /// Accepts one connection on one of the listeners (the first ready).
+    async fn accept(&self) -> io::Result<(Socket, Addr, usize)> {
+        std::future::poll_fn(|cx| {
             loop {
-                let mut guard = match fd.poll_read_ready(cx) {
+                let mut guard = match self.epoll.poll_read_ready(cx) {
                     Poll::Ready(Ok(g)) => g,
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => break,
+                    Poll::Pending => return Poll::Pending,
                 };
-                match guard.try_io(|fd| accept4(fd.get_ref())) {
-                    Ok(Ok((socket, peer))) => return Poll::Ready(Ok((socket, peer, *index))),
-                    Ok(Err(e)) => return Poll::Ready(Err(e)),
-                    // Another worker took it: readiness cleared, polled again to wait.
-                    Err(_would_block) => {}
+                let mut events = [EpollEvent::empty(); 8];
+                let n = match self.epoll.get_ref().0.wait(&mut events, EpollTimeout::ZERO) {
+                    Ok(n) => n,
+                    Err(Errno::EINTR) => continue,
+                    Err(e) => return Poll::Ready(Err(e.into())),
+                };
+                if n == 0 {
+                    // Nothing left: the next connection is a new edge.
+                    guard.clear_ready();
+                    continue;
+                }
+                for ev in &events[..n] {
+                    let index = ev.data() as usize;
+                    let Some(l) = self.listeners.get(index) else {
+                        continue;
+                    };
+                    match accept4(&std::os::fd::AsFd::as_fd(l.socket())) {
+                        Ok((socket, peer)) => {
+                            self.accepted();
+                            return Poll::Ready(Ok((socket, peer, index)));
+                        }
+                        // Another worker took it.
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
                 }
             }
+        })
+        .await
+    }
+
+    /// One accept more: every [`REQUEUE_EVERY`](super::accept::REQUEUE_EVERY), the worker
+    /// goes to the back of the listeners' queues of waiters.
+    fn accepted(&self) {
+        let n = self.since_requeue.get() + 1;
+        if n < super::accept::REQUEUE_EVERY {
+            self.since_requeue.set(n);
+            return;
         }
-        Poll::Pending
-    })
-    .await
+        self.since_requeue.set(0);
+        let epoll = &self.epoll.get_ref().0;
+        for (i, l) in self
+            .listeners
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_datagram())
+        {
+            let _ = epoll.delete(l.socket());
+            if let Err(e) = watch_listener(epoll, l, i) {
+                tracing::error!("watching {} again: {e}", l.label());
+            }
+        }
+    }
 }
 
 /// `accept4` on a listener, the new socket non-blocking and close-on-exec.
