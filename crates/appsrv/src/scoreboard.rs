@@ -747,10 +747,21 @@ impl Board {
             head.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
         head.truncate(head_len);
+        let mut state = State::from_u8(s.state.load(Ordering::Acquire));
+        // An event (or async) worker's loop reads all the time; with no connection open it
+        // is idle, and is shown so (issue 34: `status` showed such a worker reading while
+        // its key said "_" is idle). Not a hybrid front, whose state says more.
+        if state == State::Reading
+            && s.event.load(Ordering::Acquire)
+            && !s.front.load(Ordering::Relaxed)
+            && s.open.load(Ordering::Relaxed) == 0
+        {
+            state = State::Idle;
+        }
         Some(SlotView {
             pid: s.pid.load(Ordering::Acquire),
             generation: s.generation.load(Ordering::Acquire),
-            state: State::from_u8(s.state.load(Ordering::Acquire)),
+            state,
             connections: s.connections.load(Ordering::Relaxed),
             requests: s.requests.load(Ordering::Relaxed),
             bytes_in: s.bytes_in.load(Ordering::Relaxed),

@@ -566,3 +566,27 @@ fn issue_33_a_large_request_pipelined_behind_one_in_flight_is_read_at_once() {
         "the body waited for the read timeout"
     );
 }
+
+/// Issue 34 (its first items): the ready line names the I/O model, and an event worker
+/// with no connection open shows idle in `status` (it showed reading), then reading while
+/// a client is connected.
+#[test]
+fn issue_34_the_ready_line_names_the_io_model_and_a_worker_without_connections_shows_idle() {
+    let dir = Dir::new("ready");
+    let sock = dir.path("ctl.sock");
+    let server = start("async_hello", &dir, &["-w", "1"]);
+    let line = server.wait_for_log("master: ready");
+    assert!(
+        line.contains("io=event") && line.contains("pool=static"),
+        "{line}"
+    );
+    let json = ctl("async_hello", &["status", "--json", "--control", &sock]);
+    assert!(json.contains("\"state\":\"idle\""), "{json}");
+    let _client = open(server.tcp_addr());
+    wait_until(|| {
+        ctl("async_hello", &["status", "--json", "--control", &sock])
+            .contains("\"state\":\"reading\"")
+            .then_some(())
+    })
+    .expect("reading with a client connected");
+}

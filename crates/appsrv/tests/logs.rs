@@ -191,6 +191,10 @@ fn issue_17_json_lines_are_one_object_each_with_the_keys() {
     assert_eq!(ready["pid"], server.pid());
     assert_eq!(ready["fields"]["workers"], 2);
     assert_eq!(ready["fields"]["pool"], "static");
+    assert_eq!(
+        ready["fields"]["io"], "blocking",
+        "issue 34: the ready line names the I/O model"
+    );
 }
 
 /// The testbed with `args`, its stderr a pipe and `JOURNAL_STREAM` set to that pipe's

@@ -234,6 +234,8 @@ pub(crate) struct Settings {
     /// The listeners' TLS material, re-read on reload (shared with the code that forks
     /// workers, which hands the current material to each new worker).
     pub(crate) tls: std::rc::Rc<crate::net::tls::Store>,
+    /// The workers' I/O model (`--io`), for the ready line.
+    pub(crate) io: &'static str,
     /// Watch the listen queue for the keep-alive guard (`queue.rs`): blocking workers
     /// only; an event worker holds thousands of connections, so no keep-alive client
     /// starves another, and its loop is never woken by SIGURG.
@@ -543,7 +545,12 @@ impl<'a> Master<'a> {
         };
         if ready(false) >= initial && ready(true) >= self.fronts {
             self.phase = Phase::Running;
-            tracing::info!(workers = initial, pool = self.settings.policy.name(), "ready");
+            tracing::info!(
+                workers = initial,
+                io = %self.settings.io,
+                pool = %self.settings.policy.name(),
+                "ready"
+            );
             self.serving = true;
             crate::process::systemd::ready(&format!("serving with {initial} workers"));
             on_ready();

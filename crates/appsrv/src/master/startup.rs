@@ -460,6 +460,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         shared_listeners,
         tls: tls.clone(),
         watch_queue: config.io == crate::Io::Blocking,
+        io: config.io.name(),
     };
     let confinement = confinement(config, &plan)?;
     let workers = Workers {

@@ -21,7 +21,7 @@
 //! `fields` always (the event's structured fields, maybe none):
 //!
 //! ```text
-//! {"time":"2026-11-30T07:24:17.123456Z","level":"INFO","pid":4242,"role":"master","message":"ready","fields":{"pool":"static","workers":4}}
+//! {"time":"2026-11-30T07:24:17.123456Z","level":"INFO","pid":4242,"role":"master","message":"ready","fields":{"io":"blocking","pool":"static","workers":4}}
 //! {"time":"2026-11-30T07:24:17.130011Z","level":"WARN","pid":4250,"role":"worker","worker":1,"message":"connection from ...","fields":{}}
 //! ```
 //!
