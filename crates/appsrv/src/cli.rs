@@ -653,7 +653,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         .action(ArgAction::Append)
         .value_delimiter(',')
         .value_parser(|s: &str| s.parse::<ListenAddr>().map_err(|e| e.to_string()))
-        .help("Listen on ADDR: HOST:PORT, [IPV6]:PORT or unix:PATH, with options after '?' (unix:/run/x.sock?mode=0660); repeatable, or comma-separated. Port 0 picks a free port");
+        .help("Listen on ADDR: HOST:PORT, [IPV6]:PORT or unix:PATH (streams), udp://HOST:PORT or unixgram:PATH (datagrams), with options after '?' (unix:/run/x.sock?mode=0660, HOST:PORT?tls, HOST:PORT?proxy); repeatable, or comma-separated. Port 0 picks a free port");
     // Not `required` when the code sets no default: under socket activation the sockets
     // come from systemd. Without either, `run` stops with a message naming --listen.
     if !d.listen.is_empty() {
@@ -673,7 +673,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         .arg(
             env_opt(prefix, "metrics-listen")
                 .value_name("ADDR")
-                .help("Serve /metrics over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100) for Prometheus, from the master"),
+                .help("Serve /metrics over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100) for Prometheus, from the master, with /healthz (the master is alive) and /readyz (ready to take traffic: 503 while starting, draining or stopping)"),
         )
         .next_help_heading("Workers and pool")
         .arg(

@@ -346,3 +346,15 @@ fn issue_22_check_warns_of_a_variable_that_names_no_option() {
     assert!(!err.contains("HTTP_HELLO_WORKERS"), "{err}");
     assert!(text(&out.stdout).contains("configuration OK"));
 }
+
+/// Issue 34 (an item of it): `--help` names every kind of listen address and the health
+/// endpoints of the metrics listener.
+#[test]
+fn issue_34_help_names_datagram_addresses_and_the_health_endpoints() {
+    let out = run("http_hello", &["--help"], &[]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for needle in ["udp://", "unixgram:", "?tls", "/healthz", "/readyz"] {
+        assert!(help.contains(needle), "--help does not name {needle}:\n{help}");
+    }
+}
