@@ -357,7 +357,8 @@ struct Slow {
     episode: OncePerMinute,
 }
 
-/// A connection's name for the slow-poll line: its client, and its request's first bytes.
+/// A connection's name: its client, and its request's first bytes (the one copy of them,
+/// for the slow-poll and panic lines and, at the request's end, the ledger's).
 #[derive(Debug)]
 struct Label {
     peer: RefCell<Addr>,
@@ -435,10 +436,7 @@ impl<'a> Worker<'a> {
                         self.begin_stop();
                     }
                 }
-                Event::Closed => {
-                    self.open.set(self.open.get() - 1);
-                    self.publish();
-                }
+                Event::Closed => self.open.set(self.open.get() - 1),
                 Event::Accepted(Ok((socket, peer, index))) => {
                     trouble.cleared();
                     burst += 1;
@@ -457,7 +455,6 @@ impl<'a> Worker<'a> {
                         label: label.clone(),
                         inner: self.connection(level, socket, peer, index, label),
                     });
-                    self.publish();
                 }
                 Event::Accepted(Err(e)) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
                     Errno::EINTR => {}
@@ -495,7 +492,8 @@ impl<'a> Worker<'a> {
         crate::conn::async_client::worker_stops();
     }
 
-    /// The slot shows the connections and the requests in flight (when they changed).
+    /// The slot shows the connections and the requests in flight (when they changed; once
+    /// per turn, [`Turned`]).
     fn publish(&self) {
         let idle = self.idle.get();
         let in_flight = self.in_flight.get();
@@ -638,7 +636,6 @@ impl<'a> Worker<'a> {
             None => None,
         };
         self.in_flight.set(self.in_flight.get() + 1);
-        self.publish();
         InFlight {
             worker: self,
             _permit: permit,
@@ -655,7 +652,6 @@ struct InFlight<'w, 'a> {
 impl Drop for InFlight<'_, '_> {
     fn drop(&mut self) {
         self.worker.in_flight.set(self.worker.in_flight.get() - 1);
-        self.worker.publish();
     }
 }
 
@@ -698,6 +694,9 @@ impl<F: Future> Future for Turned<'_, '_, F> {
         // SAFETY: as above.
         let inner = unsafe { Pin::new_unchecked(&mut this.inner) };
         let r = inner.poll(cx);
+        // The slot's counts once per turn, as the event loop publishes them, not at each
+        // change (a request changes them four times).
+        this.worker.publish();
         this.worker.ledger.borrow_mut().flush();
         this.slot.turn_end();
         r
@@ -1225,7 +1224,6 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
             peer,
             label,
             request: None,
-            head: Vec::new(),
             received: 0,
             sent: 0,
             idle: false,
@@ -1515,8 +1513,6 @@ struct TaskContext<'w, 'a> {
     label: &'w Label,
     /// The request in progress: when its first bytes came.
     request: Option<Instant>,
-    /// Its first bytes (the ledger's copy is the worker's, shared by every connection).
-    head: Vec<u8>,
     received: u64,
     sent: u64,
     /// Counted among the idle keep-alive connections.
@@ -1529,16 +1525,13 @@ impl TaskContext<'_, '_> {
             self.idle = idle;
             let n = self.w.idle.get();
             self.w.idle.set(if idle { n + 1 } else { n - 1 });
-            self.w.publish();
         }
     }
 
     fn store_head(&mut self, head: &[u8]) {
-        self.head.clear();
-        self.head.extend_from_slice(&head[..head.len().min(HEAD_BYTES)]);
         let mut label = self.label.head.borrow_mut();
         label.clear();
-        label.extend_from_slice(&self.head);
+        label.extend_from_slice(&head[..head.len().min(HEAD_BYTES)]);
     }
 
     /// The connection ended: a request left unanswered gets its line, as the other
@@ -1556,7 +1549,7 @@ impl TaskContext<'_, '_> {
                 Some(_) => Outcome::Error,
                 None => Outcome::Closed,
             };
-            ledger.request_head(&self.head);
+            ledger.request_head(&self.label.head.borrow());
             ledger.request_unanswered(self.peer, outcome, started.elapsed(), (self.received, self.sent));
         }
     }
@@ -1593,7 +1586,7 @@ impl Context for TaskContext<'_, '_> {
             return;
         };
         let mut ledger = self.w.ledger.borrow_mut();
-        ledger.request_head(&self.head);
+        ledger.request_head(&self.label.head.borrow());
         ledger.request_end(self.peer, started.elapsed(), bytes, ok);
         ledger.check_recycle();
     }
