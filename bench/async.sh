@@ -30,7 +30,7 @@
 #              proc_counters before and after the run, per_request). Goals: async CPU per
 #              request <= 1.15 x the sync event handler's; async requests/s >= 1.0 x axum's.
 #   frontpage  (~4 min, 5 with PHP-FPM; n/a without PostgreSQL) the front page of issue
-#              20 on PostgreSQL (crates/appsrv/examples/frontpage.rs): pages FP_PAGES
+#              20 on PostgreSQL (crates/appsrv-frontpage/examples/frontpage.rs): pages FP_PAGES
 #              (/ /rows?n=5 /rows?n=36 /rows?n=134), keep-alive, wrk -t2 -d5s --timeout 10s
 #              at c = 32, 128, 500, after a 2 s unmeasured warm-up of each server:
 #                frontpage-async     --io event -w ASYNC_W (2) --db-connections
@@ -198,10 +198,10 @@ NOT_BUILT=()
 if [ -z "${EX:-}" ]; then
   build=()
   for e in async_hello http_hello frontpage smtp_sink; do
-    if [ -f "crates/appsrv/examples/$e.rs" ] || [ -f "crates/appsrv/examples/$e/main.rs" ]; then
+    if compgen -G "crates/*/examples/$e.rs" >/dev/null || compgen -G "crates/*/examples/$e/main.rs" >/dev/null; then
       build+=(--example "$e")
     else
-      say "no crates/appsrv/examples/$e.rs: its parts will say n/a"
+      say "no crates/*/examples/$e.rs: its parts will say n/a"
       NOT_BUILT+=("$e")
     fi
   done
@@ -1075,7 +1075,7 @@ PY
 
 part_smtp() {
   local srv=smtp_sink-w2 out=$work/smtp.out maildir=$work/maildir delivered
-  have smtp_sink || { na smtp "$srv" "no smtp_sink example in $EX (crates/appsrv/examples/smtp_sink.rs)"; return 0; }
+  have smtp_sink || { na smtp "$srv" "no smtp_sink example in $EX (crates/appsrv-examples/examples/smtp_sink.rs)"; return 0; }
   if [ "$(ulimit -n)" -lt $((SMTP_IDLE + SMTP_SESSIONS + 200)) ]; then
     na smtp "$srv" "RLIMIT_NOFILE $(ulimit -n) < SMTP_IDLE + SMTP_SESSIONS + 200 (raise the hard limit)"
     return 0

@@ -303,14 +303,14 @@ if want udp_echo; then
   [ -x "$ECHO" ] || { echo "dns.sh: no $ECHO" >&2; exit 1; }
 fi
 if want appsrv; then
-  has_source() { [ -f crates/appsrv/examples/dns.rs ] || [ -f crates/appsrv/examples/dns/main.rs ]; }
+  has_source() { [ -f crates/appsrv-dns/examples/dns.rs ] || [ -f crates/appsrv-dns/examples/dns/main.rs ]; }
   if [ "$BUILD" != 0 ] && has_source; then
     echo "dns.sh: cargo build --release -p appsrv --example dns" >&2
     cargo build --release --quiet -p appsrv --example dns >&2 || echo "dns.sh: the build of the dns example failed" >&2
   fi
   if [ ! -x "$DNS" ]; then
     why="no $DNS"
-    has_source || why="$why (no crates/appsrv/examples/dns.rs or dns/main.rs in this tree yet)"
+    has_source || why="$why (no crates/appsrv-dns/examples/dns.rs or dns/main.rs in this tree yet)"
     echo "dns.sh: appsrv skipped: $why" >&2
     SKIPPED+=("appsrv: $why")
     SERVERS=$(tr ' ' '\n' <<<"$SERVERS" | grep -vx appsrv | tr '\n' ' ')

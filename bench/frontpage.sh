@@ -74,7 +74,7 @@
 # `nobody` role). Each is stopped before the next starts, and at exit, also on Ctrl-C or
 # a failure (a trap): its processes are waited for, and any left after 10 s are killed
 # by pid.
-#   appsrv   crates/appsrv/examples/frontpage.rs --database sqlite:PATH or
+#   appsrv   crates/appsrv-frontpage/examples/frontpage.rs --database sqlite:PATH or
 #            postgres:///PG_DB?host=PG_HOST&port=PG_PORT, --io blocking -w W (static
 #            pool), defaults otherwise: keep-alive timeout 5 s, 1000 requests per
 #            connection, a keep-alive connection given up (`Connection: close`) when

@@ -8,7 +8,7 @@
 # which kills what left the session (the last two scripts, with setsid) once the command is
 # reaped (before issue 18 these two left 1: the documented limit of issue 14). The last
 # one also holds stdout open, so its call answers 2 s (DRAIN_AFTER_KILL in
-# crates/appsrv/examples/runas/exec.rs) after the shell exited, and the log warns.
+# crates/appsrv-runas/examples/runas/exec.rs) after the shell exited, and the log warns.
 #
 #   sudo bench/runas-leftovers.sh                 (builds the release example)
 #   sudo BIN=/path/to/runas bench/runas-leftovers.sh

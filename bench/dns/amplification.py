@@ -5,7 +5,7 @@ limit on (its default: 200 answers per second per IPv4 /24) and off (--max-answe
     bench/dns/amplification.py [DNS [ZONE]]
 
 DNS defaults to target/debug/examples/dns (cargo build -p appsrv --example dns), ZONE to
-crates/appsrv/examples/dns.zone; run from the workspace root. Loopback only, bounded: at
+crates/appsrv-dns/examples/dns.zone; run from the workspace root. Loopback only, bounded: at
 most RATE * SECONDS queries per run (environment: RATE 2000, SECONDS 5, SOURCES 200).
 
 1. The worst answer: every owner name of the zone is asked every common type over UDP, with
@@ -30,7 +30,7 @@ import tempfile
 import time
 
 DNS = sys.argv[1] if len(sys.argv) > 1 else "target/debug/examples/dns"
-ZONE = sys.argv[2] if len(sys.argv) > 2 else "crates/appsrv/examples/dns.zone"
+ZONE = sys.argv[2] if len(sys.argv) > 2 else "crates/appsrv-dns/examples/dns.zone"
 RATE = int(os.environ.get("RATE", "2000"))
 SECONDS = float(os.environ.get("SECONDS", "5"))
 SOURCES = int(os.environ.get("SOURCES", "200"))

@@ -1,4 +1,4 @@
-//! The `dns` example's query path (`crates/appsrv/examples/dns/engine.rs`, included as it
+//! The `dns` example's query path (`crates/appsrv-dns/examples/dns/engine.rs`, included as it
 //! is: the engine has no appsrv dependency) on arbitrary bytes, against the zones of its
 //! tests (`crates/appsrv/tests/data/dns/`). The first byte chooses the transport (bits
 //! 0–1: UDP, TCP, a rate-limit slip) and `--max-udp-size` (bit 2: 1232 or 4096); the rest is
@@ -9,7 +9,7 @@
 //! does not echo the id and the opcode, lacks QR, or is larger than the transport allows.
 #![no_main]
 
-#[path = "../../crates/appsrv/examples/dns/engine.rs"]
+#[path = "../../crates/appsrv-dns/examples/dns/engine.rs"]
 #[allow(dead_code)]
 mod engine;
 

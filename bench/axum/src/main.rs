@@ -230,7 +230,7 @@ fn plain(status: StatusCode, text: impl Into<String>) -> Response {
 /// The largest `n` of `/rows?n=N`.
 const MAX_ROWS: i64 = 1000;
 
-// frontpage's statements (crates/appsrv/examples/frontpage/db.rs), word for word.
+// frontpage's statements (crates/appsrv-frontpage/examples/frontpage/db.rs), word for word.
 const SQL_LATEST: &str = "SELECT i.id, i.title, a.name, i.created, i.score FROM items i \
      JOIN authors a ON a.id = i.author_id ORDER BY i.id DESC LIMIT 20";
 const SQL_COUNT: &str = "SELECT COUNT(*) FROM items";

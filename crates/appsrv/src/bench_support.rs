@@ -1,5 +1,5 @@
 //! Not part of appsrv's API: this module exists only for the Criterion benchmarks in
-//! `crates/appsrv/benches/` and the fuzz targets in `fuzz/`, which are compiled as separate
+//! `crates/appsrv-benches/benches/` and the fuzz targets in `fuzz/`, which are compiled as separate
 //! crates and cannot reach the crate-private scoreboard, connection steps and privileged
 //! helper channel. It is hidden from the documentation and may change or disappear at any
 //! time, in any release; do not use it.

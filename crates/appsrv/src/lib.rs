@@ -89,8 +89,10 @@
 //! ([`Server::io`] with [`Io::Event`]): one epoll loop per worker over all its
 //! connections, the same handler code. Handlers that block can run behind event loops
 //! ([`Io::Hybrid`]): front processes hold idle and incomplete connections and hand each
-//! whole request to an idle blocking worker. The examples (`crates/appsrv/examples`) show a
-//! codec of its own (`ping`), sessions (`kv`) and HTTP (`http_hello`).
+//! whole request to an idle blocking worker. The examples (the workspace's
+//! `crates/appsrv-examples`; the heavier ones in `appsrv-frontpage`, `appsrv-dns` and
+//! `appsrv-runas`) show a codec of its own (`ping`), sessions (`kv`) and HTTP
+//! (`http_hello`).
 //!
 //! # The command line
 //!

@@ -9,7 +9,7 @@
 
 mod util;
 
-#[path = "../examples/dns/engine.rs"]
+#[path = "../../appsrv-dns/examples/dns/engine.rs"]
 #[allow(dead_code)]
 mod engine;
 

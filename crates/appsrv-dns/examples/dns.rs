@@ -9,7 +9,7 @@
 //! Run it with the sample zone beside this file (`example.test.`, see its comments):
 //!
 //! ```text
-//! cargo run --release --example dns -- --zone crates/appsrv/examples/dns.zone
+//! cargo run --release --example dns -- --zone crates/appsrv-dns/examples/dns.zone
 //!                                       # serves udp://127.0.0.1:5353 and 127.0.0.1:5353 (TCP)
 //! dig @127.0.0.1 -p 5353 www.example.test A          # NOERROR, flags: qr aa rd; an A record
 //! dig @127.0.0.1 -p 5353 www.example.test A +tcp     # the same over TCP
