@@ -1,9 +1,9 @@
 //! Micro-benchmarks of the built-in codecs (`appsrv::codec`), through their public API.
 //!
 //! ```text
-//! cargo bench -p appsrv --bench codecs
-//! cargo bench -p appsrv --bench codecs -- http          # only the HTTP benchmarks
-//! cargo bench -p appsrv --bench codecs -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p appsrv-benches --bench codecs
+//! cargo bench -p appsrv-benches --bench codecs -- http          # only the HTTP benchmarks
+//! cargo bench -p appsrv-benches --bench codecs -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! What it measures, per codec (`lines`, `length`, `netstring`, `http`), on one typical

@@ -5,8 +5,8 @@
 //! a `recvfrom`/`sendto` loop does).
 //!
 //! ```text
-//! cargo bench -p appsrv --bench datagram
-//! cargo bench -p appsrv --bench datagram -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p appsrv-benches --bench datagram
+//! cargo bench -p appsrv-benches --bench datagram -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! Only the worker's side is timed: the client's sends (before) and receives (after) are

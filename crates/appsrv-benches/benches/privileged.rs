@@ -2,9 +2,9 @@
 //! over the real channel, through the worker's own `Helper::call`.
 //!
 //! ```text
-//! cargo bench -p appsrv --bench privileged
-//! cargo bench -p appsrv --bench privileged -- call/u64      # only the tiny call
-//! cargo bench -p appsrv --bench privileged -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p appsrv-benches --bench privileged
+//! cargo bench -p appsrv-benches --bench privileged -- call/u64      # only the tiny call
+//! cargo bench -p appsrv-benches --bench privileged -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! The channel is the crate's own (`wire::pair`: a `SOCK_SEQPACKET` socket pair with its

@@ -2,9 +2,9 @@
 //! request and connection, and the master's reading of them.
 //!
 //! ```text
-//! cargo bench -p appsrv --bench scoreboard
-//! cargo bench -p appsrv --bench scoreboard -- worker    # only the worker's updates
-//! cargo bench -p appsrv --bench scoreboard -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p appsrv-benches --bench scoreboard
+//! cargo bench -p appsrv-benches --bench scoreboard -- worker    # only the worker's updates
+//! cargo bench -p appsrv-benches --bench scoreboard -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! The scoreboard is crate-private; the benchmark reaches it through

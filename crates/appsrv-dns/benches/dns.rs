@@ -4,8 +4,8 @@
 //! explains.
 //!
 //! ```text
-//! cargo bench -p appsrv --bench dns
-//! cargo bench -p appsrv --bench dns -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p appsrv-dns --bench dns
+//! cargo bench -p appsrv-dns --bench dns -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! Times are the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`, through Criterion's

@@ -72,7 +72,7 @@
 //! checks, the name's labels walked, copied and lowercased), looks the name up in one hash
 //! table, and copies the precomputed sections behind the client's own question, with the
 //! id and flags set; no message is decoded or encoded per query, nothing is allocated.
-//! Measured with `cargo bench -p appsrv --bench dns` (in memory, the thread's CPU time,
+//! Measured with `cargo bench -p appsrv-dns --bench dns` (in memory, the thread's CPU time,
 //! on the 2-core machine the benchmarks run on): about 110–125 ns per query for a
 //! one-record or an eight-record answer to dig's query (RD, EDNS with a COOKIE), 145 ns
 //! for NXDOMAIN (a second lookup, and the pointers moved), 9 ns for a FORMERR; against
