@@ -444,13 +444,71 @@ pub(crate) fn env_prefix(name: &str) -> String {
         .collect()
 }
 
-/// Spells nginx's and Apache's "test the configuration", `-t`, as the `check` subcommand.
-/// Without a subcommand, the command line is `run`'s: the top-level command carries
-/// `run`'s options (see [`command`]).
-pub(crate) fn with_default_subcommand(args: Vec<OsString>) -> Vec<OsString> {
+/// Puts the subcommand first, so that options may come before it or after it
+/// (`hello -u nobody check` is `hello check -u nobody`), and spells nginx's and Apache's
+/// "test the configuration", `-t`, as the `check` subcommand wherever it stands among the
+/// options. Without a subcommand, the command line is `run`'s: the top-level command
+/// carries `run`'s options (see [`command`]).
+///
+/// Why here and not in clap: the top-level command carries `run`'s options and conflicts
+/// with its subcommands (`args_conflicts_with_subcommands`), so that `hello -l ADDR` runs;
+/// clap then reads `hello -u nobody check` as `run` with a stray `check`. The words are
+/// walked as clap would walk them (an option's value is skipped, `--` ends the options):
+/// the first word that is not an option or a value is the subcommand, if it names one.
+pub(crate) fn with_default_subcommand(cmd: &Command, args: Vec<OsString>) -> Vec<OsString> {
     let mut args = args;
-    if args.get(1).and_then(|a| a.to_str()) == Some("-t") {
-        args[1] = "check".into();
+    // Whether the option `word` (`--long`, `--long=V`, `-x`, `-xV`, `-abc`) takes the next
+    // word as its value.
+    let takes_next = |word: &str| -> bool {
+        let arg = if let Some(long) = word.strip_prefix("--") {
+            if long.contains('=') {
+                return false;
+            }
+            cmd.get_arguments().find(|a| a.get_long() == Some(long))
+        } else {
+            // A cluster of short flags: only its last letter may take a value, and only if
+            // nothing follows it in the same word (`-w4` has its value).
+            let letters: Vec<char> = word[1..].chars().collect();
+            let takes = |c: char| {
+                cmd.get_arguments()
+                    .find(|a| a.get_short() == Some(c))
+                    .is_some_and(|a| a.get_action().takes_values())
+            };
+            match letters.iter().position(|c| takes(*c)) {
+                Some(i) => return i + 1 == letters.len(),
+                None => None,
+            }
+        };
+        arg.is_some_and(|a| a.get_action().takes_values())
+    };
+    let mut i = 1;
+    let mut check_flag = None;
+    while i < args.len() {
+        let Some(word) = args[i].to_str() else { break };
+        if word == "--" {
+            break;
+        }
+        if word == "-t" {
+            check_flag = Some(i);
+            i += 1;
+            continue;
+        }
+        if word.starts_with('-') && word.len() > 1 {
+            i += if takes_next(word) { 2 } else { 1 };
+            continue;
+        }
+        // The first plain word: the subcommand, if it names one (`-t` beside it is then
+        // left for clap to refuse, as any option the subcommand does not take).
+        if cmd.find_subcommand(word).is_some() {
+            let sub = args.remove(i);
+            args.insert(1, sub);
+            return args;
+        }
+        break;
+    }
+    if let Some(t) = check_flag {
+        args.remove(t);
+        args.insert(1, "check".into());
     }
     args
 }
@@ -505,7 +563,7 @@ fn control_arg(prefix: &str) -> Arg {
     env_opt(prefix, "control")
         .value_name("PATH")
         .value_parser(clap::value_parser!(PathBuf))
-        .help("The control socket (status, metrics, workers): /run/NAME/ctl.sock as root, $XDG_RUNTIME_DIR/NAME.sock otherwise. The server opens it when this is given or when it has a pid file (start, --pid-file)")
+        .help("The control socket (status, metrics, workers, stop): opened when this is given or when the server has a pid file (start, --pid-file), then beside it: /run/NAME/ctl.sock for the default pid file as root, $XDG_RUNTIME_DIR/NAME.sock otherwise, PATH.sock for --pid-file PATH.pid")
 }
 
 /// An optional number: absent means "leave it as it is".
@@ -536,22 +594,35 @@ fn count(prefix: &str, id: &'static str, default: usize, help: &'static str) -> 
         .help(help)
 }
 
-/// The control subcommands: `status`, `metrics`, `workers`.
+/// How a subcommand that talks to a running server names it (issue 34): its pid file or
+/// its control socket, each found from the other.
+fn target_args(prefix: &str) -> [Arg; 2] {
+    [
+        env_opt(prefix, "pid-file")
+            .value_name("PATH")
+            .value_parser(clap::value_parser!(PathBuf))
+            .help("The server's pid file, as it was started with (default: start's, /run/NAME.pid as root, $XDG_RUNTIME_DIR/NAME.pid otherwise); its control socket is found beside it"),
+        env_opt(prefix, "control")
+            .value_name("PATH")
+            .value_parser(clap::value_parser!(PathBuf))
+            .help("The server's control socket, if it was given one with --control (default: the one beside the pid file: /run/NAME/ctl.sock for the default pid file as root, $XDG_RUNTIME_DIR/NAME.sock otherwise, PATH.sock beside any other PATH.pid)"),
+    ]
+}
+
+/// The control subcommands: `status`, `health`, `metrics`, `reload`, `upgrade`, `workers`;
+/// each names its server as `stop` does.
 pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
-    vec![
+    let commands = vec![
         Command::new("status")
             .about("Print the running server's status")
             .long_about("Print the server's status (uptime, totals, one row per worker, the scoreboard line), through the control socket; exit 3 if it is not running")
-            .arg(control_arg(prefix))
             .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("As JSON")),
         Command::new("health")
             .about("Say whether the running server takes traffic (what /readyz answers)")
-            .long_about("Say whether the running server takes traffic, as /readyz does, through the control socket: prints `ready` (exit 0) or `not ready: WHY` (exit 1: starting, stopping, draining for --drain-delay, no live worker); exit 3 if it is not running")
-            .arg(control_arg(prefix)),
+            .long_about("Say whether the running server takes traffic, as /readyz does, through the control socket: prints `ready` (exit 0) or `not ready: WHY` (exit 1: starting, stopping, draining for --drain-delay, no live worker); exit 3 if it is not running"),
         Command::new("metrics")
             .about("Print the running server's metrics (Prometheus text or OpenMetrics)")
             .long_about("Print the server's metrics, through the control socket, in the Prometheus text format 0.0.4 or in OpenMetrics 1.0; exit 3 if it is not running")
-            .arg(control_arg(prefix))
             .arg(
                 env_opt(prefix, "format")
                     .value_name("FORMAT")
@@ -562,7 +633,6 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
         Command::new("reload")
             .about("Reload: re-read the configuration and replace the workers, dropping nothing")
             .long_about("Re-read the configuration (the application's reload hook) and replace the workers by a new generation, without dropping connections; waits until the new generation serves alone (exit 0), or reports why not (non-zero; the old workers keep serving)")
-            .arg(control_arg(prefix))
             .arg(
                 Arg::new("timeout")
                     .long("timeout")
@@ -574,7 +644,6 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
         Command::new("upgrade")
             .about("Upgrade: replace the running master by the binary now on disk, dropping nothing")
             .long_about("Start the binary now on disk as a new master with the same sockets; once it is ready the old master drains and exits. Waits and reports: exit 0 when the new master serves, non-zero with the reason otherwise (the old master keeps serving)")
-            .arg(control_arg(prefix))
             .arg(
                 Arg::new("timeout")
                     .long("timeout")
@@ -586,7 +655,6 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
         Command::new("workers")
             .about("Grow (+N) or shrink (-N) the running server's pool")
             .long_about("Grow (+N) or shrink (-N) the pool: the static size, or min-spare and max-workers of a dynamic pool (as TTIN/TTOU do, one at a time)")
-            .arg(control_arg(prefix))
             .arg(
                 Arg::new("delta")
                     .value_name("+N|-N")
@@ -594,7 +662,8 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
                     .allow_negative_numbers(true)
                     .value_parser(clap::value_parser!(i32).range(-1024..=1024)),
             ),
-    ]
+    ];
+    commands.into_iter().map(|c| c.args(target_args(prefix))).collect()
 }
 
 /// The `run` subcommand with the standard options, defaults from `d`, and environment
@@ -623,19 +692,36 @@ pub(crate) fn start_command(prefix: &str, d: &Defaults) -> Command {
 }
 
 /// The `stop` subcommand.
-pub(crate) fn stop_command(prefix: &str, d: &Defaults) -> Command {
+pub(crate) fn stop_command(prefix: &str, _d: &Defaults) -> Command {
     Command::new("stop")
         .about("Stop the daemon and wait until it is gone")
-        .long_about("Stop the daemon named by the pid file and wait until it is gone (exit 0, also when it was not running)")
-        .arg(pid_file_arg(prefix))
+        .long_about("Stop the server named by its pid file (or its control socket) and wait until it is gone (exit 0, also when it was not running). It first asks the server, through its control socket, for the connections and requests in progress and its grace period, says them, and waits that long plus 10 s")
+        .args(target_args(prefix))
         .arg(
             Arg::new("now")
                 .long("now")
                 .action(ArgAction::SetTrue)
                 .help("Stop at once: connections in progress are cut (a second stop signal)"),
         )
-        .arg(grace_arg(prefix, d).help("The server's grace period: stop waits for it, the drain delay and 10 s"))
-        .arg(drain_arg(prefix, d).help("The server's drain delay: stop waits for it too"))
+        .arg(
+            Arg::new("timeout")
+                .long("timeout")
+                .value_name("SECS")
+                .value_parser(secs)
+                .help("How long to wait for the server to exit (default: its grace period and drain delay, asked from it, plus 10 s)"),
+        )
+        .arg(
+            env_opt(prefix, "grace-period")
+                .value_name("SECS")
+                .value_parser(secs)
+                .help("The server's grace period, if it cannot be asked (no control socket): stop then waits for it, the drain delay and 10 s (default: the program's)"),
+        )
+        .arg(
+            env_opt(prefix, "drain-delay")
+                .value_name("SECS")
+                .value_parser(secs)
+                .help("The server's drain delay, if it cannot be asked (default: the program's)"),
+        )
 }
 
 /// The heading of the options about the daemon's files and logs.
@@ -1081,7 +1167,7 @@ pub(crate) fn parse(mut cmd: Command, args: Vec<OsString>) -> ArgMatches {
         &env_prefix(cmd.get_name()),
         std::env::vars_os(),
     ));
-    let args = with_default_subcommand(args);
+    let args = with_default_subcommand(&cmd, args);
     let matches = match cmd.try_get_matches_from_mut(args.clone()) {
         Ok(m) => m,
         Err(e) => from_environment(&cmd, &args, &e)
@@ -1350,7 +1436,7 @@ mod tests {
 
     fn parse(defaults: &Defaults, args: &[&str]) -> Result<Config, clap::Error> {
         let cmd = command("hello", None, None, defaults, |c| c);
-        let argv = with_default_subcommand(args.iter().map(OsString::from).collect());
+        let argv = with_default_subcommand(&cmd, args.iter().map(OsString::from).collect());
         let m = cmd.try_get_matches_from(argv)?;
         Ok(config(m.subcommand_matches("run").unwrap_or(&m)))
     }
@@ -1382,6 +1468,39 @@ mod tests {
         assert_eq!(c.read_timeout, None);
         assert!(!c.daemon);
         assert!(parse(&d, &["hello", "-d"]).unwrap().daemon);
+    }
+
+    /// Issue 34: options may come before the subcommand (`hello -u nobody check`), and
+    /// `-t` is `check` wherever it stands among the options.
+    #[test]
+    fn issue_34_options_before_the_subcommand() {
+        let cmd = command("hello", None, None, &Defaults::default(), |c| c);
+        let order = |args: &[&str]| -> Vec<String> {
+            with_default_subcommand(&cmd, args.iter().map(OsString::from).collect())
+                .into_iter()
+                .map(|a| a.into_string().unwrap())
+                .collect()
+        };
+        assert_eq!(order(&["hello", "-u", "nobody", "check"]), ["hello", "check", "-u", "nobody"]);
+        assert_eq!(
+            order(&["hello", "--user=nobody", "-w4", "-l", "check", "start"]),
+            ["hello", "start", "--user=nobody", "-w4", "-l", "check"],
+            "an option's value that spells a subcommand is a value"
+        );
+        assert_eq!(order(&["hello", "-u", "nobody", "-t"]), ["hello", "check", "-u", "nobody"]);
+        assert_eq!(order(&["hello", "-t", "-w", "2"]), ["hello", "check", "-w", "2"]);
+        assert_eq!(order(&["hello", "--control", "/x", "status"]), ["hello", "status", "--control", "/x"]);
+        assert_eq!(order(&["hello", "-l", "127.0.0.1:0"]), ["hello", "-l", "127.0.0.1:0"]);
+        assert_eq!(order(&["hello", "--", "check"]), ["hello", "--", "check"]);
+        // And clap takes the result: `check` with run's options.
+        let m = cmd
+            .clone()
+            .try_get_matches_from(order(&["hello", "-u", "nobody", "-w", "3", "check"]))
+            .unwrap();
+        let (sub, m) = m.subcommand().unwrap();
+        assert_eq!(sub, "check");
+        assert_eq!(config(m).workers, 3);
+        assert_eq!(config(m).user.as_deref(), Some("nobody"));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 use std::convert::Infallible;
 use std::ffi::OsString;
 use std::os::fd::RawFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -60,6 +61,10 @@ pub(crate) struct Program {
     /// The handler is async (`Server::run_async_requests`, `Server::run_async`): event
     /// workers only.
     pub(crate) asynchronous: bool,
+    /// The program's `--grace-period` and `--drain-delay` defaults: what `stop` assumes
+    /// when the server cannot be asked.
+    pub(crate) grace_period: Duration,
+    pub(crate) drain_delay: Duration,
 }
 
 /// What a server does with datagrams, for the configuration checks.
@@ -219,7 +224,14 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         // An async handler runs in event workers: that is its default, also when the
         // command line was parsed (`Server::args`) before the handler's kind was known.
         // A model given on the command line or in the environment stays, to be refused.
-        if program.asynchronous && m.value_source("io") == Some(clap::parser::ValueSource::DefaultValue) {
+        let io_default = m.value_source("io") == Some(clap::parser::ValueSource::DefaultValue);
+        if program.asynchronous && io_default {
+            c.io = crate::Io::Event;
+        }
+        // Datagrams beside streams are served from the event loop: a request-level server
+        // given both runs it by default (issue 34); a model given explicitly stays, to be
+        // refused with the flag that serves both.
+        if request_level && io_default && c.listen.iter().any(ListenAddr::is_datagram) && c.listen.iter().any(|a| !a.is_datagram()) {
             c.io = crate::Io::Event;
         }
         c
@@ -232,20 +244,30 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             daemon: true,
             ..config(m)
         }),
-        Some(("stop", m)) => std::process::exit(daemon::stop_command(
-            &program.name,
-            m.get_one::<PathBuf>("pid-file").cloned(),
-            m.get_flag("now"),
-            *m.get_one::<Duration>("grace-period").expect("has a default")
-                + *m.get_one::<Duration>("drain-delay").expect("has a default"),
-        )),
+        Some(("stop", m)) => {
+            let target = target(&program.name, m);
+            let facts = control::stop_facts(&target.control);
+            let assumed = m.get_one::<Duration>("grace-period").copied().unwrap_or(program.grace_period)
+                + m.get_one::<Duration>("drain-delay").copied().unwrap_or(program.drain_delay);
+            std::process::exit(daemon::stop_command(
+                &program.name,
+                daemon::Stop {
+                    pid_file: target.pid_file,
+                    control: target.control,
+                    facts,
+                    now: m.get_flag("now"),
+                    timeout: m.get_one::<Duration>("timeout").copied(),
+                    assumed,
+                },
+            ))
+        }
         Some(("reload", m)) => {
-            let path = control_path(&program.name, m);
+            let path = target(&program.name, m).control;
             let timeout = *m.get_one::<Duration>("timeout").expect("has a default");
             std::process::exit(control::reload_command(&program.name, &path, timeout))
         }
         Some(("upgrade", m)) => {
-            let path = control_path(&program.name, m);
+            let path = target(&program.name, m).control;
             let timeout = *m.get_one::<Duration>("timeout").expect("has a default");
             std::process::exit(control::upgrade_command(&program.name, &path, timeout))
         }
@@ -271,11 +293,11 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         Some(("metrics", m)) => {
             let format = m.get_one::<String>("format").expect("has a default");
             let format = control::MetricsFormat::from_name(format).expect("one of the possible values");
-            let path = control_path(&program.name, m);
+            let path = target(&program.name, m).control;
             std::process::exit(control::metrics_command(&program.name, &path, format))
         }
         Some(("health", m)) => {
-            let path = control_path(&program.name, m);
+            let path = target(&program.name, m).control;
             std::process::exit(control::health_command(&program.name, &path))
         }
         Some((sub @ ("status" | "workers"), m)) => {
@@ -285,7 +307,7 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
                 },
                 _ => control::Request::Workers(*m.get_one::<i32>("delta").expect("required")),
             };
-            let path = control_path(&program.name, m);
+            let path = target(&program.name, m).control;
             std::process::exit(control::client_command(&program.name, &path, request))
         }
         _ => Err(Error::Config("no subcommand".into())),
@@ -304,18 +326,33 @@ fn log_format(config: &Config) -> crate::process::log::Format {
     }
 }
 
-/// The control socket a client subcommand talks to: `--control`, or the default location
-/// (without one, the process exits with an error).
-fn control_path(name: &str, m: &ArgMatches) -> PathBuf {
-    match m
-        .get_one::<PathBuf>("control")
-        .cloned()
-        .or_else(|| control::default_path(name))
-    {
-        Some(path) => path,
+/// The server a client subcommand names (issue 34): its pid file and its control socket,
+/// each found from the other when only one is given.
+struct Target {
+    /// `None` when only `--control` was given: the server's pid is then asked from it.
+    pid_file: Option<PathBuf>,
+    control: PathBuf,
+}
+
+/// The server `m` names: `--pid-file` and `--control`, each found from the other, or
+/// start's defaults (without a default location, the process exits with an error).
+fn target(name: &str, m: &ArgMatches) -> Target {
+    let pid_file = m.get_one::<PathBuf>("pid-file").cloned();
+    let control = m.get_one::<PathBuf>("control").cloned();
+    let pid_file = match (pid_file, &control) {
+        (Some(p), _) => Some(p),
+        (None, Some(_)) => None,
+        (None, None) => daemon::default_pid_file(name),
+    };
+    let control = control.or_else(|| match &pid_file {
+        Some(p) => Some(control::path_for_pid_file(name, p)),
+        None => control::default_path(name),
+    });
+    match control {
+        Some(control) => Target { pid_file, control },
         None => {
             crate::process::console::errln!(
-                "error: no default control socket location: set --control or XDG_RUNTIME_DIR"
+                "error: no default control socket location: set --pid-file, --control or XDG_RUNTIME_DIR"
             );
             std::process::exit(1);
         }
@@ -347,11 +384,28 @@ fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
                 "no default pid file location: set --pid-file or XDG_RUNTIME_DIR".into(),
             ));
         }
-        config.log_file = config.log_file.take().or_else(|| daemon::default_log_file(name));
         if config.log_file.is_none() {
-            return Err(Error::Config(
-                "no default log file location: set --log-file or HOME".into(),
-            ));
+            let Some(default) = daemon::default_log_file(name) else {
+                return Err(Error::Config(
+                    "no default log file location: set --log-file or HOME".into(),
+                ));
+            };
+            // The default's directory (~/.local/state for a user) may not exist yet on a
+            // fresh account: made as XDG says (0700), as a user would expect of a default
+            // (issue 34). A directory given with --log-file is the operator's to make.
+            if let Some(dir) = default.parent().filter(|d| !d.exists()) {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        Error::Config(format!(
+                            "cannot create {}, the default log file's directory: {e} (set --log-file)",
+                            dir.display()
+                        ))
+                    })?;
+            }
+            config.log_file = Some(default);
         }
     }
     Ok(())
@@ -462,7 +516,7 @@ fn check_io(
     stateful_sessions: bool,
     asynchronous: bool,
 ) -> Result<()> {
-    check_datagrams(config, datagrams)?;
+    check_datagrams(config, datagrams, request_level || asynchronous)?;
     if asynchronous {
         check_async(config, request_level, datagrams)?;
     }
@@ -566,7 +620,7 @@ fn check_hybrid(config: &Config, request_level: bool, stateful_sessions: bool) -
 /// that serves them (beside stream connections, only with `--io event`); a datagram-only
 /// server has no stream listener. Sockets from systemd are checked by the workers, which
 /// refuse to start with a datagram socket and no handler.
-fn check_datagrams(config: &Config, d: DatagramUse) -> Result<()> {
+fn check_datagrams(config: &Config, d: DatagramUse, event_capable: bool) -> Result<()> {
     let dgram = config.listen.iter().find(|a| a.is_datagram());
     let stream = config.listen.iter().find(|a| !a.is_datagram());
     if let (Some(a), false) = (dgram, d.handler) {
@@ -586,8 +640,13 @@ fn check_datagrams(config: &Config, d: DatagramUse) -> Result<()> {
             ));
         }
     }
+    if let (Some(a), Some(_), false) = (dgram, stream, event_capable) {
+        return Err(Error::Config(format!(
+            "{a}: datagrams beside stream connections are served from the event loop, and this server's handler takes whole connections (handle_client), which run with --io blocking only: serve the datagrams from a server of their own (Server::run_datagrams)"
+        )));
+    }
     if let (Some(a), Some(_), true) = (dgram, stream, config.io != crate::Io::Event) {
-        return Err(crate::net::listener::mixed_needs_event_loop(a.as_str()));
+        return Err(crate::net::listener::mixed_needs_event_loop(a.as_str(), config.io));
     }
     Ok(())
 }

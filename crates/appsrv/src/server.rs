@@ -792,6 +792,8 @@ impl Server {
             datagram_only: self.datagram_only,
             stateful_sessions: self.stateful_sessions,
             asynchronous: self.asynchronous,
+            grace_period: self.defaults.grace_period,
+            drain_delay: self.defaults.drain_delay,
         };
         dispatch::launch(program, &matches, request_level, make_factory)
     }

@@ -467,6 +467,69 @@ pub(crate) fn default_path(name: &str) -> Option<PathBuf> {
     }
 }
 
+/// The control socket of the server whose pid file is `pid_file`: the default socket for
+/// the default pid file (`/run/NAME.pid` → `/run/NAME/ctl.sock`, `$XDG_RUNTIME_DIR/NAME.pid`
+/// → `$XDG_RUNTIME_DIR/NAME.sock`), and for any other pid file the file beside it with the
+/// extension `.sock` (`/run/hello-b.pid` → `/run/hello-b.sock`). So two instances with
+/// pid files of their own have control sockets of their own, and a subcommand given either
+/// the pid file or the socket finds the other (issue 34).
+pub(crate) fn path_for_pid_file(name: &str, pid_file: &Path) -> PathBuf {
+    let default_pid = crate::process::daemon::default_pid_file(name);
+    if default_pid.as_deref() == Some(pid_file) {
+        if let Some(p) = default_path(name) {
+            return p;
+        }
+    }
+    pid_file.with_extension("sock")
+}
+
+pub(crate) use crate::process::daemon::StopFacts;
+
+/// What `stop` needs to know, read from a `status --json` document.
+fn stop_facts_from_json(doc: &serde_json::Value) -> Option<StopFacts> {
+    let secs = |key: &str| doc[key].as_f64().map(Duration::from_secs_f64);
+    let (mut connections, mut requests) = (0, 0);
+    for w in doc["workers"].as_array()? {
+        let e = &w["event"];
+        if e.is_object() {
+            connections += e["open"].as_u64().unwrap_or(0);
+            requests += e["requests_in_flight"]
+                .as_u64()
+                .unwrap_or(0)
+                .max(e["handling"].as_u64().unwrap_or(0))
+                + e["writing"].as_u64().unwrap_or(0);
+        } else {
+            // A blocking worker holds one connection while it is not idle; it serves a
+            // request while it handles it or writes its answer.
+            let state = w["state"].as_str().unwrap_or("");
+            if !matches!(state, "idle" | "starting" | "free") {
+                connections += 1;
+            }
+            if matches!(state, "handling" | "writing") {
+                requests += 1;
+            }
+        }
+    }
+    // Hybrid fronts hold the connections waiting for a worker.
+    connections += doc["hybrid"]["held"].as_u64().unwrap_or(0);
+    Some(StopFacts {
+        pid: i32::try_from(doc["master_pid"].as_u64()?).ok()?,
+        grace_period: secs("grace_period_seconds")?,
+        drain_delay: secs("drain_delay_seconds")?,
+        connections,
+        requests,
+    })
+}
+
+/// Asks the server at the control socket `path` what `stop` needs to know: `None` when
+/// no server answers there (or an older one that does not say its grace period).
+pub(crate) fn stop_facts(path: &Path) -> Option<StopFacts> {
+    match exchange(path, &Request::Status { json: true }) {
+        Outcome::Ok(body) => stop_facts_from_json(&serde_json::from_slice(&body).ok()?),
+        _ => None,
+    }
+}
+
 /// What the client got.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {

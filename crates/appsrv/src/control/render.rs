@@ -457,6 +457,8 @@ fn json_f64(v: f64) -> String {
 ///   "ready": true,                 what /readyz answers (200 when true)
 ///   "not_ready": null,             why not, when not ("stopping", "no live worker …")
 ///   "uptime_seconds": 3600.5,
+///   "grace_period_seconds": 30,    --grace-period: what a stop gives the connections
+///   "drain_delay_seconds": 0,      --drain-delay: before it, /readyz answers 503
 ///   "pool": {"policy": "static", "target": 4, "min_spare": 0, "max_spare": 0, "max": 4},
 ///   "totals": {                    over live and retired workers
 ///     "connections": 10, "requests": 25, "bytes_in": 1200, "bytes_out": 4000,
@@ -643,6 +645,8 @@ mod json {
         ready: bool,
         not_ready: Option<String>,
         uptime_seconds: Secs,
+        grace_period_seconds: Secs,
+        drain_delay_seconds: Secs,
         pool: &'a status::PoolStatus,
         totals: TotalsDoc,
         event: Option<EventTotals>,
@@ -671,6 +675,8 @@ mod json {
                 ready: ready.is_ok(),
                 not_ready: ready.err(),
                 uptime_seconds: status.uptime.into(),
+                grace_period_seconds: status.grace_period.into(),
+                drain_delay_seconds: status.drain_delay.into(),
                 pool: &status.pool,
                 totals: TotalsDoc::new(&status.totals(), status.uptime),
                 event: (ev.workers > 0).then_some(ev),
@@ -1679,6 +1685,8 @@ pub(crate) mod tests {
             master_pid: 4100,
             phase: "running",
             uptime: Duration::from_secs(3725),
+            grace_period: Duration::from_secs(30),
+            drain_delay: Duration::from_millis(2500),
             pool: PoolStatus {
                 policy: "static",
                 target: 2,
@@ -1821,6 +1829,8 @@ pub(crate) mod tests {
         assert_eq!(v["master_pid"], 4100);
         assert_eq!(v["phase"], "running");
         assert_eq!(v["uptime_seconds"], 3725);
+        assert_eq!(v["grace_period_seconds"], 30);
+        assert_eq!(v["drain_delay_seconds"], 2.5);
         assert_eq!(v["pool"]["policy"], "static");
         assert_eq!(v["pool"]["target"], 2);
         assert_eq!(v["pool"]["max"], 4);

@@ -21,6 +21,10 @@ pub(crate) struct Status {
     /// handed to a new master) or stopping.
     pub(crate) phase: &'static str,
     pub(crate) uptime: Duration,
+    /// `--grace-period` and `--drain-delay`: how long a stop may take (what `stop` waits
+    /// for, issue 34).
+    pub(crate) grace_period: Duration,
+    pub(crate) drain_delay: Duration,
     pub(crate) pool: PoolStatus,
     pub(crate) listeners: Vec<ListenerStatus>,
     /// Live workers: (slot id, slot).

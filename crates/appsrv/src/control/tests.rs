@@ -580,3 +580,41 @@ fn a_request_comes_with_the_credentials_of_who_sent_it() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Issue 34: `stop` reads the server's grace period, drain delay and what is in progress
+/// from its status document (sample_status: worker 2 handles a request, worker 1 idles).
+#[test]
+fn issue_34_stop_facts_come_from_the_status_document() {
+    let doc: serde_json::Value = serde_json::from_str(&render_json(&sample_status())).unwrap();
+    let facts = stop_facts_from_json(&doc).unwrap();
+    assert_eq!(
+        facts,
+        StopFacts {
+            pid: 4100,
+            grace_period: Duration::from_secs(30),
+            drain_delay: Duration::from_millis(2500),
+            connections: 1,
+            requests: 1,
+        }
+    );
+    // A document without the grace period (an older server) gives none.
+    let mut old = doc.clone();
+    old.as_object_mut().unwrap().remove("grace_period_seconds");
+    assert_eq!(stop_facts_from_json(&old), None);
+}
+
+/// Issue 34: a pid file of its own gives an instance a control socket of its own.
+#[test]
+fn issue_34_the_control_socket_is_found_from_the_pid_file() {
+    assert_eq!(
+        path_for_pid_file("hello", Path::new("/srv/b/hello.pid")),
+        Path::new("/srv/b/hello.sock")
+    );
+    assert_eq!(
+        path_for_pid_file("hello", Path::new("/run/hello-b.pid")),
+        Path::new("/run/hello-b.sock")
+    );
+    if let Some(default_pid) = crate::process::daemon::default_pid_file("hello") {
+        assert_eq!(Some(path_for_pid_file("hello", &default_pid)), default_path("hello"));
+    }
+}

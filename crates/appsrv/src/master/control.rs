@@ -239,6 +239,8 @@ impl Master<'_> {
             master_pid: std::process::id(),
             phase: self.view().phase_name(),
             uptime: self.started.elapsed(),
+            grace_period: self.settings.grace_period,
+            drain_delay: self.settings.drain_delay,
             pool: PoolStatus {
                 policy: self.settings.policy.name(),
                 target: self.target(),

@@ -95,13 +95,30 @@ pub(crate) fn start(mut s: Startup<'_>) -> Result<()> {
         false => config.pid_file.as_deref().map(PidClaim::acquire).transpose()?,
     };
     let listeners = open_listeners(config, &s.bind, inherited.as_mut())?;
-    let tls = load_tls(config, &listeners)?;
-    let exec = open_program(config, &s.upgrade.argv)?;
-    let (control, metrics) = open_control(s.name, config, inherited.as_mut())?;
-    let access_log = open_log(config.access_log.as_deref())?;
-    let log_file = open_log(config.log_file.as_deref())?;
-    let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
-    let mut readiness = detach(config, log_file, ready_pipe)?;
+    // A start that fails from here on leaves none of the socket files it created (issue
+    // 34: a stale socket of a failed start misleads the next one and `status`). Sockets
+    // inherited from an upgrading master or from systemd are theirs, and stay.
+    let fresh = inherited.is_none();
+    let undo = |listeners: &[Listener], control: Option<&Control>| {
+        if fresh {
+            listeners.iter().for_each(Listener::remove_file);
+            control.into_iter().for_each(Control::remove_file);
+        }
+    };
+    let opened = (|| {
+        let tls = load_tls(config, &listeners)?;
+        let exec = open_program(config, &s.upgrade.argv)?;
+        let (control, metrics) = open_control(s.name, config, inherited.as_mut())?;
+        Ok((tls, exec, control, metrics))
+    })();
+    let (tls, exec, control, metrics) = opened.inspect_err(|_| undo(&listeners, None))?;
+    let detached = (|| {
+        let access_log = open_log(config.access_log.as_deref())?;
+        let log_file = open_log(config.log_file.as_deref())?;
+        let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
+        Ok((access_log, detach(config, log_file, ready_pipe)?))
+    })();
+    let (access_log, mut readiness) = detached.inspect_err(|_| undo(&listeners, control.as_ref()))?;
     let prepared = Prepared {
         plan,
         warning,
@@ -164,7 +181,7 @@ fn open_listeners(
                 all.iter().any(|l| !l.is_datagram()),
                 config.io != crate::Io::Event,
             ) {
-                return Err(listener::mixed_needs_event_loop(&d.label()));
+                return Err(listener::mixed_needs_event_loop(&d.label(), config.io));
             }
             Ok(all)
         }
@@ -209,32 +226,49 @@ fn open_control(
 ) -> Result<(Option<Control>, Option<MetricsListener>)> {
     let control_path = control_path(name, config);
     let owner = nix::unistd::Uid::effective().as_raw();
-    let control = match (
-        control_path.as_deref(),
-        inherited.as_mut().and_then(|i| i.control.take()),
-    ) {
+    let inherited_control = inherited.as_mut().and_then(|i| i.control.take());
+    let bound_here = inherited_control.is_none();
+    let control = match (control_path.as_deref(), inherited_control) {
         (Some(p), Some(sock)) => Some(Control::adopt(sock, p, owner)?),
-        (Some(p), None) => Some(Control::bind(p, owner)?),
+        (Some(p), None) => Some(Control::bind(p, owner).map_err(|e| match &e {
+            Error::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => Error::Config(format!(
+                "{e}: another server has this control socket (another instance of {name}?); give this one its own with --control PATH, or its own --pid-file PATH.pid (its control socket is then PATH.sock)"
+            )),
+            _ => e,
+        })?),
         (None, _) => None,
     };
     let metrics = match (
         config.metrics_listen.as_deref(),
         inherited.and_then(|i| i.metrics.take()),
     ) {
-        (Some(_), Some(sock)) => Some(MetricsListener::adopt(sock)?),
-        (Some(addr), None) => Some(MetricsListener::bind(addr)?),
-        (None, _) => None,
+        (Some(_), Some(sock)) => MetricsListener::adopt(sock).map(Some),
+        (Some(addr), None) => MetricsListener::bind(addr).map(Some),
+        (None, _) => Ok(None),
     };
-    Ok((control, metrics))
+    match metrics {
+        Ok(metrics) => Ok((control, metrics)),
+        Err(e) => {
+            // A control socket bound here is not left behind (an adopted one is the
+            // upgrading master's).
+            if let (Some(c), true) = (&control, bound_here) {
+                c.remove_file();
+            }
+            Err(e)
+        }
+    }
 }
 
 /// The control socket's path: on when asked for, or by default for a server with a pid
-/// file (an instance that commands address by name).
+/// file (an instance that commands address by name), beside the pid file, so that two
+/// instances with pid files of their own do not collide (issue 34).
 fn control_path(name: &str, config: &Config) -> Option<PathBuf> {
-    config
-        .control
-        .clone()
-        .or_else(|| config.pid_file.as_ref().and_then(|_| control::default_path(name)))
+    config.control.clone().or_else(|| {
+        config
+            .pid_file
+            .as_deref()
+            .map(|p| control::path_for_pid_file(name, p))
+    })
 }
 
 /// The line `start` prints once the server is ready: its pid, addresses and files.

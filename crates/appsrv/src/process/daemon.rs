@@ -423,57 +423,90 @@ fn wait_for_daemon(read: OwnedFd, intermediate: Pid, timeout: Duration) -> ! {
 /// How long `stop` waits beyond the grace period.
 const STOP_MARGIN: Duration = Duration::from_secs(10);
 
-/// The `stop` subcommand: signals the master named by the pid file and waits until it is
-/// gone. Returns the exit status, as LSB init scripts use them: 0 when stopped or not
-/// running, 1 when it did not stop in time or the pid file is unreadable, 4 without the
-/// permission to signal it.
-pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, grace: Duration) -> i32 {
-    let Some(path) = pid_file.or_else(|| default_pid_file(name)) else {
-        errln!("error: no default pid file location: set --pid-file or XDG_RUNTIME_DIR");
-        return 1;
-    };
-    let shown = path.display();
-    // A master that is starting publishes its pid when it is about to serve: wait for it
-    // (a stop that arrives during a start must stop what is being started).
-    let started = Instant::now();
-    let mut state = running(&path);
-    while matches!(state, Ok(Running::Starting)) && started.elapsed() < grace + STOP_MARGIN {
-        std::thread::sleep(Duration::from_millis(50));
-        state = running(&path);
+/// What `stop` says and waits by, asked from the server (its control socket) before it
+/// is signalled (issue 34).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StopFacts {
+    /// The master's pid.
+    pub(crate) pid: i32,
+    /// `--grace-period` and `--drain-delay` of the running server.
+    pub(crate) grace_period: Duration,
+    pub(crate) drain_delay: Duration,
+    /// Connections open and requests in progress, over every worker (and hybrid front).
+    pub(crate) connections: u64,
+    pub(crate) requests: u64,
+}
+
+/// What the `stop` subcommand is given: the server to stop (its pid file, or only its
+/// control socket), what the server said about itself, and how long to wait.
+#[derive(Debug)]
+pub(crate) struct Stop {
+    /// The pid file; `None` when the server is named by its control socket alone (its pid
+    /// is then the one it reported in `facts`).
+    pub(crate) pid_file: Option<PathBuf>,
+    /// The control socket `facts` were asked from (for messages).
+    pub(crate) control: PathBuf,
+    pub(crate) facts: Option<StopFacts>,
+    /// `--now`: cut the connections in progress.
+    pub(crate) now: bool,
+    /// `--timeout`: how long to wait; by default the server's grace period and drain delay
+    /// and [`STOP_MARGIN`].
+    pub(crate) timeout: Option<Duration>,
+    /// The grace period and drain delay assumed when the server could not be asked
+    /// (`stop --grace-period`/`--drain-delay`, or the program's defaults).
+    pub(crate) assumed: Duration,
+}
+
+/// A duration as `stop` says it: "30 s", "2.5 s".
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{} s", s as u64)
+    } else {
+        format!("{:.1} s", s)
     }
-    let pid = match state {
-        Ok(Running::No) => {
-            let hint = match default_pid_file(name).as_deref() == Some(path.as_path()) {
-                true => {
-                    " (the default path: a server has it when started with `start`; one started with --pid-file PATH is stopped with the same --pid-file PATH; a foreground run without --pid-file has none: stop it with TERM or Ctrl-C)"
-                }
-                false => " (the path given with --pid-file)",
-            };
-            let elsewhere = running_elsewhere(name, "this pid file");
-            outln!("{name}: not running: no pid file at {shown}{hint}{elsewhere}");
-            return 0;
-        }
-        Ok(Running::Stale(pid)) => {
-            let master = pid.map(|p| format!(", pid {p},")).unwrap_or_default();
-            outln!(
-                "{name}: not running: stale pid file {shown} (its master{master} is gone without removing it)"
-            );
-            return 0;
-        }
-        Ok(Running::Yes(pid)) => Pid::from_raw(pid),
-        Ok(Running::Starting) => {
-            errln!("error: {name} is still starting (pid file {shown} locked, no pid yet)");
-            return 1;
-        }
-        Err(e) => {
-            errln!("error: reading the pid file {shown}: {e}");
-            return if e.kind() == io::ErrorKind::PermissionDenied {
-                4
-            } else {
-                1
-            };
-        }
+}
+
+/// The `stop` subcommand: signals the master named by the pid file (or by its control
+/// socket) and waits until it is gone, saying what it waits for. Returns the exit status,
+/// as LSB init scripts use them: 0 when stopped or not running, 1 when it did not stop in
+/// time or the pid file is unreadable, 4 without the permission to signal it.
+pub(crate) fn stop_command(name: &str, stop: Stop) -> i32 {
+    let Stop {
+        pid_file,
+        control,
+        mut facts,
+        now,
+        timeout,
+        assumed,
+    } = stop;
+    let wait_for = |facts: &Option<StopFacts>| {
+        timeout.unwrap_or_else(|| {
+            facts.as_ref().map_or(assumed, |f| f.grace_period + f.drain_delay) + STOP_MARGIN
+        })
     };
+    let pid = match pid_file {
+        Some(path) => match pid_from_file(name, &path, wait_for(&facts)) {
+            Ok(pid) => pid,
+            Err(status) => return status,
+        },
+        None => match facts.as_ref() {
+            Some(f) => Pid::from_raw(f.pid),
+            None => {
+                let elsewhere = running_elsewhere(name, "this control socket");
+                outln!(
+                    "{name}: not running: no server answers on the control socket {}{elsewhere}",
+                    control.display()
+                );
+                return 0;
+            }
+        },
+    };
+    // What the control socket said is about this server only if it is the same master.
+    if facts.as_ref().is_some_and(|f| f.pid != pid.as_raw()) {
+        facts = None;
+    }
+    let wait = wait_for(&facts);
     let term = || nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     match term() {
         Ok(()) => {}
@@ -490,20 +523,45 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
             return 1;
         }
     }
+    let limit = match timeout {
+        Some(_) => "--timeout".to_owned(),
+        None => format!("the grace period, the drain delay and {}", secs(STOP_MARGIN)),
+    };
+    match (&facts, now) {
+        (Some(f), false) => outln!(
+            "{name}: stopping pid {pid}: {} connection(s) open, {} request(s) in progress; the server gives them its grace period of {}{}; waiting up to {} ({limit})",
+            f.connections,
+            f.requests,
+            secs(f.grace_period),
+            match f.drain_delay.is_zero() {
+                true => String::new(),
+                false => format!(" after a drain delay of {}", secs(f.drain_delay)),
+            },
+            secs(wait)
+        ),
+        (Some(f), true) => outln!(
+            "{name}: stopping pid {pid} now: cutting {} connection(s) open, {} request(s) in progress; waiting up to {}",
+            f.connections,
+            f.requests,
+            secs(wait)
+        ),
+        (None, _) => outln!(
+            "{name}: stopping pid {pid}{}: its control socket {} did not answer, so its grace period is not known (assumed {}); waiting up to {}",
+            if now { " now" } else { "" },
+            control.display(),
+            secs(assumed),
+            secs(wait)
+        ),
+    }
     let started = Instant::now();
-    let deadline = started + grace + STOP_MARGIN;
+    let deadline = started + wait;
     let mut second_sent = !now;
     loop {
         // The master removes the file and releases the lock as it exits; it is gone once
-        // the process is too (its last steps come after the file's removal; a zombie
-        // waiting for its parent to reap it counts as gone).
-        match running(&path) {
-            Ok(Running::Yes(p)) if p == pid.as_raw() => {}
-            _ if process_gone(pid) => {
-                outln!("{name}: stopped (pid {pid})");
-                return 0;
-            }
-            _ => {}
+        // the process is too (a zombie waiting for its parent to reap it counts as gone).
+        if process_gone(pid) {
+            outln!("{name}: stopped (pid {pid})");
+            return 0;
         }
         if !second_sent && started.elapsed() > REPEAT_WINDOW {
             // A second stop signal, past the window in which repeats count as one.
@@ -512,12 +570,59 @@ pub(crate) fn stop_command(name: &str, pid_file: Option<PathBuf>, now: bool, gra
         }
         if Instant::now() >= deadline {
             errln!(
-                "error: {name} (pid {pid}) is still running after {:?}",
-                grace + STOP_MARGIN
+                "error: {name} (pid {pid}) is still running after {}: connections are still finishing. `{name} stop --now` cuts them (with the same --pid-file or --control), or `{name} stop --timeout SECS` waits longer",
+                secs(wait)
             );
             return 1;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pid of the master named by the pid file at `path`, once it has published it
+/// (a master that is starting publishes its pid when it is about to serve: a stop that
+/// arrives during a start waits for it, up to `wait`, and stops what is being started).
+/// `Err` is the exit status when there is nothing to signal, the reason printed.
+fn pid_from_file(name: &str, path: &Path, wait: Duration) -> Result<Pid, i32> {
+    let shown = path.display();
+    let started = Instant::now();
+    let mut state = running(path);
+    while matches!(state, Ok(Running::Starting)) && started.elapsed() < wait {
+        std::thread::sleep(Duration::from_millis(50));
+        state = running(path);
+    }
+    match state {
+        Ok(Running::No) => {
+            let hint = match default_pid_file(name).as_deref() == Some(path) {
+                true => {
+                    " (the default path: a server has it when started with `start`; one started with --pid-file PATH is stopped with the same --pid-file PATH; a foreground run without --pid-file has none: stop it with TERM or Ctrl-C)"
+                }
+                false => " (the path given with --pid-file)",
+            };
+            let elsewhere = running_elsewhere(name, "this pid file");
+            outln!("{name}: not running: no pid file at {shown}{hint}{elsewhere}");
+            Err(0)
+        }
+        Ok(Running::Stale(pid)) => {
+            let master = pid.map(|p| format!(", pid {p},")).unwrap_or_default();
+            outln!(
+                "{name}: not running: stale pid file {shown} (its master{master} is gone without removing it)"
+            );
+            Err(0)
+        }
+        Ok(Running::Yes(pid)) => Ok(Pid::from_raw(pid)),
+        Ok(Running::Starting) => {
+            errln!("error: {name} is still starting (pid file {shown} locked, no pid yet)");
+            Err(1)
+        }
+        Err(e) => {
+            errln!("error: reading the pid file {shown}: {e}");
+            Err(if e.kind() == io::ErrorKind::PermissionDenied {
+                4
+            } else {
+                1
+            })
+        }
     }
 }
 
