@@ -663,7 +663,10 @@ pub(crate) fn control_commands(prefix: &str) -> Vec<Command> {
                     .value_parser(clap::value_parser!(i32).range(-1024..=1024)),
             ),
     ];
-    commands.into_iter().map(|c| c.args(target_args(prefix))).collect()
+    commands
+        .into_iter()
+        .map(|c| c.args(target_args(prefix)))
+        .collect()
 }
 
 /// The `run` subcommand with the standard options, defaults from `d`, and environment
@@ -1481,16 +1484,28 @@ mod tests {
                 .map(|a| a.into_string().unwrap())
                 .collect()
         };
-        assert_eq!(order(&["hello", "-u", "nobody", "check"]), ["hello", "check", "-u", "nobody"]);
+        assert_eq!(
+            order(&["hello", "-u", "nobody", "check"]),
+            ["hello", "check", "-u", "nobody"]
+        );
         assert_eq!(
             order(&["hello", "--user=nobody", "-w4", "-l", "check", "start"]),
             ["hello", "start", "--user=nobody", "-w4", "-l", "check"],
             "an option's value that spells a subcommand is a value"
         );
-        assert_eq!(order(&["hello", "-u", "nobody", "-t"]), ["hello", "check", "-u", "nobody"]);
+        assert_eq!(
+            order(&["hello", "-u", "nobody", "-t"]),
+            ["hello", "check", "-u", "nobody"]
+        );
         assert_eq!(order(&["hello", "-t", "-w", "2"]), ["hello", "check", "-w", "2"]);
-        assert_eq!(order(&["hello", "--control", "/x", "status"]), ["hello", "status", "--control", "/x"]);
-        assert_eq!(order(&["hello", "-l", "127.0.0.1:0"]), ["hello", "-l", "127.0.0.1:0"]);
+        assert_eq!(
+            order(&["hello", "--control", "/x", "status"]),
+            ["hello", "status", "--control", "/x"]
+        );
+        assert_eq!(
+            order(&["hello", "-l", "127.0.0.1:0"]),
+            ["hello", "-l", "127.0.0.1:0"]
+        );
         assert_eq!(order(&["hello", "--", "check"]), ["hello", "--", "check"]);
         // And clap takes the result: `check` with run's options.
         let m = cmd

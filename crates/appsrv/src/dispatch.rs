@@ -209,6 +209,37 @@ where
     startup::start(startup)
 }
 
+/// The I/O model a server runs: `--io` as given (on the command line, in the environment
+/// or by `Server::io`), except where the server's kind decides:
+/// - a datagram-only server has no stream connections for --io to choose a model for: its
+///   datagrams are served from the event loop;
+/// - an async handler runs in event workers: that is its default, also when the command
+///   line was parsed (`Server::args`) before the handler's kind was known;
+/// - datagrams beside streams are served from the event loop: a request-level server given
+///   both runs it by default (issue 34).
+///
+/// A model given explicitly stays otherwise, to be refused with the flag that would serve.
+fn io_model(listen: &[ListenAddr], io: crate::Io, io_given: bool, kind: Kind) -> crate::Io {
+    let mixed = listen.iter().any(ListenAddr::is_datagram) && listen.iter().any(|a| !a.is_datagram());
+    let framework_default = !io_given && io == crate::Io::Blocking;
+    if kind.datagram_only
+        || (!io_given && kind.asynchronous)
+        || (framework_default && kind.request_level && mixed)
+    {
+        crate::Io::Event
+    } else {
+        io
+    }
+}
+
+/// What kind of server a program is, as far as its I/O model goes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Kind {
+    request_level: bool,
+    asynchronous: bool,
+    datagram_only: bool,
+}
+
 /// The configuration of `run`, `start` (as `run --daemon`) and `check`; the other
 /// subcommands run here and exit the process.
 fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool) -> Result<Config> {
@@ -216,24 +247,13 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         let mut c = cli::config(m);
         c.sandbox_profile = program.sandbox_profile.clone();
         c.helper_profile = program.helper.as_ref().map(|_| program.helper_profile.clone());
-        // A datagram-only server has no stream connections for --io to choose a model
-        // for: its datagrams are served from the event loop.
-        if program.datagram_only {
-            c.io = crate::Io::Event;
-        }
-        // An async handler runs in event workers: that is its default, also when the
-        // command line was parsed (`Server::args`) before the handler's kind was known.
-        // A model given on the command line or in the environment stays, to be refused.
-        let io_default = m.value_source("io") == Some(clap::parser::ValueSource::DefaultValue);
-        if program.asynchronous && io_default {
-            c.io = crate::Io::Event;
-        }
-        // Datagrams beside streams are served from the event loop: a request-level server
-        // given both runs it by default (issue 34); a model given explicitly stays, to be
-        // refused with the flag that serves both.
-        if request_level && io_default && c.listen.iter().any(ListenAddr::is_datagram) && c.listen.iter().any(|a| !a.is_datagram()) {
-            c.io = crate::Io::Event;
-        }
+        let io_given = m.value_source("io") != Some(clap::parser::ValueSource::DefaultValue);
+        let kind = Kind {
+            request_level,
+            asynchronous: program.asynchronous,
+            datagram_only: program.datagram_only,
+        };
+        c.io = io_model(&c.listen, c.io, io_given, kind);
         c
     };
     match matches.subcommand() {
@@ -247,8 +267,13 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         Some(("stop", m)) => {
             let target = target(&program.name, m);
             let facts = control::stop_facts(&target.control);
-            let assumed = m.get_one::<Duration>("grace-period").copied().unwrap_or(program.grace_period)
-                + m.get_one::<Duration>("drain-delay").copied().unwrap_or(program.drain_delay);
+            let assumed = m
+                .get_one::<Duration>("grace-period")
+                .copied()
+                .unwrap_or(program.grace_period)
+                + m.get_one::<Duration>("drain-delay")
+                    .copied()
+                    .unwrap_or(program.drain_delay);
             std::process::exit(daemon::stop_command(
                 &program.name,
                 daemon::Stop {
@@ -280,7 +305,10 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             }
             let config = config(m);
             match check(program, &config, request_level) {
-                Ok(()) => {
+                Ok(notes) => {
+                    for note in notes {
+                        crate::process::console::outln!("{}: {note}", program.name);
+                    }
                     crate::process::console::outln!("{}: configuration OK", program.name);
                     std::process::exit(0)
                 }
@@ -453,7 +481,10 @@ fn bind_options(config: &Config) -> BindOptions {
 }
 
 /// The `check` subcommand: what `run` would refuse, found without binding or serving.
-fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<()> {
+/// `check`: the configuration validated as `run` validates it, then what `run` opens
+/// opened and released ([`startup::rehearse`]). Returns the lines to print beside
+/// "configuration OK" (what a running instance of this configuration holds).
+fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<Vec<String>> {
     privilege::resolve(
         config.user.as_deref(),
         config.group.as_deref(),
@@ -502,7 +533,8 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
     if let Some(hook) = program.check_hook.as_mut() {
         hook().map_err(|e| Error::Config(format!("the application's check failed: {e}")))?;
     }
-    Ok(())
+    let running = startup::control_path(&program.name, config).and_then(|p| control::running_server(&p));
+    startup::rehearse(&program.name, config, &bind_options(config), running.as_ref())
 }
 
 /// The pool policy of the command line, checked.
@@ -646,7 +678,10 @@ fn check_datagrams(config: &Config, d: DatagramUse, event_capable: bool) -> Resu
         )));
     }
     if let (Some(a), Some(_), true) = (dgram, stream, config.io != crate::Io::Event) {
-        return Err(crate::net::listener::mixed_needs_event_loop(a.as_str(), config.io));
+        return Err(crate::net::listener::mixed_needs_event_loop(
+            a.as_str(),
+            config.io,
+        ));
     }
     Ok(())
 }
@@ -727,5 +762,61 @@ fn pool_policy(config: &Config) -> Result<Policy> {
                 idle_timeout: config.worker_idle_timeout,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 34: a request-level server with stream and datagram listeners runs the event
+    /// loop when no model was chosen; a model chosen stays (to be refused by name).
+    #[test]
+    fn issue_34_datagrams_beside_streams_run_the_event_loop_by_default() {
+        let listen: Vec<ListenAddr> = ["127.0.0.1:0", "udp://127.0.0.1:0"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let requests = Kind {
+            request_level: true,
+            ..Kind::default()
+        };
+        use crate::Io::{Blocking, Event, Hybrid};
+        assert_eq!(io_model(&listen, Blocking, false, requests), Event);
+        assert_eq!(
+            io_model(&listen, Blocking, true, requests),
+            Blocking,
+            "--io blocking given"
+        );
+        assert_eq!(
+            io_model(&listen, Hybrid, false, requests),
+            Hybrid,
+            "Server::io(Hybrid)"
+        );
+        assert_eq!(
+            io_model(&listen[..1], Blocking, false, requests),
+            Blocking,
+            "streams only"
+        );
+        assert_eq!(
+            io_model(&listen, Blocking, false, Kind::default()),
+            Blocking,
+            "handle_client"
+        );
+        let async_kind = Kind {
+            asynchronous: true,
+            ..Kind::default()
+        };
+        assert_eq!(io_model(&listen[..1], Blocking, false, async_kind), Event);
+        assert_eq!(
+            io_model(&listen[..1], Hybrid, true, async_kind),
+            Hybrid,
+            "refused later"
+        );
+        let dgram_only = Kind {
+            datagram_only: true,
+            ..Kind::default()
+        };
+        assert_eq!(io_model(&listen[1..], Blocking, true, dgram_only), Event);
     }
 }

@@ -332,7 +332,7 @@ fn issue_17_status_names_a_foreground_master_it_cannot_reach() {
 fn issue_22_check_warns_of_a_variable_that_names_no_option() {
     let out = run(
         "http_hello",
-        &["check"],
+        &["check", "-l", "127.0.0.1:0"],
         &[("HTTP_HELLO_WORKRS", "3"), ("HTTP_HELLO_WORKERS", "2")],
     );
     let err = text(&out.stderr);
@@ -357,4 +357,155 @@ fn issue_34_help_names_datagram_addresses_and_the_health_endpoints() {
     for needle in ["udp://", "unixgram:", "?tls", "/healthz", "/readyz"] {
         assert!(help.contains(needle), "--help does not name {needle}:\n{help}");
     }
+}
+
+/// The `error: ` line of a failed command's stderr (a foreground `run` logs before it).
+fn error_line(out: &Output) -> String {
+    text(&out.stderr)
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {}", text(&out.stderr)))
+        .to_owned()
+}
+
+/// Issue 34: `check` means `start` will work: a port in use, a host name that does not
+/// resolve, --metrics-listen on a --listen address fail `check` with `run`'s own message
+/// (exit 1), where `check` used to say "configuration OK".
+#[test]
+fn issue_34_check_fails_where_run_would_with_runs_message() {
+    let dir = TestDir::new("cli", "check-fails");
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let in_use = format!("127.0.0.1:{port}");
+    let control = dir.path("ctl.sock");
+    // The metrics listener on the address of the (free) listener: run's error too.
+    let free = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let cases: [&[&str]; 3] = [
+        &["-l", &in_use],
+        &["-l", "no-such-host.invalid:7000"],
+        &["-l", &free, "--metrics-listen", &free],
+    ];
+    for args in cases {
+        let mut check = vec!["check", "--control", &control];
+        check.extend_from_slice(args);
+        let out = run("hello", &check, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "check {args:?}: {}",
+            text(&out.stdout)
+        );
+        assert!(!text(&out.stdout).contains("configuration OK"));
+        let mut serve = vec!["run", "--control", &control];
+        serve.extend_from_slice(args);
+        let ran = run("hello", &serve, &[]);
+        assert_eq!(ran.status.code(), Some(1), "run {args:?}");
+        assert_eq!(error_line(&out), error_line(&ran), "{args:?}");
+    }
+    assert!(error_line(&run("hello", &["check", "-l", &in_use], &[])).contains("Address already in use"));
+    assert_eq!(
+        std::fs::read_dir(&dir.0).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+    drop(taken);
+}
+
+/// Issue 34: `check` opens what `start` opens (the pid file, Unix listeners, the control
+/// socket, the log files) and leaves nothing behind; a running server's own sockets are
+/// not an error but said, and are not disturbed.
+#[test]
+fn issue_34_check_leaves_nothing_and_leaves_a_running_server_alone() {
+    let dir = TestDir::new("cli", "check-opens");
+    let args = |listen: &str, pid: &str| {
+        vec![
+            "-l".to_owned(),
+            format!("unix:{}", dir.path(listen)),
+            "--pid-file".into(),
+            dir.path(pid),
+            "--log-file".into(),
+            dir.path("srv.log"),
+            "--access-log".into(),
+            dir.path("access.log"),
+        ]
+    };
+    let mut check = vec!["check".to_owned()];
+    check.extend(args("a.sock", "srv.pid"));
+    let check: Vec<&str> = check.iter().map(String::as_str).collect();
+    let out = run("testbed", &check, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("configuration OK"));
+    assert_eq!(
+        std::fs::read_dir(&dir.0).unwrap().count(),
+        0,
+        "check left files behind"
+    );
+    // A log file's directory that cannot be written: run's message.
+    let out = run(
+        "testbed",
+        &["check", "-l", "127.0.0.1:0", "--log-file", "/proc/appsrv.log"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        error_line(&out).contains("/proc/appsrv.log"),
+        "{}",
+        error_line(&out)
+    );
+
+    // The same configuration while its server runs (the socket beside the pid file).
+    // (Its log on stderr, where the test reads it: the check's --log-file is not opened.)
+    let listen = format!("unix:{}", dir.path("a.sock"));
+    let pid_file = dir.path("srv.pid");
+    let server = Server::start("testbed", &["-l", &listen, "--pid-file", &pid_file, "-w", "1"]);
+    let out = run("testbed", &check, &[]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        said.contains(&format!(
+            "unix:{}: held by the running testbed (pid {})",
+            dir.path("a.sock"),
+            server.pid()
+        )) && said.contains("pid file")
+            && said.contains("configuration OK"),
+        "{said}"
+    );
+    // Its socket still serves.
+    let mut c = LineClient::unix(&dir.path("a.sock"));
+    assert!(c.testbed_pid() > 0);
+    // Another program's socket at a listener's path is an error.
+    let other = std::os::unix::net::UnixListener::bind(dir.path("b.sock")).unwrap();
+    let mut check_b = vec!["check".to_owned()];
+    check_b.extend(args("b.sock", "b.pid"));
+    let check_b: Vec<&str> = check_b.iter().map(String::as_str).collect();
+    let out = run("testbed", &check_b, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        error_line(&out).contains("another process is accepting connections"),
+        "{}",
+        error_line(&out)
+    );
+    drop(other);
+}
+
+/// Issue 34: options may come before the subcommand: `hello -u nobody check` is
+/// `hello check -u nobody`.
+#[test]
+fn issue_34_options_before_the_subcommand_work() {
+    let before = run("hello", &["-u", "nobody", "-l", "127.0.0.1:0", "check"], &[]);
+    let after = run("hello", &["check", "-u", "nobody", "-l", "127.0.0.1:0"], &[]);
+    assert_eq!(before.status.code(), after.status.code());
+    assert_eq!(text(&before.stdout), text(&after.stdout));
+    assert_eq!(text(&before.stderr), text(&after.stderr));
+    if is_root() {
+        assert!(before.status.success(), "{}", text(&before.stderr));
+        assert!(text(&before.stdout).contains("configuration OK"));
+    }
+    // And -t wherever it stands among the options.
+    let t = run("hello", &["-l", "127.0.0.1:0", "-t"], &[]);
+    assert_eq!(t.status.code(), Some(0), "{}", text(&t.stderr));
+    assert!(text(&t.stdout).contains("configuration OK"));
 }

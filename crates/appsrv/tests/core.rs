@@ -530,7 +530,8 @@ fn fd_links(pid: i32) -> Vec<(i32, std::path::PathBuf)> {
 fn issue_14_descriptors_inherited_from_the_launcher_are_closed() {
     use std::io::Read;
     for extra in [&[][..], &["--exec-workers"][..]] {
-        let mut args = vec!["-l", "127.0.0.1:0", "-w", "2"];
+        // At debug: the line that says so is a debug line (issue 34).
+        let mut args = vec!["-l", "127.0.0.1:0", "-w", "2", "--log-level", "debug"];
         args.extend_from_slice(extra);
         let strays = Strays::new();
         let pipe = strays.pipe_link();

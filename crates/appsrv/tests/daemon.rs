@@ -405,7 +405,11 @@ fn issue_34_two_instances_with_their_own_pid_files_start_side_by_side() {
     let b = pid_of(&b_pid).parse().unwrap();
     let out = testbed(&["stop", "--control", &d.path("b.sock")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains(&format!("stopped (pid {b})")), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains(&format!("stopped (pid {b})")),
+        "{}",
+        text(&out.stdout)
+    );
     assert!(!alive(b));
     let a = pid_of(&a_pid).parse().unwrap();
     assert!(alive(a), "the other instance is untouched");
@@ -435,9 +439,18 @@ fn issue_34_a_control_socket_collision_names_control() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("another server has this control socket") && err.contains("--control PATH"), "{err}");
-    assert!(!Path::new(&d.path("other.pid")).exists(), "no pid file left behind");
-    assert!(!Path::new(&d.path("other.listen")).exists(), "no socket left behind");
+    assert!(
+        err.contains("another server has this control socket") && err.contains("--control PATH"),
+        "{err}"
+    );
+    assert!(
+        !Path::new(&d.path("other.pid")).exists(),
+        "no pid file left behind"
+    );
+    assert!(
+        !Path::new(&d.path("other.listen")).exists(),
+        "no socket left behind"
+    );
 }
 
 /// Issue 34: `stop` says what it waits for (the connections in progress, the server's own
@@ -462,12 +475,18 @@ fn issue_34_stop_says_what_it_waits_for_and_what_to_do_next() {
         "{said}"
     );
     let err = text(&out.stderr);
-    assert!(err.contains("stop --now") && err.contains("stop --timeout SECS"), "{err}");
+    assert!(
+        err.contains("stop --now") && err.contains("stop --timeout SECS"),
+        "{err}"
+    );
     assert!(alive(pid), "still in its grace period");
     // Without --timeout: the server's grace period and 10 s; --now cuts the connection.
     let out = d.cmd("stop", &["--now"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = text(&out.stdout);
-    assert!(said.contains(&format!("stopping pid {pid} now")) && said.contains("waiting up to 55 s"), "{said}");
+    assert!(
+        said.contains(&format!("stopping pid {pid} now")) && said.contains("waiting up to 55 s"),
+        "{said}"
+    );
     assert!(!alive(pid));
 }

@@ -664,7 +664,7 @@ fn issue_31_a_bad_answer_prefix_is_a_configuration_error() {
         );
         assert!(!log.contains("ready"), "{args:?} {env:?} started: {log}");
     }
-    // The bounds themselves are accepted (`check` validates without binding).
+    // The bounds themselves are accepted.
     let out = run(
         &example("udp_echo"),
         &[

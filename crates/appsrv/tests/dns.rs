@@ -989,7 +989,16 @@ fn without_a_zone_or_with_a_bad_one_the_server_does_not_start() {
     assert!(!ok && err.contains("/nonexistent/zone: No such file"), "{err}");
     let (ok, err) = run_dns(&["check", "--zone", &data("zone.test"), "--max-udp-size", "100"]);
     assert!(!ok && err.contains("--max-udp-size"), "{err}");
-    let (ok, err) = run_dns(&["check", "--zone", &data("zone.test")]);
+    // `check` binds what `run` would (issue 34): port 0, not the default port.
+    let (ok, err) = run_dns(&[
+        "check",
+        "--zone",
+        &data("zone.test"),
+        "-l",
+        "udp://127.0.0.1:0",
+        "-l",
+        "127.0.0.1:0",
+    ]);
     assert!(ok, "{err}");
 }
 
@@ -1295,5 +1304,30 @@ fn issue_31_the_example_limits_udp_answers_by_default() {
     let s = udp_socket(dns.udp);
     for _ in 0..4 {
         assert_eq!(burst(&s, BURST), (BURST, 0), "with --max-answers-per-ip 0");
+    }
+}
+
+/// Issue 34: datagrams beside stream connections need the event loop; a model given that
+/// cannot serve them is refused with its own name and the flag that would (it used to say
+/// "this server runs --io blocking" under --io hybrid too).
+#[test]
+fn issue_34_the_mixed_listeners_refusal_names_the_model_it_would_run() {
+    for io in ["blocking", "hybrid"] {
+        let (ok, err) = run_dns(&[
+            "check",
+            "-l",
+            "udp://127.0.0.1:0",
+            "-l",
+            "127.0.0.1:0",
+            "--zone",
+            &data("zone.test"),
+            "--io",
+            io,
+        ]);
+        assert!(!ok, "--io {io} accepted");
+        assert!(
+            err.contains(&format!("this server runs --io {io}")) && err.contains("--io event"),
+            "{err}"
+        );
     }
 }

@@ -64,7 +64,7 @@ fn workers_run_as_the_given_user_and_the_master_keeps_serving() {
 }
 
 #[test]
-fn root_without_user_runs_workers_as_nobody_with_a_warning() {
+fn root_without_user_runs_workers_as_nobody_and_says_so() {
     if !is_root() {
         eprintln!("skipped: needs root");
         return;
@@ -72,6 +72,10 @@ fn root_without_user_runs_workers_as_nobody_with_a_warning() {
     let (uid, gid, groups) = nobody();
     let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2"]);
     server.wait_for_log("started as root without --user: workers run as nobody");
+    // Issue 34: the documented default is said at INFO, not warned about.
+    let log = server.log_text();
+    let line = log.lines().find(|l| l.contains("without --user")).unwrap();
+    assert!(line.contains(" INFO ") && !log.contains(" WARN "), "{log}");
     for pid in server.wait_for_workers(2) {
         assert_runs_as(pid, uid, gid, &groups);
     }

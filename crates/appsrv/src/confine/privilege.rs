@@ -68,7 +68,8 @@ pub(crate) enum Plan {
 
 /// Resolves `--user`/`--group` in the master.
 ///
-/// Returns the plan and, when the master is root and no user was given, a warning to log.
+/// Returns the plan and, when the master is root and no user was given, a line to log
+/// (at INFO: the default is documented, not a mistake to warn about; issue 34).
 pub(crate) fn resolve(
     user: Option<&str>,
     group: Option<&str>,
@@ -89,8 +90,8 @@ pub(crate) fn resolve(
         }
         None => {
             warning = Some(format!(
-                "started as root without --user: workers run as {DEFAULT_USER} \
-                 (pass --user to choose, or --allow-root-workers to keep them root)"
+                "started as root without --user: workers run as {DEFAULT_USER}, the documented default \
+                 (--user to choose, --allow-root-workers to keep them root)"
             ));
             DEFAULT_USER.to_owned()
         }

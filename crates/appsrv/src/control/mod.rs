@@ -530,6 +530,30 @@ pub(crate) fn stop_facts(path: &Path) -> Option<StopFacts> {
     }
 }
 
+/// A server that answers on a control socket, as `check` needs to know it: its pid and
+/// the labels of its listeners (the addresses it holds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunningServer {
+    pub(crate) pid: i32,
+    pub(crate) listeners: Vec<String>,
+}
+
+/// The server answering on the control socket `path`, if one does.
+pub(crate) fn running_server(path: &Path) -> Option<RunningServer> {
+    let Outcome::Ok(body) = exchange(path, &Request::Status { json: true }) else {
+        return None;
+    };
+    let doc: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    Some(RunningServer {
+        pid: i32::try_from(doc["master_pid"].as_u64()?).ok()?,
+        listeners: doc["listeners"]
+            .as_array()?
+            .iter()
+            .filter_map(|l| l["addr"].as_str().map(str::to_owned))
+            .collect(),
+    })
+}
+
 /// What the client got.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {

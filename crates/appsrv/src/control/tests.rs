@@ -615,6 +615,9 @@ fn issue_34_the_control_socket_is_found_from_the_pid_file() {
         Path::new("/run/hello-b.sock")
     );
     if let Some(default_pid) = crate::process::daemon::default_pid_file("hello") {
-        assert_eq!(Some(path_for_pid_file("hello", &default_pid)), default_path("hello"));
+        assert_eq!(
+            Some(path_for_pid_file("hello", &default_pid)),
+            default_path("hello")
+        );
     }
 }

@@ -230,12 +230,7 @@ fn open_control(
     let bound_here = inherited_control.is_none();
     let control = match (control_path.as_deref(), inherited_control) {
         (Some(p), Some(sock)) => Some(Control::adopt(sock, p, owner)?),
-        (Some(p), None) => Some(Control::bind(p, owner).map_err(|e| match &e {
-            Error::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => Error::Config(format!(
-                "{e}: another server has this control socket (another instance of {name}?); give this one its own with --control PATH, or its own --pid-file PATH.pid (its control socket is then PATH.sock)"
-            )),
-            _ => e,
-        })?),
+        (Some(p), None) => Some(bind_control(name, p, owner)?),
         (None, _) => None,
     };
     let metrics = match (
@@ -259,10 +254,133 @@ fn open_control(
     }
 }
 
+/// Binds the control socket at `path`; a socket another server accepts on is refused with
+/// the way out (issue 34).
+fn bind_control(name: &str, path: &Path, owner: u32) -> Result<Control> {
+    Control::bind(path, owner).map_err(|e| match &e {
+        Error::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse => Error::Config(format!(
+            "{e}: another server has this control socket (another instance of {name}?); give this one its own with --control PATH, or its own --pid-file PATH.pid (its control socket is then PATH.sock)"
+        )),
+        _ => e,
+    })
+}
+
+/// What `check` does after validating the configuration (issue 34): what the start-up
+/// would open, opened and released, so that a check that passes means a start will not
+/// fail on it: the pid file claimed, every listen address resolved and bound (a port in
+/// use, a name that does not resolve, --metrics-listen on a --listen address: the same
+/// messages as `run`), the control socket and the metrics listener bound, the log files
+/// opened for appending. Nothing is left behind: files that did not exist are removed,
+/// and a running server's sockets are never touched (a live Unix socket is refused, not
+/// replaced).
+///
+/// `running` is the server this configuration names (its pid file or control socket), if
+/// it runs: what it holds is not an error but a line of `notes` (checking the
+/// configuration of a running server before a reload is what `check` is for), and so is
+/// the pid file it holds.
+pub(crate) fn rehearse(
+    name: &str,
+    config: &Config,
+    bind: &BindOptions,
+    running: Option<&control::RunningServer>,
+) -> Result<Vec<String>> {
+    let mut notes = Vec::new();
+    let in_use =
+        |e: &Error| matches!(e, Error::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse);
+    let held_note = |what: &str, r: &control::RunningServer| {
+        format!("{what}: held by the running {name} (pid {}), as expected", r.pid)
+    };
+    if let Some(path) = config.pid_file.as_deref() {
+        match PidClaim::acquire(path) {
+            // Dropped unclaimed: the file is removed, a stale one too (as `start` would
+            // take it over).
+            Ok(claim) => drop(claim),
+            Err(Error::AlreadyRunning { pid, .. }) if running.is_some_and(|r| r.pid == pid) => {
+                notes.push(format!(
+                    "pid file {}: held by the running {name} (pid {pid}): `start` refuses while it runs; `reload` or `upgrade` replaces it",
+                    path.display()
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if config.listen.is_empty() && std::env::var_os("LISTEN_FDS").is_none() {
+        return Err(Error::Config(
+            "no listen address: give -l/--listen ADDR (or start the server with systemd socket activation)"
+                .into(),
+        ));
+    }
+    // Held until the end: a later address (or the metrics listener) that collides with an
+    // earlier one fails as it would in `run`.
+    let mut bound = Vec::new();
+    for addr in &config.listen {
+        match listener::bind(addr, bind) {
+            Ok(ls) => bound.extend(ls),
+            Err(e) if in_use(&e) => match running {
+                Some(r) if listener::labels_of(addr).iter().any(|l| r.listeners.contains(l)) => {
+                    notes.push(held_note(addr.as_str(), r));
+                }
+                _ => {
+                    bound.iter().for_each(Listener::remove_file);
+                    return Err(e);
+                }
+            },
+            Err(e) => {
+                bound.iter().for_each(Listener::remove_file);
+                return Err(e);
+            }
+        }
+    }
+    let owner = nix::unistd::Uid::effective().as_raw();
+    let result = (|| {
+        if let Some(path) = control_path(name, config) {
+            match bind_control(name, &path, owner) {
+                Ok(c) => c.remove_file(),
+                Err(_) if running.is_some() && path.exists() => {
+                    notes.push(held_note(
+                        &format!("control socket {}", path.display()),
+                        running.expect("some"),
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(addr) = config.metrics_listen.as_deref() {
+            match MetricsListener::bind(addr) {
+                Ok(m) => drop(m),
+                Err(e)
+                    if in_use(&e)
+                        && running.is_some()
+                        && !config.listen.iter().any(|l| l.as_str() == addr) =>
+                {
+                    notes.push(held_note(
+                        &format!("metrics listener {addr}"),
+                        running.expect("some"),
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for path in [config.log_file.as_deref(), config.access_log.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            let existed = path.exists();
+            open_log(Some(path))?;
+            if !existed {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        Ok(())
+    })();
+    bound.iter().for_each(Listener::remove_file);
+    result.map(|()| notes)
+}
+
 /// The control socket's path: on when asked for, or by default for a server with a pid
 /// file (an instance that commands address by name), beside the pid file, so that two
 /// instances with pid files of their own do not collide (issue 34).
-fn control_path(name: &str, config: &Config) -> Option<PathBuf> {
+pub(crate) fn control_path(name: &str, config: &Config) -> Option<PathBuf> {
     config.control.clone().or_else(|| {
         config
             .pid_file
@@ -544,7 +662,8 @@ fn log_start(
         tracing::info!("serving metrics on http://{}/metrics", m.local_addr());
     }
     if let Some(w) = warning {
-        tracing::warn!("{w}");
+        // The documented default (workers as nobody), said, not warned about (issue 34).
+        tracing::info!("{w}");
     }
     if let Plan::Drop(c) = plan {
         tracing::info!(
@@ -827,7 +946,9 @@ fn close_strays(keep: &[RawFd], inherited: Option<&Inherited>) -> Result<()> {
     let closed = unsafe { crate::sys::close_stray_fds(&keep) }
         .map_err(|e| Error::sys("closing inherited descriptors", e))?;
     if !closed.is_empty() {
-        tracing::info!(
+        // At debug (issue 34): every start from a shell or a supervisor inherits some, and
+        // nothing is wrong; the line came before any start-up error on the terminal.
+        tracing::debug!(
             "closed {} descriptor(s) inherited from the process that started this one",
             closed.len()
         );

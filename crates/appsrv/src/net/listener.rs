@@ -662,6 +662,24 @@ pub(crate) fn adopt(socket: Socket, opts: &BindOptions) -> Result<Listener, Erro
 }
 
 /// Binds every address `addr` names (a host name may resolve to several).
+/// The labels ([`Listener::label`]) the listeners of `addr` get once bound: host names
+/// resolved (empty when they do not resolve). `check` compares them with a running
+/// server's, to tell an address that server holds from one another program holds.
+pub(crate) fn labels_of(addr: &ListenAddr) -> Vec<String> {
+    match &addr.endpoint {
+        Endpoint::Inet(hostport) => hostport
+            .to_socket_addrs()
+            .map(|a| a.map(|sa| sa.to_string()).collect())
+            .unwrap_or_default(),
+        Endpoint::Udp(hostport) => hostport
+            .to_socket_addrs()
+            .map(|a| a.map(|sa| format!("udp://{sa}")).collect())
+            .unwrap_or_default(),
+        Endpoint::Unix(path) => vec![format!("unix:{}", path.display())],
+        Endpoint::UnixDgram(path) => vec![format!("unixgram:{}", path.display())],
+    }
+}
+
 pub(crate) fn bind(addr: &ListenAddr, opts: &BindOptions) -> Result<Vec<Listener>, Error> {
     let backlog = effective_backlog(addr.backlog.unwrap_or(opts.backlog));
     let err = |source: io::Error| Error::Bind {
