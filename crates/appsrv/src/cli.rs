@@ -1111,7 +1111,7 @@ pub(crate) fn command(
                         .help("Write the pages into DIR instead"),
                 ),
         )
-        .after_help(
+        .after_long_help(
             "Every option can also be set in the environment as shown ([env: ...]); flags take 1/0, \
              true/false, yes/no or on/off there. Signals: TERM, INT or QUIT stop gracefully (a \
              second one, a second later, stops at once); HUP reloads; USR1 reopens the log files; \
@@ -1120,8 +1120,106 @@ pub(crate) fn command(
     if let Some(about) = about {
         cmd = cmd.about(about.to_owned());
     }
+    // `-h` shows the first options and points to the rest (the program's own options are
+    // not in the standard set: they always show).
+    let standard: std::collections::HashSet<String> = run_args(Command::new("standard"), &prefix, d)
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    let short = |c: Command| {
+        c.mut_args(|a| {
+            let id = a.get_id().as_str();
+            match standard.contains(id) && !SHORT_HELP.contains(&id) {
+                true => a.hide_short_help(true),
+                false => a,
+            }
+        })
+    };
+    cmd = short(cmd)
+        .mut_subcommands(|sub| match sub.get_name() {
+            "run" | "start" | "check" => short(sub),
+            _ => sub,
+        })
+        .after_help(format!(
+            "`-h` shows the first options; `--help` lists them all, grouped (listeners, workers and pool, timeouts, access, TLS, confinement, logs and files), with their defaults and environment variables. `{name} help SUBCOMMAND` shows one subcommand."
+        ));
     finish(cmd, &prefix)
 }
+
+/// What a program's handler takes, as far as the options go: a program's help, man page
+/// and completions list only the options it accepts (issue 34: `hello`'s listed `--io`,
+/// `--fronts` and the datagram options, which `hello` refuses or ignores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Accepts {
+    /// A request-level handler (a codec frames requests).
+    pub(crate) request_level: bool,
+    /// An async handler (event workers only).
+    pub(crate) asynchronous: bool,
+    /// A datagram handler.
+    pub(crate) datagrams: bool,
+    /// Stream connections (not a datagram-only server).
+    pub(crate) streams: bool,
+}
+
+impl Accepts {
+    /// Whether a server of this kind takes the serving option `id`.
+    fn takes(self, id: &str) -> bool {
+        let sync_requests = self.request_level && !self.asynchronous;
+        match id {
+            // The I/O model: blocking, event or hybrid for a synchronous request-level
+            // handler; the others have one model each.
+            "io" | "fronts" => sync_requests,
+            "worker-connections" | "max-buffered-bytes" => {
+                self.request_level || self.asynchronous || self.datagrams
+            }
+            "max-inflight" => self.asynchronous,
+            "max-requests" | "keepalive-timeout" | "keepalive-requests" | "header-timeout"
+            | "header-timeout-max" | "min-rate" => self.request_level && self.streams,
+            "max-answers-per-ip"
+            | "answers-slip"
+            | "answers-ipv4-prefix"
+            | "answers-ipv6-prefix"
+            | "max-datagram-size"
+            | "access-log-sample" => self.datagrams,
+            "max-conns-per-ip"
+            | "proxy-protocol"
+            | "proxy-from"
+            | "tls-cert"
+            | "tls-key"
+            | "tls-client-ca"
+            | "tls-alpn"
+            | "tls-handshake-timeout"
+            | "tls-ticket-lifetime"
+            | "min-send-rate"
+            | "max-connections" => self.streams,
+            _ => true,
+        }
+    }
+}
+
+/// Hides from `run`'s, `start`'s and `check`'s help (and the top level's, which is
+/// `run`'s) the serving options a server of kind `accepts` does not take. They are still
+/// parsed, so that one given anyway is refused with a message that says why.
+pub(crate) fn only_accepted(cmd: Command, accepts: Accepts) -> Command {
+    let hide = |c: Command| {
+        c.mut_args(|a| {
+            if accepts.takes(a.get_id().as_str()) {
+                a
+            } else {
+                a.hide(true)
+            }
+        })
+    };
+    hide(cmd).mut_subcommands(|sub| match sub.get_name() {
+        "run" | "start" | "check" => hide(sub),
+        _ => sub,
+    })
+}
+
+/// The serving options `-h` shows (`--help` shows them all, grouped by topic): what a
+/// first run needs, so that `-h` fits a screen (issue 34). The program's own options are
+/// always shown.
+const SHORT_HELP: &[&str] = &["listen", "metrics-listen", "workers", "io", "user", "daemon"];
 
 /// What every option of every subcommand gets, the program's own included: an environment
 /// variable (`PREFIX_LONG_NAME`) when it has none, flags that

@@ -772,9 +772,20 @@ impl Server {
         F: FnMut() -> std::result::Result<C, BoxError>,
         M: FnOnce(Limits) -> F,
     {
+        // Parsed here, the handler's kind is known: the help lists only the options it
+        // takes. (Parsed by `args`, before `run_*` was called, it lists them all.)
+        let accepts = cli::Accepts {
+            request_level,
+            asynchronous: self.asynchronous,
+            datagrams: self.datagrams.is_some(),
+            streams: !self.datagram_only,
+        };
         let matches = match self.matches.take() {
             Some(m) => m,
-            None => cli::parse(self.command(|c| c), self.args.clone()),
+            None => cli::parse(
+                cli::only_accepted(self.command(|c| c), accepts),
+                self.args.clone(),
+            ),
         };
         let program = Program {
             name: self.name,

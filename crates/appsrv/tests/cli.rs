@@ -75,6 +75,20 @@ fn issue_17_help_lists_the_subcommands_then_the_options_by_topic() {
                 "{sub} has no description: {line:?}"
             );
         }
+        if flag == "-h" {
+            // Issue 34: `-h` fits a screen, and says where the rest is.
+            assert!(
+                help.lines().count() <= 50,
+                "`hello -h` is {} lines:\n{help}",
+                help.lines().count()
+            );
+            for option in ["--listen", "--workers", "--user", "--daemon"] {
+                assert!(help.contains(option), "{option} missing from `hello -h`");
+            }
+            assert!(help.contains("`--help` lists them all"), "{help}");
+            assert!(!help.contains("--grace-period"), "{help}");
+            continue;
+        }
         let mut last = commands;
         for heading in HEADINGS {
             let at = help
@@ -508,4 +522,52 @@ fn issue_34_options_before_the_subcommand_work() {
     let t = run("hello", &["-l", "127.0.0.1:0", "-t"], &[]);
     assert_eq!(t.status.code(), Some(0), "{}", text(&t.stderr));
     assert!(text(&t.stdout).contains("configuration OK"));
+}
+
+/// Issue 34: a program's help, man page and completions list only the options it takes:
+/// `hello` (whole connections, streams) has no `--io`, `--fronts` or datagram options;
+/// `http_hello` (requests; it parses its own options with `Server::args` before its kind is
+/// known, so its help lists every option) has `--io`; `udp_echo` (datagrams only) has the datagram
+/// options and no TLS. Options hidden so are still refused with a reason when given.
+#[test]
+fn issue_34_help_and_man_page_list_only_the_options_the_program_takes() {
+    let help = |example_name: &str| text(&run(example_name, &["--help"], &[]).stdout);
+    let man = |example_name: &str| text(&run(example_name, &["man"], &[]).stdout);
+    let hello = help("hello");
+    let hello_man = man("hello");
+    for option in [
+        "--io",
+        "--fronts",
+        "--max-answers-per-ip",
+        "--max-inflight",
+        "--keepalive-timeout",
+    ] {
+        assert!(
+            !hello.contains(&format!("{option} ")),
+            "hello --help lists {option}"
+        );
+        assert!(
+            !hello_man.contains(&option.replace('-', "\\-")),
+            "hello's man page lists {option}"
+        );
+    }
+    assert!(hello.contains("--grace-period") && hello_man.contains("\\-\\-grace\\-period"));
+    let http = help("http_hello");
+    assert!(
+        http.contains("--io <MODEL>") && http.contains("--keepalive-timeout"),
+        "{http}"
+    );
+    let udp = help("udp_echo");
+    assert!(
+        udp.contains("--max-answers-per-ip") && !udp.contains("--tls-cert"),
+        "{udp}"
+    );
+    // Still refused with a reason, not "unexpected argument".
+    let out = run("hello", &["check", "-l", "127.0.0.1:0", "--io", "event"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("handle_client"),
+        "{}",
+        text(&out.stderr)
+    );
 }
