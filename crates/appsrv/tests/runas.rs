@@ -174,8 +174,14 @@ fn root() -> bool {
 /// --test runas` alone does not, and an old binary would be tested instead.
 fn runas_binary() -> PathBuf {
     let binary = example("runas");
-    let main = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../appsrv-runas/examples/runas.rs"));
-    let folder = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../appsrv-runas/examples/runas"));
+    let main = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../appsrv-runas/examples/runas.rs"
+    ));
+    let folder = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../appsrv-runas/examples/runas"
+    ));
     let mut sources = vec![main.to_path_buf()];
     for entry in std::fs::read_dir(folder).unwrap() {
         sources.push(entry.unwrap().path());
