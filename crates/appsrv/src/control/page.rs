@@ -43,13 +43,13 @@ td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
 .kv th{font-weight:600;white-space:nowrap;color:#444}\
 code,pre,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.92em}\
 td.req{word-break:break-all;max-width:48em}\
-pre.board{background:#f7f7f9;border:1px solid #e3e3e8;padding:.5em .8em;margin:.3em 0;letter-spacing:.15em;line-height:1.5;overflow-x:auto}\
+pre.board{background:#f7f7f9;border:1px solid #e3e3e8;padding:.5em .8em;margin:.3em 0;font-size:1.1em;letter-spacing:.2em;line-height:1.5;overflow-x:auto}\
 .ready{font-weight:600;padding:.1em .5em;border-radius:.3em}\
 .ready.yes{background:#e3f6e5;color:#17601f}.ready.no{background:#fde7e7;color:#8a1414}\
 .warn{background:#fff4d6;border:1px solid #f0d27a;padding:.4em .7em;margin:.5em 0}\
 .key span{display:inline-block;margin-right:1.2em}\
 tr.busy td{background:#fbf7e6}\
-.st{font-weight:600}.st-idle{color:#17601f}.st-reading{color:#0b5cad}.st-handling{color:#8a4b00}\
+.st{font-weight:600;white-space:nowrap}.st-idle{color:#17601f}.st-reading{color:#0b5cad}.st-handling{color:#8a4b00}\
 .st-writing{color:#6b2fa3}.st-closing{color:#555}.st-starting{color:#555}.st-finishing{color:#8a1414}\
 .muted{color:#777}\
 footer{margin-top:2em;color:#666;font-size:.9em}\
@@ -169,16 +169,13 @@ fn page_server(o: &mut String, status: &Status) {
         ),
     };
     kv(o, "generation", "Generation", &generation);
-    kv(
-        o,
-        "uptime",
-        "Uptime",
-        &format!(
-            "{} <span class=\"muted\">({} s)</span>",
-            human(status.uptime),
-            status.uptime.as_secs()
-        ),
-    );
+    let secs = status.uptime.as_secs();
+    let uptime = if secs >= 60 {
+        format!("{} <span class=\"muted\">({secs} s)</span>", human(status.uptime))
+    } else {
+        human(status.uptime)
+    };
+    kv(o, "uptime", "Uptime", &uptime);
     let p = &status.pool;
     let pool = match p.policy {
         "dynamic" => format!(
