@@ -6,7 +6,10 @@
 //!   `Accept` header prefers it ([`negotiate`]);
 //! - `/healthz`: 200 `ok` whenever the master answers (its loop turns);
 //! - `/readyz`: 200 `ready` while the server takes traffic, 503 with the reason otherwise
-//!   ([`Status::readiness`]).
+//!   ([`Status::readiness`]);
+//! - `/status`: the status page, HTML that refreshes itself every `?refresh=N` seconds
+//!   (default [`DEFAULT_REFRESH`](super::page::DEFAULT_REFRESH), 0 for never;
+//!   `page.rs`); `/status?json`: the `status --json` document ([`render_json`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
@@ -16,7 +19,8 @@ use nix::poll::PollFd;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::conn::{Acceptor, Decision};
-use super::render::MetricsFormat;
+use super::page::{self, DEFAULT_REFRESH, MAX_REFRESH};
+use super::render::{MetricsFormat, render_json};
 use crate::control::status::Status;
 use crate::error::Error;
 
@@ -78,13 +82,14 @@ fn decide_http(input: &[u8], eof: bool, status: &mut dyn FnMut() -> Status) -> D
         Err(e) => return Decision::Reply(plain("400 Bad Request", "", &format!("{e}\n"))),
     }
     let method = req.method.unwrap_or("");
-    let path = req.path.unwrap_or("");
-    let path = path.split_once('?').map_or(path, |(p, _)| p);
-    if !["/metrics", "/healthz", "/readyz"].contains(&path) {
+    let target = req.path.unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    if !["/metrics", "/healthz", "/readyz", "/status"].contains(&path) {
         return Decision::Reply(plain(
             "404 Not Found",
             "",
-            "not found: metrics are at /metrics, health at /healthz and /readyz\n",
+            "not found: metrics are at /metrics, health at /healthz and /readyz, \
+             the status page at /status (as JSON: /status?json)\n",
         ));
     }
     let head_only = match method {
@@ -114,6 +119,7 @@ fn decide_http(input: &[u8], eof: bool, status: &mut dyn FnMut() -> Status) -> D
             Ok(()) => text("200 OK", "ready\n"),
             Err(why) => text("503 Service Unavailable", &format!("not ready: {why}\n")),
         }),
+        "/status" => status_page(query, status, head_only),
         _ => {
             let accept: Vec<&[u8]> = req
                 .headers
@@ -145,6 +151,54 @@ fn decide_http(input: &[u8], eof: bool, status: &mut dyn FnMut() -> Status) -> D
             ))
         }
     }
+}
+
+/// Headers of the status page and its JSON: nothing but the page's inline style may load
+/// or run, no other site may frame it, and no browser may guess another type.
+const PAGE_HEADERS: &str = "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; \
+     frame-ancestors 'none'; base-uri 'none'; form-action 'none'\r\n\
+     X-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n";
+
+/// `/status`: the page, or with `json` in the query the `status --json` document. The
+/// query's `refresh=N` sets the page's refresh period (0 to [`MAX_REFRESH`] seconds; 0:
+/// none); another key is ignored, a bad `refresh` is a 400.
+fn status_page(query: &str, status: &mut dyn FnMut() -> Status, head_only: bool) -> Decision {
+    let mut json = false;
+    let mut refresh = DEFAULT_REFRESH;
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = param.split_once('=').unwrap_or((param, ""));
+        match key {
+            "json" => json = true,
+            "refresh" => match value.parse::<u32>() {
+                Ok(n) if n <= MAX_REFRESH => refresh = n,
+                _ => {
+                    return Decision::Reply(response(
+                        "400 Bad Request",
+                        "",
+                        "text/plain; charset=utf-8",
+                        format!(
+                            "bad refresh: expected /status?refresh=N, N seconds from 0 (no refresh) to {MAX_REFRESH}\n"
+                        )
+                        .as_bytes(),
+                        head_only,
+                    ));
+                }
+            },
+            _ => {}
+        }
+    }
+    let (content_type, body) = if json {
+        ("application/json", render_json(&status()))
+    } else {
+        ("text/html; charset=utf-8", page::render_html(&status(), refresh))
+    };
+    Decision::Reply(response(
+        "200 OK",
+        PAGE_HEADERS,
+        content_type,
+        body.as_bytes(),
+        head_only,
+    ))
 }
 
 /// The formats `/metrics` offers, the default first: (type, subtype, version).
@@ -447,9 +501,15 @@ mod tests {
         let r = serve_while(&mut m, &mut calls, move |a| ask(a, &big));
         assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
         assert_eq!(calls, 2, "status() is built only for complete /metrics requests");
-        let r = serve_while(&mut m, &mut calls, |a| ask(a, b"GET /status HTTP/1.1\r\n\r\n"));
+        let r = serve_while(&mut m, &mut calls, |a| {
+            ask(a, b"GET /server-status HTTP/1.1\r\n\r\n")
+        });
+        assert!(r.starts_with("HTTP/1.1 404 "), "{r}");
         assert!(
-            r.contains("/metrics") && r.contains("/healthz") && r.contains("/readyz"),
+            r.contains("/metrics")
+                && r.contains("/healthz")
+                && r.contains("/readyz")
+                && r.contains("/status"),
             "{r}"
         );
         assert_eq!(m.acceptor.connections(), 0);
@@ -648,6 +708,64 @@ mod tests {
         assert_eq!(parse_q("1.000"), Some(1000));
         assert_eq!(parse_q("1.5"), None);
         assert_eq!(parse_q("0.1234"), None);
+    }
+
+    /// Issue 34: `/status` is the HTML page (its refresh period from `?refresh=N`),
+    /// `/status?json` the `status --json` document, both for GET and HEAD.
+    #[test]
+    fn issue_34_status_serves_the_page_and_the_json() {
+        let reply = |request: &[u8]| match decide_http(request, false, &mut sample_status) {
+            Decision::Reply(r) => String::from_utf8(r).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        let r = reply(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n");
+        let (head, body) = r.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nContent-Type: text/html; charset=utf-8\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains("\r\nContent-Security-Policy: default-src 'none';"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("Content-Length: {}\r\n", body.len())),
+            "{head}"
+        );
+        assert_eq!(body, page::render_html(&sample_status(), DEFAULT_REFRESH));
+        assert!(body.contains(&format!("content=\"{DEFAULT_REFRESH}\"")), "{body}");
+
+        let r = reply(b"GET /status?refresh=17 HTTP/1.1\r\n\r\n");
+        assert!(r.contains("<meta http-equiv=\"refresh\" content=\"17\">"), "{r}");
+        let r = reply(b"GET /status?refresh=0&other=1 HTTP/1.1\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 200 ") && !r.contains("http-equiv"), "{r}");
+        for bad in ["x", "-1", "", "86401"] {
+            let r = reply(format!("GET /status?refresh={bad} HTTP/1.1\r\n\r\n").as_bytes());
+            assert!(
+                r.starts_with("HTTP/1.1 400 ") && r.contains("refresh"),
+                "{bad}: {r}"
+            );
+        }
+
+        let r = reply(b"GET /status?json HTTP/1.1\r\n\r\n");
+        let (head, body) = r.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("\r\nContent-Type: application/json\r\n"), "{head}");
+        assert_eq!(body, render_json(&sample_status()));
+
+        for request in [
+            &b"HEAD /status HTTP/1.1\r\n\r\n"[..],
+            b"HEAD /status?json HTTP/1.1\r\n\r\n",
+        ] {
+            let r = reply(request);
+            assert!(
+                r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\n"),
+                "{r}"
+            );
+            assert!(!r.contains("Content-Length: 0\r\n"), "{r}");
+        }
+        let r = reply(b"POST /status HTTP/1.1\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 405 "), "{r}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The control socket: the master's Unix socket for `status`, `metrics` and `workers`,
-//! and the optional HTTP listener for Prometheus (`/metrics`) and health checks
-//! (`/healthz`, `/readyz`).
+//! and the optional HTTP listener for Prometheus (`/metrics`), health checks
+//! (`/healthz`, `/readyz`) and people (`/status`, the status page).
 //!
 //! INTERFACE (the master calls these):
 //! - [`Control::bind`] at start-up, in the master, before the privilege drop of workers;
@@ -46,6 +46,7 @@
 
 mod conn;
 mod http;
+mod page;
 mod render;
 pub(crate) mod status;
 

@@ -16,7 +16,7 @@ use crate::scoreboard::{DURATION_BUCKETS_US, EventView, SlotView, State};
 pub(crate) const JSON_VERSION: u32 = 1;
 
 /// Whether a worker is serving a client (its peer, clock and request head are current).
-fn busy(w: &SlotView) -> bool {
+pub(super) fn busy(w: &SlotView) -> bool {
     match w.state {
         State::Reading | State::Handling | State::Writing | State::Closing => true,
         // Retiring with a connection still open, or without one.
@@ -62,7 +62,7 @@ pub(crate) fn human(d: Duration) -> String {
 }
 
 /// Microseconds as seconds, exactly, without trailing zeros: 2500 → `0.0025`, 5000000 → `5`.
-fn micros_as_secs(us: u128) -> String {
+pub(super) fn micros_as_secs(us: u128) -> String {
     let (whole, frac) = (us / 1_000_000, us % 1_000_000);
     if frac == 0 {
         return whole.to_string();
@@ -75,13 +75,13 @@ fn secs(d: Duration) -> String {
     micros_as_secs(d.as_micros())
 }
 
-fn requests_per_second(requests: u64, uptime: Duration) -> f64 {
+pub(super) fn requests_per_second(requests: u64, uptime: Duration) -> f64 {
     let s = uptime.as_secs_f64();
     if s > 0.0 { requests as f64 / s } else { 0.0 }
 }
 
 /// Workers sorted by slot id.
-fn workers_by_id(status: &Status) -> Vec<&(u32, SlotView)> {
+pub(super) fn workers_by_id(status: &Status) -> Vec<&(u32, SlotView)> {
     let mut w: Vec<_> = status.workers.iter().collect();
     w.sort_by_key(|(id, _)| *id);
     w
@@ -1600,7 +1600,7 @@ pub(crate) mod tests {
     use crate::control::status::{ListenerStatus, PoolStatus, Totals};
     use crate::net::listener::Addr;
 
-    fn slot(pid: u32, state: State) -> SlotView {
+    pub(crate) fn slot(pid: u32, state: State) -> SlotView {
         SlotView {
             pid,
             generation: 0,

@@ -1,0 +1,718 @@
+//! The status page (`GET /status` on `--metrics-listen`): the [`Status`] snapshot as one
+//! HTML document, in the manner of Apache's mod_status `server-status` page. A pure
+//! function of the snapshot, as the other renderings (`render.rs`) are.
+//!
+//! The page stands alone: inline CSS, no script, no external asset (its responses forbid
+//! them: `Content-Security-Policy: default-src 'none'`), and it refreshes itself with a
+//! `<meta http-equiv="refresh">` every `refresh` seconds (none for 0). Every string that
+//! comes from outside the master's own code (the server's name, a client's address, a
+//! request's first bytes, a listener's address, the reason for not being ready) is
+//! escaped for HTML ([`escape_html`]); a request's bytes are first made printable as the
+//! status table does ([`escape_bytes`]).
+//!
+//! Sections, in order: the server (phase, readiness and why not, I/O model, generation,
+//! uptime, pool), warnings, counters, request durations, listeners, the scoreboard line
+//! and its key, the workers (each busy one's client, time and request), the event loops,
+//! the hybrid fronts.
+
+use std::fmt::Write as _;
+
+use super::render::{busy, escape_bytes, human, micros_as_secs, requests_per_second, workers_by_id};
+use crate::control::status::{Status, Totals};
+use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
+
+/// The page's refresh period when `?refresh=N` does not set one, in seconds.
+pub(crate) const DEFAULT_REFRESH: u32 = 5;
+
+/// The longest refresh period `?refresh=N` accepts (a day), in seconds.
+pub(crate) const MAX_REFRESH: u32 = 86_400;
+
+/// Scoreboard letters per line of the page.
+const SCOREBOARD_WIDTH: usize = 64;
+
+/// The page's style: small, readable, printable; state colours keyed by the state's name.
+const STYLE: &str = "\
+body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:1.5em;color:#1d1d1f;background:#fff}\
+h1{font-size:1.5em;margin:0 0 .3em}h1 small{font-weight:normal;color:#666;font-size:.6em}\
+h2{font-size:1.1em;margin:1.6em 0 .4em;border-bottom:1px solid #ddd;padding-bottom:.2em}\
+table{border-collapse:collapse;margin:.2em 0}\
+th,td{padding:.15em .7em .15em 0;text-align:left;vertical-align:top}\
+table.grid th,table.grid td{padding:.2em .6em;border-bottom:1px solid #eee}\
+table.grid thead th{background:#f4f4f6;border-bottom:1px solid #ccc;white-space:nowrap}\
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
+.kv th{font-weight:600;white-space:nowrap;color:#444}\
+code,pre,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.92em}\
+td.req{word-break:break-all;max-width:48em}\
+pre.board{background:#f7f7f9;border:1px solid #e3e3e8;padding:.5em .8em;margin:.3em 0;font-size:1.1em;letter-spacing:.2em;line-height:1.5;overflow-x:auto}\
+.ready{font-weight:600;padding:.1em .5em;border-radius:.3em}\
+.ready.yes{background:#e3f6e5;color:#17601f}.ready.no{background:#fde7e7;color:#8a1414}\
+.warn{background:#fff4d6;border:1px solid #f0d27a;padding:.4em .7em;margin:.5em 0}\
+.key span{display:inline-block;margin-right:1.2em}\
+tr.busy td{background:#fbf7e6}\
+.st{font-weight:600;white-space:nowrap}.st-idle{color:#17601f}.st-reading{color:#0b5cad}.st-handling{color:#8a4b00}\
+.st-writing{color:#6b2fa3}.st-closing{color:#555}.st-starting{color:#555}.st-finishing{color:#8a1414}\
+.muted{color:#777}\
+footer{margin-top:2em;color:#666;font-size:.9em}\
+@media (prefers-color-scheme:dark){body{background:#16161a;color:#e6e6e6}\
+table.grid thead th{background:#24242a}table.grid td{border-color:#2c2c33}\
+pre.board{background:#1f1f24;border-color:#33333b}tr.busy td{background:#2b2715}\
+.kv th{color:#bbb}.warn{background:#3a3215;border-color:#6b5a1c}}";
+
+/// `text` escaped for HTML text and attribute values (double- or single-quoted): `&`,
+/// `<`, `>`, `"` and `'` become character references; everything else stays.
+pub(crate) fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Bytes from a client (a request's first bytes, an address) for the page: printable
+/// ASCII as the status table writes them ([`escape_bytes`]), then escaped for HTML.
+fn escape_client_bytes(bytes: &[u8]) -> String {
+    escape_html(&escape_bytes(bytes))
+}
+
+/// The workers' I/O model, as far as the snapshot tells it (the master's `--io` is not in
+/// it): `hybrid` with fronts' side, `event` when a live worker runs an event loop (async
+/// workers do too), `blocking` when live workers run none; `unknown` without a live
+/// worker (an `ondemand` pool at rest).
+pub(crate) fn io_model(status: &Status) -> &'static str {
+    if status.hybrid.is_some() {
+        "hybrid"
+    } else if status.workers.iter().any(|(_, w)| w.event.is_some()) {
+        "event"
+    } else if !status.workers.is_empty() {
+        "blocking"
+    } else {
+        "unknown (no live worker)"
+    }
+}
+
+/// The generations of the live workers and fronts, oldest first, without repeats (two
+/// during a reload, until the old workers are gone).
+fn generations(status: &Status) -> Vec<u32> {
+    let fronts = status.hybrid.iter().flat_map(|h| h.fronts.iter());
+    let mut g: Vec<u32> = status
+        .workers
+        .iter()
+        .chain(fronts)
+        .map(|(_, w)| w.generation)
+        .collect();
+    g.sort_unstable();
+    g.dedup();
+    g
+}
+
+/// Renders `status` as the status page, refreshing itself every `refresh` seconds (not at
+/// all for 0).
+pub(crate) fn render_html(status: &Status, refresh: u32) -> String {
+    let totals = status.totals();
+    let mut out = String::with_capacity(8192 + 512 * status.workers.len());
+    let o = &mut out;
+    let name = escape_html(&status.name);
+    o.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    o.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
+    if refresh > 0 {
+        let _ = writeln!(o, "<meta http-equiv=\"refresh\" content=\"{refresh}\">");
+    }
+    let _ = writeln!(o, "<title>{name} status</title>");
+    let _ = writeln!(o, "<style>{STYLE}</style>\n</head>\n<body>");
+    let _ = writeln!(
+        o,
+        "<h1>{name} <small>master pid {}</small></h1>",
+        status.master_pid
+    );
+    page_server(o, status);
+    page_warnings(o, status);
+    page_counters(o, status, &totals);
+    page_durations(o, &totals);
+    page_listeners(o, status);
+    page_scoreboard(o, status);
+    page_workers(o, status);
+    page_event_loops(o, status);
+    page_fronts(o, status);
+    page_footer(o, refresh);
+    o.push_str("</body>\n</html>\n");
+    out
+}
+
+/// A `<tr>` of a key-value table: `key` and `value` are HTML already.
+fn kv(o: &mut String, id: &str, key: &str, value: &str) {
+    let _ = writeln!(o, "<tr id=\"{id}\"><th>{key}</th><td>{value}</td></tr>");
+}
+
+/// The server: phase, readiness (and why not), I/O model, generation, uptime, pool.
+fn page_server(o: &mut String, status: &Status) {
+    o.push_str("<table class=\"kv\">\n");
+    kv(o, "phase", "Phase", &escape_html(status.phase));
+    let ready = match status.readiness() {
+        Ok(()) => "<span class=\"ready yes\">ready</span>".to_owned(),
+        Err(why) => format!("<span class=\"ready no\">not ready</span> {}", escape_html(&why)),
+    };
+    kv(o, "ready", "Readiness", &ready);
+    kv(o, "io", "I/O model", io_model(status));
+    let generation = match generations(status).as_slice() {
+        [] => "<span class=\"muted\">none (no live worker)</span>".to_owned(),
+        [g] => g.to_string(),
+        [old @ .., new] => format!(
+            "{new} (workers of {} still running)",
+            old.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    kv(o, "generation", "Generation", &generation);
+    let secs = status.uptime.as_secs();
+    let uptime = if secs >= 60 {
+        format!("{} <span class=\"muted\">({secs} s)</span>", human(status.uptime))
+    } else {
+        human(status.uptime)
+    };
+    kv(o, "uptime", "Uptime", &uptime);
+    let p = &status.pool;
+    let pool = match p.policy {
+        "dynamic" => format!(
+            "dynamic: {} workers wanted now, min spare {}, max spare {}, max {}",
+            p.target, p.min_spare, p.max_spare, p.max
+        ),
+        "ondemand" => format!("ondemand: {} workers wanted now, max {}", p.target, p.max),
+        policy => format!("{}: {} workers, max {}", escape_html(policy), p.target, p.max),
+    };
+    let live = status.workers.len();
+    kv(o, "pool", "Pool", &format!("{pool}; {live} live"));
+    o.push_str("</table>\n");
+}
+
+/// The warnings the table prints: log lines dropped, the pool held by slow clients.
+fn page_warnings(o: &mut String, status: &Status) {
+    let (error, access) = status.log_dropped_totals();
+    if (error, access) != (0, 0) {
+        let _ = writeln!(
+            o,
+            "<p class=\"warn\">Log lines dropped (could not be written): {error} error log, \
+             {access} access log.</p>"
+        );
+    }
+    if let Some(held) = &status.slow_clients {
+        let _ = writeln!(
+            o,
+            "<p class=\"warn\" id=\"slow-clients\">{}; consider <code>--max-conns-per-ip</code>.</p>",
+            escape_html(&held.to_string())
+        );
+    }
+}
+
+/// The counters: traffic, admission, restarts, logs; datagrams, event connections and
+/// hybrid mode's figures where they apply.
+fn page_counters(o: &mut String, status: &Status, t: &Totals) {
+    o.push_str("<h2>Counters</h2>\n<table class=\"kv\">\n");
+    let row = |o: &mut String, id: &str, key: &str, value: String| kv(o, id, key, &value);
+    row(
+        o,
+        "connections",
+        "Connections accepted",
+        t.connections.to_string(),
+    );
+    row(o, "requests", "Requests", t.requests.to_string());
+    row(
+        o,
+        "rate",
+        "Requests per second",
+        format!(
+            "{:.2} <span class=\"muted\">(mean since the start)</span>",
+            requests_per_second(t.requests, status.uptime)
+        ),
+    );
+    if t.requests > 0 {
+        let mean = t.duration_sum / u32::try_from(t.requests).unwrap_or(u32::MAX);
+        row(o, "mean", "Mean request time", human(mean));
+    }
+    row(o, "bytes-in", "Bytes received", t.bytes_in.to_string());
+    row(o, "bytes-out", "Bytes sent", t.bytes_out.to_string());
+    row(
+        o,
+        "denied",
+        "Connections denied / refused",
+        format!(
+            "{} by <code>--allow</code>/<code>--deny</code>, {} by <code>--max-conns-per-ip</code>",
+            t.denied, t.refused
+        ),
+    );
+    row(o, "tls-failed", "TLS handshakes failed", t.tls_failed.to_string());
+    row(
+        o,
+        "slow",
+        "Slow requests",
+        format!("{} handler calls over <code>--slow-request</code>", t.slow_calls),
+    );
+    row(
+        o,
+        "max-reached",
+        "Max workers reached",
+        format!("{} times", status.max_workers_reached),
+    );
+    let restarts = if status.restarts.is_empty() {
+        "none".to_owned()
+    } else {
+        status
+            .restarts
+            .iter()
+            .map(|(reason, n)| format!("{} {n}", escape_html(reason)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    row(o, "restarts", "Worker restarts", restarts);
+    let p = &status.penalties;
+    row(
+        o,
+        "penalties",
+        "Penalties",
+        format!(
+            "{} charged, {} connections refused, {} addresses refused now, {} unrecorded",
+            p.charged, p.refused, p.addresses, p.unrecorded
+        ),
+    );
+    let (error, access) = status.log_dropped_totals();
+    row(
+        o,
+        "log-dropped",
+        "Log lines dropped",
+        format!("{error} error log, {access} access log"),
+    );
+    let d = &t.datagrams;
+    if d.received > 0 || status.listeners.iter().any(|l| l.datagram) {
+        row(
+            o,
+            "datagrams",
+            "Datagrams",
+            format!(
+                "{} received, {} answered, {} bytes in, {} bytes out; dropped: {} denied, \
+                 {} too large, {} rate-limited, {} handler errors, {} refused sends",
+                d.received,
+                d.sent,
+                d.bytes_in,
+                d.bytes_out,
+                d.denied,
+                d.too_large,
+                d.rate_limited,
+                d.errors,
+                d.send_failed
+            ),
+        );
+    }
+    let ev = status.event_totals();
+    if ev.workers > 0 {
+        row(
+            o,
+            "open-connections",
+            "Open connections",
+            format!(
+                "{} in {} event workers: {} reading, {} requests in flight, {} writing, \
+                 {} idle keep-alive; accepts paused in {}",
+                ev.open,
+                ev.workers,
+                ev.reading,
+                ev.requests_in_flight,
+                ev.writing,
+                ev.idle_keepalive,
+                ev.accepts_paused
+            ),
+        );
+    }
+    if let Some(h) = &status.hybrid {
+        let (held, idle) = h.held();
+        row(
+            o,
+            "hybrid",
+            "Hybrid fronts",
+            format!(
+                "{} fronts hold {held} connections ({idle} idle keep-alive); {} requests \
+                 waiting for a worker; {} handed off",
+                h.fronts.len(),
+                h.requests_waiting,
+                h.handed_off
+            ),
+        );
+    }
+    o.push_str("</table>\n");
+}
+
+/// The request-duration histogram, per bucket (not cumulative), when there were requests.
+fn page_durations(o: &mut String, t: &Totals) {
+    if t.durations.iter().all(|&n| n == 0) {
+        return;
+    }
+    o.push_str("<h2>Request durations</h2>\n<table class=\"grid\" id=\"durations\">\n<thead><tr>");
+    for le in DURATION_BUCKETS_US {
+        let _ = write!(
+            o,
+            "<th class=\"n\">&le; {} s</th>",
+            micros_as_secs(u128::from(le))
+        );
+    }
+    o.push_str("<th class=\"n\">more</th></tr></thead>\n<tbody><tr>");
+    for n in t.durations {
+        let _ = write!(o, "<td class=\"n\">{n}</td>");
+    }
+    o.push_str("</tr></tbody>\n</table>\n");
+}
+
+/// The listeners, with their accept queue and backlog where the kernel tells them.
+fn page_listeners(o: &mut String, status: &Status) {
+    o.push_str("<h2>Listeners</h2>\n");
+    if status.listeners.is_empty() {
+        o.push_str("<p class=\"muted\">none</p>\n");
+        return;
+    }
+    o.push_str(
+        "<table class=\"grid\" id=\"listeners\">\n<thead><tr><th>Address</th><th>Kind</th>\
+         <th class=\"n\">Queued</th><th class=\"n\">Backlog</th></tr></thead>\n<tbody>\n",
+    );
+    let opt = |v: Option<u32>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    for l in &status.listeners {
+        let _ = writeln!(
+            o,
+            "<tr><td class=\"mono\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            escape_client_bytes(l.addr.as_bytes()),
+            if l.datagram { "datagram" } else { "stream" },
+            opt(l.queued),
+            opt(l.backlog)
+        );
+    }
+    o.push_str("</tbody>\n</table>\n");
+}
+
+/// The scoreboard line (one letter per slot up to the pool's maximum), wrapped, and its key.
+fn page_scoreboard(o: &mut String, status: &Status) {
+    o.push_str("<h2>Scoreboard</h2>\n<pre class=\"board\" id=\"scoreboard\">");
+    let letters: Vec<char> = status.scoreboard.chars().collect();
+    for (i, chunk) in letters.chunks(SCOREBOARD_WIDTH).enumerate() {
+        if i > 0 {
+            o.push('\n');
+        }
+        o.push_str(&escape_html(&chunk.iter().collect::<String>()));
+    }
+    o.push_str("</pre>\n<p class=\"key\">Key: ");
+    for state in State::ALL.iter().filter(|s| **s != State::Dead) {
+        let _ = write!(
+            o,
+            "<span><code>{}</code> <span class=\"st st-{1}\">{1}</span></span>",
+            state.letter(),
+            state.name()
+        );
+    }
+    o.push_str("<span><code>.</code> free slot</span></p>\n");
+}
+
+/// A worker's state as the status table names it, with its scoreboard letter.
+fn state_cell(state: State) -> String {
+    format!(
+        "<td class=\"st st-{0}\"><code>{1}</code> {0}</td>",
+        state.name(),
+        escape_html(&state.letter().to_string())
+    )
+}
+
+/// The workers, by id: their counters and, while one serves a client, the client, how
+/// long the request (or connection) has run, and the request's first bytes.
+fn page_workers(o: &mut String, status: &Status) {
+    let _ = writeln!(o, "<h2>Workers ({})</h2>", status.workers.len());
+    if status.workers.is_empty() {
+        o.push_str("<p class=\"muted\">no live worker</p>\n");
+        return;
+    }
+    o.push_str(
+        "<table class=\"grid\" id=\"workers\">\n<thead><tr><th class=\"n\">ID</th>\
+         <th class=\"n\">PID</th><th class=\"n\">Gen</th><th>State</th>\
+         <th class=\"n\">Conns</th><th class=\"n\">Reqs</th><th class=\"n\">Bytes in</th>\
+         <th class=\"n\">Bytes out</th><th class=\"n\">Age</th><th>Client</th>\
+         <th class=\"n\">Time</th><th>Request</th></tr></thead>\n<tbody>\n",
+    );
+    for (id, w) in workers_by_id(status) {
+        worker_row(o, *id, w);
+    }
+    o.push_str("</tbody>\n</table>\n");
+}
+
+fn worker_row(o: &mut String, id: u32, w: &SlotView) {
+    let serving = busy(w);
+    let dash = || "<span class=\"muted\">-</span>".to_owned();
+    let client = w
+        .peer
+        .as_ref()
+        .filter(|_| serving)
+        .map_or_else(dash, |p| escape_client_bytes(p.to_string().as_bytes()));
+    let time = w.current.filter(|_| serving).map_or_else(dash, human);
+    let request = if serving && !w.head.is_empty() {
+        escape_client_bytes(&w.head)
+    } else {
+        dash()
+    };
+    let _ = writeln!(
+        o,
+        "<tr id=\"worker-{id}\"{}><td class=\"n\">{id}</td><td class=\"n\">{}</td>\
+         <td class=\"n\">{}</td>{}<td class=\"n\">{}</td><td class=\"n\">{}</td>\
+         <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+         <td class=\"mono client\">{client}</td><td class=\"n\">{time}</td>\
+         <td class=\"mono req\">{request}</td></tr>",
+        if serving { " class=\"busy\"" } else { "" },
+        w.pid,
+        w.generation,
+        state_cell(w.state),
+        w.connections,
+        w.requests,
+        w.bytes_in,
+        w.bytes_out,
+        human(w.age),
+    );
+}
+
+/// How long ago an event loop last began a turn: `2ms ago`, or `never`.
+fn last_turn(t: Option<std::time::Duration>) -> String {
+    t.map_or_else(|| "never".to_owned(), |t| format!("{} ago", human(t)))
+}
+
+/// The event workers' loops (none without event workers): their connections by state,
+/// their requests in flight, whether they accept, their last turn.
+fn page_event_loops(o: &mut String, status: &Status) {
+    let loops: Vec<_> = workers_by_id(status)
+        .into_iter()
+        .filter_map(|(id, w)| w.event.map(|e| (id, e)))
+        .collect();
+    if loops.is_empty() {
+        return;
+    }
+    o.push_str(
+        "<h2>Event loops</h2>\n<table class=\"grid\" id=\"event-loops\">\n<thead><tr>\
+         <th class=\"n\">ID</th><th class=\"n\">Open</th><th class=\"n\">Reading</th>\
+         <th class=\"n\">In flight</th><th class=\"n\">Writing</th><th class=\"n\">Idle keep-alive</th>\
+         <th>Accepts</th><th>Last turn</th></tr></thead>\n<tbody>\n",
+    );
+    for (id, e) in loops {
+        let _ = writeln!(
+            o,
+            "<tr><td class=\"n\">{id}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+            e.counts.open,
+            e.counts.reading,
+            e.in_flight,
+            e.counts.writing,
+            e.counts.idle_keepalive,
+            if e.accepts_paused { "paused" } else { "open" },
+            last_turn(e.last_turn)
+        );
+    }
+    o.push_str("</tbody>\n</table>\n");
+}
+
+/// Hybrid mode's fronts (none without fronts): their hand-offs and connections.
+fn page_fronts(o: &mut String, status: &Status) {
+    let Some(h) = status.hybrid.as_ref().filter(|h| !h.fronts.is_empty()) else {
+        return;
+    };
+    o.push_str(
+        "<h2>Fronts</h2>\n<table class=\"grid\" id=\"fronts\">\n<thead><tr><th class=\"n\">Front</th>\
+         <th class=\"n\">PID</th><th class=\"n\">Gen</th><th>State</th><th class=\"n\">Conns</th>\
+         <th class=\"n\">Handed off</th><th class=\"n\">Open</th><th class=\"n\">Reading</th>\
+         <th class=\"n\">Idle keep-alive</th><th>Last turn</th></tr></thead>\n<tbody>\n",
+    );
+    for (id, f) in &h.fronts {
+        let e = f.event.unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "<tr><td class=\"n\">{id}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>{}\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+            f.pid,
+            f.generation,
+            state_cell(f.state),
+            f.connections,
+            f.requests,
+            e.counts.open,
+            e.counts.reading,
+            e.counts.idle_keepalive,
+            last_turn(e.last_turn)
+        );
+    }
+    o.push_str("</tbody>\n</table>\n");
+}
+
+/// How the page refreshes, and where the same figures are for programs.
+fn page_footer(o: &mut String, refresh: u32) {
+    o.push_str("<footer>");
+    if refresh > 0 {
+        let _ = write!(
+            o,
+            "This page refreshes every {refresh} s (<code>?refresh=N</code> sets the period, \
+             <code>?refresh=0</code> stops it)."
+        );
+    } else {
+        o.push_str("This page does not refresh (<code>?refresh=N</code> refreshes it every N s).");
+    }
+    o.push_str(
+        " The same as JSON: <a href=\"/status?json\">/status?json</a> (as <code>status --json</code>); \
+         for Prometheus: <a href=\"/metrics\">/metrics</a>; health: <a href=\"/healthz\">/healthz</a>, \
+         <a href=\"/readyz\">/readyz</a>.</footer>\n",
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::control::render::tests::{sample_status, slot};
+    use crate::net::listener::Addr;
+    use crate::scoreboard::EventView;
+
+    #[test]
+    fn issue_34_escape_html_escapes_the_five_characters() {
+        assert_eq!(
+            escape_html("<script>alert('x')</script> & \"q\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
+        );
+        assert_eq!(escape_html("plain é"), "plain é");
+        // A request's bytes: printable first, then HTML.
+        assert_eq!(
+            escape_client_bytes(b"GET /<b> HTTP/1.1\r\n\x00\xff"),
+            "GET /&lt;b&gt; HTTP/1.1\\r\\n\\x00\\xff"
+        );
+    }
+
+    /// Every string from outside the master is escaped: the name, a client, a request, a
+    /// listener's address, the reason for not being ready.
+    #[test]
+    fn issue_34_the_page_escapes_what_clients_send() {
+        let mut s = sample_status();
+        s.name = "evil<i>name".into();
+        s.listeners[1].addr = "unix:/tmp/<x>&.sock".into();
+        let busy = &mut s.workers.iter_mut().find(|(id, _)| *id == 2).unwrap().1;
+        busy.head = b"GET /<script>alert(1)</script>?a=\"b\"&c='d' HTTP/1.1\r\n".to_vec();
+        busy.peer = Some(Addr::Unix(Some("/tmp/<peer>.sock".into())));
+        let html = render_html(&s, 5);
+        assert!(!html.contains("<script"), "{html}");
+        assert!(!html.contains("<i>") && !html.contains("<x>") && !html.contains("<peer>"));
+        assert!(html.contains("<title>evil&lt;i&gt;name status</title>"), "{html}");
+        assert!(
+            html.contains(
+                "GET /&lt;script&gt;alert(1)&lt;/script&gt;?a=&quot;b&quot;&amp;c=&#39;d&#39; HTTP/1.1\\r\\n"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("unix:/tmp/&lt;peer&gt;.sock"), "{html}");
+        assert!(html.contains("unix:/tmp/&lt;x&gt;&amp;.sock"), "{html}");
+        // No script at all, no external asset.
+        assert!(!html.contains("<script") && !html.contains("src=") && !html.contains("<link"));
+    }
+
+    #[test]
+    fn issue_34_a_busy_slot_shows_its_client_time_and_request() {
+        let html = render_html(&sample_status(), 5);
+        let row = html
+            .lines()
+            .find(|l| l.starts_with("<tr id=\"worker-2\""))
+            .unwrap_or_else(|| panic!("no row for worker 2:\n{html}"));
+        assert!(row.contains("class=\"busy\""), "{row}");
+        assert!(
+            row.contains("4102") && row.contains("<code>H</code> handling"),
+            "{row}"
+        );
+        assert!(row.contains("[2001:db8::7]:40000"), "{row}");
+        assert!(row.contains(">2.2s<"), "{row}");
+        assert!(
+            row.contains("GET /slow?&quot;q&quot; HTTP/1.1\\r\\n\\x00\\xff\\\\"),
+            "{row}"
+        );
+        // The idle worker's last client is not shown, nor is it busy.
+        let idle = html
+            .lines()
+            .find(|l| l.starts_with("<tr id=\"worker-1\""))
+            .unwrap();
+        assert!(
+            !idle.contains("busy") && idle.contains("<code>_</code> idle"),
+            "{idle}"
+        );
+        assert!(!html.contains("192.0.2.1:1111"), "{html}");
+        // The rest of the page: server, counters, listeners, scoreboard, refresh.
+        for needle in [
+            "<meta http-equiv=\"refresh\" content=\"5\">",
+            "<h1>unit <small>master pid 4100</small></h1>",
+            "<span class=\"ready yes\">ready</span>",
+            "<tr id=\"io\"><th>I/O model</th><td>blocking</td></tr>",
+            "<tr id=\"generation\"><th>Generation</th><td>1 (workers of 0 still running)</td></tr>",
+            "1h02m",
+            "static: 2 workers, max 4; 2 live",
+            "<tr id=\"connections\"><th>Connections accepted</th><td>107</td></tr>",
+            "<tr id=\"requests\"><th>Requests</th><td>423</td></tr>",
+            "exit 1, signal 2, timeout 0, recycled 4, backoff 0",
+            "7 times",
+            "127.0.0.1:7000",
+            ">511<",
+            "udp://127.0.0.1:5353",
+            "100 received, 90 answered",
+            "12 charged, 40 connections refused, 2 addresses refused now, 1 unrecorded",
+            "3 of 4 workers held for 10s or more by slow or idle clients: 192.0.2.7 (3)",
+            "<pre class=\"board\" id=\"scoreboard\">_H..</pre>",
+            "<code>R</code> <span class=\"st st-reading\">reading</span>",
+            "<a href=\"/status?json\">",
+        ] {
+            assert!(html.contains(needle), "missing {needle:?} in\n{html}");
+        }
+        assert!(html.starts_with("<!DOCTYPE html>\n") && html.ends_with("</html>\n"));
+    }
+
+    #[test]
+    fn issue_34_a_server_not_ready_says_why() {
+        let mut s = sample_status();
+        s.phase = "stopping";
+        let html = render_html(&s, 5);
+        assert!(
+            html.contains("<span class=\"ready no\">not ready</span> stopping"),
+            "{html}"
+        );
+        let mut s = sample_status();
+        for (_, w) in &mut s.workers {
+            w.state = State::Starting;
+        }
+        let html = render_html(&s, 5);
+        assert!(
+            html.contains("<span class=\"ready no\">not ready</span> no live worker (2 starting)"),
+            "{html}"
+        );
+        // No workers at all: the I/O model cannot be told, nor the generation.
+        s.workers.clear();
+        let html = render_html(&s, 5);
+        assert!(html.contains("unknown (no live worker)"), "{html}");
+        assert!(html.contains("no live worker</p>"), "{html}");
+    }
+
+    #[test]
+    fn issue_34_the_refresh_period_and_the_io_model() {
+        let mut s = sample_status();
+        assert!(render_html(&s, 30).contains("<meta http-equiv=\"refresh\" content=\"30\">"));
+        let still = render_html(&s, 0);
+        assert!(!still.contains("http-equiv"), "{still}");
+        assert!(still.contains("does not refresh"));
+        // An event worker: the I/O model, the loops' table, the open connections.
+        let mut ev = slot(4200, State::Reading);
+        ev.event = Some(EventView {
+            in_flight: 3,
+            last_turn: Some(Duration::from_millis(4)),
+            ..EventView::default()
+        });
+        s.workers.push((3, ev));
+        let html = render_html(&s, 5);
+        assert!(html.contains("<td>event</td>"), "{html}");
+        assert!(html.contains("id=\"event-loops\""), "{html}");
+        assert!(html.contains("4ms ago"), "{html}");
+        s.hybrid = Some(crate::control::status::Hybrid::default());
+        assert!(render_html(&s, 5).contains("<td>hybrid</td>"));
+    }
+}

@@ -1,0 +1,368 @@
+//! Issue 34: the status page (`GET /status` on `--metrics-listen`) as a browser shows it,
+//! and `/status?json`, through a real server.
+//!
+//! The browser is headless Chromium (Debian package `chromium`), which renders the page
+//! and prints the resulting DOM (`--dump-dom`). Without it the test is skipped with a note
+//! on the terminal; with `CI` set (.ci/run, which installs it) it fails instead.
+
+mod util;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use util::*;
+
+/// Starts `http_hello` (blocking workers, whose slots show the client and the request
+/// they serve) with `workers` workers, the control socket in `dir` and the metrics
+/// listener on a free port.
+fn start(dir: &TestDir, workers: usize) -> Server {
+    let w = workers.to_string();
+    let sock = dir.path("ctl.sock");
+    let server = Server::start(
+        "http_hello",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            &w,
+            "--io",
+            "blocking",
+            "--control",
+            &sock,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    server.wait_for_workers(workers);
+    server
+}
+
+/// `http_hello status --json` through the control socket in `dir`, parsed.
+fn status_json(dir: &TestDir) -> serde_json::Value {
+    let out = Command::new(example("http_hello"))
+        .args(["status", "--json", "--control", &dir.path("ctl.sock")])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run http_hello status");
+    assert!(out.status.success(), "status --json: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Sends `request` to `addr` and reads the whole response: (head, body).
+fn http(addr: &str, request: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {out:?}"));
+    (head.to_owned(), body.to_owned())
+}
+
+/// Whether the external program `what` can be used: `true` when it runs; when it does
+/// not, a failure in CI (`CI` set: .ci/run installs it), else `false` after a note that
+/// the test is skipped, written to the terminal itself (not captured by the test harness,
+/// so that a skip never passes silently).
+fn available(what: &str, package: &str) -> bool {
+    let found = Command::new(what)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} is missing: install the Debian package {package} (.ci/run does)"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {what} is not installed (Debian package {package}; .ci/run installs it)"
+    );
+    false
+}
+
+/// A headless Chromium run, confined to a private directory (its profile, and its
+/// configuration, where the crash handler it starts in a session of its own keeps its
+/// database). Dropping it kills every process it started: its process group, and any
+/// process whose command line names the directory; then waits until none is left.
+struct Chromium {
+    dir: TestDir,
+    pgid: Option<i32>,
+}
+
+impl Chromium {
+    fn new(tag: &str) -> Chromium {
+        Chromium {
+            dir: TestDir::new("chromium", tag),
+            pgid: None,
+        }
+    }
+
+    /// Loads `url` and returns the DOM once the page is rendered (`--dump-dom`); fails
+    /// after [`PATIENCE`].
+    fn dump_dom(&mut self, url: &str) -> String {
+        let mut cmd = Command::new("chromium");
+        cmd.args([
+            "--headless",
+            // As root, Chromium's sandbox refuses to start.
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-sync",
+            "--disable-crash-reporter",
+            "--disable-dev-shm-usage",
+        ])
+        // One argument: `--user-data-dir PATH` would make PATH a second page to load.
+        .arg(format!("--user-data-dir={}", self.dir.path("profile")))
+        .args(["--dump-dom", url])
+        .env("HOME", &self.dir.0)
+        .env("XDG_CONFIG_HOME", self.dir.path("config"))
+        .env("XDG_CACHE_HOME", self.dir.path("cache"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+        let mut child = cmd.spawn().expect("start chromium");
+        self.pgid = Some(child.id() as i32);
+        // Read both pipes in threads, so that a chatty browser never blocks on a full pipe.
+        let mut stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout.read_to_string(&mut s);
+            s
+        });
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for chromium") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                let _ = child.wait();
+                panic!(
+                    "chromium did not finish within {PATIENCE:?}; stderr:\n{}",
+                    err.join().unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20)); // polling a condition, not synchronising
+        };
+        // Its helpers may keep the pipes open a moment after it exits: stop them first.
+        self.kill();
+        let (dom, stderr) = (out.join().unwrap(), err.join().unwrap());
+        assert!(
+            status.success() && !dom.is_empty(),
+            "chromium: {status:?}; stderr:\n{stderr}"
+        );
+        dom
+    }
+
+    /// Kills what the run left and waits until none of it is alive.
+    fn kill(&self) {
+        let mut left = Vec::new();
+        let done = wait_until(|| {
+            if let Some(pgid) = self.pgid {
+                // SAFETY: kill(2) on the process group made for this run.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            }
+            left = processes_naming(&self.dir.0);
+            for pid in &left {
+                // SAFETY: kill(2) on a process started by this run (it names our directory).
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            let group = self.pgid.is_some_and(group_alive);
+            (!group && left.is_empty()).then_some(())
+        });
+        assert!(done.is_some(), "chromium processes left behind: {left:?}");
+    }
+}
+
+impl Drop for Chromium {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Kill without asserting again: a second panic would abort the test binary.
+            if let Some(pgid) = self.pgid {
+                // SAFETY: as in `kill`.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            }
+            for pid in processes_naming(&self.dir.0) {
+                // SAFETY: as in `kill`.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        } else {
+            self.kill();
+        }
+    }
+}
+
+/// The element of `dom` that starts with `start` (an opening tag, e.g. `<tr id="io"`) up
+/// to the first `end` after it (`</tr>`).
+fn element<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
+    let from = dom
+        .find(start)
+        .unwrap_or_else(|| panic!("no {start:?} in the page:\n{dom}"));
+    let len = dom[from..]
+        .find(end)
+        .unwrap_or_else(|| panic!("no {end:?} after {start:?}:\n{dom}"));
+    &dom[from..from + len + end.len()]
+}
+
+/// Issue 34: a browser renders the status page while a request runs: the busy worker with
+/// that request's path and its client, the I/O model and the readiness appear in the DOM.
+#[test]
+fn issue_34_a_browser_shows_the_busy_worker_on_the_status_page() {
+    if !available("chromium", "chromium") {
+        return;
+    }
+    let dir = TestDir::new("status-page", "browser");
+    let server = start(&dir, 2);
+    let metrics = server.metrics_addr();
+    // A slow request, on a connection we hold: the worker sleeps in the handler, 10 s
+    // (http_hello's most) for each of three requests sent at once, which it serves one
+    // after the other: 30 s busy with our client and that request, however slowly the
+    // browser starts.
+    let mut client = TcpStream::connect(server.tcp_addr()).unwrap();
+    client
+        .write_all(
+            b"GET /sleep?ms=10000 HTTP/1.1\r\nHost: test\r\n\r\n"
+                .repeat(3)
+                .as_slice(),
+        )
+        .unwrap();
+    let me = client.local_addr().unwrap().to_string();
+    // Wait for the master to see it (not a sleep): the slot busy with our client.
+    let mut last = serde_json::Value::Null;
+    let busy = wait_until(|| {
+        last = status_json(&dir);
+        last["workers"]
+            .as_array()?
+            .iter()
+            .find(|w| w["client"] == me.as_str() && w["state"] == "handling")
+            .cloned()
+    })
+    .unwrap_or_else(|| panic!("the worker never showed our request; last status: {last}"));
+    let id = busy["id"].as_u64().unwrap();
+    let pid = busy["pid"].as_u64().unwrap();
+
+    let mut browser = Chromium::new("busy");
+    let dom = browser.dump_dom(&format!("http://{metrics}/status?refresh=60"));
+    drop(browser);
+
+    let row = element(&dom, &format!("<tr id=\"worker-{id}\""), "</tr>");
+    assert!(row.contains("class=\"busy\""), "{row}");
+    assert!(row.contains(&format!(">{pid}<")), "{row}");
+    assert!(row.contains("handling"), "{row}");
+    assert!(row.contains(&me), "the client {me} is not in {row}");
+    assert!(row.contains("GET /sleep?ms=10000 HTTP/1.1"), "{row}");
+    let io = element(&dom, "<tr id=\"io\"", "</tr>");
+    assert!(io.contains("<td>blocking</td>"), "{io}");
+    let ready = element(&dom, "<tr id=\"ready\"", "</tr>");
+    assert!(ready.contains("ready yes"), "{ready}");
+    assert!(
+        dom.contains("<meta http-equiv=\"refresh\" content=\"60\">"),
+        "{dom}"
+    );
+    // The other worker is idle, without a client.
+    let other = 3 - id;
+    let idle = element(&dom, &format!("<tr id=\"worker-{other}\""), "</tr>");
+    assert!(!idle.contains("busy") && idle.contains("idle"), "{idle}");
+    // The page loaded nothing else and ran nothing: no script element in the DOM.
+    assert!(!dom.contains("<script"), "{dom}");
+    drop(client);
+}
+
+/// The status document with the figures that change by themselves between two snapshots
+/// (times, and the rate computed from the uptime) set to null.
+fn without_clocks(mut v: serde_json::Value) -> serde_json::Value {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    if k.ends_with("_seconds") || k == "requests_per_second" {
+                        *v = serde_json::Value::Null;
+                    } else {
+                        walk(v);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
+}
+
+/// Issue 34: `/status?json` is the `status --json` document (the same keys and values,
+/// but for the clocks that move between the two snapshots); HEAD works as for the other
+/// routes, and an unknown path's 404 names /status.
+#[test]
+fn issue_34_status_json_over_http_is_the_status_document() {
+    let dir = TestDir::new("status-page", "json");
+    let server = start(&dir, 2);
+    let metrics = server.metrics_addr();
+    // Some traffic, so that the counters are not all zero.
+    let (_, body) = http(
+        &server.tcp_addr().to_string(),
+        "GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(body, "Hello, World!");
+    let settled = wait_until(|| {
+        let s = status_json(&dir);
+        (s["totals"]["requests"] == 1
+            && s["workers"]
+                .as_array()
+                .is_some_and(|w| w.iter().all(|w| w["state"] == "idle")))
+        .then_some(s)
+    })
+    .expect("the request counted and the workers idle");
+    let (head, body) = http(&metrics, "GET /status?json HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(head.contains("\r\nContent-Type: application/json\r\n"), "{head}");
+    assert!(body.ends_with("}\n") && body.lines().count() == 1, "{body}");
+    let over_http: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let after = status_json(&dir);
+    assert_eq!(without_clocks(over_http.clone()), without_clocks(after));
+    assert_eq!(without_clocks(over_http), without_clocks(settled));
+
+    // HEAD: the same head, no body.
+    let mut s = TcpStream::connect(&metrics).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(b"HEAD /status HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut head = String::new();
+    s.read_to_string(&mut head).unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.contains("Content-Type: text/html; charset=utf-8\r\n"),
+        "{head}"
+    );
+    // The page itself, and the 404 that names it.
+    let (head, page) = http(&metrics, "GET /status HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        page.starts_with("<!DOCTYPE html>") && page.contains("http_hello"),
+        "{page}"
+    );
+    let (head, body) = http(&metrics, "GET /server-status HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 404 "), "{head}");
+    assert!(body.contains("/status"), "{body}");
+}
