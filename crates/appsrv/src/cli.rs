@@ -762,7 +762,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
         .arg(
             env_opt(prefix, "metrics-listen")
                 .value_name("ADDR")
-                .help("Serve /metrics over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100) for Prometheus, from the master, with /healthz (the master is alive) and /readyz (ready to take traffic: 503 while starting, draining or stopping)"),
+                .help("Serve over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100), from the master: /metrics for Prometheus, /healthz (the master is alive), /readyz (ready to take traffic: 503 while starting, draining or stopping) and /status (a status page for people; /status?json is status --json)"),
         )
         .next_help_heading("Workers and pool")
         .arg(

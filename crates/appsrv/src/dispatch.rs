@@ -680,7 +680,7 @@ fn check_datagrams(config: &Config, d: DatagramUse, event_capable: bool) -> Resu
     if let (Some(a), Some(_), true) = (dgram, stream, config.io != crate::Io::Event) {
         return Err(crate::net::listener::mixed_needs_event_loop(
             a.as_str(),
-            config.io,
+            config.io.name(),
         ));
     }
     Ok(())

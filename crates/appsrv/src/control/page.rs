@@ -81,20 +81,9 @@ fn escape_client_bytes(bytes: &[u8]) -> String {
     escape_html(&escape_bytes(bytes))
 }
 
-/// The workers' I/O model, as far as the snapshot tells it (the master's `--io` is not in
-/// it): `hybrid` with fronts' side, `event` when a live worker runs an event loop (async
-/// workers do too), `blocking` when live workers run none; `unknown` without a live
-/// worker (an `ondemand` pool at rest).
+/// The workers' I/O model (`--io`), as the master runs them.
 pub(crate) fn io_model(status: &Status) -> &'static str {
-    if status.hybrid.is_some() {
-        "hybrid"
-    } else if status.workers.iter().any(|(_, w)| w.event.is_some()) {
-        "event"
-    } else if !status.workers.is_empty() {
-        "blocking"
-    } else {
-        "unknown (no live worker)"
-    }
+    status.io
 }
 
 /// The generations of the live workers and fronts, oldest first, without repeats (two
@@ -686,10 +675,9 @@ mod tests {
             html.contains("<span class=\"ready no\">not ready</span> no live worker (2 starting)"),
             "{html}"
         );
-        // No workers at all: the I/O model cannot be told, nor the generation.
+        // No workers at all: no generation to tell.
         s.workers.clear();
         let html = render_html(&s, 5);
-        assert!(html.contains("unknown (no live worker)"), "{html}");
         assert!(html.contains("no live worker</p>"), "{html}");
     }
 
@@ -708,10 +696,12 @@ mod tests {
             ..EventView::default()
         });
         s.workers.push((3, ev));
+        s.io = "event";
         let html = render_html(&s, 5);
         assert!(html.contains("<td>event</td>"), "{html}");
         assert!(html.contains("id=\"event-loops\""), "{html}");
         assert!(html.contains("4ms ago"), "{html}");
+        s.io = "hybrid";
         s.hybrid = Some(crate::control::status::Hybrid::default());
         assert!(render_html(&s, 5).contains("<td>hybrid</td>"));
     }

@@ -459,6 +459,7 @@ fn json_f64(v: f64) -> String {
 ///   "uptime_seconds": 3600.5,
 ///   "grace_period_seconds": 30,    --grace-period: what a stop gives the connections
 ///   "drain_delay_seconds": 0,      --drain-delay: before it, /readyz answers 503
+///   "io": "blocking",              the workers' I/O model (--io): blocking, event, hybrid
 ///   "pool": {"policy": "static", "target": 4, "min_spare": 0, "max_spare": 0, "max": 4},
 ///   "totals": {                    over live and retired workers
 ///     "connections": 10, "requests": 25, "bytes_in": 1200, "bytes_out": 4000,
@@ -647,6 +648,7 @@ mod json {
         uptime_seconds: Secs,
         grace_period_seconds: Secs,
         drain_delay_seconds: Secs,
+        io: &'a str,
         pool: &'a status::PoolStatus,
         totals: TotalsDoc,
         event: Option<EventTotals>,
@@ -677,6 +679,7 @@ mod json {
                 uptime_seconds: status.uptime.into(),
                 grace_period_seconds: status.grace_period.into(),
                 drain_delay_seconds: status.drain_delay.into(),
+                io: status.io,
                 pool: &status.pool,
                 totals: TotalsDoc::new(&status.totals(), status.uptime),
                 event: (ev.workers > 0).then_some(ev),
@@ -1687,6 +1690,7 @@ pub(crate) mod tests {
             uptime: Duration::from_secs(3725),
             grace_period: Duration::from_secs(30),
             drain_delay: Duration::from_millis(2500),
+            io: "blocking",
             pool: PoolStatus {
                 policy: "static",
                 target: 2,
@@ -2324,6 +2328,7 @@ pub(crate) mod tests {
     fn event_status() -> Status {
         use crate::scoreboard::{ConnCounts, EventView};
         let mut s = sample_status();
+        s.io = "event";
         let mut busy = slot(4103, State::Handling);
         busy.event = Some(EventView {
             counts: ConnCounts {
@@ -2735,6 +2740,7 @@ pub(crate) mod tests {
     fn hybrid_status() -> Status {
         use crate::scoreboard::{ConnCounts, EventView};
         let mut s = sample_status();
+        s.io = "hybrid";
         let mut front = slot(4105, State::Reading);
         front.connections = 20;
         front.requests = 1500;

@@ -25,6 +25,8 @@ pub(crate) struct Status {
     /// for, issue 34).
     pub(crate) grace_period: Duration,
     pub(crate) drain_delay: Duration,
+    /// The workers' I/O model (`--io`): blocking, event or hybrid.
+    pub(crate) io: &'static str,
     pub(crate) pool: PoolStatus,
     pub(crate) listeners: Vec<ListenerStatus>,
     /// Live workers: (slot id, slot).

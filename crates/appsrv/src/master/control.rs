@@ -241,6 +241,7 @@ impl Master<'_> {
             uptime: self.started.elapsed(),
             grace_period: self.settings.grace_period,
             drain_delay: self.settings.drain_delay,
+            io: self.settings.io,
             pool: PoolStatus {
                 policy: self.settings.policy.name(),
                 target: self.target(),

@@ -181,7 +181,7 @@ fn open_listeners(
                 all.iter().any(|l| !l.is_datagram()),
                 config.io != crate::Io::Event,
             ) {
-                return Err(listener::mixed_needs_event_loop(&d.label(), config.io));
+                return Err(listener::mixed_needs_event_loop(&d.label(), config.io.name()));
             }
             Ok(all)
         }

@@ -408,10 +408,9 @@ fn absolute(path: PathBuf) -> PathBuf {
 /// The configuration error of a server with both kinds of listeners that does not run the
 /// event loop, naming its datagram listener `label` (checked on `--listen` before start, and
 /// again on the sockets systemd passes).
-pub(crate) fn mixed_needs_event_loop(label: &str, io: crate::Io) -> Error {
+pub(crate) fn mixed_needs_event_loop(label: &str, io: &str) -> Error {
     Error::Config(format!(
-        "{label}: datagrams are served from the event loop, beside the stream connections only with --io event (this server runs --io {}): drop --io {0}, or give --io event",
-        io.name()
+        "{label}: datagrams are served from the event loop, beside the stream connections only with --io event (this server runs --io {io}): drop --io {io}, or give --io event"
     ))
 }
 
