@@ -485,8 +485,8 @@ pub(crate) fn stop_command(name: &str, stop: Stop) -> i32 {
             facts.as_ref().map_or(assumed, |f| f.grace_period + f.drain_delay) + STOP_MARGIN
         })
     };
-    let pid = match pid_file {
-        Some(path) => match pid_from_file(name, &path, wait_for(&facts)) {
+    let pid = match &pid_file {
+        Some(path) => match pid_from_file(name, path, wait_for(&facts)) {
             Ok(pid) => pid,
             Err(status) => return status,
         },
@@ -558,8 +558,13 @@ pub(crate) fn stop_command(name: &str, stop: Stop) -> i32 {
     let mut second_sent = !now;
     loop {
         // The master removes the file and releases the lock as it exits; it is gone once
-        // the process is too (a zombie waiting for its parent to reap it counts as gone).
-        if process_gone(pid) {
+        // the process is too (its last steps come after the file's removal; a zombie
+        // waiting for its parent to reap it counts as gone). While the lock is held by
+        // that pid it is not gone, whatever the pid now names.
+        let locked = pid_file
+            .as_deref()
+            .is_some_and(|path| matches!(running(path), Ok(Running::Yes(p)) if p == pid.as_raw()));
+        if !locked && process_gone(pid) {
             outln!("{name}: stopped (pid {pid})");
             return 0;
         }
