@@ -490,3 +490,68 @@ fn issue_34_stop_says_what_it_waits_for_and_what_to_do_next() {
     );
     assert!(!alive(pid));
 }
+
+/// Issue 34: a user's `start` with the defaults: the log file's default directory
+/// (`$HOME/.local/state`) is created when missing; when it cannot be, the start fails with
+/// a message naming it and --log-file, and leaves no socket in `$XDG_RUNTIME_DIR`.
+#[test]
+fn issue_34_a_users_default_log_directory_is_made_and_a_failed_start_leaves_no_socket() {
+    if !is_root() {
+        eprintln!("skipped: needs root (to start the daemon as another user)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::new("user-defaults");
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let (runtime, home) = (d.dir.join("run"), d.dir.join("home"));
+    for dir in [&runtime, &home] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        nix::unistd::chown(dir, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    }
+    // As nobody, with its own groups (runuser), in a controlled environment (env).
+    let as_nobody = |home: &Path, args: &[String]| {
+        Command::new("runuser")
+            .args(["-u", "nobody", "--", "env", "-u", "XDG_STATE_HOME"])
+            .arg(format!("HOME={}", home.display()))
+            .arg(format!("XDG_RUNTIME_DIR={}", runtime.display()))
+            .arg(example("testbed"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let listen = format!("unix:{}", runtime.join("listen").display());
+    let start = |home: &Path| {
+        as_nobody(
+            home,
+            &[
+                "start".into(),
+                "-l".into(),
+                listen.clone(),
+                "-w".into(),
+                "1".into(),
+            ],
+        )
+    };
+    // HOME names nowhere that can be made: a clear failure, and nothing left behind.
+    let out = start(Path::new("/nonexistent-appsrv-home"));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("/nonexistent-appsrv-home/.local/state") && err.contains("--log-file"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&runtime)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind in XDG_RUNTIME_DIR: {left:?}");
+    // A fresh HOME: the directory is made, and the server starts and stops.
+    let out = start(&home);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(home.join(".local/state/testbed.log").exists());
+    let stop = as_nobody(&home, &["stop".into()]);
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+    assert!(text(&stop.stdout).contains("stopped"), "{}", text(&stop.stdout));
+}
