@@ -277,24 +277,7 @@ fn page_counters(o: &mut String, status: &Status, t: &Totals) {
     );
     let d = &t.datagrams;
     if d.received > 0 || status.listeners.iter().any(|l| l.datagram) {
-        row(
-            o,
-            "datagrams",
-            "Datagrams",
-            format!(
-                "{} received, {} answered, {} bytes in, {} bytes out; dropped: {} denied, \
-                 {} too large, {} rate-limited, {} handler errors, {} refused sends",
-                d.received,
-                d.sent,
-                d.bytes_in,
-                d.bytes_out,
-                d.denied,
-                d.too_large,
-                d.rate_limited,
-                d.errors,
-                d.send_failed
-            ),
-        );
+        row(o, "datagrams", "Datagrams", super::render::datagram_summary(d));
     }
     let ev = status.event_totals();
     if ev.workers > 0 {
@@ -302,33 +285,11 @@ fn page_counters(o: &mut String, status: &Status, t: &Totals) {
             o,
             "open-connections",
             "Open connections",
-            format!(
-                "{} in {} event workers: {} reading, {} requests in flight, {} writing, \
-                 {} idle keep-alive; accepts paused in {}",
-                ev.open,
-                ev.workers,
-                ev.reading,
-                ev.requests_in_flight,
-                ev.writing,
-                ev.idle_keepalive,
-                ev.accepts_paused
-            ),
+            super::render::connections_summary(&ev),
         );
     }
     if let Some(h) = &status.hybrid {
-        let (held, idle) = h.held();
-        row(
-            o,
-            "hybrid",
-            "Hybrid fronts",
-            format!(
-                "{} fronts hold {held} connections ({idle} idle keep-alive); {} requests \
-                 waiting for a worker; {} handed off",
-                h.fronts.len(),
-                h.requests_waiting,
-                h.handed_off
-            ),
-        );
+        row(o, "hybrid", "Hybrid fronts", super::render::hybrid_summary(h));
     }
     o.push_str("</table>\n");
 }

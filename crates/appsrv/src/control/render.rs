@@ -155,20 +155,24 @@ fn text_totals(o: &mut String, status: &Status, totals: &Totals) {
     );
     let d = &totals.datagrams;
     if d.received > 0 || status.listeners.iter().any(|l| l.datagram) {
-        let _ = writeln!(
-            o,
-            "Datagrams:     {} received, {} answered, {} bytes in, {} bytes out; dropped: {} denied, {} too large, {} rate-limited, {} handler errors, {} refused sends",
-            d.received,
-            d.sent,
-            d.bytes_in,
-            d.bytes_out,
-            d.denied,
-            d.too_large,
-            d.rate_limited,
-            d.errors,
-            d.send_failed
-        );
+        let _ = writeln!(o, "Datagrams:     {}", datagram_summary(d));
     }
+}
+
+/// The datagram counters in one sentence, as `status` and the status page say them.
+pub(super) fn datagram_summary(d: &crate::scoreboard::DatagramCounts) -> String {
+    format!(
+        "{} received, {} answered, {} bytes in, {} bytes out; dropped: {} denied, {} too large, {} rate-limited, {} handler errors, {} refused sends",
+        d.received,
+        d.sent,
+        d.bytes_in,
+        d.bytes_out,
+        d.denied,
+        d.too_large,
+        d.rate_limited,
+        d.errors,
+        d.send_failed
+    )
 }
 
 /// The connections open now: those the hybrid fronts hold, those of the event workers
@@ -176,30 +180,38 @@ fn text_totals(o: &mut String, status: &Status, totals: &Totals) {
 /// has any number of, and the event loop 0 or 1).
 fn text_connections(o: &mut String, status: &Status) {
     if let Some(h) = &status.hybrid {
-        let (held, idle) = h.held();
-        let _ = writeln!(
-            o,
-            "Hybrid:        {} fronts hold {held} connections ({idle} idle keep-alive); {} requests waiting for a worker; {} handed off",
-            h.fronts.len(),
-            h.requests_waiting,
-            h.handed_off
-        );
+        let _ = writeln!(o, "Hybrid:        {}", hybrid_summary(h));
     }
     let ev = status.event_totals();
     if ev.workers > 0 {
-        let _ = writeln!(
-            o,
-            "Connections:   {} open in {} event workers: {} reading, {} in flight, {} writing, \
-             {} idle keep-alive; accepts paused in {}",
-            ev.open,
-            ev.workers,
-            ev.reading,
-            ev.requests_in_flight,
-            ev.writing,
-            ev.idle_keepalive,
-            ev.accepts_paused
-        );
+        let _ = writeln!(o, "Connections:   {}", connections_summary(&ev));
     }
+}
+
+/// The hybrid fronts in one sentence, as `status` and the status page say them.
+pub(super) fn hybrid_summary(h: &crate::control::status::Hybrid) -> String {
+    let (held, idle) = h.held();
+    format!(
+        "{} fronts hold {held} connections ({idle} idle keep-alive); {} requests waiting for a worker; {} handed off",
+        h.fronts.len(),
+        h.requests_waiting,
+        h.handed_off
+    )
+}
+
+/// The event workers' connections in one sentence, as `status` and the status page say
+/// them.
+pub(super) fn connections_summary(ev: &crate::control::status::EventTotals) -> String {
+    format!(
+        "{} open in {} event workers: {} reading, {} in flight, {} writing, {} idle keep-alive; accepts paused in {}",
+        ev.open,
+        ev.workers,
+        ev.reading,
+        ev.requests_in_flight,
+        ev.writing,
+        ev.idle_keepalive,
+        ev.accepts_paused
+    )
 }
 
 /// Slow handler calls, and the mean request time, when there are any.
