@@ -572,7 +572,10 @@ impl Resp {
             limit: self.max_inline,
         };
         let rest = &buf[start..];
-        let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
+        // The line end is looked for within the limit only: bytes beyond it (pipelined
+        // requests, or a flood with no line end) are not scanned again at each read.
+        let window = &rest[..rest.len().min(self.max_inline)];
+        let Some(nl) = window.iter().position(|b| *b == b'\n') else {
             if rest.len() >= self.max_inline {
                 return Err(too_large);
             }
