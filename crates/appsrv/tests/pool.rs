@@ -153,7 +153,7 @@ fn workers_are_recycled_by_request_count_without_a_failed_request(io: Io) {
                 s.spawn(move || {
                     (0..60)
                         .map(|_| kv_request(addr, "GET x"))
-                        .filter(|r| r.as_deref() != Some("NOT_FOUND\r\nBYE\r\n"))
+                        .filter(|r| r.as_deref() != Some("$-1\r\n+OK\r\n"))
                         .collect::<Vec<_>>()
                 })
             })
@@ -264,7 +264,7 @@ fn request_level_workers_are_recycled_by_age(io: Io) {
     assert!(replaced.is_some(), "log:\n{}", server.log_text());
     assert_eq!(
         kv_request(server.tcp_addr(), "GET x").as_deref(),
-        Some("NOT_FOUND\r\nBYE\r\n")
+        Some("$-1\r\n+OK\r\n")
     );
 }
 
@@ -306,9 +306,9 @@ fn the_access_log_has_one_line_per_request(io: Io) {
     );
     let mut c = LineClient::tcp(server.tcp_addr());
     let me = c.get_mut().local_addr().unwrap();
-    assert_eq!(c.ask("SET k v"), "OK");
-    assert_eq!(c.ask("GET k"), "VALUE v");
-    assert_eq!(c.ask("QUIT"), "BYE");
+    assert_eq!(c.redis("SET k v"), "OK");
+    assert_eq!(c.redis("GET k"), "\"v\"");
+    assert_eq!(c.redis("QUIT"), "OK");
     // Written when the worker goes back to waiting for a connection.
     let text = wait_until(|| {
         let t = std::fs::read_to_string(&log).unwrap_or_default();
@@ -317,7 +317,7 @@ fn the_access_log_has_one_line_per_request(io: Io) {
     .expect("three lines");
     let lines: Vec<&str> = text.lines().collect();
     assert!(
-        lines[0].contains(&format!(" {me} ok ")) && lines[0].ends_with(" in=8 out=4 \"SET k v\""),
+        lines[0].contains(&format!(" {me} ok ")) && lines[0].ends_with(" in=8 out=5 \"SET k v\""),
         "{text}"
     );
     assert!(lines[1].ends_with("\"GET k\""), "{text}");
@@ -345,9 +345,9 @@ fn a_request_cut_short_does_not_leave_its_clock_running(io: Io) {
     slow.set_read_timeout(Some(PATIENCE)).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(600));
     slow.write_all(b"GET x\r\n").unwrap();
-    let mut buf = [0u8; 11];
+    let mut buf = [0u8; 5];
     slow.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"NOT_FOUND\r\n");
+    assert_eq!(&buf, b"$-1\r\n");
     assert!(
         !server.log_text().contains("exceeded the request timeout"),
         "{}",
@@ -505,7 +505,7 @@ fn issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period
         }
         let mut line = String::new();
         match std::io::BufRead::read_line(&mut reader, &mut line) {
-            Ok(n) if n > 0 => assert_eq!(line.trim_end(), "OK"),
+            Ok(n) if n > 0 => assert_eq!(line.trim_end(), "+OK"),
             _ => {
                 cut = true;
                 break;
@@ -517,5 +517,5 @@ fn issue_14_a_worker_far_over_its_memory_limit_is_killed_before_the_grace_period
     assert!(line.contains("cutting the connection from 127.0.0.1:"), "{line}");
     // The replacement serves.
     let mut c = LineClient::tcp(server.tcp_addr());
-    assert_eq!(c.ask("SET a b"), "OK");
+    assert_eq!(c.redis("SET a b"), "OK");
 }

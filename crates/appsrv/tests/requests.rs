@@ -1,5 +1,6 @@
 //! The request level: codecs driven by the framework's loop, through the `ping` (a codec of
-//! its own, RESP) and `kv` (the built-in `Lines` codec) examples as real processes.
+//! its own, a subset of RESP) and `kv` (the built-in `Resp` codec) examples as real
+//! processes.
 //!
 //! Regression tests for issue #4 ("Request handlers, protocol codecs").
 
@@ -87,9 +88,9 @@ fn an_oversized_line_is_refused_with_the_codec_error(io: Io) {
     let long = vec![b'x'; 70 * 1024];
     let _ = s.write_all(&long); // the server may close before reading it all
     let reply = read_to_end(&mut s);
-    assert!(
-        reply.starts_with("-ERR line too large (limit 65536 bytes)"),
-        "{reply:?}"
+    assert_eq!(
+        reply, "-ERR Protocol error: inline request too large (limit 65536 bytes)\r\n",
+        "an inline command is limited to 64 KiB, as in Redis"
     );
 }
 
@@ -192,14 +193,14 @@ both_io!(blocking_event: kv_keeps_state_per_worker);
 fn kv_keeps_state_per_worker(io: Io) {
     let server = kv(io, &["-w", "1"]);
     let mut a = LineClient::tcp(server.tcp_addr());
-    assert_eq!(a.ask("SET colour blue"), "OK");
-    assert_eq!(a.ask("GET colour"), "VALUE blue");
+    assert_eq!(a.redis("SET colour blue"), "OK");
+    assert_eq!(a.redis("GET colour"), "\"blue\"");
     drop(a);
     let mut b = LineClient::tcp(server.tcp_addr());
-    assert_eq!(b.ask("GET colour"), "VALUE blue", "one worker, one map");
-    assert_eq!(b.ask("DEL colour"), "DELETED");
-    assert_eq!(b.ask("GET colour"), "NOT_FOUND");
-    assert_eq!(b.ask("QUIT"), "BYE");
+    assert_eq!(b.redis("GET colour"), "\"blue\"", "one worker, one map");
+    assert_eq!(b.redis("DEL colour"), "(integer) 1");
+    assert_eq!(b.redis("GET colour"), "(nil)");
+    assert_eq!(b.redis("QUIT"), "OK");
     assert_eq!(b.rest().unwrap(), "");
 }
 
@@ -211,25 +212,25 @@ both_io!(blocking_event: issue_15_a_session_lasts_one_connection);
 fn issue_15_a_session_lasts_one_connection(io: Io) {
     let server = kv(io, &["-w", "1"]);
     let mut a = LineClient::tcp(server.tcp_addr());
-    assert_eq!(a.ask("SELECT 1"), "OK");
-    assert_eq!(a.ask("SET colour blue"), "OK");
-    assert_eq!(a.ask("GET colour"), "VALUE blue");
-    assert_eq!(a.ask("SELECT 99"), "-ERR no such database (0 to 15)");
+    assert_eq!(a.redis("SELECT 1"), "OK");
+    assert_eq!(a.redis("SET colour blue"), "OK");
+    assert_eq!(a.redis("GET colour"), "\"blue\"");
+    assert_eq!(a.redis("SELECT 99"), "(error) ERR DB index is out of range");
     assert_eq!(
-        a.ask("GET colour"),
-        "VALUE blue",
+        a.redis("GET colour"),
+        "\"blue\"",
         "a refused SELECT keeps the database"
     );
-    assert_eq!(a.ask("QUIT"), "BYE");
+    assert_eq!(a.redis("QUIT"), "OK");
     drop(a);
     let mut b = LineClient::tcp(server.tcp_addr());
     assert_eq!(
-        b.ask("GET colour"),
-        "NOT_FOUND",
+        b.redis("GET colour"),
+        "(nil)",
         "a new connection starts in database 0"
     );
-    assert_eq!(b.ask("SELECT 1"), "OK");
-    assert_eq!(b.ask("GET colour"), "VALUE blue", "one worker, one map");
+    assert_eq!(b.redis("SELECT 1"), "OK");
+    assert_eq!(b.redis("GET colour"), "\"blue\"", "one worker, one map");
 }
 
 both_io!(ping_answers_redis_benchmark_without_errors);

@@ -6,8 +6,9 @@
 //! codec usable by the blocking loop of today and by an event loop that reads without
 //! blocking and calls the handler only for complete requests.
 //!
-//! Built-in codecs: [`Lines`], [`LengthPrefixed`], [`Netstring`] and [`Http`]. A codec of
-//! your own fits in a few lines; see `examples/ping.rs` (a subset of the Redis protocol).
+//! Built-in codecs: [`Lines`], [`LengthPrefixed`], [`Netstring`], [`Resp`] (RESP2, the Redis
+//! protocol) and [`Http`]. A codec of your own fits in a few lines; see `examples/ping.rs`
+//! (a hand-written subset of the Redis protocol).
 //!
 //! # The request loop
 //!
@@ -25,11 +26,13 @@ mod http;
 mod length;
 mod lines;
 mod netstring;
+mod resp;
 
 pub use http::{Http, HttpRequest, HttpResponse};
 pub use length::{LengthPrefixed, LengthResponse, Prefix};
 pub use lines::{Lines, LinesResponse};
 pub use netstring::{Netstring, NetstringResponse};
+pub use resp::{Resp, RespArgs, RespRequest, RespResponse};
 
 use std::borrow::Cow;
 use std::fmt;

@@ -604,6 +604,42 @@ impl<S: Read + Write> LineClient<S> {
         self.line()
     }
 
+    /// Sends `command` (an inline command of the Redis protocol) and returns the reply, as
+    /// [`reply`](LineClient::reply) shows it.
+    pub fn redis(&mut self, command: &str) -> String {
+        self.send(command);
+        self.reply()
+    }
+
+    /// Reads one RESP2 reply and shows it as `redis-cli` does: `OK`, `(error) ERR ...`,
+    /// `(integer) 1`, `"value"` (Rust's escapes), `(nil)`; an array as `[a, b]`, the null
+    /// array as `(nil array)`.
+    pub fn reply(&mut self) -> String {
+        let l = self.line();
+        assert!(!l.is_empty(), "no reply (connection closed or blank line)");
+        let (kind, rest) = l.split_at(1);
+        match kind {
+            "+" => rest.to_owned(),
+            "-" => format!("(error) {rest}"),
+            ":" => format!("(integer) {rest}"),
+            "$" if rest == "-1" => "(nil)".to_owned(),
+            "$" => {
+                let len: usize = rest.parse().expect("a bulk string length");
+                let mut data = vec![0; len + 2];
+                self.reader.read_exact(&mut data).expect("read a bulk string");
+                assert_eq!(&data[len..], b"\r\n", "a bulk string ends in CRLF");
+                format!("{:?}", String::from_utf8_lossy(&data[..len]))
+            }
+            "*" if rest == "-1" => "(nil array)".to_owned(),
+            "*" => {
+                let len: usize = rest.parse().expect("an array length");
+                let items: Vec<String> = (0..len).map(|_| self.reply()).collect();
+                format!("[{}]", items.join(", "))
+            }
+            _ => panic!("not a RESP2 reply: {l:?}"),
+        }
+    }
+
     /// Reads the testbed's greeting and returns the worker pid it names.
     pub fn testbed_pid(&mut self) -> i32 {
         let l = self.line();
