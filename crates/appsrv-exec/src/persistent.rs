@@ -297,8 +297,7 @@ impl Worker {
             }
             if out_ready || exited {
                 // Everything the pipe holds now (after an exit, all it will ever hold).
-                loop {
-                    let Some(stdout) = &cmd.stdout else { break };
+                while let Some(stdout) = &cmd.stdout {
                     match command::read_some(stdout, &mut buf) {
                         Ok(Some(0)) | Err(_) => {
                             cmd.stdout = None;

@@ -6,7 +6,7 @@
 //! to the command are non-blocking, from a pending buffer of at most [`CHUNK`] bytes (the
 //! client is not read while it is full), so a command that does not read cannot block the
 //! relay, nor a client that does not read the command; the writes to the client go through
-//! appsrv's [`Client`], with its write timeout and `--min-send-rate`. Because the worker
+//! appsrv's [`Client`](appsrv::Client), with its write timeout and `--min-send-rate`. Because the worker
 //! relays, it also terminates TLS, counts the bytes for the access log, applies
 //! `--max-output`, and logs the command's standard error a line at a time.
 
@@ -186,9 +186,8 @@ fn relay(
             state.write_stdin(cmd);
         }
         if ready[2] {
-            match state.read_stdout(client, cmd, limits, who)? {
-                Some(end) => break end,
-                None => {}
+            if let Some(end) = state.read_stdout(client, cmd, limits, who)? {
+                break end;
             }
         }
         if ready[0] {
