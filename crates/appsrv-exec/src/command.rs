@@ -1,22 +1,22 @@
 //! Starting COMMAND, and ending it with everything it started.
 //!
-//! The child's set-up between `fork` and `execve` follows the `runas` example's
+//! The child's set-up before `execve` follows the `runas` example's
 //! (`crates/appsrv-runas/examples/runas/exec.rs`): a session and process group of its own,
 //! default signal dispositions and an empty mask, the resource limits, the parent-death
 //! signal, every descriptor but 0, 1 and 2 closed on exec. Unlike `runas`, the command keeps
-//! the worker's identity (appsrv's `--user` dropped the worker already) and environment.
+//! the worker's identity (appsrv's `--user` dropped the worker already) and environment,
+//! and it is started with `clone(CLONE_VM | CLONE_VFORK)` rather than `fork` (see
+//! [`spawn`]): a command per connection makes the start the cost that matters.
 //!
 //! The end is in the order `runas` found safe: learn that the leader exited without
 //! reaping it ([`Running::has_exited`]), kill the whole group while the leader's pid (the
 //! group's id) is still ours, then reap the leader and what it left in the group, which the
 //! worker, a child subreaper, inherited.
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::resource::Resource;
@@ -71,8 +71,8 @@ pub(crate) fn resolve(program: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("command {}: not found in PATH", program.display()))
 }
 
-/// What the child does between `fork` and `execve`, prepared before the fork: only system
-/// calls, no allocation, no lock.
+/// What the child does between `clone` and `execve`, prepared by the parent: only system
+/// calls, no allocation, no lock (the child runs in the parent's memory).
 #[derive(Clone, Copy)]
 struct ChildSetup {
     rlimit_cpu: Option<u64>,
@@ -166,7 +166,7 @@ const NOT_INHERITED: [&str; 5] = [
 /// says when it exits.
 #[derive(Debug)]
 pub(crate) struct Running {
-    child: Child,
+    pid: Pid,
     pub(crate) stdin: Option<OwnedFd>,
     pub(crate) stdout: Option<OwnedFd>,
     pub(crate) stderr: Option<OwnedFd>,
@@ -177,20 +177,175 @@ pub(crate) struct Running {
     ended: bool,
 }
 
+/// The size of the stack the child runs on until it calls `execve` (see [`spawn`]).
+const CHILD_STACK: usize = 256 * 1024;
+
+/// What the child needs between `clone` and `execve`, prepared by the parent: pointers
+/// into memory the parent keeps until `clone` returns, which is after the `execve`.
+struct ChildArgs {
+    setup: ChildSetup,
+    program: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    /// The child's standard input, output and error.
+    stdio: [libc::c_int; 3],
+    /// The errno of what failed before `execve` succeeded (0: it succeeded).
+    error: libc::c_int,
+}
+
+/// The child, on its own stack in the parent's memory (`CLONE_VM`), while the parent waits
+/// (`CLONE_VFORK`) until it calls `execve` or exits: only system calls, on data the parent
+/// prepared. Its signals are all blocked (the parent's mask, inherited) until
+/// [`ChildSetup::apply`] has reset every disposition to the default: none of the worker's
+/// handlers can run on this stack.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildArgs` that `spawn` passed to clone; the parent does not
+    // touch it until this child has called execve or exited.
+    let args = unsafe { &mut *(arg as *mut ChildArgs) };
+    for (target, &fd) in args.stdio.iter().enumerate() {
+        let target = target as libc::c_int;
+        // SAFETY: dup2 and fcntl on descriptors of this process.
+        let r = unsafe {
+            if fd == target {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, target)
+            }
+        };
+        if r < 0 {
+            args.error = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            // SAFETY: _exit ends this child without running anything of the parent's.
+            unsafe { libc::_exit(127) };
+        }
+    }
+    if let Err(e) = args.setup.apply() {
+        args.error = e.raw_os_error().unwrap_or(libc::EIO);
+        // SAFETY: as above.
+        unsafe { libc::_exit(127) };
+    }
+    // SAFETY: the program, argv and envp are NUL-terminated strings and null-terminated
+    // arrays that the parent keeps alive until clone returns.
+    unsafe { libc::execve(args.program, args.argv, args.envp) };
+    args.error = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+    // SAFETY: as above.
+    unsafe { libc::_exit(127) }
+}
+
+/// A pipe, both ends close-on-exec: (read, write).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}
+
+/// Starts `program` with `argv` and `envp` as a child set up by `setup`, its standard
+/// input, output and error the given descriptors; returns its pid.
+///
+/// With `clone(CLONE_VM | CLONE_VFORK)`, as glibc's `posix_spawn` does, rather than
+/// `fork`: the worker's page tables are not copied and no page is copied on write, which
+/// is most of what a fork costs a command per connection. posix_spawn itself cannot set
+/// the parent-death signal, nor resource limits for the child alone.
+fn spawn(
+    setup: ChildSetup,
+    program: &CString,
+    argv: &[CString],
+    envp: &[CString],
+    stdio: [&OwnedFd; 3],
+) -> io::Result<Pid> {
+    let argv_ptrs: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp_ptrs: Vec<*const libc::c_char> = envp
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let mut args = ChildArgs {
+        setup,
+        program: program.as_ptr(),
+        argv: argv_ptrs.as_ptr(),
+        envp: envp_ptrs.as_ptr(),
+        stdio: stdio.map(|fd| std::os::fd::AsRawFd::as_raw_fd(fd)),
+        error: 0,
+    };
+    let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
+    // The stack grows down from its end, aligned to 16 bytes.
+    let top = ((stack.as_mut_ptr() as usize + CHILD_STACK) & !15) as *mut libc::c_void;
+    // Every signal blocked across the clone, so that the child runs no handler of the
+    // worker's before it has reset them (see child_main).
+    let all = SigSet::all();
+    let mut saved = SigSet::empty();
+    signal::pthread_sigmask(signal::SigmaskHow::SIG_SETMASK, Some(&all), Some(&mut saved))?;
+    // SAFETY: child_main only makes system calls on `args`, which lives until clone
+    // returns, and the parent is suspended until the child calls execve or exits
+    // (CLONE_VFORK), so the child has the shared memory (CLONE_VM) and `stack` to itself.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &mut args as *mut ChildArgs as *mut libc::c_void,
+        )
+    };
+    let cloned = io::Error::last_os_error();
+    let _ = signal::pthread_sigmask(signal::SigmaskHow::SIG_SETMASK, Some(&saved), None);
+    drop(stack);
+    if pid < 0 {
+        return Err(cloned);
+    }
+    let pid = Pid::from_raw(pid);
+    if args.error != 0 {
+        // It exited without running the program: reaped here.
+        while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
+        return Err(io::Error::from_raw_os_error(args.error));
+    }
+    Ok(pid)
+}
+
+/// The environment of a command: the worker's, without [`NOT_INHERITED`] and the names
+/// `env` sets, then `env`.
+fn environment(env: &[(&str, String)]) -> Vec<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out: Vec<CString> = std::env::vars_os()
+        .filter(|(name, _)| {
+            let name = name.as_bytes();
+            !NOT_INHERITED.iter().any(|n| n.as_bytes() == name)
+                && !env.iter().any(|(n, _)| n.as_bytes() == name)
+        })
+        .filter_map(|(name, value)| {
+            let mut entry = name.as_bytes().to_vec();
+            entry.push(b'=');
+            entry.extend_from_slice(value.as_bytes());
+            CString::new(entry).ok()
+        })
+        .collect();
+    out.extend(
+        env.iter()
+            .filter_map(|(n, v)| CString::new(format!("{n}={v}")).ok()),
+    );
+    out
+}
+
 impl Running {
     /// Starts `spec` with `env` added, its standard input, output and error piped (the
     /// worker's ends non-blocking).
     pub(crate) fn start(spec: &Spec, env: &[(&str, String)]) -> io::Result<Running> {
-        let mut cmd = std::process::Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for name in NOT_INHERITED {
-            cmd.env_remove(name);
+        use std::os::unix::ffi::OsStrExt;
+        let cstring = |s: &std::ffi::OsStr| {
+            CString::new(s.as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the command"))
+        };
+        let program = cstring(spec.program.as_os_str())?;
+        let mut argv = vec![program.clone()];
+        for a in &spec.args {
+            argv.push(cstring(a)?);
         }
-        for (name, value) in env {
-            cmd.env(name, value);
+        let envp = environment(env);
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        for fd in [&stdin_w, &stdout_r, &stderr_r] {
+            set_nonblocking(fd.as_fd())?;
         }
         let setup = ChildSetup {
             rlimit_cpu: spec.rlimit_cpu,
@@ -198,43 +353,28 @@ impl Running {
             parent: nix::unistd::getpid().as_raw(),
             last_signal: libc::SIGRTMAX(),
         };
-        // SAFETY: `apply` makes only async-signal-safe system calls on data copied before
-        // the fork (no allocation, no lock), as a pre_exec closure must.
-        unsafe { cmd.pre_exec(move || setup.apply()) };
-        let mut child = cmd.spawn()?;
-        let take = |fd: Option<OwnedFd>| -> io::Result<Option<OwnedFd>> {
-            if let Some(fd) = &fd {
-                set_nonblocking(fd.as_fd())?;
-            }
-            Ok(fd)
-        };
-        let stdin = take(child.stdin.take().map(OwnedFd::from));
-        let stdout = take(child.stdout.take().map(OwnedFd::from));
-        let stderr = take(child.stderr.take().map(OwnedFd::from));
+        let pid = spawn(setup, &program, &argv, &envp, [&stdin_r, &stdout_w, &stderr_w])?;
+        // The child's ends are the child's alone now.
+        drop((stdin_r, stdout_w, stderr_w));
         // SAFETY: pidfd_open on our own unreaped child; a non-negative result is a new
         // descriptor (close-on-exec by definition) that we own.
         let pidfd = unsafe {
-            let fd = libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0);
+            let fd = libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0);
             (fd >= 0).then(|| OwnedFd::from_raw_fd(fd as i32))
         };
-        let mut running = Running {
-            child,
-            stdin: None,
-            stdout: None,
-            stderr: None,
+        Ok(Running {
+            pid,
+            stdin: Some(stdin_w),
+            stdout: Some(stdout_r),
+            stderr: Some(stderr_r),
             pidfd,
             started: Instant::now(),
             ended: false,
-        };
-        // On an error here the group is ended by Drop.
-        running.stdin = stdin?;
-        running.stdout = stdout?;
-        running.stderr = stderr?;
-        Ok(running)
+        })
     }
 
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid.as_raw()
     }
 
     /// The pidfd, to poll beside the pipes (readable once the command exits).
@@ -248,7 +388,7 @@ impl Running {
         use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
         let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
         !matches!(
-            waitid(Id::Pid(Pid::from_raw(self.child.id() as i32)), flags),
+            waitid(Id::Pid(self.pid), flags),
             Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR)
         )
     }
@@ -266,7 +406,7 @@ impl Running {
         self.stdin = None;
         self.stdout = None;
         self.stderr = None;
-        let pgid = Pid::from_raw(self.child.id() as i32);
+        let pgid = self.pid;
         if !grace.is_zero() && !self.has_exited() {
             let _ = signal::killpg(pgid, Signal::SIGTERM);
             let deadline = Instant::now() + grace;
@@ -278,8 +418,8 @@ impl Running {
         let _ = signal::killpg(pgid, Signal::SIGKILL);
         let _ = signal::kill(pgid, Signal::SIGKILL);
         let status = loop {
-            match self.child.wait() {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            match nix::sys::wait::waitpid(self.pid, None) {
+                Err(nix::errno::Errno::EINTR) => continue,
                 other => break other,
             }
         };
@@ -314,14 +454,11 @@ impl Drop for Running {
 }
 
 /// An exit status for a log line.
-pub(crate) fn describe(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit status {code}"),
-        (None, Some(sig)) => format!(
-            "killed by signal {sig} ({})",
-            Signal::try_from(sig).map_or("?", |s| s.as_str())
-        ),
+pub(crate) fn describe(status: nix::sys::wait::WaitStatus) -> String {
+    use nix::sys::wait::WaitStatus;
+    match status {
+        WaitStatus::Exited(_, code) => format!("exit status {code}"),
+        WaitStatus::Signaled(_, sig, _) => format!("killed by signal {} ({})", sig as i32, sig.as_str()),
         _ => "ended".into(),
     }
 }

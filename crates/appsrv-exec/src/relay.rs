@@ -53,6 +53,9 @@ impl appsrv::Handler for Relay {
             }
         };
         let relayed = relay(client, &mut cmd, &self.limits, &who);
+        // Closed before the command is reaped: the client has its end of file while the
+        // command's process is torn down.
+        let closed = client.close();
         // Whatever was relayed is out; what is left of the command goes, its group with it.
         let grace = if cmd.has_exited() {
             Duration::ZERO
@@ -62,7 +65,11 @@ impl appsrv::Handler for Relay {
         let status = cmd.end(grace);
         command::reap_strays();
         tracing::debug!("{who}: command (pid {}) {status}", cmd.pid());
-        relayed
+        let end = relayed?;
+        if matches!(end, End::Cut) {
+            return Ok(()); // an error closing a connection that a limit cut is expected
+        }
+        closed
     }
 }
 
@@ -88,7 +95,7 @@ pub(crate) fn ucspi_env(client: &appsrv::Client) -> Vec<(&'static str, String)> 
     env
 }
 
-/// How the relay ended, for the log.
+/// How the relay ended.
 enum End {
     /// The command closed its output or exited: the normal end.
     Done,
@@ -96,15 +103,15 @@ enum End {
     Cut,
 }
 
-/// Relays until the command closes its standard output or exits (then what it wrote is
-/// flushed to the client), or a limit ends it. A client's error is returned (appsrv logs
-/// it); the command is left for the caller to end.
+/// Relays until the command closes its standard output or exits (what it wrote is then
+/// sent to the client), or a limit ends it. A client's error is returned (appsrv logs it);
+/// the connection is left for the caller to close and the command to end.
 fn relay(
     client: &mut appsrv::Client,
     cmd: &mut Running,
     limits: &Limits,
     who: &appsrv::Addr,
-) -> io::Result<()> {
+) -> io::Result<End> {
     let mut state = State {
         pending: Vec::with_capacity(CHUNK),
         client_open: true,
@@ -208,10 +215,7 @@ fn relay(
         state.errors.drain(&fd, who);
     }
     state.errors.finish(who);
-    match end {
-        End::Done => client.flush(),
-        End::Cut => client.close(),
-    }
+    Ok(end)
 }
 
 struct State {

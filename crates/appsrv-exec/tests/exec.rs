@@ -150,7 +150,7 @@ fn issue_35_the_ucspi_environment_and_no_other_descriptor() {
             "--",
             "/bin/sh",
             "-c",
-            "env; echo fds $(ls /proc/self/fd | tr '\\n' ' ')",
+            "env; echo fds $(ls /proc/self/fd | tr '\\n' ' '); grep -E '^Sig(Blk|Ign)' /proc/self/status",
         ],
     );
     let addr = server.tcp_addr();
@@ -173,6 +173,9 @@ fn issue_35_the_ucspi_environment_and_no_other_descriptor() {
     // `ls` sees 0, 1, 2 and the directory it reads (3), nothing inherited.
     let fds = out.lines().find_map(|l| l.strip_prefix("fds ")).unwrap();
     assert_eq!(fds.trim(), "0 1 2 3", "{out}");
+    // Default dispositions (the worker ignores PIPE) and no signal blocked.
+    assert!(out.contains("SigBlk:\t0000000000000000\n"), "{out}");
+    assert!(out.contains("SigIgn:\t0000000000000000\n"), "{out}");
 
     let mut u = std::os::unix::net::UnixStream::connect(&unix).unwrap();
     u.set_read_timeout(Some(PATIENCE)).unwrap();
