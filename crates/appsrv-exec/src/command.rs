@@ -265,7 +265,7 @@ fn spawn(
         program: program.as_ptr(),
         argv: argv_ptrs.as_ptr(),
         envp: envp_ptrs.as_ptr(),
-        stdio: stdio.map(|fd| std::os::fd::AsRawFd::as_raw_fd(fd)),
+        stdio: stdio.map(std::os::fd::AsRawFd::as_raw_fd),
         error: 0,
     };
     let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
