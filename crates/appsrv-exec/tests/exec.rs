@@ -556,3 +556,60 @@ fn issue_35_check_refuses_a_command_that_cannot_run() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn issue_35_max_output_closes_the_connection() {
+    let dir = TestDir::new("exec", "max-output");
+    let server = start(&dir, &["--max-output", "10", "--", "yes"]);
+    let mut s = connect(server.tcp_addr());
+    let mut out = Vec::new();
+    // `yes` never ends: only the limit does, with exactly that many bytes sent.
+    s.read_to_end(&mut out).unwrap();
+    assert_eq!(out, b"y\ny\ny\ny\ny\n");
+    server.wait_for_log("passed --max-output 10 bytes: closing the connection");
+}
+
+#[test]
+fn issue_35_persistent_mode_speaks_netstrings_and_length_prefixes() {
+    let dir = TestDir::new("exec", "codecs");
+    let upper = example("upper-persistent.py");
+    let server = start(
+        &dir,
+        &[
+            "-w",
+            "1",
+            "--mode",
+            "persistent",
+            "--codec",
+            "netstring",
+            "--",
+            &upper,
+        ],
+    );
+    let mut s = connect(server.tcp_addr());
+    s.write_all(b"5:hello,11:two\nlines\r\n,").unwrap();
+    let expected = b"5:HELLO,11:TWO\nLINES\r\n,";
+    let mut got = vec![0u8; expected.len()];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, expected);
+    drop(server);
+
+    let server = start(
+        &dir,
+        &[
+            "-w",
+            "1",
+            "--mode",
+            "persistent",
+            "--codec",
+            "length",
+            "--",
+            &upper,
+        ],
+    );
+    let mut s = connect(server.tcp_addr());
+    s.write_all(b"\0\0\0\x05hello").unwrap();
+    let mut got = [0u8; 9];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"\0\0\0\x05HELLO");
+}
