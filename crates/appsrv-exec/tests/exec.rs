@@ -436,7 +436,7 @@ fn issue_35_the_worker_relays_plain_text_over_tls() {
             "--",
             "/bin/sh",
             "-c",
-            "read a; read b; echo \"got $a and $b over $PROTO\"",
+            "read a; read b; echo \"got $a and $b over $PROTO\"; sleep 0.5; head -c 200000 | wc -c",
         ],
     );
     let addr = server.tcp_addr();
@@ -453,8 +453,17 @@ fn issue_35_the_worker_relays_plain_text_over_tls() {
         .stderr(Stdio::null())
         .spawn()
         .expect("openssl");
-    // Both lines in one TLS record: the second waits decrypted while the socket is quiet.
-    client.stdin.as_mut().unwrap().write_all(b"one\ntwo\n").unwrap();
+    // Two lines in one TLS record, then many records that arrive while the command does
+    // not read (its input pipe and the relay's 64 KiB fill up): the relay reads the client
+    // in pieces smaller than what was decrypted, and must not wait on the socket for what
+    // is buffered or decrypted already.
+    let mut input = b"one\ntwo\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 200_000));
+    let mut stdin = client.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+        stdin // kept open: s_client -quiet would not end at its end anyway
+    });
     let mut out = String::new();
     let mut stdout = client.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -467,7 +476,8 @@ fn issue_35_the_worker_relays_plain_text_over_tls() {
         let _ = client.wait();
     }
     let out = reader.join().unwrap();
-    assert_eq!(out, "got one and two over TCP\n");
+    drop(writer.join().unwrap());
+    assert_eq!(out, "got one and two over TCP\n200000\n");
 }
 
 #[test]
