@@ -439,14 +439,30 @@ fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
     Ok(())
 }
 
-/// The master's recycling and timeout limits, checked against the handler's level.
-fn master_limits(config: &Config, request_level: bool) -> Result<MasterLimits> {
-    let request_timeout = match config.request_timeout {
+/// `--request-timeout` as the master enforces it on a server of this level (`None`: off).
+fn effective_request_timeout(config: &Config, request_level: bool) -> Option<std::time::Duration> {
+    match config.request_timeout {
         Some(t) if t.is_zero() => None,
         Some(t) => Some(t),
         None if request_level => Some(cli::DEFAULT_REQUEST_TIMEOUT),
         None => None,
+    }
+}
+
+/// For `Server::request_timeout`: the `--request-timeout` of `run`, `start` and `check`
+/// (`None` for the other subcommands, which start no worker).
+pub(crate) fn request_timeout(matches: &ArgMatches, request_level: bool) -> Option<std::time::Duration> {
+    let m = match matches.subcommand() {
+        None => matches,
+        Some(("run" | "start" | "check", m)) => m,
+        Some(_) => return None,
     };
+    effective_request_timeout(&cli::config(m), request_level)
+}
+
+/// The master's recycling and timeout limits, checked against the handler's level.
+fn master_limits(config: &Config, request_level: bool) -> Result<MasterLimits> {
+    let request_timeout = effective_request_timeout(config, request_level);
     if !request_level && config.max_requests > 0 {
         return Err(Error::Config(
             "--max-requests counts requests, which a handle_client handler does not have \

@@ -656,6 +656,29 @@ impl Server {
         dispatch::worker_identity(matches)
     }
 
+    /// The `--request-timeout` the master will enforce, once [`args`](Server::args) has
+    /// parsed the command line, for a server run at the request level (`request_level`:
+    /// [`run_requests`](Server::run_requests) and the async runs) or with
+    /// [`run`](Server::run): the value given, or when none is given the default (60 s
+    /// at the request level, none for `run`); `None` when it is off (`0`), before `args`,
+    /// and for the subcommands that start no worker.
+    ///
+    /// For a handler that waits on something of its own (a child process, a backend) and
+    /// would rather answer with an error reply before the limit than have its worker
+    /// killed at it: it measures the wait itself, against a deadline a little shorter.
+    ///
+    /// ```
+    /// #[derive(clap::Args, Debug)]
+    /// struct Opts {}
+    ///
+    /// let mut server = appsrv::Server::new("relay").command_line(["relay", "--request-timeout", "5"]);
+    /// let _opts: Opts = server.args();
+    /// assert_eq!(server.request_timeout(true), Some(std::time::Duration::from_secs(5)));
+    /// ```
+    pub fn request_timeout(&self, request_level: bool) -> Option<Duration> {
+        dispatch::request_timeout(self.matches.as_ref()?, request_level)
+    }
+
     fn command(&self, app: impl Fn(clap::Command) -> clap::Command) -> clap::Command {
         cli::command(
             &self.name,
@@ -833,4 +856,35 @@ macro_rules! server {
     ($name:expr) => {
         $crate::Server::new($name).version(env!("CARGO_PKG_VERSION"))
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Args, Debug)]
+    struct NoArgs {}
+
+    fn parsed(args: &[&str]) -> Server {
+        let mut server = Server::new("t").command_line(args.iter().copied());
+        let _: NoArgs = server.args();
+        server
+    }
+
+    /// Issue 35: a handler learns the `--request-timeout` the master enforces, its
+    /// default included, to answer before it.
+    #[test]
+    fn issue_35_request_timeout_as_the_master_enforces_it() {
+        let secs = Duration::from_secs;
+        assert_eq!(Server::new("t").request_timeout(true), None, "before args");
+        let given = parsed(&["t", "-l", "127.0.0.1:0", "--request-timeout", "7"]);
+        assert_eq!(given.request_timeout(true), Some(secs(7)));
+        assert_eq!(given.request_timeout(false), Some(secs(7)));
+        let default = parsed(&["t", "-l", "127.0.0.1:0"]);
+        assert_eq!(default.request_timeout(true), Some(cli::DEFAULT_REQUEST_TIMEOUT));
+        assert_eq!(default.request_timeout(false), None, "off for handle_client");
+        let off = parsed(&["t", "check", "-l", "127.0.0.1:0", "--request-timeout", "0"]);
+        assert_eq!(off.request_timeout(true), None);
+        assert_eq!(parsed(&["t", "status"]).request_timeout(true), None);
+    }
 }

@@ -324,6 +324,19 @@ impl Client {
         self.bufs.unconsumed()
     }
 
+    /// Whether the next read returns without waiting for the socket: bytes are buffered
+    /// ([`buffered`](Client::buffered)), decrypted input waits inside the TLS layer, or
+    /// the connection is closed (the read returns end of file).
+    ///
+    /// For a handler that waits on the socket itself, with `poll` on
+    /// [`as_fd`](AsFd::as_fd) beside descriptors of its own (a relay to a child process,
+    /// say): it asks this before each wait. Under TLS a whole message may have been
+    /// decrypted with the record before it, the socket having nothing more to read: a
+    /// `poll` on it alone would wait for ever.
+    pub fn input_ready(&mut self) -> bool {
+        self.closed || self.penalized || self.bufs.has_input() || self.transport.input_pending()
+    }
+
     /// Reads from the socket, after flushing pending output: the one place that waits.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         use crate::scoreboard::State;
@@ -864,6 +877,26 @@ mod tests {
             started.elapsed()
         );
         assert!(!c.watch.cut(), "the write timeout, not the rate, ended it");
+    }
+
+    /// Issue 35: `input_ready` says when a read would not wait: input buffered by an
+    /// earlier short read, and a closed connection; not an empty buffer.
+    #[test]
+    fn issue_35_input_ready_without_waiting_on_the_socket() {
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
+        let mut c = Client::new(socket, Addr::Unix(None), Buffers::new());
+        assert!(!c.input_ready(), "nothing received");
+        theirs.write_all(b"hello\n").unwrap();
+        let mut two = [0u8; 2];
+        c.read_exact(&mut two).unwrap();
+        assert!(c.input_ready(), "the rest is buffered");
+        let mut rest = [0u8; 4];
+        c.read_exact(&mut rest).unwrap();
+        assert_eq!(&rest, b"llo\n");
+        assert!(!c.input_ready(), "all read");
+        c.close().unwrap();
+        assert!(c.input_ready(), "closed: a read returns end of file at once");
     }
 
     /// Whether `socket` has `O_NONBLOCK`.
