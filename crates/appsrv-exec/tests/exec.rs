@@ -480,11 +480,10 @@ fn issue_35_the_worker_relays_plain_text_over_tls() {
     assert_eq!(out, "got one and two over TCP\n200000\n");
 }
 
-#[test]
-fn issue_35_reload_under_load_loses_no_connection() {
-    let dir = TestDir::new("exec", "reload");
-    let server = start(&dir, &["-w", "2", "--", "cat"]);
-    let addr = server.tcp_addr();
+/// Four clients that do not retry, each a connection per request through `cat`, while
+/// `operate` runs `times` times (each time once the load has served 20 more): how many were
+/// answered, and how many failed (refused, reset or answered wrongly).
+fn under_load(addr: SocketAddr, times: usize, mut operate: impl FnMut()) -> (u64, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let clients: Vec<_> = (0..4)
@@ -513,29 +512,90 @@ fn issue_35_reload_under_load_loses_no_connection() {
             })
         })
         .collect();
-    let control = dir.path("ctl.sock");
-    for _ in 0..3 {
+    // The clients stop also when an operation's assertion fails.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stopper = StopOnDrop(stop.clone());
+    let served_more = |ok: &AtomicU64| {
         let before = ok.load(Ordering::Relaxed);
         wait_until(|| (ok.load(Ordering::Relaxed) > before + 20).then_some(())).expect("load runs");
+    };
+    for _ in 0..times {
+        served_more(&ok);
+        operate();
+    }
+    served_more(&ok);
+    drop(stopper);
+    for c in clients {
+        c.join().unwrap();
+    }
+    (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
+}
+
+#[test]
+fn issue_35_reload_under_load_loses_no_connection() {
+    let dir = TestDir::new("exec", "reload");
+    let server = start(&dir, &["-w", "2", "--", "cat"]);
+    let control = dir.path("ctl.sock");
+    let (ok, failed) = under_load(server.tcp_addr(), 3, || {
         let status = Command::new(BIN)
             .args(["reload", "--control", &control])
             .stdout(Stdio::null())
             .status()
             .unwrap();
         assert!(status.success(), "reload; log:\n{}", server.log_text());
+    });
+    assert_eq!(failed, 0, "{ok} served");
+}
+
+/// A binary upgrade (the new master takes the listeners over) under the same load: no
+/// connection lost, and the new master serves.
+#[test]
+fn issue_35_an_upgrade_under_load_loses_no_connection() {
+    let dir = TestDir::new("exec", "upgrade");
+    // Whatever runs from this test's directory (the new master names it on its command
+    // line) is killed at the end, also when the test fails.
+    struct KillNaming<'a>(&'a std::path::Path);
+    impl Drop for KillNaming<'_> {
+        fn drop(&mut self) {
+            for pid in processes_naming(self.0) {
+                // SAFETY: kill(2) on processes this test started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
     }
-    let before = ok.load(Ordering::Relaxed);
-    wait_until(|| (ok.load(Ordering::Relaxed) > before + 20).then_some(())).expect("load runs");
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().unwrap();
-    }
-    assert_eq!(
-        failed.load(Ordering::Relaxed),
-        0,
-        "{} served",
-        ok.load(Ordering::Relaxed)
-    );
+    let _reap = KillNaming(&dir.0);
+    let pid_file = dir.path("pid");
+    let server = start(&dir, &["-w", "2", "--pid-file", &pid_file, "--", "cat"]);
+    let control = dir.path("ctl.sock");
+    let (ok, failed) = under_load(server.tcp_addr(), 1, || {
+        let out = Command::new(BIN)
+            .args(["upgrade", "--control", &control])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "upgrade: {}; log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            server.log_text()
+        );
+    });
+    assert_eq!(failed, 0, "{ok} served");
+    let new_master: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(new_master, server.pid(), "the new master published its pid");
+    let out = Command::new(BIN)
+        .args(["stop", "--pid-file", &pid_file])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
