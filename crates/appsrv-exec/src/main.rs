@@ -227,6 +227,12 @@ fn serve() -> appsrv::Result<()> {
             })
         }
         Mode::Persistent => {
+            // A request waits for the command, which an event loop must not do.
+            if serving && server.io_model() == Some(appsrv::Io::Event) {
+                return Err(config(
+                    "--mode persistent: a request waits for the command, which blocks the worker: use --io blocking (the default) or --io hybrid, not --io event".into(),
+                ));
+            }
             let limits = persistent::Limits {
                 request_timeout: server.request_timeout(true),
                 max_output: opts

@@ -625,6 +625,25 @@ fn issue_35_check_refuses_a_command_that_cannot_run() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Persistent mode waits for its command: an event loop is refused, with the way out.
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            "-l",
+            "127.0.0.1:0",
+            "--mode",
+            "persistent",
+            "--io",
+            "event",
+            "--",
+            "cat",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--io blocking"), "{err}");
 }
 
 #[test]

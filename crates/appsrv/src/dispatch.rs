@@ -460,6 +460,17 @@ pub(crate) fn request_timeout(matches: &ArgMatches, request_level: bool) -> Opti
     effective_request_timeout(&cli::config(m), request_level)
 }
 
+/// The `--io` the command line chose (environment and code default included), for `run`,
+/// `start` and `check`; `None` for the other subcommands.
+pub(crate) fn io_given(matches: &ArgMatches) -> Option<crate::Io> {
+    let m = match matches.subcommand() {
+        None => matches,
+        Some(("run" | "start" | "check", m)) => m,
+        Some(_) => return None,
+    };
+    Some(cli::config(m).io)
+}
+
 /// The master's recycling and timeout limits, checked against the handler's level.
 fn master_limits(config: &Config, request_level: bool) -> Result<MasterLimits> {
     let request_timeout = effective_request_timeout(config, request_level);

@@ -679,6 +679,26 @@ impl Server {
         dispatch::request_timeout(self.matches.as_ref()?, request_level)
     }
 
+    /// The I/O model the command line asks for (`--io`, its environment variable, or the
+    /// default set with [`io`](Server::io)), once [`args`](Server::args) has parsed it;
+    /// `None` before `args` and for the subcommands that start no worker.
+    ///
+    /// For a program whose handler may block on something of its own (a child process):
+    /// it refuses `--io event` with its reason before anything starts. (The framework
+    /// itself runs a datagram-only or async server in event workers whatever this says.)
+    ///
+    /// ```
+    /// #[derive(clap::Args, Debug)]
+    /// struct Opts {}
+    ///
+    /// let mut server = appsrv::Server::new("relay").command_line(["relay", "--io", "event"]);
+    /// let _opts: Opts = server.args();
+    /// assert_eq!(server.io_model(), Some(appsrv::Io::Event));
+    /// ```
+    pub fn io_model(&self) -> Option<crate::Io> {
+        dispatch::io_given(self.matches.as_ref()?)
+    }
+
     fn command(&self, app: impl Fn(clap::Command) -> clap::Command) -> clap::Command {
         cli::command(
             &self.name,
