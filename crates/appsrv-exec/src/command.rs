@@ -71,6 +71,40 @@ pub(crate) fn resolve(program: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("command {}: not found in PATH", program.display()))
 }
 
+/// The directories of the system's programs, their libraries and loaders: what a command
+/// may execute under `--sandbox`, besides its own program (a shell script runs `cat`,
+/// `head`, `rev`...; an ELF program's loader is executed by the kernel too).
+const SYSTEM_PROGRAMS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt"];
+
+/// The workers' sandbox profile (`--sandbox`), which the commands inherit, as a command
+/// needs it: the default profile's system calls (no new network socket, no `ptrace`, no
+/// `mount`, no identity change...) plus process creation (starting the command, and the
+/// command's own children); Landlock rules that let it read what its user may read (the
+/// user's permissions still apply), write only `/dev/null` and the `--sandbox-write`
+/// paths, and execute only `program` and the system's programs ([`SYSTEM_PROGRAMS`]).
+/// Checked by running `sh`, `php` and `python3` commands under it (`tests/exec.rs`).
+pub(crate) fn sandbox_profile(program: &Path) -> appsrv::Sandbox {
+    let mut profile = appsrv::Sandbox::new()
+        .allow_process_creation()
+        .read("/")
+        .write("/dev/null");
+    // A missing directory would make every worker fail to start; a directory reached
+    // through a link (/bin -> usr/bin) is given as the one it names.
+    let mut execute: Vec<PathBuf> = SYSTEM_PROGRAMS
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    if let Ok(real) = std::fs::canonicalize(program) {
+        execute.push(real);
+    }
+    execute.sort();
+    execute.dedup();
+    for path in execute {
+        profile = profile.execute(path);
+    }
+    profile
+}
+
 /// What the child does between `clone` and `execve`, prepared by the parent: only system
 /// calls, no allocation, no lock (the child runs in the parent's memory).
 #[derive(Clone, Copy)]

@@ -211,6 +211,9 @@ fn serve() -> appsrv::Result<()> {
             opts.command_timeout
         )));
     }
+    // Under --sandbox the commands run in the workers' sandbox: its profile must let them
+    // start (see command::sandbox_profile).
+    let mut server = server.sandbox(command::sandbox_profile(&spec.program));
     match opts.mode {
         Mode::Connection => {
             let limits = relay::Limits {

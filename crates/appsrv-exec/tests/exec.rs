@@ -255,6 +255,56 @@ fn issue_35_the_command_runs_as_the_workers_user() {
     assert_eq!(ids, "65534\n65534\n", "nobody's uid and gid");
 }
 
+/// Under `--sandbox` the commands run (a shell script that runs other programs, PHP and
+/// Python) and are confined with their worker: no write outside `--sandbox-write`, even
+/// where the user could write.
+#[test]
+fn issue_35_sandboxed_commands_run_and_write_nowhere() {
+    let dir = TestDir::new("exec", "sandbox");
+    let writable = dir.0.join("open");
+    std::fs::create_dir(&writable).unwrap();
+    std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sh = script(
+        &dir,
+        "try.sh",
+        &format!(
+            "#!/bin/sh\nread -r line\necho \"$line\" | tr a-z A-Z\ntouch {0}/x 2>/dev/null && echo wrote || echo refused\n",
+            writable.display()
+        ),
+    );
+    let server = start(&dir, &["-w", "1", "--sandbox", "--", &sh]);
+    let log = server.log_text();
+    let answer = exchange(server.tcp_addr(), b"hello\n");
+    if log.contains("Landlock") && log.contains("not") {
+        eprintln!("skipped the write check: this kernel does not enforce Landlock:\n{log}");
+        assert!(answer.starts_with("HELLO\n"), "{answer}");
+        return;
+    }
+    assert_eq!(answer, "HELLO\nrefused\n");
+    assert!(!writable.join("x").exists());
+    drop(server);
+    for (interpreter, code) in [
+        (
+            "/usr/bin/python3",
+            "import sys, json; print(json.dumps(sys.stdin.readline().strip()))",
+        ),
+        ("php", "<?php echo json_encode(trim(fgets(STDIN))), \"\\n\";"),
+    ] {
+        let path = if interpreter == "php" {
+            script(&dir, "try.php", &format!("#!/usr/bin/env php\n{code}\n"))
+        } else {
+            script(&dir, "try.py", &format!("#!{interpreter}\n{code}\n"))
+        };
+        let server = start(&dir, &["-w", "1", "--sandbox", "--", &path]);
+        assert_eq!(
+            exchange(server.tcp_addr(), b"hi\n"),
+            "\"hi\"\n",
+            "{interpreter}: {}",
+            server.log_text()
+        );
+    }
+}
+
 #[test]
 fn issue_35_a_command_that_never_exits_is_ended_with_its_group() {
     let dir = TestDir::new("exec", "never");

@@ -96,7 +96,8 @@ impl Sandbox {
         self
     }
 
-    /// Allows what starting a command takes: `fork` (a `clone` without `CLONE_THREAD`),
+    /// Allows what starting a command takes: `fork` (a `clone` without `CLONE_THREAD`,
+    /// and the `fork` and `vfork` system calls),
     /// `execve`, waiting for the child, the identity and limit changes a child makes
     /// before `execve` (`setgroups`, `setresgid`, `setresuid`, `setrlimit`, `chdir`), and
     /// `socketpair`, which std's `Command::spawn` uses (with `pre_exec`) to learn that an
@@ -315,6 +316,10 @@ fn audit_arch() -> u32 {
 
 /// What starting a command takes, beyond the default list.
 const PROCESS_CREATION: &[i64] = &[
+    // The old entry points, which libc's vfork() (a shell starting a simple command:
+    // dash, busybox) and fork() may still use; clone and clone3 are ruled on below.
+    libc::SYS_vfork,
+    libc::SYS_fork,
     libc::SYS_execve,
     libc::SYS_execveat,
     libc::SYS_wait4,
