@@ -213,7 +213,7 @@ fn serve() -> appsrv::Result<()> {
     }
     // Under --sandbox the commands run in the workers' sandbox: its profile must let them
     // start (see command::sandbox_profile).
-    let mut server = server.sandbox(command::sandbox_profile(&spec.program));
+    let server = server.sandbox(command::sandbox_profile(&spec.program));
     match opts.mode {
         Mode::Connection => {
             let limits = relay::Limits {
