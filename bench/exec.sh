@@ -17,7 +17,8 @@
 #
 # appsrv-exec runs with one worker per concurrent client (-w c), as tcpserver and xinetd
 # have one process per client. Each figure is the median of RUNS runs of DURATION seconds
-# after a 1 s warm-up. Every command run is echoed; the CSV is bench/results/exec.csv.
+# after a 1 s warm-up. Every command run is echoed; the rows are appended to
+# bench/results/exec.csv.
 #
 #   bench/exec.sh                                 (RUNS=3 DURATION=5 CONCS="1 8 32")
 #   RUNS=5 DURATION=10 bench/exec.sh
@@ -179,7 +180,9 @@ measure() {
 
 csv=bench/results/exec.csv
 mkdir -p bench/results
-echo "part,server,command,mode,c,rps_median,rps_runs,errors,pss_kb,processes,cpu_us_per_request,date,machine" >"$csv"
+# Appended to, run after run (the header once): runs vary by 20 % and more, and the
+# earlier runs are the record.
+[ -s "$csv" ] || echo "part,server,command,mode,c,rps_median,rps_runs,errors,pss_kb,processes,cpu_us_per_request,date,machine" >"$csv"
 machine="$(nproc) CPU $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo | tr -s ' ' | tr ',' ' ')"
 row() {
   local part=$1 server=$2 command=$3 mode=$4 c=$5 m
