@@ -114,12 +114,9 @@ pub(crate) fn subcommand(matches: &ArgMatches) -> &str {
 /// The workers' identity for `run`, `start` and `check` (`None`: they keep the master's);
 /// `None` for the subcommands that start no worker.
 pub(crate) fn worker_identity(matches: &ArgMatches) -> Result<Option<privilege::WorkerIdentity>> {
-    let m = match matches.subcommand() {
-        None => matches,
-        Some(("run" | "start" | "check", m)) => m,
-        Some(_) => return Ok(None),
+    let Some(config) = serving_config(matches) else {
+        return Ok(None);
     };
-    let config = cli::config(m);
     let (plan, _warning) = privilege::resolve(
         config.user.as_deref(),
         config.group.as_deref(),
@@ -452,23 +449,23 @@ fn effective_request_timeout(config: &Config, request_level: bool) -> Option<std
 /// For `Server::request_timeout`: the `--request-timeout` of `run`, `start` and `check`
 /// (`None` for the other subcommands, which start no worker).
 pub(crate) fn request_timeout(matches: &ArgMatches, request_level: bool) -> Option<std::time::Duration> {
-    let m = match matches.subcommand() {
-        None => matches,
-        Some(("run" | "start" | "check", m)) => m,
-        Some(_) => return None,
-    };
-    effective_request_timeout(&cli::config(m), request_level)
+    effective_request_timeout(&serving_config(matches)?, request_level)
 }
 
 /// The `--io` the command line chose (environment and code default included), for `run`,
 /// `start` and `check`; `None` for the other subcommands.
 pub(crate) fn io_given(matches: &ArgMatches) -> Option<crate::Io> {
-    let m = match matches.subcommand() {
-        None => matches,
-        Some(("run" | "start" | "check", m)) => m,
-        Some(_) => return None,
-    };
-    Some(cli::config(m).io)
+    Some(serving_config(matches)?.io)
+}
+
+/// The standard options of `run`, `start` and `check` (the top level is `run`); `None` for
+/// the other subcommands, which start no worker.
+fn serving_config(matches: &ArgMatches) -> Option<Config> {
+    match matches.subcommand() {
+        None => Some(cli::config(matches)),
+        Some(("run" | "start" | "check", m)) => Some(cli::config(m)),
+        Some(_) => None,
+    }
 }
 
 /// The master's recycling and timeout limits, checked against the handler's level.

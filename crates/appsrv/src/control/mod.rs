@@ -525,8 +525,14 @@ fn stop_facts_from_json(doc: &serde_json::Value) -> Option<StopFacts> {
 /// Asks the server at the control socket `path` what `stop` needs to know: `None` when
 /// no server answers there (or an older one that does not say its grace period).
 pub(crate) fn stop_facts(path: &Path) -> Option<StopFacts> {
+    stop_facts_from_json(&status_document(path)?)
+}
+
+/// The `status --json` document of the server answering on the control socket `path`, if
+/// one does.
+fn status_document(path: &Path) -> Option<serde_json::Value> {
     match exchange(path, &Request::Status { json: true }) {
-        Outcome::Ok(body) => stop_facts_from_json(&serde_json::from_slice(&body).ok()?),
+        Outcome::Ok(body) => serde_json::from_slice(&body).ok(),
         _ => None,
     }
 }
@@ -541,10 +547,7 @@ pub(crate) struct RunningServer {
 
 /// The server answering on the control socket `path`, if one does.
 pub(crate) fn running_server(path: &Path) -> Option<RunningServer> {
-    let Outcome::Ok(body) = exchange(path, &Request::Status { json: true }) else {
-        return None;
-    };
-    let doc: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let doc = status_document(path)?;
     Some(RunningServer {
         pid: i32::try_from(doc["master_pid"].as_u64()?).ok()?,
         listeners: doc["listeners"]
