@@ -208,10 +208,10 @@ if [ -z "${EX:-}" ]; then
   EX=${CARGO_TARGET_DIR:-target}/release/examples
   # One build; if it fails (an example being written may not compile), each example alone,
   # and one that does not build is missing (not an older binary left in EX).
-  if [ ${#build[@]} -gt 0 ] && ! cargo build --release --quiet -p appsrv "${build[@]}"; then
+  if [ ${#build[@]} -gt 0 ] && ! cargo build --release --quiet "${build[@]}"; then
     for ((i = 1; i < ${#build[@]}; i += 2)); do
       e=${build[i]}
-      cargo build --release --quiet -p appsrv --example "$e" 2>/dev/null \
+      cargo build --release --quiet --example "$e" 2>/dev/null \
         || { say "the example $e does not build: its parts will say n/a"; NOT_BUILT+=("$e"); }
     done
   fi

@@ -1082,7 +1082,7 @@ main() {
   if [[ $EXAMPLES == "$PWD/target/release/examples" ]]; then
     local examples=(--example http_hello --example echo)
     [[ " ${chosen[*]} " == *" async-"* ]] && examples+=(--example async_hello)
-    cargo build --release --quiet -p appsrv "${examples[@]}"
+    cargo build --release --quiet "${examples[@]}"
   fi
   local started=$SECONDS rc
   for s in "${chosen[@]}"; do

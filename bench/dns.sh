@@ -27,7 +27,7 @@
 #                               datagram layer's own cost, without DNS; UDP workloads only
 #   NAMES, QUERIES    1000, 10000   bench/dns/gen.py's names per kind and lines per query file
 #   DNS               target/release/examples/dns   appsrv's dns example; built with cargo
-#                               (cargo build --release -p appsrv --example dns) unless BUILD=0;
+#                               (cargo build --release --example dns) unless BUILD=0;
 #                               when it does not exist, appsrv is skipped with a message
 #   APPSRV_FLAGS      ""        more flags for the dns example
 #   NSD_REUSEPORT     no        NSD's reuseport (yes: a socket per server process, SO_REUSEPORT)
@@ -299,14 +299,14 @@ AS_ROOT=""
 
 if want udp_echo; then
   [ "$MODE" = bench ] || { echo "dns.sh: udp_echo is for the benchmark only (it does not answer DNS)" >&2; exit 2; }
-  [ "$BUILD" = 0 ] || cargo build --release --quiet -p appsrv --example udp_echo >&2
+  [ "$BUILD" = 0 ] || cargo build --release --quiet --example udp_echo >&2
   [ -x "$ECHO" ] || { echo "dns.sh: no $ECHO" >&2; exit 1; }
 fi
 if want appsrv; then
   has_source() { [ -f crates/appsrv-dns/examples/dns.rs ] || [ -f crates/appsrv-dns/examples/dns/main.rs ]; }
   if [ "$BUILD" != 0 ] && has_source; then
-    echo "dns.sh: cargo build --release -p appsrv --example dns" >&2
-    cargo build --release --quiet -p appsrv --example dns >&2 || echo "dns.sh: the build of the dns example failed" >&2
+    echo "dns.sh: cargo build --release --example dns" >&2
+    cargo build --release --quiet --example dns >&2 || echo "dns.sh: the build of the dns example failed" >&2
   fi
   if [ ! -x "$DNS" ]; then
     why="no $DNS"

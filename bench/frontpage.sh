@@ -201,7 +201,7 @@ php_has() { grep -qx "$1" <<<"$PHP_MODULES"; }
 [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}; install with: apt-get install -y ${missing[*]}"
 
 if [ -z "${EX:-}" ]; then
-  cargo build --release --quiet -p appsrv --example frontpage
+  cargo build --release --quiet --example frontpage
   EX=${CARGO_TARGET_DIR:-target}/release/examples
 fi
 [ -x "$EX/frontpage" ] || die "no frontpage in $EX"

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONNS=${1:-20000} CONC=${2:-16} WORKERS=${3:-2}
-cargo build --release --quiet -p appsrv --example hello
+cargo build --release --quiet --example hello
 cargo build --release --quiet -p appsrv-bench
 log=$(mktemp)
 target/release/examples/hello -l 127.0.0.1:0 -w "$WORKERS" --allow-root-workers 2>"$log" &

@@ -42,7 +42,7 @@ NGINX=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 REQS=${REQS:-200}
 OUT=bench/results/hybrid.csv
 if [ "$EX" = target/release/examples ]; then
-  cargo build --release --quiet -p appsrv --example http_hello --example ping
+  cargo build --release --quiet --example http_hello --example ping
 fi
 for tool in wrk redis-benchmark redis-server strace python3; do
   command -v "$tool" >/dev/null || { echo "hybrid.sh: $tool is missing" >&2; exit 1; }

@@ -84,7 +84,7 @@ done
 
 PREBUILT=${EX:+1}
 if [ -z "${EX:-}" ]; then
-  cargo build --release --quiet -p appsrv --example http_hello --example ping
+  cargo build --release --quiet --example http_hello --example ping
   EX=${CARGO_TARGET_DIR:-target}/release/examples
 fi
 cargo build --release --quiet -p appsrv-bench --bin idle-clients

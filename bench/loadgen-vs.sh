@@ -67,7 +67,7 @@ for v in RUNS DURATION N WORKERS WRK_THREADS WARMUP; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "loadgen-vs.sh: $v must be a whole number" >&2; exit 1; }
 done
 
-cargo build --release --quiet -p appsrv --example http_hello --example ping
+cargo build --release --quiet --example http_hello --example ping
 cargo build --release --quiet -p appsrv-bench
 BIN=${CARGO_TARGET_DIR:-target}/release
 EX=$BIN/examples

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLIENTS=${1:-128}
-cargo build --release --quiet -p appsrv --example testbed
+cargo build --release --quiet --example testbed
 log=$(mktemp)
 target/release/examples/testbed -l 127.0.0.1:0 --pool dynamic --start-workers 2 --min-spare 2 \
   --max-spare 8 --max-workers $((CLIENTS + 16)) --log-level debug 2>"$log" &

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3} N=${N:-20000} WORKERS=${WORKERS:-32}
-cargo build --release --quiet -p appsrv --examples
+cargo build --release --quiet -p appsrv -p appsrv-examples --examples
 EX=target/release/examples
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT

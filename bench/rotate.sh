@@ -23,7 +23,7 @@ SECS=${SECS:-10}
 CONNS=${CONNS:-50}
 EVERY=${EVERY:-0.2}
 command -v wrk >/dev/null || { echo "needs wrk"; exit 1; }
-cargo build --release -q -p appsrv --example http_hello
+cargo build --release -q --example http_hello
 bin=target/release/examples/http_hello
 
 echo "| I/O model | rotations | wrk requests | socket errors | non-2xx | access-log lines | lines - requests | modes |"

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 [ "$(id -u)" = 0 ] || { echo "runas-call.sh: run as root" >&2; exit 1; }
 if [ -z "${BIN:-}" ]; then
-  cargo build --release --quiet -p appsrv --example runas
+  cargo build --release --quiet --example runas
   BIN=target/release/examples/runas
 fi
 N=${N:-200}

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5} N=${N:-20000} C=${C:-8} WORKERS=${WORKERS:-8} SPAWN=${SPAWN:-32}
 command -v ab >/dev/null || { echo "sandbox.sh: ab is missing: apt-get install -y apache2-utils" >&2; exit 1; }
 
-cargo build --release --quiet -p appsrv --example http_hello
+cargo build --release --quiet --example http_hello
 BIN=target/release/examples/http_hello
 work=$(mktemp -d)
 SERVER=""

@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ATTACKERS=${1:-200}
 shift || true
-cargo build --release --quiet -p appsrv --example http_hello
+cargo build --release --quiet --example http_hello
 log=$(mktemp)
 target/release/examples/http_hello -l 127.0.0.1:0 --pool dynamic --max-workers 32 "$@" 2>"$log" &
 master=$!

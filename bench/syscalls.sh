@@ -54,7 +54,7 @@ NGINX=${NGINX-$(command -v nginx || echo /usr/sbin/nginx)}
 for v in N N256 WARMUP; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "syscalls.sh: $v must be a number, not '${!v}'" >&2; exit 1; }
 done
-cargo build --release --quiet --examples -p appsrv
+cargo build --release --quiet -p appsrv -p appsrv-examples --examples
 EX=target/release/examples
 if "$EX/http_hello" --help 2>/dev/null | grep -q -- '--io '; then
   APPSRV_BLOCKING_FLAGS=${APPSRV_BLOCKING_FLAGS---io blocking}

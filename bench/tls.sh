@@ -33,7 +33,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   exit 1
 fi
 
-cargo build --release --quiet -p appsrv --example http_hello
+cargo build --release --quiet --example http_hello
 work=$(mktemp -d)
 PIDS=()
 cleanup() {

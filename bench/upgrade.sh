@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-5}
-cargo build --release --quiet -p appsrv --example http_hello
+cargo build --release --quiet --example http_hello
 dir=$(mktemp -d)
 chmod 755 "$dir"
 cp target/release/examples/http_hello "$dir/server"
