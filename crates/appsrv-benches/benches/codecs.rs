@@ -148,7 +148,7 @@ fn lines(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(LINE_RESPONSE.len() as u64));
     let body = |res: &mut LinesResponse<'_>| res.push(black_box(LINE_RESPONSE));
     g.bench_function("encode", |b| {
-        let req: &[u8] = b"GET session:4f2a9c81d07e";
+        let req = appsrv::codec::Line::new(b"GET session:4f2a9c81d07e");
         b.iter(|| answer(&mut codec, &req, &mut out, &body))
     });
     g.throughput(Throughput::Bytes(LINE_REQUEST.len() as u64));

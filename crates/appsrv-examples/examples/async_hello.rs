@@ -47,10 +47,6 @@ impl appsrv::AsyncRequestHandler for AsyncHello {
     type Codec = Http;
     type Session = ();
 
-    fn codec(&self) -> Http {
-        Http::new()
-    }
-
     async fn handle_request(
         &self,
         _conn: &mut appsrv::Conn<'_>,

@@ -71,10 +71,6 @@ impl appsrv::RequestHandler for HttpHello {
     type Codec = Http;
     type Session = ();
 
-    fn codec(&self) -> Http {
-        Http::new()
-    }
-
     fn handle_request(
         &mut self,
         _conn: &mut appsrv::Conn<'_>,

@@ -244,10 +244,6 @@ impl appsrv::RequestHandler for Kv {
     type Codec = Resp;
     type Session = Session;
 
-    fn codec(&self) -> Resp {
-        Resp::new()
-    }
-
     fn handle_request(
         &mut self,
         conn: &mut Conn<'_, Session>,

@@ -129,10 +129,6 @@ impl appsrv::RequestHandler for Ping {
     type Codec = Resp;
     type Session = ();
 
-    fn codec(&self) -> Resp {
-        Resp
-    }
-
     fn handle_request(
         &mut self,
         _conn: &mut appsrv::Conn<'_>,

@@ -18,7 +18,7 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use appsrv::codec::{
-    Codec, LengthPrefixed, LengthResponse, Lines, LinesResponse, Netstring, NetstringResponse, Prefix,
+    Codec, LengthPrefixed, LengthResponse, Line, Lines, LinesResponse, Netstring, NetstringResponse, Prefix,
 };
 use nix::poll::{PollFd, PollFlags};
 
@@ -337,7 +337,7 @@ impl Drop for Worker {
 }
 
 /// What persistent mode needs of a codec whose requests are byte strings.
-pub(crate) trait Framing: Codec + Sized {
+pub(crate) trait Framing: Codec + Default + Sized {
     fn make(max_request: usize) -> Self;
     fn payload<'r>(req: &'r Self::Request<'_>) -> &'r [u8];
     /// Sends the command's answer as this codec's response.
@@ -350,8 +350,8 @@ impl Framing for Lines {
     fn make(max_request: usize) -> Self {
         Lines::new(max_request)
     }
-    fn payload<'r>(req: &'r &[u8]) -> &'r [u8] {
-        req
+    fn payload<'r>(req: &'r Line<'_>) -> &'r [u8] {
+        req.as_bytes()
     }
     fn answer(res: &mut LinesResponse<'_>, payload: &[u8]) {
         res.push(payload);

@@ -60,12 +60,13 @@ pub trait Handler {
 ///   when it is accepted and dropped when it closes (a login, a selected database, an
 ///   open transaction), reached through [`Conn::session`];
 /// - the [`Codec`]: one per connection too ([`codec`](RequestHandler::codec) is called for
-///   each), holding the framing's own progress.
+///   each; `Default::default()` unless the handler configures it), holding the framing's
+///   own progress.
 ///
 /// ```no_run
 /// use std::io;
 /// use appsrv::Conn;
-/// use appsrv::codec::{Lines, LinesResponse};
+/// use appsrv::codec::{Line, Lines, LinesResponse};
 ///
 /// struct Upper;
 ///
@@ -73,18 +74,13 @@ pub trait Handler {
 ///     type Codec = Lines;
 ///     type Session = ();
 ///
-///     fn codec(&self) -> Lines {
-///         Lines::default()
-///     }
-///
 ///     fn handle_request(
 ///         &mut self,
 ///         _conn: &mut Conn<'_>,
-///         line: &&[u8],
+///         line: &Line<'_>,
 ///         out: &mut LinesResponse<'_>,
 ///     ) -> io::Result<()> {
-///         out.push(&line.to_ascii_uppercase());
-///         out.push(b"\r\n");
+///         out.line(line.to_str()?.to_uppercase());
 ///         Ok(())
 ///     }
 /// }
@@ -94,8 +90,9 @@ pub trait Handler {
 /// }
 /// ```
 pub trait RequestHandler {
-    /// The protocol's framing.
-    type Codec: Codec;
+    /// The protocol's framing: one of [`codec`](crate::codec)'s (`Lines`, `Resp`,
+    /// `Http`...) or your own.
+    type Codec: Codec + Default;
 
     /// The handler's state for one connection: made with `Default` when the connection is
     /// accepted, given to each of its requests through [`Conn::session`], dropped when it
@@ -104,8 +101,12 @@ pub trait RequestHandler {
     type Session: Default;
 
     /// Makes the codec of a new connection: called once for each connection, before its
-    /// first request.
-    fn codec(&self) -> Self::Codec;
+    /// first request. By default the codec's `Default` (for [`Lines`](crate::codec::Lines),
+    /// lines up to 8 KiB); implement it to configure the codec, such as its limits:
+    /// `Http::default().max_body(64 << 20)`.
+    fn codec(&self) -> Self::Codec {
+        Self::Codec::default()
+    }
 
     /// Handles one request: writes the response into `res`. `conn` is the connection it
     /// came on (the client's address, TLS, the connection's session). An error ends the
@@ -160,7 +161,7 @@ pub trait RequestHandler {
 /// use std::io;
 /// use std::time::Duration;
 /// use appsrv::Conn;
-/// use appsrv::codec::{Lines, LinesResponse};
+/// use appsrv::codec::{Line, Lines, LinesResponse};
 ///
 /// struct Later;
 ///
@@ -168,19 +169,14 @@ pub trait RequestHandler {
 ///     type Codec = Lines;
 ///     type Session = ();
 ///
-///     fn codec(&self) -> Lines {
-///         Lines::default()
-///     }
-///
 ///     async fn handle_request(
 ///         &self,
 ///         _conn: &mut Conn<'_>,
-///         line: &&[u8],
+///         line: &Line<'_>,
 ///         out: &mut LinesResponse<'_>,
 ///     ) -> io::Result<()> {
 ///         tokio::time::sleep(Duration::from_millis(10)).await;
-///         out.push(&line.to_ascii_uppercase());
-///         out.push(b"\r\n");
+///         out.line(line.to_str()?.to_uppercase());
 ///         Ok(())
 ///     }
 /// }
@@ -193,14 +189,17 @@ pub trait RequestHandler {
 // what the lint warns about.
 #[allow(async_fn_in_trait)]
 pub trait AsyncRequestHandler {
-    /// The protocol's framing.
-    type Codec: Codec;
+    /// The protocol's framing, as [`RequestHandler::Codec`].
+    type Codec: Codec + Default;
 
     /// The handler's state for one connection, as [`RequestHandler::Session`].
     type Session: Default;
 
-    /// Makes the codec of a new connection: called once for each connection.
-    fn codec(&self) -> Self::Codec;
+    /// Makes the codec of a new connection: called once for each connection. By default
+    /// the codec's `Default`, as [`RequestHandler::codec`].
+    fn codec(&self) -> Self::Codec {
+        Self::Codec::default()
+    }
 
     /// Handles one request: writes the response into `res`, awaiting what it needs.
     ///

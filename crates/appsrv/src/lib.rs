@@ -46,41 +46,55 @@
 //! pipelines, and applies the limits and timeouts. The handler only turns one request into
 //! its response. Per-connection state is the handler's
 //! [`Session`](RequestHandler::Session), reached through the [`Conn`] given with each
-//! request. This one counts the lines of each connection:
+//! request. This one keeps variables for each connection (SET, GET, and COUNT for the
+//! commands it sent); the [`Lines`](codec::Lines) codec made with its `Default` (lines up
+//! to 8 KiB; [`RequestHandler::codec`] to configure it) hands it each [`Line`](codec::Line):
 //!
 //! ```no_run
+//! use std::collections::HashMap;
 //! use std::io;
+//!
 //! use appsrv::Conn;
-//! use appsrv::codec::{Lines, LinesResponse};
+//! use appsrv::codec::{Line, Lines, LinesResponse};
 //!
-//! struct Count;
+//! /// One connection's state.
+//! #[derive(Default)]
+//! struct Session {
+//!     vars: HashMap<String, String>,
+//!     commands: u64,
+//! }
 //!
-//! impl appsrv::RequestHandler for Count {
+//! struct Stateful;
+//!
+//! impl appsrv::RequestHandler for Stateful {
 //!     type Codec = Lines;
-//!     /// Lines received on this connection so far.
-//!     type Session = u64;
-//!
-//!     fn codec(&self) -> Lines {
-//!         Lines::default()
-//!     }
+//!     type Session = Session;
 //!
 //!     fn handle_request(
 //!         &mut self,
-//!         conn: &mut Conn<'_, u64>,
-//!         line: &&[u8],
+//!         conn: &mut Conn<'_, Session>,
+//!         line: &Line<'_>,
 //!         out: &mut LinesResponse<'_>,
 //!     ) -> io::Result<()> {
-//!         *conn.session() += 1;
-//!         let reply = format!("{} {}\r\n", conn.session(), String::from_utf8_lossy(line));
-//!         out.push(reply.as_bytes());
+//!         let session = conn.session();
+//!         session.commands += 1;
+//!         match line.to_str()?.split_whitespace().collect::<Vec<_>>()[..] {
+//!             ["SET", name, value] => {
+//!                 session.vars.insert(name.to_owned(), value.to_owned());
+//!                 out.line("OK");
+//!             }
+//!             ["GET", name] => out.line(session.vars.get(name).map_or("(nil)", String::as_str)),
+//!             ["COUNT"] => out.line(session.commands),
+//!             _ => out.line("-ERR unknown command or wrong number of arguments"),
+//!         }
 //!         Ok(())
 //!     }
 //! }
 //!
 //! fn main() {
-//!     appsrv::server!("count")
-//!         .listen("127.0.0.1:7002")
-//!         .run_requests(|| Ok(Count))
+//!     appsrv::server!("stateful")
+//!         .listen("127.0.0.1:7010")
+//!         .run_requests(|| Ok(Stateful))
 //!         .unwrap_or_else(|e| e.exit());
 //! }
 //! ```

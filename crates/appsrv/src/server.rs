@@ -499,8 +499,7 @@ impl Server {
     /// # impl appsrv::RequestHandler for Tcp {
     /// #     type Codec = appsrv::codec::Lines;
     /// #     type Session = ();
-    /// #     fn codec(&self) -> appsrv::codec::Lines { appsrv::codec::Lines::default() }
-    /// #     fn handle_request(&mut self, _: &mut appsrv::Conn<'_>, _: &&[u8], _: &mut appsrv::codec::LinesResponse<'_>) -> io::Result<()> { Ok(()) }
+    /// #     fn handle_request(&mut self, _: &mut appsrv::Conn<'_>, _: &appsrv::codec::Line<'_>, _: &mut appsrv::codec::LinesResponse<'_>) -> io::Result<()> { Ok(()) }
     /// # }
     /// appsrv::Server::new("both")
     ///     .listen("udp://127.0.0.1:5353")

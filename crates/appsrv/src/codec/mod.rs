@@ -30,7 +30,7 @@ mod resp;
 
 pub use http::{Http, HttpRequest, HttpResponse};
 pub use length::{LengthPrefixed, LengthResponse, Prefix};
-pub use lines::{Lines, LinesResponse};
+pub use lines::{Line, Lines, LinesResponse};
 pub use netstring::{Netstring, NetstringResponse};
 pub use resp::{Resp, RespArgs, RespRequest, RespResponse};
 

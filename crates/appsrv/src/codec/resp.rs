@@ -349,10 +349,6 @@ enum Found {
 ///     type Codec = Resp;
 ///     type Session = ();
 ///
-///     fn codec(&self) -> Resp {
-///         Resp::new()
-///     }
-///
 ///     fn handle_request(
 ///         &mut self,
 ///         _conn: &mut Conn<'_>,

@@ -32,7 +32,7 @@ pub(crate) struct ConnInfo<'a> {
 /// ```no_run
 /// use std::io;
 /// use appsrv::Conn;
-/// use appsrv::codec::{Lines, LinesResponse};
+/// use appsrv::codec::{Line, Lines, LinesResponse};
 ///
 /// /// Counts each connection's requests.
 /// struct Counter;
@@ -41,14 +41,10 @@ pub(crate) struct ConnInfo<'a> {
 ///     type Codec = Lines;
 ///     type Session = u64;
 ///
-///     fn codec(&self) -> Lines {
-///         Lines::default()
-///     }
-///
 ///     fn handle_request(
 ///         &mut self,
 ///         conn: &mut Conn<'_, u64>,
-///         _line: &&[u8],
+///         _line: &Line<'_>,
 ///         out: &mut LinesResponse<'_>,
 ///     ) -> io::Result<()> {
 ///         *conn.session() += 1;
@@ -155,10 +151,6 @@ impl<'a, S> Conn<'a, S> {
     /// impl appsrv::RequestHandler for Api {
     ///     type Codec = Http;
     ///     type Session = ();
-    ///
-    ///     fn codec(&self) -> Http {
-    ///         Http::default()
-    ///     }
     ///
     ///     fn handle_request(
     ///         &mut self,

@@ -1101,7 +1101,7 @@ mod tests {
     struct Echo;
 
     impl Handle<Lines> for Echo {
-        fn handle(&mut self, line: &&[u8], res: &mut LinesResponse<'_>) -> io::Result<()> {
+        fn handle(&mut self, line: &crate::codec::Line<'_>, res: &mut LinesResponse<'_>) -> io::Result<()> {
             res.push(line);
             res.push(b"\n");
             Ok(())

@@ -69,15 +69,10 @@ pub(crate) struct NoStreams;
 impl crate::handler::RequestHandler for NoStreams {
     type Codec = crate::codec::Lines;
     type Session = ();
-
-    fn codec(&self) -> crate::codec::Lines {
-        crate::codec::Lines::default()
-    }
-
     fn handle_request(
         &mut self,
         _: &mut crate::conn::context::Conn<'_>,
-        _: &&[u8],
+        _: &crate::codec::Line<'_>,
         _: &mut crate::codec::LinesResponse<'_>,
     ) -> std::io::Result<()> {
         Err(std::io::Error::other("this server serves datagrams only"))

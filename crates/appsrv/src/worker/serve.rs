@@ -585,9 +585,6 @@ pub(crate) mod tests {
     impl RequestHandler for Hello {
         type Codec = Http;
         type Session = ();
-        fn codec(&self) -> Http {
-            Http::default()
-        }
         fn handle_request(
             &mut self,
             _conn: &mut crate::Conn<'_>,
@@ -603,13 +600,10 @@ pub(crate) mod tests {
     impl RequestHandler for Echo {
         type Codec = Lines;
         type Session = ();
-        fn codec(&self) -> Lines {
-            Lines::default()
-        }
         fn handle_request(
             &mut self,
             _conn: &mut crate::Conn<'_>,
-            line: &&[u8],
+            line: &crate::codec::Line<'_>,
             res: &mut LinesResponse<'_>,
         ) -> io::Result<()> {
             res.push(line);
@@ -681,16 +675,13 @@ pub(crate) mod tests {
     impl RequestHandler for Gate {
         type Codec = Lines;
         type Session = ();
-        fn codec(&self) -> Lines {
-            Lines::default()
-        }
         fn handle_request(
             &mut self,
             conn: &mut crate::Conn<'_>,
-            line: &&[u8],
+            line: &crate::codec::Line<'_>,
             res: &mut LinesResponse<'_>,
         ) -> io::Result<()> {
-            if *line != b"wrong" {
+            if line.as_bytes() != b"wrong" {
                 return Echo.handle_request(conn, line, res);
             }
             // No table in a unit test (and a Unix peer has no address): nothing is
@@ -713,9 +704,6 @@ pub(crate) mod tests {
         impl RequestHandler for Deny {
             type Codec = Http;
             type Session = ();
-            fn codec(&self) -> Http {
-                Http::default()
-            }
             fn handle_request(
                 &mut self,
                 conn: &mut crate::Conn<'_>,

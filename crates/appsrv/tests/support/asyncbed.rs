@@ -71,10 +71,6 @@ impl appsrv::AsyncRequestHandler for Bed {
     type Codec = Http;
     type Session = u64;
 
-    fn codec(&self) -> Http {
-        Http::new()
-    }
-
     async fn handle_request(
         &self,
         conn: &mut appsrv::Conn<'_, u64>,
