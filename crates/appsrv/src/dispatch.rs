@@ -557,8 +557,29 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
     if let Some(hook) = program.check_hook.as_mut() {
         hook().map_err(|e| Error::Config(format!("the application's check failed: {e}")))?;
     }
-    let running = startup::control_path(&program.name, config).and_then(|p| control::running_server(&p));
-    startup::rehearse(&program.name, config, &bind_options(config), running.as_ref())
+    // `check` is `start`'s rehearsal (issue 41): without --pid-file and --control it looks
+    // where `start` would put them, so that an instance started with a plain `start` is
+    // found and said, not refused for the addresses it holds.
+    let defaults = startup::StartDefaults::of(&program.name, config);
+    let control = startup::control_path(&program.name, config).or_else(|| defaults.control.clone());
+    let running = control.as_deref().and_then(control::running_server);
+    let mut notes = Vec::new();
+    if let (Some(r), Some(path)) = (&running, &control) {
+        notes.push(format!(
+            "{} runs as pid {} (it answers on the control socket {}): what it holds is said below and not bound again; the rest of the configuration was checked",
+            program.name,
+            r.pid,
+            path.display()
+        ));
+    }
+    notes.extend(startup::rehearse(
+        &program.name,
+        config,
+        &bind_options(config),
+        running.as_ref(),
+        &defaults,
+    )?);
+    Ok(notes)
 }
 
 /// The pool policy of the command line, checked.
