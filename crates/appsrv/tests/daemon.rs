@@ -632,3 +632,52 @@ fn issue_41_check_beside_a_plain_start_finds_and_reports_it() {
         text(&stop.stdout)
     );
 }
+
+/// Issue 41: every path a daemon uses is resolved where `start` runs, before the daemon
+/// changes to `/`: a relative `--sandbox-write ./data` named `/data` in the workers, and a
+/// sandbox path that does not exist passed `check` and stopped every worker instead.
+#[test]
+fn issue_41_relative_sandbox_paths_are_resolved_where_start_runs() {
+    let d = Daemon::new("i41-sandbox");
+    std::fs::create_dir(d.dir.join("data")).unwrap();
+    let in_dir = |args: &[&str]| {
+        Command::new(example("testbed"))
+            .args(args)
+            .current_dir(&d.dir)
+            .output()
+            .expect("run testbed")
+    };
+    let out = in_dir(&[
+        "check",
+        "-l",
+        "127.0.0.1:0",
+        "--sandbox",
+        "--sandbox-write",
+        "./nope",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("sandbox path {}", d.path("nope"))), "{err}");
+    let listen = format!("unix:{}", d.sock());
+    let (pid_file, log) = (d.pid_file(), d.log());
+    let out = in_dir(&[
+        "start",
+        "-l",
+        &listen,
+        "-w",
+        "1",
+        "--pid-file",
+        &pid_file,
+        "--log-file",
+        &log,
+        "--sandbox",
+        "--sandbox-write",
+        "./data",
+    ]);
+    assert!(out.status.success(), "{}{}", text(&out.stderr), d.log_text());
+    let mut c = LineClient::unix(&d.sock());
+    assert!(c.testbed_pid() > 0, "{}", d.log_text());
+    drop(c);
+    let out = d.cmd("stop", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
