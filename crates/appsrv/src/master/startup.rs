@@ -391,6 +391,9 @@ pub(crate) fn rehearse(
 pub(crate) struct StartDefaults {
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) control: Option<PathBuf>,
+    /// No `--pid-file` was given and there is no default location (not root, and
+    /// `XDG_RUNTIME_DIR` unset): `start` would refuse, `run` needs none.
+    no_location: bool,
 }
 
 impl StartDefaults {
@@ -408,7 +411,11 @@ impl StartDefaults {
                 .map(|p| control::path_for_pid_file(name, p))
                 .or_else(|| control::default_path(name)),
         };
-        StartDefaults { pid_file, control }
+        StartDefaults {
+            no_location: pid_file.is_none(),
+            pid_file,
+            control,
+        }
     }
 
     /// Looks at the default paths without taking them: a check must not take from a
@@ -422,6 +429,12 @@ impl StartDefaults {
         running: Option<&control::RunningServer>,
         notes: &mut Vec<String>,
     ) -> Result<()> {
+        if self.no_location {
+            notes.push(
+                "no default pid file location (XDG_RUNTIME_DIR is not set): `start` needs --pid-file PATH; `run` in the foreground needs none"
+                    .into(),
+            );
+        }
         if let Some(path) = self.pid_file.as_deref() {
             let shown = path.display();
             let err = |source: std::io::Error| Error::PidFile {
