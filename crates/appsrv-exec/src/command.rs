@@ -30,9 +30,13 @@ pub(crate) const TERM_GRACE: Duration = Duration::from_millis(200);
 /// What to run and how: the program, its arguments and its limits.
 #[derive(Debug, Clone)]
 pub(crate) struct Spec {
-    /// The program, as resolved at start (an absolute or relative path).
+    /// The program, as resolved at start: an absolute path (issue 41: a daemon changes to
+    /// `/`, where `./script.sh` names nothing).
     pub(crate) program: PathBuf,
     pub(crate) args: Vec<OsString>,
+    /// The command's working directory (`--chdir`, by default the directory the server
+    /// was started in), absolute.
+    pub(crate) dir: PathBuf,
     /// `RLIMIT_CPU` in seconds (soft; the hard limit is one more: SIGXCPU, then SIGKILL).
     pub(crate) rlimit_cpu: Option<u64>,
     /// `RLIMIT_NPROC`.
@@ -41,7 +45,8 @@ pub(crate) struct Spec {
 
 /// Finds `program` as `execvp` would (a name without `/` in `PATH`) and checks that it is
 /// an executable file, so that a typo stops the server at start rather than fail every
-/// connection.
+/// connection. The path returned is absolute, resolved against the working directory now
+/// (`start` runs here; the daemon it becomes runs in `/`).
 pub(crate) fn resolve(program: &Path) -> Result<PathBuf, String> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
@@ -59,7 +64,7 @@ pub(crate) fn resolve(program: &Path) -> Result<PathBuf, String> {
                 p.display()
             ));
         }
-        Ok(p.to_path_buf())
+        std::path::absolute(p).map_err(|e| format!("command {}: {e}", p.display()))
     };
     if program.as_os_str().as_bytes().contains(&b'/') {
         return check(program);
@@ -69,6 +74,43 @@ pub(crate) fn resolve(program: &Path) -> Result<PathBuf, String> {
         .map(|dir| dir.join(program))
         .find(|p| check(p).is_ok())
         .ok_or_else(|| format!("command {}: not found in PATH", program.display()))
+}
+
+/// Checks the command's working directory `dir` (absolute) at start: a directory that the
+/// workers' user (`identity`; `None`: the master's own) can enter, every directory above
+/// it included, judged by the permission bits (ACLs are not read). A command that cannot
+/// change to it could not start, at every connection.
+pub(crate) fn check_dir(dir: &Path, identity: Option<&appsrv::WorkerIdentity>) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("--chdir {}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("--chdir {}: not a directory", dir.display()));
+    }
+    let Some(id) = identity else {
+        return nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK)
+            .map_err(|e| format!("--chdir {}: {}", dir.display(), e.desc()));
+    };
+    for d in dir.ancestors() {
+        let m =
+            std::fs::metadata(d).map_err(|e| format!("--chdir {}: {}: {e}", dir.display(), d.display()))?;
+        let bit = if m.uid() == id.uid {
+            0o100
+        } else if m.gid() == id.gid || id.groups.contains(&m.gid()) {
+            0o010
+        } else {
+            0o001
+        };
+        if m.mode() & bit == 0 {
+            return Err(format!(
+                "the command's working directory {} cannot be entered by the workers' user {} ({} has mode {:o}): give --chdir DIR, a directory it can enter (the default is the directory appsrv-exec is started in)",
+                dir.display(),
+                id.user,
+                d.display(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The directories of the system's programs, their libraries and loaders: what a command
@@ -109,6 +151,8 @@ pub(crate) fn sandbox_profile(program: &Path) -> appsrv::Sandbox {
 /// calls, no allocation, no lock (the child runs in the parent's memory).
 #[derive(Clone, Copy)]
 struct ChildSetup {
+    /// The working directory, a NUL-terminated string the parent keeps alive.
+    dir: *const libc::c_char,
     rlimit_cpu: Option<u64>,
     rlimit_nproc: Option<u64>,
     /// The worker's pid, checked after the parent-death signal is set.
@@ -162,6 +206,10 @@ impl ChildSetup {
             if libc::getppid() != self.parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
+        }
+        // SAFETY: `dir` is a NUL-terminated string the parent keeps until clone returns.
+        if unsafe { libc::chdir(self.dir) } != 0 {
+            return Err(io::Error::last_os_error());
         }
         // Every descriptor above stderr close-on-exec: appsrv's are already, but what the
         // master inherited (from a service manager or a shell) may not be. Marking rather
@@ -381,7 +429,9 @@ impl Running {
         for fd in [&stdin_w, &stdout_r, &stderr_r] {
             set_nonblocking(fd.as_fd())?;
         }
+        let dir = cstring(spec.dir.as_os_str())?;
         let setup = ChildSetup {
+            dir: dir.as_ptr(),
             rlimit_cpu: spec.rlimit_cpu,
             rlimit_nproc: spec.rlimit_nproc,
             parent: nix::unistd::getpid().as_raw(),

@@ -96,7 +96,12 @@
 //! `--rlimit-as`, `--rlimit-nofile` and `--rlimit-core`, are the worker's and so the
 //! command's too (limits are inherited). COMMAND is looked up in `PATH` when it has no
 //! `/`, and checked at start (`run`, `start` and `check` refuse a command that does not
-//! exist or is not executable).
+//! exist or is not executable); a relative path is made absolute there. The command runs
+//! in `--chdir DIR`, by default the directory `appsrv-exec` was started in (also under
+//! `start`, whose daemon itself changes to `/`), so that `-- ./app.sh data.txt` finds
+//! both files; `run`, `start` and `check` refuse a directory the workers' user cannot
+//! enter (as root, the default user is `nobody`: start from a directory it can enter, or
+//! give `--chdir`).
 //!
 //! Limits: a command that leaves its process group (`setsid`) escapes the kill at the
 //! end; if a worker is killed (past `--grace-period`, or by the master's
@@ -163,6 +168,10 @@ struct Opts {
     /// default no limit); persistent mode, per answer (default 1 MiB)
     #[arg(long, value_name = "BYTES")]
     max_output: Option<u64>,
+    /// The command's working directory [default: the directory appsrv-exec is started in,
+    /// also for a daemon (`start`), which itself runs in /]
+    #[arg(long, value_name = "DIR")]
+    chdir: Option<PathBuf>,
     /// The command and its arguments, after `--`
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -181,6 +190,21 @@ fn serve() -> appsrv::Result<()> {
     let opts: Opts = server.args();
     let serving = matches!(server.subcommand(), Some("run" | "start" | "check"));
     let config = |msg: String| appsrv::Error::Config(msg);
+    // The command's directory, absolute: the daemon `start` becomes changes to `/`, and
+    // the command must find what it names relatively where the operator started it (issue
+    // 41). Checked for the workers' user, as the command will use it.
+    let dir = match serving {
+        true => {
+            let dir = match &opts.chdir {
+                Some(d) => std::path::absolute(d),
+                None => std::env::current_dir(),
+            }
+            .map_err(|e| config(format!("the command's working directory: {e}")))?;
+            command::check_dir(&dir, server.worker_identity()?.as_ref()).map_err(config)?;
+            dir
+        }
+        false => PathBuf::from("/"),
+    };
     let spec = match opts.command.split_first() {
         Some((program, args)) => command::Spec {
             program: if serving {
@@ -189,6 +213,7 @@ fn serve() -> appsrv::Result<()> {
                 PathBuf::from(program)
             },
             args: args.to_vec(),
+            dir,
             rlimit_cpu: opts.rlimit_cpu,
             rlimit_nproc: opts.rlimit_nproc,
         },
@@ -201,6 +226,7 @@ fn serve() -> appsrv::Result<()> {
         None => command::Spec {
             program: PathBuf::new(),
             args: Vec::new(),
+            dir,
             rlimit_cpu: None,
             rlimit_nproc: None,
         },

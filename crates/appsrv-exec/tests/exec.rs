@@ -777,3 +777,116 @@ fn issue_35_persistent_mode_speaks_netstrings_and_length_prefixes() {
     s.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"\0\0\0\x05HELLO");
 }
+
+/// `appsrv-exec SUBCOMMAND ARGS` run in `dir` (as a user types `./script.sh` there), to its
+/// end.
+fn exec_in(dir: &TestDir, args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).current_dir(&dir.0).output().unwrap()
+}
+
+/// Kills, when dropped, every process whose command line names the test's directory: a
+/// daemon started by a test and its workers, also when the test fails.
+struct KillNaming<'a>(&'a TestDir);
+
+impl Drop for KillNaming<'_> {
+    fn drop(&mut self) {
+        for pid in processes_naming(&self.0.0) {
+            // SAFETY: kill(2) on processes this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The address a `start` line names: `... listening on 127.0.0.1:PORT; pid file ...`.
+fn started_addr(stdout: &str) -> SocketAddr {
+    let rest = stdout
+        .split("listening on ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no address in {stdout:?}"));
+    rest.split([';', ',', ' ']).next().unwrap().parse().unwrap()
+}
+
+/// Issue 41: `appsrv-exec start ... -- ./script.sh` printed `started`, then every
+/// connection failed with `cannot start ./script.sh: No such file or directory` (the
+/// daemon had changed to `/`), and in persistent mode `start` failed for a script that
+/// exists. The command is resolved where `start` runs, and runs there (a file it names
+/// relatively is found), in both modes.
+#[test]
+fn issue_41_a_relative_command_works_under_start_in_both_modes() {
+    let dir = TestDir::new("exec", "relative");
+    let _guard = KillNaming(&dir);
+    std::fs::write(dir.path("greeting.txt"), "relative-ok\n").unwrap();
+    script(&dir, "greet.sh", "#!/bin/sh\ncat greeting.txt\n");
+    script(
+        &dir,
+        "upper.sh",
+        "#!/bin/sh\nwhile read -r len; do\n  body=$(head -c \"$len\")\n  out=$(printf '%s' \"$body\" | tr a-z A-Z)\n  printf '%s\\n%s' \"${#out}\" \"$out\"\ndone\n",
+    );
+    for (mode, command) in [("connection", "./greet.sh"), ("persistent", "./upper.sh")] {
+        let (pid_file, log) = (dir.path(&format!("{mode}.pid")), dir.path(&format!("{mode}.log")));
+        let out = exec_in(
+            &dir,
+            &[
+                "start",
+                "-l",
+                "127.0.0.1:0",
+                "-w",
+                "1",
+                "--pid-file",
+                &pid_file,
+                "--log-file",
+                &log,
+                "--mode",
+                mode,
+                "--",
+                command,
+            ],
+        );
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{mode}: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let addr = started_addr(&said);
+        match mode {
+            "connection" => assert_eq!(
+                exchange(addr, b""),
+                "relative-ok\n",
+                "{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ),
+            _ => assert_eq!(Lines::new(addr).ask("hello"), "HELLO"),
+        }
+        let out = exec_in(&dir, &["stop", "--pid-file", &pid_file]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// Issue 41: a relative command that does not exist is refused by `check` and by `start`
+/// (before it detaches), with its name, rather than at the first connection.
+#[test]
+fn issue_41_a_relative_command_that_does_not_exist_is_refused_at_check_and_start() {
+    let dir = TestDir::new("exec", "relative-missing");
+    let _guard = KillNaming(&dir);
+    for sub in ["check", "start"] {
+        let pid_file = dir.path("missing.pid");
+        let out = exec_in(
+            &dir,
+            &[
+                sub,
+                "-l",
+                "127.0.0.1:0",
+                "--pid-file",
+                &pid_file,
+                "--",
+                "./missing.sh",
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{sub}: {err}");
+        assert!(err.contains("missing.sh: no such file"), "{sub}: {err}");
+        assert!(!std::path::Path::new(&pid_file).exists(), "{sub} left a pid file");
+    }
+}

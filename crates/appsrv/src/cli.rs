@@ -1258,6 +1258,14 @@ fn env_name(prefix: &str, long: &str) -> String {
     format!("{prefix}_{}", long.to_ascii_uppercase().replace('-', "_"))
 }
 
+/// Parses `args` with `cmd` as [`parse`] does, but prints nothing and never exits: for
+/// what the server asks of its command line before [`Server::args`](crate::Server::args)
+/// or `run` has parsed it (issue 41).
+pub(crate) fn try_parse(mut cmd: Command, args: Vec<OsString>) -> Result<ArgMatches, clap::Error> {
+    let args = with_default_subcommand(&cmd, args);
+    cmd.try_get_matches_from_mut(args)
+}
+
 /// Parses `args` with `cmd`: prints help, the version, completions or the manual page and
 /// exits when asked for them, and exits with status 2 and a message on a bad command line.
 /// A bad value that came from the environment is reported against its variable (clap

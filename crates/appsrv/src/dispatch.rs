@@ -300,8 +300,10 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
                     program.name
                 );
             }
-            let config = config(m);
-            match check(program, &config, request_level) {
+            let mut config = config(m);
+            let checked =
+                absolute_confinement(&mut config).and_then(|()| check(program, &config, request_level));
+            match checked {
                 Ok(notes) => {
                     for note in notes {
                         crate::process::console::outln!("{}: {note}", program.name);
@@ -398,6 +400,7 @@ fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
     abs(&mut config.log_file);
     abs(&mut config.access_log);
     abs(&mut config.control);
+    absolute_confinement(config)?;
     config.listen = std::mem::take(&mut config.listen)
         .into_iter()
         .map(ListenAddr::absolute)
@@ -432,6 +435,28 @@ fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
             }
             config.log_file = Some(default);
         }
+    }
+    Ok(())
+}
+
+/// Makes `--chroot` and the sandbox's paths (`--sandbox-read`, `--sandbox-write`, the
+/// program's profiles) absolute against the working directory now (issue 41): the master
+/// compiles the workers' confinement again once a daemon has changed to `/`, and workers
+/// apply it there. A relative sandbox path under `--chroot` is refused (see
+/// [`Sandbox::absolute`]).
+fn absolute_confinement(config: &mut Config) -> Result<()> {
+    if let Some(dir) = config.chroot.take() {
+        config.chroot = Some(std::path::absolute(&dir).unwrap_or(dir));
+    }
+    let chroot = config.chroot.is_some();
+    let err = |e: String| Error::Config(format!("--sandbox: {e}"));
+    crate::confine::sandbox::absolute_paths(&mut config.sandbox_read, chroot).map_err(err)?;
+    crate::confine::sandbox::absolute_paths(&mut config.sandbox_write, chroot).map_err(err)?;
+    config.sandbox_profile = std::mem::take(&mut config.sandbox_profile)
+        .absolute(chroot)
+        .map_err(err)?;
+    if let Some(profile) = config.helper_profile.take() {
+        config.helper_profile = Some(profile.absolute(chroot).map_err(err)?);
     }
     Ok(())
 }
@@ -557,8 +582,29 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
     if let Some(hook) = program.check_hook.as_mut() {
         hook().map_err(|e| Error::Config(format!("the application's check failed: {e}")))?;
     }
-    let running = startup::control_path(&program.name, config).and_then(|p| control::running_server(&p));
-    startup::rehearse(&program.name, config, &bind_options(config), running.as_ref())
+    // `check` is `start`'s rehearsal (issue 41): without --pid-file and --control it looks
+    // where `start` would put them, so that an instance started with a plain `start` is
+    // found and said, not refused for the addresses it holds.
+    let defaults = startup::StartDefaults::of(&program.name, config);
+    let control = startup::control_path(&program.name, config).or_else(|| defaults.control.clone());
+    let running = control.as_deref().and_then(control::running_server);
+    let mut notes = Vec::new();
+    if let (Some(r), Some(path)) = (&running, &control) {
+        notes.push(format!(
+            "{} runs as pid {} (it answers on the control socket {}): what it holds is said below and not bound again; the rest of the configuration was checked",
+            program.name,
+            r.pid,
+            path.display()
+        ));
+    }
+    notes.extend(startup::rehearse(
+        &program.name,
+        config,
+        &bind_options(config),
+        running.as_ref(),
+        &defaults,
+    )?);
+    Ok(notes)
 }
 
 /// The pool policy of the command line, checked.

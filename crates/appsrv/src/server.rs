@@ -53,6 +53,10 @@ pub struct Server {
     args: Vec<OsString>,
     /// The command line, once parsed by [`Server::args`].
     matches: Option<ArgMatches>,
+    /// The command line parsed with the standard options alone, for what is asked of it
+    /// before `args` ([`Server::subcommand`], [`Server::worker_identity`]...): the clap
+    /// error when it has words the standard options do not know (the program's own).
+    standard: std::cell::OnceCell<std::result::Result<ArgMatches, String>>,
     /// Inherited descriptors the master keeps open at start ([`Server::keep_fd`]).
     keep_fds: Vec<RawFd>,
     /// The privileged helper ([`Server::privileged`]) and its sandbox profile.
@@ -94,6 +98,7 @@ impl Server {
             check_hook: None,
             args: std::env::args_os().collect(),
             matches: None,
+            standard: std::cell::OnceCell::new(),
             keep_fds: Vec::new(),
             helper: None,
             helper_profile: crate::Sandbox::new(),
@@ -557,6 +562,7 @@ impl Server {
         T: Into<OsString>,
     {
         self.args = args.into_iter().map(Into::into).collect();
+        self.standard = std::cell::OnceCell::new();
         self
     }
 
@@ -589,7 +595,14 @@ impl Server {
     /// As with clap, `--help` prints the help and exits, and a bad command line prints the
     /// error and exits with status 2 (a bad value from the environment names its variable).
     ///
+    /// appsrv re-exports clap as [`appsrv::clap`](crate::clap): a crate that does not
+    /// depend on clap itself brings it into scope with `use appsrv::clap;` where it
+    /// derives, since the derive's code names `clap::...` (`#[derive(appsrv::clap::Args)]`
+    /// without that `use` fails with unresolved `clap` paths).
+    ///
     /// ```no_run
+    /// use appsrv::clap;
+    ///
     /// #[derive(clap::Args, Debug)]
     /// struct Opts {
     ///     /// Directory of the static files.
@@ -622,21 +635,52 @@ impl Server {
         parsed
     }
 
-    /// The subcommand the command line asks for, once [`args`](Server::args) has parsed
-    /// it: `"run"` (also when none is given), `"start"`, `"check"`, `"stop"`, `"status"`,
-    /// and so on; `None` before `args`. An application does its start-up work (opening or
-    /// creating its data, reading secrets) only for `run` and `start`, not when the same
-    /// binary is called to `stop` or `reload` a running server. In a worker that
-    /// `--exec-workers` started again (it runs `main` with the master's command line, as
-    /// root until its privilege drop) it is `"worker"`: the master has done that work.
+    /// The command line as parsed by [`args`](Server::args), or else parsed now with the
+    /// standard options alone, as `run` parses it for a program without options of its own
+    /// (nothing printed, no exit: a bad command line is `run`'s to report).
+    fn parsed(&self) -> std::result::Result<&ArgMatches, &str> {
+        if let Some(m) = &self.matches {
+            return Ok(m);
+        }
+        self.standard
+            .get_or_init(|| {
+                cli::try_parse(self.command(|c| c), self.args.clone()).map_err(|e| {
+                    let first = e.to_string();
+                    let first = first.lines().next().unwrap_or_default();
+                    first.strip_prefix("error: ").unwrap_or(first).to_owned()
+                })
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    /// The subcommand the command line asks for: `"run"` (also when none is given),
+    /// `"start"`, `"check"`, `"stop"`, `"status"`, and so on. An application does its
+    /// start-up work (opening or creating its data, reading secrets) only for `run` and
+    /// `start`, not when the same binary is called to `stop` or `reload` a running server.
+    /// In a worker that `--exec-workers` started again (it runs `main` with the master's
+    /// command line, as root until its privilege drop) it is `"worker"`: the master has done
+    /// that work.
+    ///
+    /// Before [`args`](Server::args), the command line is parsed here with the standard
+    /// options, as [`run`](Server::run) parses it (issue 41: it used to be `None` until
+    /// `args`). `None` only then, when the command line does not parse with the standard
+    /// options alone: it is bad (`run` reports it), or it has options of the program's own,
+    /// which only `args` knows: call `args` first.
+    ///
+    /// ```
+    /// let server = appsrv::Server::new("hello").command_line(["hello", "stop"]);
+    /// assert_eq!(server.subcommand(), Some("stop"));
+    /// ```
     pub fn subcommand(&self) -> Option<&str> {
-        self.matches.as_ref().map(dispatch::subcommand)
+        self.parsed().ok().map(dispatch::subcommand)
     }
 
     /// The identity the workers will run as, resolved from `--user` and `--group` as the
     /// master resolves it at start: `Ok(None)` when they keep the master's (the master is
     /// not root, or `--allow-root-workers`), and for subcommands other than `run`, `start`
-    /// and `check`. Call it after [`args`](Server::args) (before, it returns an error).
+    /// and `check`. Before [`args`](Server::args), the command line is parsed here with the
+    /// standard options, as [`subcommand`](Server::subcommand) does.
     ///
     /// For files the workers must write and the master prepares, such as a database: the
     /// master creates them as this identity (switching its effective user for the
@@ -647,20 +691,26 @@ impl Server {
     ///
     /// [`Error::Privilege`](crate::Error::Privilege) when the user or group does not
     /// exist, or the master is not root and another user is asked for;
-    /// [`Error::Config`](crate::Error::Config) before `args`.
+    /// [`Error::Config`](crate::Error::Config) when, before `args`, the command line does
+    /// not parse with the standard options alone (the message says why: a bad command
+    /// line, or an option of the program's own, which needs `args` first).
     pub fn worker_identity(&self) -> Result<Option<crate::WorkerIdentity>> {
-        let matches = self.matches.as_ref().ok_or_else(|| {
-            crate::Error::Config("Server::worker_identity needs the command line: call args() first".into())
+        let matches = self.parsed().map_err(|e| {
+            crate::Error::Config(format!(
+                "Server::worker_identity: the command line does not parse with the standard options alone ({e}); a program with options of its own calls args() first"
+            ))
         })?;
         dispatch::worker_identity(matches)
     }
 
-    /// The `--request-timeout` the master will enforce, once [`args`](Server::args) has
-    /// parsed the command line, for a server run at the request level (`request_level`:
+    /// The `--request-timeout` the master will enforce (the command line parsed by
+    /// [`args`](Server::args), or before it as [`subcommand`](Server::subcommand) parses
+    /// it), for a server run at the request level (`request_level`:
     /// [`run_requests`](Server::run_requests) and the async runs) or with
     /// [`run`](Server::run): the value given, or when none is given the default (60 s
-    /// at the request level, none for `run`); `None` when it is off (`0`), before `args`,
-    /// and for the subcommands that start no worker.
+    /// at the request level, none for `run`); `None` when it is off (`0`), when the
+    /// command line cannot be parsed before `args`, and for the subcommands that start no
+    /// worker.
     ///
     /// For a handler that waits on something of its own (a child process, a backend) and
     /// would rather answer with an error reply before the limit than have its worker
@@ -675,12 +725,13 @@ impl Server {
     /// assert_eq!(server.request_timeout(true), Some(std::time::Duration::from_secs(5)));
     /// ```
     pub fn request_timeout(&self, request_level: bool) -> Option<Duration> {
-        dispatch::request_timeout(self.matches.as_ref()?, request_level)
+        dispatch::request_timeout(self.parsed().ok()?, request_level)
     }
 
     /// The I/O model the command line asks for (`--io`, its environment variable, or the
-    /// default set with [`io`](Server::io)), once [`args`](Server::args) has parsed it;
-    /// `None` before `args` and for the subcommands that start no worker.
+    /// default set with [`io`](Server::io)), parsed by [`args`](Server::args) or before it
+    /// as [`subcommand`](Server::subcommand) parses it; `None` when it cannot be parsed
+    /// then, and for the subcommands that start no worker.
     ///
     /// For a program whose handler may block on something of its own (a child process):
     /// it refuses `--io event` with its reason before anything starts. (The framework
@@ -695,7 +746,7 @@ impl Server {
     /// assert_eq!(server.io_model(), Some(appsrv::Io::Event));
     /// ```
     pub fn io_model(&self) -> Option<crate::Io> {
-        dispatch::io_given(self.matches.as_ref()?)
+        dispatch::io_given(self.parsed().ok()?)
     }
 
     fn command(&self, app: impl Fn(clap::Command) -> clap::Command) -> clap::Command {
@@ -884,6 +935,32 @@ mod tests {
     #[derive(clap::Args, Debug)]
     struct NoArgs {}
 
+    /// Issue 41: `subcommand()` and `worker_identity()` answer before `args()` (they were
+    /// `None` and an error), parsing the command line as `run` would; with an option of the
+    /// program's own, which only `args` knows, the error says so.
+    #[test]
+    fn issue_41_subcommand_and_worker_identity_work_without_args() {
+        let stop = Server::new("t").command_line(["t", "stop"]);
+        assert_eq!(stop.subcommand(), Some("stop"));
+        assert!(matches!(stop.worker_identity(), Ok(None)), "no workers for stop");
+        let run = Server::new("t").command_line(["t", "-l", "127.0.0.1:0"]);
+        assert_eq!(run.subcommand(), Some("run"));
+        let check = Server::new("t").command_line(["t", "-u", "nobody", "check"]);
+        assert_eq!(check.subcommand(), Some("check"));
+        match check.worker_identity() {
+            Ok(Some(id)) => assert!(nix::unistd::Uid::effective().is_root(), "{id:?}"),
+            Err(crate::Error::Privilege { .. }) => assert!(!nix::unistd::Uid::effective().is_root()),
+            other => panic!("-u nobody: {other:?}"),
+        }
+        let own = Server::new("t").command_line(["t", "--own-option", "start"]);
+        assert_eq!(own.subcommand(), None);
+        let err = own.worker_identity().unwrap_err().to_string();
+        assert!(
+            err.contains("--own-option") && err.contains("args() first"),
+            "{err}"
+        );
+    }
+
     fn parsed(args: &[&str]) -> Server {
         let mut server = Server::new("t").command_line(args.iter().copied());
         let _: NoArgs = server.args();
@@ -895,7 +972,8 @@ mod tests {
     #[test]
     fn issue_35_request_timeout_as_the_master_enforces_it() {
         let secs = Duration::from_secs;
-        assert_eq!(Server::new("t").request_timeout(true), None, "before args");
+        let own_option = Server::new("t").command_line(["t", "--own-option"]);
+        assert_eq!(own_option.request_timeout(true), None, "unparsed before args");
         let given = parsed(&["t", "-l", "127.0.0.1:0", "--request-timeout", "7"]);
         assert_eq!(given.request_timeout(true), Some(secs(7)));
         assert_eq!(given.request_timeout(false), Some(secs(7)));

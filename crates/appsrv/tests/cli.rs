@@ -571,3 +571,50 @@ fn issue_34_help_and_man_page_list_only_the_options_the_program_takes() {
         text(&out.stderr)
     );
 }
+
+/// Issue 41: right after `stop` printed `stopped (pid N)`, `status` said `runs as pid N
+/// without this control socket`: N had exited but its parent had not reaped it yet (a
+/// zombie, state `Z`). Here the parent is this test, which reaps the master only after
+/// asking: a zombie is not called running.
+#[test]
+fn issue_41_status_right_after_stop_does_not_call_a_zombie_running() {
+    let dir = TestDir::new("cli", "zombie");
+    let control = dir.path("ctl.sock");
+    let mut server = Server::start(
+        "testbed",
+        &["-l", "127.0.0.1:0", "-w", "1", "--control", &control],
+    );
+    let pid = server.pid();
+    let out = run("testbed", &["stop", "--control", &control], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!("stopped (pid {pid})")),
+        "{}",
+        text(&out.stdout)
+    );
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let state = state
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(state, "Z", "the master is a zombie until this test reaps it");
+    let out = run("testbed", &["status", "--control", &control], &[]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(said.starts_with("testbed: not running"), "{said}");
+    let named: Vec<&str> = said
+        .split(" runs as pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(" without ").next())
+        .map(|pids| pids.split(", ").collect())
+        .unwrap_or_default();
+    assert!(
+        !named.contains(&pid.to_string().as_str()),
+        "the zombie {pid} is called running: {said}"
+    );
+    server.wait_exit();
+}

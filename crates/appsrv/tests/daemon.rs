@@ -555,3 +555,129 @@ fn issue_34_a_users_default_log_directory_is_made_and_a_failed_start_leaves_no_s
     assert!(stop.status.success(), "{}", text(&stop.stderr));
     assert!(text(&stop.stdout).contains("stopped"), "{}", text(&stop.stdout));
 }
+
+/// Runs `testbed ARGS` with `dir`'s own "default" locations: `XDG_RUNTIME_DIR` (start's
+/// default pid file and control socket) and `HOME` (its default log file) in `dir`, so
+/// that what a plain `start` takes is this test's alone. As root, start's defaults are
+/// `/run/testbed.pid`, shared by every test: the command then runs as `nobody`, whose
+/// defaults are the variables', as a user's are.
+fn testbed_with_defaults(d: &Daemon, args: &[&str]) -> Output {
+    use std::os::unix::process::CommandExt;
+    let (runtime, home) = (d.dir.join("run"), d.dir.join("home"));
+    let mut cmd = Command::new(example("testbed"));
+    cmd.args(args)
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("HOME", &home)
+        .env_remove("XDG_STATE_HOME");
+    for var in std::env::vars_os().map(|(v, _)| v) {
+        if var.to_string_lossy().starts_with("TESTBED_") {
+            cmd.env_remove(var);
+        }
+    }
+    if is_root() {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        for dir in [&runtime, &home] {
+            if !dir.exists() {
+                std::fs::create_dir(dir).unwrap();
+                nix::unistd::chown(dir, Some(nobody.uid), Some(nobody.gid)).unwrap();
+            }
+        }
+        cmd.uid(nobody.uid.as_raw()).gid(nobody.gid.as_raw());
+    } else {
+        for dir in [&runtime, &home] {
+            let _ = std::fs::create_dir(dir);
+        }
+    }
+    cmd.output().expect("run testbed")
+}
+
+/// Issue 41: `check` while a daemon started with a plain `start` runs failed with
+/// `cannot listen on ...: Address already in use`: it looked for no pid file or control
+/// socket where `start` puts them by default. It finds the running instance there, says
+/// so, and says what it holds instead of refusing it.
+#[test]
+fn issue_41_check_beside_a_plain_start_finds_and_reports_it() {
+    let d = Daemon::new("i41-defaults");
+    // In the runtime directory, which is the daemon's user's.
+    let listen = format!("unix:{}", d.path("run/listen.sock"));
+    let serving = ["-l", listen.as_str(), "-w", "1"];
+    let start = testbed_with_defaults(&d, &[&["start"][..], &serving].concat());
+    assert!(start.status.success(), "{}", text(&start.stderr));
+    let pid: i32 = std::fs::read_to_string(d.dir.join("run/testbed.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for check in [&["check"][..], &["-t"][..]] {
+        let out = testbed_with_defaults(&d, &[check, &serving].concat());
+        let said = text(&out.stdout);
+        assert!(out.status.success(), "{check:?}: {}{said}", text(&out.stderr));
+        assert!(
+            said.contains(&format!("testbed runs as pid {pid}"))
+                && said.contains(&format!("{listen}: held by the running testbed (pid {pid})"))
+                && said.contains("start's default): held by the running testbed")
+                && said.contains("configuration OK"),
+            "{check:?}: {said}"
+        );
+    }
+    // Its socket still serves, and a plain `stop` stops it.
+    let mut c = LineClient::unix(&d.path("run/listen.sock"));
+    assert!(c.testbed_pid() > 0);
+    drop(c);
+    let stop = testbed_with_defaults(&d, &["stop"]);
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+    assert!(
+        text(&stop.stdout).contains(&format!("stopped (pid {pid})")),
+        "{}",
+        text(&stop.stdout)
+    );
+}
+
+/// Issue 41: every path a daemon uses is resolved where `start` runs, before the daemon
+/// changes to `/`: a relative `--sandbox-write ./data` named `/data` in the workers, and a
+/// sandbox path that does not exist passed `check` and stopped every worker instead.
+#[test]
+fn issue_41_relative_sandbox_paths_are_resolved_where_start_runs() {
+    let d = Daemon::new("i41-sandbox");
+    std::fs::create_dir(d.dir.join("data")).unwrap();
+    let in_dir = |args: &[&str]| {
+        Command::new(example("testbed"))
+            .args(args)
+            .current_dir(&d.dir)
+            .output()
+            .expect("run testbed")
+    };
+    let out = in_dir(&[
+        "check",
+        "-l",
+        "127.0.0.1:0",
+        "--sandbox",
+        "--sandbox-write",
+        "./nope",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("sandbox path {}", d.path("nope"))), "{err}");
+    let listen = format!("unix:{}", d.sock());
+    let (pid_file, log) = (d.pid_file(), d.log());
+    let out = in_dir(&[
+        "start",
+        "-l",
+        &listen,
+        "-w",
+        "1",
+        "--pid-file",
+        &pid_file,
+        "--log-file",
+        &log,
+        "--sandbox",
+        "--sandbox-write",
+        "./data",
+    ]);
+    assert!(out.status.success(), "{}{}", text(&out.stderr), d.log_text());
+    let mut c = LineClient::unix(&d.sock());
+    assert!(c.testbed_pid() > 0, "{}", d.log_text());
+    drop(c);
+    let out = d.cmd("stop", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -239,6 +239,16 @@ impl Confinement {
                 )));
             }
         }
+        // Without a chroot the workers see the master's files: a sandbox path that does not
+        // exist would stop every worker at its start (issue 41: refused by check and start).
+        if self.chroot.is_none() {
+            for compiled in [&self.sandbox, &self.helper_sandbox].into_iter().flatten() {
+                compiled
+                    .profile
+                    .check_paths()
+                    .map_err(|e| Error::Config(format!("--sandbox: {e}")))?;
+            }
+        }
         Ok(())
     }
 

@@ -47,6 +47,21 @@ use seccompiler::{
 /// support.
 const LANDLOCK_ABI: ABI = ABI::V6;
 
+/// Makes the relative paths of `list` absolute, as [`Sandbox::absolute`] does (also for
+/// `--sandbox-read` and `--sandbox-write`).
+pub(crate) fn absolute_paths(list: &mut [PathBuf], chroot: bool) -> Result<(), String> {
+    for path in list.iter_mut().filter(|p| p.is_relative()) {
+        if chroot {
+            return Err(format!(
+                "sandbox path {}: relative, and the workers chroot (--chroot): give it as the workers see it, absolute inside the chroot",
+                path.display()
+            ));
+        }
+        *path = std::path::absolute(&*path).map_err(|e| format!("sandbox path {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// A worker sandbox profile: the default one extended with paths and system calls. Used
 /// with [`Server::sandbox`](crate::Server::sandbox) and `--sandbox`.
 ///
@@ -118,6 +133,26 @@ impl Sandbox {
         self.read.extend(read.iter().cloned());
         self.write.extend(write.iter().cloned());
         self
+    }
+
+    /// Makes every relative path absolute against the working directory now (issue 41: a
+    /// daemon changes to `/` before its workers apply the profile, where `./data` would
+    /// name `/data`). Under `--chroot` (`chroot`), the paths are the workers' view, inside
+    /// the chroot: a relative one is refused, since it can name nothing certain there.
+    pub(crate) fn absolute(mut self, chroot: bool) -> Result<Self, String> {
+        for list in [&mut self.read, &mut self.write, &mut self.execute] {
+            absolute_paths(list, chroot)?;
+        }
+        Ok(self)
+    }
+
+    /// Checks that every path exists, as the worker will when it applies the profile: for
+    /// `check` and `start`, so that a missing one stops the start rather than every worker.
+    pub(crate) fn check_paths(&self) -> Result<(), String> {
+        for p in self.read.iter().chain(&self.write).chain(&self.execute) {
+            std::fs::symlink_metadata(p).map_err(|e| format!("sandbox path {}: {e}", p.display()))?;
+        }
+        Ok(())
     }
 
     /// Compiles the seccomp filter: done in the master, so a mistake is reported before any
@@ -240,7 +275,7 @@ impl Sandbox {
 /// A sandbox profile with its seccomp program compiled, ready for the workers.
 #[derive(Debug, Clone)]
 pub(crate) struct Compiled {
-    profile: Sandbox,
+    pub(crate) profile: Sandbox,
     seccomp: BpfProgram,
 }
 

@@ -635,7 +635,9 @@ fn pid_from_file(name: &str, path: &Path, wait: Duration) -> Result<Pid, i32> {
 /// (what `status` and `stop` mention when they find no control socket or pid file: a
 /// server started in the foreground has neither). A master is a process whose command
 /// name (`comm`, the first 15 bytes of the program's name) is this program's and whose
-/// parent's is not (workers are the master's children); this process is left out.
+/// parent's is not (workers are the master's children); this process is left out, and so
+/// is a master that has exited but not yet been reaped by its parent (a zombie, state `Z`:
+/// `status` right after `stop` must not call it running, issue 41).
 pub(crate) fn masters_named(name: &str) -> Vec<i32> {
     let comm: String = name.chars().take(15).collect();
     let field = |pid: &str, key: &str| -> Option<String> {
@@ -654,6 +656,7 @@ pub(crate) fn masters_named(name: &str) -> Vec<i32> {
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|pid| *pid != me && pid.bytes().all(|b| b.is_ascii_digit()))
         .filter(|pid| field(pid, "Name:").as_deref() == Some(comm.as_str()))
+        .filter(|pid| !field(pid, "State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')))
         .filter(|pid| {
             field(pid, "PPid:")
                 .and_then(|ppid| field(&ppid, "Name:"))
