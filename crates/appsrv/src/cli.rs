@@ -865,7 +865,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .default_value(timeout_default(d.header_timeout_max))
                 .help("Request-level servers: the longest a request may take to arrive from its first bytes, however they are spread: the --min-rate credit stops here (as mod_reqtimeout's header=20-40; 0: no bound)"),
         )
-        .arg(count(prefix, "max-buffered-bytes", d.max_buffered_bytes, "Event loops (--io event, hybrid fronts): bytes of unfinished requests one process holds in memory; at the budget it stops reading from the connections that hold the most (TCP pushes back on their clients) and answers new requests that need more with the codec's refusal (HTTP 503, Retry-After) (0: no budget)"))
+        .arg(count(prefix, "max-buffered-bytes", d.max_buffered_bytes, "Event loops (--io event, hybrid fronts) and async workers: bytes of unfinished requests one process holds in memory; at the budget it stops reading from the connections that hold the most (TCP pushes back on their clients) and answers new requests that need more with the codec's refusal (HTTP 503, Retry-After) (0: no budget)"))
         .arg(count(prefix, "min-rate", d.min_rate, "Request-level servers: bytes per second that earn a slow request one more second (see --header-timeout)"))
         .arg(count(prefix, "min-send-rate", d.min_send_rate, "While a worker waits to write a response, the client must acknowledge at least N bytes per second, over each 10 s window; a slower reader is cut off and the worker serves on (0: no limit)"))
         .arg(

@@ -273,8 +273,8 @@ impl Server {
         self
     }
 
-    /// The default `--max-buffered-bytes` of an event loop (an event worker, a hybrid
-    /// front): the bytes of unfinished requests it holds in memory (0: no budget). At the
+    /// The default `--max-buffered-bytes` of a process that holds many connections (an
+    /// event worker, a hybrid front, an async worker): the bytes of unfinished requests it holds in memory (0: no budget). At the
     /// budget it stops reading from the connections that hold the most and refuses new
     /// requests that need more with the codec's refusal (HTTP 503 with `Retry-After`).
     /// Default: 64 MiB.

@@ -87,6 +87,7 @@ use super::Setup;
 use super::accept::REQUEUE_EVERY;
 use super::access::Outcome;
 use super::admission::{self, Admission, EventSeat};
+use super::budget::{OVER_BUDGET_READ, SHED_BELOW, TRIM_ABOVE};
 use super::driver::{Driver, Extras, Shared, accepts_on, rules};
 use super::ledger::{Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
@@ -98,21 +99,6 @@ const EVENTS: usize = 512;
 /// sends without pause must not keep the loop to itself).
 const READS_PER_PASS: usize = 4;
 
-/// Over the budget of buffered bytes (`--max-buffered-bytes`), what a connection with
-/// nothing buffered may still read into the worker-wide buffer: a request head of this
-/// size is still served whole, and the budget's overshoot is at most this much per
-/// connection (a documented margin; see [`Loop::read`]).
-const OVER_BUDGET_READ: usize = 4 * 1024;
-
-/// A peak of buffered bytes after which the loop gives freed memory back to the system
-/// ([`Loop::trim`]).
-const TRIM_ABOVE: usize = 4 << 20;
-
-/// Over the budget, a connection whose buffer is at most this large and full is refused
-/// (the codec's refusal: HTTP 503 with `Retry-After`) rather than given more memory: it is
-/// starting a large request. A larger one is paused: it is well into its request, and
-/// resumes when the budget has room (or its deadline cuts it).
-const SHED_BELOW: usize = crate::conn::buffers::BUFFER_SIZE;
 /// How often a loop that never sleeps looks for pending signals (a stop is seen within
 /// this, under any load).
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
@@ -1528,12 +1514,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             let mut quiet = Quiet {
                 stopping: self.stopping,
             };
-            let next = c.step.shed(
-                bufs,
-                &mut quiet,
-                &c.peer,
-                "the server holds too many unfinished requests; try again later",
-            );
+            let next = c.step.shed(bufs, &mut quiet, &c.peer, super::budget::REFUSAL);
             self.follow(c, Gathered::Step(next));
             return None;
         }

@@ -27,6 +27,7 @@ mod accept;
 pub(crate) mod access;
 pub(crate) mod admission;
 pub(crate) mod blocking;
+pub(crate) mod budget;
 pub(crate) mod datagram;
 mod driver;
 pub(crate) mod event;

@@ -80,6 +80,7 @@ use crate::sys::{self, exit};
 
 use super::access::Outcome;
 use super::admission::{self, Admission, EventSeat};
+use super::budget::{self, Budget};
 use super::driver::{Driver, Extras, Shared, rules};
 use super::ledger::{
     Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error, panic_message,
@@ -242,6 +243,9 @@ impl<'a> Run<'a> {
             accepted: Cell::new(0),
             scratch: RefCell::new(vec![0; BUFFER_SIZE]),
             published: Cell::new((ConnCounts::default(), 0)),
+            budget: RefCell::new(Budget::new(limits.max_buffered)),
+            budget_room: Notify::new(),
+            paused: Cell::new(0),
         };
         let local = tokio::task::LocalSet::new();
         let run = Turned {
@@ -349,6 +353,12 @@ struct Worker<'a> {
     scratch: RefCell<Vec<u8>>,
     /// What the slot last showed (connections, requests in flight).
     published: Cell<(ConnCounts, u32)>,
+    /// The budget of buffered bytes (`--max-buffered-bytes`), as the event loop keeps it.
+    budget: RefCell<Budget>,
+    /// Connections paused at the budget wait here for room.
+    budget_room: Notify,
+    /// How many are paused.
+    paused: Cell<usize>,
 }
 
 /// Slow polls: the limit, and the episode being logged.
@@ -552,6 +562,48 @@ impl<'a> Worker<'a> {
         self.ledger.borrow_mut().connection();
         level.serve(self, io, &peer, id, bufs, &label).await;
         self.uncount(counted);
+    }
+
+    /// A connection's buffers went from `was` to `now` bytes: counted against the budget.
+    /// When they shrink, the paused connections read again if the budget has room, and the
+    /// memory of a flood is given back once its buffers are freed.
+    fn buffers_moved(&self, was: usize, now: usize) {
+        if was == now {
+            return;
+        }
+        let mut budget = self.budget.borrow_mut();
+        budget.moved(was, now);
+        if now < was {
+            if self.paused.get() > 0 && budget.has_room() {
+                budget.resumed(Instant::now(), self.paused.get());
+                self.budget_room.notify_waiters();
+            }
+            if budget.freed(Instant::now) {
+                sys::release_free_memory();
+            }
+        }
+    }
+
+    /// Waits until the budget of buffered bytes has room for the paused connections.
+    async fn room(&self) {
+        struct Paused<'w>(&'w Cell<usize>);
+        impl Drop for Paused<'_> {
+            fn drop(&mut self) {
+                self.0.set(self.0.get() - 1);
+            }
+        }
+        self.paused.set(self.paused.get() + 1);
+        let _paused = Paused(&self.paused);
+        loop {
+            let notified = self.budget_room.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the look, so that room made after it still wakes this.
+            notified.as_mut().enable();
+            if self.budget.borrow().has_room() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn uncount(&self, counted: Option<IpAddr>) {
@@ -926,9 +978,12 @@ async fn send_raw(io: &mut AsyncFd<Transport>, data: &[u8]) -> io::Result<usize>
     }
 }
 
-/// Reads plaintext into `bufs` (at most `room` bytes): what the TLS layer holds first,
-/// else the socket's, once it is readable. `unread`: the socket may hold bytes whose
-/// readiness was taken already (by [`gone`]), so it is read before waiting.
+/// Reads plaintext into `bufs` (at most `room` bytes, less at the budget of buffered bytes:
+/// `None` when it leaves none): what the TLS layer holds first, else the socket's, once it
+/// is readable. `unread`: the socket may hold bytes whose readiness was taken already (by
+/// [`gone`]), so it is read before waiting. The budget is asked at the read, when the
+/// bytes are there, so that connections waiting to be readable meanwhile are not counted
+/// as room.
 ///
 /// The read lands in the worker-wide scratch buffer, borrowed for the system call and the
 /// copy only, never across an `.await`, and what it got is copied into the connection's
@@ -940,18 +995,27 @@ async fn read_some(
     room: usize,
     w: &Worker<'_>,
     unread: &Cell<bool>,
-) -> io::Result<usize> {
-    let mut into_bufs = |t: &mut Transport| -> io::Result<usize> {
+) -> io::Result<Option<usize>> {
+    let room = room.min(BUFFER_SIZE);
+    // The bytes read and the room they had, or `None` at the budget.
+    let mut into_bufs = |t: &mut Transport| -> io::Result<Option<(usize, usize)>> {
+        let Some(room) = w.budget.borrow().read_room(bufs, room) else {
+            return Ok(None);
+        };
         let mut scratch = w.scratch.borrow_mut();
-        let room = room.min(scratch.len());
         let n = t.read(&mut scratch[..room])?;
         bufs.extend_input(&scratch[..n]);
-        Ok(n)
+        Ok(Some((n, room)))
     };
     if io.get_mut().input_pending() || unread.take() {
         match into_bufs(io.get_mut()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
-            Ok(n) => {
+            Ok(None) => {
+                // Still to be read once the budget has room.
+                unread.set(true);
+                return Ok(None);
+            }
+            Ok(Some((n, room))) => {
                 // The socket may hold more than one read takes, and its readiness is
                 // spent: the next read looks again, until a short read on a plain socket
                 // says it is drained (review of issue 33: a large body pipelined behind
@@ -959,9 +1023,9 @@ async fn read_some(
                 if n == room || io.get_ref().is_tls() {
                     unread.set(true);
                 }
-                return Ok(n);
+                return Ok(Some(n));
             }
-            r => return r,
+            Err(e) => return Err(e),
         }
     }
     loop {
@@ -975,7 +1039,9 @@ async fn read_some(
                 }
                 return Err(e);
             }
-            Ok(Ok(n)) => {
+            // At the budget: the readiness stays, for the read once there is room.
+            Ok(Ok(None)) => return Ok(None),
+            Ok(Ok(Some((n, room)))) => {
                 // A short read on a plain socket drained it: the next bytes will be a new
                 // edge, so the readiness is cleared now rather than found stale by the next
                 // read (one `recv` that fails with EAGAIN per request, otherwise). Not under
@@ -984,7 +1050,7 @@ async fn read_some(
                     // Readable only: a close that came with the bytes stays seen.
                     guard.clear_ready_matching(tokio::io::Ready::READABLE);
                 }
-                return Ok(n);
+                return Ok(Some(n));
             }
             Err(_would_block) => {}
         }
@@ -1240,7 +1306,15 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         // call are not always laid over each other, so the loop has one of each. The rare
         // ones (a file, a lingering close) are boxed: a connection pays for them only
         // while it sends a file or lingers.
+        // The connection's buffers as the budget of buffered bytes counts them, and whether
+        // the budget paused its reads.
+        let held = Held {
+            w,
+            bytes: Cell::new(0),
+        };
+        let mut paused = false;
         let end: Option<io::Error> = loop {
+            held.set(bufs.held());
             if let Next::Fail(e) = next {
                 break Some(e);
             }
@@ -1251,17 +1325,29 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
             }
             step.output_sent(&mut ctx);
             let then = match next {
-                Next::Read { wait, timeout, .. } => {
+                Next::Read {
+                    wait,
+                    timeout,
+                    guarded,
+                    grace,
+                } => {
                     if !bufs.has_input() && bufs.held() > KEEP_BUFFERS {
                         // Between reads a connection keeps small buffers only (the size of
                         // its last request and response, reused by the next: no allocation
                         // per request); a large request's or response's are given back.
                         bufs = Buffers::none();
+                        held.set(0);
                     }
                     ctx.set_idle(wait == Wait::Idle);
                     let max = step.max_request_size();
-                    let got = read_input(&mut io, &mut bufs, max, timeout, &unread, w, wait).await;
+                    let got = read_input(&mut io, &mut bufs, max, timeout, &unread, w, (wait, paused)).await;
                     ctx.set_idle(false);
+                    let again = Next::Read {
+                        wait,
+                        timeout,
+                        guarded,
+                        grace,
+                    };
                     match got {
                         Input::Bytes(n) => {
                             ctx.received += n as u64;
@@ -1276,6 +1362,22 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                         // connection drains.
                         Input::Stop => Then::Advance,
                         Input::Failed(e) => Then::Next(Next::Fail(e)),
+                        // At the budget of buffered bytes: a request that is only starting
+                        // is refused (the codec's refusal, HTTP 503 with `Retry-After`),
+                        // one well into its body waits for room, as in the event loop.
+                        Input::OverBudget => {
+                            w.budget.borrow_mut().stopped(Instant::now(), w.open.get());
+                            if Budget::refuses(bufs.input_capacity()) {
+                                Then::Next(step.shed(&mut bufs, &mut ctx, peer, budget::REFUSAL))
+                            } else {
+                                paused = true;
+                                Then::Next(again)
+                            }
+                        }
+                        Input::Room => {
+                            paused = false;
+                            Then::Next(again)
+                        }
                     }
                 }
                 Next::More => Then::Advance,
@@ -1315,6 +1417,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                 Then::Next(next) => next,
             };
         };
+        drop(held);
         if let Some(e) = &end {
             log_connection_error(peer, e);
         }
@@ -1389,10 +1492,49 @@ enum Input {
     /// The worker stops while the connection waits between requests.
     Stop,
     Failed(io::Error),
+    /// The budget of buffered bytes leaves no room for the read.
+    OverBudget,
+    /// A connection paused at the budget may read again.
+    Room,
+}
+
+/// Ends when the client has closed its side (or the socket fails), whatever it sent before:
+/// for a connection that does not read (paused at the budget).
+async fn hung_up(io: &AsyncFd<Transport>) {
+    loop {
+        let Ok(mut guard) = io.ready(Interest::READABLE).await else {
+            return;
+        };
+        if guard.ready().is_read_closed() {
+            return;
+        }
+        // Bytes, not a close: wait for the next edge.
+        guard.clear_ready_matching(tokio::io::Ready::READABLE);
+    }
+}
+
+/// A connection's share of the worker's budget of buffered bytes, given back when the
+/// connection ends (its future dropped, at any `.await`).
+struct Held<'w, 'a> {
+    w: &'w Worker<'a>,
+    bytes: Cell<usize>,
+}
+
+impl Held<'_, '_> {
+    fn set(&self, bytes: usize) {
+        self.w.buffers_moved(self.bytes.replace(bytes), bytes);
+    }
+}
+
+impl Drop for Held<'_, '_> {
+    fn drop(&mut self) {
+        self.set(0);
+    }
 }
 
 /// Reads what comes next into `bufs` (through the worker-wide scratch buffer), by the
-/// wait's `timeout`; a wait between requests also ends at a stop.
+/// wait's `timeout`; a wait between requests also ends at a stop. A connection `paused` at
+/// the budget of buffered bytes waits for room instead.
 async fn read_input(
     io: &mut AsyncFd<Transport>,
     bufs: &mut Buffers,
@@ -1400,11 +1542,29 @@ async fn read_input(
     timeout: Option<Duration>,
     unread: &Cell<bool>,
     w: &Worker<'_>,
-    wait: Wait,
+    (wait, paused): (Wait, bool),
 ) -> Input {
     let room = max.saturating_sub(bufs.unconsumed().len()).clamp(1, BUFFER_SIZE);
     let stoppable = wait == Wait::Idle && !w.stopping.get();
-    let read = read_some(io, bufs, room, w, unread);
+    let read = async {
+        if !paused {
+            return match read_some(io, bufs, room, w, unread).await {
+                Ok(None) => Input::OverBudget,
+                Ok(Some(0)) => Input::Eof,
+                Ok(Some(n)) => Input::Bytes(n),
+                Err(e) => Input::Failed(e),
+            };
+        }
+        // Paused: what the client sent stays in the socket; the readiness is spent here,
+        // so the read after the pause looks before it waits.
+        unread.set(true);
+        tokio::select! {
+            () = w.room() => Input::Room,
+            // A client that leaves is seen at once, as the event loop sees it: its
+            // connection does not hold its buffers until its deadline.
+            () = hung_up(io) => Input::Eof,
+        }
+    };
     let stop = async {
         if stoppable {
             w.stop.notified().await;
@@ -1420,11 +1580,7 @@ async fn read_input(
     };
     tokio::select! {
         biased;
-        r = read => match r {
-            Ok(0) => Input::Eof,
-            Ok(n) => Input::Bytes(n),
-            Err(e) => Input::Failed(e),
-        },
+        input = read => input,
         () = stop => Input::Stop,
         () = timed => Input::TimedOut,
     }
