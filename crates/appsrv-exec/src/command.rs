@@ -102,7 +102,7 @@ pub(crate) fn check_dir(dir: &Path, identity: Option<&appsrv::WorkerIdentity>) -
         };
         if m.mode() & bit == 0 {
             return Err(format!(
-                "the command's working directory {} cannot be entered by the workers' user {} ({} has mode {:o}): give --chdir DIR, a directory it can enter (the default is the directory appsrv-exec is started in)",
+                "the command's working directory {} cannot be entered by the workers' user {} ({} has mode {:o}) (give --chdir DIR, a directory it can enter)",
                 dir.display(),
                 id.user,
                 d.display(),

@@ -99,9 +99,9 @@
 //! exist or is not executable); a relative path is made absolute there. The command runs
 //! in `--chdir DIR`, by default the directory `appsrv-exec` was started in (also under
 //! `start`, whose daemon itself changes to `/`), so that `-- ./app.sh data.txt` finds
-//! both files; `run`, `start` and `check` refuse a directory the workers' user cannot
-//! enter (as root, the default user is `nobody`: start from a directory it can enter, or
-//! give `--chdir`).
+//! both files. `run`, `start` and `check` refuse a `--chdir` the workers' user cannot
+//! enter; when the default one is such a directory (root's home, where the workers run as
+//! `nobody`), the command runs in `/`, and they say so.
 //!
 //! Limits: a command that leaves its process group (`setsid`) escapes the kill at the
 //! end; if a worker is killed (past `--grace-period`, or by the master's
@@ -169,7 +169,8 @@ struct Opts {
     #[arg(long, value_name = "BYTES")]
     max_output: Option<u64>,
     /// The command's working directory [default: the directory appsrv-exec is started in,
-    /// also for a daemon (`start`), which itself runs in /]
+    /// also for a daemon (`start`), which itself runs in /; / if the workers' user cannot
+    /// enter it]
     #[arg(long, value_name = "DIR")]
     chdir: Option<PathBuf>,
     /// The command and its arguments, after `--`
@@ -193,17 +194,29 @@ fn serve() -> appsrv::Result<()> {
     // The command's directory, absolute: the daemon `start` becomes changes to `/`, and
     // the command must find what it names relatively where the operator started it (issue
     // 41). Checked for the workers' user, as the command will use it.
-    let dir = match serving {
-        true => {
-            let dir = match &opts.chdir {
-                Some(d) => std::path::absolute(d),
-                None => std::env::current_dir(),
-            }
-            .map_err(|e| config(format!("the command's working directory: {e}")))?;
+    // A directory given with --chdir that the workers cannot enter is refused; the default
+    // one (where appsrv-exec was started: root's home, a private directory) is replaced by
+    // `/`, with a line that says so, so that a command given by its absolute path still
+    // starts as it did before the default existed.
+    let dir = match (serving, &opts.chdir) {
+        (true, Some(d)) => {
+            let dir = std::path::absolute(d)
+                .map_err(|e| config(format!("the command's working directory: {e}")))?;
             command::check_dir(&dir, server.worker_identity()?.as_ref()).map_err(config)?;
             dir
         }
-        false => PathBuf::from("/"),
+        (true, None) => {
+            let dir = std::env::current_dir()
+                .map_err(|e| config(format!("the command's working directory: {e}")))?;
+            match command::check_dir(&dir, server.worker_identity()?.as_ref()) {
+                Ok(()) => dir,
+                Err(why) => {
+                    eprintln!("appsrv-exec: note: {why}; the command runs in / instead");
+                    PathBuf::from("/")
+                }
+            }
+        }
+        (false, _) => PathBuf::from("/"),
     };
     let spec = match opts.command.split_first() {
         Some((program, args)) => command::Spec {

@@ -890,3 +890,50 @@ fn issue_41_a_relative_command_that_does_not_exist_is_refused_at_check_and_start
         assert!(!std::path::Path::new(&pid_file).exists(), "{sub} left a pid file");
     }
 }
+
+/// Issue 41: started where the workers' user cannot go (root's home, a private directory)
+/// and without `--chdir`, the command runs in `/` as it did before the default existed, and
+/// `check` says so; a `--chdir` the workers cannot enter is refused.
+#[test]
+fn issue_41_a_start_directory_the_workers_cannot_enter_gives_root_with_a_note() {
+    if !is_root() {
+        eprintln!("skipped: needs root (the workers run as nobody only under root)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TestDir::new("exec", "private-start");
+    let private = dir.0.join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let private = private.to_string_lossy().into_owned();
+    let out = Command::new(BIN)
+        .args(["check", "-l", "127.0.0.1:0", "--", "/bin/cat"])
+        .current_dir(&private)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("cannot be entered by the workers' user nobody"),
+        "{err}"
+    );
+    assert!(err.contains("the command runs in / instead"), "{err}");
+    let out = exec_in(
+        &dir,
+        &[
+            "check",
+            "-l",
+            "127.0.0.1:0",
+            "--chdir",
+            &private,
+            "--",
+            "/bin/cat",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot be entered by the workers' user nobody"),
+        "{err}"
+    );
+}
