@@ -328,3 +328,97 @@ fn issue_14_a_slowloris_from_one_address_is_reported() {
 fn issue_14_idle_connections_to_a_handle_client_server_are_reported() {
     slow_clients_are_reported("echo", b"", &[]);
 }
+
+/// The server's sockets on local port `port` in FIN-WAIT-1 (closed by the server with
+/// output the kernel still trickles to the client), with their send queues, and how many
+/// are still established.
+fn server_sockets(port: u16) -> (Vec<u64>, usize) {
+    let mut fin_wait = Vec::new();
+    let mut established = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f[1]
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if local_port != Some(port) {
+                continue;
+            }
+            let tx_queue = f[4]
+                .split(':')
+                .next()
+                .and_then(|q| u64::from_str_radix(q, 16).ok());
+            match f[3] {
+                "01" => established += 1,
+                "04" => fin_wait.push(tx_queue.unwrap_or(0)),
+                _ => {}
+            }
+        }
+    }
+    (fin_wait, established)
+}
+
+/// Issue 42: three readers that take nothing of a 16 MiB response (`path` on `server`) are
+/// cut at `--write-timeout`; each is reset, so that the kernel keeps nothing for them (the
+/// async driver closed such a connection with a FIN: its socket stayed in FIN-WAIT-1
+/// holding the send queue, 267 MiB for 100 such readers 45 s later, after the connection
+/// had left `--max-conns-per-ip`'s count).
+fn cut_readers_are_reset(server: &Server, path: &str) {
+    let addr = server.tcp_addr();
+    let readers: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_recv_buffer_size(4096).unwrap();
+            s.connect(&addr.into()).unwrap();
+            let mut s = TcpStream::from(s);
+            write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+            s
+        })
+        .collect();
+    // The server's ends, established while it writes, then cut.
+    let left = wait_until_for(Duration::from_secs(30), || {
+        let (fin_wait, established) = server_sockets(addr.port());
+        (established == 0).then_some(fin_wait)
+    });
+    let fin_wait = left.expect("the server still holds the readers after 30 s");
+    assert!(
+        fin_wait.is_empty(),
+        "sockets left trickling to cut readers (send queues {fin_wait:?}):\n{}",
+        server.log_text()
+    );
+    assert_eq!(hello(addr), "HTTP/1.1 200 OK", "the worker serves on");
+    drop(readers);
+}
+
+both_io!(issue_42_a_reader_cut_at_the_write_timeout_is_reset);
+fn issue_42_a_reader_cut_at_the_write_timeout_is_reset(io: Io) {
+    let (_site, server) = big_file_server(
+        io,
+        "reset",
+        16 << 20,
+        &["--write-timeout", "1", "--min-send-rate", "0"],
+    );
+    cut_readers_are_reset(&server, "/static/big.bin");
+}
+
+/// Issue 42: the same in the async model (`asyncbed`'s `/big`, a response in the
+/// connection's buffer rather than a file).
+#[test]
+fn issue_42_a_reader_cut_at_the_write_timeout_is_reset_async() {
+    let server = Server::start(
+        "asyncbed",
+        &[
+            "-l",
+            "127.0.0.1:0",
+            "-w",
+            "1",
+            "--write-timeout",
+            "1",
+            "--min-send-rate",
+            "0",
+        ],
+    );
+    cut_readers_are_reset(&server, "/big?kb=16384");
+}

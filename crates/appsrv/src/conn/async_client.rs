@@ -201,6 +201,11 @@ impl AsyncClient {
         self.io
     }
 
+    /// The connection, for the driver's cut at a deadline.
+    pub(crate) fn io(&self) -> &AsyncFd<Transport> {
+        &self.io
+    }
+
     /// `Ready(Err(TimedOut))` once the deadline in `slot` (armed now with `timeout` if it
     /// is not) passes; `Pending` until then.
     fn poll_deadline(

@@ -127,8 +127,12 @@ impl Client {
             }
             Err(e) => Err(timed_out(e)),
         };
-        if self.watch.cut() {
-            // Too slow: the connection is over, whatever the handler does next.
+        let deadline = matches!(&checked, Err(e) if e.kind() == io::ErrorKind::TimedOut);
+        if self.watch.cut() || deadline {
+            // Too slow (`--min-send-rate`), or a write past `--write-timeout`: the
+            // connection is over, whatever the handler does next, and reset, so that the
+            // kernel does not go on trickling what it holds to the client (issue 42: a
+            // plain close left the socket in FIN-WAIT-1 with its send queue).
             self.abort();
         }
         checked

@@ -1092,6 +1092,19 @@ pub(crate) fn queued_bytes(fd: BorrowedFd<'_>) -> io::Result<usize> {
     }
 }
 
+/// The bytes the socket `fd` has queued to send that its peer has not acknowledged
+/// (`SIOCOUTQ`, `TIOCOUTQ`): what the kernel would go on trickling to a slow reader after a
+/// plain close.
+pub(crate) fn unsent_bytes(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ on a socket) writes one int through the pointer, which
+    // is valid.
+    match unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut queued) } {
+        0 => Ok(usize::try_from(queued).unwrap_or(0)),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// Sets the descriptor's blocking mode in one system call (`FIONBIO`; socket2 and std
 /// take two, `F_GETFL` then `F_SETFL`). The mode belongs to the open file, which every
 /// process holding a copy of the descriptor shares.
