@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use std::net::IpAddr;
 
+use crate::control::history::{Point, Rate, WINDOWS};
 use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
 
 /// How long a worker must have been reading without serving anything to count as held.
@@ -50,6 +51,13 @@ pub(crate) struct Status {
     /// Log lines that could not be written (a full disk, a closed stderr), by process role
     /// (master, worker, front, helper) and log (error, access), since the master started.
     pub(crate) log_dropped: [[u64; 2]; 4],
+    /// Requests, errors and bytes per second over the last 10 s and the last minute
+    /// (issue 41), from the master's history (`history.rs`).
+    pub(crate) rates: [Rate; WINDOWS.len()],
+    /// The master's chart points of the last 15 minutes, oldest first (issue 41): empty
+    /// for a master younger than 5 s, and after a binary upgrade (a new master keeps none
+    /// of the old one's history).
+    pub(crate) history: Vec<Point>,
 }
 
 impl Status {
@@ -141,6 +149,9 @@ pub(crate) struct Totals {
     pub(crate) refused: u64,
     /// Connections whose TLS handshake failed.
     pub(crate) tls_failed: u64,
+    /// Requests that ended in an error: the handler failed, the codec refused the input,
+    /// or the request timed out (issue 41).
+    pub(crate) errors: u64,
     /// Handler calls slower than `--slow-request` (event workers; blocking ones count
     /// none).
     pub(crate) slow_calls: u64,
@@ -162,6 +173,7 @@ impl Totals {
         self.denied += w.denied;
         self.refused += w.refused;
         self.tls_failed += w.tls_failed;
+        self.errors += w.errors;
         self.slow_calls += w.slow_calls;
         self.datagrams.add(&w.datagrams);
     }
