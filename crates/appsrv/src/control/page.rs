@@ -230,20 +230,21 @@ fn page_rates(o: &mut String, status: &Status, t: &Totals) {
         );
     }
     o.push_str("<th class=\"n\">per second, mean since the start</th></tr></thead>\n<tbody>\n");
-    let rows: [(&str, &str, u64, fn(&Rate) -> f64); 4] = [
-        ("rate-requests", "Requests", t.requests, |r| r.requests),
-        ("rate-errors", "Errors", t.errors, |r| r.errors),
-        ("rate-bytes-in", "Bytes received", t.bytes_in, |r| r.bytes_in),
-        ("rate-bytes-out", "Bytes sent", t.bytes_out, |r| r.bytes_out),
+    // Requests and errors to the hundredth, bytes to the unit.
+    let rows: [(&str, &str, u64, usize, fn(&Rate) -> f64); 4] = [
+        ("rate-requests", "Requests", t.requests, 2, |r| r.requests),
+        ("rate-errors", "Errors", t.errors, 2, |r| r.errors),
+        ("rate-bytes-in", "Bytes received", t.bytes_in, 0, |r| r.bytes_in),
+        ("rate-bytes-out", "Bytes sent", t.bytes_out, 0, |r| r.bytes_out),
     ];
-    for (id, name, total, of) in rows {
+    for (id, name, total, decimals, of) in rows {
         let _ = write!(o, "<tr id=\"{id}\"><th>{name}</th><td class=\"n\">{total}</td>");
         for r in &status.rates {
-            let _ = write!(o, "<td class=\"n\">{:.2}</td>", of(r));
+            let _ = write!(o, "<td class=\"n\">{:.decimals$}</td>", of(r));
         }
         let _ = writeln!(
             o,
-            "<td class=\"n\">{:.2}</td></tr>",
+            "<td class=\"n\">{:.decimals$}</td></tr>",
             requests_per_second(total, status.uptime)
         );
     }
@@ -789,8 +790,8 @@ mod tests {
             "<th class=\"n\">per second, last 45.0s, since the start</th>",
             "<tr id=\"rate-requests\"><th>Requests</th><td class=\"n\">423</td><td class=\"n\">12.50</td><td class=\"n\">8.12</td><td class=\"n\">0.11</td></tr>",
             "<tr id=\"rate-errors\"><th>Errors</th><td class=\"n\">2</td><td class=\"n\">0.25</td>",
-            "<tr id=\"rate-bytes-in\"><th>Bytes received</th><td class=\"n\">11300</td><td class=\"n\">1500.00</td>",
-            "<tr id=\"rate-bytes-out\"><th>Bytes sent</th><td class=\"n\">52600</td><td class=\"n\">6000.00</td>",
+            "<tr id=\"rate-bytes-in\"><th>Bytes received</th><td class=\"n\">11300</td><td class=\"n\">1500</td><td class=\"n\">975</td><td class=\"n\">3</td></tr>",
+            "<tr id=\"rate-bytes-out\"><th>Bytes sent</th><td class=\"n\">52600</td><td class=\"n\">6000</td>",
         ] {
             assert!(rates.contains(needle), "missing {needle:?} in\n{rates}");
         }
