@@ -71,7 +71,7 @@ fn escape(text: &str) -> String {
 /// The y axis' top: the smallest of 1, 2 and 5 times a power of ten that is at least
 /// `max` (1 for nothing above zero).
 pub(crate) fn axis_top(max: f64) -> f64 {
-    if !(max > 0.0) || !max.is_finite() {
+    if max.is_nan() || max <= 0.0 || max.is_infinite() {
         return 1.0;
     }
     let power = 10f64.powf(max.log10().floor());

@@ -26,7 +26,6 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::control::status::{Status, Totals};
 use crate::scoreboard::{DURATION_BUCKETS_US, State};
 
 /// How often the master samples its counters.
@@ -62,7 +61,7 @@ pub(crate) const STATES: [State; 7] = [
 /// The latency quantiles the charts draw.
 pub(crate) const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
-/// The counters a sample keeps: totals over live and retired workers.
+/// The counters a sample keeps: totals over live and retired workers (`Totals::counts`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Counts {
     pub(crate) requests: u64,
@@ -73,17 +72,6 @@ pub(crate) struct Counts {
 }
 
 impl Counts {
-    /// The counters of `t`.
-    pub(crate) fn of(t: &Totals) -> Counts {
-        Counts {
-            requests: t.requests,
-            errors: t.errors,
-            bytes_in: t.bytes_in,
-            bytes_out: t.bytes_out,
-            durations: t.durations,
-        }
-    }
-
     /// Each counter at least as high as in `floor` (the last sample): counters only grow.
     fn at_least(mut self, floor: &Counts) -> Counts {
         self.requests = self.requests.max(floor.requests);
@@ -101,31 +89,10 @@ impl Counts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Gauges {
     /// Connections open: those of the event workers, one per busy blocking worker, those
-    /// the hybrid fronts hold.
+    /// the hybrid fronts hold (`Status::gauges`).
     pub(crate) connections: u64,
     /// Live workers (not fronts) by state, in the order of [`STATES`].
     pub(crate) workers: [u32; STATES.len()],
-}
-
-impl Gauges {
-    /// The gauges of a snapshot.
-    pub(crate) fn of(status: &Status) -> Gauges {
-        let mut workers = [0; STATES.len()];
-        let mut connections = 0;
-        for (_, w) in &status.workers {
-            if let Some(i) = STATES.iter().position(|s| *s == w.state) {
-                workers[i] += 1;
-            }
-            connections += match w.event {
-                Some(e) => u64::from(e.counts.open),
-                None => u64::from(super::render::busy(w)),
-            };
-        }
-        if let Some(h) = &status.hybrid {
-            connections += h.held().0;
-        }
-        Gauges { connections, workers }
-    }
 }
 
 /// The rates over one window.
@@ -441,14 +408,5 @@ mod tests {
         let mut d = [0u64; DURATION_BUCKETS_US.len() + 1];
         d[12] = 5;
         assert_eq!(quantiles(&d), Some([5.0, 5.0, 5.0]));
-    }
-
-    #[test]
-    fn issue_41_gauges_count_connections_and_workers_by_state() {
-        let s = crate::control::render::tests::sample_status();
-        let g = Gauges::of(&s);
-        // One idle worker and one busy with a client (a blocking worker: one connection).
-        assert_eq!(g.workers, [1, 0, 1, 0, 0, 0, 0]);
-        assert_eq!(g.connections, 1);
     }
 }

@@ -231,7 +231,8 @@ fn page_rates(o: &mut String, status: &Status, t: &Totals) {
     }
     o.push_str("<th class=\"n\">per second, mean since the start</th></tr></thead>\n<tbody>\n");
     // Requests and errors to the hundredth, bytes to the unit.
-    let rows: [(&str, &str, u64, usize, fn(&Rate) -> f64); 4] = [
+    type Row = (&'static str, &'static str, u64, usize, fn(&Rate) -> f64);
+    let rows: [Row; 4] = [
         ("rate-requests", "Requests", t.requests, 2, |r| r.requests),
         ("rate-errors", "Errors", t.errors, 2, |r| r.errors),
         ("rate-bytes-in", "Bytes received", t.bytes_in, 0, |r| r.bytes_in),
@@ -840,6 +841,28 @@ mod tests {
             html.contains(">no samples yet: a point every 5 s from the master&#39;s start</text>"),
             "{html}"
         );
+    }
+
+    /// Issue 41: what the history samples of a snapshot: the connections open (here a
+    /// blocking worker busy with a client: one) and the workers by state.
+    #[test]
+    fn issue_41_gauges_count_connections_and_workers_by_state() {
+        let mut s = sample_status();
+        let g = s.gauges();
+        assert_eq!(g.workers, [1, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(g.connections, 1);
+        // Event workers count their connections; hybrid fronts what they hold.
+        let mut ev = slot(4200, State::Reading);
+        ev.event = Some(EventView {
+            counts: crate::scoreboard::ConnCounts {
+                open: 40,
+                ..Default::default()
+            },
+            ..EventView::default()
+        });
+        s.workers.push((3, ev));
+        assert_eq!(s.gauges().connections, 41);
+        assert_eq!(s.gauges().workers, [1, 1, 1, 0, 0, 0, 0]);
     }
 
     #[test]

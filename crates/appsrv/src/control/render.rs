@@ -15,15 +15,9 @@ use crate::scoreboard::{DURATION_BUCKETS_US, EventView, SlotView, State};
 /// The version of the JSON document ([`render_json`]'s `version` field).
 pub(crate) const JSON_VERSION: u32 = 1;
 
-/// Whether a worker is serving a client (its peer, clock and request head are current).
-pub(super) fn busy(w: &SlotView) -> bool {
-    match w.state {
-        State::Reading | State::Handling | State::Writing | State::Closing => true,
-        // Retiring with a connection still open, or without one.
-        State::Finishing => w.current.is_some(),
-        State::Dead | State::Starting | State::Idle => false,
-    }
-}
+/// Whether a worker is serving a client (defined beside the snapshot, whose connection
+/// count uses it too).
+pub(super) use crate::control::status::busy;
 
 /// A request's first bytes, printable: ASCII graphic characters and spaces stay, `\`,
 /// CR, LF and TAB become `\\`, `\r`, `\n`, `\t`, every other byte `\xNN`. The result is

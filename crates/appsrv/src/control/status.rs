@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use std::net::IpAddr;
 
-use crate::control::history::{Point, Rate, WINDOWS};
+use crate::control::history::{Counts, Gauges, Point, Rate, STATES, WINDOWS};
 use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
 
 /// How long a worker must have been reading without serving anything to count as held.
@@ -60,7 +60,38 @@ pub(crate) struct Status {
     pub(crate) history: Vec<Point>,
 }
 
+/// Whether a worker is serving a client (its peer, clock and request head are current).
+pub(crate) fn busy(w: &SlotView) -> bool {
+    match w.state {
+        State::Reading | State::Handling | State::Writing | State::Closing => true,
+        // Retiring with a connection still open, or without one.
+        State::Finishing => w.current.is_some(),
+        State::Dead | State::Starting | State::Idle => false,
+    }
+}
+
 impl Status {
+    /// What the history samples of the moment (issue 41): the connections open (the
+    /// event workers', one per busy blocking worker, those the hybrid fronts hold) and the
+    /// live workers (not fronts) by state.
+    pub(crate) fn gauges(&self) -> Gauges {
+        let mut workers = [0; STATES.len()];
+        let mut connections = 0;
+        for (_, w) in &self.workers {
+            if let Some(i) = STATES.iter().position(|s| *s == w.state) {
+                workers[i] += 1;
+            }
+            connections += match w.event {
+                Some(e) => u64::from(e.counts.open),
+                None => u64::from(busy(w)),
+            };
+        }
+        if let Some(h) = &self.hybrid {
+            connections += h.held().0;
+        }
+        Gauges { connections, workers }
+    }
+
     /// Log lines dropped by every process, per log: (error log, access log).
     pub(crate) fn log_dropped_totals(&self) -> (u64, u64) {
         self.log_dropped
@@ -160,6 +191,17 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
+    /// The counters the history samples (issue 41).
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            requests: self.requests,
+            errors: self.errors,
+            bytes_in: self.bytes_in,
+            bytes_out: self.bytes_out,
+            durations: self.durations,
+        }
+    }
+
     /// Adds a worker's counters.
     pub(crate) fn add(&mut self, w: &SlotView) {
         self.connections += w.connections;

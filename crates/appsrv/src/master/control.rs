@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 
 use super::{Master, Phase};
-use crate::control::history::{self, Counts, Gauges};
+use crate::control::history;
 use crate::control::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::control::{Peer, Reply, Request, render_json, render_metrics, render_text};
 use crate::scoreboard;
@@ -215,14 +215,14 @@ impl Master<'_> {
     fn status(&self) -> Status {
         let mut s = self.snapshot();
         let at = self.started.elapsed();
-        s.rates = self.history.rates(at, Counts::of(&s.totals()));
+        s.rates = self.history.rates(at, s.totals().counts());
         s.history = self.history.points().copied().collect();
         s
     }
 
     /// Records a sample of the counters in the history when one is due (once a second,
     /// [`history::SAMPLE_EVERY`]): called in every round of the loop, whose `poll` wakes
-    /// for [`Master::next_sample`](super::Master) at the latest.
+    /// for `next_sample` at the latest.
     pub(super) fn sample_history(&mut self, now: std::time::Instant) {
         if now < self.next_sample {
             return;
@@ -230,8 +230,8 @@ impl Master<'_> {
         let s = self.snapshot();
         self.history.record(
             now.saturating_duration_since(self.started),
-            Counts::of(&s.totals()),
-            Gauges::of(&s),
+            s.totals().counts(),
+            s.gauges(),
         );
         // The next one a period after this one was due; after a stall (a slow fork, a
         // reload hook), a period from now rather than a burst of samples.
