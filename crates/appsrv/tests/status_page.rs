@@ -417,6 +417,14 @@ fn issue_41_the_rates_now_and_the_charts_show_the_load(name: &str, io: Option<Io
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         serde_json::from_str::<serde_json::Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
     };
+    // A request the codec refuses: an error (the connection closed after the codec's
+    // error reply), counted in every I/O model.
+    let mut bad = TcpStream::connect(server.tcp_addr()).unwrap();
+    bad.set_read_timeout(Some(PATIENCE)).unwrap();
+    bad.write_all(b"NOT HTTP AT ALL\r\n\r\n").unwrap();
+    let mut reply = Vec::new();
+    let _ = bad.read_to_end(&mut reply);
+    drop(bad);
     let (answered, failures) = under_bounded_load(server.tcp_addr(), |done| {
         // Polled over HTTP (cheaper than a process per look) until a chart point with
         // requests in it is drawn: the first comes 5 s after the master started.
@@ -457,6 +465,13 @@ fn issue_41_the_rates_now_and_the_charts_show_the_load(name: &str, io: Option<Io
         assert!(rate["over_seconds"].as_f64().is_some_and(|s| s >= 5.0), "{doc}");
         assert!(
             doc["rates"]["last_60s"]["requests_per_second"]
+                .as_f64()
+                .is_some_and(|r| r > 0.0),
+            "{doc}"
+        );
+        assert_eq!(doc["totals"]["errors"], 1, "the refused request: {doc}");
+        assert!(
+            doc["rates"]["last_60s"]["errors_per_second"]
                 .as_f64()
                 .is_some_and(|r| r > 0.0),
             "{doc}"

@@ -244,11 +244,15 @@ pub(crate) struct EventTotals {
 }
 
 impl Status {
-    /// Totals over live and retired workers.
+    /// Totals over live and retired workers. Of the hybrid fronts only their errors (the
+    /// input they refused): their requests are hand-offs, their bytes the workers' too.
     pub(crate) fn totals(&self) -> Totals {
         let mut t = self.retired.clone();
         for (_, w) in &self.workers {
             t.add(w);
+        }
+        for (_, f) in self.hybrid.iter().flat_map(|h| &h.fronts) {
+            t.errors += f.errors;
         }
         t
     }

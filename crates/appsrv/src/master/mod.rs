@@ -1018,9 +1018,12 @@ impl<'a> Master<'a> {
             }
             _ => None,
         });
-        // A front's requests are hand-offs, its bytes the workers' too: not in the totals.
-        if let Some(v) = view.as_ref().filter(|_| !worker.front) {
-            self.counters.retired.add(v);
+        // A front's requests are hand-offs, its bytes the workers' too: not in the totals,
+        // but for the input it refused (its errors).
+        match view.as_ref() {
+            Some(v) if worker.front => self.counters.retired.errors += v.errors,
+            Some(v) => self.counters.retired.add(v),
+            None => {}
         }
         // A worker killed between taking a connection and counting it leaves the
         // hand-off counts one apart: an empty channel says they are even.

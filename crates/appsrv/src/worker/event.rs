@@ -413,6 +413,10 @@ impl Context for Turn<'_, '_> {
         self.ledger.request_head(head);
     }
 
+    fn refused(&mut self) {
+        self.ledger.refused();
+    }
+
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         let Some(started) = self.request.take() else {
             return;
@@ -1372,6 +1376,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 Pending::TimedOut => {
                     let mut quiet = Quiet {
                         stopping: self.stopping,
+                        slot: self.slot,
                     };
                     let next = c.step.timed_out(bufs, &mut quiet, &c.peer, self.now);
                     self.follow(c, Gathered::Step(next));
@@ -1396,6 +1401,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         c.watch = None;
         c.step.output_sent(&mut Quiet {
             stopping: self.stopping,
+            slot: self.slot,
         });
         match then {
             Then::Read { wait, timeout } => {
@@ -1527,6 +1533,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if self.pass_shared || capacity <= SHED_BELOW {
             let mut quiet = Quiet {
                 stopping: self.stopping,
+                slot: self.slot,
             };
             let next = c.step.shed(
                 bufs,
@@ -1623,6 +1630,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let Some(front) = self.front.as_mut() {
             let mut quiet = Quiet {
                 stopping: self.stopping,
+                slot: self.slot,
             };
             let now = self.now;
             return c
@@ -1900,9 +1908,11 @@ struct Back<'b> {
     bytes: &'b [u8],
 }
 
-/// The step's context outside a handler call (the output went out, a deadline passed).
-struct Quiet {
+/// The step's context outside a handler call (the output went out, a deadline passed, a
+/// front gathering a request): the refusals it reports count on the slot (issue 41).
+struct Quiet<'s> {
     stopping: bool,
+    slot: &'s Slot,
 }
 
 /// What a connection's private buffers hold for a request (none: nothing).
@@ -1910,7 +1920,7 @@ fn held(bufs: Option<&Buffers>) -> usize {
     bufs.map_or(0, Buffers::input_capacity)
 }
 
-impl Context for Quiet {
+impl Context for Quiet<'_> {
     fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
         Boundary::Wait
     }
@@ -1919,6 +1929,9 @@ impl Context for Quiet {
     }
     fn stopping(&mut self) -> bool {
         self.stopping
+    }
+    fn refused(&mut self) {
+        self.slot.error();
     }
 }
 

@@ -175,10 +175,17 @@ impl<'a> Ledger<'a> {
         took: Duration,
         bytes: (u64, u64),
     ) {
-        count_error(self.slot, outcome);
         if let Some(log) = self.access.as_mut() {
             log.line(peer, outcome, took, bytes, &self.head[..self.head_len]);
         }
+    }
+
+    /// The request step refused the input with the codec's error reply (bad input, too
+    /// slow, shed, past `--request-timeout`): an error on the slot (issue 41). Counted
+    /// here, where every driver's step reports it, not where the connection's end is
+    /// logged, which the event and async drivers do only with an access log.
+    pub(crate) fn refused(&mut self) {
+        self.slot.error();
     }
 
     /// A connection of the client level (`handle_client`), which is its own unit: its
@@ -269,9 +276,9 @@ impl<'a> Ledger<'a> {
 #[derive(Debug)]
 pub(crate) struct Panicked(pub(crate) String);
 
-/// Counts an unanswered request or a client-level connection among the slot's errors
-/// (`status`'s errors per second, issue 41) when it ended in one: the codec's refusal or
-/// a failure (`error`), or a timeout; a client that left is no error of the server's.
+/// Counts a client-level connection (`handle_client`) among the slot's errors (`status`'s
+/// errors per second, issue 41) when it ended in one: a failure (`error`) or a timeout; a
+/// client that left is no error of the server's.
 fn count_error(slot: &Slot, outcome: Outcome) {
     if matches!(outcome, Outcome::Error | Outcome::Timeout) {
         slot.error();
@@ -622,8 +629,9 @@ mod tests {
     }
 
     /// Issue 41: the requests that ended in an error are counted on the slot (what
-    /// `status` turns into errors per second): a handler's failure, the codec's refusal,
-    /// a timeout, a client-level connection that failed; not a client that left, nor an
+    /// `status` turns into errors per second): a handler's failure, the step's refusal of
+    /// the input (counted once: not again when the connection's end is logged), a
+    /// client-level connection that failed or timed out; not a client that left, nor an
     /// answered request.
     #[test]
     fn issue_41_requests_ending_in_an_error_are_counted_on_the_slot() {
@@ -637,9 +645,10 @@ mod tests {
         ledger.connection_end(&peer, Outcome::Ok, ms, (5, 5));
         assert_eq!(ledger.slot().errors(), 0, "no error yet");
         ledger.request_end(&peer, ms, (3, 20), false);
-        ledger.request_unanswered(&peer, Outcome::Timeout, ms, (4, 0));
+        ledger.refused();
         ledger.request_unanswered(&peer, Outcome::Error, ms, (4, 0));
         ledger.connection_end(&peer, Outcome::Error, ms, (5, 0));
+        ledger.connection_end(&peer, Outcome::Timeout, ms, (5, 0));
         assert_eq!(ledger.slot().errors(), 4);
         let _ = std::fs::remove_file(&path);
     }
