@@ -145,6 +145,9 @@ pub(crate) struct Slot {
     refused: AtomicU64,
     /// Connections closed because their TLS handshake failed.
     tls_failed: AtomicU64,
+    /// Requests that ended in an error (issue 41): the handler failed, the codec refused
+    /// the input, or the request timed out.
+    errors: AtomicU64,
     /// The worker waits for the next request of a keep-alive connection (set by the
     /// keep-alive guard at each request boundary, cleared when the worker accepts a new
     /// connection): the master may wake it when clients queue (see `master/queue.rs`).
@@ -776,6 +779,7 @@ impl Board {
             denied: s.denied.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
             tls_failed: s.tls_failed.load(Ordering::Relaxed),
+            errors: s.errors.load(Ordering::Relaxed),
             event: s.event.load(Ordering::Acquire).then(|| EventView {
                 counts: ConnCounts {
                     open: s.open.load(Ordering::Relaxed),
@@ -810,6 +814,7 @@ impl Slot {
             &self.denied,
             &self.refused,
             &self.tls_failed,
+            &self.errors,
         ] {
             a.store(0, Ordering::Relaxed);
         }
@@ -1059,6 +1064,12 @@ impl Slot {
         self.tls_failed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A request (or a `handle_client` connection) ended in an error: the handler failed,
+    /// the codec refused the input, or it timed out.
+    pub(crate) fn error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Bytes read from and written to clients.
     pub(crate) fn add_bytes(&self, read: u64, written: u64) {
         if read > 0 {
@@ -1067,6 +1078,12 @@ impl Slot {
         if written > 0 {
             self.bytes_out.fetch_add(written, Ordering::Relaxed);
         }
+    }
+
+    /// Requests that ended in an error so far ([`Slot::error`]).
+    #[cfg(test)]
+    pub(crate) fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
     }
 
     /// Connections and requests served so far.
@@ -1104,6 +1121,9 @@ pub(crate) struct SlotView {
     pub(crate) refused: u64,
     /// Connections whose TLS handshake failed.
     pub(crate) tls_failed: u64,
+    /// Requests that ended in an error: the handler failed, the codec refused the input,
+    /// or the request timed out.
+    pub(crate) errors: u64,
     /// An event-loop worker: its connection counts, whether it stopped accepting, and
     /// how long ago its loop last began a turn.
     pub(crate) event: Option<EventView>,

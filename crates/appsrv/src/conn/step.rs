@@ -126,6 +126,11 @@ pub(crate) trait Context {
     /// whether the handler succeeded.
     fn request_end(&mut self, _bytes: (u64, u64), _ok: bool) {}
 
+    /// The input was refused with the codec's error reply (bad input, too slow, too
+    /// large, shed for memory, a handler past `--request-timeout`): one error for the
+    /// status's errors per second (issue 41).
+    fn refused(&mut self) {}
+
     /// Hybrid mode, for a blocking driver: how long the rest of a request begun on this
     /// connection may take to arrive, at most, before the connection goes back to a front
     /// with what came of it (a connection a front handed over, while fronts take
@@ -751,6 +756,7 @@ impl<C: Codec> Requests<C> {
         match cut {
             Cut::TimedOut(limit) => {
                 ctx.state(State::Closing);
+                ctx.refused();
                 let e = ProtocolError::HandlerTimeout { limit };
                 self.rejected = Some((e.clone(), bufs.output().len()));
                 self.codec.encode_error(&e, bufs.output());
@@ -1021,6 +1027,7 @@ impl<C: Codec> Requests<C> {
         e: &ProtocolError,
     ) -> Next {
         ctx.state(State::Closing);
+        ctx.refused();
         self.rejected = Some((e.clone(), bufs.output().len()));
         self.codec.encode_error(e, bufs.output());
         tracing::info!("bad request from {peer}: {e}; closing the connection");

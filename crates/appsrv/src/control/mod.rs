@@ -44,7 +44,9 @@
 //! [`DEADLINE`](conn::DEADLINE) is closed. A client that connects and sends nothing
 //! costs one descriptor for two seconds, never a stall of the pool's management.
 
+mod chart;
 mod conn;
+pub(crate) mod history;
 mod http;
 mod page;
 mod render;

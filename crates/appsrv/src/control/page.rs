@@ -11,13 +11,17 @@
 //! status table does ([`escape_bytes`]).
 //!
 //! Sections, in order: the server (phase, readiness and why not, I/O model, generation,
-//! uptime, pool), warnings, counters, request durations, listeners, the scoreboard line
-//! and its key, the workers (each busy one's client, time and request), the event loops,
-//! the hybrid fronts.
+//! uptime, pool), warnings, traffic now (requests, errors and bytes per second over the
+//! last 10 s and the last minute beside the totals), the charts of the last 15 minutes
+//! (inline SVG drawn by `chart.rs` from the master's history, issue 41), counters,
+//! request durations, listeners, the scoreboard line and its key, the workers (each busy
+//! one's client, time and request), the event loops, the hybrid fronts.
 
 use std::fmt::Write as _;
 
+use super::chart::{self, Chart, Series};
 use super::render::{busy, escape_bytes, human, micros_as_secs, requests_per_second, workers_by_id};
+use crate::control::history::{self, Rate, STATES};
 use crate::control::status::{Status, Totals};
 use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
 
@@ -53,6 +57,7 @@ tr.busy td{background:#fbf7e6}\
 .st-writing{color:#6b2fa3}.st-closing{color:#555}.st-starting{color:#555}.st-finishing{color:#8a1414}\
 .muted{color:#777}\
 footer{margin-top:2em;color:#666;font-size:.9em}\
+.charts{display:flex;flex-wrap:wrap;gap:.8em 1.5em;margin:.4em 0}svg.chart{max-width:100%;height:auto}\
 @media (prefers-color-scheme:dark){body{background:#16161a;color:#e6e6e6}\
 table.grid thead th{background:#24242a}table.grid td{border-color:#2c2c33}\
 pre.board{background:#1f1f24;border-color:#33333b}tr.busy td{background:#2b2715}\
@@ -122,6 +127,8 @@ pub(crate) fn render_html(status: &Status, refresh: u32) -> String {
     );
     page_server(o, status);
     page_warnings(o, status);
+    page_rates(o, status, &totals);
+    page_charts(o, status);
     page_counters(o, status, &totals);
     page_durations(o, &totals);
     page_listeners(o, status);
@@ -196,6 +203,156 @@ fn page_warnings(o: &mut String, status: &Status) {
             escape_html(&held.to_string())
         );
     }
+}
+
+/// A rate's window for a column's head: `last 10 s`, or the time it covers while the
+/// master is younger than the window (`last 4.2 s, since the start`).
+fn window_head(r: &Rate) -> String {
+    if r.over >= r.window {
+        match r.window.as_secs() {
+            60 => "last minute".to_owned(),
+            s => format!("last {s} s"),
+        }
+    } else {
+        format!("last {}, since the start", human(r.over))
+    }
+}
+
+/// Traffic now (issue 41): requests, errors and bytes, each with its total, its rate over
+/// the last 10 s and the last minute, and its mean since the start.
+fn page_rates(o: &mut String, status: &Status, t: &Totals) {
+    o.push_str("<h2>Traffic</h2>\n<table class=\"grid\" id=\"rates\">\n<thead><tr><th></th><th class=\"n\">Total</th>");
+    for r in &status.rates {
+        let _ = write!(
+            o,
+            "<th class=\"n\">per second, {}</th>",
+            escape_html(&window_head(r))
+        );
+    }
+    o.push_str("<th class=\"n\">per second, mean since the start</th></tr></thead>\n<tbody>\n");
+    // Requests and errors to the hundredth, bytes to the unit.
+    type Row = (&'static str, &'static str, u64, usize, fn(&Rate) -> f64);
+    let rows: [Row; 4] = [
+        ("rate-requests", "Requests", t.requests, 2, |r| r.requests),
+        ("rate-errors", "Errors", t.errors, 2, |r| r.errors),
+        ("rate-bytes-in", "Bytes received", t.bytes_in, 0, |r| r.bytes_in),
+        ("rate-bytes-out", "Bytes sent", t.bytes_out, 0, |r| r.bytes_out),
+    ];
+    for (id, name, total, decimals, of) in rows {
+        let _ = write!(o, "<tr id=\"{id}\"><th>{name}</th><td class=\"n\">{total}</td>");
+        for r in &status.rates {
+            let _ = write!(o, "<td class=\"n\">{:.decimals$}</td>", of(r));
+        }
+        let _ = writeln!(
+            o,
+            "<td class=\"n\">{:.decimals$}</td></tr>",
+            requests_per_second(total, status.uptime)
+        );
+    }
+    o.push_str(
+        "</tbody>\n</table>\n<p class=\"muted\">Errors: requests that ended in an error (the handler \
+         failed, the input was refused, or the request timed out).</p>\n",
+    );
+}
+
+/// The charts of the last 15 minutes (issue 41), from the master's history: requests and
+/// errors per second, the latency quantiles, the connections open, the workers by state.
+fn page_charts(o: &mut String, status: &Status) {
+    let span = history::SPAN.as_secs_f64();
+    let _ = writeln!(
+        o,
+        "<h2>Last {} minutes</h2>\n<p class=\"muted\">A point every {} s, kept by the master in \
+         memory: the history starts again with the master (a restart, a binary upgrade).</p>\n\
+         <div class=\"charts\" id=\"charts\">",
+        history::SPAN.as_secs() / 60,
+        history::POINT_EVERY * history::SAMPLE_EVERY.as_secs() as u32
+    );
+    let age = |at: std::time::Duration| status.uptime.saturating_sub(at).as_secs_f64();
+    let series = |f: &dyn Fn(&history::Point) -> Option<f64>| -> Vec<(f64, Option<f64>)> {
+        status.history.iter().map(|p| (age(p.at), f(p))).collect()
+    };
+    let empty = "no samples yet: a point every 5 s from the master's start";
+    let requests = Chart {
+        id: "chart-requests",
+        title: "Requests per second",
+        unit: "requests/s",
+        span,
+        empty,
+        series: vec![
+            Series {
+                name: "requests",
+                colour: "#1f77b4",
+                points: series(&|p| Some(p.requests_per_second)),
+            },
+            Series {
+                name: "errors",
+                colour: "#d62728",
+                points: series(&|p| Some(p.errors_per_second)),
+            },
+        ],
+    };
+    let quantile = |i: usize| series(&move |p: &history::Point| p.latency.map(|l| l[i] * 1000.0));
+    let latency = Chart {
+        id: "chart-latency",
+        title: "Request latency",
+        unit: "ms",
+        span,
+        empty,
+        series: vec![
+            Series {
+                name: "p50",
+                colour: "#2ca02c",
+                points: quantile(0),
+            },
+            Series {
+                name: "p90",
+                colour: "#ff7f0e",
+                points: quantile(1),
+            },
+            Series {
+                name: "p99",
+                colour: "#d62728",
+                points: quantile(2),
+            },
+        ],
+    };
+    let connections = Chart {
+        id: "chart-connections",
+        title: "Connections open",
+        unit: "connections",
+        span,
+        empty,
+        series: vec![Series {
+            name: "open",
+            colour: "#9467bd",
+            points: series(&|p| Some(p.gauges.connections as f64)),
+        }],
+    };
+    // Each state some worker was in, idle always: seven lines would hide each other.
+    let colours = [
+        "#17601f", "#0b5cad", "#8a4b00", "#6b2fa3", "#555555", "#999999", "#8a1414",
+    ];
+    let workers = Chart {
+        id: "chart-workers",
+        title: "Workers by state",
+        unit: "workers",
+        span,
+        empty,
+        series: STATES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i == 0 || status.history.iter().any(|p| p.gauges.workers[*i] > 0))
+            .map(|(i, state)| Series {
+                name: state.name(),
+                colour: colours[i],
+                points: series(&|p| Some(f64::from(p.gauges.workers[i]))),
+            })
+            .collect(),
+    };
+    for c in [requests, latency, connections, workers] {
+        o.push_str(&chart::render(&c));
+    }
+    o.push_str("</div>\n");
 }
 
 /// The counters: traffic, admission, restarts, logs; datagrams, event connections and
@@ -616,6 +773,96 @@ mod tests {
             assert!(html.contains(needle), "missing {needle:?} in\n{html}");
         }
         assert!(html.starts_with("<!DOCTYPE html>\n") && html.ends_with("</html>\n"));
+    }
+
+    /// Issue 41: the page gives the rates now beside the totals, and the last 15 minutes
+    /// in four charts drawn as inline SVG with their titles; it says that the history
+    /// starts again with the master; still no script.
+    #[test]
+    fn issue_41_the_page_has_the_rates_now_and_the_charts() {
+        let html = render_html(&sample_status(), 5);
+        let rates = html
+            .split("<table class=\"grid\" id=\"rates\">")
+            .nth(1)
+            .and_then(|t| t.split("</table>").next())
+            .unwrap_or_else(|| panic!("no rates table in\n{html}"));
+        for needle in [
+            "<th class=\"n\">per second, last 10 s</th>",
+            "<th class=\"n\">per second, last 45.0s, since the start</th>",
+            "<tr id=\"rate-requests\"><th>Requests</th><td class=\"n\">423</td><td class=\"n\">12.50</td><td class=\"n\">8.12</td><td class=\"n\">0.11</td></tr>",
+            "<tr id=\"rate-errors\"><th>Errors</th><td class=\"n\">2</td><td class=\"n\">0.25</td>",
+            "<tr id=\"rate-bytes-in\"><th>Bytes received</th><td class=\"n\">11300</td><td class=\"n\">1500</td><td class=\"n\">975</td><td class=\"n\">3</td></tr>",
+            "<tr id=\"rate-bytes-out\"><th>Bytes sent</th><td class=\"n\">52600</td><td class=\"n\">6000</td>",
+        ] {
+            assert!(rates.contains(needle), "missing {needle:?} in\n{rates}");
+        }
+        assert!(html.contains("<h2>Last 15 minutes</h2>"), "{html}");
+        assert!(
+            html.contains("the history starts again with the master"),
+            "{html}"
+        );
+        for (id, title) in [
+            ("chart-requests", "Requests per second"),
+            ("chart-latency", "Request latency"),
+            ("chart-connections", "Connections open"),
+            ("chart-workers", "Workers by state"),
+        ] {
+            let svg = html
+                .split(&format!("<svg class=\"chart\" id=\"{id}\""))
+                .nth(1)
+                .and_then(|t| t.split("</svg>").next())
+                .unwrap_or_else(|| panic!("no chart {id} in\n{html}"));
+            assert!(
+                svg.contains(&format!("<title id=\"{id}-title\">{title}</title>")),
+                "{svg}"
+            );
+            assert!(svg.contains("<polyline"), "{id} draws its points: {svg}");
+        }
+        // The sample's last point: 11 requests/s, an error a second at the 7th, latencies
+        // of 1, 4 and 20 ms, the workers idle and handling (only the states that occur).
+        assert!(
+            html.contains("requests latest 11, lowest 0, highest 11"),
+            "{html}"
+        );
+        assert!(html.contains("errors latest 0, lowest 0, highest 1"), "{html}");
+        assert!(html.contains("p99 latest 20, lowest 20, highest 20"), "{html}");
+        assert!(
+            html.contains("idle latest 1, lowest 1, highest 2; handling latest 1"),
+            "{html}"
+        );
+        assert!(!html.contains("reading latest"), "{html}");
+        assert!(!html.contains("<script"), "{html}");
+        // A master with no point yet: the charts say so.
+        let mut young = sample_status();
+        young.history.clear();
+        let html = render_html(&young, 5);
+        assert_eq!(html.matches("<svg class=\"chart\"").count(), 4);
+        assert!(
+            html.contains(">no samples yet: a point every 5 s from the master&#39;s start</text>"),
+            "{html}"
+        );
+    }
+
+    /// Issue 41: what the history samples of a snapshot: the connections open (here a
+    /// blocking worker busy with a client: one) and the workers by state.
+    #[test]
+    fn issue_41_gauges_count_connections_and_workers_by_state() {
+        let mut s = sample_status();
+        let g = s.gauges();
+        assert_eq!(g.workers, [1, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(g.connections, 1);
+        // Event workers count their connections; hybrid fronts what they hold.
+        let mut ev = slot(4200, State::Reading);
+        ev.event = Some(EventView {
+            counts: crate::scoreboard::ConnCounts {
+                open: 40,
+                ..Default::default()
+            },
+            ..EventView::default()
+        });
+        s.workers.push((3, ev));
+        assert_eq!(s.gauges().connections, 41);
+        assert_eq!(s.gauges().workers, [1, 1, 1, 0, 0, 0, 0]);
     }
 
     #[test]

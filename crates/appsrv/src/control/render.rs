@@ -15,15 +15,9 @@ use crate::scoreboard::{DURATION_BUCKETS_US, EventView, SlotView, State};
 /// The version of the JSON document ([`render_json`]'s `version` field).
 pub(crate) const JSON_VERSION: u32 = 1;
 
-/// Whether a worker is serving a client (its peer, clock and request head are current).
-pub(super) fn busy(w: &SlotView) -> bool {
-    match w.state {
-        State::Reading | State::Handling | State::Writing | State::Closing => true,
-        // Retiring with a connection still open, or without one.
-        State::Finishing => w.current.is_some(),
-        State::Dead | State::Starting | State::Idle => false,
-    }
-}
+/// Whether a worker is serving a client (defined beside the snapshot, whose connection
+/// count uses it too).
+pub(super) use crate::control::status::busy;
 
 /// A request's first bytes, printable: ASCII graphic characters and spaces stay, `\`,
 /// CR, LF and TAB become `\\`, `\r`, `\n`, `\t`, every other byte `\xNN`. The result is
@@ -153,10 +147,36 @@ fn text_totals(o: &mut String, status: &Status, totals: &Totals) {
         totals.bytes_out,
         requests_per_second(totals.requests, status.uptime)
     );
+    for (i, r) in status.rates.iter().enumerate() {
+        let label = if i == 0 { "Rates:" } else { "" };
+        let _ = writeln!(o, "{label:<15}{}", rate_summary(r));
+    }
     let d = &totals.datagrams;
     if d.received > 0 || status.listeners.iter().any(|l| l.datagram) {
         let _ = writeln!(o, "Datagrams:     {}", datagram_summary(d));
     }
+}
+
+/// One rate window in one line (issue 41): `last 10s: 12.50 requests/s, 0.10 errors/s,
+/// 1500 bytes/s in, 6000 bytes/s out`, `last 1m: ...`; a window longer than the master's
+/// life says what it covers (`last 4.2s (since the start)`).
+pub(super) fn rate_summary(r: &crate::control::history::Rate) -> String {
+    let last = match r.window.as_secs() {
+        s if s >= 60 && s % 60 == 0 => format!("last {}m", s / 60),
+        s => format!("last {s}s"),
+    };
+    if r.over.is_zero() {
+        return format!("{last}: no sample yet");
+    }
+    let window = if r.over >= r.window {
+        last
+    } else {
+        format!("last {} (since the start)", human(r.over))
+    };
+    format!(
+        "{window}: {:.2} requests/s, {:.2} errors/s, {:.0} bytes/s in, {:.0} bytes/s out",
+        r.requests, r.errors, r.bytes_in, r.bytes_out
+    )
 }
 
 /// The datagram counters in one sentence, as `status` and the status page say them.
@@ -479,6 +499,9 @@ fn json_f64(v: f64) -> String {
 ///     "tls_handshake_failures": 0,              TLS listeners: handshakes that failed
 ///     "slow_requests": 0,                       handler calls over --slow-request (event
 ///                                               workers; blocking ones count none)
+///     "errors": 0,                              requests that ended in an error: the
+///                                               handler failed, the input was refused,
+///                                               the request timed out (issue 41)
 ///     "requests_per_second": 0.01,              since the master started
 ///     "request_duration_seconds_sum": 0.25,
 ///     "request_duration_buckets": [{"le": 0.0005, "count": 3}, ..., {"le": null, "count": 0}]
@@ -486,6 +509,14 @@ fn json_f64(v: f64) -> String {
 ///     "datagrams": {"received": 0, "sent": 0, "bytes_in": 0, "bytes_out": 0,
 ///                   "denied": 0, "too_large": 0, "rate_limited": 0, "errors": 0,
 ///                   "send_failed": 0}        datagram listeners (udp://, unixgram:)
+///   },
+///   "rates": {                     now (issue 41): from the master's samples, one a second
+///     "last_10s": {"window_seconds": 10,
+///                  "over_seconds": 10.4,        what the rates cover: 10 to 11 s, less
+///                                               while the master is younger than 10 s
+///                  "requests_per_second": 12.5, "errors_per_second": 0,
+///                  "bytes_in_per_second": 1500, "bytes_out_per_second": 6000},
+///     "last_60s": {...}            the same over the last minute
 ///   },
 ///   "event": null,                 without event workers (--io event); with them, their
 ///                                  connections now, summed over the live ones:
@@ -663,6 +694,7 @@ mod json {
         io: &'a str,
         pool: &'a status::PoolStatus,
         totals: TotalsDoc,
+        rates: Rates,
         event: Option<EventTotals>,
         hybrid: Option<Hybrid>,
         listeners: Vec<Listener<'a>>,
@@ -694,6 +726,10 @@ mod json {
                 io: status.io,
                 pool: &status.pool,
                 totals: TotalsDoc::new(&status.totals(), status.uptime),
+                rates: Rates {
+                    last_10s: RateDoc::new(&status.rates[0]),
+                    last_60s: RateDoc::new(&status.rates[1]),
+                },
                 event: (ev.workers > 0).then_some(ev),
                 hybrid: status.hybrid.as_ref().map(Hybrid::new),
                 listeners: status.listeners.iter().map(Listener::new).collect(),
@@ -726,6 +762,7 @@ mod json {
         refused: u64,
         tls_handshake_failures: u64,
         slow_requests: u64,
+        errors: u64,
         requests_per_second: f64,
         request_duration_seconds_sum: Secs,
         request_duration_buckets: Vec<Bucket>,
@@ -743,6 +780,7 @@ mod json {
                 refused: t.refused,
                 tls_handshake_failures: t.tls_failed,
                 slow_requests: t.slow_calls,
+                errors: t.errors,
                 requests_per_second: requests_per_second(t.requests, uptime),
                 request_duration_seconds_sum: t.duration_sum.into(),
                 // One more count than bounds: the last bucket is +Inf, `le` null.
@@ -756,6 +794,37 @@ mod json {
                     })
                     .collect(),
                 datagrams: t.datagrams,
+            }
+        }
+    }
+
+    /// `rates`: the two windows (issue 41).
+    #[derive(Serialize)]
+    struct Rates {
+        last_10s: RateDoc,
+        last_60s: RateDoc,
+    }
+
+    /// One window's rates.
+    #[derive(Serialize)]
+    struct RateDoc {
+        window_seconds: Secs,
+        over_seconds: Secs,
+        requests_per_second: f64,
+        errors_per_second: f64,
+        bytes_in_per_second: f64,
+        bytes_out_per_second: f64,
+    }
+
+    impl RateDoc {
+        fn new(r: &crate::control::history::Rate) -> RateDoc {
+            RateDoc {
+                window_seconds: r.window.into(),
+                over_seconds: r.over.into(),
+                requests_per_second: r.requests,
+                errors_per_second: r.errors,
+                bytes_in_per_second: r.bytes_in,
+                bytes_out_per_second: r.bytes_out,
             }
         }
     }
@@ -1634,6 +1703,7 @@ pub(crate) mod tests {
             denied: 0,
             refused: 0,
             tls_failed: 0,
+            errors: 0,
             event: None,
             slow_calls: 0,
             datagrams: Default::default(),
@@ -1651,6 +1721,7 @@ pub(crate) mod tests {
         idle.denied = 3;
         idle.refused = 4;
         idle.tls_failed = 6;
+        idle.errors = 2;
         idle.durations[0] = 15;
         idle.durations[3] = 5;
         idle.duration_sum = Duration::from_micros(15 * 300 + 5 * 4000);
@@ -1680,6 +1751,48 @@ pub(crate) mod tests {
         busy.peer = Some(Addr::Inet("[2001:db8::7]:40000".parse().unwrap()));
         busy.head = b"GET /slow?\"q\" HTTP/1.1\r\n\x00\xff\\".to_vec();
         (idle, busy)
+    }
+
+    /// The rates of [`sample_status`]: over the last 10 s, and over the 45 s the
+    /// history holds of the last minute.
+    pub(crate) fn sample_rates() -> [crate::control::history::Rate; 2] {
+        use crate::control::history::Rate;
+        [
+            Rate {
+                window: Duration::from_secs(10),
+                over: Duration::from_millis(10_400),
+                requests: 12.5,
+                errors: 0.25,
+                bytes_in: 1500.0,
+                bytes_out: 6000.0,
+            },
+            Rate {
+                window: Duration::from_secs(60),
+                over: Duration::from_secs(45),
+                requests: 8.125,
+                errors: 0.0,
+                bytes_in: 975.0,
+                bytes_out: 3900.0,
+            },
+        ]
+    }
+
+    /// The history of [`sample_status`]: a minute of points, a latency where there were
+    /// requests.
+    pub(crate) fn sample_history() -> Vec<crate::control::history::Point> {
+        use crate::control::history::{Gauges, Point};
+        (0..12u32)
+            .map(|i| Point {
+                at: Duration::from_secs(3665 + 5 * u64::from(i)),
+                requests_per_second: f64::from(i),
+                errors_per_second: if i == 6 { 1.0 } else { 0.0 },
+                latency: (i > 0).then_some([0.001, 0.004, 0.02]),
+                gauges: Gauges {
+                    connections: u64::from(i % 3),
+                    workers: [2 - i % 2, 0, i % 2, 0, 0, 0, 0],
+                },
+            })
+            .collect()
     }
 
     /// A status with two live workers (one idle, one handling a request with binary bytes
@@ -1754,6 +1867,8 @@ pub(crate) mod tests {
             ],
             hybrid: None,
             log_dropped: [[0, 1], [2, 3], [0, 0], [0, 0]],
+            rates: sample_rates(),
+            history: sample_history(),
         }
     }
 
@@ -2716,6 +2831,51 @@ pub(crate) mod tests {
     }
 
     /// `sample_status` without workers, listeners, restarts or time.
+    /// Issue 41: `status` and `status --json` give the rates now beside the totals: over
+    /// the last 10 s and the last minute (or what the master's life covers of it), and the
+    /// errors' total.
+    #[test]
+    fn issue_41_status_text_and_json_have_the_rates_now() {
+        let s = sample_status();
+        let text = render_text(&s);
+        assert!(
+            text.contains(
+                "\nRates:         last 10s: 12.50 requests/s, 0.25 errors/s, 1500 bytes/s in, 6000 bytes/s out\n\
+                 \x20              last 45.0s (since the start): 8.12 requests/s, 0.00 errors/s, 975 bytes/s in, 3900 bytes/s out\n"
+            ),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&render_json(&s)).unwrap();
+        assert_eq!(v["totals"]["errors"], 2);
+        let ten = &v["rates"]["last_10s"];
+        assert_eq!(ten["window_seconds"], 10);
+        assert_eq!(ten["over_seconds"], 10.4);
+        assert_eq!(ten["requests_per_second"], 12.5);
+        assert_eq!(ten["errors_per_second"], 0.25);
+        assert_eq!(ten["bytes_in_per_second"], 1500);
+        assert_eq!(ten["bytes_out_per_second"], 6000);
+        let minute = &v["rates"]["last_60s"];
+        assert_eq!(
+            (minute["window_seconds"].clone(), minute["over_seconds"].clone()),
+            (60.into(), 45.into())
+        );
+        assert_eq!(minute["requests_per_second"], 8.125);
+        // A master before its first sample says so.
+        let mut young = sample_status();
+        young.rates[0].over = Duration::ZERO;
+        young.rates[1] = crate::control::history::Rate {
+            window: Duration::from_secs(60),
+            over: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let text = render_text(&young);
+        assert!(
+            text.contains("Rates:         last 10s: no sample yet\n"),
+            "{text}"
+        );
+        assert!(text.contains("               last 1m: 0.00 requests/s"), "{text}");
+    }
+
     fn empty_status() -> Status {
         let mut s = sample_status();
         s.workers.clear();
@@ -2724,6 +2884,11 @@ pub(crate) mod tests {
         s.scoreboard.clear();
         s.retired = Totals::default();
         s.uptime = Duration::ZERO;
+        s.rates = crate::control::history::WINDOWS.map(|window| crate::control::history::Rate {
+            window,
+            ..Default::default()
+        });
+        s.history.clear();
         s
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use std::net::IpAddr;
 
+use crate::control::history::{Counts, Gauges, Point, Rate, STATES, WINDOWS};
 use crate::scoreboard::{DURATION_BUCKETS_US, SlotView, State};
 
 /// How long a worker must have been reading without serving anything to count as held.
@@ -50,9 +51,47 @@ pub(crate) struct Status {
     /// Log lines that could not be written (a full disk, a closed stderr), by process role
     /// (master, worker, front, helper) and log (error, access), since the master started.
     pub(crate) log_dropped: [[u64; 2]; 4],
+    /// Requests, errors and bytes per second over the last 10 s and the last minute
+    /// (issue 41), from the master's history (`history.rs`).
+    pub(crate) rates: [Rate; WINDOWS.len()],
+    /// The master's chart points of the last 15 minutes, oldest first (issue 41): empty
+    /// for a master younger than 5 s, and after a binary upgrade (a new master keeps none
+    /// of the old one's history).
+    pub(crate) history: Vec<Point>,
+}
+
+/// Whether a worker is serving a client (its peer, clock and request head are current).
+pub(crate) fn busy(w: &SlotView) -> bool {
+    match w.state {
+        State::Reading | State::Handling | State::Writing | State::Closing => true,
+        // Retiring with a connection still open, or without one.
+        State::Finishing => w.current.is_some(),
+        State::Dead | State::Starting | State::Idle => false,
+    }
 }
 
 impl Status {
+    /// What the history samples of the moment (issue 41): the connections open (the
+    /// event workers', one per busy blocking worker, those the hybrid fronts hold) and the
+    /// live workers (not fronts) by state.
+    pub(crate) fn gauges(&self) -> Gauges {
+        let mut workers = [0; STATES.len()];
+        let mut connections = 0;
+        for (_, w) in &self.workers {
+            if let Some(i) = STATES.iter().position(|s| *s == w.state) {
+                workers[i] += 1;
+            }
+            connections += match w.event {
+                Some(e) => u64::from(e.counts.open),
+                None => u64::from(busy(w)),
+            };
+        }
+        if let Some(h) = &self.hybrid {
+            connections += h.held().0;
+        }
+        Gauges { connections, workers }
+    }
+
     /// Log lines dropped by every process, per log: (error log, access log).
     pub(crate) fn log_dropped_totals(&self) -> (u64, u64) {
         self.log_dropped
@@ -141,6 +180,9 @@ pub(crate) struct Totals {
     pub(crate) refused: u64,
     /// Connections whose TLS handshake failed.
     pub(crate) tls_failed: u64,
+    /// Requests that ended in an error: the handler failed, the codec refused the input,
+    /// or the request timed out (issue 41).
+    pub(crate) errors: u64,
     /// Handler calls slower than `--slow-request` (event workers; blocking ones count
     /// none).
     pub(crate) slow_calls: u64,
@@ -149,6 +191,17 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
+    /// The counters the history samples (issue 41).
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            requests: self.requests,
+            errors: self.errors,
+            bytes_in: self.bytes_in,
+            bytes_out: self.bytes_out,
+            durations: self.durations,
+        }
+    }
+
     /// Adds a worker's counters.
     pub(crate) fn add(&mut self, w: &SlotView) {
         self.connections += w.connections;
@@ -162,6 +215,7 @@ impl Totals {
         self.denied += w.denied;
         self.refused += w.refused;
         self.tls_failed += w.tls_failed;
+        self.errors += w.errors;
         self.slow_calls += w.slow_calls;
         self.datagrams.add(&w.datagrams);
     }
@@ -190,11 +244,15 @@ pub(crate) struct EventTotals {
 }
 
 impl Status {
-    /// Totals over live and retired workers.
+    /// Totals over live and retired workers. Of the hybrid fronts only their errors (the
+    /// input they refused): their requests are hand-offs, their bytes the workers' too.
     pub(crate) fn totals(&self) -> Totals {
         let mut t = self.retired.clone();
         for (_, w) in &self.workers {
             t.add(w);
+        }
+        for (_, f) in self.hybrid.iter().flat_map(|h| &h.fronts) {
+            t.errors += f.errors;
         }
         t
     }

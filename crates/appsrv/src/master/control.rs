@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 
 use super::{Master, Phase};
+use crate::control::history;
 use crate::control::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::control::{Peer, Reply, Request, render_json, render_metrics, render_text};
 use crate::scoreboard;
@@ -209,8 +210,39 @@ impl Master<'_> {
         }
     }
 
-    /// A snapshot for `status` and `metrics`.
+    /// A snapshot for `status` and `metrics`, with the rates now and the charts' points
+    /// from the history (issue 41).
     fn status(&self) -> Status {
+        let mut s = self.snapshot();
+        let at = self.started.elapsed();
+        s.rates = self.history.rates(at, s.totals().counts());
+        s.history = self.history.points().copied().collect();
+        s
+    }
+
+    /// Records a sample of the counters in the history when one is due (once a second,
+    /// [`history::SAMPLE_EVERY`]): called in every round of the loop, whose `poll` wakes
+    /// for `next_sample` at the latest.
+    pub(super) fn sample_history(&mut self, now: std::time::Instant) {
+        if now < self.next_sample {
+            return;
+        }
+        let s = self.snapshot();
+        self.history.record(
+            now.saturating_duration_since(self.started),
+            s.totals().counts(),
+            s.gauges(),
+        );
+        // The next one a period after this one was due; after a stall (a slow fork, a
+        // reload hook), a period from now rather than a burst of samples.
+        self.next_sample += history::SAMPLE_EVERY;
+        if self.next_sample <= now {
+            self.next_sample = now + history::SAMPLE_EVERY;
+        }
+    }
+
+    /// The snapshot of the master's state, without the history.
+    fn snapshot(&self) -> Status {
         let board = self.settings.board;
         let of = |front: bool| -> Vec<_> {
             self.workers
@@ -282,6 +314,8 @@ impl Master<'_> {
                 row.each_ref()
                     .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
             }),
+            rates: Default::default(),
+            history: Vec::new(),
         }
     }
 }

@@ -131,6 +131,7 @@ mod tests {
             denied: 0,
             refused: 0,
             tls_failed: 0,
+            errors: 0,
             event: None,
             slow_calls: 0,
             datagrams: Default::default(),

@@ -14,7 +14,8 @@
 //!
 //! with a timeout at the next deadline: the next replacement (back-off, pacing), the next
 //! pool round, the slow-client watch, a periodic look at the workers (`TICK`: timeouts,
-//! recycling by age or memory), the end of the grace period, a control or metrics
+//! recycling by age or memory), the history's next sample (once a second: the rates now
+//! and the status page's charts, `control/history.rs`), the end of the grace period, a control or metrics
 //! connection's, the upgrade's. Child exits are collected with `waitpid(WNOHANG)` after a
 //! SIGCHLD.
 //!
@@ -277,6 +278,12 @@ pub(crate) struct Master<'a> {
     max_reached: bool,
     /// What `status` and `metrics` count.
     counters: Counters,
+    /// The counters' samples of the last minutes (issue 41): the rates now and the status
+    /// page's charts. Kept in this master's memory only (about 30 KiB): a new master, after
+    /// an upgrade, starts with none.
+    history: crate::control::history::History,
+    /// When the next sample is due (once a second).
+    next_sample: Instant,
     /// Draws each worker's share of `--max-jitter`.
     jitter: Jitter,
     /// The current generation of workers: 0 at start, one more with each reload.
@@ -349,6 +356,8 @@ impl<'a> Master<'a> {
             last_memory_check: now,
             max_reached: false,
             counters: Counters::default(),
+            history: Default::default(),
+            next_sample: now,
             generation: 0,
             reload_pending: None,
             upgrade,
@@ -445,6 +454,7 @@ impl<'a> Master<'a> {
                 self.reap()?;
             }
             self.check_upgrade();
+            self.sample_history(Instant::now());
             self.service_control();
             if self.phase_step(entry, on_ready)? == Stepped::Stopped {
                 return Ok(());
@@ -675,7 +685,8 @@ impl<'a> Master<'a> {
     /// How long the master may sleep: until the earliest of its deadlines (the phase's,
     /// a spawn's back-off and pacing, the pool's next round, the holds' next look, the
     /// periodic checks' tick, the control connections', the queue watch's, an upgrade's,
-    /// the TLS ticket keys' next period, the metrics connections'), at most a minute,
+    /// the TLS ticket keys' next period, the metrics connections', the history's next
+    /// sample), at most a minute,
     /// rounded up so that it never wakes a moment early and sleeps again for nothing.
     fn poll_timeout(&mut self, now: Instant) -> PollTimeout {
         let mut deadlines: Vec<Instant> = Vec::new();
@@ -713,6 +724,8 @@ impl<'a> Master<'a> {
             }
         }
         deadlines.extend(self.settings.control.as_ref().and_then(Control::next_deadline));
+        // The history's next sample (issue 41): a wake-up a second, in every phase.
+        deadlines.push(self.next_sample);
         let running = self.phase == Phase::Running && self.settings.watch_queue;
         deadlines.extend(self.queue.before_poll(running));
         deadlines.extend(self.upgrade.deadline());
@@ -1005,9 +1018,12 @@ impl<'a> Master<'a> {
             }
             _ => None,
         });
-        // A front's requests are hand-offs, its bytes the workers' too: not in the totals.
-        if let Some(v) = view.as_ref().filter(|_| !worker.front) {
-            self.counters.retired.add(v);
+        // A front's requests are hand-offs, its bytes the workers' too: not in the totals,
+        // but for the input it refused (its errors).
+        match view.as_ref() {
+            Some(v) if worker.front => self.counters.retired.errors += v.errors,
+            Some(v) => self.counters.retired.add(v),
+            None => {}
         }
         // A worker killed between taking a connection and counting it leaves the
         // hand-off counts one apart: an empty channel says they are even.

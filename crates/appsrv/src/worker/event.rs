@@ -399,6 +399,10 @@ impl Context for Turn<'_, '_> {
         self.ledger.request_head(head);
     }
 
+    fn refused(&mut self) {
+        self.ledger.refused();
+    }
+
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         let Some(started) = self.request.take() else {
             return;
@@ -1358,6 +1362,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 Pending::TimedOut => {
                     let mut quiet = Quiet {
                         stopping: self.stopping,
+                        slot: self.slot,
                     };
                     let next = c.step.timed_out(bufs, &mut quiet, &c.peer, self.now);
                     self.follow(c, Gathered::Step(next));
@@ -1382,6 +1387,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         c.watch = None;
         c.step.output_sent(&mut Quiet {
             stopping: self.stopping,
+            slot: self.slot,
         });
         match then {
             Then::Read { wait, timeout } => {
@@ -1513,6 +1519,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if self.pass_shared || capacity <= SHED_BELOW {
             let mut quiet = Quiet {
                 stopping: self.stopping,
+                slot: self.slot,
             };
             let next = c.step.shed(bufs, &mut quiet, &c.peer, super::budget::REFUSAL);
             self.follow(c, Gathered::Step(next));
@@ -1604,6 +1611,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if let Some(front) = self.front.as_mut() {
             let mut quiet = Quiet {
                 stopping: self.stopping,
+                slot: self.slot,
             };
             let now = self.now;
             return c
@@ -1881,9 +1889,11 @@ struct Back<'b> {
     bytes: &'b [u8],
 }
 
-/// The step's context outside a handler call (the output went out, a deadline passed).
-struct Quiet {
+/// The step's context outside a handler call (the output went out, a deadline passed, a
+/// front gathering a request): the refusals it reports count on the slot (issue 41).
+struct Quiet<'s> {
     stopping: bool,
+    slot: &'s Slot,
 }
 
 /// What a connection's private buffers hold for a request (none: nothing).
@@ -1891,7 +1901,7 @@ fn held(bufs: Option<&Buffers>) -> usize {
     bufs.map_or(0, Buffers::input_capacity)
 }
 
-impl Context for Quiet {
+impl Context for Quiet<'_> {
     fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
         Boundary::Wait
     }
@@ -1900,6 +1910,9 @@ impl Context for Quiet {
     }
     fn stopping(&mut self) -> bool {
         self.stopping
+    }
+    fn refused(&mut self) {
+        self.slot.error();
     }
 }
 

@@ -99,6 +99,10 @@ impl Context for Guard<'_> {
         self.ledger.request_head(head);
     }
 
+    fn refused(&mut self) {
+        self.ledger.refused();
+    }
+
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         if let Some(started) = self.request.take() {
             let now = crate::scoreboard::now_ns();

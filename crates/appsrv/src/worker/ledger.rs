@@ -151,6 +151,9 @@ impl<'a> Ledger<'a> {
     ) {
         self.requests += 1;
         self.slot.count_request(took.as_micros() as u64);
+        if !ok {
+            self.slot.error();
+        }
         if let Some(log) = self.access.as_mut() {
             let outcome = if ok { Outcome::Ok } else { Outcome::Error };
             log.line(peer, outcome, took, bytes, &self.head[..self.head_len]);
@@ -177,6 +180,14 @@ impl<'a> Ledger<'a> {
         }
     }
 
+    /// The request step refused the input with the codec's error reply (bad input, too
+    /// slow, shed, past `--request-timeout`): an error on the slot (issue 41). Counted
+    /// here, where every driver's step reports it, not where the connection's end is
+    /// logged, which the event and async drivers do only with an access log.
+    pub(crate) fn refused(&mut self) {
+        self.slot.error();
+    }
+
     /// A connection of the client level (`handle_client`), which is its own unit: its
     /// line when it ended, after `took`, with `outcome`.
     pub(crate) fn connection_end(
@@ -186,6 +197,7 @@ impl<'a> Ledger<'a> {
         took: Duration,
         bytes: (u64, u64),
     ) {
+        count_error(self.slot, outcome);
         if let Some(log) = self.access.as_mut() {
             log.line(peer, outcome, took, bytes, b"");
         }
@@ -263,6 +275,15 @@ impl<'a> Ledger<'a> {
 /// A panic caught by [`contain`]: its message, with its location when the hook saw it.
 #[derive(Debug)]
 pub(crate) struct Panicked(pub(crate) String);
+
+/// Counts a client-level connection (`handle_client`) among the slot's errors (`status`'s
+/// errors per second, issue 41) when it ended in one: a failure (`error`) or a timeout; a
+/// client that left is no error of the server's.
+fn count_error(slot: &Slot, outcome: Outcome) {
+    if matches!(outcome, Outcome::Error | Outcome::Timeout) {
+        slot.error();
+    }
+}
 
 /// Runs a call of the user's code with its panic contained: the panic's message (and
 /// location) instead, for [`Ledger::panicked`] or a start failure's reason.
@@ -605,6 +626,31 @@ mod tests {
         }
         assert_eq!(ledger.requests(), 2, "answered requests only");
         assert_eq!(ledger.slot().served().1, 2, "the slot counts the same");
+    }
+
+    /// Issue 41: the requests that ended in an error are counted on the slot (what
+    /// `status` turns into errors per second): a handler's failure, the step's refusal of
+    /// the input (counted once: not again when the connection's end is logged), a
+    /// client-level connection that failed or timed out; not a client that left, nor an
+    /// answered request.
+    #[test]
+    fn issue_41_requests_ending_in_an_error_are_counted_on_the_slot() {
+        static RETIRED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let (mut ledger, path) = ledger_with_log("errors", Recycle::default(), &RETIRED);
+        let _ = std::fs::remove_file(&path);
+        let peer = inet("192.0.2.7:4000");
+        let ms = Duration::from_millis(1);
+        ledger.request_end(&peer, ms, (30, 100), true);
+        ledger.request_unanswered(&peer, Outcome::Closed, ms, (4, 0));
+        ledger.connection_end(&peer, Outcome::Ok, ms, (5, 5));
+        assert_eq!(ledger.slot().errors(), 0, "no error yet");
+        ledger.request_end(&peer, ms, (3, 20), false);
+        ledger.refused();
+        ledger.request_unanswered(&peer, Outcome::Error, ms, (4, 0));
+        ledger.connection_end(&peer, Outcome::Error, ms, (5, 0));
+        ledger.connection_end(&peer, Outcome::Timeout, ms, (5, 0));
+        assert_eq!(ledger.slot().errors(), 4);
+        let _ = std::fs::remove_file(&path);
     }
 
     /// The recycling limit is read from the ledger's one count: reached by requests

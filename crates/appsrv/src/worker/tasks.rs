@@ -1760,6 +1760,10 @@ impl Context for TaskContext<'_, '_> {
         self.store_head(head);
     }
 
+    fn refused(&mut self) {
+        self.w.ledger.borrow_mut().refused();
+    }
+
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
         let Some(started) = self.request.take() else {
             return;
