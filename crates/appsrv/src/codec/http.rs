@@ -878,8 +878,10 @@ impl Codec for Http {
     }
 
     /// The method and the path, without the query or the fragment: `GET /orders` for
-    /// `GET /orders?token=… HTTP/1.1` (issue 41: no header, cookie or query is published).
-    /// See [`summarize_request_line`].
+    /// `GET /orders?token=… HTTP/1.1`; no header field, cookie or query is ever published
+    /// (issue 41). Of an absolute target (`http://user:pw@host/path`), the path only; `*`
+    /// as it is; nothing for any other target (`CONNECT`'s `host:port`, bytes that are not
+    /// HTTP), nor until the space after the method has arrived.
     fn summarize(&self, head: &[u8], summary: &mut Summary) {
         summarize_request_line(head, summary);
     }

@@ -945,8 +945,9 @@ impl Codec for Resp {
         push_line(out, b'-', text.as_bytes());
     }
 
-    /// The command name, in capitals (`AUTH`, `GET`): never its arguments (issue 41). See
-    /// [`command_name`].
+    /// The command name, in capitals (`AUTH`, `GET`), once it has arrived whole: an
+    /// array's first bulk string, or an inline command's first (unquoted) word; never an
+    /// argument (issue 41). Nothing for a name with a byte that is not printable ASCII.
     fn summarize(&self, head: &[u8], summary: &mut Summary) {
         if let Some(name) = command_name(head) {
             for b in name {
