@@ -306,13 +306,15 @@ pub trait Codec {
     /// ```
     /// use appsrv::codec::Summary;
     ///
-    /// // A protocol whose requests start with a one-byte opcode: its name is safe to show.
+    /// // A protocol whose requests start with a one-byte opcode: its name is safe to show,
+    /// // what follows it may not be. (`examples/ping.rs` has one in a whole codec.)
     /// fn summarize(head: &[u8], summary: &mut Summary) {
-    ///     match head.first() {
-    ///         Some(1) => summary.push(b"READ"),
-    ///         Some(2) => summary.push(b"WRITE"),
-    ///         _ => summary,
+    ///     let name: &[u8] = match head.first() {
+    ///         Some(1) => b"READ",
+    ///         Some(2) => b"WRITE",
+    ///         _ => return,
     ///     };
+    ///     summary.push(name);
     /// }
     /// let mut s = Summary::new();
     /// summarize(&[2, 0xff, 0xff], &mut s);
