@@ -24,7 +24,7 @@
 
 use std::io;
 
-use appsrv::codec::{Codec, Decoded, LinesResponse, ProtocolError};
+use appsrv::codec::{Codec, Decoded, LinesResponse, ProtocolError, Summary};
 
 /// A decoded command: its name (the first word or array element).
 struct Command<'a> {
@@ -120,6 +120,21 @@ impl Codec for Resp {
 
     fn encode_error(&mut self, err: &ProtocolError, out: &mut Vec<u8>) {
         out.extend_from_slice(format!("-ERR Protocol error: {err}\r\n").as_bytes());
+    }
+
+    /// What the status page, `status` and the slow-request and timeout log lines show of
+    /// a request in progress, from its first bytes: the name of a command this server
+    /// knows, nothing else (a request's bytes may hold a password). Without this method,
+    /// nothing is shown.
+    fn summarize(&self, head: &[u8], summary: &mut Summary) {
+        let mut words = head.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty());
+        // The first word that is not an array's or a bulk string's length.
+        let name = words.find(|w| !matches!(w[0], b'*' | b'$')).unwrap_or_default();
+        for known in [&b"PING"[..], b"QUIT"] {
+            if name.eq_ignore_ascii_case(known) {
+                summary.push(known);
+            }
+        }
     }
 }
 

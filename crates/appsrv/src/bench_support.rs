@@ -236,6 +236,7 @@ impl<C: Codec + 'static> RequestStep<C> {
             header_timeout: None,
             header_timeout_max: None,
             min_rate: 0,
+            request_detail: false,
         };
         RequestStep {
             step: crate::conn::step::Requests::new(codec, limits),
@@ -516,6 +517,7 @@ impl DatagramLoop {
             answer_prefixes: scoreboard::AnswerPrefixes::DEFAULT,
             slip,
             access_sample: 1,
+            request_detail: false,
         };
         let side = crate::worker::datagram::Side::new(handler, settings, 1, slot, board).with_batch(batch);
         let client = std::net::UdpSocket::bind("127.0.0.1:0")?;

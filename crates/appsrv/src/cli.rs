@@ -276,6 +276,9 @@ pub(crate) struct Config {
     pub(crate) request_timeout: Option<Duration>,
     pub(crate) control: Option<PathBuf>,
     pub(crate) metrics_listen: Option<String>,
+    /// `--status-request-detail`: publish requests' first bytes, not their codecs'
+    /// summaries (issue 41).
+    pub(crate) status_request_detail: bool,
     pub(crate) access_log: Option<PathBuf>,
     /// `--access-log-sample`: one line per N datagrams.
     pub(crate) access_log_sample: u64,
@@ -763,6 +766,11 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
             env_opt(prefix, "metrics-listen")
                 .value_name("ADDR")
                 .help("Serve over HTTP on ADDR (host:port, e.g. 127.0.0.1:9100), from the master: /metrics for Prometheus, /healthz (the master is alive), /readyz (ready to take traffic: 503 while starting, draining or stopping) and /status (a status page for people; /status?json is status --json)"),
+        )
+        .arg(
+            env_opt(prefix, "status-request-detail")
+                .action(ArgAction::SetTrue)
+                .help("Show the first 64 bytes of each request in progress, as they arrived (headers, cookies, query strings, passwords included), to whoever reads /status, /status?json and status, and in the slow-request and request-timeout log lines; without it they show only the codec's summary (HTTP: the method and the path without the query; RESP: the command name; other codecs, datagrams and handle_client connections: nothing). See docs/SECURITY.md"),
         )
         .next_help_heading("Workers and pool")
         .arg(
@@ -1449,6 +1457,7 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         request_timeout: m.get_one::<Duration>("request-timeout").copied(),
         control: m.get_one::<PathBuf>("control").cloned(),
         metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
+        status_request_detail: m.get_flag("status-request-detail"),
         access_log: m.get_one::<PathBuf>("access-log").cloned(),
         access_log_sample: n(m, "access-log-sample"),
         max_conns_per_ip: n(m, "max-conns-per-ip"),

@@ -159,6 +159,7 @@ where
         header_timeout: config.header_timeout,
         header_timeout_max: config.header_timeout_max,
         min_rate: config.min_rate,
+        request_detail: config.status_request_detail,
     };
     if request_level {
         // Connections inherit the listener's timeout: between requests, that is the

@@ -29,7 +29,8 @@ static BOARD_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::ne
 /// The largest pool (worker ids run from 1 to this).
 pub(crate) const MAX_WORKERS: usize = 1024;
 
-/// How many of a request's first bytes a slot keeps.
+/// How many bytes a slot keeps of what is published about the current request (its
+/// codec's summary, or with `--status-request-detail` its first bytes: issue 41).
 pub(crate) const HEAD_BYTES: usize = 64;
 
 /// Upper bounds of the request-duration histogram's buckets, in microseconds (the last
@@ -880,8 +881,8 @@ impl Slot {
         self.request_started.store(0, Ordering::Release);
     }
 
-    /// An event loop calls the handler for a request of `peer` whose first bytes are
-    /// `head` (for the status and the request timeout's log line).
+    /// An event loop calls the handler for a request of `peer` of which `head` is published
+    /// (for the status and the request timeout's log line).
     pub(crate) fn handler_call(&self, peer: &Addr, head: &[u8]) {
         self.store_head(head);
         self.store_peer(peer);
@@ -999,7 +1000,8 @@ impl Slot {
         }
     }
 
-    /// A request (or, for `handle_client`, a connection) starts; `head` is its first bytes.
+    /// A request (or, for `handle_client`, a connection) starts; `head` is what is published
+    /// of it (its codec's summary, or its first bytes with `--status-request-detail`).
     pub(crate) fn request_start(&self, head: &[u8]) -> u64 {
         let now = now_ns();
         self.store_head(head);
@@ -1007,8 +1009,8 @@ impl Slot {
         now
     }
 
-    /// Shows `head` as the first bytes of the request in progress (also when more of a
-    /// request that came in pieces arrived).
+    /// Shows `head` for the request in progress (also when more of a request that came in
+    /// pieces arrived).
     pub(crate) fn store_head(&self, head: &[u8]) {
         let head = &head[..head.len().min(HEAD_BYTES)];
         for (i, word) in self.head.iter().enumerate() {
@@ -1112,7 +1114,7 @@ pub(crate) struct SlotView {
     /// Since the last connection or request ended.
     pub(crate) idle_for: Option<Duration>,
     pub(crate) peer: Option<Addr>,
-    /// The first bytes of the current request.
+    /// What is published of the current request (its summary, or its first bytes).
     pub(crate) head: Vec<u8>,
     pub(crate) durations: [u64; DURATION_BUCKETS_US.len() + 1],
     pub(crate) duration_sum: Duration,

@@ -93,8 +93,8 @@ fn issue_19_a_datagram_handler_that_blocks_past_the_request_timeout_is_killed() 
     let line = server.wait_for_log("exceeded the request timeout");
     assert_names_sender(&line, &c);
     assert!(
-        line.contains("sleep 30"),
-        "and the datagram's first bytes: {line}"
+        !line.contains("sleep 30"),
+        "not the datagram's bytes, which may hold anything (issue 41; --status-request-detail shows them): {line}"
     );
     let after = replacement(&server, addr, before);
     // The master may fork the replacement before the killed worker is gone: wait for it.

@@ -67,7 +67,7 @@ use std::io::{self, Write};
 use std::ops::Range;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{Codec, Decoded, FileBody, Outcome, ProtocolError, Respond, find};
+use super::{Codec, Decoded, FileBody, Outcome, ProtocolError, Respond, Summary, find};
 
 /// The most headers a request may have, and the size of the fixed array that holds them.
 const MAX_HEADERS: usize = 64;
@@ -876,6 +876,82 @@ impl Codec for Http {
     fn announces_close(&self) -> bool {
         true
     }
+
+    /// The method and the path, without the query or the fragment: `GET /orders` for
+    /// `GET /orders?token=… HTTP/1.1`; no header field, cookie or query is ever published
+    /// (issue 41). Of an absolute target (`http://user:pw@host/path`), the path only; `*`
+    /// as it is; nothing for any other target (`CONNECT`'s `host:port`, bytes that are not
+    /// HTTP), nor until the space after the method has arrived.
+    fn summarize(&self, head: &[u8], summary: &mut Summary) {
+        summarize_request_line(head, summary);
+    }
+}
+
+/// A request's method and path, from its first bytes `head` (which may stop anywhere):
+/// the method once the space after it arrived, then the path as far as it came, up to
+/// its `?` or `#`. The empty lines a client may send before the request line are skipped.
+/// An absolute target (`http://host/path`, sent to proxies) gives its path only (its
+/// authority may hold a user and a password), `*` stays; any other target (`CONNECT`'s
+/// `host:port`, bytes that are not HTTP) gives nothing at all: what a client that does not
+/// speak HTTP sent may be anything.
+fn summarize_request_line(head: &[u8], summary: &mut Summary) {
+    let start = head
+        .iter()
+        .position(|b| !matches!(b, b'\r' | b'\n'))
+        .unwrap_or(head.len());
+    let line = &head[start..];
+    let Some(space) = line.iter().position(|b| *b == b' ') else {
+        return;
+    };
+    let method = &line[..space];
+    if method.is_empty() || !method.iter().all(|b| is_tchar(*b)) {
+        return;
+    }
+    let rest = &line[space + 1..];
+    // The target ends at the space before the version (or at a control byte, which no
+    // target holds); it may not have arrived whole.
+    let end = rest
+        .iter()
+        .position(|b| *b == b' ' || b.is_ascii_control())
+        .unwrap_or(rest.len());
+    let (target, whole) = (&rest[..end], end < rest.len());
+    let path = match target.first() {
+        Some(b'/') => target,
+        Some(b'*') if target.len() == 1 => target,
+        _ => match absolute_path(target, whole) {
+            Some(path) => path,
+            None => return,
+        },
+    };
+    let path = &path[..path
+        .iter()
+        .position(|b| matches!(b, b'?' | b'#'))
+        .unwrap_or(path.len())];
+    summary
+        .push(method)
+        .push(b" ")
+        .push(if path.is_empty() { b"/" } else { path });
+}
+
+/// The path (with what follows it) of an absolute target `scheme://authority/path`, once
+/// the authority's end arrived (`whole`: the target did); `None` for any other target.
+fn absolute_path(target: &[u8], whole: bool) -> Option<&[u8]> {
+    let colon = target.iter().position(|b| *b == b':')?;
+    let scheme = &target[..colon];
+    let valid = scheme.first().is_some_and(u8::is_ascii_alphabetic)
+        && scheme
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+    let rest = target[colon + 1..].strip_prefix(b"//").filter(|_| valid)?;
+    match rest.iter().position(|b| matches!(b, b'/' | b'?' | b'#')) {
+        Some(end) => Some(&rest[end..]),
+        None => whole.then_some(&[][..]),
+    }
+}
+
+/// A byte of a token (RFC 9110 §5.6.2), which a method is.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// A request, borrowing the connection's read buffer.
@@ -2156,5 +2232,77 @@ mod tests {
             let got = decode(&twice, cut).unwrap();
             prop_assert_eq!(got, vec![expected.clone(), expected]);
         }
+    }
+
+    /// What `summarize` gives for `head`.
+    fn summary(head: &[u8]) -> Vec<u8> {
+        let mut s = Summary::new();
+        Http::new().summarize(head, &mut s);
+        s.as_bytes().to_vec()
+    }
+
+    /// Issue 41: the method and the path, never the query, a header or a cookie.
+    #[test]
+    fn issue_41_the_summary_is_the_method_and_the_path_without_the_query() {
+        let head = b"GET /sleep?ms=300&pw=SECRETPW HTTP/1.1\r\nAuthorization: Bearer SECRETTOKEN\r\nCookie: s=SECRETCOOKIE\r\n\r\n";
+        assert_eq!(summary(&head[..64]), b"GET /sleep");
+        assert_eq!(summary(b"POST /orders#top HTTP/1.1\r\n"), b"POST /orders");
+        assert_eq!(
+            summary(b"\r\nGET / HTTP/1.1\r\n"),
+            b"GET /",
+            "empty lines before it skipped"
+        );
+        assert_eq!(summary(b"OPTIONS * HTTP/1.1\r\n"), b"OPTIONS *");
+        // An absolute target: its path, not its authority (which may hold a password).
+        assert_eq!(
+            summary(b"GET http://user:SECRETPW@example.org/a/b?q=1 HTTP/1.1\r\n"),
+            b"GET /a/b"
+        );
+        assert_eq!(summary(b"GET http://example.org HTTP/1.1\r\n"), b"GET /");
+        assert_eq!(
+            summary(b"GET http://user:SECRETPW@exam"),
+            b"",
+            "its authority's end not arrived"
+        );
+        // Not HTTP, or no path: nothing.
+        for head in [
+            &b"CONNECT example.org:443 HTTP/1.1\r\n"[..],
+            b"AUTH SECRETPW\r\n",
+            b"SECRETPW",
+            b"G\x00T / HTTP/1.1",
+            b" / HTTP/1.1",
+        ] {
+            assert_eq!(summary(head), b"", "{:?}", head.escape_ascii().to_string());
+        }
+    }
+
+    /// Issue 41: a request line split across reads shows what arrived of it, the query
+    /// never, whatever the split.
+    #[test]
+    fn issue_41_a_request_line_in_pieces_is_summarized_as_it_comes() {
+        let line = b"GET /sleep?pw=SECRETPW HTTP/1.1\r\nHost: x\r\n\r\n";
+        for cut in 0..=line.len() {
+            let s = summary(&line[..cut]);
+            let expected: &[u8] = match cut {
+                0..=4 => b"",
+                5..=10 => &line[..cut],
+                _ => b"GET /sleep",
+            };
+            assert_eq!(s, expected, "cut at {cut}");
+        }
+    }
+
+    /// Issue 41: a path that is not UTF-8 is kept as bytes (the status escapes them, a log
+    /// line shows them lossily), and one longer than the summary's room is truncated.
+    #[test]
+    fn issue_41_a_non_utf8_or_long_path_in_the_summary() {
+        let s = summary(b"GET /caf\xe9/\xff?x HTTP/1.1\r\n");
+        assert_eq!(s, b"GET /caf\xe9/\xff");
+        assert_eq!(s.escape_ascii().to_string(), "GET /caf\\xe9/\\xff");
+        assert_eq!(String::from_utf8_lossy(&s), "GET /caf\u{fffd}/\u{fffd}");
+        let long = format!("GET /{} HTTP/1.1\r\n", "a".repeat(100));
+        let s = summary(long.as_bytes());
+        assert_eq!(s.len(), Summary::CAPACITY);
+        assert_eq!(s, &long.as_bytes()[..Summary::CAPACITY]);
     }
 }

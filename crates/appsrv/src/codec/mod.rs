@@ -155,6 +155,87 @@ pub trait Respond {
     fn close_after(&mut self) {}
 }
 
+/// What a worker publishes about a request in progress, as its codec's
+/// [`summarize`](Codec::summarize) gives it: on the status page and its JSON
+/// (`--metrics-listen`), in the `status` subcommand's table, and in the slow-request and
+/// request-timeout log lines. Anyone who can reach those may read it, so it must never
+/// hold what a client keeps secret (credentials, cookies, a query string, a message).
+///
+/// At most [`Summary::CAPACITY`] bytes: what is pushed beyond them is dropped. A summary
+/// may hold any bytes: the status shows a byte that is not printable ASCII as `\xNN`, a
+/// log line as UTF-8 with invalid sequences replaced; a short, printable one
+/// (`GET /orders`, `AUTH`) reads best.
+///
+/// ```
+/// use std::fmt::Write as _;
+/// let mut s = appsrv::codec::Summary::new();
+/// write!(s, "op {}", 7).unwrap();
+/// s.push(b" (batch)");
+/// assert_eq!(s.as_bytes(), b"op 7 (batch)");
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Summary {
+    bytes: [u8; Summary::CAPACITY],
+    len: usize,
+}
+
+impl Summary {
+    /// The most bytes a summary holds: 64, the room a worker's scoreboard slot has for it.
+    pub const CAPACITY: usize = 64;
+
+    /// An empty summary (what is published when the codec gives none).
+    pub const fn new() -> Self {
+        Summary {
+            bytes: [0; Summary::CAPACITY],
+            len: 0,
+        }
+    }
+
+    /// Appends `bytes`, as many as there is room for (the rest is dropped).
+    pub fn push(&mut self, bytes: &[u8]) -> &mut Self {
+        let n = bytes.len().min(Summary::CAPACITY - self.len);
+        self.bytes[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+        self
+    }
+
+    /// The bytes pushed so far.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// Whether nothing was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Empties it.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl Default for Summary {
+    fn default() -> Self {
+        Summary::new()
+    }
+}
+
+impl fmt::Debug for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Summary(\"{}\")", self.as_bytes().escape_ascii())
+    }
+}
+
+/// Appends the text, truncated as [`push`](Summary::push) truncates (a character may be
+/// cut in two); never fails.
+impl fmt::Write for Summary {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push(s.as_bytes());
+        Ok(())
+    }
+}
+
 /// A protocol's framing.
 ///
 /// One codec value serves one connection: [`RequestHandler::codec`](crate::RequestHandler::codec)
@@ -203,6 +284,44 @@ pub trait Codec {
     /// a timeout, or a stop.
     fn announces_close(&self) -> bool {
         false
+    }
+
+    /// What a worker may publish about the request that begins with `head` while it is in
+    /// progress: pushed into `summary` (empty when called), which the status page, its
+    /// JSON, the `status` subcommand and the slow-request and request-timeout log lines
+    /// show to whoever can read them. Default: nothing, so that a codec of your own
+    /// publishes nothing about its requests unless it says what is safe to show.
+    ///
+    /// `head` is the request's first bytes as they arrived, at most
+    /// [`Summary::CAPACITY`]: the request may be incomplete (it is called again when more
+    /// of its first bytes arrive), may not be valid, and may hold secrets. Give only what
+    /// names the kind of request (a method and a path, a command name), never its
+    /// credentials, query, cookies or payload. The built-in codecs: [`Http`] gives the
+    /// method and the path without the query (`GET /orders`), [`Resp`] the command name
+    /// (`GET`, `AUTH`); [`Lines`], [`Netstring`] and [`LengthPrefixed`] give nothing.
+    ///
+    /// With `--status-request-detail`, the operator's choice, the worker publishes the
+    /// first bytes themselves instead, as they arrived (docs/SECURITY.md).
+    ///
+    /// ```
+    /// use appsrv::codec::Summary;
+    ///
+    /// // A protocol whose requests start with a one-byte opcode: its name is safe to show,
+    /// // what follows it may not be. (`examples/ping.rs` has one in a whole codec.)
+    /// fn summarize(head: &[u8], summary: &mut Summary) {
+    ///     let name: &[u8] = match head.first() {
+    ///         Some(1) => b"READ",
+    ///         Some(2) => b"WRITE",
+    ///         _ => return,
+    ///     };
+    ///     summary.push(name);
+    /// }
+    /// let mut s = Summary::new();
+    /// summarize(&[2, 0xff, 0xff], &mut s);
+    /// assert_eq!(s.as_bytes(), b"WRITE");
+    /// ```
+    fn summarize(&self, head: &[u8], summary: &mut Summary) {
+        let _ = (head, summary);
     }
 }
 

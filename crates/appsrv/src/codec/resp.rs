@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::{Codec, Decoded, Outcome, ProtocolError, Respond};
+use super::{Codec, Decoded, Outcome, ProtocolError, Respond, Summary, find as find_in};
 
 /// The decimal digits of `u64::MAX`: room for any length or integer.
 const MAX_DIGITS: usize = 20;
@@ -940,6 +940,37 @@ impl Codec for Resp {
         };
         push_line(out, b'-', text.as_bytes());
     }
+
+    /// The command name, in capitals (`AUTH`, `GET`), once it has arrived whole: an
+    /// array's first bulk string, or an inline command's first (unquoted) word; never an
+    /// argument (issue 41). Nothing for a name with a byte that is not printable ASCII.
+    fn summarize(&self, head: &[u8], summary: &mut Summary) {
+        if let Some(name) = command_name(head) {
+            for b in name {
+                summary.push(&[b.to_ascii_uppercase()]);
+            }
+        }
+    }
+}
+
+/// The command name of the request that begins with `head` (which may stop anywhere), once
+/// it arrived whole: an array's first bulk string, an inline command's first word (an
+/// unquoted one). The blank lines before it are skipped, as decoding skips them. `None`
+/// for anything else (a name not arrived whole, a quoted one, one with a byte that is not
+/// printable ASCII): a client that does not speak RESP may have sent anything.
+fn command_name(head: &[u8]) -> Option<&[u8]> {
+    let start = head.iter().position(|b| !skipped(*b))?;
+    let head = &head[start..];
+    let name = if let Some(array) = head.strip_prefix(b"*") {
+        let bulk = array.get(find_in(array, b"\r\n")? + 2..)?.strip_prefix(b"$")?;
+        let digits = find_in(bulk, b"\r\n")?;
+        let len: usize = std::str::from_utf8(&bulk[..digits]).ok()?.parse().ok()?;
+        bulk.get(digits + 2..)?.get(..len)?
+    } else {
+        &head[..head.iter().position(|b| ends_arg(*b))?]
+    };
+    let printable = name.iter().all(u8::is_ascii_graphic) && !matches!(name.first(), Some(b'"' | b'\''));
+    (!name.is_empty() && printable).then_some(name)
 }
 
 #[cfg(test)]
@@ -1492,6 +1523,38 @@ mod tests {
             if let Ok(cmds) = whole {
                 prop_assert!(cmds.iter().all(|c| !c.is_empty() && c.len() <= 40));
             }
+        }
+    }
+
+    /// What `summarize` gives for `head`.
+    fn summary(head: &[u8]) -> Vec<u8> {
+        let mut s = Summary::new();
+        Resp::new().summarize(head, &mut s);
+        s.as_bytes().to_vec()
+    }
+
+    /// Issue 41: the command name, never an argument, however the request came.
+    #[test]
+    fn issue_41_the_summary_is_the_command_name() {
+        let array = b"*3\r\n$4\r\nauth\r\n$7\r\ndefault\r\n$10\r\nSECRETRESP\r\n";
+        for cut in 0..=array.len() {
+            let expected: &[u8] = if cut < 12 { b"" } else { b"AUTH" };
+            assert_eq!(summary(&array[..cut]), expected, "cut at {cut}");
+        }
+        let inline = b"auth default SECRETINLINE\r\n";
+        for cut in 0..=inline.len() {
+            let expected: &[u8] = if cut < 5 { b"" } else { b"AUTH" };
+            assert_eq!(summary(&inline[..cut]), expected, "cut at {cut}");
+        }
+        assert_eq!(summary(b"\r\n\r\nPING\r\n"), b"PING", "blank lines skipped");
+        assert_eq!(summary(b"*1\r\n$8\r\nJSON.GET\r\n"), b"JSON.GET");
+        for head in [
+            &b"\"auth\" SECRETINLINE\r\n"[..],
+            b"*2\r\n$3\r\nA\x00B\r\n",
+            b"*0\r\n",
+            b"*1\r\n$x\r\n",
+        ] {
+            assert_eq!(summary(head), b"", "{:?}", head.escape_ascii().to_string());
         }
     }
 }

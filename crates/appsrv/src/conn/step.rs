@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use socket2::Socket;
 
 use super::buffers::Buffers;
-use crate::codec::{Codec, Decoded, FileBody, ProtocolError};
+use crate::codec::{Codec, Decoded, FileBody, ProtocolError, Summary};
 use crate::net::listener::Addr;
 use crate::scoreboard::{HEAD_BYTES, State};
 
@@ -85,6 +85,31 @@ const MIN_WAIT: Duration = Duration::from_millis(1);
 /// kernel's timer granularity): a deadline this close counts as passed.
 const SLACK: Duration = Duration::from_millis(10);
 
+/// The first bytes of a request in progress, as the step gives them to the worker (issue
+/// 41): what arrived, for the access log's line (its first line, the operator's own file),
+/// and what may be published (the status, the slow-request and request-timeout lines).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Head<'a> {
+    /// The request's first bytes as they arrived, at most [`HEAD_BYTES`].
+    pub(crate) raw: &'a [u8],
+    /// What the worker publishes about it: its codec's [`Summary`], or, with
+    /// `--status-request-detail`, `raw` itself.
+    pub(crate) shown: &'a [u8],
+}
+
+impl<'a> Head<'a> {
+    /// Bytes that are both what arrived and what is shown (a test's, a datagram's).
+    pub(crate) fn same(bytes: &'a [u8]) -> Self {
+        Head {
+            raw: bytes,
+            shown: bytes,
+        }
+    }
+}
+
+// The summary fits in the slot's room for a request's first bytes.
+const _: () = assert!(Summary::CAPACITY <= HEAD_BYTES);
+
 /// The worker's side of the request level: what the step asks and tells it. Nothing here
 /// may block, except [`at_boundary`](Context::at_boundary), which only a blocking driver
 /// calls.
@@ -114,13 +139,14 @@ pub(crate) trait Context {
     /// The worker's scoreboard state changes (reading, handling, writing, closing).
     fn state(&mut self, _state: State) {}
 
-    /// A request begins; `head` is its first bytes (for the status and the timeout's log).
-    fn request_start(&mut self, _head: &[u8]) {}
+    /// A request begins; `head` is its first bytes and what may be published of them (for
+    /// the status, the slow-request and timeout lines, and the access log).
+    fn request_start(&mut self, _head: Head<'_>) {}
 
     /// More of the request begun with [`request_start`](Context::request_start) arrived
     /// (it came in pieces): `head` is its first bytes now, longer than before, for the
     /// status and the access log, which would otherwise show only the first piece.
-    fn request_head(&mut self, _head: &[u8]) {}
+    fn request_head(&mut self, _head: Head<'_>) {}
 
     /// The request that began is answered: `bytes` is (request, response) length, `ok`
     /// whether the handler succeeded.
@@ -200,6 +226,9 @@ pub(crate) struct Limits {
     pub(crate) header_timeout_max: Option<Duration>,
     /// Bytes per second that earn a slow request one more second (0: no extension).
     pub(crate) min_rate: u64,
+    /// Publish each request's first bytes rather than its codec's summary
+    /// (`--status-request-detail`; default: off, issue 41).
+    pub(crate) request_detail: bool,
 }
 
 impl Limits {
@@ -295,6 +324,8 @@ pub(crate) struct Requests<C: Codec> {
     in_request: bool,
     /// How many bytes of the request in progress its head was given with.
     head_len: usize,
+    /// What the codec says of the request in progress (issue 41), reused.
+    summary: Summary,
     /// When the request in progress showed its first bytes (header timeout).
     began: Option<Instant>,
     /// When bytes of the request in progress last arrived (read timeout).
@@ -389,6 +420,7 @@ impl<C: Codec> Requests<C> {
             served: 0,
             in_request: false,
             head_len: 0,
+            summary: Summary::new(),
             began: None,
             last_input: None,
             draining: None,
@@ -788,12 +820,12 @@ impl<C: Codec> Requests<C> {
         if !self.in_request {
             let input = bufs.unconsumed();
             self.head_len = input.len().min(HEAD_BYTES);
-            ctx.request_start(&input[..self.head_len]);
+            ctx.request_start(self.head(&input[..self.head_len]));
             self.in_request = true;
         } else if self.head_len < HEAD_BYTES && bufs.unconsumed().len() > self.head_len {
             let input = bufs.unconsumed();
             self.head_len = input.len().min(HEAD_BYTES);
-            ctx.request_head(&input[..self.head_len]);
+            ctx.request_head(self.head(&input[..self.head_len]));
         }
         // Only a protocol that can tell its client ends a connection between requests:
         // to a client of one that cannot, a close looks like a failure, so its
@@ -804,6 +836,23 @@ impl<C: Codec> Requests<C> {
                 || self.served + 1 >= self.limits.keepalive_requests
                 || ctx.retiring()
                 || ctx.saturated())
+    }
+
+    /// The request's first bytes `raw` and what is published of them: the codec's summary
+    /// (issue 41: a request's bytes may hold credentials, and the status is for anyone who
+    /// reaches the metrics listener), or the bytes themselves with `--status-request-detail`.
+    /// The one place where what a worker publishes about a request is decided, for every
+    /// I/O model.
+    fn head<'a>(&'a mut self, raw: &'a [u8]) -> Head<'a> {
+        if self.limits.request_detail {
+            return Head::same(raw);
+        }
+        self.summary.clear();
+        self.codec.summarize(raw, &mut self.summary);
+        Head {
+            raw,
+            shown: self.summary.as_bytes(),
+        }
     }
 
     /// A request was handled: accounts for it, and says whether the connection goes on
@@ -1071,6 +1120,8 @@ mod tests {
         stopping: bool,
         started: usize,
         ended: usize,
+        /// Each head given (start or more), as (raw, shown).
+        heads: Vec<(Vec<u8>, Vec<u8>)>,
     }
 
     impl Context for Fake {
@@ -1083,8 +1134,12 @@ mod tests {
         fn stopping(&mut self) -> bool {
             self.stopping
         }
-        fn request_start(&mut self, _: &[u8]) {
+        fn request_start(&mut self, head: Head<'_>) {
             self.started += 1;
+            self.heads.push((head.raw.to_vec(), head.shown.to_vec()));
+        }
+        fn request_head(&mut self, head: Head<'_>) {
+            self.heads.push((head.raw.to_vec(), head.shown.to_vec()));
         }
         fn request_end(&mut self, _: (u64, u64), _: bool) {
             self.ended += 1;
@@ -1122,6 +1177,7 @@ mod tests {
         header_timeout: Some(Duration::from_secs(20)),
         header_timeout_max: Some(Duration::from_secs(60)),
         min_rate: 500,
+        request_detail: false,
     };
 
     const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: example\r\n\r\n";
@@ -1702,5 +1758,36 @@ mod tests {
             matches!(next, Next::Read { guarded: true, grace, .. } if grace == IDLE_GRACE),
             "{next:?}"
         );
+    }
+
+    /// Issue 41: what the worker is given to publish about a request is its codec's
+    /// summary, as the request comes in pieces, and the first bytes only with
+    /// `--status-request-detail`; the access log's bytes are the request's as they came.
+    #[test]
+    fn issue_41_the_worker_publishes_the_codecs_summary_unless_asked_for_detail() {
+        let request =
+            b"GET /sleep?pw=SECRETPW HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer SECRETTOKEN\r\n\r\n";
+        for detail in [false, true] {
+            let limits = Limits {
+                request_detail: detail,
+                ..LIMITS
+            };
+            let mut c = Conn::new(Http::default(), limits);
+            c.feed(&request[..8], Duration::ZERO, &mut Hello);
+            c.feed(&request[8..20], Duration::from_millis(1), &mut Hello);
+            c.feed(&request[20..], Duration::from_millis(2), &mut Hello);
+            assert_eq!(c.ctx.ended, 1);
+            let (raw, shown): (Vec<_>, Vec<_>) = c.ctx.heads.iter().cloned().unzip();
+            assert_eq!(raw, [&request[..8], &request[..20], &request[..64]]);
+            if detail {
+                assert_eq!(shown, raw);
+            } else {
+                assert_eq!(shown, [&b"GET /sle"[..], b"GET /sleep", b"GET /sleep"]);
+            }
+        }
+        // A codec that says nothing: nothing published.
+        let mut c = Conn::new(Lines::default(), LIMITS);
+        c.feed(b"AUTH PLAIN SECRET\n", Duration::ZERO, &mut Echo);
+        assert_eq!(c.ctx.heads, [(b"AUTH PLAIN SECRET\n".to_vec(), Vec::new())]);
     }
 }

@@ -92,7 +92,7 @@ const SCOREBOARD_WIDTH: usize = 64;
 
 /// Renders `status` as a table, in the manner of Apache's mod_status: the server, its
 /// pool, totals, listeners, restarts, the scoreboard line, then one row per worker (the
-/// client, the time and the first bytes of the request for busy ones). With event workers
+/// client, the time and the request's summary for busy ones). With event workers
 /// (`--io event`), a `Connections:` line sums their connections by state, and a second
 /// table gives each one's counts, its requests in flight, whether it accepts, and how long
 /// ago its loop last began a turn; the rows of blocking workers are the same in both. In
@@ -324,7 +324,7 @@ fn last_turn(e: &EventView) -> String {
 }
 
 /// The table of live workers, by id: their counters, and, while one serves a client, the
-/// client, the time and the first bytes of the request.
+/// client, the time and the request's summary.
 fn text_workers(o: &mut String, status: &Status) {
     let mut rows = vec![header_row(&[
         "ID", "PID", "GEN", "STATE", "CONNS", "REQS", "IN", "OUT", "AGE", "CLIENT", "TIME", "REQUEST",
@@ -557,8 +557,9 @@ fn json_f64(v: f64) -> String {
 ///     "client": "127.0.0.1:50000", the client served now, or null
 ///     "request_seconds": 0.05,     how long the current request (for handle_client, the
 ///                                  connection) has been running, or null
-///     "request": "GET / HTTP/1.1\r\n..."
-///                                  its first bytes, escaped as in the table (bytes
+///     "request": "GET /",          what its codec says of it (issue 41: "GET /path",
+///                                  a RESP command name; with --status-request-detail
+///                                  its first 64 bytes), escaped as in the table (bytes
 ///                                  outside printable ASCII as \xNN), or null
 ///     "slow_requests": 0,          handler calls over --slow-request
 ///     "event": null                a blocking worker; an event worker's loop:

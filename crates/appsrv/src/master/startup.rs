@@ -898,6 +898,7 @@ impl Workers<'_> {
                 answer_prefixes: config.answer_prefixes,
                 slip: u32::try_from(config.answers_slip).unwrap_or(u32::MAX),
                 access_sample: u32::try_from(config.access_log_sample).unwrap_or(u32::MAX),
+                request_detail: config.status_request_detail,
             },
             role,
             handoff: self.handoff,

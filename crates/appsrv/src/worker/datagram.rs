@@ -92,6 +92,9 @@ pub(crate) struct Settings {
     pub(crate) slip: u32,
     /// `--access-log-sample` (1: every datagram).
     pub(crate) access_sample: u32,
+    /// `--status-request-detail`: the slot shows a datagram's first bytes while the
+    /// handler runs (else nothing: a datagram has no codec to summarize it, issue 41).
+    pub(crate) request_detail: bool,
 }
 
 /// What the event loop hands the datagram side once.
@@ -270,14 +273,17 @@ impl<'a> Side<'a> {
             });
         let handler = &mut self.handler;
         // On the slot while the handler runs: a call that outlasts --request-timeout is
-        // logged by the master with the sender and the datagram's first bytes. The timeout
+        // logged by the master with the sender (and, with --status-request-detail, the
+        // datagram's first bytes: a payload may hold anything, issue 41). The timeout
         // counts from this call, not from the turn's start: a turn may hold hundreds of
         // datagrams (a stop's drain, thousands), each well within the limit.
         self.slot.turn_begin(now);
-        self.slot.handler_call(
-            &peer,
-            &received.data[..received.data.len().min(crate::scoreboard::HEAD_BYTES)],
-        );
+        let shown = if self.settings.request_detail {
+            &received.data[..received.data.len().min(crate::scoreboard::HEAD_BYTES)]
+        } else {
+            &[]
+        };
+        self.slot.handler_call(&peer, shown);
         let tally = Tally {
             counts: &mut self.counts,
             limited: &mut self.limited,

@@ -91,7 +91,7 @@ use super::budget::{OVER_BUDGET_READ, SHED_BELOW, TRIM_ABOVE};
 use super::driver::{Driver, Extras, Shared, accepts_on, rules};
 use super::ledger::{Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
-use super::serve::{Bound, Boundary, Connections, Context, Limits, RequestDriver};
+use super::serve::{Bound, Boundary, Connections, Context, Head, Limits, RequestDriver};
 
 /// Events taken from the kernel per `epoll_wait`.
 const EVENTS: usize = 512;
@@ -372,7 +372,7 @@ impl Context for Turn<'_, '_> {
     fn state(&mut self, state: State) {
         match state {
             State::Handling => {
-                self.ledger.slot().handler_call(self.peer, self.ledger.head());
+                self.ledger.slot().handler_call(self.peer, self.ledger.shown());
                 self.handler_started = Some(self.last_end.unwrap_or_else(Instant::now));
             }
             State::Writing => {
@@ -390,12 +390,12 @@ impl Context for Turn<'_, '_> {
         }
     }
 
-    fn request_start(&mut self, head: &[u8]) {
+    fn request_start(&mut self, head: Head<'_>) {
         *self.request = Some(self.now);
         self.ledger.request_head(head);
     }
 
-    fn request_head(&mut self, head: &[u8]) {
+    fn request_head(&mut self, head: Head<'_>) {
         self.ledger.request_head(head);
     }
 
@@ -425,7 +425,7 @@ impl Turn<'_, '_> {
             self.peer,
             took.as_millis(),
             self.slow.limit.unwrap_or_default().as_millis(),
-            String::from_utf8_lossy(self.ledger.head()),
+            String::from_utf8_lossy(self.ledger.shown()),
             self.open.saturating_sub(1),
             if more > 0 {
                 format!(" ({more} more slow calls in the last minute)")

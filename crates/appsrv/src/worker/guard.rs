@@ -16,7 +16,7 @@ use crate::scoreboard::{Board, State};
 use crate::sys;
 
 use super::ledger::Ledger;
-use super::serve::{Boundary, Context};
+use super::serve::{Boundary, Context, Head};
 
 /// The worker's side of a connection in the blocking driver: the keep-alive guard, the
 /// slot's request clock, and the ledger.
@@ -89,13 +89,13 @@ impl Context for Guard<'_> {
         self.board.set_state(self.id, state);
     }
 
-    fn request_start(&mut self, head: &[u8]) {
-        self.request = Some(self.ledger.slot().request_start(head));
+    fn request_start(&mut self, head: Head<'_>) {
+        self.request = Some(self.ledger.slot().request_start(head.shown));
         self.ledger.request_head(head);
     }
 
-    fn request_head(&mut self, head: &[u8]) {
-        self.ledger.slot().store_head(head);
+    fn request_head(&mut self, head: Head<'_>) {
+        self.ledger.slot().store_head(head.shown);
         self.ledger.request_head(head);
     }
 

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
+use crate::conn::step::Head;
 use crate::net::listener::Addr;
 use crate::scoreboard::{HEAD_BYTES, Slot};
 use crate::sys::exit;
@@ -59,10 +60,14 @@ pub(crate) struct Ledger<'a> {
     /// or a datagram's differ in what they count).
     connections: u64,
     requests: u64,
-    /// The first bytes of the request in progress (for the access log, the slot and the
-    /// slow-call line).
+    /// The first bytes of the request in progress, as they came (for the access log's
+    /// line, the request's first line).
     head: [u8; HEAD_BYTES],
     head_len: usize,
+    /// What is published of them (the slot, the slow-call line): the codec's summary, or
+    /// the bytes themselves with `--status-request-detail` (issue 41).
+    shown: [u8; HEAD_BYTES],
+    shown_len: usize,
     rejections: Rejections,
     /// Asks the master for a replacement (the recycling limit is reached); once.
     retire: Box<dyn FnMut() + 'a>,
@@ -100,6 +105,8 @@ impl<'a> Ledger<'a> {
             requests: 0,
             head: [0; HEAD_BYTES],
             head_len: 0,
+            shown: [0; HEAD_BYTES],
+            shown_len: 0,
             rejections: Rejections::default(),
             retire,
             retire_sent: false,
@@ -126,16 +133,23 @@ impl<'a> Ledger<'a> {
         self.connections
     }
 
-    /// A request begins, or more of its first bytes arrived: `head` is its first bytes.
-    pub(crate) fn request_head(&mut self, head: &[u8]) {
-        let n = head.len().min(HEAD_BYTES);
-        self.head[..n].copy_from_slice(&head[..n]);
-        self.head_len = n;
+    /// A request begins, or more of its first bytes arrived: `head` is its first bytes and
+    /// what is published of them.
+    pub(crate) fn request_head(&mut self, head: Head<'_>) {
+        if self.access.is_some() {
+            let n = head.raw.len().min(HEAD_BYTES);
+            self.head[..n].copy_from_slice(&head.raw[..n]);
+            self.head_len = n;
+        }
+        let n = head.shown.len().min(HEAD_BYTES);
+        self.shown[..n].copy_from_slice(&head.shown[..n]);
+        self.shown_len = n;
     }
 
-    /// The first bytes of the request in progress.
-    pub(crate) fn head(&self) -> &[u8] {
-        &self.head[..self.head_len]
+    /// What is published of the request in progress (the slot, the slow-call line): its
+    /// codec's summary, or its first bytes with `--status-request-detail`.
+    pub(crate) fn shown(&self) -> &[u8] {
+        &self.shown[..self.shown_len]
     }
 
     /// The request in progress was answered in `took`, `bytes` being (request, response)
@@ -601,13 +615,13 @@ mod tests {
         let (mut ledger, path) = ledger_with_log("outcomes", Recycle::default(), &RETIRED);
         let peer = inet("192.0.2.7:4000");
         let ms = Duration::from_millis(1);
-        ledger.request_head(b"GET /a HTTP/1.1\r\nHost: x\r\n");
+        ledger.request_head(Head::same(b"GET /a HTTP/1.1\r\nHost: x\r\n"));
         ledger.request_end(&peer, ms, (30, 100), true);
-        ledger.request_head(b"BAD");
+        ledger.request_head(Head::same(b"BAD"));
         ledger.request_end(&peer, ms, (3, 20), false);
-        ledger.request_head(b"SLOW");
+        ledger.request_head(Head::same(b"SLOW"));
         ledger.request_unanswered(&peer, Outcome::Timeout, ms, (4, 0));
-        ledger.request_head(b"HALF");
+        ledger.request_head(Head::same(b"HALF"));
         ledger.request_unanswered(&peer, Outcome::Closed, ms, (4, 0));
         ledger.connection_end(&peer, Outcome::Ok, ms, (5, 5));
         ledger.flush();

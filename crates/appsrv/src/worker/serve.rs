@@ -15,7 +15,7 @@ use crate::conn::context::{Conn, ConnInfo};
 use crate::conn::step::{self, Handle, Next, Requests, Wait};
 use crate::handler::{AsyncHandler, AsyncRequestHandler, Handler, RequestHandler};
 
-pub(crate) use crate::conn::step::{Boundary, Context, Limits};
+pub(crate) use crate::conn::step::{Boundary, Context, Head, Limits};
 
 /// Hybrid mode: where a connection that travels between processes is in its requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -619,6 +619,7 @@ pub(crate) mod tests {
         header_timeout: Some(Duration::from_secs(20)),
         header_timeout_max: Some(Duration::from_secs(60)),
         min_rate: 500,
+        request_detail: false,
     };
 
     /// Serves `input` (then end of file) on one end of a socket pair; returns the output.

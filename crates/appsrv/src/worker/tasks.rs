@@ -85,7 +85,7 @@ use super::driver::{Driver, Extras, Shared, rules};
 use super::ledger::{
     Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error, panic_message,
 };
-use super::serve::{AsyncDriver, Boundary, Connections, Context, Limits};
+use super::serve::{AsyncDriver, Boundary, Connections, Context, Head, Limits};
 use super::{ConnLimits, Setup};
 
 /// The async driver: the runtime and the wake-up descriptor, made before `Ready`, and its
@@ -367,12 +367,15 @@ struct Slow {
     episode: OncePerMinute,
 }
 
-/// A connection's name: its client, and its request's first bytes (the one copy of them,
-/// for the slow-poll and panic lines and, at the request's end, the ledger's).
+/// A connection's name: its client, and what is published of its request in progress
+/// (the codec's summary, or its first bytes with `--status-request-detail`: issue 41), for
+/// the slow-poll and panic lines; with the request's first bytes as they came, for the
+/// access log. The one copy of them: the ledger takes them at the request's end.
 #[derive(Debug)]
 struct Label {
     peer: RefCell<Addr>,
-    head: RefCell<Vec<u8>>,
+    shown: RefCell<Vec<u8>>,
+    raw: RefCell<Vec<u8>>,
 }
 
 /// What the accept wait found.
@@ -458,7 +461,8 @@ impl<'a> Worker<'a> {
                     self.open.set(self.open.get() + 1);
                     let label = Rc::new(Label {
                         peer: RefCell::new(peer.clone()),
-                        head: RefCell::new(Vec::new()),
+                        shown: RefCell::new(Vec::new()),
+                        raw: RefCell::new(Vec::new()),
                     });
                     conns.push(Watched {
                         worker: self,
@@ -800,7 +804,7 @@ impl Worker<'_> {
             label.peer.borrow(),
             took.as_millis(),
             slow.limit.unwrap_or_default().as_millis(),
-            String::from_utf8_lossy(&label.head.borrow()),
+            String::from_utf8_lossy(&label.shown.borrow()),
             self.open.get().saturating_sub(1),
             if more > 0 {
                 format!(" ({more} more slow polls in the last minute)")
@@ -1674,7 +1678,7 @@ impl<H: AsyncRequestHandler> HandleAsync<H::Codec> for Bound<'_, '_, '_, '_, H> 
                 tracing::error!(
                     "the handler panicked on a request from {} ({:?}): {}; closing that connection, the worker goes on",
                     label.peer.borrow(),
-                    String::from_utf8_lossy(&label.head.borrow()),
+                    String::from_utf8_lossy(&label.shown.borrow()),
                     panic_message(&*p)
                 );
                 Err(Cut::Panicked)
@@ -1707,10 +1711,21 @@ impl TaskContext<'_, '_> {
         }
     }
 
-    fn store_head(&mut self, head: &[u8]) {
-        let mut label = self.label.head.borrow_mut();
-        label.clear();
-        label.extend_from_slice(&head[..head.len().min(HEAD_BYTES)]);
+    fn store_head(&mut self, head: Head<'_>) {
+        let keep = |to: &RefCell<Vec<u8>>, bytes: &[u8]| {
+            let mut to = to.borrow_mut();
+            to.clear();
+            to.extend_from_slice(&bytes[..bytes.len().min(HEAD_BYTES)]);
+        };
+        keep(&self.label.shown, head.shown);
+        if self.w.ledger.borrow().logs_access() {
+            keep(&self.label.raw, head.raw);
+        }
+    }
+
+    /// The request's head, for the ledger.
+    fn head(label: &Label) -> (std::cell::Ref<'_, Vec<u8>>, std::cell::Ref<'_, Vec<u8>>) {
+        (label.raw.borrow(), label.shown.borrow())
     }
 
     /// The connection ended: a request left unanswered gets its line, as the other
@@ -1728,7 +1743,11 @@ impl TaskContext<'_, '_> {
                 Some(_) => Outcome::Error,
                 None => Outcome::Closed,
             };
-            ledger.request_head(&self.label.head.borrow());
+            let (raw, shown) = Self::head(self.label);
+            ledger.request_head(Head {
+                raw: &raw,
+                shown: &shown,
+            });
             ledger.request_unanswered(self.peer, outcome, started.elapsed(), (self.received, self.sent));
         }
     }
@@ -1751,12 +1770,12 @@ impl Context for TaskContext<'_, '_> {
         self.w.stopping.get()
     }
 
-    fn request_start(&mut self, head: &[u8]) {
+    fn request_start(&mut self, head: Head<'_>) {
         self.request = Some(Instant::now());
         self.store_head(head);
     }
 
-    fn request_head(&mut self, head: &[u8]) {
+    fn request_head(&mut self, head: Head<'_>) {
         self.store_head(head);
     }
 
@@ -1769,7 +1788,11 @@ impl Context for TaskContext<'_, '_> {
             return;
         };
         let mut ledger = self.w.ledger.borrow_mut();
-        ledger.request_head(&self.label.head.borrow());
+        let (raw, shown) = Self::head(self.label);
+        ledger.request_head(Head {
+            raw: &raw,
+            shown: &shown,
+        });
         ledger.request_end(self.peer, started.elapsed(), bytes, ok);
         ledger.check_recycle();
     }

@@ -55,10 +55,12 @@ impl Drop for Holding<'_> {
     }
 }
 
-/// The number of the query's one parameter (`ms=N`, `kb=N`).
+/// The number of the query's first parameter (`ms=N`, `kb=N`); the others are ignored
+/// (`ms=N&pw=X`: a request that carries a secret, issue 41).
 fn ms(req: &HttpRequest<'_>) -> Option<u64> {
     req.query()
-        .and_then(|q| q.split_once('=').map(|(_, v)| v))
+        .and_then(|q| q.split('&').next())
+        .and_then(|p| p.split_once('=').map(|(_, v)| v))
         .and_then(|n| n.parse().ok())
 }
 
