@@ -113,6 +113,29 @@ const TRIM_ABOVE: usize = 4 << 20;
 /// starting a large request. A larger one is paused: it is well into its request, and
 /// resumes when the budget has room (or its deadline cuts it).
 const SHED_BELOW: usize = crate::conn::buffers::BUFFER_SIZE;
+/// Why a request is refused at the budget of buffered bytes (the codec's refusal says it).
+const SHED_WHY: &str = "the server holds too many unfinished requests; try again later";
+
+/// How the codec refuses a request at the budget, for the log: the first line of its
+/// refusal (`HTTP/1.1 503 Service Unavailable`, RESP's `-ERR refused: …`), its bytes
+/// escaped, at most 100 of them; "a close" if it has none. Asked of a codec of its own, as
+/// encoding an error resets a codec's state (issue 41: the line said "HTTP 503" on a RESP
+/// server).
+fn refusal_words<C: crate::codec::Codec>(mut codec: C) -> String {
+    let mut out = Vec::new();
+    codec.encode_error(&crate::codec::ProtocolError::Refused(SHED_WHY.into()), &mut out);
+    let line = out.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        return "a close".to_owned();
+    }
+    let mut words = line[..line.len().min(100)].escape_ascii().to_string();
+    if line.len() > 100 {
+        words.push('…');
+    }
+    format!("\"{words}\"")
+}
+
 /// How often a loop that never sleeps looks for pending signals (a stop is seen within
 /// this, under any load).
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
@@ -507,6 +530,8 @@ struct Loop<'a, H: RequestHandler> {
     pass_token: Token,
     /// The budget's episode, for one log line per episode.
     budget_episode: Option<Instant>,
+    /// How the codec refuses a request at the budget, for that line ([`refusal_words`]).
+    refusal: String,
     /// The most `buffered` held since memory was last given back (see [`Loop::trim`]).
     buffered_peak: usize,
     /// When memory was last given back.
@@ -521,6 +546,7 @@ fn serve<H: RequestHandler>(
     step_limits: Limits,
 ) -> i32 {
     let mut lp = Loop::<H>::new(driver, shared, step_limits);
+    lp.refusal = refusal_words(handler.codec());
     let mut events = vec![EpollEvent::empty(); EVENTS];
     loop {
         lp.ledger.flush();
@@ -619,6 +645,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             pass_shared: false,
             pass_token: Token::default(),
             budget_episode: None,
+            refusal: String::new(),
             buffered_peak: 0,
             trimmed_at: Instant::now(),
         }
@@ -737,9 +764,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if self.budget_episode.is_none() {
             self.budget_episode = Some(self.now);
             tracing::warn!(
-                "buffered request bytes reached --max-buffered-bytes {} ({} connections open): pausing the connections that hold the most, refusing new large requests (HTTP 503)",
+                "buffered request bytes reached --max-buffered-bytes {} ({} connections open): pausing the connections that hold the most, refusing new large requests with {}",
                 self.limits.max_buffered,
-                self.conns.len()
+                self.conns.len(),
+                self.refusal
             );
         }
     }
@@ -1528,12 +1556,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             let mut quiet = Quiet {
                 stopping: self.stopping,
             };
-            let next = c.step.shed(
-                bufs,
-                &mut quiet,
-                &c.peer,
-                "the server holds too many unfinished requests; try again later",
-            );
+            let next = c.step.shed(bufs, &mut quiet, &c.peer, SHED_WHY);
             self.follow(c, Gathered::Step(next));
             return None;
         }
@@ -1933,5 +1956,26 @@ mod tests {
     fn an_idle_connection_costs_its_record_only() {
         let size = std::mem::size_of::<Connection<'static, Hello>>();
         assert!(size <= 768, "{size} bytes per connection");
+    }
+
+    /// Issue 41: the budget's log line names the codec's own refusal.
+    #[test]
+    fn issue_41_the_refusal_is_in_the_codecs_words() {
+        use crate::codec::{Http, LengthPrefixed, Lines, Resp};
+        assert_eq!(
+            refusal_words(Http::default()),
+            "\"HTTP/1.1 503 Service Unavailable\""
+        );
+        assert_eq!(
+            refusal_words(Resp::new()),
+            format!("\"-ERR refused: {SHED_WHY}\"")
+        );
+        assert_eq!(
+            refusal_words(Lines::default()),
+            format!("\"-ERR refused: {SHED_WHY}\"")
+        );
+        let length = refusal_words(LengthPrefixed::default());
+        assert!(length.starts_with("\"\\x00\\x00\\x00"), "{length}");
+        assert!(length.contains("ERR refused: the server holds"), "{length}");
     }
 }
