@@ -234,6 +234,7 @@ impl<'a> Run<'a> {
                 limit: slow_request,
                 episode: OncePerMinute::default(),
             }),
+            cuts: RefCell::new(Cuts::default()),
             stopping: Cell::new(false),
             stop: Notify::new(),
             open: Cell::new(0),
@@ -335,6 +336,8 @@ struct Worker<'a> {
     request_timeout: Option<Duration>,
     io_timeouts: (Option<Duration>, Option<Duration>),
     slow: RefCell<Slow>,
+    /// Calls cut by `--request-timeout`, for their log lines.
+    cuts: RefCell<Cuts>,
     stopping: Cell<bool>,
     /// Wakes the connections that wait between requests when the worker stops.
     stop: Notify,
@@ -371,6 +374,62 @@ enum Event {
     Accepted(io::Result<(Socket, Addr, usize)>),
     Closed,
     Resume,
+    /// No call was cut for [`CUTS_QUIET`]: the episode of cuts is over.
+    CutsQuiet,
+}
+
+/// How long without a call cut by `--request-timeout` ends an episode of cuts.
+const CUTS_QUIET: Duration = Duration::from_secs(10);
+
+/// Handler calls cut by `--request-timeout`, logged once per episode (issue 41: one line
+/// per cut request, 8,646 lines in 10 s): the first cut of an episode is logged with its
+/// client; the others are counted, and told in a line a minute at most while the episode
+/// lasts (as the slow-poll lines, [`OncePerMinute`]); the episode ends after
+/// [`CUTS_QUIET`] without a cut, or with the worker, in a line that says how many were
+/// cut.
+#[derive(Debug, Default)]
+struct Cuts {
+    /// When the episode began and when its last cut came; `None` between episodes.
+    episode: Option<(Instant, Instant)>,
+    /// The episode's cuts.
+    total: u64,
+    /// The lines after the first, one a minute at most.
+    lines: OncePerMinute,
+}
+
+impl Cuts {
+    /// A call was cut at `now`: `Some(n)` when this one is to be logged (`n` cut since
+    /// the last line and not logged).
+    fn cut(&mut self, now: Instant) -> Option<u64> {
+        self.total += 1;
+        match &mut self.episode {
+            Some((_, last)) => *last = now,
+            None => {
+                self.episode = Some((now, now));
+                // A new episode's first cut is always told.
+                self.lines = OncePerMinute::default();
+            }
+        }
+        self.lines.due(now)
+    }
+
+    /// When the episode ends if no call is cut before.
+    fn quiet_at(&self) -> Option<Instant> {
+        self.episode.map(|(_, last)| last + CUTS_QUIET)
+    }
+
+    /// Ends the episode, if there is one: its line.
+    fn end(&mut self, limit: Option<Duration>) {
+        let Some((since, last)) = self.episode.take() else {
+            return;
+        };
+        let total = std::mem::take(&mut self.total);
+        tracing::warn!(
+            "{total} handler call(s) cut by --request-timeout ({} s) in {:.1?}, logged once per episode: the episode is over",
+            limit.unwrap_or_default().as_secs_f64(),
+            last.saturating_duration_since(since)
+        );
+    }
 }
 
 impl<'a> Worker<'a> {
@@ -406,8 +465,10 @@ impl<'a> Worker<'a> {
         loop {
             if self.stopping.get() && conns.is_empty() {
                 tracing::debug!("no connection left");
+                self.cuts.borrow_mut().end(self.request_timeout);
                 return exit::OK;
             }
+            let quiet_at = self.cuts.borrow().quiet_at().map(tokio::time::Instant::from);
             let accepting =
                 !self.stopping.get() && resume_at.is_none() && self.open.get() < self.max_connections;
             self.slot.set_accepts_paused(!accepting);
@@ -426,6 +487,7 @@ impl<'a> Worker<'a> {
                 Some(()) = conns.next(), if !conns.is_empty() => Event::Closed,
                 r = listeners.accept(), if accepting => Event::Accepted(r),
                 () = sleep_until(resume_at), if resume_at.is_some() => Event::Resume,
+                () = sleep_until(quiet_at), if quiet_at.is_some() => Event::CutsQuiet,
             };
             match event {
                 Event::Signal => {
@@ -471,6 +533,13 @@ impl<'a> Worker<'a> {
                     }
                 },
                 Event::Resume => resume_at = None,
+                Event::CutsQuiet => {
+                    // A call cut since the sleep began moved the end.
+                    let mut cuts = self.cuts.borrow_mut();
+                    if cuts.quiet_at().is_some_and(|at| at <= Instant::now()) {
+                        cuts.end(self.request_timeout);
+                    }
+                }
             }
         }
     }
@@ -735,6 +804,28 @@ impl<F: Future> Future for Watched<'_, '_, F> {
 }
 
 impl Worker<'_> {
+    /// A handler call (`what`: "a request", "the connection" of a client-level handler)
+    /// from `peer` was cut by `--request-timeout`: logged once per episode ([`Cuts`]).
+    fn cut_by_timeout(&self, peer: &Addr, what: &str) {
+        let Some(more) = self.cuts.borrow_mut().cut(Instant::now()) else {
+            return;
+        };
+        tracing::warn!(
+            "{what} from {peer} ran longer than --request-timeout ({} s): its future is cancelled and {}{}",
+            self.request_timeout.unwrap_or_default().as_secs_f64(),
+            if what == "a request" {
+                "the client answered with the codec's error reply"
+            } else {
+                "the connection closed"
+            },
+            if more > 0 {
+                format!(" ({more} more cut in the last minute)")
+            } else {
+                " (the others of this episode are counted, and told when it ends)".to_owned()
+            }
+        );
+    }
+
     /// A poll that held the thread longer than `--slow-request`: counted, and logged once
     /// per episode.
     fn slow_poll(&self, label: &Label, took: Duration, now: Instant) {
@@ -1482,7 +1573,10 @@ impl<H: AsyncRequestHandler> HandleAsync<H::Codec> for Bound<'_, '_, '_, '_, H> 
                     tokio::select! {
                         biased;
                         r = &mut call => Ok(r),
-                        () = timeout => Err(Cut::TimedOut(limit.unwrap_or_default())),
+                        () = timeout => {
+                            w.cut_by_timeout(&self.label.peer.borrow(), "a request");
+                            Err(Cut::TimedOut(limit.unwrap_or_default()))
+                        }
                         () = gone(self.io, self.unread) => Err(Cut::Gone),
                     }
                 }
@@ -1650,10 +1744,7 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
                 Outcome::Error
             }
             None => {
-                tracing::warn!(
-                    "the connection from {peer} ran longer than --request-timeout ({} s): its handler's future is cancelled and the connection closed",
-                    w.request_timeout.unwrap_or_default().as_secs_f64()
-                );
+                w.cut_by_timeout(peer, "the connection");
                 Outcome::Timeout
             }
         };
