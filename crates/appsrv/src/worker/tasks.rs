@@ -1772,3 +1772,31 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
         // No codec to say why: closed at once.
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 41: calls cut by `--request-timeout` are told once per episode: the first,
+    /// then a line a minute at most with the count since, and the episode ends after
+    /// [`CUTS_QUIET`] without a cut; the next cut starts a new one, told at once.
+    #[test]
+    fn issue_41_cuts_are_told_once_per_episode() {
+        let mut cuts = Cuts::default();
+        let t = Instant::now();
+        assert_eq!(cuts.cut(t), Some(0), "the first of an episode is told");
+        for i in 1..1000 {
+            assert_eq!(cuts.cut(t + Duration::from_millis(i)), None);
+        }
+        assert_eq!(cuts.quiet_at(), Some(t + Duration::from_millis(999) + CUTS_QUIET));
+        assert_eq!(
+            cuts.cut(t + Duration::from_secs(61)),
+            Some(999),
+            "a line a minute"
+        );
+        assert_eq!(cuts.total, 1001);
+        cuts.end(Some(Duration::from_secs(1)));
+        assert_eq!((cuts.quiet_at(), cuts.total), (None, 0));
+        assert_eq!(cuts.cut(t + Duration::from_secs(62)), Some(0), "a new episode");
+    }
+}
