@@ -20,16 +20,31 @@
 //! ```
 //!
 //! The dialogue: the greeting `220 HOST ESMTP appsrv smtp_sink`; `EHLO` (answered with
-//! `SIZE <--max-message-size>`, `8BITMIME`, `PIPELINING` and `HELP`) or `HELO`; `MAIL
+//! `SIZE <--max-message-size>`, `8BITMIME`, `PIPELINING` and `HELP`) or `HELO` (a name
+//! with a control character, NUL or ESC for instance, gets `501`: it would be written
+//! into the stored `Received:` header); `MAIL
 //! FROM:<path>` with the optional parameters `SIZE=` (a declared size over the limit gets
 //! `552`) and `BODY=7BIT|8BITMIME` (others `555`); `RCPT TO:<path>` (at most 100
 //! recipients, `452` beyond); `DATA` (`354`, then lines until a lone `.`, dot-stuffing
-//! removed); `RSET`, `NOOP`, `VRFY` (`252`), `HELP` (`214`), `QUIT` (`221`). `EXPN`,
+//! removed; see below for line ends); `RSET`, `NOOP`, `VRFY` (`252`), `HELP` (`214`), `QUIT` (`221`). `EXPN`,
 //! `STARTTLS`, `AUTH`, `BDAT`, `ETRN`, `TURN`, `SEND`, `SOML` and `SAML` get `502` (not
 //! implemented), other commands `500`; a command out of order (`MAIL` before `HELO` or
 //! `EHLO`, `RCPT` before `MAIL`, `DATA` before `RCPT`, a second `MAIL`) gets `503`; bad
-//! arguments get `501`. No enhanced status codes. After 20 refused commands the session is
-//! closed with `421`.
+//! arguments get `501`. No enhanced status codes (EHLO does not announce them). After 20
+//! errors the session is closed with `421 HOST Too many errors` (as Postfix's
+//! `smtpd_hard_error_limit`: every `4xx` and `5xx` reply counts, except the `452`s of the
+//! first 100 recipients beyond the limit in a transaction, as Postfix's
+//! `smtpd_recipient_overshoot_limit`).
+//!
+//! Line ends: a message ends only at `<CRLF>.<CRLF>` (RFC 5321 §4.1.1.4), and a bare LF
+//! or a bare CR (one not part of a CRLF) in a message is refused: the sink answers `521
+//! HOST Error: bare <LF> received` (or `<CR>`), stores nothing of that message and closes
+//! the session, as Postfix's first `smtpd_forbid_bare_newline = yes` did (Postfix 3.9's
+//! default, `normalize`, takes such lines as if they ended with CRLF, and also ends data
+//! only at `<CRLF>.<CRLF>`). Refused rather than normalized: the bytes after a `\n.\n`
+//! are where SMTP smuggling hides a second message, a sink for tests is better strict
+//! than lenient, and closing the session keeps every byte after the bare line end from
+//! being read as a command. Command lines may end with a bare LF (for `nc` users).
 //!
 //! Limits: a command line is at most 512 octets and a text line of a message at most 1000,
 //! CRLF included (RFC 5321 §4.5.3.1.4 and 4.5.3.1.6). A longer command line is read to its
@@ -92,8 +107,13 @@ const COMMAND_LINE_MAX: usize = 512;
 const TEXT_LINE_MAX: usize = 1000;
 /// Recipients per message (RFC 5321 §4.5.3.1.8 asks a server to take at least 100).
 const MAX_RECIPIENTS: usize = 100;
-/// Refused commands after which a session is closed.
+/// Errors (`4xx` and `5xx` replies) after which a session is closed with `421`, as
+/// Postfix's `smtpd_hard_error_limit`.
 const MAX_ERRORS: u32 = 20;
+/// Recipients refused with `452` (over [`MAX_RECIPIENTS`]) in a transaction that do not
+/// count as errors: a client with a long list sends the rest in another transaction
+/// (Postfix's `smtpd_recipient_overshoot_limit`).
+const RECIPIENT_OVERSHOOT: usize = 100;
 /// How long the last reply (`421`) of a session cut by a timeout may take to go out.
 const FAREWELL: Duration = Duration::from_secs(5);
 /// After a `421` to a client that may still be sending (pipelined commands), how long and
@@ -149,6 +169,7 @@ impl appsrv::AsyncHandler for Sink {
             helo: None,
             from: None,
             rcpts: Vec::new(),
+            overshoot: 0,
             errors: 0,
         };
         session.run().await
@@ -167,6 +188,11 @@ struct Wire<'c> {
     complete: bool,
     /// The line read is longer than its limit: the rest of it is skipped.
     overflow: bool,
+    /// The first bare line end in the line read, its skipped part included: `"<LF>"` (an
+    /// LF not preceded by CR) or `"<CR>"` (a CR not followed by LF).
+    bare: Option<&'static str>,
+    /// The last byte of the line read so far was a CR.
+    after_cr: bool,
 }
 
 /// What [`Wire::read_line`] found.
@@ -188,6 +214,8 @@ impl<'c> Wire<'c> {
             line: Vec::with_capacity(128),
             complete: false,
             overflow: false,
+            bare: None,
+            after_cr: false,
         }
     }
 
@@ -241,6 +269,8 @@ impl<'c> Wire<'c> {
     async fn read_line(&mut self, limit: usize) -> io::Result<Got> {
         if std::mem::take(&mut self.complete) {
             self.line.clear();
+            self.bare = None;
+            self.after_cr = false;
         }
         loop {
             if self.io.buffer().is_empty() && !self.out.is_empty() {
@@ -254,6 +284,13 @@ impl<'c> Wire<'c> {
                 Some(i) => (i + 1, true),
                 None => (buf.len(), false),
             };
+            for &b in &buf[..take] {
+                // A CR must be followed by LF, and an LF preceded by CR.
+                if self.bare.is_none() && self.after_cr != (b == b'\n') {
+                    self.bare = Some(if self.after_cr { "<CR>" } else { "<LF>" });
+                }
+                self.after_cr = b == b'\r';
+            }
             if !self.overflow {
                 if self.line.len() + take > limit {
                     self.overflow = true;
@@ -297,6 +334,9 @@ struct Session<'c> {
     /// The transaction: its reverse path (`MAIL`), then its recipients (`RCPT`).
     from: Option<String>,
     rcpts: Vec<String>,
+    /// The transaction's recipients refused for being too many.
+    overshoot: usize,
+    /// The `4xx` and `5xx` replies of the session (see [`MAX_ERRORS`]).
     errors: u32,
 }
 
@@ -367,7 +407,9 @@ impl Session<'_> {
         }
     }
 
-    /// Queues a refusal, counted towards `MAX_ERRORS`.
+    /// Queues a refusal (a `4xx` or `5xx` reply), counted towards [`MAX_ERRORS`]. Every
+    /// such reply goes through here but those that end the session (`421`, `521`) and the
+    /// first [`RECIPIENT_OVERSHOOT`] excess recipients' `452`.
     fn refuse(&mut self, reply: &str) -> Flow {
         self.errors += 1;
         self.wire.reply(reply);
@@ -389,6 +431,11 @@ impl Session<'_> {
         let flow = match verb.to_ascii_uppercase().as_str() {
             "EHLO" | "HELO" if arg.is_empty() || arg.contains(char::is_whitespace) => {
                 self.refuse(&format!("501 Syntax: {} hostname", verb.to_ascii_uppercase()))
+            }
+            // The name goes into the stored `Received:` header and the reply: no byte of
+            // the client's may end a header line there or reach a terminal that reads it.
+            "EHLO" | "HELO" if arg.contains(char::is_control) => {
+                self.refuse("501 Invalid hostname: control characters are not allowed")
             }
             "EHLO" => {
                 self.reset();
@@ -451,6 +498,7 @@ impl Session<'_> {
     fn reset(&mut self) {
         self.from = None;
         self.rcpts.clear();
+        self.overshoot = 0;
     }
 
     fn mail(&mut self, arg: &str) -> Flow {
@@ -500,7 +548,12 @@ impl Session<'_> {
             return self.refuse("555 RCPT TO parameters not recognized or not implemented");
         }
         if self.rcpts.len() >= MAX_RECIPIENTS {
-            // A temporary refusal: the client sends the rest in another transaction.
+            // A temporary refusal: the client sends the rest in another transaction. Only
+            // a client that goes on far beyond the limit is making errors.
+            self.overshoot += 1;
+            if self.overshoot > RECIPIENT_OVERSHOOT {
+                return self.refuse("452 Too many recipients");
+            }
             self.wire.reply("452 Too many recipients");
             return Flow::Continue;
         }
@@ -524,7 +577,20 @@ impl Session<'_> {
         let max = self.sink.config.max_size;
         let (mut size, mut oversize, mut too_long) = (0u64, false, false);
         loop {
-            match self.wire.read_line(TEXT_LINE_MAX).await? {
+            let got = self.wire.read_line(TEXT_LINE_MAX).await?;
+            if let (Got::Line | Got::TooLong, Some(what)) = (&got, self.wire.bare) {
+                // Data ends only at <CRLF>.<CRLF>: a bare LF or CR is how a message is
+                // smuggled past a server that reads its end differently (`\n.\n`). The
+                // message is refused and the session dropped, so that nothing after it is
+                // read as commands. The draft goes with the session.
+                tracing::info!("{}: bare {what} in a message: refused, disconnecting", self.peer);
+                self.errors += 1;
+                let bye = format!("521 {} Error: bare {what} received", self.host());
+                self.wire.reply(&bye);
+                self.wire.send_and_linger().await?;
+                return Ok(Flow::Close);
+            }
+            match got {
                 // The draft goes with the session.
                 Got::Eof => return Ok(Flow::Close),
                 Got::TooLong => too_long = true,
@@ -571,9 +637,7 @@ impl Session<'_> {
                         self.peer,
                         self.sink.config.maildir.display()
                     );
-                    self.wire
-                        .reply("451 Requested action aborted: local error in processing");
-                    Flow::Continue
+                    self.refuse("451 Requested action aborted: local error in processing")
                 }
             }
         };

@@ -513,3 +513,27 @@ fn request_level_trickled_proxy_header_is_cut_at_the_header_timeout(io: Io) {
     s.write_all(header).unwrap();
     assert_eq!(status(&mut s), 200, "the single worker serves on");
 }
+
+both_io!(issue_41_a_proxy_v2_header_for_a_datagram_flow_is_refused);
+/// Issue 41: a PROXY v2 header for a datagram flow (`DGRAM`, UDP) on a stream listener was
+/// accepted and its source reported as the TCP client. It is refused as any bad header
+/// is: the connection closed without an answer, a log line naming the reason, and the
+/// single worker serves the next client, in each I/O model.
+fn issue_41_a_proxy_v2_header_for_a_datagram_flow_is_refused(io: Io) {
+    let server = Server::start_io("http_hello", io, &["-l", "127.0.0.1:0?proxy", "-w", "1"]);
+    let addr = server.tcp_addr();
+    let mut header = proxy_v2(
+        "192.0.2.7:4321".parse().unwrap(),
+        "127.0.0.1:7000".parse().unwrap(),
+    );
+    header[13] = 0x12; // AF_INET, DGRAM
+    let mut s = connect_from("127.0.0.1", addr);
+    s.write_all(&header).unwrap();
+    assert_eq!(status(&mut s), 0, "a DGRAM header: closed");
+    server.wait_for_log("DGRAM (a datagram flow) on a stream connection");
+
+    let mut s = connect_from("127.0.0.1", addr);
+    header[13] = 0x11; // AF_INET, STREAM
+    s.write_all(&header).unwrap();
+    assert_eq!(status(&mut s), 200, "the single worker serves on");
+}

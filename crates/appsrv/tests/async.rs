@@ -582,3 +582,44 @@ fn issue_34_the_ready_line_names_the_io_model_and_a_worker_without_connections_s
     })
     .expect("reading with a client connected");
 }
+
+/// Issue 41: every request cut by `--request-timeout` was a WARN line of its own (8,646 in
+/// 10 s). 200 requests to `/sleep?ms=10000`, all cut at 1 s and answered 504: the first
+/// cut of the episode is logged, the others are counted, and when no call has been cut for
+/// 10 s the episode's line says how many were: at most 2 lines for the 200.
+#[test]
+fn issue_41_requests_cut_by_the_request_timeout_are_logged_once_per_episode() {
+    const N: usize = 200;
+    let dir = Dir::new("cuts");
+    let server = start("async_hello", &dir, &["-w", "1", "--request-timeout", "1"]);
+    let addr = server.tcp_addr();
+    let mut clients: Vec<_> = (0..N)
+        .map(|_| {
+            let mut c = open(addr);
+            c.get_mut()
+                .write_all(b"GET /sleep?ms=10000 HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
+            c
+        })
+        .collect();
+    for c in &mut clients {
+        assert_eq!(read_response(c).0, 504);
+    }
+    let line = server.wait_for_log("handler call(s) cut by --request-timeout");
+    assert!(
+        line.contains(&format!(
+            " {N} handler call(s) cut by --request-timeout (1 s) in "
+        )),
+        "{line}"
+    );
+    let log = server.log_text();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("--request-timeout"))
+        .count();
+    assert!(warnings <= 2, "{warnings} lines for {N} cut requests:\n{log}");
+    assert!(
+        log.contains("a request from 127.0.0.1:"),
+        "the episode's first cut is logged with its client:\n{log}"
+    );
+}

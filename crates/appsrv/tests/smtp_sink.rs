@@ -810,3 +810,125 @@ fn issue_33_twenty_refused_commands_end_the_session_with_421() {
     );
     assert!(c.closed());
 }
+
+/// Issue 41: a message ends only at `<CRLF>.<CRLF>`. SMTP smuggling hides a second
+/// message after a bare line end (`\n.\n`, `\n.\r\n`, `\r\n.\n`) that a lenient server
+/// takes for the end of the first: the sink answers such a message, and one with a bare
+/// CR, `521 HOST Error: bare <LF> received` (`<CR>`), closes the session and stores
+/// nothing, neither the message nor the one smuggled after it.
+#[test]
+fn issue_41_smuggled_message_after_a_bare_line_end_is_never_stored() {
+    let sink = Sink::start("smuggling", &[]);
+    let smuggled = "MAIL FROM:<evil@x.test>\r\nRCPT TO:<victim@y.test>\r\nDATA\r\n\
+                    Subject: smuggled\r\n\r\nevil\r\n.\r\nQUIT\r\n";
+    for (end, bare) in [
+        ("\n.\n", "<LF>"),
+        ("\n.\r\n", "<LF>"),
+        ("\r\n.\n", "<LF>"),
+        ("\r\n.\r", "<CR>"),
+        ("\rmore\r\n.\r\n", "<CR>"),
+    ] {
+        let mut c = Raw::connect(sink.addr());
+        assert_code(&c.ask("EHLO client.test"), 250);
+        assert_code(&c.ask("MAIL FROM:<a@example.org>"), 250);
+        assert_code(&c.ask("RCPT TO:<b@example.org>"), 250);
+        assert_code(&c.ask("DATA"), 354);
+        c.send(format!("Subject: one\r\n\r\nbody{end}{smuggled}").as_bytes());
+        let mut replies = Vec::new();
+        // Every reply until the server closes; the client closes its side after the
+        // first, so that the server's lingering close ends at once.
+        loop {
+            let mut line = String::new();
+            match c.r.read_line(&mut line) {
+                Ok(0) => break,
+                Ok(_) => replies.push(line),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("{end:?}: {e} after {replies:?}"),
+            }
+            let _ = c.r.get_ref().shutdown(std::net::Shutdown::Write);
+        }
+        assert_eq!(
+            replies,
+            [format!("521 {HOST} Error: bare {bare} received\r\n")],
+            "the message ended by {end:?}"
+        );
+        assert!(sink.files("new").is_empty(), "{end:?}: {:?}", sink.files("new"));
+    }
+    // Nothing left in tmp/ either (the drafts go with their sessions).
+    let deadline = Instant::now() + PATIENCE;
+    while !sink.files("tmp").is_empty() {
+        assert!(Instant::now() < deadline, "{:?}", sink.files("tmp"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The sink still takes mail.
+    let got = sink.python(
+        r#"
+s = smtplib.SMTP(HOST, PORT)
+out(reply(s.sendmail("a@example.org", ["b@example.org"], "Subject: fine\r\n\r\nok\r\n") or (250, "sent")))
+"#,
+        &[],
+    );
+    assert_eq!(code_text(&got).0, 250, "{got}");
+    assert_eq!(sink.files("new").len(), 1);
+}
+
+/// Issue 41: an `EHLO` or `HELO` name with a control character (NUL, ESC) is refused with
+/// `501`, and no control byte of the client's reaches the stored `Received:` header.
+#[test]
+fn issue_41_ehlo_name_with_control_bytes_is_refused_and_never_stored() {
+    let sink = Sink::start("helo-control", &[]);
+    let mut c = Raw::connect(sink.addr());
+    for name in ["nul\0.test", "esc\x1b[31m.test", "del\x7f.test", "bell\x07"] {
+        for verb in ["EHLO", "HELO"] {
+            let reply = c.ask(&format!("{verb} {name}"));
+            assert_code(&reply, 501);
+            assert!(!reply.contains(|ch: char| ch.is_control()), "{reply:?}");
+        }
+    }
+    // Without a HELO or EHLO accepted, a transaction cannot start.
+    assert_code(&c.ask("MAIL FROM:<a@example.org>"), 503);
+    assert_code(&c.ask("EHLO client.test"), 250);
+    assert_code(&c.ask("MAIL FROM:<a@example.org>"), 250);
+    assert_code(&c.ask("RCPT TO:<b@example.org>"), 250);
+    assert_code(&c.ask("DATA"), 354);
+    let queued = c.ask("Subject: clean\r\n\r\nhi\r\n.");
+    let name = queued
+        .strip_prefix("250 OK queued as ")
+        .unwrap_or_else(|| panic!("{queued}"));
+    let file = sink.message(name);
+    assert!(file.contains("Received: from client.test ("), "{file}");
+    assert!(
+        !file.contains(|ch: char| ch.is_control() && ch != '\n' && ch != '\t'),
+        "{file:?}"
+    );
+}
+
+/// Issue 41: every `4xx` and `5xx` reply counts towards the limit of 20 errors, as with
+/// Postfix's `smtpd_hard_error_limit`, the `452 Too many recipients` included once a client
+/// goes on 100 recipients beyond the limit of 100 (`smtpd_recipient_overshoot_limit`): a
+/// client that sent 10,000 recipients in one session got 9,900 `452`s and kept its
+/// connection. Here 5 commands refused with `500`, then recipients: 100 taken, 100 refused
+/// without counting, then the 15th counted `452` is followed by `421` and the close.
+#[test]
+fn issue_41_every_4xx_and_5xx_reply_counts_towards_the_error_limit() {
+    let sink = Sink::start("error-limit", &[]);
+    let mut c = Raw::connect(sink.addr());
+    for _ in 0..5 {
+        assert_code(&c.ask("GET / HTTP/1.1"), 500);
+    }
+    assert_code(&c.ask("EHLO client.test"), 250);
+    assert_code(&c.ask("MAIL FROM:<a@example.org>"), 250);
+    for i in 0..100 {
+        assert_code(&c.ask(&format!("RCPT TO:<r{i}@example.org>")), 250);
+    }
+    for i in 100..214 {
+        let reply = c.ask(&format!("RCPT TO:<r{i}@example.org>"));
+        assert_eq!(reply, "452 Too many recipients", "recipient {i}");
+    }
+    assert_eq!(c.ask("RCPT TO:<r214@example.org>"), "452 Too many recipients");
+    assert_eq!(
+        c.reply(),
+        format!("421 {HOST} Too many errors, closing transmission channel")
+    );
+    assert!(c.closed());
+}

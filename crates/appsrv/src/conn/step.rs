@@ -792,10 +792,7 @@ impl<C: Codec> Requests<C> {
                 let e = ProtocolError::HandlerTimeout { limit };
                 self.rejected = Some((e.clone(), bufs.output().len()));
                 self.codec.encode_error(&e, bufs.output());
-                tracing::warn!(
-                    "a request from {peer} ran longer than --request-timeout ({} s): its future is cancelled and the client answered with the codec's error reply",
-                    limit.as_secs_f64()
-                );
+                // Logged by the worker, once per episode (issue 41).
                 Next::Close { linger: Some(LINGER) }
             }
             Cut::Gone => {

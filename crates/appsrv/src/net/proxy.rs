@@ -155,8 +155,10 @@ impl std::error::Error for ProxyError {}
 /// - [`ProxyError::TooLong`] when no v1 header ends within 107 bytes, or a v2 header
 ///   announces more than [`V2_MAX_LEN`] bytes (known from its 16th byte);
 /// - [`ProxyError::Malformed`] for a wrong v1 protocol or character (at the first wrong
-///   byte), a v2 version, command, family or protocol that does not exist (at the byte
-///   that holds it), and any other error in a complete header, TLVs included.
+///   byte), a v2 version, command, family or protocol that does not exist, or a v2
+///   `PROXY` command for a datagram flow (`DGRAM`: these headers are read on stream
+///   connections) (at the byte that holds it), and any other error in a complete header,
+///   TLVs included.
 ///
 /// Once `parse` has returned an error or a header for some bytes, it returns the same for
 /// those bytes followed by any others: the caller can stop reading at the first answer
@@ -310,6 +312,15 @@ fn parse_v2(buf: &[u8]) -> Result<Parsed, ProxyError> {
         }
         if b & 0x0F > 2 {
             return Err(ProxyError::v2(&v2::ParseError::Protocol(b & 0x0F)));
+        }
+        // Headers are read on stream connections only: one that relays a datagram flow
+        // (UDP) names a client of another transport, not this connection's (issue 41).
+        // A LOCAL header's protocol is ignored, as its addresses are.
+        if b & 0x0F == 2 && buf[V2_SIGNATURE.len()] & 0x0F == 1 {
+            return Err(ProxyError::Malformed {
+                version: 2,
+                reason: "DGRAM (a datagram flow) on a stream connection".into(),
+            });
         }
     }
     let Some(fixed) = buf.get(..V2_FIXED_LEN) else {
@@ -714,12 +725,32 @@ mod tests {
         assert_streams(&unix, unix.len(), None);
     }
 
+    /// Issue 41: a PROXY header for a datagram flow (`DGRAM`, UDP) was accepted on a
+    /// stream connection and its source taken for the TCP client's: it is refused at its
+    /// byte, whatever the family; a LOCAL header's protocol is ignored.
     #[test]
-    fn v2_datagram_has_a_source_too() {
-        let header = Builder::with_addresses(0x21, Protocol::Datagram, (sa("1.2.3.4:5"), sa("5.6.7.8:9")))
-            .build()
-            .unwrap();
-        assert_streams(&header, header.len(), Some(sa("1.2.3.4:5")));
+    fn issue_41_v2_datagram_is_refused_on_a_stream_connection() {
+        for addresses in [
+            (sa("1.2.3.4:5"), sa("5.6.7.8:9")),
+            (sa("[2001:db8::1]:5"), sa("[2001:db8::2]:9")),
+        ] {
+            let header = Builder::with_addresses(0x21, Protocol::Datagram, addresses)
+                .build()
+                .unwrap();
+            let (end, e) = refused_after(&header);
+            assert_eq!(end, 14, "{e}");
+            assert_eq!(
+                e.to_string(),
+                "malformed PROXY protocol v2 header: DGRAM (a datagram flow) on a stream connection"
+            );
+        }
+        let unspec = Builder::new(0x21, 0x02).build().unwrap();
+        assert!(matches!(
+            refused_after(&unspec),
+            (14, ProxyError::Malformed { version: 2, .. })
+        ));
+        let local = Builder::new(0x20, 0x02).build().unwrap();
+        assert_streams(&local, local.len(), None);
     }
 
     #[test]

@@ -31,6 +31,26 @@ pub(crate) const TRIM_ABOVE: usize = 4 << 20;
 /// Why a request is refused at the budget: the reason in the codec's refusal.
 pub(crate) const REFUSAL: &str = "the server holds too many unfinished requests; try again later";
 
+/// How the codec refuses a request at the budget, for the log: the first line of its
+/// refusal (`HTTP/1.1 503 Service Unavailable`, RESP's `-ERR refused: …`), its bytes
+/// escaped, at most 100 of them; "a close" if it has none. Asked of a codec of its own, as
+/// encoding an error resets a codec's state (issue 41: the line said "HTTP 503" on a RESP
+/// server).
+pub(crate) fn refusal_words<C: crate::codec::Codec>(mut codec: C) -> String {
+    let mut out = Vec::new();
+    codec.encode_error(&crate::codec::ProtocolError::Refused(REFUSAL.into()), &mut out);
+    let line = out.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        return "a close".to_owned();
+    }
+    let mut words = line[..line.len().min(100)].escape_ascii().to_string();
+    if line.len() > 100 {
+        words.push('…');
+    }
+    format!("\"{words}\"")
+}
+
 /// One worker's count of buffered bytes against `--max-buffered-bytes`.
 #[derive(Debug)]
 pub(crate) struct Budget {
@@ -43,16 +63,21 @@ pub(crate) struct Budget {
     /// The highest `held` since the last trim.
     peak: usize,
     trimmed_at: Option<Instant>,
+    /// How the codec refuses, for the episode's line ([`refusal_words`]).
+    refusal: String,
 }
 
 impl Budget {
-    pub(crate) fn new(max: usize) -> Self {
+    /// A budget of `max` bytes (0: none) for connections whose codec refuses with
+    /// `refusal` ([`refusal_words`]).
+    pub(crate) fn new(max: usize, refusal: String) -> Self {
         Budget {
             max,
             held: 0,
             episode: None,
             peak: 0,
             trimmed_at: None,
+            refusal,
         }
     }
 
@@ -97,8 +122,8 @@ impl Budget {
         if self.episode.is_none() {
             self.episode = Some(now);
             tracing::warn!(
-                "buffered request bytes reached --max-buffered-bytes {} ({open} connections open): pausing the connections that hold the most, refusing new large requests with the codec's refusal",
-                self.max,
+                "buffered request bytes reached --max-buffered-bytes {} ({open} connections open): pausing the connections that hold the most, refusing new large requests with {}",
+                self.max, self.refusal,
             );
         }
     }
@@ -149,15 +174,15 @@ mod tests {
 
     #[test]
     fn under_the_budget_a_read_takes_its_room() {
-        let b = Budget::new(1000);
+        let b = Budget::new(1000, String::new());
         assert_eq!(b.read_room(&Buffers::none(), 16_384), Some(16_384));
-        let none = Budget::new(0);
+        let none = Budget::new(0, String::new());
         assert!(!none.over() && none.has_room());
     }
 
     #[test]
     fn over_the_budget_empty_buffers_read_a_head_and_full_ones_nothing() {
-        let mut b = Budget::new(1000);
+        let mut b = Budget::new(1000, String::new());
         b.moved(0, 1000);
         assert!(b.over());
         assert_eq!(b.read_room(&Buffers::none(), 16_384), Some(OVER_BUDGET_READ));
@@ -171,7 +196,7 @@ mod tests {
 
     #[test]
     fn paused_connections_resume_when_an_eighth_is_free() {
-        let mut b = Budget::new(800);
+        let mut b = Budget::new(800, String::new());
         b.moved(0, 800);
         assert!(!b.has_room());
         b.moved(800, 701);
@@ -183,7 +208,7 @@ mod tests {
 
     #[test]
     fn memory_is_given_back_once_a_large_peak_falls_to_a_quarter_at_most_once_a_second() {
-        let mut b = Budget::new(0);
+        let mut b = Budget::new(0, String::new());
         let t = Instant::now();
         b.moved(0, TRIM_ABOVE);
         assert!(!b.freed(|| t), "not while the peak is held");
@@ -199,5 +224,26 @@ mod tests {
             !b.freed(|| t + Duration::from_secs(5)),
             "a small peak is not worth a trim"
         );
+    }
+
+    /// Issue 41: the budget's log line names the codec's own refusal.
+    #[test]
+    fn issue_41_the_refusal_is_in_the_codecs_words() {
+        use crate::codec::{Http, LengthPrefixed, Lines, Resp};
+        assert_eq!(
+            refusal_words(Http::default()),
+            "\"HTTP/1.1 503 Service Unavailable\""
+        );
+        assert_eq!(
+            refusal_words(Resp::new()),
+            format!("\"-ERR refused: {REFUSAL}\"")
+        );
+        assert_eq!(
+            refusal_words(Lines::default()),
+            format!("\"-ERR refused: {REFUSAL}\"")
+        );
+        let length = refusal_words(LengthPrefixed::default());
+        assert!(length.starts_with("\"\\x00\\x00\\x00"), "{length}");
+        assert!(length.contains("ERR refused: the server holds"), "{length}");
     }
 }

@@ -497,10 +497,15 @@ struct Loop<'a, H: RequestHandler> {
     pass_token: Token,
     /// The budget's episode, for one log line per episode.
     budget_episode: Option<Instant>,
+    /// How the codec refuses a request at the budget, for that line
+    /// ([`refusal_words`](super::budget::refusal_words)).
+    refusal: String,
     /// The most `buffered` held since memory was last given back (see [`Loop::trim`]).
     buffered_peak: usize,
     /// When memory was last given back.
     trimmed_at: Instant,
+    /// When a trim held back by the once-a-second limit is due (see [`Loop::trim`]).
+    trim_at: Option<Instant>,
 }
 
 /// Serves connections with `handler` until a stop; returns the worker's exit status.
@@ -511,6 +516,7 @@ fn serve<H: RequestHandler>(
     step_limits: Limits,
 ) -> i32 {
     let mut lp = Loop::<H>::new(driver, shared, step_limits);
+    lp.refusal = super::budget::refusal_words(handler.codec());
     let mut events = vec![EpollEvent::empty(); EVENTS];
     loop {
         lp.ledger.flush();
@@ -609,8 +615,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             pass_shared: false,
             pass_token: Token::default(),
             budget_episode: None,
+            refusal: String::new(),
             buffered_peak: 0,
             trimmed_at: Instant::now(),
+            trim_at: None,
         }
     }
 
@@ -709,16 +717,22 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
 
     /// Gives memory back to the system once the buffers of a flood are freed: when what
     /// the connections' buffers hold has fallen to a quarter of a peak of at least
-    /// [`TRIM_ABOVE`], at most once a second (`sys::release_free_memory`).
+    /// [`TRIM_ABOVE`], at most once a second (`sys::release_free_memory`). A trim held
+    /// back by that second is due later ([`Loop::trim_at`], a wake-up of the wait): the
+    /// clients of a flood may all be gone by then, and an idle loop has no turn that
+    /// would make it (issue 41).
     fn trim(&mut self) {
         self.buffered_peak = self.buffered_peak.max(self.buffered);
-        if self.buffered_peak >= TRIM_ABOVE
-            && self.buffered <= self.buffered_peak / 4
-            && self.now.saturating_duration_since(self.trimmed_at) >= Duration::from_secs(1)
-        {
-            sys::release_free_memory();
-            self.trimmed_at = self.now;
-            self.buffered_peak = self.buffered;
+        self.trim_at = None;
+        if self.buffered_peak >= TRIM_ABOVE && self.buffered <= self.buffered_peak / 4 {
+            let due = self.trimmed_at + Duration::from_secs(1);
+            if self.now >= due {
+                sys::release_free_memory();
+                self.trimmed_at = self.now;
+                self.buffered_peak = self.buffered;
+            } else {
+                self.trim_at = Some(due);
+            }
         }
     }
 
@@ -727,9 +741,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if self.budget_episode.is_none() {
             self.budget_episode = Some(self.now);
             tracing::warn!(
-                "buffered request bytes reached --max-buffered-bytes {} ({} connections open): pausing the connections that hold the most, refusing new large requests (HTTP 503)",
+                "buffered request bytes reached --max-buffered-bytes {} ({} connections open): pausing the connections that hold the most, refusing new large requests with {}",
                 self.limits.max_buffered,
-                self.conns.len()
+                self.conns.len(),
+                self.refusal
             );
         }
     }
@@ -739,7 +754,13 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         if !self.ready.is_empty() {
             return Some(Duration::ZERO);
         }
-        let next = self.timers.earliest().into_iter().chain(self.resume_at).min()?;
+        let next = self
+            .timers
+            .earliest()
+            .into_iter()
+            .chain(self.resume_at)
+            .chain(self.trim_at)
+            .min()?;
         Some(next.saturating_duration_since(Instant::now()))
     }
 

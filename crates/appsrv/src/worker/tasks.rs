@@ -235,6 +235,7 @@ impl<'a> Run<'a> {
                 limit: slow_request,
                 episode: OncePerMinute::default(),
             }),
+            cuts: RefCell::new(Cuts::default()),
             stopping: Cell::new(false),
             stop: Notify::new(),
             open: Cell::new(0),
@@ -243,7 +244,7 @@ impl<'a> Run<'a> {
             accepted: Cell::new(0),
             scratch: RefCell::new(vec![0; BUFFER_SIZE]),
             published: Cell::new((ConnCounts::default(), 0)),
-            budget: RefCell::new(Budget::new(limits.max_buffered)),
+            budget: RefCell::new(Budget::new(limits.max_buffered, level.refusal())),
             budget_room: Notify::new(),
             paused: Cell::new(0),
         };
@@ -301,6 +302,10 @@ impl<'a> Run<'a> {
 /// The level's part of a connection: what the request level and the client level do
 /// with an admitted connection, and with one refused over the per-address cap.
 trait Level {
+    /// How its codec refuses a request at the budget of buffered bytes, for the log
+    /// ([`budget::refusal_words`]).
+    fn refusal(&self) -> String;
+
     /// Serves the admitted connection `io` of `peer` (number `id`), `bufs` holding what
     /// admission read past its needs.
     async fn serve(
@@ -339,6 +344,8 @@ struct Worker<'a> {
     request_timeout: Option<Duration>,
     io_timeouts: (Option<Duration>, Option<Duration>),
     slow: RefCell<Slow>,
+    /// Calls cut by `--request-timeout`, for their log lines.
+    cuts: RefCell<Cuts>,
     stopping: Cell<bool>,
     /// Wakes the connections that wait between requests when the worker stops.
     stop: Notify,
@@ -384,6 +391,62 @@ enum Event {
     Accepted(io::Result<(Socket, Addr, usize)>),
     Closed,
     Resume,
+    /// No call was cut for [`CUTS_QUIET`]: the episode of cuts is over.
+    CutsQuiet,
+}
+
+/// How long without a call cut by `--request-timeout` ends an episode of cuts.
+const CUTS_QUIET: Duration = Duration::from_secs(10);
+
+/// Handler calls cut by `--request-timeout`, logged once per episode (issue 41: one line
+/// per cut request, 8,646 lines in 10 s): the first cut of an episode is logged with its
+/// client; the others are counted, and told in a line a minute at most while the episode
+/// lasts (as the slow-poll lines, [`OncePerMinute`]); the episode ends after
+/// [`CUTS_QUIET`] without a cut, or with the worker, in a line that says how many were
+/// cut.
+#[derive(Debug, Default)]
+struct Cuts {
+    /// When the episode began and when its last cut came; `None` between episodes.
+    episode: Option<(Instant, Instant)>,
+    /// The episode's cuts.
+    total: u64,
+    /// The lines after the first, one a minute at most.
+    lines: OncePerMinute,
+}
+
+impl Cuts {
+    /// A call was cut at `now`: `Some(n)` when this one is to be logged (`n` cut since
+    /// the last line and not logged).
+    fn cut(&mut self, now: Instant) -> Option<u64> {
+        self.total += 1;
+        match &mut self.episode {
+            Some((_, last)) => *last = now,
+            None => {
+                self.episode = Some((now, now));
+                // A new episode's first cut is always told.
+                self.lines = OncePerMinute::default();
+            }
+        }
+        self.lines.due(now)
+    }
+
+    /// When the episode ends if no call is cut before.
+    fn quiet_at(&self) -> Option<Instant> {
+        self.episode.map(|(_, last)| last + CUTS_QUIET)
+    }
+
+    /// Ends the episode, if there is one: its line.
+    fn end(&mut self, limit: Option<Duration>) {
+        let Some((since, last)) = self.episode.take() else {
+            return;
+        };
+        let total = std::mem::take(&mut self.total);
+        tracing::warn!(
+            "{total} handler call(s) cut by --request-timeout ({} s) in {:.1?}, logged once per episode: the episode is over",
+            limit.unwrap_or_default().as_secs_f64(),
+            last.saturating_duration_since(since)
+        );
+    }
 }
 
 impl<'a> Worker<'a> {
@@ -419,8 +482,10 @@ impl<'a> Worker<'a> {
         loop {
             if self.stopping.get() && conns.is_empty() {
                 tracing::debug!("no connection left");
+                self.cuts.borrow_mut().end(self.request_timeout);
                 return exit::OK;
             }
+            let quiet_at = self.cuts.borrow().quiet_at().map(tokio::time::Instant::from);
             let accepting =
                 !self.stopping.get() && resume_at.is_none() && self.open.get() < self.max_connections;
             self.slot.set_accepts_paused(!accepting);
@@ -439,6 +504,7 @@ impl<'a> Worker<'a> {
                 Some(()) = conns.next(), if !conns.is_empty() => Event::Closed,
                 r = listeners.accept(), if accepting => Event::Accepted(r),
                 () = sleep_until(resume_at), if resume_at.is_some() => Event::Resume,
+                () = sleep_until(quiet_at), if quiet_at.is_some() => Event::CutsQuiet,
             };
             match event {
                 Event::Signal => {
@@ -485,6 +551,13 @@ impl<'a> Worker<'a> {
                     }
                 },
                 Event::Resume => resume_at = None,
+                Event::CutsQuiet => {
+                    // A call cut since the sleep began moved the end.
+                    let mut cuts = self.cuts.borrow_mut();
+                    if cuts.quiet_at().is_some_and(|at| at <= Instant::now()) {
+                        cuts.end(self.request_timeout);
+                    }
+                }
             }
         }
     }
@@ -791,6 +864,28 @@ impl<F: Future> Future for Watched<'_, '_, F> {
 }
 
 impl Worker<'_> {
+    /// A handler call (`what`: "a request", "the connection" of a client-level handler)
+    /// from `peer` was cut by `--request-timeout`: logged once per episode ([`Cuts`]).
+    fn cut_by_timeout(&self, peer: &Addr, what: &str) {
+        let Some(more) = self.cuts.borrow_mut().cut(Instant::now()) else {
+            return;
+        };
+        tracing::warn!(
+            "{what} from {peer} ran longer than --request-timeout ({} s): its future is cancelled and {}{}",
+            self.request_timeout.unwrap_or_default().as_secs_f64(),
+            if what == "a request" {
+                "the client answered with the codec's error reply"
+            } else {
+                "the connection closed"
+            },
+            if more > 0 {
+                format!(" ({more} more cut in the last minute)")
+            } else {
+                " (the others of this episode are counted, and told when it ends)".to_owned()
+            }
+        );
+    }
+
     /// A poll that held the thread longer than `--slow-request`: counted, and logged once
     /// per episode.
     fn slow_poll(&self, label: &Label, took: Duration, now: Instant) {
@@ -1277,6 +1372,10 @@ struct RequestsOf<'h, H> {
 }
 
 impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
+    fn refusal(&self) -> String {
+        budget::refusal_words(self.handler.codec())
+    }
+
     async fn serve(
         &self,
         w: &Worker<'_>,
@@ -1665,7 +1764,10 @@ impl<H: AsyncRequestHandler> HandleAsync<H::Codec> for Bound<'_, '_, '_, '_, H> 
                     tokio::select! {
                         biased;
                         r = &mut call => Ok(r),
-                        () = timeout => Err(Cut::TimedOut(limit.unwrap_or_default())),
+                        () = timeout => {
+                            w.cut_by_timeout(&self.label.peer.borrow(), "a request");
+                            Err(Cut::TimedOut(limit.unwrap_or_default()))
+                        }
                         () = gone(self.io, self.unread) => Err(Cut::Gone),
                     }
                 }
@@ -1804,6 +1906,12 @@ struct ClientsOf<'h, H> {
 }
 
 impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
+    fn refusal(&self) -> String {
+        // A connection of the client level is read by its handler: the budget never
+        // refuses it.
+        String::new()
+    }
+
     async fn serve(
         &self,
         w: &Worker<'_>,
@@ -1856,10 +1964,7 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
                 Outcome::Error
             }
             None => {
-                tracing::warn!(
-                    "the connection from {peer} ran longer than --request-timeout ({} s): its handler's future is cancelled and the connection closed",
-                    w.request_timeout.unwrap_or_default().as_secs_f64()
-                );
+                w.cut_by_timeout(peer, "the connection");
                 Outcome::Timeout
             }
         };
@@ -1890,5 +1995,33 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
 
     async fn refuse(&self, _w: &Worker<'_>, _io: AsyncFd<Transport>, _why: &'static str) {
         // No codec to say why: closed at once.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 41: calls cut by `--request-timeout` are told once per episode: the first,
+    /// then a line a minute at most with the count since, and the episode ends after
+    /// [`CUTS_QUIET`] without a cut; the next cut starts a new one, told at once.
+    #[test]
+    fn issue_41_cuts_are_told_once_per_episode() {
+        let mut cuts = Cuts::default();
+        let t = Instant::now();
+        assert_eq!(cuts.cut(t), Some(0), "the first of an episode is told");
+        for i in 1..1000 {
+            assert_eq!(cuts.cut(t + Duration::from_millis(i)), None);
+        }
+        assert_eq!(cuts.quiet_at(), Some(t + Duration::from_millis(999) + CUTS_QUIET));
+        assert_eq!(
+            cuts.cut(t + Duration::from_secs(61)),
+            Some(999),
+            "a line a minute"
+        );
+        assert_eq!(cuts.total, 1001);
+        cuts.end(Some(Duration::from_secs(1)));
+        assert_eq!((cuts.quiet_at(), cuts.total), (None, 0));
+        assert_eq!(cuts.cut(t + Duration::from_secs(62)), Some(0), "a new episode");
     }
 }
