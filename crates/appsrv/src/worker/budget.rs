@@ -123,7 +123,8 @@ impl Budget {
             self.episode = Some(now);
             tracing::warn!(
                 "buffered request bytes reached --max-buffered-bytes {} ({open} connections open): pausing the connections that hold the most, refusing new large requests with {}",
-                self.max, self.refusal,
+                self.max,
+                self.refusal,
             );
         }
     }
@@ -234,10 +235,7 @@ mod tests {
             refusal_words(Http::default()),
             "\"HTTP/1.1 503 Service Unavailable\""
         );
-        assert_eq!(
-            refusal_words(Resp::new()),
-            format!("\"-ERR refused: {REFUSAL}\"")
-        );
+        assert_eq!(refusal_words(Resp::new()), format!("\"-ERR refused: {REFUSAL}\""));
         assert_eq!(
             refusal_words(Lines::default()),
             format!("\"-ERR refused: {REFUSAL}\"")
