@@ -86,6 +86,18 @@ pub(crate) struct Loaded {
     keys: Arc<TicketKeys>,
 }
 
+/// rustls's *ring* provider: TLS 1.3 and 1.2, X25519, P-256 and P-384 key exchange (as the
+/// README says). rustls 0.23.48 deprecates `ring::default_provider` because *ring* has no
+/// post-quantum key exchange (only the aws-lc-rs provider has one); appsrv keeps *ring* on
+/// purpose (aws-lc-rs would add a C and CMake build to every user's first build), so the
+/// deprecation is allowed here, the one place that names the provider, and a user's build
+/// that resolves rustls 0.23.48 or newer stays free of warnings (issue 41). `allow`, not
+/// `expect`: the lock file's rustls may predate the deprecation.
+#[allow(deprecated)]
+pub(crate) fn ring_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
+}
+
 /// Reads and checks a listener's material and builds its configuration.
 pub(crate) fn load(source: &Source) -> Result<Acceptor, Error> {
     load_with_keys(source).map(|l| l.acceptor)
@@ -96,7 +108,7 @@ fn load_with_keys(source: &Source) -> Result<Loaded, Error> {
     check_validity(&source.cert, &chain[0], SystemTime::now())?;
     let key = PrivateKeyDer::from_pem_file(&source.key)
         .map_err(|e| tls_error(&source.key, pem_reason(e, "private key")))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(ring_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| tls_error(&source.cert, e.to_string()))?;
@@ -372,7 +384,7 @@ pub(crate) mod testing {
     /// A server and a client TLS configuration that trust each other (a self-signed
     /// certificate for `localhost`).
     pub(crate) fn configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(super::ring_provider());
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
             .unwrap()
