@@ -18,9 +18,11 @@ use util::{PATIENCE, Server, TestDir, processes_naming, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_appsrv-exec");
 
-/// The examples' directory (scripts users copy).
+/// A copy of the example `name` (a script users copy from the examples' directory) that the workers (nobody, as root) can run wherever the
+/// checkout is (issue 41).
 fn example(name: &str) -> String {
-    format!("{}/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+    let path = format!("{}/examples/{name}", env!("CARGO_MANIFEST_DIR"));
+    util::reachable_copy(std::path::Path::new(&path))
 }
 
 /// A server of `args` (listening on a free loopback port unless `args` says where), with

@@ -692,6 +692,27 @@ pub fn socket_path(tag: &str) -> String {
         .into_owned()
 }
 
+/// A copy of `path` (mode kept) that the workers' user can read and execute, unique to
+/// this call, in [`socket_path`]'s directory (removed at exit): the checkout may be where
+/// that user cannot enter (a clone in /root or in a `mktemp -d`), and a server started as
+/// root runs its workers as nobody (issue 41). Copied by `cp`, so that no descriptor of
+/// this process open for writing leaks into a child another test thread forks (exec would
+/// fail with ETXTBSY).
+pub fn reachable_copy(path: &std::path::Path) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().expect("a file name").to_string_lossy();
+    let copy = socket_dir().join(format!("{n}-{name}"));
+    let status = Command::new("cp")
+        .arg("-p")
+        .arg(path)
+        .arg(&copy)
+        .status()
+        .expect("run cp");
+    assert!(status.success(), "cp -p {} {}", path.display(), copy.display());
+    copy.to_string_lossy().into_owned()
+}
+
 /// The directory of [`socket_path`]'s sockets, made on first use (mode 0755: the workers'
 /// user may connect), with its removal at exit registered. Where this module is compiled
 /// more than once into one binary (tests/conditional.rs: once per file), each copy has a
