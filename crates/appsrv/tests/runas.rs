@@ -946,7 +946,8 @@ fn a_bad_policy_stops_the_start_with_the_reason() {
         for file in [&good, &dir.str("token")] {
             std::os::unix::fs::chown(file, Some(uid), Some(gid)).unwrap();
         }
-        let out = Command::new(runas_binary())
+        // A copy nobody can execute wherever the checkout is (issue 41).
+        let out = Command::new(reachable_copy(&runas_binary()))
             .args(["--policy", &good, "-l", "127.0.0.1:0"])
             .uid(uid)
             .gid(gid)
