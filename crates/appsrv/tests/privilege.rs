@@ -27,6 +27,11 @@ fn main() -> std::process::ExitCode {
             allow_root_workers_keeps_them_root,
         ),
         test(
+            "issue_41_a_test_that_needs_root_is_reported_ignored_not_passed",
+            ROOT,
+            issue_41_a_test_that_needs_root_is_reported_ignored_not_passed,
+        ),
+        test(
             "an_unknown_user_is_refused_before_anything_starts",
             &[],
             an_unknown_user_is_refused_before_anything_starts,
@@ -125,4 +130,27 @@ fn an_unknown_user_is_refused_before_anything_starts() {
         server.log_text()
     );
     assert!(!group_alive(server.pid()));
+}
+
+/// Issue 41: as another user, a test that needs root is reported ignored with the reason,
+/// not passed (it printed `skipped: needs root` and passed). This test binary itself, run
+/// as nobody (a copy nobody can execute) for one of its root tests.
+fn issue_41_a_test_that_needs_root_is_reported_ignored_not_passed() {
+    use std::os::unix::process::CommandExt;
+    let me = reachable_copy(&std::env::current_exe().unwrap());
+    let name = "workers_run_as_the_given_user_and_the_master_keeps_serving";
+    let out = std::process::Command::new(me)
+        .args([name, "--exact", "--test-threads", "1"])
+        .uid(65534)
+        .gid(65534)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!("test {name} ... ignored (needs root)")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 passed; 0 failed; 1 ignored"), "{stdout}");
 }
