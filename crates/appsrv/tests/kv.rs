@@ -2,8 +2,8 @@
 //! (`redis-cli`, `redis-benchmark`) against it, protocol errors, pipelining.
 //!
 //! Regression tests for issue 34 ("Real clients for kv"). The Redis tools come from the
-//! redis-tools package (`.ci/run` installs it); without them, the tests that need them say
-//! so and pass.
+//! redis-tools package (`.ci/run` installs it); without them, the tests that need them are
+//! reported ignored, with the reason (they run from tests/conditional.rs, issue 41).
 
 mod util;
 
@@ -28,18 +28,6 @@ fn kv(dir: &Dir, io: Io, args: &[&str]) -> Server {
     let mut all = vec!["-l", "127.0.0.1:0", "--control", &sock];
     all.extend_from_slice(args);
     Server::start_io("kv", io, &all)
-}
-
-/// Whether `tool` (redis-cli, redis-benchmark) can be run; says so when it cannot.
-fn have(tool: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("skipped: {tool} is not installed (.ci/run installs redis-tools)");
-    }
-    found
 }
 
 /// Runs `redis-cli` against `server`, one connection, with the commands of `script` (one a
@@ -77,13 +65,9 @@ fn read_to_end(s: &mut TcpStream) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-both_io!(blocking_event: issue_34_redis_cli_gets_redis_replies);
 /// redis-cli's session: each command and error with Redis's reply, the database chosen
 /// by SELECT kept for the connection, the map kept by the (single) worker.
 fn issue_34_redis_cli_gets_redis_replies(io: Io) {
-    if !have("redis-cli") {
-        return;
-    }
     let dir = Dir::new(&format!("cli-{}", io.name()));
     let server = kv(&dir, io, &["-w", "1"]);
     let script = "\
@@ -193,14 +177,10 @@ fn benchmark(server: &Server, extra: &[&str]) -> Output {
     out
 }
 
-#[test]
 /// redis-benchmark's set, get, incr and ping tests (50 clients), one command at a time
 /// and 16 at a time (`-P 16`), with no error line: its start-up `CONFIG GET save` and
 /// `CONFIG GET appendonly` get answers, the replies are what it expects.
 fn issue_34_redis_benchmark_runs_cleanly() {
-    if !have("redis-benchmark") {
-        return;
-    }
     let dir = Dir::new("benchmark");
     let server = kv(&dir, Io::Event, &["-w", "2"]);
     benchmark(&server, &[]);
@@ -269,4 +249,24 @@ fn issue_34_pipelined_commands_are_answered_in_order(io: Io) {
     s.write_all(format!("{incrs}QUIT\r\n").as_bytes()).unwrap();
     let expected: String = (1..=1000).map(|n| format!(":{n}\r\n")).collect();
     assert_eq!(read_to_end(&mut s), format!("{expected}+OK\r\n"));
+}
+
+/// The tests of this file that run only where their conditions hold, reported ignored
+/// with the reason elsewhere: `tests/conditional.rs` runs them (issue 41).
+#[cfg_attr(test, allow(dead_code))]
+pub(crate) fn conditional() -> Vec<libtest_mimic::Trial> {
+    use util::needs::each_io_of;
+    use util::needs::{Need, test};
+    let mut all = each_io_of(
+        "issue_34_redis_cli_gets_redis_replies",
+        &[Need::Program("redis-cli", "redis-tools")],
+        &[Io::Blocking, Io::Event],
+        issue_34_redis_cli_gets_redis_replies,
+    );
+    all.push(test(
+        "issue_34_redis_benchmark_runs_cleanly",
+        &[Need::Program("redis-benchmark", "redis-tools")],
+        issue_34_redis_benchmark_runs_cleanly,
+    ));
+    all
 }

@@ -1,11 +1,43 @@
-//! Privilege drop of the workers. These tests need root and are skipped otherwise (CI runs
-//! as root).
+//! Privilege drop of the workers. These tests need root and are reported ignored, with
+//! the reason, otherwise (a harness of their own, issue 41; CI runs as root).
 //!
 //! Regression tests for issue #2 ("appsrv core").
 
 mod util;
 
+use util::needs::{Need, test};
 use util::*;
+
+fn main() -> std::process::ExitCode {
+    const ROOT: &[Need] = &[Need::Root];
+    util::needs::main(vec![
+        test(
+            "workers_run_as_the_given_user_and_the_master_keeps_serving",
+            ROOT,
+            workers_run_as_the_given_user_and_the_master_keeps_serving,
+        ),
+        test(
+            "root_without_user_runs_workers_as_nobody_and_says_so",
+            ROOT,
+            root_without_user_runs_workers_as_nobody_and_says_so,
+        ),
+        test(
+            "allow_root_workers_keeps_them_root",
+            ROOT,
+            allow_root_workers_keeps_them_root,
+        ),
+        test(
+            "issue_41_a_test_that_needs_root_is_reported_ignored_not_passed",
+            ROOT,
+            issue_41_a_test_that_needs_root_is_reported_ignored_not_passed,
+        ),
+        test(
+            "an_unknown_user_is_refused_before_anything_starts",
+            &[],
+            an_unknown_user_is_refused_before_anything_starts,
+        ),
+    ])
+}
 
 /// `nobody`'s uid, primary gid and groups, from the user database.
 fn nobody() -> (u32, u32, Vec<u32>) {
@@ -41,12 +73,7 @@ fn assert_runs_as(pid: i32, uid: u32, gid: u32, groups: &[u32]) {
     assert_eq!(g, groups, "supplementary groups of {pid}");
 }
 
-#[test]
 fn workers_run_as_the_given_user_and_the_master_keeps_serving() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     let (uid, gid, groups) = nobody();
     let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2", "--user", "nobody"]);
     for pid in server.wait_for_workers(2) {
@@ -63,12 +90,7 @@ fn workers_run_as_the_given_user_and_the_master_keeps_serving() {
     assert!(!server.log_text().contains("started as root without --user"));
 }
 
-#[test]
 fn root_without_user_runs_workers_as_nobody_and_says_so() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     let (uid, gid, groups) = nobody();
     let server = Server::start("testbed", &["-l", "127.0.0.1:0", "-w", "2"]);
     server.wait_for_log("started as root without --user: workers run as nobody");
@@ -81,12 +103,7 @@ fn root_without_user_runs_workers_as_nobody_and_says_so() {
     }
 }
 
-#[test]
 fn allow_root_workers_keeps_them_root() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     let server = Server::start(
         "testbed",
         &["-l", "127.0.0.1:0", "-w", "2", "--allow-root-workers"],
@@ -97,7 +114,6 @@ fn allow_root_workers_keeps_them_root() {
     assert!(!server.log_text().contains("without --user"));
 }
 
-#[test]
 fn an_unknown_user_is_refused_before_anything_starts() {
     let mut server = Server::spawn(
         "testbed",
@@ -114,4 +130,27 @@ fn an_unknown_user_is_refused_before_anything_starts() {
         server.log_text()
     );
     assert!(!group_alive(server.pid()));
+}
+
+/// Issue 41: as another user, a test that needs root is reported ignored with the reason,
+/// not passed (it printed `skipped: needs root` and passed). This test binary itself, run
+/// as nobody (a copy nobody can execute) for one of its root tests.
+fn issue_41_a_test_that_needs_root_is_reported_ignored_not_passed() {
+    use std::os::unix::process::CommandExt;
+    let me = reachable_copy(&std::env::current_exe().unwrap());
+    let name = "workers_run_as_the_given_user_and_the_master_keeps_serving";
+    let out = std::process::Command::new(me)
+        .args([name, "--exact", "--test-threads", "1"])
+        .uid(65534)
+        .gid(65534)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!("test {name} ... ignored (needs root)")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 passed; 0 failed; 1 ignored"), "{stdout}");
 }

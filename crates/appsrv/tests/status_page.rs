@@ -2,8 +2,9 @@
 //! and `/status?json`, through a real server.
 //!
 //! The browser is headless Chromium (Debian package `chromium`), which renders the page
-//! and prints the resulting DOM (`--dump-dom`). Without it the test is skipped with a note
-//! on the terminal; with `CI` set (.ci/run, which installs it) it fails instead.
+//! and prints the resulting DOM (`--dump-dom`). Without it the test is reported ignored,
+//! with the reason (it runs from tests/conditional.rs, issue 41); with `CI` set (.ci/run,
+//! which installs it) it fails instead.
 
 mod util;
 
@@ -63,30 +64,6 @@ fn http(addr: &str, request: &str) -> (String, String) {
         .split_once("\r\n\r\n")
         .unwrap_or_else(|| panic!("no head in {out:?}"));
     (head.to_owned(), body.to_owned())
-}
-
-/// Whether the external program `what` can be used: `true` when it runs; when it does
-/// not, a failure in CI (`CI` set: .ci/run installs it), else `false` after a note that
-/// the test is skipped, written to the terminal itself (not captured by the test harness,
-/// so that a skip never passes silently).
-fn available(what: &str, package: &str) -> bool {
-    let found = Command::new(what)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if found {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{what} is missing: install the Debian package {package} (.ci/run does)"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED: {what} is not installed (Debian package {package}; .ci/run installs it)"
-    );
-    false
 }
 
 /// A headless Chromium run, confined to a private directory (its profile, and its
@@ -225,11 +202,7 @@ fn element<'a>(dom: &'a str, start: &str, end: &str) -> &'a str {
 
 /// Issue 34: a browser renders the status page while a request runs: the busy worker with
 /// that request's path and its client, the I/O model and the readiness appear in the DOM.
-#[test]
 fn issue_34_a_browser_shows_the_busy_worker_on_the_status_page() {
-    if !available("chromium", "chromium") {
-        return;
-    }
     let dir = TestDir::new("status-page", "browser");
     let server = start(&dir, 2);
     let metrics = server.metrics_addr();
@@ -584,4 +557,16 @@ fn issue_34_status_json_over_http_is_the_status_document() {
     let (head, body) = http(&metrics, "GET /server-status HTTP/1.1\r\n\r\n");
     assert!(head.starts_with("HTTP/1.1 404 "), "{head}");
     assert!(body.contains("/status"), "{body}");
+}
+
+/// The tests of this file that run only where their conditions hold, reported ignored
+/// with the reason elsewhere: `tests/conditional.rs` runs them (issue 41).
+#[cfg_attr(test, allow(dead_code))]
+pub(crate) fn conditional() -> Vec<libtest_mimic::Trial> {
+    use util::needs::{Need, test};
+    vec![test(
+        "issue_34_a_browser_shows_the_busy_worker_on_the_status_page",
+        &[Need::Program("chromium", "chromium")],
+        issue_34_a_browser_shows_the_busy_worker_on_the_status_page,
+    )]
 }

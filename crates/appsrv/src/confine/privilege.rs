@@ -75,7 +75,24 @@ pub(crate) fn resolve(
     group: Option<&str>,
     allow_root_workers: bool,
 ) -> Result<(Plan, Option<String>), Error> {
-    let euid = Uid::effective();
+    resolve_as(
+        Uid::effective(),
+        Gid::effective(),
+        user,
+        group,
+        allow_root_workers,
+    )
+}
+
+/// [`resolve`] for a master whose effective ids are `euid` and `egid` (the unit tests give
+/// root's, so that root's plan is checked as any user: issue 41).
+fn resolve_as(
+    euid: Uid,
+    egid: Gid,
+    user: Option<&str>,
+    group: Option<&str>,
+    allow_root_workers: bool,
+) -> Result<(Plan, Option<String>), Error> {
     let mut warning = None;
     let user = match user {
         Some(u) => u.to_owned(),
@@ -103,7 +120,7 @@ pub(crate) fn resolve(
     };
     if !euid.is_root() {
         // Not root: the only identity we can "switch" to is our own.
-        if pw.uid == euid && gid == Gid::effective() {
+        if pw.uid == euid && gid == egid {
             return Ok((Plan::Keep, warning));
         }
         return Err(Error::Privilege {
@@ -305,17 +322,19 @@ mod tests {
         assert!(e.contains("no-such-group-appsrv"), "{e}");
     }
 
+    /// Issue 41: as root's plan (it returned early, passing, when not run as root).
     #[test]
     fn root_without_user_defaults_to_nobody_with_a_warning() {
-        if !Uid::effective().is_root() {
-            return;
-        }
-        let (plan, warning) = resolve(None, None, false).unwrap();
+        let root = (Uid::from_raw(0), Gid::from_raw(0));
+        let (plan, warning) = resolve_as(root.0, root.1, None, None, false).unwrap();
         let Plan::Drop(c) = plan else {
             panic!("expected a drop")
         };
         assert_eq!(c.user, "nobody");
         assert!(warning.unwrap().contains("nobody"));
-        assert_eq!(resolve(None, None, true).unwrap(), (Plan::Keep, None));
+        assert_eq!(
+            resolve_as(root.0, root.1, None, None, true).unwrap(),
+            (Plan::Keep, None)
+        );
     }
 }

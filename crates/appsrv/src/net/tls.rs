@@ -86,6 +86,18 @@ pub(crate) struct Loaded {
     keys: Arc<TicketKeys>,
 }
 
+/// rustls's *ring* provider: TLS 1.3 and 1.2, X25519, P-256 and P-384 key exchange (as the
+/// README says). rustls 0.23.48 deprecates `ring::default_provider` because *ring* has no
+/// post-quantum key exchange (only the aws-lc-rs provider has one); appsrv keeps *ring* on
+/// purpose (aws-lc-rs would add a C and CMake build to every user's first build), so the
+/// deprecation is allowed here, the one place that names the provider, and a user's build
+/// that resolves rustls 0.23.48 or newer stays free of warnings (issue 41). `allow`, not
+/// `expect`: the lock file's rustls may predate the deprecation.
+#[allow(deprecated)]
+pub(crate) fn ring_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
+}
+
 /// Reads and checks a listener's material and builds its configuration.
 pub(crate) fn load(source: &Source) -> Result<Acceptor, Error> {
     load_with_keys(source).map(|l| l.acceptor)
@@ -96,7 +108,7 @@ fn load_with_keys(source: &Source) -> Result<Loaded, Error> {
     check_validity(&source.cert, &chain[0], SystemTime::now())?;
     let key = PrivateKeyDer::from_pem_file(&source.key)
         .map_err(|e| tls_error(&source.key, pem_reason(e, "private key")))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(ring_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| tls_error(&source.cert, e.to_string()))?;
@@ -161,11 +173,9 @@ fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, Error>
 /// Refuses a certificate that is expired or not yet valid at `now`; warns when it expires
 /// within 30 days.
 fn check_validity(path: &Path, cert: &CertificateDer<'_>, now: SystemTime) -> Result<(), Error> {
-    use x509_cert::der::Decode;
-    let parsed = x509_cert::Certificate::from_der(cert.as_ref())
+    let tbs = der::Tbs::parse(cert.as_ref())
         .map_err(|e| tls_error(path, format!("cannot parse the certificate: {e}")))?;
-    let validity = parsed.tbs_certificate().validity();
-    let (from, until) = (validity.not_before, validity.not_after);
+    let (from, until) = (tbs.not_before, tbs.not_after);
     if now < from.to_system_time() {
         return Err(tls_error(
             path,
@@ -187,9 +197,328 @@ fn check_validity(path: &Path, cert: &CertificateDer<'_>, now: SystemTime) -> Re
 
 /// The subject of a certificate, as an RFC 4514 string (`CN=alice,O=Example`).
 fn subject(cert: &CertificateDer<'_>) -> Option<String> {
-    use x509_cert::der::Decode;
-    let parsed = x509_cert::Certificate::from_der(cert.as_ref()).ok()?;
-    Some(parsed.tbs_certificate().subject().to_string())
+    der::Tbs::parse(cert.as_ref()).ok().map(|tbs| tbs.subject)
+}
+
+/// The little of X.509 that appsrv reads itself (rustls does not expose it): a
+/// certificate's validity dates and its subject. A DER reader of its own rather than a
+/// crate: x509-cert and its der, spki and derive macros were 6 of the 94 crates of every
+/// example's first build, for these two fields (its CPU time fell from 156 s to 134 s
+/// without them; issue 41).
+mod der {
+    use std::fmt;
+    use std::time::{Duration, SystemTime};
+
+    /// One TLV: its tag, its contents, and what follows it.
+    fn tlv(bytes: &[u8]) -> Result<(u8, &[u8], &[u8]), &'static str> {
+        let (&tag, rest) = bytes.split_first().ok_or("truncated")?;
+        if tag & 0x1f == 0x1f {
+            return Err("a multi-byte tag");
+        }
+        let (&first, mut rest) = rest.split_first().ok_or("truncated")?;
+        let len = if first < 0x80 {
+            usize::from(first)
+        } else {
+            let n = usize::from(first & 0x7f);
+            if n == 0 || n > 4 || rest.len() < n {
+                return Err("a bad length");
+            }
+            let len = rest[..n].iter().fold(0usize, |l, &b| (l << 8) | usize::from(b));
+            rest = &rest[n..];
+            len
+        };
+        if rest.len() < len {
+            return Err("truncated");
+        }
+        Ok((tag, &rest[..len], &rest[len..]))
+    }
+
+    /// The contents of a TLV of tag `want`, and what follows it.
+    fn expect(bytes: &[u8], want: u8) -> Result<(&[u8], &[u8]), &'static str> {
+        let (tag, body, rest) = tlv(bytes)?;
+        if tag != want {
+            return Err("an unexpected element");
+        }
+        Ok((body, rest))
+    }
+
+    const SEQUENCE: u8 = 0x30;
+    const SET: u8 = 0x31;
+
+    /// What appsrv reads of a certificate's `tbsCertificate`.
+    #[derive(Debug)]
+    pub(super) struct Tbs {
+        pub(super) not_before: Time,
+        pub(super) not_after: Time,
+        /// RFC 4514: the RDNs last first, joined by `,`.
+        pub(super) subject: String,
+    }
+
+    impl Tbs {
+        /// Reads a DER certificate.
+        pub(super) fn parse(cert: &[u8]) -> Result<Tbs, &'static str> {
+            let (certificate, _) = expect(cert, SEQUENCE)?;
+            let (tbs, _) = expect(certificate, SEQUENCE)?;
+            let mut rest = tbs;
+            // version [0] EXPLICIT, optional
+            if rest.first() == Some(&0xa0) {
+                rest = tlv(rest)?.2;
+            }
+            let (_serial, rest) = expect(rest, 0x02)?;
+            let (_signature, rest) = expect(rest, SEQUENCE)?;
+            let (_issuer, rest) = expect(rest, SEQUENCE)?;
+            let (validity, rest) = expect(rest, SEQUENCE)?;
+            let (subject, _) = expect(rest, SEQUENCE)?;
+            let (not_before, validity) = Time::parse(validity)?;
+            let (not_after, _) = Time::parse(validity)?;
+            Ok(Tbs {
+                not_before,
+                not_after,
+                subject: rfc4514(subject)?,
+            })
+        }
+    }
+
+    /// A UTCTime or GeneralizedTime, in UTC to the second.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) struct Time {
+        year: i64,
+        month: u32,
+        day: u32,
+        hour: u32,
+        minute: u32,
+        second: u32,
+    }
+
+    impl Time {
+        fn parse(bytes: &[u8]) -> Result<(Time, &[u8]), &'static str> {
+            let (tag, body, rest) = tlv(bytes)?;
+            let text = std::str::from_utf8(body).map_err(|_| "a bad time")?;
+            let digits = text.strip_suffix('Z').ok_or("a time not in UTC")?;
+            if !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err("a bad time");
+            }
+            let num = |s: &str| s.parse::<u32>().map_err(|_| "a bad time");
+            let (year, digits) = match (tag, digits.len()) {
+                // UTCTime: YYMMDDHHMMSS, 1950 to 2049 (RFC 5280).
+                (0x17, 12) => {
+                    let yy = i64::from(num(&digits[..2])?);
+                    (if yy < 50 { 2000 + yy } else { 1900 + yy }, &digits[2..])
+                }
+                // GeneralizedTime: YYYYMMDDHHMMSS.
+                (0x18, 14) => (i64::from(num(&digits[..4])?), &digits[4..]),
+                _ => return Err("a bad time"),
+            };
+            let time = Time {
+                year,
+                month: num(&digits[0..2])?,
+                day: num(&digits[2..4])?,
+                hour: num(&digits[4..6])?,
+                minute: num(&digits[6..8])?,
+                second: num(&digits[8..10])?,
+            };
+            if !(1..=12).contains(&time.month)
+                || !(1..=31).contains(&time.day)
+                || time.hour > 23
+                || time.minute > 59
+                || time.second > 60
+            {
+                return Err("a bad time");
+            }
+            Ok((time, rest))
+        }
+
+        /// Seconds since the Unix epoch (days from the civil date, H. Hinnant's method).
+        fn unix_seconds(self) -> i64 {
+            let y = if self.month <= 2 { self.year - 1 } else { self.year };
+            let era = y.div_euclid(400);
+            let yoe = y - era * 400;
+            let m = i64::from(self.month);
+            let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(self.day) - 1;
+            let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+            let days = era * 146_097 + doe - 719_468;
+            days * 86_400 + i64::from(self.hour) * 3600 + i64::from(self.minute) * 60 + i64::from(self.second)
+        }
+
+        pub(super) fn to_system_time(self) -> SystemTime {
+            let s = self.unix_seconds();
+            match u64::try_from(s) {
+                Ok(after) => SystemTime::UNIX_EPOCH + Duration::from_secs(after),
+                Err(_) => SystemTime::UNIX_EPOCH - Duration::from_secs(s.unsigned_abs()),
+            }
+        }
+    }
+
+    impl fmt::Display for Time {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(
+                f,
+                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+                self.year, self.month, self.day, self.hour, self.minute, self.second
+            )
+        }
+    }
+
+    /// A Name (an RDNSequence) as RFC 4514 writes it: the last RDN first, RDNs joined by
+    /// `,`, the attributes of one by `+`; the short names RFC 4514 lists (and `EMAIL` and
+    /// `serialNumber`, as x509-cert named them before, issue 41) with their string values
+    /// escaped; other types as dotted OIDs, and values that are not strings, as `#` and
+    /// their DER in hex.
+    fn rfc4514(name: &[u8]) -> Result<String, &'static str> {
+        let mut rdns = Vec::new();
+        let mut rest = name;
+        while !rest.is_empty() {
+            let (set, next) = expect(rest, SET)?;
+            rest = next;
+            let mut attributes = Vec::new();
+            let mut inner = set;
+            while !inner.is_empty() {
+                let (pair, next) = expect(inner, SEQUENCE)?;
+                inner = next;
+                let (oid, value) = expect(pair, 0x06)?;
+                let (tag, body, _) = tlv(value)?;
+                let key = short_name(oid);
+                let value = match (key, tag) {
+                    // UTF8String, PrintableString, TeletexString, IA5String
+                    (Some(_), 0x0c | 0x13 | 0x14 | 0x16) => escape(&String::from_utf8_lossy(body)),
+                    _ => {
+                        let whole = &value[..value.len() - tlv(value)?.2.len()];
+                        let hex: String = whole.iter().map(|b| format!("{b:02x}")).collect();
+                        format!("#{hex}")
+                    }
+                };
+                let key = key.map_or_else(|| dotted(oid), str::to_owned);
+                attributes.push(format!("{key}={value}"));
+            }
+            rdns.push(attributes.join("+"));
+        }
+        rdns.reverse();
+        Ok(rdns.join(","))
+    }
+
+    /// RFC 4514's short names (section 3), and two that x509-cert used, by OID contents.
+    fn short_name(oid: &[u8]) -> Option<&'static str> {
+        Some(match oid {
+            [0x55, 0x04, 0x03] => "CN",
+            [0x55, 0x04, 0x07] => "L",
+            [0x55, 0x04, 0x08] => "ST",
+            [0x55, 0x04, 0x0a] => "O",
+            [0x55, 0x04, 0x0b] => "OU",
+            [0x55, 0x04, 0x06] => "C",
+            [0x55, 0x04, 0x09] => "STREET",
+            [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x19] => "DC",
+            [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x01] => "UID",
+            [0x55, 0x04, 0x05] => "serialNumber",
+            [0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x01] => "EMAIL",
+            _ => return None,
+        })
+    }
+
+    /// An OID's dotted decimal form.
+    fn dotted(oid: &[u8]) -> String {
+        let mut arcs: Vec<u64> = Vec::new();
+        let mut value = 0u64;
+        for &b in oid {
+            value = (value << 7) | u64::from(b & 0x7f);
+            if b & 0x80 == 0 {
+                if arcs.is_empty() {
+                    let first = (value / 40).min(2);
+                    arcs.push(first);
+                    arcs.push(value - first * 40);
+                } else {
+                    arcs.push(value);
+                }
+                value = 0;
+            }
+        }
+        arcs.iter().map(u64::to_string).collect::<Vec<_>>().join(".")
+    }
+
+    /// RFC 4514 section 2.4: `"+,;<>\` escaped, and a leading `#` or space and a trailing
+    /// space; control characters as `\XX`.
+    fn escape(value: &str) -> String {
+        let mut out = String::with_capacity(value.len());
+        let last = value.chars().count().saturating_sub(1);
+        for (i, c) in value.chars().enumerate() {
+            match c {
+                '"' | '+' | ',' | ';' | '<' | '>' | '\\' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                '#' if i == 0 => out.push_str("\\#"),
+                ' ' if i == 0 || i == last => out.push_str("\\ "),
+                c if c.is_control() => {
+                    let mut buf = [0; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        out.push_str(&format!("\\{b:02X}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn issue_41_a_generated_certificate_reads_as_x509_parsers_read_it() {
+            let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+            params.distinguished_name = rcgen::DistinguishedName::new();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "alice, \"the\" +1");
+            params
+                .distinguished_name
+                .push(rcgen::DnType::OrganizationName, "Example");
+            let email = rcgen::DnType::CustomDnType(vec![1, 2, 840, 113549, 1, 9, 1]);
+            params.distinguished_name.push(email, "a@b.c");
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CustomDnType(vec![2, 5, 4, 12]), "boss");
+            params.distinguished_name.push(rcgen::DnType::CountryName, "FR");
+            params.not_before = rcgen::date_time_ymd(2021, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2090, 12, 31);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = params.self_signed(&key).unwrap();
+            let tbs = Tbs::parse(cert.der()).unwrap();
+            assert_eq!(tbs.not_before.to_string(), "2021-01-01T00:00:00Z");
+            assert_eq!(tbs.not_after.to_string(), "2090-12-31T00:00:00Z");
+            assert_eq!(
+                tbs.not_before.to_system_time(),
+                SystemTime::UNIX_EPOCH + Duration::from_secs(1_609_459_200)
+            );
+            assert_eq!(
+                tbs.not_after.to_system_time(),
+                SystemTime::UNIX_EPOCH + Duration::from_secs(3_818_361_600)
+            );
+            // x509-cert 0.3 (which read them before) wrote the same but for the title
+            // (2.5.4.12), its own `TITLE`; RFC 4514 writes a type it does not list in
+            // dotted form, with the value's DER in hex.
+            assert_eq!(
+                tbs.subject,
+                "C=FR,2.5.4.12=#0c04626f7373,EMAIL=a@b.c,O=Example,CN=alice\\, \\\"the\\\" \\+1"
+            );
+        }
+
+        #[test]
+        fn issue_41_bad_der_is_an_error_not_a_panic() {
+            for bytes in [
+                &b""[..],
+                &[0x30],
+                &[0x30, 0x85, 1, 1, 1, 1, 1],
+                &[0x30, 0x03, 0x30, 0x01],
+            ] {
+                assert!(Tbs::parse(bytes).is_err(), "{bytes:?}");
+            }
+            assert_eq!(
+                dotted(&[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x01]),
+                "1.2.840.113549.1.9.1"
+            );
+        }
+    }
 }
 
 /// The TLS material of every listener, by index, and where it comes from: kept by the
@@ -372,7 +701,7 @@ pub(crate) mod testing {
     /// A server and a client TLS configuration that trust each other (a self-signed
     /// certificate for `localhost`).
     pub(crate) fn configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(super::ring_provider());
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
             .unwrap()

@@ -18,7 +18,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use crate::util::*;
+use super::util::*;
 
 /// The pages compared with golden files: `(request target, file in tests/data/frontpage)`.
 pub const PAGES: [(&str, &str); 5] = [
@@ -84,7 +84,7 @@ impl TempDir {
 
     /// Live processes whose command line names this directory.
     pub fn processes(&self) -> Vec<i32> {
-        crate::util::processes_naming(&self.0)
+        super::util::processes_naming(&self.0)
     }
 }
 
