@@ -631,6 +631,54 @@ fn issue_42_a_refused_timed_out_or_lost_request_has_its_access_line(io: Io) {
     );
 }
 
+both_io!(issue_42_an_unanswered_requests_line_names_that_request);
+/// Issue 42: the line of a request left unanswered (here timed out) names that request,
+/// not the last one its worker (an event loop, a hybrid front, an async worker) began
+/// meanwhile on another connection.
+fn issue_42_an_unanswered_requests_line_names_that_request(io: Io) {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let dir = LogDir::new(&format!("own-line-{}", io.name()));
+    let access = dir.path("access.log");
+    // Blocking: a second worker for the second client.
+    let workers = if io == Io::Blocking { "2" } else { "1" };
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "-w",
+        workers,
+        "--access-log",
+        &access,
+        "--header-timeout",
+        "2",
+    ];
+    args.extend(user_args());
+    let server = Server::start_io("http_hello", io, &args);
+    let addr = server.tcp_addr();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(PATIENCE)).unwrap();
+    slow.write_all(b"GET /?scenario=slow HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let port = format!("{:04X}", slow.local_addr().unwrap().port());
+    wait_until(|| {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        let line = table
+            .lines()
+            .find(|l| l.split_whitespace().nth(2).is_some_and(|r| r.ends_with(&port)))?;
+        let rx = line.split_whitespace().nth(4)?.split(':').nth(1)?;
+        (u64::from_str_radix(rx, 16).ok()? == 0).then_some(())
+    })
+    .expect("the server read the beginning of the head");
+    // Another client's request, begun and answered while the first one waits.
+    let out = http_text(&addr, "/?scenario=other");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let mut out = String::new();
+    let _ = slow.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    let line = dir.wait_for_line("access.log", " timeout ");
+    assert!(line.contains("\"GET /?scenario=slow HTTP/1.1\""), "{line}");
+}
+
 /// Issue 42: a `handle_client` connection that the peer resets is `closed`, one whose
 /// handler panics is `error`, in both models that serve `handle_client` (blocking and
 /// async): the blocking loop said `closed` for the panic, the async driver `error` for

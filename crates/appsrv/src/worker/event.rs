@@ -1163,6 +1163,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             self.buffered += c.step.kept_capacity();
         }
         if let Pass::Closed = outcome {
+            if c.request.is_some() && self.ledger.logs_access() {
+                // The line of its unanswered request names that request (its bytes as they
+                // came), whatever began on other connections since.
+                let bufs = private.as_deref().unwrap_or(&self.shared);
+                self.ledger.access_head(c.step.as_read(bufs));
+            }
             self.shared.discard_input();
             self.shared.output().clear();
             self.close(token, c);
@@ -1291,6 +1297,10 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             // A request left unanswered when the connection ended.
             self.slot.handler_done();
             if self.ledger.logs_access() {
+                if let Some(bufs) = c.bufs.as_deref() {
+                    // Closed outside its pass (a deadline): its bytes are in its buffers.
+                    self.ledger.access_head(c.step.as_read(bufs));
+                }
                 // By the one rule (issue 42): refused with the codec's error reply, cut
                 // at a deadline, or lost (the client left, an error). A hybrid front's
                 // requests too: one it refuses, times out or loses gets its line here.
