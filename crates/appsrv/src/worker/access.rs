@@ -248,6 +248,37 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    /// Issue 42: the one outcome rule, as docs/ARCHITECTURE.md's table gives it.
+    #[test]
+    fn issue_42_one_outcome_for_each_way_a_request_ends() {
+        let slow = ProtocolError::Timeout;
+        let late = ProtocolError::HandlerTimeout {
+            limit: Duration::from_secs(1),
+        };
+        let bad = ProtocolError::Malformed("bad request line".into());
+        let shed = ProtocolError::Refused("busy".into());
+        let cases = [
+            (End::Answered { ok: true }, Outcome::Ok),
+            (End::Answered { ok: false }, Outcome::Error),
+            (End::Panicked, Outcome::Error),
+            (End::Refused(&bad), Outcome::Error),
+            (End::Refused(&shed), Outcome::Error),
+            (End::Refused(&slow), Outcome::Timeout),
+            (End::Refused(&late), Outcome::Timeout),
+            (End::Cut, Outcome::Timeout),
+            (End::Failed(io::ErrorKind::TimedOut), Outcome::Timeout),
+            (End::Failed(io::ErrorKind::WouldBlock), Outcome::Timeout),
+            (End::Failed(io::ErrorKind::ConnectionReset), Outcome::Closed),
+            (End::Failed(io::ErrorKind::BrokenPipe), Outcome::Closed),
+            (End::Failed(io::ErrorKind::UnexpectedEof), Outcome::Closed),
+            (End::Dropped, Outcome::Closed),
+            (End::Failed(io::ErrorKind::InvalidData), Outcome::Error),
+        ];
+        for (end, outcome) in cases {
+            assert_eq!(Outcome::of(end), outcome, "{end:?}");
+        }
+    }
+
     #[test]
     fn lines_are_buffered_then_written() {
         let path = std::env::temp_dir().join(format!("appsrv-access-{}", std::process::id()));
