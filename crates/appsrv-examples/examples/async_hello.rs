@@ -65,7 +65,7 @@ impl appsrv::AsyncRequestHandler for AsyncHello {
             "/sleep" => {
                 let ms = req
                     .query()
-                    .and_then(|q| q.strip_prefix("ms="))
+                    .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("ms=")))
                     .and_then(|n| n.parse::<u64>().ok())
                     .filter(|n| *n <= 10_000);
                 let Some(ms) = ms else {

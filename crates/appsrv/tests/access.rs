@@ -94,7 +94,7 @@ fn slowloris_from_one_address_does_not_starve_other_clients(io: Io) {
     // hybrid: the front holds them, two workers serve the normal client.
     let pool: &[&str] = match io {
         Io::Blocking => &["--pool", "dynamic", "--max-workers", "32"],
-        Io::Event | Io::Hybrid => &["-w", "2"],
+        Io::Event | Io::Hybrid | Io::Async => &["-w", "2"],
     };
     let mut args = vec!["-l", "127.0.0.1:0", "--max-conns-per-ip", "8"];
     args.extend_from_slice(pool);

@@ -89,7 +89,7 @@ fn hello(addr: SocketAddr) -> String {
         .to_owned()
 }
 
-both_io!(issue_14_a_reader_below_min_send_rate_is_cut_off_and_the_worker_serves_on);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option), and --min-send-rate on async connections is issue 42's part C"): issue_14_a_reader_below_min_send_rate_is_cut_off_and_the_worker_serves_on);
 /// Issue 14: a client that reads a large response slowly held its worker without limit
 /// (each stalled write was bounded, the response was not). Below `--min-send-rate` it is
 /// cut off by the worker, which serves the next client.
@@ -119,7 +119,7 @@ fn issue_14_a_reader_below_min_send_rate_is_cut_off_and_the_worker_serves_on(io:
     );
 }
 
-both_io!(a_healthy_slow_download_is_not_cut);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option), and --min-send-rate on async connections is issue 42's part C"): a_healthy_slow_download_is_not_cut);
 /// A long download at a healthy rate is never cut, however long it waits on the client.
 fn a_healthy_slow_download_is_not_cut(io: Io) {
     let (_site, server) = big_file_server(io, "healthy", 8 << 20, &[]);
@@ -183,7 +183,7 @@ fn read_paced(mut s: TcpStream, chunk: usize, pause: Duration, limit: Duration) 
     }
 }
 
-both_io!(issue_31_a_small_window_reader_below_min_send_rate_is_cut_off);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option), and --min-send-rate on async connections is issue 42's part C"): issue_31_a_small_window_reader_below_min_send_rate_is_cut_off);
 /// Issue 31: a client with a 4 KiB receive window that read a static file (sent with
 /// `sendfile(2)`) below `--min-send-rate` was never cut in the blocking and hybrid models:
 /// each blocking `sendfile` that made progress stayed in the kernel for two send timeouts
@@ -227,7 +227,7 @@ fn issue_31_a_small_window_reader_below_min_send_rate_is_cut_off(io: Io) {
     assert_eq!(hello(addr), "HTTP/1.1 200 OK");
 }
 
-both_io!(issue_31_a_small_window_reader_above_min_send_rate_is_not_cut);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option), and --min-send-rate on async connections is issue 42's part C"): issue_31_a_small_window_reader_above_min_send_rate_is_not_cut);
 /// Issue 31: the same small window at a rate above the default minimum (about 700 bytes/s
 /// against 500) is not cut, over more than two windows. Its progress shows in bursts of 4
 /// to 6 KiB every 9 s or so (it reopens its whole window at once), so a 10 s window saw one
@@ -247,7 +247,7 @@ fn issue_31_a_small_window_reader_above_min_send_rate_is_not_cut(io: Io) {
     );
 }
 
-both_io!(issue_31_a_reader_above_min_send_rate_outlasts_the_write_timeout);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option), and --min-send-rate on async connections is issue 42's part C"): issue_31_a_reader_above_min_send_rate_outlasts_the_write_timeout);
 /// Issue 31: the event loop cut a client taking a large response at 16 kB/s (32 times the
 /// minimum) when the write timeout expired: it counted only bytes written as progress, and
 /// the kernel lets more be written (and signals `EPOLLOUT`) only when a third of the 4 MiB
@@ -392,7 +392,7 @@ fn cut_readers_are_reset(server: &Server, path: &str) {
     drop(readers);
 }
 
-both_io!(issue_42_a_reader_cut_at_the_write_timeout_is_reset);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option): the async model's test is issue_42_a_reader_cut_at_the_write_timeout_is_reset_async, on asyncbed"): issue_42_a_reader_cut_at_the_write_timeout_is_reset);
 fn issue_42_a_reader_cut_at_the_write_timeout_is_reset(io: Io) {
     let (_site, server) = big_file_server(
         io,

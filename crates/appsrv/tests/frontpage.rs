@@ -119,7 +119,7 @@ fn refused_posts_write_nothing_and_an_accepted_one_shows_on_the_pages() {
     check_post(addr, TOKEN);
 }
 
-both_io!(issue_31_a_wrong_token_refuses_the_address_for_a_while);
+both_io!(not_async("frontpage serves async only on PostgreSQL (tests/frontpage_postgres.rs)"): issue_31_a_wrong_token_refuses_the_address_for_a_while);
 /// Issue 31: a wrong token is a failed authentication. Its 401 ends the connection and says
 /// for how long the address is refused (`Retry-After`: 1 s, then 2 s for the next failure
 /// in a row, on a connection admitted before); until then the address's new connections are

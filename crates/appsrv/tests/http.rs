@@ -217,7 +217,7 @@ fn keep_alive_serves_several_requests_on_one_connection(io: Io) {
     assert_hello(&c.get("/?query=1"));
 }
 
-both_io!(pipelined_requests_are_answered_in_order);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option)"): pipelined_requests_are_answered_in_order);
 fn pipelined_requests_are_answered_in_order(io: Io) {
     let dir = TempDir::new("pipeline");
     dir.write("a.txt", b"alpha");
@@ -282,7 +282,7 @@ fn http_1_0_closes_unless_keep_alive_is_asked_for(io: Io) {
     assert!(c.closed_by_server());
 }
 
-both_io!(head_sends_the_headers_without_the_body);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option)"): head_sends_the_headers_without_the_body);
 fn head_sends_the_headers_without_the_body(io: Io) {
     let dir = TempDir::new("head");
     dir.write("page.html", &[b'x'; 5000]);
@@ -438,7 +438,7 @@ fn oversize_and_unsupported_requests_are_refused(io: Io) {
     assert_eq!(server.worker_pids(), workers);
 }
 
-both_io!(large_files_arrive_intact);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option)"): large_files_arrive_intact);
 fn large_files_arrive_intact(io: Io) {
     let dir = TempDir::new("large");
     let big = random_bytes(1_000_000, 1);
@@ -464,7 +464,7 @@ fn large_files_arrive_intact(io: Io) {
     assert_hello(&c.response());
 }
 
-both_io!(missing_files_and_escapes_get_404_or_400);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option)"): missing_files_and_escapes_get_404_or_400);
 fn missing_files_and_escapes_get_404_or_400(io: Io) {
     let dir = TempDir::new("escape");
     dir.write("inside.txt", b"inside");
@@ -543,7 +543,7 @@ fn expect_100_continue_gets_an_interim_response(io: Io) {
     assert_hello(&c.get("/"));
 }
 
-both_io!(a_missing_static_dir_stops_the_server_with_a_clear_error);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option)"): a_missing_static_dir_stops_the_server_with_a_clear_error);
 fn a_missing_static_dir_stops_the_server_with_a_clear_error(io: Io) {
     let missing = std::env::temp_dir().join(format!("appsrv-http-{}-no-such-dir", std::process::id()));
     let mut server = Server::spawn(

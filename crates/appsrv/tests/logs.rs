@@ -522,6 +522,210 @@ fn issue_20_a_request_that_arrives_in_pieces_is_logged_whole(io: Io) {
     assert!(line.contains("\"GET /?in-pieces HTTP/1.1"), "{line}");
 }
 
+// ---------------------------------------------------------------- one outcome rule
+
+/// The access log's outcome rule (issue 42; docs/ARCHITECTURE.md, "The access log"), for
+/// the four requests of the issue, in this order: a whole `GET`, a head that never ends,
+/// a malformed request, a client that resets the connection in the middle of its head.
+const FOUR_OUTCOMES: [&str; 4] = ["ok", "timeout", "error", "closed"];
+
+/// Sends the four requests of issue 42 to `http_hello` (`async_hello` in the async model)
+/// with `--header-timeout 2`, one after the other, and returns the outcome column of each
+/// one's access-log line, found by its request line.
+fn outcomes_of_the_four_requests(io: Io) -> Vec<String> {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let dir = LogDir::new(&format!("outcomes-{}", io.name()));
+    let access = dir.path("access.log");
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "-w",
+        "1",
+        "--access-log",
+        &access,
+        "--header-timeout",
+        "2",
+    ];
+    args.extend(user_args());
+    let server = Server::start_io("http_hello", io, &args);
+    let addr = server.tcp_addr();
+    let open = || {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        s
+    };
+    let answer = |mut s: TcpStream, request: &[u8]| {
+        s.write_all(request).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    let out = answer(
+        open(),
+        b"GET /?scenario=whole HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let out = answer(open(), b"GET /?scenario=slow HTTP/1.1\r\nHost: x\r\n");
+    assert!(out.starts_with("HTTP/1.1 408"), "the head that never ends: {out}");
+    let out = answer(open(), b"GET /?scenario=bad HTTP/1.1\r\nBad Header: x\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 400"), "the malformed request: {out}");
+    // The beginning of a head, read by the server (its end of the connection has nothing
+    // queued), then a reset (SO_LINGER 0).
+    let s = open();
+    (&s).write_all(b"GET /?scenario=reset HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let port = format!("{:04X}", s.local_addr().unwrap().port());
+    wait_until(|| {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        let line = table
+            .lines()
+            .find(|l| l.split_whitespace().nth(2).is_some_and(|r| r.ends_with(&port)))?;
+        let rx = line.split_whitespace().nth(4)?.split(':').nth(1)?;
+        (u64::from_str_radix(rx, 16).ok()? == 0).then_some(())
+    })
+    .expect("the server read the beginning of the head");
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(s);
+    ["whole", "slow", "bad", "reset"]
+        .iter()
+        .map(|scenario| {
+            let line = dir.wait_for_line("access.log", &format!("scenario={scenario} "));
+            line.split_whitespace().nth(2).unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+#[test]
+/// Issue 42: the same four events gave `ok error error closed` in blocking mode, `ok
+/// timeout error closed` in event and async mode, and `ok` alone in hybrid mode (a front
+/// wrote no line for what it refused, timed out or lost). One rule now, in every model.
+fn issue_42_the_access_log_says_the_same_in_every_model() {
+    let models = [Io::Blocking, Io::Event, Io::Hybrid, Io::Async];
+    let table: Vec<(Io, Vec<String>)> = models
+        .iter()
+        .map(|io| (*io, outcomes_of_the_four_requests(*io)))
+        .collect();
+    for (io, outcomes) in &table {
+        assert_eq!(
+            outcomes,
+            &FOUR_OUTCOMES,
+            "{} mode's outcomes, against the rule (all: {table:?})",
+            io.name()
+        );
+    }
+}
+
+both_io!(issue_42_a_refused_timed_out_or_lost_request_has_its_access_line);
+/// Issue 42: each model, on its own (so that a failure names it), writes the rule's line
+/// for a request it refuses, times out or loses, hybrid fronts included.
+fn issue_42_a_refused_timed_out_or_lost_request_has_its_access_line(io: Io) {
+    assert_eq!(
+        outcomes_of_the_four_requests(io),
+        FOUR_OUTCOMES,
+        "{} mode",
+        io.name()
+    );
+}
+
+both_io!(issue_42_an_unanswered_requests_line_names_that_request);
+/// Issue 42: the line of a request left unanswered (here timed out) names that request,
+/// not the last one its worker (an event loop, a hybrid front, an async worker) began
+/// meanwhile on another connection.
+fn issue_42_an_unanswered_requests_line_names_that_request(io: Io) {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let dir = LogDir::new(&format!("own-line-{}", io.name()));
+    let access = dir.path("access.log");
+    // Blocking: a second worker for the second client.
+    let workers = if io == Io::Blocking { "2" } else { "1" };
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "-w",
+        workers,
+        "--access-log",
+        &access,
+        "--header-timeout",
+        "2",
+    ];
+    args.extend(user_args());
+    let server = Server::start_io("http_hello", io, &args);
+    let addr = server.tcp_addr();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(PATIENCE)).unwrap();
+    slow.write_all(b"GET /?scenario=slow HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let port = format!("{:04X}", slow.local_addr().unwrap().port());
+    wait_until(|| {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        let line = table
+            .lines()
+            .find(|l| l.split_whitespace().nth(2).is_some_and(|r| r.ends_with(&port)))?;
+        let rx = line.split_whitespace().nth(4)?.split(':').nth(1)?;
+        (u64::from_str_radix(rx, 16).ok()? == 0).then_some(())
+    })
+    .expect("the server read the beginning of the head");
+    // Another client's request, begun and answered while the first one waits.
+    let out = http_text(&addr, "/?scenario=other");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let mut out = String::new();
+    let _ = slow.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    let line = dir.wait_for_line("access.log", " timeout ");
+    assert!(line.contains("\"GET /?scenario=slow HTTP/1.1\""), "{line}");
+}
+
+/// Issue 42: a `handle_client` connection that the peer resets is `closed`, one whose
+/// handler panics is `error`, in both models that serve `handle_client` (blocking and
+/// async): the blocking loop said `closed` for the panic, the async driver `error` for
+/// the reset.
+#[test]
+fn issue_42_a_handle_client_connection_ends_alike_in_blocking_and_async() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpStream;
+    for (example, extra) in [("testbed", &[][..]), ("asyncbed", &["--client"][..])] {
+        let dir = LogDir::new(&format!("client-level-{example}"));
+        let access = dir.path("access.log");
+        let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--access-log", &access];
+        args.extend(extra);
+        args.extend(user_args());
+        let server = Server::start(example, &args);
+        let greeted = || {
+            let s = TcpStream::connect(server.tcp_addr()).unwrap();
+            s.set_read_timeout(Some(PATIENCE)).unwrap();
+            let mut pid = String::new();
+            BufReader::new(&s).read_line(&mut pid).unwrap();
+            assert!(pid.starts_with("pid "), "{example}: {pid:?}");
+            s
+        };
+        // The handler waits in its read: the reset ends it.
+        let reset = greeted();
+        let reset_port = reset.local_addr().unwrap().port();
+        socket2::SockRef::from(&reset)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(reset);
+        let mut panics = greeted();
+        let panic_port = panics.local_addr().unwrap().port();
+        panics.write_all(b"panic\n").unwrap();
+        let outcome = |port: u16| {
+            let line = dir.wait_for_line("access.log", &format!(" 127.0.0.1:{port} "));
+            line.split_whitespace().nth(2).unwrap_or_default().to_string()
+        };
+        assert_eq!(
+            outcome(reset_port),
+            "closed",
+            "{example}: the client reset the connection"
+        );
+        assert_eq!(outcome(panic_port), "error", "{example}: the handler panicked");
+        drop(panics);
+    }
+}
+
 /// [`get_once`] with a read timeout of 20 s: the whole response as text.
 fn http_text<A: std::net::ToSocketAddrs + ?Sized>(addr: &A, path: &str) -> String {
     get_once(addr, path, Duration::from_secs(20))

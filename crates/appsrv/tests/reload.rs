@@ -31,7 +31,7 @@ fn reload_three_times_under_load_without_a_failed_request(io: Io) {
     let before: HashSet<i32> = server.worker_pids();
     let (done, failures) = under_http_load(addr, || {
         for _ in 0..3 {
-            let out = run("http_hello", &["reload", "--control", &ctl]);
+            let out = run(io.example("http_hello"), &["reload", "--control", &ctl]);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         }
     });
@@ -60,7 +60,7 @@ fn issue_14_reloads_lose_no_keepalive_request(io: Io) {
     let addr = server.tcp_addr();
     let (done, failures) = under_http_load(addr, || {
         for _ in 0..10 {
-            let out = run("http_hello", &["reload", "--control", &ctl]);
+            let out = run(io.example("http_hello"), &["reload", "--control", &ctl]);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         }
     });

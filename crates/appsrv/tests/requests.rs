@@ -44,7 +44,7 @@ fn read_to_end(s: &mut TcpStream) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-both_io!(pipelined_requests_are_answered_in_order);
+both_io!(not_async("ping and kv have no async counterpart"): pipelined_requests_are_answered_in_order);
 fn pipelined_requests_are_answered_in_order(io: Io) {
     let server = ping(io, &["-w", "2"]);
     let mut s = connect(&server);
@@ -59,7 +59,7 @@ fn pipelined_requests_are_answered_in_order(io: Io) {
     );
 }
 
-both_io!(a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client);
+both_io!(not_async("ping and kv have no async counterpart"): a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client);
 fn a_malformed_request_gets_an_error_and_the_worker_serves_the_next_client(io: Io) {
     let server = ping(io, &["-w", "1"]);
     let mut bad = connect(&server);
@@ -94,7 +94,7 @@ fn an_oversized_line_is_refused_with_the_codec_error(io: Io) {
     );
 }
 
-both_io!(idle_connections_end_after_the_keepalive_timeout);
+both_io!(not_async("ping and kv have no async counterpart"): idle_connections_end_after_the_keepalive_timeout);
 fn idle_connections_end_after_the_keepalive_timeout(io: Io) {
     let server = ping(io, &["-w", "2", "--keepalive-timeout", "0.3"]);
     let mut s = connect(&server);
@@ -105,7 +105,7 @@ fn idle_connections_end_after_the_keepalive_timeout(io: Io) {
     assert!(started.elapsed() < PATIENCE);
 }
 
-both_io!(a_request_that_stops_half_way_times_out_with_the_codec_error);
+both_io!(not_async("ping and kv have no async counterpart"): a_request_that_stops_half_way_times_out_with_the_codec_error);
 fn a_request_that_stops_half_way_times_out_with_the_codec_error(io: Io) {
     let server = ping(
         io,
@@ -120,7 +120,7 @@ fn a_request_that_stops_half_way_times_out_with_the_codec_error(io: Io) {
     );
 }
 
-both_io!(an_idle_keepalive_connection_does_not_starve_waiting_clients);
+both_io!(not_async("ping and kv have no async counterpart"): an_idle_keepalive_connection_does_not_starve_waiting_clients);
 fn an_idle_keepalive_connection_does_not_starve_waiting_clients(io: Io) {
     // One worker; a client that keeps its connection open but idle must not keep a second
     // client waiting for the keep-alive timeout. A blocking worker gives the idle
@@ -140,14 +140,14 @@ fn an_idle_keepalive_connection_does_not_starve_waiting_clients(io: Io) {
     match io {
         Io::Blocking => assert_eq!(read_to_end(&mut idle), "", "the idle connection was given up"),
         // Hybrid: the idle connection went back to the front, which keeps it.
-        Io::Event | Io::Hybrid => {
+        Io::Event | Io::Hybrid | Io::Async => {
             idle.write_all(b"PING\r\n").unwrap();
             assert_eq!(read_n(&mut idle, 7), "+PONG\r\n", "the idle connection is kept");
         }
     }
 }
 
-both_io!(a_new_connection_is_not_given_up_before_its_first_request);
+both_io!(not_async("ping and kv have no async counterpart"): a_new_connection_is_not_given_up_before_its_first_request);
 fn a_new_connection_is_not_given_up_before_its_first_request(io: Io) {
     // One worker, held by a client that is slow to send its first request while another
     // client waits: the guard gives up idle keep-alive connections, never one that has not
@@ -168,7 +168,7 @@ fn a_new_connection_is_not_given_up_before_its_first_request(io: Io) {
     assert_eq!(read_n(&mut waiting, 7), "+PONG\r\n");
 }
 
-both_io!(stop_keeps_connections_of_protocols_that_cannot_announce_a_close);
+both_io!(not_async("ping and kv have no async counterpart"): stop_keeps_connections_of_protocols_that_cannot_announce_a_close);
 fn stop_keeps_connections_of_protocols_that_cannot_announce_a_close(io: Io) {
     // A Redis client takes a closed connection for a failure: on stop, its connection is
     // served until the client leaves (within the grace period), then the master exits.

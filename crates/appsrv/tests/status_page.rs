@@ -467,15 +467,10 @@ fn issue_41_the_rates_now_and_the_charts_show_the_load(name: &str, io: Option<Io
 }
 
 fn issue_41_rates_and_charts_under_load(io: Io) {
-    issue_41_the_rates_now_and_the_charts_show_the_load("http_hello", Some(io));
+    issue_41_the_rates_now_and_the_charts_show_the_load(io.example("http_hello"), Some(io));
 }
 
 both_io!(issue_41_rates_and_charts_under_load);
-
-#[test]
-fn issue_41_rates_and_charts_under_load_async() {
-    issue_41_the_rates_now_and_the_charts_show_the_load("async_hello", None);
-}
 
 /// The status document with the figures that change by themselves between two snapshots
 /// (times, and the rates: the mean since the start, and those of the windows that slide)

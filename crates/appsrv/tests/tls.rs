@@ -249,7 +249,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-both_io!(http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox);
+both_io!(not_async("async_hello has no --static-dir (http_hello's own option)"): http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox);
 fn http_hello_over_tls_keeps_alive_and_sends_large_files_in_a_sandbox(io: Io) {
     let pki = Pki::new(&format!("http-{}", io.name()));
     pki.issue("server", "localhost", None);
@@ -475,7 +475,7 @@ fn a_plain_text_client_of_a_request_level_server_is_closed_and_the_worker_serves
     let pki = Pki::new(&format!("rl-plain-{}", io.name()));
     pki.issue("server", "localhost", None);
     let server = start_tls(
-        "http_hello",
+        io.example("http_hello"),
         &pki,
         &io.args(&["-w", "1", "--tls-handshake-timeout", "600"]),
     );
@@ -503,7 +503,7 @@ fn a_request_level_servers_handshake_is_cut_at_the_timeout(io: Io) {
     let pki = Pki::new(&format!("rl-trickle-{}", io.name()));
     pki.issue("server", "localhost", None);
     let server = start_tls(
-        "http_hello",
+        io.example("http_hello"),
         &pki,
         &io.args(&["-w", "1", "--tls-handshake-timeout", "1"]),
     );
@@ -596,7 +596,11 @@ fn reload_serves_the_new_certificate_without_dropping_a_request(io: Io) {
     let pki = Pki::new(&format!("reload-{}", io.name()));
     let first = pki.issue("server", "localhost", None);
     let ctl = socket_path("tls-reload");
-    let server = start_tls("http_hello", &pki, &io.args(&["-w", "2", "--control", &ctl]));
+    let server = start_tls(
+        io.example("http_hello"),
+        &pki,
+        &io.args(&["-w", "2", "--control", &ctl]),
+    );
     let addr = server.tcp_addr();
     let config = pki.client_config(None, &[]);
     assert_eq!(served_certificate(addr, &config), first);

@@ -127,7 +127,7 @@ fn text(b: &[u8]) -> String {
 
 both_io!(reloads_then_an_upgrade_under_load_fail_no_request);
 fn reloads_then_an_upgrade_under_load_fail_no_request(io: Io) {
-    let d = Deploy::new(&format!("load-{}", io.name()), "http_hello");
+    let d = Deploy::new(&format!("load-{}", io.name()), io.example("http_hello"));
     let server = d.start(&io.args(&["-w", "3"]));
     let addr = server.tcp_addr();
     let old_master = server.pid();
@@ -136,7 +136,7 @@ fn reloads_then_an_upgrade_under_load_fail_no_request(io: Io) {
             let out = d.ctl(&["reload"]);
             assert!(out.status.success(), "{}", text(&out.stderr));
         }
-        d.install(&example("http_hello"));
+        d.install(&example(io.example("http_hello")));
         let out = d.ctl(&["upgrade"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         // Keep the load on while the old master drains.
@@ -166,7 +166,7 @@ both_io!(issue_31_upgrades_by_signal_and_by_command_under_more_clients_than_work
 /// channel were closed unanswered when the old master exited (wrk: `read 14`, by signal and
 /// by `upgrade` alike).
 fn issue_31_upgrades_by_signal_and_by_command_under_more_clients_than_workers_fail_no_request(io: Io) {
-    let d = Deploy::new(&format!("usr2-{}", io.name()), "http_hello");
+    let d = Deploy::new(&format!("usr2-{}", io.name()), io.example("http_hello"));
     let server = d.start(&io.args(&["-w", "2"]));
     let addr = server.tcp_addr();
     let first = d.pid();

@@ -154,8 +154,9 @@ pub(crate) trait Context {
 
     /// The input was refused with the codec's error reply (bad input, too slow, too
     /// large, shed for memory, a handler past `--request-timeout`): one error for the
-    /// status's errors per second (issue 41).
-    fn refused(&mut self) {}
+    /// status's errors per second (issue 41); `why` decides the access log's outcome for
+    /// a driver that does not keep the step at the connection's end (issue 42).
+    fn refused(&mut self, _why: &ProtocolError) {}
 
     /// Hybrid mode, for a blocking driver: how long the rest of a request begun on this
     /// connection may take to arrive, at most, before the connection goes back to a front
@@ -598,6 +599,10 @@ impl<C: Codec> Requests<C> {
         if !bufs.has_input() {
             return Gathered::Step(self.at_boundary(ctx, now));
         }
+        // The request's first bytes to the context, as the other drivers' step gives them:
+        // a request the front refuses, times out or loses gets its access-log line there
+        // (issue 42); one handed off gets it from the worker that answers it.
+        self.note_head(bufs, ctx);
         // What the decoding found; the request itself (which borrows the buffer) is not
         // needed.
         let input: &mut [u8] = if self.as_read.is_empty() {
@@ -788,8 +793,8 @@ impl<C: Codec> Requests<C> {
         match cut {
             Cut::TimedOut(limit) => {
                 ctx.state(State::Closing);
-                ctx.refused();
                 let e = ProtocolError::HandlerTimeout { limit };
+                ctx.refused(&e);
                 self.rejected = Some((e.clone(), bufs.output().len()));
                 self.codec.encode_error(&e, bufs.output());
                 // Logged by the worker, once per episode (issue 41).
@@ -814,6 +819,21 @@ impl<C: Codec> Requests<C> {
     /// What comes before a request is decoded, in both kinds of call: its first bytes to
     /// the context, and whether its response is to be the connection's last.
     fn open_request(&mut self, bufs: &Buffers, ctx: &mut dyn Context) -> bool {
+        self.note_head(bufs, ctx);
+        // Only a protocol that can tell its client ends a connection between requests:
+        // to a client of one that cannot, a close looks like a failure, so its
+        // connections last until the client leaves (or a timeout, or the grace period),
+        // even while the worker stops or retires.
+        self.announces_close
+            && (ctx.stopping()
+                || self.served + 1 >= self.limits.keepalive_requests
+                || ctx.retiring()
+                || ctx.saturated())
+    }
+
+    /// A request begins ([`Context::request_start`]), or more of its first bytes came
+    /// ([`Context::request_head`]).
+    fn note_head(&mut self, bufs: &Buffers, ctx: &mut dyn Context) {
         if !self.in_request {
             let input = bufs.unconsumed();
             self.head_len = input.len().min(HEAD_BYTES);
@@ -824,15 +844,6 @@ impl<C: Codec> Requests<C> {
             self.head_len = input.len().min(HEAD_BYTES);
             ctx.request_head(self.head(&input[..self.head_len]));
         }
-        // Only a protocol that can tell its client ends a connection between requests:
-        // to a client of one that cannot, a close looks like a failure, so its
-        // connections last until the client leaves (or a timeout, or the grace period),
-        // even while the worker stops or retires.
-        self.announces_close
-            && (ctx.stopping()
-                || self.served + 1 >= self.limits.keepalive_requests
-                || ctx.retiring()
-                || ctx.saturated())
     }
 
     /// The request's first bytes `raw` and what is published of them: the codec's summary
@@ -1073,7 +1084,7 @@ impl<C: Codec> Requests<C> {
         e: &ProtocolError,
     ) -> Next {
         ctx.state(State::Closing);
-        ctx.refused();
+        ctx.refused(e);
         self.rejected = Some((e.clone(), bufs.output().len()));
         self.codec.encode_error(e, bufs.output());
         tracing::info!("bad request from {peer}: {e}; closing the connection");

@@ -18,9 +18,10 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
-use std::io::Write;
+use std::io::{self, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::codec::ProtocolError;
 use crate::process::log::{Log, LostLines, format_utc};
 
 const FLUSH_AT: usize = 32 * 1024;
@@ -38,7 +39,66 @@ pub(crate) enum Outcome {
     Slipped,
 }
 
+/// How a request, or a `handle_client` connection, ended, as every driver sees it: the
+/// input of [`Outcome::of`], the access log's one outcome rule (issue 42).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum End<'e> {
+    /// The handler returned: `ok` whether it succeeded (a request-level handler's `Err` is
+    /// answered with the codec's error reply or the close).
+    Answered {
+        /// The handler returned `Ok`.
+        ok: bool,
+    },
+    /// The request step refused the input with the codec's error reply (malformed, too
+    /// large, too slow, shed for memory, an async handler past `--request-timeout`).
+    Refused(&'e ProtocolError),
+    /// An I/O error ended it: the client's reset or close, a socket timeout, or another
+    /// error (for `handle_client`, whatever error the handler returned).
+    Failed(io::ErrorKind),
+    /// The connection ended without an error while a request was unanswered (the client
+    /// closed between two reads, the server gave it up).
+    Dropped,
+    /// The user's code panicked.
+    Panicked,
+    /// The worker's clock cut the call (`--request-timeout` in the async model).
+    Cut,
+}
+
 impl Outcome {
+    /// The access log's one rule (issue 42), the same in every I/O model, at the request
+    /// level and the client level alike:
+    ///
+    /// - `ok`: the handler returned `Ok` (a whole request answered; a `handle_client`
+    ///   connection whose handler returned `Ok`);
+    /// - `error`: the handler returned an error, or panicked; the input was refused with
+    ///   the codec's error reply (malformed, too large, shed for memory: HTTP 400, 413,
+    ///   503); a `handle_client` handler's error that is neither the client leaving nor a
+    ///   timeout;
+    /// - `timeout`: a deadline passed: the head or body too slow (`--header-timeout`,
+    ///   `--read-timeout`: HTTP 408), a write cut at `--write-timeout` or
+    ///   `--min-send-rate`, a call cut at `--request-timeout`;
+    /// - `closed`: the client left: it reset the connection or closed it in the middle of
+    ///   a request (or, for `handle_client`, while its handler read or wrote).
+    pub(crate) fn of(end: End<'_>) -> Outcome {
+        match end {
+            End::Answered { ok: true } => Outcome::Ok,
+            End::Answered { ok: false } | End::Panicked => Outcome::Error,
+            End::Refused(ProtocolError::Timeout | ProtocolError::HandlerTimeout { .. }) => Outcome::Timeout,
+            End::Refused(_) => Outcome::Error,
+            End::Cut => Outcome::Timeout,
+            End::Dropped => Outcome::Closed,
+            End::Failed(kind) => match kind {
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => Outcome::Timeout,
+                io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::NotConnected => Outcome::Closed,
+                _ => Outcome::Error,
+            },
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
@@ -186,6 +246,37 @@ mod tests {
         assert_eq!(log.lost.pending(), 0, "the episode ended");
         assert!(std::fs::read_to_string(&path).unwrap().contains("\"PING\""));
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// Issue 42: the one outcome rule, as docs/ARCHITECTURE.md's table gives it.
+    #[test]
+    fn issue_42_one_outcome_for_each_way_a_request_ends() {
+        let slow = ProtocolError::Timeout;
+        let late = ProtocolError::HandlerTimeout {
+            limit: Duration::from_secs(1),
+        };
+        let bad = ProtocolError::Malformed("bad request line".into());
+        let shed = ProtocolError::Refused("busy".into());
+        let cases = [
+            (End::Answered { ok: true }, Outcome::Ok),
+            (End::Answered { ok: false }, Outcome::Error),
+            (End::Panicked, Outcome::Error),
+            (End::Refused(&bad), Outcome::Error),
+            (End::Refused(&shed), Outcome::Error),
+            (End::Refused(&slow), Outcome::Timeout),
+            (End::Refused(&late), Outcome::Timeout),
+            (End::Cut, Outcome::Timeout),
+            (End::Failed(io::ErrorKind::TimedOut), Outcome::Timeout),
+            (End::Failed(io::ErrorKind::WouldBlock), Outcome::Timeout),
+            (End::Failed(io::ErrorKind::ConnectionReset), Outcome::Closed),
+            (End::Failed(io::ErrorKind::BrokenPipe), Outcome::Closed),
+            (End::Failed(io::ErrorKind::UnexpectedEof), Outcome::Closed),
+            (End::Dropped, Outcome::Closed),
+            (End::Failed(io::ErrorKind::InvalidData), Outcome::Error),
+        ];
+        for (end, outcome) in cases {
+            assert_eq!(Outcome::of(end), outcome, "{end:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags};
 use socket2::Socket;
 
+use crate::codec::ProtocolError;
 use crate::conn::client::{BUFFER_SIZE, Buffers, Client, SendWatch};
 use crate::net::listener::{Addr, Listener};
 use crate::net::tls::ForWorker;
@@ -22,7 +23,7 @@ use crate::sys::{self, exit};
 use super::ConnLimits;
 use super::Setup;
 use super::accept::{Accepted, Acceptor};
-use super::access::Outcome;
+use super::access::{End, Outcome};
 use super::admission::{Admission, Next, Rejection, Rules, Seat};
 use super::driver::{Driver, Extras, Shared, accepts_on, rules};
 use super::guard::Guard;
@@ -108,6 +109,7 @@ pub(crate) fn serve<'a, C: Connections>(
             ledger,
             request: None,
             peer: None,
+            refusal: None,
             hold: None,
         },
         level,
@@ -305,6 +307,7 @@ fn account<T>(
     let (received, sent) = client.take_traffic();
     let slot = guard.ledger.slot();
     slot.add_bytes(received, sent);
+    let refusal = guard.refusal.take();
     let open = match (connection_clock, guard.request.take()) {
         (Some(started), _) => Some((started, false)),
         (None, Some(started)) => Some((started, true)),
@@ -322,7 +325,7 @@ fn account<T>(
         return;
     };
     let took = Duration::from_nanos(now.saturating_sub(started));
-    let outcome = ended(outcome, unanswered);
+    let outcome = ended(outcome, unanswered, refusal.as_ref());
     if unanswered {
         guard
             .ledger
@@ -333,17 +336,23 @@ fn account<T>(
 }
 
 /// How a connection (`handle_client`) or a request left unanswered when its connection
-/// ended (`unanswered`) is recorded in the access log: `timeout` when it timed out,
-/// `closed` when the client left, an I/O error ended it or the handler panicked; otherwise
-/// `ok` for a connection, and `error` for a request (the request loop answered it with the
-/// codec's error reply).
-fn ended<T>(outcome: &Result<io::Result<T>, Panicked>, unanswered: bool) -> Outcome {
-    match outcome {
-        Ok(Ok(_)) if unanswered => Outcome::Error,
-        Ok(Ok(_)) => Outcome::Ok,
-        Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => Outcome::Timeout,
-        Ok(Err(_)) | Err(_) => Outcome::Closed,
-    }
+/// ended (`unanswered`) is recorded in the access log, by the one rule ([`Outcome::of`]):
+/// the step's `refusal` when it refused the request with the codec's error reply, else
+/// the I/O result's or the panic's.
+fn ended<T>(
+    outcome: &Result<io::Result<T>, Panicked>,
+    unanswered: bool,
+    refusal: Option<&ProtocolError>,
+) -> Outcome {
+    Outcome::of(match (outcome, refusal) {
+        (Ok(Ok(_)), Some(why)) if unanswered => End::Refused(why),
+        // The step closed with the request unanswered and without a refusal (a stop):
+        // the request was dropped, as if the client had left.
+        (Ok(Ok(_)), _) if unanswered => End::Dropped,
+        (Ok(Ok(_)), _) => End::Answered { ok: true },
+        (Ok(Err(e)), _) => End::Failed(e.kind()),
+        (Err(_), _) => End::Panicked,
+    })
 }
 
 /// The scoreboard, as admission sees it: this worker's slot, and the others'.
@@ -472,26 +481,34 @@ fn reject<C: Connections>(ledger: &mut Ledger<'_>, why: Rejection, client: &mut 
 mod tests {
     use super::*;
 
-    /// One rule set for the access log's outcome, for connections (`handle_client`) and
-    /// for requests cut short alike.
+    /// The access log's one rule (issue 42), as the blocking loop applies it: a timeout
+    /// (the socket's, or the step's refusal of a head too slow) is `timeout`, a client
+    /// that reset the connection is `closed`, a panic and a malformed request are `error`,
+    /// for connections (`handle_client`) and requests cut short alike.
     #[test]
-    fn the_access_logs_outcome_follows_one_rule_set() {
+    fn issue_42_the_blocking_loop_keeps_the_one_outcome_rule() {
         let timed_out =
             || -> Result<io::Result<()>, Panicked> { Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t"))) };
         let reset = || -> Result<io::Result<()>, Panicked> {
             Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)))
         };
+        let failed =
+            || -> Result<io::Result<()>, Panicked> { Ok(Err(io::Error::other("the handler's own"))) };
         let panicked = || -> Result<io::Result<()>, Panicked> { Err(Panicked("boom".into())) };
         for unanswered in [false, true] {
-            assert_eq!(ended(&timed_out(), unanswered), Outcome::Timeout);
-            assert_eq!(ended(&reset(), unanswered), Outcome::Closed);
-            assert_eq!(ended(&panicked(), unanswered), Outcome::Closed);
+            assert_eq!(ended(&timed_out(), unanswered, None), Outcome::Timeout);
+            assert_eq!(ended(&reset(), unanswered, None), Outcome::Closed);
+            assert_eq!(ended(&failed(), unanswered, None), Outcome::Error);
+            assert_eq!(ended(&panicked(), unanswered, None), Outcome::Error);
         }
-        assert_eq!(ended(&Ok(Ok(())), false), Outcome::Ok);
+        assert_eq!(ended(&Ok(Ok(())), false, None), Outcome::Ok);
         // The request loop answered the request with the codec's error reply.
-        assert_eq!(ended(&Ok(Ok(())), true), Outcome::Error);
+        let slow = ProtocolError::Timeout;
+        let bad = ProtocolError::Malformed("bad request line".into());
+        assert_eq!(ended(&Ok(Ok(())), true, Some(&slow)), Outcome::Timeout);
+        assert_eq!(ended(&Ok(Ok(())), true, Some(&bad)), Outcome::Error);
         // Handed back to a front (hybrid mode): the connection's requests were answered.
-        assert_eq!(ended(&Ok(Ok(Some(3u32))), false), Outcome::Ok);
+        assert_eq!(ended(&Ok(Ok(Some(3u32))), false, None), Outcome::Ok);
     }
 
     /// A wait ends at its deadline, not before, when nothing comes.

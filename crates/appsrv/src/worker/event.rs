@@ -85,7 +85,7 @@ use crate::sys::{self, exit};
 use super::ConnLimits;
 use super::Setup;
 use super::accept::REQUEUE_EVERY;
-use super::access::Outcome;
+use super::access::{End, Outcome};
 use super::admission::{self, Admission, EventSeat};
 use super::budget::{OVER_BUDGET_READ, SHED_BELOW, TRIM_ABOVE};
 use super::driver::{Driver, Extras, Shared, accepts_on, rules};
@@ -303,6 +303,8 @@ struct Connection<'a, H: RequestHandler> {
     class: Class,
     /// The request in progress: the turn its first bytes came in.
     request: Option<Instant>,
+    /// The I/O error that ended the connection, if one did (the access log's outcome).
+    failed: Option<io::ErrorKind>,
     received: u64,
     sent: u64,
     /// The client's IP, counted for the per-address cap.
@@ -399,7 +401,7 @@ impl Context for Turn<'_, '_> {
         self.ledger.request_head(head);
     }
 
-    fn refused(&mut self) {
+    fn refused(&mut self, _: &crate::codec::ProtocolError) {
         self.ledger.refused();
     }
 
@@ -1029,6 +1031,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             timer: Timer::default(),
             class: Class::Reading,
             request: None,
+            failed: None,
             received: 0,
             sent: 0,
             counted_ip: None,
@@ -1135,6 +1138,14 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 Ok(pass) => pass,
                 Err(panic) => {
                     let others = self.conns.len();
+                    if let Some(started) = c.request.take() {
+                        // Its line, by the one rule (a panic is an `error`), before the
+                        // lines are written out.
+                        let outcome = Outcome::of(End::Panicked);
+                        let bytes = (c.received, c.sent);
+                        self.ledger
+                            .request_unanswered(&c.peer, outcome, started.elapsed(), bytes);
+                    }
                     sys::exit_now(self.ledger.panicked(
                         format_args!("handler panicked while serving {}", c.peer),
                         &panic,
@@ -1152,6 +1163,12 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             self.buffered += c.step.kept_capacity();
         }
         if let Pass::Closed = outcome {
+            if c.request.is_some() && self.ledger.logs_access() {
+                // The line of its unanswered request names that request (its bytes as they
+                // came), whatever began on other connections since.
+                let bufs = private.as_deref().unwrap_or(&self.shared);
+                self.ledger.access_head(c.step.as_read(bufs));
+            }
             self.shared.discard_input();
             self.shared.output().clear();
             self.close(token, c);
@@ -1256,7 +1273,8 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     Err(e) => {
                         tracing::info!("connection from {}: {e}", c.peer);
                         // Cut off at once: the kernel must not go on trickling the rest.
-                        let c = self.conns.take(token).expect("present");
+                        let mut c = self.conns.take(token).expect("present");
+                        c.failed = Some(e.kind());
                         let _ = c.transport.socket().set_linger(Some(Duration::ZERO));
                         self.close(token, c);
                     }
@@ -1279,13 +1297,18 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             // A request left unanswered when the connection ended.
             self.slot.handler_done();
             if self.ledger.logs_access() {
-                // As the blocking loop records them: refused as too slow, answered with
-                // the codec's error reply, or cut by the client (or an error).
-                let outcome = match c.step.rejected() {
-                    Some((crate::codec::ProtocolError::Timeout, _)) => Outcome::Timeout,
-                    Some(_) => Outcome::Error,
-                    None => Outcome::Closed,
-                };
+                if let Some(bufs) = c.bufs.as_deref() {
+                    // Closed outside its pass (a deadline): its bytes are in its buffers.
+                    self.ledger.access_head(c.step.as_read(bufs));
+                }
+                // By the one rule (issue 42): refused with the codec's error reply, cut
+                // at a deadline, or lost (the client left, an error). A hybrid front's
+                // requests too: one it refuses, times out or loses gets its line here.
+                let outcome = Outcome::of(match (c.step.rejected(), c.failed) {
+                    (Some((why, _)), _) => End::Refused(why),
+                    (None, Some(kind)) => End::Failed(kind),
+                    (None, None) => End::Dropped,
+                });
                 let bytes = (c.received, c.sent);
                 self.ledger
                     .request_unanswered(&c.peer, outcome, started.elapsed(), bytes);
@@ -1356,6 +1379,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     }
                     Err(e) => {
                         log_connection_error(&c.peer, &e);
+                        c.failed = Some(e.kind());
                         Some(Pass::Closed)
                     }
                 },
@@ -1372,6 +1396,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                     }
                     Err(e) => {
                         log_connection_error(&c.peer, &e);
+                        c.failed = Some(e.kind());
                         Some(Pass::Closed)
                     }
                 },
@@ -1491,6 +1516,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
                 let next = c.step.peer_closed(bufs);
                 if let Next::Fail(e) = &next {
                     tracing::debug!("connection from {} ended early: {e}", c.peer);
+                    c.failed = Some(e.kind());
                     return Some(Pass::Closed);
                 }
                 self.follow(c, Gathered::Step(next));
@@ -1520,6 +1546,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             }
             Err(e) => {
                 log_connection_error(&c.peer, &e);
+                c.failed = Some(e.kind());
                 Some(Pass::Closed)
             }
         }
@@ -1621,6 +1648,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             Next::Close { linger } => Pending::Output(Then::Close { linger }),
             Next::Fail(e) => {
                 log_connection_error(&c.peer, &e);
+                c.failed = Some(e.kind());
                 Pending::Output(Then::Close { linger: None })
             }
         };
@@ -1630,14 +1658,16 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// In a front, the step only gathers the request ([`Gathered::Whole`]: hand it off).
     fn advance(&mut self, c: &mut Connection<'a, H>, bufs: &mut Buffers, handler: &mut H) -> Gathered {
         if let Some(front) = self.front.as_mut() {
-            let mut quiet = Quiet {
+            let mut gather = Gather {
+                ledger: &mut self.ledger,
                 stopping: self.stopping,
-                slot: self.slot,
+                request: &mut c.request,
+                now: self.now,
             };
             let now = self.now;
             return c
                 .step
-                .complete(bufs, front.scratch(), &mut quiet, &c.peer, &mut || now);
+                .complete(bufs, front.scratch(), &mut gather, &c.peer, &mut || now);
         }
         let mut ctx = Turn {
             ledger: &mut self.ledger,
@@ -1917,6 +1947,39 @@ struct Quiet<'s> {
     slot: &'s Slot,
 }
 
+/// A hybrid front's side of the step while it gathers a request: the request's start and
+/// head, so that one the front refuses, times out or loses gets its access-log line when
+/// the connection closes, as in every model (issue 42); one handed off is answered, counted
+/// and logged by the worker that takes it.
+struct Gather<'t, 'l> {
+    ledger: &'t mut Ledger<'l>,
+    stopping: bool,
+    request: &'t mut Option<Instant>,
+    now: Instant,
+}
+
+impl Context for Gather<'_, '_> {
+    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
+        Boundary::Wait
+    }
+    fn saturated(&mut self) -> bool {
+        false
+    }
+    fn stopping(&mut self) -> bool {
+        self.stopping
+    }
+    fn request_start(&mut self, head: Head<'_>) {
+        *self.request = Some(self.now);
+        self.ledger.request_head(head);
+    }
+    fn request_head(&mut self, head: Head<'_>) {
+        self.ledger.request_head(head);
+    }
+    fn refused(&mut self, _: &crate::codec::ProtocolError) {
+        self.ledger.refused();
+    }
+}
+
 /// What a connection's private buffers hold for a request (none: nothing).
 fn held(bufs: Option<&Buffers>) -> usize {
     bufs.map_or(0, Buffers::input_capacity)
@@ -1932,7 +1995,7 @@ impl Context for Quiet<'_> {
     fn stopping(&mut self) -> bool {
         self.stopping
     }
-    fn refused(&mut self) {
+    fn refused(&mut self, _: &crate::codec::ProtocolError) {
         self.slot.error();
     }
 }

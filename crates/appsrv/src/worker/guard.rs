@@ -11,6 +11,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags};
 use socket2::Socket;
 
+use crate::codec::ProtocolError;
 use crate::net::listener::Listener;
 use crate::scoreboard::{Board, State};
 use crate::sys;
@@ -31,6 +32,9 @@ pub(crate) struct Guard<'a> {
     /// The client of the connection in progress, formatted once per connection (only with
     /// an access log: for its lines).
     pub(crate) peer: Option<String>,
+    /// Why the request step refused the request in progress with the codec's error reply
+    /// (its access-log line's outcome, issue 42); taken at the connection's end.
+    pub(crate) refusal: Option<ProtocolError>,
     /// Hybrid mode: the connection was handed to this worker by a front, and goes back to
     /// one when it stays quiet (`None`: a connection the worker accepted itself, TLS).
     pub(crate) hold: Option<Hold>,
@@ -99,8 +103,9 @@ impl Context for Guard<'_> {
         self.ledger.request_head(head);
     }
 
-    fn refused(&mut self) {
+    fn refused(&mut self, why: &ProtocolError) {
         self.ledger.refused();
+        self.refusal = Some(why.clone());
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {

@@ -146,6 +146,18 @@ impl<'a> Ledger<'a> {
         self.shown_len = n;
     }
 
+    /// The first bytes of the request whose line is written next, for the access log only:
+    /// a driver that serves many connections (an event loop, a hybrid front) gives them
+    /// again before the line of a request left unanswered, since another connection's
+    /// request may have begun since (issue 42). What is published is left as it is.
+    pub(crate) fn access_head(&mut self, raw: &[u8]) {
+        if self.access.is_some() {
+            let n = raw.len().min(HEAD_BYTES);
+            self.head[..n].copy_from_slice(&raw[..n]);
+            self.head_len = n;
+        }
+    }
+
     /// What is published of the request in progress (the slot, the slow-call line): its
     /// codec's summary, or its first bytes with `--status-request-detail`.
     pub(crate) fn shown(&self) -> &[u8] {

@@ -78,7 +78,7 @@ use crate::peer_counts::PeerCounts;
 use crate::scoreboard::{Board, ConnCounts, HEAD_BYTES, Slot, State};
 use crate::sys::{self, exit};
 
-use super::access::Outcome;
+use super::access::{End, Outcome};
 use super::admission::{self, Admission, EventSeat};
 use super::budget::{self, Budget};
 use super::driver::{Driver, Extras, Shared, rules};
@@ -1531,7 +1531,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
             log_connection_error(peer, e);
         }
         ctx.set_idle(false);
-        ctx.closed(step.rejected().map(|(e, _)| e));
+        ctx.closed(step.rejected().map(|(e, _)| e), end.as_ref().map(io::Error::kind));
         w.slot.add_bytes(ctx.received, ctx.sent);
     }
 
@@ -1832,19 +1832,18 @@ impl TaskContext<'_, '_> {
 
     /// The connection ended: a request left unanswered gets its line, as the other
     /// drivers record it.
-    fn closed(&mut self, rejected: Option<&crate::codec::ProtocolError>) {
+    fn closed(&mut self, rejected: Option<&crate::codec::ProtocolError>, failed: Option<io::ErrorKind>) {
         let Some(started) = self.request.take() else {
             return;
         };
         let mut ledger = self.w.ledger.borrow_mut();
         if ledger.logs_access() {
-            let outcome = match rejected {
-                Some(
-                    crate::codec::ProtocolError::Timeout | crate::codec::ProtocolError::HandlerTimeout { .. },
-                ) => Outcome::Timeout,
-                Some(_) => Outcome::Error,
-                None => Outcome::Closed,
-            };
+            // By the one rule (issue 42).
+            let outcome = Outcome::of(match (rejected, failed) {
+                (Some(why), _) => End::Refused(why),
+                (None, Some(kind)) => End::Failed(kind),
+                (None, None) => End::Dropped,
+            });
             let (raw, shown) = Self::head(self.label);
             ledger.request_head(Head {
                 raw: &raw,
@@ -1881,7 +1880,7 @@ impl Context for TaskContext<'_, '_> {
         self.store_head(head);
     }
 
-    fn refused(&mut self) {
+    fn refused(&mut self, _: &crate::codec::ProtocolError) {
         self.w.ledger.borrow_mut().refused();
     }
 
@@ -1938,7 +1937,9 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
             None => Some(call.await),
         };
         let mut close_gently = false;
-        let outcome = match outcome {
+        // By the one rule (issue 42), as the blocking loop records a `handle_client`
+        // connection.
+        let outcome = Outcome::of(match outcome {
             Some(Ok(Ok(()))) => {
                 let _ = bounded(Some(Duration::from_secs(1)), async {
                     use tokio::io::AsyncWriteExt;
@@ -1946,28 +1947,24 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
                 })
                 .await;
                 close_gently = true;
-                Outcome::Ok
+                End::Answered { ok: true }
             }
             Some(Ok(Err(e))) => {
                 log_connection_error(peer, &e);
-                if e.kind() == io::ErrorKind::TimedOut {
-                    Outcome::Timeout
-                } else {
-                    Outcome::Error
-                }
+                End::Failed(e.kind())
             }
             Some(Err(p)) => {
                 tracing::error!(
                     "the handler panicked on the connection from {peer}: {}; closing it, the worker goes on",
                     panic_message(&*p)
                 );
-                Outcome::Error
+                End::Panicked
             }
             None => {
                 w.cut_by_timeout(peer, "the connection");
-                Outcome::Timeout
+                End::Cut
             }
-        };
+        });
         if matches!(outcome, Outcome::Timeout) {
             // A write past its deadline, or the request timeout: what the kernel still
             // holds for the client is dropped with the socket.
