@@ -18,7 +18,8 @@
 //!
 //! impl appsrv::Handler for Hello {
 //!     fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
-//!         writeln!(client, "Hello, Client! You are {}", client.peer_addr())
+//!         let peer = client.peer_addr().clone();
+//!         writeln!(client, "Hello, Client! You are {peer}")
 //!     }
 //! }
 //!
@@ -156,6 +157,7 @@ pub use conn::async_client::AsyncClient;
 pub use conn::client::Client;
 pub use conn::context::Conn;
 pub use conn::datagram::Datagram;
+pub use conn::id::ConnId;
 pub use error::{BoxError, Error, Result};
 pub use handler::{AsyncHandler, AsyncRequestHandler, DatagramHandler, Handler, RequestHandler, WorkerInfo};
 pub use listener::{Addr, ListenAddr};

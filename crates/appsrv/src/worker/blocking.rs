@@ -266,7 +266,7 @@ pub(crate) fn serve_admitted<C: Connections>(
     let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
     account(guard, &mut client, connection_clock, &outcome, handed_back);
-    let peer = client.peer_addr();
+    let peer = client.peer_addr().clone();
     match outcome {
         Ok(Ok(Some(p))) => Served::HandBack(client, p),
         Ok(result) => {
@@ -380,7 +380,7 @@ fn admit<S: Seat>(client: &mut Client, rules: Rules<'_>, mut seat: S) -> Result<
         return Ok(());
     }
     // The clock is read only for a phase with a deadline (a PROXY header, a TLS handshake).
-    let mut machine = Admission::start(rules, client.peer_addr(), seat, &mut Instant::now);
+    let mut machine = Admission::start(rules, client.peer_addr().clone(), seat, &mut Instant::now);
     loop {
         match machine.next() {
             Next::Read { by } => read(client, &mut machine, by),

@@ -12,11 +12,15 @@
 //! - `/count`: a counter shared by the worker's requests (`Cell` in `&self`);
 //! - `/session`: a counter of the connection's requests (its session);
 //! - `/stats`: `cancelled=N in_flight=M` (this worker's);
-//! - `/len` (POST): the body's length; `/big?kb=N`: N KiB of `x`.
+//! - `/len` (POST): the body's length; `/big?kb=N`: N KiB of `x`;
+//! - `/id`: the connection's id (`Conn::id`: `wSLOT.gGEN.pPID.cN`).
 //!
 //! `--client`: the client level (`Server::run_async`), a line protocol: `pid PID` on
 //! connect, then each line is echoed, except `sleep MS` (waits, answers `slept`), `panic`,
-//! `peer` (the client's address) and `bye` (closes).
+//! `peer` (the client's address), `bye` (closes), `id` (`id ID`, `AsyncClient::id`),
+//! `big KB` (KB KiB of `x`, then a newline) and `penalize` (charges the client's address
+//! with a failed authentication, `AsyncClient::penalize`, and answers `penalized MS` or
+//! `penalized none`; reads then return end of file, so the session ends).
 
 use std::cell::Cell;
 use std::io::{self, Write};
@@ -112,6 +116,7 @@ impl appsrv::AsyncRequestHandler for Bed {
                 plain(res, 200, &format!("{n}\n"))
             }
             "/len" => plain(res, 200, &format!("{}\n", req.body().len())),
+            "/id" => plain(res, 200, &format!("{}\n", conn.id())),
             "/big" => {
                 res.content_type("application/octet-stream");
                 res.write_all(&vec![b'x'; ms(req).unwrap_or(0) as usize * 1024])
@@ -155,6 +160,15 @@ impl appsrv::AsyncHandler for Lines {
                 match cmd {
                     "panic" => panic!("asked to panic"),
                     "peer" => peer.clone(),
+                    "id" => format!("id {}", client.get_ref().id()),
+                    "penalize" => match client.get_mut().penalize() {
+                        Some(d) => format!("penalized {}", d.as_millis()),
+                        None => "penalized none".to_string(),
+                    },
+                    big if big.starts_with("big ") => {
+                        let kb: usize = big[4..].parse().unwrap_or(0);
+                        "x".repeat(kb * 1024)
+                    }
                     "bye" => return Ok(()),
                     other => other.to_string(),
                 }
