@@ -109,6 +109,34 @@
 //! `appsrv-runas`) show a codec of its own (`ping`), sessions (`kv`) and HTTP
 //! (`http_hello`).
 //!
+//! # The connection types: [`Client`], [`AsyncClient`], [`Conn`]
+//!
+//! A handler meets one of three: [`Client`] (a blocking [`Handler`]'s whole connection),
+//! [`AsyncClient`] (an [`AsyncHandler`]'s) or [`Conn`] (the connection a request came on,
+//! for [`RequestHandler`] and [`AsyncRequestHandler`]). They offer the same methods, with
+//! the same names and types, wherever these have a meaning:
+//!
+//! | method | `Client` | `AsyncClient` | `Conn` |
+//! |---|---|---|---|
+//! | `peer_addr() -> &Addr` | yes | yes | yes |
+//! | `local_addr() -> io::Result<Addr>` | yes | yes | yes |
+//! | `id() -> `[`ConnId`] (worker slot, generation, pid, number) | yes | yes | yes |
+//! | `tls() -> Option<&TlsSession>` | yes | yes | yes |
+//! | `penalize() -> Option<Duration>` | yes | yes | yes |
+//! | `privileged::<P>() -> privileged::Helper<P>` | yes | no (1) | yes (blocking and hybrid) |
+//! | `stopping() -> bool` | yes | yes (and `stopped()`, a future) | yes |
+//! | `set_read_timeout`, `set_write_timeout` `-> io::Result<()>`; `read_timeout`, `write_timeout` `-> io::Result<Option<Duration>>` | yes | yes | no (2) |
+//!
+//! (1) A helper's call blocks its caller until the helper answers, and an async worker's
+//! one thread serves all its connections: a server with a helper runs `--io blocking` (or
+//! hybrid); an async handler has no `privileged` until the call can be awaited.
+//! (2) A request handler neither reads nor writes the socket: the request step does,
+//! bounded by `--read-timeout`, `--write-timeout`, `--header-timeout` and
+//! `--request-timeout`, the same in every model.
+//!
+//! `--min-send-rate` holds in every model, on every type: a response read slower than the
+//! rate is cut (see `--help`).
+//!
 //! # The command line
 //!
 //! The program gets the standard command line (see [`cli`]): `hello --workers 8 -l
