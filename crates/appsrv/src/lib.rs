@@ -123,13 +123,16 @@
 //! | `id() -> `[`ConnId`] (worker slot, generation, pid, number) | yes | yes | yes |
 //! | `tls() -> Option<&TlsSession>` | yes | yes | yes |
 //! | `penalize() -> Option<Duration>` | yes | yes | yes |
-//! | `privileged::<P>() -> privileged::Helper<P>` | yes | no (1) | yes (blocking and hybrid) |
+//! | `privileged::<P>() -> privileged::Helper<P>` | yes: `call` | yes: `call_async().await` | yes (1) |
 //! | `stopping() -> bool` | yes | yes (and `stopped()`, a future) | yes |
 //! | `set_read_timeout`, `set_write_timeout` `-> io::Result<()>`; `read_timeout`, `write_timeout` `-> io::Result<Option<Duration>>` | yes | yes | no (2) |
 //!
-//! (1) A helper's call blocks its caller until the helper answers, and an async worker's
-//! one thread serves all its connections: a server with a helper runs `--io blocking` (or
-//! hybrid); an async handler has no `privileged` until the call can be awaited.
+//! (1) [`Helper::call`](privileged::Helper::call) blocks its caller until the helper
+//! answers: a blocking or hybrid worker's request handler calls it;
+//! an [`AsyncRequestHandler`] awaits
+//! [`Helper::call_async`](privileged::Helper::call_async), which never blocks the
+//! worker's thread. A request handler of the event loop (`--io event`, not async) cannot
+//! have a helper: such a server is refused before start, with the reason.
 //! (2) A request handler neither reads nor writes the socket: the request step does,
 //! bounded by `--read-timeout`, `--write-timeout`, `--header-timeout` and
 //! `--request-timeout`, the same in every model.

@@ -44,13 +44,20 @@ fn a_reader_below_the_rate_is_cut(server: &Server, request: &[u8], also: impl Fn
     also();
     let line = server.wait_for_log("below --min-send-rate 500 bytes/s: cut off");
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_secs(5), "cut after {waited:?}: too early: {line}");
+    assert!(
+        waited >= Duration::from_secs(5),
+        "cut after {waited:?}: too early: {line}"
+    );
     assert!(
         !server.log_text().contains("--write-timeout"),
         "cut by the write timeout, not the rate:\n{}",
         server.log_text()
     );
-    assert_eq!(hello(server.tcp_addr()), "HTTP/1.1 200 OK", "the worker serves on");
+    assert_eq!(
+        hello(server.tcp_addr()),
+        "HTTP/1.1 200 OK",
+        "the worker serves on"
+    );
 }
 
 /// Issue 42: the async driver's writes ignored `--min-send-rate`: a reader that took
@@ -78,7 +85,10 @@ fn issue_42_async_min_send_rate_cuts_a_slow_reader_of_a_client_level_handler() {
     assert_eq!(other.ask("hello"), "hello");
     let line = server.wait_for_log("below --min-send-rate 500 bytes/s: cut off");
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_secs(5), "cut after {waited:?}: too early: {line}");
+    assert!(
+        waited >= Duration::from_secs(5),
+        "cut after {waited:?}: too early: {line}"
+    );
     assert_eq!(other.ask("still"), "still", "the worker serves on");
 }
 
@@ -127,7 +137,8 @@ fn issue_42_async_client_penalize_charges_the_address() {
     s.set_read_timeout(Some(PATIENCE)).unwrap();
     s.write_all(b"penalize\n").unwrap();
     let mut out = String::new();
-    s.read_to_string(&mut out).expect("the session ends after the penalty");
+    s.read_to_string(&mut out)
+        .expect("the session ends after the penalty");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out:?}");
     assert!(lines[0].starts_with("pid "), "{out:?}");
@@ -151,7 +162,12 @@ fn parse_id(id: &str) -> (u32, u32, i32, u64) {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{id:?}: part {i} is not {prefix}N"))
     };
-    (num(0, "w") as u32, num(1, "g") as u32, num(2, "p") as i32, num(3, "c"))
+    (
+        num(0, "w") as u32,
+        num(1, "g") as u32,
+        num(2, "p") as i32,
+        num(3, "c"),
+    )
 }
 
 /// New connections to a 2-worker `server`, each asking its id with `ask`, until both
@@ -216,4 +232,47 @@ fn issue_42_client_stopping_is_false_while_serving() {
     let mut c = LineClient::tcp(server.tcp_addr());
     assert!(c.line().starts_with("pid "));
     assert_eq!(c.ask("stopping"), "stopping false");
+}
+
+/// Issue 42: `AsyncClient` had no `privileged`, and a server with a helper could not run
+/// an async handler. Now the call is awaited (`Helper::call_async`): while the helper works
+/// for one connection (3 s), the worker's only thread serves another at once, and the
+/// answer then comes from the helper's process, not the worker's.
+#[test]
+fn issue_42_async_privileged_call_is_awaited_without_blocking_the_worker() {
+    if !is_root() {
+        println!("skipped: a server with a privileged helper starts as root");
+        return;
+    }
+    let server = Server::start(
+        "asyncbed",
+        &["-l", "127.0.0.1:0", "-w", "1", "--client", "--helper"],
+    );
+    let addr = server.tcp_addr();
+    let mut calling = LineClient::tcp(addr);
+    let worker = calling.line();
+    let worker: u32 = worker.strip_prefix("pid ").expect("pid PID").parse().unwrap();
+    let asked = Instant::now();
+    calling.send("helper 3000");
+    let mut other = LineClient::tcp(addr);
+    assert!(other.line().starts_with("pid "));
+    assert_eq!(other.ask("meanwhile"), "meanwhile");
+    let served_in = asked.elapsed();
+    assert!(
+        served_in < Duration::from_millis(3000),
+        "the other connection waited {served_in:?}: the call blocked the worker"
+    );
+    let answer = calling.line();
+    assert!(
+        asked.elapsed() >= Duration::from_millis(3000),
+        "{answer}: before the helper slept"
+    );
+    let helper: u32 = answer
+        .strip_prefix("helper pid ")
+        .unwrap_or_else(|| panic!("{answer:?}\n{}", server.log_text()))
+        .parse()
+        .unwrap();
+    assert_ne!(helper, worker, "answered by the helper's process");
+    // Calls take turns and each gets its own answer.
+    assert!(calling.ask("helper 0").starts_with("helper pid "));
 }

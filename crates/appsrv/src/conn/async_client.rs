@@ -145,6 +145,14 @@ impl AsyncClient {
         crate::ConnId::new(self.id)
     }
 
+    /// The worker's privileged helper `P` ([`Server::privileged`](crate::Server::privileged)):
+    /// `client.privileged::<MyHelper>().call_async(&request).await`, which never blocks the
+    /// worker's thread (its other connections are served while the helper works). See
+    /// [`privileged`](crate::privileged) and [`Helper::call_async`](crate::privileged::Helper::call_async).
+    pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
+        crate::privileged::helper()
+    }
+
     /// Charges the client's address with a failed authentication (a wrong password, token
     /// or signature), as [`Client::penalize`](crate::Client::penalize) does: the address
     /// is refused by every worker for 2^(n-1) seconds after its n-th failure in a row, at

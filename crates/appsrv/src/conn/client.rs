@@ -433,7 +433,12 @@ impl Client {
 
     /// [`parts`](Client::parts), and the socket (for the handler's `local_addr`).
     pub(crate) fn parts_with_socket(&mut self) -> (&mut Buffers, &Addr, Option<&TlsSession>, &Socket) {
-        (&mut self.bufs, &self.peer, self.transport.tls(), self.transport.socket())
+        (
+            &mut self.bufs,
+            &self.peer,
+            self.transport.tls(),
+            self.transport.socket(),
+        )
     }
 
     /// The connection's number in this worker process (from 1).

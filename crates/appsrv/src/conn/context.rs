@@ -123,7 +123,9 @@ impl<'a, S> Conn<'a, S> {
     }
 
     /// The worker's privileged helper `P` ([`Server::privileged`](crate::Server::privileged)):
-    /// `conn.privileged::<MyHelper>().call(&request)`. See [`privileged`](crate::privileged).
+    /// `conn.privileged::<MyHelper>().call(&request)` in a blocking or hybrid worker;
+    /// `.call_async(&request).await` in an [`AsyncRequestHandler`](crate::AsyncRequestHandler),
+    /// which never blocks the worker's thread. See [`privileged`](crate::privileged).
     pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
         crate::privileged::helper()
     }
@@ -193,5 +195,38 @@ impl<'a, S> Conn<'a, S> {
     pub fn penalize(&mut self) -> Option<Duration> {
         self.penalized = true;
         crate::penalty::charge(self.info.peer.ip()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 42: `Conn` had no `local_addr` or `stopping`, and its `id` was a number that
+    /// every worker repeated.
+    #[test]
+    fn issue_42_conn_gives_local_addr_id_and_stopping() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let bound = listener.local_addr().unwrap();
+        let _client = std::net::TcpStream::connect(bound).unwrap();
+        let (accepted, from) = listener.accept().unwrap();
+        let socket = socket2::Socket::from(accepted);
+        let peer = Addr::Inet(from);
+        let mut session = ();
+        let conn = Conn::new(
+            ConnInfo {
+                peer: &peer,
+                tls: None,
+                id: 7,
+                socket: &socket,
+            },
+            &mut session,
+        );
+        assert_eq!(conn.local_addr().unwrap(), Addr::Inet(bound));
+        assert_eq!(*conn.peer_addr(), peer);
+        assert_eq!(conn.id().number(), 7);
+        assert_eq!(conn.id().pid(), std::process::id());
+        assert!(conn.id().to_string().ends_with(".c7"), "{}", conn.id());
+        assert!(!conn.stopping());
     }
 }

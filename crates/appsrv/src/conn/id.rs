@@ -106,7 +106,10 @@ mod tests {
             number: 17,
         };
         assert_eq!(id.to_string(), "w2.g1.p4242.c17");
-        assert_eq!((id.worker(), id.generation(), id.pid(), id.number()), (2, 1, 4242, 17));
+        assert_eq!(
+            (id.worker(), id.generation(), id.pid(), id.number()),
+            (2, 1, 4242, 17)
+        );
         // Same number, another worker: another id.
         let other = ConnId { worker: 3, ..id };
         assert_ne!(id, other);

@@ -229,10 +229,7 @@ impl<H: RequestHandler> std::fmt::Debug for RequestLevel<H> {
 
 impl<H: RequestHandler> RequestLevel<H> {
     pub(crate) fn new(handler: H, limits: Limits) -> Self {
-        RequestLevel {
-            handler,
-            limits,
-        }
+        RequestLevel { handler, limits }
     }
 }
 
@@ -543,7 +540,12 @@ fn advance<H: RequestHandler>(
     ctx: &mut dyn Context,
 ) -> Next {
     let (bufs, peer, tls, socket) = client.parts_with_socket();
-    let info = ConnInfo { peer, tls, id, socket };
+    let info = ConnInfo {
+        peer,
+        tls,
+        id,
+        socket,
+    };
     let mut bound = Bound {
         handler,
         conn: Conn::new(info, session),

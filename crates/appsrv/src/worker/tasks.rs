@@ -69,8 +69,8 @@ use crate::codec::{Codec, FileBody};
 use crate::conn::async_client::AsyncClient;
 use crate::conn::buffers::{BUFFER_SIZE, Buffers};
 use crate::conn::context::{Conn, ConnInfo};
-use crate::conn::step::{self, Cut, HandleAsync, Next, Requests, Wait};
 use crate::conn::send_watch::Pace;
+use crate::conn::step::{self, Cut, HandleAsync, Next, Requests, Wait};
 use crate::conn::transport::Transport;
 use crate::handler::{AsyncHandler, AsyncRequestHandler};
 use crate::net::listener::{Addr, Listener};
@@ -1284,20 +1284,16 @@ async fn send_file(io: &mut AsyncFd<Transport>, body: &FileBody, pace: &mut Pace
     if !io.get_ref().is_tls() {
         while offset < end {
             let len = (end - offset).min(1 << 30) as usize;
-            let n = paced!(
-                pace,
-                io,
-                async {
-                    loop {
-                        let mut guard = io.writable_mut().await?;
-                        match guard.try_io(|t| t.get_mut().send_file(&body.file, &mut offset, len)) {
-                            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Ok(r) => return r,
-                            Err(_would_block) => {}
-                        }
+            let n = paced!(pace, io, async {
+                loop {
+                    let mut guard = io.writable_mut().await?;
+                    match guard.try_io(|t| t.get_mut().send_file(&body.file, &mut offset, len)) {
+                        Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Ok(r) => return r,
+                        Err(_would_block) => {}
                     }
                 }
-            )?;
+            })?;
             if n == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -1568,9 +1564,13 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         let mut step = Requests::new(self.handler.codec(), Limits::default());
         let mut bufs = Buffers::none();
         step.refuse(&mut bufs, why);
-        if write_out(&mut io, &mut bufs, &mut Pace::Timeout(Some(Duration::from_secs(1))))
-            .await
-            .is_ok()
+        if write_out(
+            &mut io,
+            &mut bufs,
+            &mut Pace::Timeout(Some(Duration::from_secs(1))),
+        )
+        .await
+        .is_ok()
         {
             // No waiting: a refused client may be one of many.
             linger(&mut io, Duration::ZERO).await;
