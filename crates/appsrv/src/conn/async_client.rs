@@ -10,7 +10,10 @@
 //! longer than its timeout (`--read-timeout`, `--write-timeout` by default, or what the
 //! handler sets) fails with [`io::ErrorKind::TimedOut`]: the deadline is armed when the
 //! operation first has to wait, and disarmed when it makes progress, so that a timeout
-//! bounds a silence, not a session.
+//! bounds a silence, not a session. With `--min-send-rate`, a write that waits is checked
+//! every second by the send watch (`send_watch.rs`), which keeps the write timeout then,
+//! as in the blocking and event models: a client that takes less than the rate is cut
+//! (`TimedOut`, and the driver resets the connection).
 
 use std::future::Future;
 use std::io::{self, IoSlice};
