@@ -43,7 +43,7 @@ pub(crate) struct Relay {
 
 impl appsrv::Handler for Relay {
     fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
-        let who = client.peer_addr();
+        let who = client.peer_addr().clone();
         let env = ucspi_env(client);
         let mut cmd = match Running::start(&self.spec, &env) {
             Ok(c) => c,

@@ -610,7 +610,8 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
 
 /// The pool policy of the command line, checked.
 /// What `--io event` asks of the rest of the configuration, checked before start: a
-/// request-level handler, a static pool, no privileged helper, and descriptors for
+/// request-level handler, a static pool, no privileged helper (but for an async handler),
+/// and descriptors for
 /// `--worker-connections`. Also that a server with a privileged helper starts as root.
 fn check_io(
     config: &Config,
@@ -634,9 +635,11 @@ fn check_io(
     if config.io != crate::Io::Event {
         return Ok(());
     }
-    if config.helper_profile.is_some() {
+    // An async handler awaits its calls (`Helper::call_async`); a request handler of the
+    // event loop could only block it.
+    if config.helper_profile.is_some() && !asynchronous {
         return Err(Error::Config(
-            "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only".into(),
+            "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only (or with an async handler, which awaits Helper::call_async)".into(),
         ));
     }
     if !request_level && !asynchronous {

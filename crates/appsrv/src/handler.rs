@@ -22,7 +22,8 @@ use crate::conn::datagram::Datagram;
 ///
 /// impl appsrv::Handler for Hello {
 ///     fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
-///         writeln!(client, "Hello, Client! You are {}", client.peer_addr())
+///         let peer = client.peer_addr().clone();
+///         writeln!(client, "Hello, Client! You are {peer}")
 ///     }
 /// }
 ///

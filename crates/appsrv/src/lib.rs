@@ -18,7 +18,8 @@
 //!
 //! impl appsrv::Handler for Hello {
 //!     fn handle_client(&mut self, client: &mut appsrv::Client) -> io::Result<()> {
-//!         writeln!(client, "Hello, Client! You are {}", client.peer_addr())
+//!         let peer = client.peer_addr().clone();
+//!         writeln!(client, "Hello, Client! You are {peer}")
 //!     }
 //! }
 //!
@@ -108,6 +109,37 @@
 //! `appsrv-runas`) show a codec of its own (`ping`), sessions (`kv`) and HTTP
 //! (`http_hello`).
 //!
+//! # The connection types: [`Client`], [`AsyncClient`], [`Conn`]
+//!
+//! A handler meets one of three: [`Client`] (a blocking [`Handler`]'s whole connection),
+//! [`AsyncClient`] (an [`AsyncHandler`]'s) or [`Conn`] (the connection a request came on,
+//! for [`RequestHandler`] and [`AsyncRequestHandler`]). They offer the same methods, with
+//! the same names and types, wherever these have a meaning:
+//!
+//! | method | `Client` | `AsyncClient` | `Conn` |
+//! |---|---|---|---|
+//! | `peer_addr() -> &Addr` | yes | yes | yes |
+//! | `local_addr() -> io::Result<Addr>` | yes | yes | yes |
+//! | `id() -> `[`ConnId`] (worker slot, generation, pid, number) | yes | yes | yes |
+//! | `tls() -> Option<&TlsSession>` | yes | yes | yes |
+//! | `penalize() -> Option<Duration>` | yes | yes | yes |
+//! | `privileged::<P>() -> privileged::Helper<P>` | yes: `call` | yes: `call_async().await` | yes (1) |
+//! | `stopping() -> bool` | yes | yes (and `stopped()`, a future) | yes |
+//! | `set_read_timeout`, `set_write_timeout` `-> io::Result<()>`; `read_timeout`, `write_timeout` `-> io::Result<Option<Duration>>` | yes | yes | no (2) |
+//!
+//! (1) [`Helper::call`](privileged::Helper::call) blocks its caller until the helper
+//! answers: a blocking or hybrid worker's request handler calls it;
+//! an [`AsyncRequestHandler`] awaits
+//! [`Helper::call_async`](privileged::Helper::call_async), which never blocks the
+//! worker's thread. A request handler of the event loop (`--io event`, not async) cannot
+//! have a helper: such a server is refused before start, with the reason.
+//! (2) A request handler neither reads nor writes the socket: the request step does,
+//! bounded by `--read-timeout`, `--write-timeout`, `--header-timeout` and
+//! `--request-timeout`, the same in every model.
+//!
+//! `--min-send-rate` holds in every model, on every type: a response read slower than the
+//! rate is cut (see `--help`).
+//!
 //! # The command line
 //!
 //! The program gets the standard command line (see [`cli`]): `hello --workers 8 -l
@@ -156,6 +188,7 @@ pub use conn::async_client::AsyncClient;
 pub use conn::client::Client;
 pub use conn::context::Conn;
 pub use conn::datagram::Datagram;
+pub use conn::id::ConnId;
 pub use error::{BoxError, Error, Result};
 pub use handler::{AsyncHandler, AsyncRequestHandler, DatagramHandler, Handler, RequestHandler, WorkerInfo};
 pub use listener::{Addr, ListenAddr};

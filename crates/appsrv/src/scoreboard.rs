@@ -802,6 +802,11 @@ impl Board {
 }
 
 impl Slot {
+    /// The generation of the worker in this slot (set by the master before its fork).
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     fn reset(&self) {
         for a in [
             &self.connections,

@@ -19,6 +19,9 @@ mod access;
 #[path = "confine.rs"]
 mod confine;
 #[allow(dead_code, unused_imports)] // its #[test] functions are not here
+#[path = "connapi.rs"]
+mod connapi;
+#[allow(dead_code, unused_imports)] // its #[test] functions are not here
 #[path = "core.rs"]
 mod core;
 #[allow(dead_code, unused_imports)] // its #[test] functions are not here
@@ -57,8 +60,9 @@ mod status_page;
 
 fn main() -> std::process::ExitCode {
     // Each test is named after its file (`runas::issue_14_...`, tests/util/needs.rs).
-    let files: [fn() -> Vec<libtest_mimic::Trial>; 14] = [
+    let files: [fn() -> Vec<libtest_mimic::Trial>; 15] = [
         access::conditional,
+        connapi::conditional,
         confine::conditional,
         core::conditional,
         daemon::conditional,

@@ -10,7 +10,10 @@
 //! longer than its timeout (`--read-timeout`, `--write-timeout` by default, or what the
 //! handler sets) fails with [`io::ErrorKind::TimedOut`]: the deadline is armed when the
 //! operation first has to wait, and disarmed when it makes progress, so that a timeout
-//! bounds a silence, not a session.
+//! bounds a silence, not a session. With `--min-send-rate`, a write that waits is checked
+//! every second by the send watch (`send_watch.rs`), which keeps the write timeout then,
+//! as in the blocking and event models: a client that takes less than the rate is cut
+//! (`TimedOut`, and the driver resets the connection).
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -25,6 +28,7 @@ use tokio::time::{Instant, Sleep};
 use crate::net::listener::Addr;
 use crate::net::tls::TlsSession;
 
+use super::send_watch::SendWatch;
 use super::transport::Transport;
 
 /// One connection of an [`AsyncHandler`](crate::AsyncHandler): read it and write it with
@@ -46,6 +50,11 @@ pub struct AsyncClient {
     pub(crate) received: u64,
     pub(crate) sent: u64,
     shut: bool,
+    /// [`penalize`](AsyncClient::penalize) was called: reads return end of file.
+    penalized: bool,
+    /// `--min-send-rate` (when on): judges the writes that wait, checked every second; it
+    /// keeps the write timeout then.
+    watch: Option<SendWatch>,
     /// Bytes read before the handler got the connection (after a PROXY header), given
     /// to its first reads.
     early: Vec<u8>,
@@ -67,33 +76,31 @@ thread_local! {
     static STOPPED: std::rc::Rc<tokio::sync::Notify> = std::rc::Rc::new(tokio::sync::Notify::new());
 }
 
-thread_local! {
-    /// The worker began to stop (its listeners shut, or a stop signal): set before the
-    /// waiters are woken, so that a `stopped()` made after the wake-up sees it.
-    static STOPPING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// The worker was asked to stop: wakes the handlers waiting in [`AsyncClient::stopped`].
+/// The stop is recorded before the waiters are woken, so that a `stopped()` made after
+/// the wake-up sees it.
 pub(crate) fn worker_stops() {
-    STOPPING.with(|s| s.set(true));
+    crate::conn::id::set_stopping();
     STOPPED.with(|n| n.notify_waiters());
 }
 
 /// Whether the worker is stopping: a stop signal came, or the driver began to stop (the
 /// master shut the listeners before its signal arrived).
 fn worker_stopping() -> bool {
-    crate::sys::stop_requested() || STOPPING.with(std::cell::Cell::get)
+    crate::conn::id::worker_stopping()
 }
 
 impl AsyncClient {
     /// The connection `io` (registered with the runtime, admitted) of `peer`, number `id`
-    /// among the worker's, with the server's read and write timeouts.
+    /// among the worker's, with the server's read and write timeouts and
+    /// `--min-send-rate` (0: none).
     pub(crate) fn new(
         io: AsyncFd<Transport>,
         peer: Addr,
         id: u64,
         read_timeout: Option<Duration>,
         write_timeout: Option<Duration>,
+        min_send_rate: u64,
     ) -> Self {
         AsyncClient {
             io,
@@ -106,6 +113,8 @@ impl AsyncClient {
             received: 0,
             sent: 0,
             shut: false,
+            penalized: false,
+            watch: (min_send_rate > 0).then(|| SendWatch::new(min_send_rate, write_timeout)),
             early: Vec::new(),
         }
     }
@@ -115,13 +124,14 @@ impl AsyncClient {
         self.early.extend_from_slice(bytes);
     }
 
-    /// The client's address: the one its PROXY protocol header gave, when the listener
-    /// takes one, else the connection's peer.
+    /// The client's address: IP and port for TCP (the one a PROXY header named, behind a
+    /// balancer), the peer's path (usually none) for Unix sockets.
     pub fn peer_addr(&self) -> &Addr {
         &self.peer
     }
 
-    /// The local address of this connection (the address the client connected to).
+    /// The local address of this connection (the address the client connected to, which
+    /// for a listener on `0.0.0.0` or `[::]` is a specific address).
     pub fn local_addr(&self) -> io::Result<Addr> {
         Ok(Addr::from_sockaddr(&self.io.get_ref().socket().local_addr()?))
     }
@@ -132,33 +142,67 @@ impl AsyncClient {
         self.io.get_ref().tls()
     }
 
-    /// The connection's number among those this worker served (from 1).
-    pub fn id(&self) -> u64 {
-        self.id
+    /// The connection's name across the pool: the worker's slot, generation and process
+    /// id, and the connection's number in that worker (see [`ConnId`](crate::ConnId)).
+    pub fn id(&self) -> crate::ConnId {
+        crate::ConnId::new(self.id)
+    }
+
+    /// The worker's privileged helper `P` ([`Server::privileged`](crate::Server::privileged)):
+    /// `client.privileged::<MyHelper>().call_async(&request).await`, which never blocks the
+    /// worker's thread (its other connections are served while the helper works). See
+    /// [`privileged`](crate::privileged) and [`Helper::call_async`](crate::privileged::Helper::call_async).
+    pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
+        crate::privileged::helper()
+    }
+
+    /// Charges the client's address with a failed authentication (a wrong password, token
+    /// or signature), as [`Client::penalize`](crate::Client::penalize) does: the address
+    /// is refused by every worker for 2^(n-1) seconds after its n-th failure in a row, at
+    /// most `--penalty-max` (600 s by default; `0` turns penalties off). See
+    /// [`Conn::penalize`](crate::Conn::penalize) for the whole rule.
+    ///
+    /// From then on, as on the blocking [`Client`](crate::Client), reads return end of
+    /// file (writes go on): answer the failure, and the handler's loop that reads the next
+    /// command ends the session, so that the next attempt needs a new connection and goes
+    /// through admission.
+    ///
+    /// Returns how long the address is now refused; `None` when nothing was charged
+    /// (penalties off, a Unix-socket client, or a full table, which fails open).
+    pub fn penalize(&mut self) -> Option<Duration> {
+        self.penalized = true;
+        crate::penalty::charge(self.peer.ip()?)
     }
 
     /// How long a read may wait for the client (`None`: forever). Default:
-    /// `--read-timeout`.
-    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+    /// `--read-timeout` (60 s). Never fails (the timer is the runtime's, not the
+    /// socket's); an `io::Result` as on [`Client`](crate::Client), whose kernel timeouts
+    /// can.
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.read_timeout = timeout;
         self.read_deadline = None;
+        Ok(())
     }
 
     /// How long a write may wait for the client to take it (`None`: forever). Default:
-    /// `--write-timeout`.
-    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) {
+    /// `--write-timeout` (60 s). Never fails, as [`set_read_timeout`](Self::set_read_timeout).
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.write_timeout = timeout;
         self.write_deadline = None;
+        if let Some(w) = self.watch.as_mut() {
+            w.keep_write_timeout(timeout);
+        }
+        Ok(())
     }
 
-    /// The read timeout.
-    pub fn read_timeout(&self) -> Option<Duration> {
-        self.read_timeout
+    /// The read timeout. Never fails.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.read_timeout)
     }
 
-    /// The write timeout.
-    pub fn write_timeout(&self) -> Option<Duration> {
-        self.write_timeout
+    /// The write timeout. Never fails.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.write_timeout)
     }
 
     /// Whether the worker was asked to stop (a stop, a reload, an upgrade, recycling):
@@ -227,18 +271,51 @@ impl AsyncClient {
         ))
     }
 
+    /// A write waits for the client: `Ready(Err)` when it must give up, `Pending` until
+    /// then. Without `--min-send-rate`, at the write timeout; with it, when the send watch
+    /// says so, asked every [`check_interval`](SendWatch::check_interval) of the wait (as
+    /// the event loop does): a client below the rate is cut, and the watch keeps the write
+    /// timeout.
+    fn poll_write_wait(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let Some(watch) = self.watch.as_mut() else {
+            return Self::poll_deadline(&mut self.write_deadline, self.write_timeout, "write", cx);
+        };
+        loop {
+            let check = watch.check_interval();
+            let sleep = self
+                .write_deadline
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + check)));
+            ready!(sleep.as_mut().poll(cx));
+            self.write_deadline = None;
+            if let Err(e) = watch.waited(self.io.get_ref().socket(), false) {
+                return Poll::Ready(e);
+            }
+        }
+    }
+
+    /// A write made progress: its wait's deadline is disarmed.
+    fn wrote(&mut self) {
+        self.write_deadline = None;
+        if let Some(w) = self.watch.as_mut() {
+            w.progress();
+        }
+    }
+
+    /// The client sent again: the response before is done, and the next one's waits start
+    /// afresh for `--min-send-rate`.
+    fn read_again(&mut self) {
+        if let Some(w) = self.watch.as_mut() {
+            w.reset();
+        }
+    }
+
     /// Writes pending TLS records, waiting for the socket as needed.
     fn poll_records(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.io.get_ref().records_pending() {
             let mut guard = match self.io.poll_write_ready_mut(cx) {
                 Poll::Ready(g) => g?,
                 Poll::Pending => {
-                    return match Self::poll_deadline(
-                        &mut self.write_deadline,
-                        self.write_timeout,
-                        "write",
-                        cx,
-                    ) {
+                    return match self.poll_write_wait(cx) {
                         Poll::Ready(e) => Poll::Ready(Err(e)),
                         Poll::Pending => Poll::Pending,
                     };
@@ -247,7 +324,7 @@ impl AsyncClient {
             match guard.try_io(|t| t.get_mut().write_records()) {
                 Ok(Ok(n)) => {
                     self.sent += n as u64;
-                    self.write_deadline = None;
+                    self.wrote();
                 }
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                 Ok(Err(e)) => return Poll::Ready(Err(e)),
@@ -261,6 +338,9 @@ impl AsyncClient {
 impl AsyncRead for AsyncClient {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.penalized {
+            return Poll::Ready(Ok(())); // end of file
+        }
         // Reading after `shutdown` is allowed: the client may still send (a half-closed
         // connection reads what comes until the client's own close).
         if !this.early.is_empty() {
@@ -284,6 +364,7 @@ impl AsyncRead for AsyncClient {
                 buf.advance(n);
                 this.received += n as u64;
                 this.read_deadline = None;
+                this.read_again();
                 return Poll::Ready(Ok(()));
             }
             let mut guard = match this.io.poll_read_ready_mut(cx) {
@@ -308,6 +389,7 @@ impl AsyncRead for AsyncClient {
                     buf.advance(n);
                     this.received += n as u64;
                     this.read_deadline = None;
+                    this.read_again();
                     return Poll::Ready(Ok(()));
                 }
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -346,12 +428,7 @@ impl AsyncWrite for AsyncClient {
             let mut guard = match this.io.poll_write_ready_mut(cx) {
                 Poll::Ready(g) => g?,
                 Poll::Pending => {
-                    return match Self::poll_deadline(
-                        &mut this.write_deadline,
-                        this.write_timeout,
-                        "write",
-                        cx,
-                    ) {
+                    return match this.poll_write_wait(cx) {
                         Poll::Ready(e) => Poll::Ready(Err(e)),
                         Poll::Pending => Poll::Pending,
                     };
@@ -372,7 +449,7 @@ impl AsyncWrite for AsyncClient {
                     if !tls {
                         this.sent += n as u64;
                     }
-                    this.write_deadline = None;
+                    this.wrote();
                     return Poll::Ready(Ok(n));
                 }
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -70,7 +70,13 @@ pub struct Client {
     /// handler waits for the client (so that `status` and the master's slow-client
     /// warning see idle connections), handling otherwise.
     reads_shown: Option<(&'static crate::scoreboard::Board, u32)>,
+    /// The connection's number in this worker process ([`Client::id`]).
+    number: u64,
 }
+
+/// Connections this worker process made a [`Client`] for (the blocking and hybrid
+/// workers'), for [`Client::id`].
+static CLIENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Client {
     pub(crate) fn new(socket: Socket, peer: Addr, buffers: Buffers) -> Self {
@@ -84,6 +90,7 @@ impl Client {
             sent: 0,
             watch: SendWatch::default(),
             reads_shown: None,
+            number: CLIENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
         }
     }
 
@@ -194,11 +201,25 @@ impl Client {
         crate::penalty::charge(self.peer.ip()?)
     }
 
-    /// The peer's address: IP and port for TCP, the peer's path (usually none) for Unix
-    /// sockets. Returned by value, so that `writeln!(client, "{}", client.peer_addr())`
-    /// works; it costs a copy (no allocation for TCP peers and unnamed Unix peers).
-    pub fn peer_addr(&self) -> Addr {
-        self.peer.clone()
+    /// The client's address: IP and port for TCP (the one a PROXY header named, behind a
+    /// balancer), the peer's path (usually none) for Unix sockets. Borrowed, as on
+    /// [`AsyncClient`](crate::AsyncClient) and [`Conn`](crate::Conn): to write it to the
+    /// client, copy it first (`let peer = client.peer_addr().clone();`).
+    pub fn peer_addr(&self) -> &Addr {
+        &self.peer
+    }
+
+    /// The connection's name across the pool: the worker's slot, generation and process
+    /// id, and the connection's number in that worker (see [`ConnId`](crate::ConnId)).
+    pub fn id(&self) -> crate::ConnId {
+        crate::ConnId::new(self.number)
+    }
+
+    /// Whether the worker was asked to stop (a stop, a reload, an upgrade, recycling): a
+    /// conversational protocol ends its session at the next good moment (SMTP says
+    /// `421`). A session that goes on is served until it ends or the grace period does.
+    pub fn stopping(&self) -> bool {
+        crate::conn::id::worker_stopping()
     }
 
     /// Replaces the peer's address by the client's real one (from a PROXY header).
@@ -408,6 +429,21 @@ impl Client {
     /// For the request step: the buffers, with the peer and the TLS session beside them.
     pub(crate) fn parts(&mut self) -> (&mut Buffers, &Addr, Option<&TlsSession>) {
         (&mut self.bufs, &self.peer, self.transport.tls())
+    }
+
+    /// [`parts`](Client::parts), and the socket (for the handler's `local_addr`).
+    pub(crate) fn parts_with_socket(&mut self) -> (&mut Buffers, &Addr, Option<&TlsSession>, &Socket) {
+        (
+            &mut self.bufs,
+            &self.peer,
+            self.transport.tls(),
+            self.transport.socket(),
+        )
+    }
+
+    /// The connection's number in this worker process (from 1).
+    pub(crate) fn number(&self) -> u64 {
+        self.number
     }
 
     /// Bytes received and sent on this connection so far (those written directly by

@@ -1,5 +1,5 @@
 //! What a request handler knows about the connection a request came on: the client's
-//! address, the TLS session, a connection number, and the handler's own per-connection
+//! address, the TLS session, the connection's id, and the handler's own per-connection
 //! state (its session).
 
 use std::time::Duration;
@@ -13,6 +13,8 @@ pub(crate) struct ConnInfo<'a> {
     pub(crate) peer: &'a Addr,
     pub(crate) tls: Option<&'a TlsSession>,
     pub(crate) id: u64,
+    /// The connection's socket, for its local address.
+    pub(crate) socket: &'a socket2::Socket,
 }
 
 /// The connection a request came on, given to
@@ -93,11 +95,26 @@ impl<'a, S> Conn<'a, S> {
         self.info.tls
     }
 
-    /// The connection's number in this worker process: 1 for its first connection, then
-    /// 2, and so on. With [`WorkerInfo::pid`](crate::WorkerInfo) it names the connection
-    /// in logs.
-    pub fn id(&self) -> u64 {
-        self.info.id
+    /// The connection's name across the pool: the worker's slot, generation and process
+    /// id, and the connection's number in that worker (see [`ConnId`](crate::ConnId)), to
+    /// name the connection in logs. In hybrid mode, the number is the serving worker's: a
+    /// connection handed between processes gets a new one with each hand-over.
+    pub fn id(&self) -> crate::ConnId {
+        crate::ConnId::new(self.info.id)
+    }
+
+    /// The local address of this connection (the address the client connected to, which
+    /// for a listener on `0.0.0.0` or `[::]` is a specific address). Fails only if the
+    /// system cannot tell it (the connection is gone).
+    pub fn local_addr(&self) -> std::io::Result<Addr> {
+        Ok(Addr::from_sockaddr(&self.info.socket.local_addr()?))
+    }
+
+    /// Whether the worker was asked to stop (a stop, a reload, an upgrade, recycling) and
+    /// is finishing its connections: a handler may cut a long operation short, or tell the
+    /// client.
+    pub fn stopping(&self) -> bool {
+        crate::conn::id::worker_stopping()
     }
 
     /// The handler's state for this connection.
@@ -106,7 +123,9 @@ impl<'a, S> Conn<'a, S> {
     }
 
     /// The worker's privileged helper `P` ([`Server::privileged`](crate::Server::privileged)):
-    /// `conn.privileged::<MyHelper>().call(&request)`. See [`privileged`](crate::privileged).
+    /// `conn.privileged::<MyHelper>().call(&request)` in a blocking or hybrid worker;
+    /// `.call_async(&request).await` in an [`AsyncRequestHandler`](crate::AsyncRequestHandler),
+    /// which never blocks the worker's thread. See [`privileged`](crate::privileged).
     pub fn privileged<P: crate::privileged::Privileged>(&self) -> crate::privileged::Helper<P> {
         crate::privileged::helper()
     }
@@ -176,5 +195,38 @@ impl<'a, S> Conn<'a, S> {
     pub fn penalize(&mut self) -> Option<Duration> {
         self.penalized = true;
         crate::penalty::charge(self.info.peer.ip()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 42: `Conn` had no `local_addr` or `stopping`, and its `id` was a number that
+    /// every worker repeated.
+    #[test]
+    fn issue_42_conn_gives_local_addr_id_and_stopping() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let bound = listener.local_addr().unwrap();
+        let _client = std::net::TcpStream::connect(bound).unwrap();
+        let (accepted, from) = listener.accept().unwrap();
+        let socket = socket2::Socket::from(accepted);
+        let peer = Addr::Inet(from);
+        let mut session = ();
+        let conn = Conn::new(
+            ConnInfo {
+                peer: &peer,
+                tls: None,
+                id: 7,
+                socket: &socket,
+            },
+            &mut session,
+        );
+        assert_eq!(conn.local_addr().unwrap(), Addr::Inet(bound));
+        assert_eq!(*conn.peer_addr(), peer);
+        assert_eq!(conn.id().number(), 7);
+        assert_eq!(conn.id().pid(), std::process::id());
+        assert!(conn.id().to_string().ends_with(".c7"), "{}", conn.id());
+        assert!(!conn.stopping());
     }
 }

@@ -7,6 +7,7 @@ pub(crate) mod buffers;
 pub(crate) mod client;
 pub(crate) mod context;
 pub(crate) mod datagram;
+pub(crate) mod id;
 pub(crate) mod send_watch;
 pub(crate) mod step;
 pub(crate) mod transport;

@@ -224,3 +224,66 @@ impl SendWatch {
         self.stalled_since = None;
     }
 }
+
+/// How the async driver bounds a write that waits for the client (issue 42): by
+/// `--write-timeout` alone, or with `--min-send-rate` by the [`SendWatch`], consulted every
+/// [`check_interval`](SendWatch::check_interval) while the write waits, as the event loop
+/// does (the watch keeps the write timeout then). The wait is given up at each check and
+/// made again: the driver's writes take bytes only in a system call after the wait, so a
+/// wait given up loses nothing.
+#[derive(Debug, Clone)]
+pub(crate) enum Pace {
+    /// `--write-timeout` (`None`: none) bounds each wait.
+    Timeout(Option<Duration>),
+    /// `--min-send-rate` judges the waits.
+    Rate(SendWatch),
+}
+
+impl Pace {
+    /// The pace for `rate` bytes per second (0: none) and the `write_timeout`.
+    pub(crate) fn new(rate: u64, write_timeout: Option<Duration>) -> Self {
+        if rate == 0 {
+            Pace::Timeout(write_timeout)
+        } else {
+            Pace::Rate(SendWatch::new(rate, write_timeout))
+        }
+    }
+
+    /// How long one wait may last before [`expired`](Pace::expired) hears of it (`None`:
+    /// for ever).
+    pub(crate) fn limit(&self) -> Option<Duration> {
+        match self {
+            Pace::Timeout(t) => *t,
+            Pace::Rate(w) => Some(w.check_interval()),
+        }
+    }
+
+    /// A wait lasted [`limit`](Pace::limit) without progress: `Err(TimedOut)` when the
+    /// write must give up (the write timeout, or a client below the rate).
+    pub(crate) fn expired(&mut self, socket: &Socket) -> io::Result<()> {
+        match self {
+            Pace::Timeout(t) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the client took nothing for {} s (--write-timeout)",
+                    t.unwrap_or_default().as_secs_f64()
+                ),
+            )),
+            Pace::Rate(w) => w.waited(socket, false),
+        }
+    }
+
+    /// A write made progress.
+    pub(crate) fn progressed(&mut self) {
+        if let Pace::Rate(w) = self {
+            w.progress();
+        }
+    }
+
+    /// The output is all written: the next output's waits start afresh.
+    pub(crate) fn done(&mut self) {
+        if let Pace::Rate(w) = self {
+            w.reset();
+        }
+    }
+}

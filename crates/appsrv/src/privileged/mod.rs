@@ -99,13 +99,15 @@
 //!
 //! [`Helper::call`] sends the request and waits for the response, at most the
 //! [timeout](Helper::timeout) (default: 60 s, as `--request-timeout`); a response that
-//! comes later is dropped. Messages are at most [`MAX_MESSAGE`] bytes, and carry
+//! comes later is dropped. An async handler awaits [`Helper::call_async`] instead, which
+//! waits on the worker's runtime (the worker serves its other connections meanwhile; its
+//! calls take turns). Messages are at most [`MAX_MESSAGE`] bytes, and carry
 //! descriptors ([`Fd`]). A message the helper cannot read (too long, cut short, not its
 //! request type) is refused with the reason ([`CallError::Refused`]), logged, and the
 //! helper serves on. A panic in [`Privileged::handle`] is logged, refused, and ends the
 //! helper (the worker is replaced). Calls from the event loop (`--io event`) would stall
-//! every connection of the worker: a server with a helper must run blocking (a
-//! configuration error otherwise).
+//! every connection of the worker: a server with a helper runs blocking, hybrid, or an
+//! async handler (a configuration error otherwise).
 
 mod helper;
 pub(crate) mod wire;
@@ -379,15 +381,117 @@ impl<P: Privileged> Helper<P> {
                 // The answer to an earlier call that timed out: dropped.
                 continue;
             }
-            return match msg.kind {
-                wire::Kind::Response => wire::decode(&msg.payload, msg.fds).map_err(CallError::Encoding),
-                wire::Kind::Refused => Err(CallError::Refused(
-                    wire::decode::<String>(&msg.payload, msg.fds)
-                        .unwrap_or_else(|e| format!("(unreadable reason: {e})")),
-                )),
-                other => Err(CallError::Encoding(format!("unexpected {other:?} message"))),
-            };
+            return answer::<P>(msg);
         }
+    }
+
+    /// As [`call`](Helper::call), awaited, for async handlers
+    /// ([`AsyncClient::privileged`](crate::AsyncClient::privileged), or
+    /// [`Conn::privileged`](crate::Conn::privileged) in an
+    /// [`AsyncRequestHandler`](crate::AsyncRequestHandler)): the worker's thread is never
+    /// blocked. The request goes out without waiting (a helper whose queue is full is
+    /// waited for on the runtime), and the answer is awaited on the runtime too, so that
+    /// the worker serves its other connections meanwhile. The calls of a worker take
+    /// turns (the helper answers one at a time); the [timeout](Helper::timeout) bounds a
+    /// call's whole wait, its turn included. A response that comes after the timeout is
+    /// dropped, as for `call`.
+    pub async fn call_async(&self, request: &P::Request) -> Result<P::Response, CallError> {
+        let (fd, timeout) = {
+            let guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+            let end = guard.as_ref().ok_or(CallError::NoHelper)?;
+            if end.gone {
+                return Err(CallError::Gone);
+            }
+            (end.fd, self.timeout.unwrap_or(end.timeout))
+        };
+        let turns = ASYNC_TURNS.get_or_init(|| tokio::sync::Mutex::new(()));
+        let call = async {
+            let _turn = turns.lock().await;
+            // A descriptor of its own for the runtime's reactor (close-on-exec, as
+            // `try_clone` makes it), registered for this call only.
+            // SAFETY: the `OwnedFd` is owned by the `AsyncFd`, which closes it only when
+            // dropped (after deregistering it); its descriptor never changes.
+            let io = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    fd.try_clone()?,
+                    tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
+                )
+            }
+            .map_err(io::Error::from)?;
+            let seq = {
+                let mut guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+                let end = guard.as_mut().ok_or(CallError::NoHelper)?;
+                end.seq = end.seq.wrapping_add(1);
+                end.seq
+            };
+            loop {
+                let mut ready = io.writable().await?;
+                match ready.try_io(|_| wire::send_with(fd.as_fd(), wire::Kind::Request, seq, request, true)) {
+                    Ok(Ok(())) => break,
+                    Ok(Err(e)) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => {
+                        return Err(gone_now());
+                    }
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidInput => {
+                        return Err(CallError::Encoding(e.to_string()));
+                    }
+                    Ok(Err(e)) => return Err(CallError::Io(e)),
+                    Err(_would_block) => {}
+                }
+            }
+            let mut buf = Vec::new();
+            loop {
+                let mut ready = io.readable().await?;
+                let received = ready.try_io(|_| match wire::recv_with(fd.as_fd(), &mut buf, true) {
+                    Err(wire::WireError::WouldBlock) => Err(io::ErrorKind::WouldBlock.into()),
+                    other => Ok(other),
+                });
+                let msg = match received {
+                    Err(_would_block) => continue,
+                    Ok(Err(e)) => return Err(CallError::Io(e)),
+                    Ok(Ok(Ok(msg))) => msg,
+                    Ok(Ok(Err(wire::WireError::Closed))) => return Err(gone_now()),
+                    Ok(Ok(Err(wire::WireError::WouldBlock))) => continue,
+                    Ok(Ok(Err(wire::WireError::Malformed { why, .. }))) => {
+                        return Err(CallError::Encoding(why));
+                    }
+                    Ok(Ok(Err(wire::WireError::Io(e)))) => return Err(CallError::Io(e)),
+                };
+                if msg.seq != seq {
+                    // The answer to an earlier call that timed out: dropped.
+                    continue;
+                }
+                return answer::<P>(msg);
+            }
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout(timeout)),
+        }
+    }
+}
+
+/// The async calls of this worker take turns: one at a time on the channel, so that each
+/// reads its own answer (see [`Helper::call_async`]).
+static ASYNC_TURNS: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
+
+/// The helper's answer `msg` to a call: its response, or its refusal.
+fn answer<P: Privileged>(msg: wire::Message) -> Result<P::Response, CallError> {
+    match msg.kind {
+        wire::Kind::Response => wire::decode(&msg.payload, msg.fds).map_err(CallError::Encoding),
+        wire::Kind::Refused => Err(CallError::Refused(
+            wire::decode::<String>(&msg.payload, msg.fds)
+                .unwrap_or_else(|e| format!("(unreadable reason: {e})")),
+        )),
+        other => Err(CallError::Encoding(format!("unexpected {other:?} message"))),
+    }
+}
+
+/// [`gone`], for a caller that does not hold the channel.
+fn gone_now() -> CallError {
+    let mut guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
+    match guard.as_mut() {
+        Some(end) => gone(end),
+        None => CallError::Gone,
     }
 }
 

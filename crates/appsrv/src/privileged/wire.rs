@@ -210,6 +210,18 @@ impl<'de> Deserialize<'de> for Fd {
 /// Encodes `value` and sends it as one message of `kind` on `to`. Blocks while the
 /// receiver's queue is full (a busy helper: the worker waits for it, as for any call).
 pub(crate) fn send<T: Serialize>(to: BorrowedFd<'_>, kind: Kind, seq: u32, value: &T) -> io::Result<()> {
+    send_with(to, kind, seq, value, false)
+}
+
+/// [`send`], or with `dontwait` without blocking: a full queue is `WouldBlock` (an async
+/// worker's call, which waits for the socket on its runtime instead).
+pub(crate) fn send_with<T: Serialize>(
+    to: BorrowedFd<'_>,
+    kind: Kind,
+    seq: u32,
+    value: &T,
+    dontwait: bool,
+) -> io::Result<()> {
     OUTGOING.with(|out| out.borrow_mut().clear());
     let encoded = postcard::to_stdvec(value);
     let fds = OUTGOING.with(|out| std::mem::take(&mut *out.borrow_mut()));
@@ -224,7 +236,7 @@ pub(crate) fn send<T: Serialize>(to: BorrowedFd<'_>, kind: Kind, seq: u32, value
             ),
         ));
     }
-    send_raw(to, kind, seq, &payload, &fds)
+    send_raw_with(to, kind, seq, &payload, &fds, dontwait)
 }
 
 /// Sends one message as it is (the header is built here): for [`send`], and for tests that
@@ -236,12 +248,28 @@ pub(crate) fn send_raw(
     payload: &[u8],
     fds: &[RawFd],
 ) -> io::Result<()> {
+    send_raw_with(to, kind, seq, payload, fds, false)
+}
+
+/// [`send_raw`], with `MSG_DONTWAIT` when `dontwait`.
+fn send_raw_with(
+    to: BorrowedFd<'_>,
+    kind: Kind,
+    seq: u32,
+    payload: &[u8],
+    fds: &[RawFd],
+    dontwait: bool,
+) -> io::Result<()> {
     let mut header = [0u8; HEADER];
     header[..4].copy_from_slice(MAGIC);
     header[4] = kind as u8;
     header[8..12].copy_from_slice(&seq.to_le_bytes());
     header[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    send_bytes(to, &[&header, payload], fds)
+    if dontwait {
+        crate::sys::send_with_fds(to, &[&header, payload], fds, true)
+    } else {
+        send_bytes(to, &[&header, payload], fds)
+    }
 }
 
 /// Sends the concatenation of `parts` as one datagram with `fds`.
@@ -252,13 +280,22 @@ pub(crate) fn send_bytes(to: BorrowedFd<'_>, parts: &[&[u8]], fds: &[RawFd]) -> 
 /// Receives one message from `from` (blocking, unless the socket is non-blocking). `buf`
 /// is reused between calls. A signal's interruption is retried.
 pub(crate) fn recv(from: BorrowedFd<'_>, buf: &mut Vec<u8>) -> Result<Message, WireError> {
+    recv_with(from, buf, false)
+}
+
+/// [`recv`], or with `dontwait` without blocking (no message is `WouldBlock`).
+pub(crate) fn recv_with(
+    from: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    dontwait: bool,
+) -> Result<Message, WireError> {
     buf.resize(HEADER + MAX_MESSAGE + 1, 0);
     // `sys::recv_with_fds` has room for as many descriptors as the kernel passes in one
     // message (SCM_MAX_FD, 253), not only MAX_FDS: all are owned there, and closed with a
     // message that has too many.
     let received = loop {
         let mut iov = [IoSliceMut::new(buf)];
-        match crate::sys::recv_with_fds(from, &mut iov, false) {
+        match crate::sys::recv_with_fds(from, &mut iov, dontwait) {
             Err(RecvError::Io(e)) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
                 Errno::EINTR => {}
                 Errno::EAGAIN => return Err(WireError::WouldBlock),

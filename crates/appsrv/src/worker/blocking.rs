@@ -233,6 +233,9 @@ pub(crate) fn after_connection(guard: &mut Guard<'_>, hybrid: bool) -> Option<i3
 }
 
 /// How a connection's service ended.
+// The `Client` moves once per connection, by value: boxing it would allocate at each
+// hybrid hand-back.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Served {
     /// Closed; its buffers.
     Closed(Buffers),
@@ -268,7 +271,7 @@ pub(crate) fn serve_admitted<C: Connections>(
     let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
     account(guard, &mut client, connection_clock, &outcome, handed_back);
-    let peer = client.peer_addr();
+    let peer = client.peer_addr().clone();
     match outcome {
         Ok(Ok(Some(p))) => Served::HandBack(client, p),
         Ok(result) => {
@@ -389,7 +392,7 @@ fn admit<S: Seat>(client: &mut Client, rules: Rules<'_>, mut seat: S) -> Result<
         return Ok(());
     }
     // The clock is read only for a phase with a deadline (a PROXY header, a TLS handshake).
-    let mut machine = Admission::start(rules, client.peer_addr(), seat, &mut Instant::now);
+    let mut machine = Admission::start(rules, client.peer_addr().clone(), seat, &mut Instant::now);
     loop {
         match machine.next() {
             Next::Read { by } => read(client, &mut machine, by),
@@ -469,7 +472,7 @@ fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
 /// kind's counter, its line once per episode), then the close (for a client over the cap,
 /// after the codec's refusal).
 fn reject<C: Connections>(ledger: &mut Ledger<'_>, why: Rejection, client: &mut Client, level: &mut C) {
-    if let Some(refusal) = ledger.reject(why, &client.peer_addr()) {
+    if let Some(refusal) = ledger.reject(why, client.peer_addr()) {
         level.refuse(client, refusal);
     } else {
         // Closed at once, before any handler code.
@@ -579,7 +582,7 @@ mod tests {
         std::io::Write::write_all(&mut theirs, b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\nGET /").unwrap();
         admit(&mut client, rules, Nobody).unwrap();
         assert_eq!(
-            client.peer_addr(),
+            *client.peer_addr(),
             Addr::Inet("203.0.113.9:5555".parse().unwrap())
         );
         assert_eq!(client.buffered(), b"GET /");

@@ -794,6 +794,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     /// next request, if it comes within the drain wait, is answered as the last).
     fn begin_stop(&mut self) {
         self.stopping = true;
+        crate::conn::id::set_stopping();
         self.board.set_state(self.id, State::Finishing);
         if self.front.is_some() {
             // Connections handed back go to the fronts that stay (a reload's next
@@ -1685,6 +1686,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             peer: &c.peer,
             tls: c.transport.tls(),
             id: c.id,
+            socket: c.transport.socket(),
         };
         let mut bound = Bound {
             handler,

@@ -163,7 +163,7 @@ fn handed_off<C: Connections>(
     if let Some(c) = &client {
         // The slot names the client before the hand-off counts as taken: the front stops
         // counting it for --max-conns-per-ip only then.
-        l.slot.connection(&c.peer_addr());
+        l.slot.connection(c.peer_addr());
     }
     l.board.handoff_taken();
     let mut client = client?;

@@ -189,6 +189,7 @@ where
     F: FnMut() -> Result<C, BoxError>,
 {
     crate::process::log::set_worker(setup.id);
+    crate::conn::id::set_worker(setup.id, setup.board.slot(setup.id).map_or(0, |s| s.generation()));
     let pid = std::process::id();
     let fail = |reason: String| -> ! { fail_start(setup.channel, pid, reason) };
     if let Err(e) = sys::install_worker_signals() {

@@ -217,8 +217,6 @@ impl<H: Handler> Connections for ClientLevel<H> {
 pub(crate) struct RequestLevel<H: RequestHandler> {
     handler: H,
     limits: Limits,
-    /// Connections served by this worker (the connection's number in [`Conn::id`]).
-    connections: u64,
 }
 
 impl<H: RequestHandler> std::fmt::Debug for RequestLevel<H> {
@@ -231,11 +229,7 @@ impl<H: RequestHandler> std::fmt::Debug for RequestLevel<H> {
 
 impl<H: RequestHandler> RequestLevel<H> {
     pub(crate) fn new(handler: H, limits: Limits) -> Self {
-        RequestLevel {
-            handler,
-            limits,
-            connections: 0,
-        }
+        RequestLevel { handler, limits }
     }
 }
 
@@ -246,7 +240,7 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
         ctx: &mut dyn Context,
         resumed: Option<Progress>,
     ) -> io::Result<Option<Progress>> {
-        self.connections += 1;
+        let number = client.number();
         let mut step = Requests::new(self.handler.codec(), self.limits.clone());
         if let Some(p) = resumed {
             step.resume(p.served, p.interim_sent);
@@ -257,7 +251,7 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
             resumed.is_none(),
             &mut self.handler,
             &mut session,
-            self.connections,
+            number,
             client,
             ctx,
         )
@@ -545,8 +539,13 @@ fn advance<H: RequestHandler>(
     client: &mut Client,
     ctx: &mut dyn Context,
 ) -> Next {
-    let (bufs, peer, tls) = client.parts();
-    let info = ConnInfo { peer, tls, id };
+    let (bufs, peer, tls, socket) = client.parts_with_socket();
+    let info = ConnInfo {
+        peer,
+        tls,
+        id,
+        socket,
+    };
     let mut bound = Bound {
         handler,
         conn: Conn::new(info, session),

@@ -69,6 +69,7 @@ use crate::codec::{Codec, FileBody};
 use crate::conn::async_client::AsyncClient;
 use crate::conn::buffers::{BUFFER_SIZE, Buffers};
 use crate::conn::context::{Conn, ConnInfo};
+use crate::conn::send_watch::Pace;
 use crate::conn::step::{self, Cut, HandleAsync, Next, Requests, Wait};
 use crate::conn::transport::Transport;
 use crate::handler::{AsyncHandler, AsyncRequestHandler};
@@ -1156,13 +1157,35 @@ async fn read_some(
     }
 }
 
+/// `$op` (a write's future on `$io`, made again after each check), its waits judged by
+/// `$pace` (`--write-timeout`, or `--min-send-rate`'s watch): its result, or `TimedOut`.
+macro_rules! paced {
+    ($pace:expr, $io:expr, $op:expr) => {
+        loop {
+            let done = match $pace.limit() {
+                Some(t) => tokio::time::timeout(t, $op).await.ok(),
+                None => Some($op.await),
+            };
+            match done {
+                Some(r) => {
+                    if r.is_ok() {
+                        $pace.progressed();
+                    }
+                    break r;
+                }
+                None => {
+                    if let Err(e) = $pace.expired($io.get_ref().socket()) {
+                        break Err(e);
+                    }
+                }
+            }
+        }
+    };
+}
+
 /// Writes `bufs`' output (and the TLS records it makes) to the client, each wait bounded
-/// by `--write-timeout`; returns the bytes written.
-async fn write_out(
-    io: &mut AsyncFd<Transport>,
-    bufs: &mut Buffers,
-    timeout: Option<Duration>,
-) -> io::Result<u64> {
+/// by `pace` (`--write-timeout`, or `--min-send-rate`); returns the bytes written.
+async fn write_out(io: &mut AsyncFd<Transport>, bufs: &mut Buffers, pace: &mut Pace) -> io::Result<u64> {
     let mut sent = 0;
     // The usual case first: the socket takes the whole output at once, and no timer (a
     // clock read, and the timer's entry if it was polled) is made for the write.
@@ -1182,13 +1205,14 @@ async fn write_out(
         }
     }
     while !bufs.pending_output().is_empty() {
-        let n = bounded(timeout, write_some(io, bufs.pending_output())).await?;
+        let n = paced!(pace, io, write_some(io, bufs.pending_output()))?;
         bufs.output_written(n);
         sent += n as u64;
     }
     while io.get_ref().records_pending() {
-        bounded(timeout, write_records(io)).await?;
+        paced!(pace, io, write_records(io))?;
     }
+    pace.done();
     Ok(sent)
 }
 
@@ -1253,18 +1277,14 @@ async fn write_records(io: &mut AsyncFd<Transport>) -> io::Result<usize> {
 
 /// Sends `body`'s range: `sendfile(2)` on a plain connection, copied through the TLS
 /// layer otherwise.
-async fn send_file(
-    io: &mut AsyncFd<Transport>,
-    body: &FileBody,
-    timeout: Option<Duration>,
-) -> io::Result<u64> {
+async fn send_file(io: &mut AsyncFd<Transport>, body: &FileBody, pace: &mut Pace) -> io::Result<u64> {
     let mut offset = body.range.start as i64;
     let end = body.range.end as i64;
     let mut sent = 0;
     if !io.get_ref().is_tls() {
         while offset < end {
             let len = (end - offset).min(1 << 30) as usize;
-            let n = bounded(timeout, async {
+            let n = paced!(pace, io, async {
                 loop {
                     let mut guard = io.writable_mut().await?;
                     match guard.try_io(|t| t.get_mut().send_file(&body.file, &mut offset, len)) {
@@ -1273,8 +1293,7 @@ async fn send_file(
                         Err(_would_block) => {}
                     }
                 }
-            })
-            .await?;
+            })?;
             if n == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -1297,14 +1316,15 @@ async fn send_file(
         }
         let mut at = 0;
         while at < n {
-            at += bounded(timeout, write_some(io, &chunk[at..n])).await?;
+            at += paced!(pace, io, write_some(io, &chunk[at..n]))?;
         }
         offset += n as i64;
         sent += n as u64;
     }
     while io.get_ref().records_pending() {
-        bounded(timeout, write_records(io)).await?;
+        paced!(pace, io, write_records(io))?;
     }
+    pace.done();
     Ok(sent)
 }
 
@@ -1397,7 +1417,8 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
             sent: 0,
             idle: false,
         };
-        let write_timeout = w.limits.write_timeout;
+        // `--write-timeout`, or `--min-send-rate`'s watch, for every write of the output.
+        let mut pace = Pace::new(w.limits.min_send_rate, w.limits.write_timeout);
         let mut now = Instant::now;
         let mut next = if bufs.has_input() || io.get_mut().input_pending() {
             Next::More
@@ -1422,7 +1443,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                 break Some(e);
             }
             // Every other move sends the output first.
-            match write_out(&mut io, &mut bufs, write_timeout).await {
+            match write_out(&mut io, &mut bufs, &mut pace).await {
                 Ok(n) => ctx.sent += n,
                 Err(e) => {
                     cut_for_deadline(&io, &e);
@@ -1487,7 +1508,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                     }
                 }
                 Next::More => Then::Advance,
-                Next::SendFile(body) => match Box::pin(send_file(&mut io, &body, write_timeout)).await {
+                Next::SendFile(body) => match Box::pin(send_file(&mut io, &body, &mut pace)).await {
                     Ok(n) => {
                         ctx.sent += n;
                         Then::Advance
@@ -1543,9 +1564,13 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         let mut step = Requests::new(self.handler.codec(), Limits::default());
         let mut bufs = Buffers::none();
         step.refuse(&mut bufs, why);
-        if write_out(&mut io, &mut bufs, Some(Duration::from_secs(1)))
-            .await
-            .is_ok()
+        if write_out(
+            &mut io,
+            &mut bufs,
+            &mut Pace::Timeout(Some(Duration::from_secs(1))),
+        )
+        .await
+        .is_ok()
         {
             // No waiting: a refused client may be one of many.
             linger(&mut io, Duration::ZERO).await;
@@ -1573,6 +1598,7 @@ impl<H: AsyncRequestHandler> RequestsOf<'_, H> {
                 peer,
                 tls: io.get_ref().tls(),
                 id,
+                socket: io.get_ref().socket(),
             },
             session,
             w: ctx.w,
@@ -1922,7 +1948,14 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
     ) {
         let started = Instant::now();
         let (read_timeout, write_timeout) = w.io_timeouts;
-        let mut client = AsyncClient::new(io, peer.clone(), id, read_timeout, write_timeout);
+        let mut client = AsyncClient::new(
+            io,
+            peer.clone(),
+            id,
+            read_timeout,
+            write_timeout,
+            w.limits.min_send_rate,
+        );
         client.prepend(bufs.unconsumed());
         // The `--max-inflight` permit (a session counts as one request in flight) is
         // waited for under the request timeout too.

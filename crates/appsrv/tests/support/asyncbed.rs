@@ -12,11 +12,20 @@
 //! - `/count`: a counter shared by the worker's requests (`Cell` in `&self`);
 //! - `/session`: a counter of the connection's requests (its session);
 //! - `/stats`: `cancelled=N in_flight=M` (this worker's);
-//! - `/len` (POST): the body's length; `/big?kb=N`: N KiB of `x`.
+//! - `/len` (POST): the body's length; `/big?kb=N`: N KiB of `x`;
+//! - `/id`: the connection's id (`Conn::id`: `wSLOT.gGEN.pPID.cN`).
 //!
 //! `--client`: the client level (`Server::run_async`), a line protocol: `pid PID` on
 //! connect, then each line is echoed, except `sleep MS` (waits, answers `slept`), `panic`,
-//! `peer` (the client's address) and `bye` (closes).
+//! `peer` (the client's address), `bye` (closes), `id` (`id ID`, `AsyncClient::id`),
+//! `big KB` (KB KiB of `x`, then a newline) and `penalize` (charges the client's address
+//! with a failed authentication, `AsyncClient::penalize`, and answers `penalized MS` or
+//! `penalized none`; reads then return end of file, so the session ends).
+//!
+//! `--helper` gives each worker a privileged helper (`Server::privileged`, no
+//! capabilities) that sleeps the milliseconds it is asked, then answers its pid: the client
+//! level's `helper MS` awaits it (`Helper::call_async`) and answers `helper pid PID`, or
+//! `helper error REASON`.
 
 use std::cell::Cell;
 use std::io::{self, Write};
@@ -30,6 +39,22 @@ struct Opts {
     /// Serve the client level (a line protocol) instead of HTTP requests.
     #[arg(long)]
     client: bool,
+    /// Give each worker a privileged helper (see the module's documentation).
+    #[arg(long)]
+    helper: bool,
+}
+
+/// The privileged helper of `--helper`: sleeps, then answers its pid.
+struct Sleeper;
+
+impl appsrv::privileged::Privileged for Sleeper {
+    type Request = u64;
+    type Response = u32;
+
+    fn handle(&mut self, ms: u64, _caller: &appsrv::privileged::Caller) -> u32 {
+        std::thread::sleep(Duration::from_millis(ms));
+        std::process::id()
+    }
 }
 
 /// The request level's handler.
@@ -112,6 +137,7 @@ impl appsrv::AsyncRequestHandler for Bed {
                 plain(res, 200, &format!("{n}\n"))
             }
             "/len" => plain(res, 200, &format!("{}\n", req.body().len())),
+            "/id" => plain(res, 200, &format!("{}\n", conn.id())),
             "/big" => {
                 res.content_type("application/octet-stream");
                 res.write_all(&vec![b'x'; ms(req).unwrap_or(0) as usize * 1024])
@@ -155,6 +181,22 @@ impl appsrv::AsyncHandler for Lines {
                 match cmd {
                     "panic" => panic!("asked to panic"),
                     "peer" => peer.clone(),
+                    "id" => format!("id {}", client.get_ref().id()),
+                    helper if helper.starts_with("helper ") => {
+                        let ms: u64 = helper[7..].parse().unwrap_or(0);
+                        match client.get_ref().privileged::<Sleeper>().call_async(&ms).await {
+                            Ok(pid) => format!("helper pid {pid}"),
+                            Err(e) => format!("helper error {e}"),
+                        }
+                    }
+                    "penalize" => match client.get_mut().penalize() {
+                        Some(d) => format!("penalized {}", d.as_millis()),
+                        None => "penalized none".to_string(),
+                    },
+                    big if big.starts_with("big ") => {
+                        let kb: usize = big[4..].parse().unwrap_or(0);
+                        "x".repeat(kb * 1024)
+                    }
                     "bye" => return Ok(()),
                     other => other.to_string(),
                 }
@@ -167,6 +209,9 @@ impl appsrv::AsyncHandler for Lines {
 fn main() {
     let mut server = appsrv::server!("asyncbed");
     let opts: Opts = server.args();
+    if opts.helper {
+        server = server.privileged(|| Ok(Sleeper));
+    }
     let r = if opts.client {
         server.run_async(|| Ok(Lines))
     } else {

@@ -15,6 +15,8 @@
 //! - `penalize`: charges the client's address with a failed authentication
 //!   (`Client::penalize`) and answers `penalized MS` (the refusal in milliseconds) or
 //!   `penalized none`; reads then return end of file, so the connection ends.
+//! - `id`: answers `id ID` (`Client::id`: `wSLOT.gGEN.pPID.cN`); `stopping`: answers
+//!   `stopping true` or `stopping false` (`Client::stopping`).
 //!
 //! - `helper whoami`, `helper open PATH`, `helper pid`, `helper sleep SECS` (with
 //!   `--helper`): ask the worker's privileged helper for its identity (`helper uid=U
@@ -246,6 +248,8 @@ impl appsrv::Handler for Testbed {
                     writeln!(client, "root {}", if r == 0 { "ok" } else { "error" })?;
                 }
                 cmd if cmd.starts_with("helper ") => writeln!(client, "{}", ask_helper(client, &cmd[7..]))?,
+                "id" => writeln!(client, "id {}", client.id())?,
+                "stopping" => writeln!(client, "stopping {}", client.stopping())?,
                 "penalize" => match client.penalize() {
                     Some(d) => writeln!(client, "penalized {}", d.as_millis())?,
                     None => writeln!(client, "penalized none")?,
