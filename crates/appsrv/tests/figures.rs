@@ -14,9 +14,10 @@ use std::process::Command;
 use serde_json::Value;
 use util::*;
 
-/// The worker models under test: the event loop and the async driver.
+/// The worker models under test: blocking workers, the event loop and the async driver.
 #[derive(Clone, Copy, Debug)]
 enum Model {
+    Blocking,
     Event,
     Async,
 }
@@ -24,6 +25,7 @@ enum Model {
 impl Model {
     fn name(self) -> &'static str {
         match self {
+            Model::Blocking => "blocking",
             Model::Event => "event",
             Model::Async => "async",
         }
@@ -32,7 +34,7 @@ impl Model {
     /// The example that serves HTTP in this model.
     fn example(self) -> &'static str {
         match self {
-            Model::Event => "http_hello",
+            Model::Blocking | Model::Event => "http_hello",
             Model::Async => "asyncbed",
         }
     }
@@ -56,8 +58,10 @@ impl Dir {
 fn start(model: Model, dir: &Dir, extra: &[&str]) -> Server {
     let sock = dir.sock();
     let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--control", &sock];
-    if let Model::Event = model {
-        args.extend(["--io", "event"]);
+    match model {
+        Model::Blocking => args.extend(["--io", "blocking"]),
+        Model::Event => args.extend(["--io", "event"]),
+        Model::Async => {}
     }
     args.extend_from_slice(extra);
     let server = Server::start(model.example(), &args);
@@ -127,14 +131,15 @@ fn read_response(c: &mut BufReader<TcpStream>) -> u64 {
 }
 
 fn keepalive_bytes_count_as_they_move(model: Model) {
-    const CONNECTIONS: usize = 4;
+    // A blocking worker serves one connection at a time.
+    let connections = if let Model::Blocking = model { 1 } else { 4 };
     const REQUESTS: usize = 50;
     let dir = Dir::new(model, "bytes");
     // Connections kept open however long the checks take on a loaded machine.
     let server = start(model, &dir, &["--keepalive-timeout", "300"]);
     let addr = server.tcp_addr();
     let request = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n";
-    let mut conns: Vec<_> = (0..CONNECTIONS)
+    let mut conns: Vec<_> = (0..connections)
         .map(|_| {
             let s = TcpStream::connect(addr).unwrap();
             s.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -153,7 +158,7 @@ fn keepalive_bytes_count_as_they_move(model: Model) {
     // byte (what the clients sent is what the worker read, and the other way round).
     let s = wait_for_status(model, &dir, "the bytes of the open connections", |s| {
         let w = worker(s);
-        assert_eq!(w["event"]["open"], CONNECTIONS as u64, "still open: {s:#}");
+        assert_eq!(open(w), connections as u64, "still open: {s:#}");
         w["bytes_in"] == sent && w["bytes_out"] == received
     });
     assert_eq!(s["totals"]["bytes_in"], sent, "{s:#}");
@@ -171,15 +176,29 @@ fn keepalive_bytes_count_as_they_move(model: Model) {
     }
     // Counted once: closing the connections adds nothing.
     drop(conns);
-    wait_for_status(model, &dir, "the connections closed", |s| {
-        worker(s)["event"]["open"] == 0
-    });
+    wait_for_status(model, &dir, "the connections closed", |s| open(worker(s)) == 0);
     let s = status_json(model, &dir);
     assert_eq!(
         (&worker(&s)["bytes_in"], &worker(&s)["bytes_out"]),
         (&Value::from(sent), &Value::from(received)),
         "{s:#}"
     );
+}
+
+/// The connections a worker has open: an event or async worker's count; a blocking
+/// worker's one while it is not idle.
+fn open(w: &Value) -> u64 {
+    match w["event"]["open"].as_u64() {
+        Some(n) => n,
+        None => u64::from(w["state"] != "idle"),
+    }
+}
+
+/// A keep-alive connection on a blocking worker: bytes in and out show while it is open
+/// (counted at each request boundary).
+#[test]
+fn issue_42_keepalive_bytes_count_as_they_move_blocking() {
+    keepalive_bytes_count_as_they_move(Model::Blocking);
 }
 
 /// Keep-alive connections on an event worker: bytes in and out show while they are open.
@@ -287,7 +306,7 @@ fn slow_reader_shows_as_writing(model: Model) {
     let site = Site::new(&format!("writing-{}", model.name()), 16 << 20);
     let root = site.0.0.to_string_lossy().into_owned();
     let (server, path) = match model {
-        Model::Event => (start(model, &dir, &["--static-dir", &root]), "/static/big.bin"),
+        Model::Blocking | Model::Event => (start(model, &dir, &["--static-dir", &root]), "/static/big.bin"),
         Model::Async => (start(model, &dir, &[]), "/big?kb=16384"),
     };
     let reader = slow_reader(server.tcp_addr(), path);
