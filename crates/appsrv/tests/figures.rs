@@ -57,7 +57,16 @@ impl Dir {
 /// `extra` arguments.
 fn start(model: Model, dir: &Dir, extra: &[&str]) -> Server {
     let sock = dir.sock();
-    let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--control", &sock];
+    let mut args = vec![
+        "-l",
+        "127.0.0.1:0",
+        "-w",
+        "1",
+        "--control",
+        &sock,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
     match model {
         Model::Blocking => args.extend(["--io", "blocking"]),
         Model::Event => args.extend(["--io", "event"]),
@@ -174,6 +183,10 @@ fn keepalive_bytes_count_as_they_move(model: Model) {
             "{name} {n} in\n{metrics}"
         );
     }
+    // And the page's row.
+    let row = page_row(&server);
+    let cells = format!("<td class=\"n\">{sent}</td><td class=\"n\">{received}</td>");
+    assert!(row.contains(&cells), "{cells} in\n{row}");
     // Counted once: closing the connections adds nothing.
     drop(conns);
     wait_for_status(model, &dir, "the connections closed", |s| open(worker(s)) == 0);
@@ -221,9 +234,18 @@ fn text_state(text: &str, pid: u64) -> Option<String> {
     })
 }
 
-/// The one worker's state as `status`, the scoreboard letter and `/metrics` say it,
-/// asserting that they agree with `status --json`'s.
-fn states_agree(model: Model, dir: &Dir, json: &Value, name: &str, letter: char) {
+/// The one worker's row on the status page (`/status` of the metrics listener).
+fn page_row(server: &Server) -> String {
+    let page = get_once(server.metrics_addr().as_str(), "/status", PATIENCE);
+    page.lines()
+        .find(|l| l.starts_with("<tr id=\"worker-1\""))
+        .unwrap_or_else(|| panic!("no row of worker 1 in\n{page}"))
+        .to_owned()
+}
+
+/// The one worker's state as `status`, the scoreboard letter, the page and `/metrics` say
+/// it, asserting that they agree with `status --json`'s.
+fn states_agree(model: Model, dir: &Dir, server: &Server, json: &Value, name: &str, letter: char) {
     let w = worker(json);
     assert_eq!(w["state"], name, "{json:#}");
     assert_eq!(
@@ -238,6 +260,9 @@ fn states_agree(model: Model, dir: &Dir, json: &Value, name: &str, letter: char)
     let metrics = ctl(model, dir, &["metrics"]);
     let line = format!("appsrv_workers{{state=\"{name}\"}} 1");
     assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    let row = page_row(server);
+    let cell = format!("<td class=\"st st-{name}\"><code>{letter}</code> {name}</td>");
+    assert!(row.contains(&cell), "{cell} in\n{row}");
 }
 
 /// Issue 42: many requests in flight on an async worker (handlers awaiting a timer) show
@@ -269,7 +294,7 @@ fn issue_42_requests_in_flight_show_as_handling_async() {
     let e = &worker(&s)["event"];
     assert_eq!(e["open"], CLIENTS as u64, "{s:#}");
     assert_eq!(e["reading"], 0, "none of them is reading: {s:#}");
-    states_agree(model, &dir, &s, "handling", 'H');
+    states_agree(model, &dir, &server, &s, "handling", 'H');
     for c in clients {
         let answer = c.join().unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -306,7 +331,11 @@ fn slow_reader_shows_as_writing(model: Model) {
     let site = Site::new(&format!("writing-{}", model.name()), 16 << 20);
     let root = site.0.0.to_string_lossy().into_owned();
     let (server, path) = match model {
-        Model::Blocking | Model::Event => (start(model, &dir, &["--static-dir", &root]), "/static/big.bin"),
+        // Not cut by --min-send-rate while the checks run on a loaded machine.
+        Model::Blocking | Model::Event => (
+            start(model, &dir, &["--static-dir", &root, "--min-send-rate", "0"]),
+            "/static/big.bin",
+        ),
         Model::Async => (start(model, &dir, &[]), "/big?kb=16384"),
     };
     let reader = slow_reader(server.tcp_addr(), path);
@@ -319,7 +348,7 @@ fn slow_reader_shows_as_writing(model: Model) {
         (&Value::from(1), &Value::from(0)),
         "{s:#}"
     );
-    states_agree(model, &dir, &s, "writing", 'W');
+    states_agree(model, &dir, &server, &s, "writing", 'W');
     drop(reader);
     drop(server);
 }
@@ -339,8 +368,8 @@ fn issue_42_a_slow_reader_shows_as_writing_async() {
 fn issue_42_an_idle_worker_shows_idle() {
     for model in [Model::Event, Model::Async] {
         let dir = Dir::new(model, "idle");
-        let _server = start(model, &dir, &[]);
+        let server = start(model, &dir, &[]);
         let s = wait_for_status(model, &dir, "the worker idle", |s| worker(s)["state"] == "idle");
-        states_agree(model, &dir, &s, "idle", '_');
+        states_agree(model, &dir, &server, &s, "idle", '_');
     }
 }
