@@ -752,15 +752,19 @@ impl Board {
         }
         head.truncate(head_len);
         let mut state = State::from_u8(s.state.load(Ordering::Acquire));
-        // An event (or async) worker's loop reads all the time; with no connection open it
-        // is idle, and is shown so (issue 34: `status` showed such a worker reading while
-        // its key said "_" is idle). Not a hybrid front, whose state says more.
-        if state == State::Reading
-            && s.event.load(Ordering::Acquire)
-            && !s.front.load(Ordering::Relaxed)
-            && s.open.load(Ordering::Relaxed) == 0
-        {
-            state = State::Idle;
+        let counts = ConnCounts {
+            open: s.open.load(Ordering::Relaxed),
+            reading: s.reading.load(Ordering::Relaxed),
+            writing: s.writing.load(Ordering::Relaxed),
+            idle_keepalive: s.idle_keepalive.load(Ordering::Relaxed),
+        };
+        let in_flight = s.handling.load(Ordering::Relaxed);
+        // An event (or async) worker's loop reads all the time: its stored state says only
+        // that it serves; what it is doing is what its connections are doing (issue 42:
+        // a worker showed `reading` with 250 requests in flight). Not a hybrid front,
+        // whose state says more.
+        if state == State::Reading && s.event.load(Ordering::Acquire) && !s.front.load(Ordering::Relaxed) {
+            state = event_state(counts, in_flight);
         }
         Some(SlotView {
             pid: s.pid.load(Ordering::Acquire),
@@ -782,14 +786,9 @@ impl Board {
             tls_failed: s.tls_failed.load(Ordering::Relaxed),
             errors: s.errors.load(Ordering::Relaxed),
             event: s.event.load(Ordering::Acquire).then(|| EventView {
-                counts: ConnCounts {
-                    open: s.open.load(Ordering::Relaxed),
-                    reading: s.reading.load(Ordering::Relaxed),
-                    writing: s.writing.load(Ordering::Relaxed),
-                    idle_keepalive: s.idle_keepalive.load(Ordering::Relaxed),
-                },
-                handling: s.handling.load(Ordering::Relaxed) != 0,
-                in_flight: s.handling.load(Ordering::Relaxed),
+                counts,
+                handling: in_flight != 0,
+                in_flight,
                 accepts_paused: s.accepts_paused.load(Ordering::Relaxed),
                 last_turn: ago(s.last_turn.load(Ordering::Relaxed)),
             }),
@@ -799,6 +798,33 @@ impl Board {
             })),
         })
     }
+}
+
+/// What an event (or async) worker is doing, told by its connections (issue 42), for its
+/// state in `status`, `status --json`, the page, the scoreboard line and `/metrics`: idle
+/// with none open; else the state of most of them, of reading (a request's bytes or
+/// admission), handling (requests in flight: handlers running or awaiting) and writing
+/// (output not sent yet), a tie going to the later stage (handling, then writing); reading
+/// when all it has are idle keep-alive connections, as a blocking worker waiting for a
+/// connection's next request. The counts themselves are shown beside it (the event loops'
+/// table, the worker's `event` object, `appsrv_open_connections`).
+fn event_state(c: ConnCounts, in_flight: u32) -> State {
+    if c.open == 0 {
+        // Issue 34: such a worker showed reading while its key said "_" is idle.
+        return State::Idle;
+    }
+    let ranked = [
+        (in_flight, State::Handling),
+        (c.writing, State::Writing),
+        (c.reading, State::Reading),
+    ];
+    // `max_by_key` keeps the last of equals: the order above is reversed for it.
+    ranked
+        .into_iter()
+        .rev()
+        .filter(|(n, _)| *n > 0)
+        .max_by_key(|(n, _)| *n)
+        .map_or(State::Reading, |(_, state)| state)
 }
 
 impl Slot {
@@ -1361,5 +1387,42 @@ mod tests {
             b.read(3).unwrap().peer,
             Some(Addr::Inet("[2001:db8::1]:80".parse().unwrap()))
         );
+    }
+
+    /// Issue 42: an event (or async) worker's state is what most of its connections are
+    /// doing, in every view of the slot; a hybrid front's stays its own.
+    #[test]
+    fn issue_42_an_event_workers_state_is_what_its_connections_do() {
+        let counts = |open, reading, writing, idle_keepalive| ConnCounts {
+            open,
+            reading,
+            writing,
+            idle_keepalive,
+        };
+        assert_eq!(event_state(counts(0, 0, 0, 0), 0), State::Idle);
+        assert_eq!(event_state(counts(250, 3, 7, 0), 240), State::Handling);
+        assert_eq!(event_state(counts(250, 200, 7, 0), 43), State::Reading);
+        assert_eq!(event_state(counts(10, 1, 9, 0), 0), State::Writing);
+        assert_eq!(event_state(counts(600, 0, 0, 600), 0), State::Reading);
+        // Ties go to the later stage.
+        assert_eq!(event_state(counts(4, 2, 2, 0), 0), State::Writing);
+        assert_eq!(event_state(counts(4, 1, 1, 1), 1), State::Handling);
+        let b = Board::new().unwrap();
+        b.claim(2, 0);
+        b.set_state(2, State::Reading);
+        let s = b.slot(2).unwrap();
+        s.set_event();
+        s.publish_counts(counts(250, 3, 7, 0));
+        s.set_in_flight(240);
+        let v = b.read(2).unwrap();
+        assert_eq!(v.state, State::Handling);
+        assert_eq!(v.event.map(|e| (e.in_flight, e.counts.writing)), Some((240, 7)));
+        // A stopping worker says so, whatever its connections do.
+        b.set_state(2, State::Finishing);
+        assert_eq!(b.read(2).unwrap().state, State::Finishing);
+        // A front's state is its own.
+        b.set_state(2, State::Reading);
+        s.set_front();
+        assert_eq!(b.read(2).unwrap().state, State::Reading);
     }
 }

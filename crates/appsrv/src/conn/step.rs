@@ -152,6 +152,13 @@ pub(crate) trait Context {
     /// whether the handler succeeded.
     fn request_end(&mut self, _bytes: (u64, u64), _ok: bool) {}
 
+    /// A blocking driver's connection has moved `traffic` (received, sent) so far: given
+    /// at each request boundary, after the response went out, so that the worker's
+    /// figures show a keep-alive connection's bytes while it lasts (issue 42); what
+    /// follows is counted when the connection ends. The event loop and the async driver
+    /// count their bytes themselves, as they move, and never give any.
+    fn moved(&mut self, _traffic: (u64, u64)) {}
+
     /// The input was refused with the codec's error reply (bad input, too slow, too
     /// large, shed for memory, a handler past `--request-timeout`): one error for the
     /// status's errors per second (issue 41); `why` decides the access log's outcome for

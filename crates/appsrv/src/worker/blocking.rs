@@ -111,6 +111,7 @@ pub(crate) fn serve<'a, C: Connections>(
             peer: None,
             refusal: None,
             hold: None,
+            tallied: (0, 0),
         },
         level,
         slot,
@@ -308,8 +309,11 @@ fn account<T>(
     handed_back: bool,
 ) {
     let (received, sent) = client.take_traffic();
+    // What the request boundaries have not counted yet (see `Context::moved`).
+    let untallied = guard.untallied((received, sent));
+    guard.tallied = (0, 0);
     let slot = guard.ledger.slot();
-    slot.add_bytes(received, sent);
+    slot.add_bytes(untallied.0, untallied.1);
     let refusal = guard.refusal.take();
     let open = match (connection_clock, guard.request.take()) {
         (Some(started), _) => Some((started, false)),

@@ -307,6 +307,9 @@ struct Connection<'a, H: RequestHandler> {
     failed: Option<io::ErrorKind>,
     received: u64,
     sent: u64,
+    /// How much of `received` and `sent` the loop has tallied for the scoreboard
+    /// ([`Loop::tally`]).
+    tallied: (u64, u64),
     /// The client's IP, counted for the per-address cap.
     counted_ip: Option<IpAddr>,
     /// `--min-send-rate`, while its output waits for the client; and what had been sent at
@@ -466,6 +469,10 @@ struct Loop<'a, H: RequestHandler> {
     conns: Slab<Connection<'a, H>>,
     counts: ConnCounts,
     published: ConnCounts,
+    /// Bytes read from and written to clients since the last [`publish`](Loop::publish):
+    /// the slot's counters move once a turn, as the bytes do (issue 42: they moved when a
+    /// connection closed, so keep-alive traffic showed 0).
+    moved: (u64, u64),
     timers: Timers,
     ready: Ready,
     shared: Buffers,
@@ -591,6 +598,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             conns: Slab::new(),
             counts: ConnCounts::default(),
             published: ConnCounts::default(),
+            moved: (0, 0),
             timers: Timers::new(),
             ready: Ready::new(),
             shared: Buffers::new(),
@@ -777,10 +785,15 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
         side.readable(&self.listeners[index], &mut self.ledger);
     }
 
-    /// Publishes the counts on the scoreboard when they changed (a few stores per turn).
+    /// Publishes the counts on the scoreboard when they changed, and the bytes moved since
+    /// the last turn (a few stores per turn).
     fn publish(&mut self) {
         if let Some(d) = self.datagrams.as_mut() {
             d.publish();
+        }
+        if self.moved != (0, 0) {
+            self.slot.add_bytes(self.moved.0, self.moved.1);
+            self.moved = (0, 0);
         }
         self.counts.open = self.conns.len() as u32;
         if self.counts != self.published {
@@ -1035,6 +1048,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             failed: None,
             received: 0,
             sent: 0,
+            tallied: (0, 0),
             counted_ip: None,
             watch: None,
             sent_at_check: 0,
@@ -1158,6 +1172,7 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
             }
         };
         self.shared = shared;
+        self.tally(&mut c);
         if matches!(outcome, Pass::Closed | Pass::HandOff) {
             // Counted again for the moment, as a connection in the slab is: `close` and
             // `forget` uncount what a connection holds (its buffers are dropped with it).
@@ -1353,10 +1368,18 @@ impl<'a, H: RequestHandler> Loop<'a, H> {
     fn forget(&mut self, token: Token, mut c: Connection<'a, H>) {
         self.buffered -= held(c.bufs.as_deref()) + c.step.kept_capacity();
         self.uncount(c.class);
-        self.slot.add_bytes(c.received, c.sent);
+        self.tally(&mut c);
         self.uncount_peer(&mut c);
         drop(c);
         self.conns.release(token);
+    }
+
+    /// Adds what connection `c` read and wrote since its last tally to the bytes the next
+    /// [`publish`](Loop::publish) counts: after each pass, and when it leaves.
+    fn tally(&mut self, c: &mut Connection<'a, H>) {
+        self.moved.0 += c.received - c.tallied.0;
+        self.moved.1 += c.sent - c.tallied.1;
+        c.tallied = (c.received, c.sent);
     }
 
     fn uncount_peer(&mut self, c: &mut Connection<'a, H>) {

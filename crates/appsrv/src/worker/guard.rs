@@ -38,6 +38,9 @@ pub(crate) struct Guard<'a> {
     /// Hybrid mode: the connection was handed to this worker by a front, and goes back to
     /// one when it stays quiet (`None`: a connection the worker accepted itself, TLS).
     pub(crate) hold: Option<Hold>,
+    /// The bytes (received, sent) of the connection in progress already on the slot
+    /// ([`Context::moved`]); the rest go there when it ends.
+    pub(crate) tallied: (u64, u64),
 }
 
 /// A connection this worker holds for others: in hybrid mode, a front handed it over and
@@ -57,6 +60,14 @@ pub(crate) struct Hold {
 }
 
 impl Guard<'_> {
+    /// What of the connection's `traffic` so far the slot does not count yet, which it
+    /// counts from now on.
+    pub(crate) fn untallied(&mut self, traffic: (u64, u64)) -> (u64, u64) {
+        let (r, s) = self.tallied;
+        self.tallied = traffic;
+        (traffic.0.saturating_sub(r), traffic.1.saturating_sub(s))
+    }
+
     /// Whether a connection waits in some listener's queue right now (a zero-timeout
     /// `poll`): the last word before a response announces the close or a connection is
     /// given up, since the board's flag may lag the queue by up to one of the master's
@@ -106,6 +117,11 @@ impl Context for Guard<'_> {
     fn refused(&mut self, why: &ProtocolError) {
         self.ledger.refused();
         self.refusal = Some(why.clone());
+    }
+
+    fn moved(&mut self, traffic: (u64, u64)) {
+        let (received, sent) = self.untallied(traffic);
+        self.ledger.slot().add_bytes(received, sent);
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {

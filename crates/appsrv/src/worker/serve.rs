@@ -434,6 +434,8 @@ impl<H: RequestHandler> Drive<'_, H> {
     ) -> io::Result<Flow> {
         self.client.flush_output()?;
         self.step.output_sent(self.ctx);
+        // The bytes moved so far on the worker's slot (the rest when the connection ends).
+        self.ctx.moved(self.client.traffic());
         // Input already decrypted inside the TLS layer is a request arriving, though the
         // socket may have nothing more to read.
         let mut linger = None;

@@ -242,6 +242,9 @@ impl<'a> Run<'a> {
             open: Cell::new(0),
             idle: Cell::new(0),
             in_flight: Cell::new(0),
+            writing: Cell::new(0),
+            moved_in: Cell::new(0),
+            moved_out: Cell::new(0),
             accepted: Cell::new(0),
             scratch: RefCell::new(vec![0; BUFFER_SIZE]),
             published: Cell::new((ConnCounts::default(), 0)),
@@ -350,10 +353,17 @@ struct Worker<'a> {
     stopping: Cell<bool>,
     /// Wakes the connections that wait between requests when the worker stops.
     stop: Notify,
-    /// Connections open, of which idle keep-alive ones and requests in flight.
+    /// Connections open, of which idle keep-alive ones, requests in flight and connections
+    /// writing their output ([`Writing`]).
     open: Cell<usize>,
     idle: Cell<u32>,
     in_flight: Cell<u32>,
+    writing: Cell<u32>,
+    /// Bytes read from and written to clients since the slot's counters last moved: they
+    /// move once per turn ([`Worker::publish`]), as the bytes do (issue 42: they moved when
+    /// a connection closed, so keep-alive traffic showed 0).
+    moved_in: Cell<u64>,
+    moved_out: Cell<u64>,
     /// Connections accepted so far (each one's number, [`Conn::id`]).
     accepted: Cell<u64>,
     /// The worker-wide read buffer: a read lands here and what it got is copied into the
@@ -580,16 +590,24 @@ impl<'a> Worker<'a> {
         crate::conn::async_client::worker_stops();
     }
 
-    /// The slot shows the connections and the requests in flight (when they changed; once
-    /// per turn, [`Turned`]).
+    /// The slot shows the connections and the requests in flight (when they changed), and
+    /// the bytes moved since the last turn (once per turn, [`Turned`]).
     fn publish(&self) {
+        let (moved_in, moved_out) = (self.moved_in.take(), self.moved_out.take());
+        if (moved_in, moved_out) != (0, 0) {
+            self.slot.add_bytes(moved_in, moved_out);
+        }
         let idle = self.idle.get();
         let in_flight = self.in_flight.get();
+        let writing = self.writing.get();
         let open = self.open.get() as u32;
         let counts = ConnCounts {
             open,
-            reading: open.saturating_sub(idle).saturating_sub(in_flight),
-            writing: 0,
+            reading: open
+                .saturating_sub(idle)
+                .saturating_sub(in_flight)
+                .saturating_sub(writing),
+            writing,
             idle_keepalive: idle,
         };
         if self.published.get() != (counts, in_flight) {
@@ -770,6 +788,26 @@ impl<'a> Worker<'a> {
             worker: self,
             _permit: permit,
         }
+    }
+}
+
+/// A connection of the request level waiting to send its output (a response, a file) to
+/// its client, counted among the worker's connections writing until dropped (issue 42: a
+/// slow reader showed as reading).
+struct Writing<'w, 'a> {
+    worker: &'w Worker<'a>,
+}
+
+impl<'w, 'a> Writing<'w, 'a> {
+    fn new(worker: &'w Worker<'a>) -> Self {
+        worker.writing.set(worker.writing.get() + 1);
+        Writing { worker }
+    }
+}
+
+impl Drop for Writing<'_, '_> {
+    fn drop(&mut self) {
+        self.worker.writing.set(self.worker.writing.get() - 1);
     }
 }
 
@@ -1184,8 +1222,16 @@ macro_rules! paced {
 }
 
 /// Writes `bufs`' output (and the TLS records it makes) to the client, each wait bounded
-/// by `pace` (`--write-timeout`, or `--min-send-rate`); returns the bytes written.
-async fn write_out(io: &mut AsyncFd<Transport>, bufs: &mut Buffers, pace: &mut Pace) -> io::Result<u64> {
+/// by `pace` (`--write-timeout`, or `--min-send-rate`); returns the bytes written, each
+/// write's also added to the worker's bytes out (which the slot shows while a long write
+/// goes on). While it waits for the client, the connection counts as writing in `w`.
+async fn write_out(
+    w: &Worker<'_>,
+    io: &mut AsyncFd<Transport>,
+    bufs: &mut Buffers,
+    pace: &mut Pace,
+) -> io::Result<u64> {
+    let moved = &w.moved_out;
     let mut sent = 0;
     // The usual case first: the socket takes the whole output at once, and no timer (a
     // clock read, and the timer's entry if it was polled) is made for the write.
@@ -1195,6 +1241,7 @@ async fn write_out(io: &mut AsyncFd<Transport>, bufs: &mut Buffers, pace: &mut P
             (n, _) if n > 0 => {
                 bufs.output_written(n);
                 sent += n as u64;
+                moved.set(moved.get() + n as u64);
             }
             (_, Err(e))
                 if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted =>
@@ -1204,10 +1251,13 @@ async fn write_out(io: &mut AsyncFd<Transport>, bufs: &mut Buffers, pace: &mut P
             _ => {}
         }
     }
+    let _writing =
+        (!bufs.pending_output().is_empty() || io.get_ref().records_pending()).then(|| Writing::new(w));
     while !bufs.pending_output().is_empty() {
         let n = paced!(pace, io, write_some(io, bufs.pending_output()))?;
         bufs.output_written(n);
         sent += n as u64;
+        moved.set(moved.get() + n as u64);
     }
     while io.get_ref().records_pending() {
         paced!(pace, io, write_records(io))?;
@@ -1276,8 +1326,17 @@ async fn write_records(io: &mut AsyncFd<Transport>) -> io::Result<usize> {
 }
 
 /// Sends `body`'s range: `sendfile(2)` on a plain connection, copied through the TLS
-/// layer otherwise.
-async fn send_file(io: &mut AsyncFd<Transport>, body: &FileBody, pace: &mut Pace) -> io::Result<u64> {
+/// layer otherwise, each wait bounded by `pace`; the connection counts as writing in `w`
+/// meanwhile, and each write's bytes are added to its bytes out at once (see
+/// [`write_out`]).
+async fn send_file(
+    w: &Worker<'_>,
+    io: &mut AsyncFd<Transport>,
+    body: &FileBody,
+    pace: &mut Pace,
+) -> io::Result<u64> {
+    let _writing = Writing::new(w);
+    let moved = &w.moved_out;
     let mut offset = body.range.start as i64;
     let end = body.range.end as i64;
     let mut sent = 0;
@@ -1301,6 +1360,7 @@ async fn send_file(io: &mut AsyncFd<Transport>, body: &FileBody, pace: &mut Pace
                 ));
             }
             sent += n as u64;
+            moved.set(moved.get() + n as u64);
         }
         return Ok(sent);
     }
@@ -1316,7 +1376,9 @@ async fn send_file(io: &mut AsyncFd<Transport>, body: &FileBody, pace: &mut Pace
         }
         let mut at = 0;
         while at < n {
-            at += paced!(pace, io, write_some(io, &chunk[at..n]))?;
+            let wrote = paced!(pace, io, write_some(io, &chunk[at..n]))?;
+            at += wrote;
+            moved.set(moved.get() + wrote as u64);
         }
         offset += n as i64;
         sent += n as u64;
@@ -1443,7 +1505,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                 break Some(e);
             }
             // Every other move sends the output first.
-            match write_out(&mut io, &mut bufs, &mut pace).await {
+            match write_out(w, &mut io, &mut bufs, &mut pace).await {
                 Ok(n) => ctx.sent += n,
                 Err(e) => {
                     cut_for_deadline(&io, &e);
@@ -1478,6 +1540,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                     match got {
                         Input::Bytes(n) => {
                             ctx.received += n as u64;
+                            w.moved_in.set(w.moved_in.get() + n as u64);
                             step.received(&mut now);
                             Then::Advance
                         }
@@ -1508,7 +1571,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                     }
                 }
                 Next::More => Then::Advance,
-                Next::SendFile(body) => match Box::pin(send_file(&mut io, &body, &mut pace)).await {
+                Next::SendFile(body) => match Box::pin(send_file(w, &mut io, &body, &mut pace)).await {
                     Ok(n) => {
                         ctx.sent += n;
                         Then::Advance
@@ -1552,19 +1615,20 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
             log_connection_error(peer, e);
         }
         ctx.set_idle(false);
+        // Its bytes are on the slot already, counted as they moved.
         ctx.closed(step.rejected().map(|(e, _)| e), end.as_ref().map(io::Error::kind));
-        w.slot.add_bytes(ctx.received, ctx.sent);
     }
 
     fn on_worker_exit(&self) {
         self.handler.on_worker_exit();
     }
 
-    async fn refuse(&self, _w: &Worker<'_>, mut io: AsyncFd<Transport>, why: &'static str) {
+    async fn refuse(&self, w: &Worker<'_>, mut io: AsyncFd<Transport>, why: &'static str) {
         let mut step = Requests::new(self.handler.codec(), Limits::default());
         let mut bufs = Buffers::none();
         step.refuse(&mut bufs, why);
         if write_out(
+            w,
             &mut io,
             &mut bufs,
             &mut Pace::Timeout(Some(Duration::from_secs(1))),
