@@ -25,6 +25,25 @@ fn rss_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// `clients` connections to `addr` that each send `head` and then what their socket's
+/// buffers take at once of `sent` bytes of its body, without waiting: a paused
+/// connection's bytes wait there, and the client does not wait for them.
+fn flood(addr: SocketAddr, clients: usize, head: &[u8], sent: usize) -> Vec<TcpStream> {
+    let body = vec![b'a'; sent];
+    (0..clients)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(head).unwrap();
+            s.set_nonblocking(true).unwrap();
+            let mut rest = &body[..];
+            while let Ok(n @ 1..) = s.write(rest) {
+                rest = &rest[n..];
+            }
+            s
+        })
+        .collect()
+}
+
 /// Answers to `GET /` from a new client, within `bound`.
 fn served(addr: SocketAddr, bound: Duration) {
     let started = Instant::now();
@@ -72,21 +91,12 @@ fn holds_unfinished_bodies_within_its_budget(start: impl FnOnce() -> Server) {
     let worker = *server.wait_for_workers(1).iter().next().unwrap();
     served(addr, Duration::from_secs(10));
     let before = rss_kib(worker);
-    let body = vec![b'a'; SENT];
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n")
-            .unwrap();
-        // What the sockets' buffers take at once: a paused connection's bytes wait there,
-        // and the client does not wait for them.
-        s.set_nonblocking(true).unwrap();
-        let mut rest = &body[..];
-        while let Ok(n @ 1..) = s.write(rest) {
-            rest = &rest[n..];
-        }
-        clients.push(s);
-    }
+    let mut clients = flood(
+        addr,
+        CLIENTS,
+        b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n",
+        SENT,
+    );
     server.wait_for_log("reached --max-buffered-bytes");
     served(addr, Duration::from_secs(10));
     // What the worker read is in its buffers by now: a normal request was answered after
@@ -237,19 +247,7 @@ fn issue_41_the_budget_line_speaks_the_codecs_protocol() {
         &["-l", "127.0.0.1:0", "-w", "1", "--max-buffered-bytes", "2097152"],
     );
     let addr = server.tcp_addr();
-    let body = vec![b'a'; SENT];
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1000000\r\n")
-            .unwrap();
-        s.set_nonblocking(true).unwrap();
-        let mut rest = &body[..];
-        while let Ok(n @ 1..) = s.write(rest) {
-            rest = &rest[n..];
-        }
-        clients.push(s);
-    }
+    let mut clients = flood(addr, CLIENTS, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1000000\r\n", SENT);
     let line = server.wait_for_log("reached --max-buffered-bytes");
     assert!(
         line.contains("refusing new large requests with \"-ERR refused: the server holds too many unfinished requests; try again later\""),
@@ -285,19 +283,7 @@ fn issue_41_worker_memory_is_given_back_after_a_body_flood_closes() {
     let addr = server.tcp_addr();
     let worker = *server.wait_for_workers(1).iter().next().unwrap();
     let before = rss_kib(worker);
-    let body = vec![b'a'; SENT];
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1000000\r\n")
-            .unwrap();
-        s.set_nonblocking(true).unwrap();
-        let mut rest = &body[..];
-        while let Ok(n @ 1..) = s.write(rest) {
-            rest = &rest[n..];
-        }
-        clients.push(s);
-    }
+    let clients = flood(addr, CLIENTS, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1000000\r\n", SENT);
     // The flood is in the worker's buffers: its budget is reached.
     server.wait_for_log("reached --max-buffered-bytes");
     let peak = wait_until(|| {

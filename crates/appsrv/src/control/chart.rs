@@ -52,8 +52,9 @@ pub(crate) struct Chart<'a> {
     pub(crate) series: Vec<Series<'a>>,
 }
 
-/// `text` escaped for XML text and attribute values: `&`, `<`, `>`, `"` and `'`.
-fn escape(text: &str) -> String {
+/// `text` escaped for XML (and HTML) text and attribute values: `&`, `<`, `>`, `"` and `'`
+/// become character references; everything else stays.
+pub(crate) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -64,21 +64,9 @@ pre.board{background:#1f1f24;border-color:#33333b}tr.busy td{background:#2b2715}
 .kv th{color:#bbb}.warn{background:#3a3215;border-color:#6b5a1c}}";
 
 /// `text` escaped for HTML text and attribute values (double- or single-quoted): `&`,
-/// `<`, `>`, `"` and `'` become character references; everything else stays.
-pub(crate) fn escape_html(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+/// `<`, `>`, `"` and `'` become character references; everything else stays. The charts'
+/// inline SVG needs the same five, so both use one function.
+pub(crate) use super::chart::escape as escape_html;
 
 /// Bytes from a client (a request's first bytes, an address) for the page: printable
 /// ASCII as the status table writes them ([`escape_bytes`]), then escaped for HTML.
