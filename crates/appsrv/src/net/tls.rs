@@ -202,9 +202,8 @@ fn subject(cert: &CertificateDer<'_>) -> Option<String> {
 
 /// The little of X.509 that appsrv reads itself (rustls does not expose it): a
 /// certificate's validity dates and its subject. A DER reader of its own rather than a
-/// crate: x509-cert and its der, spki and derive macros were 6 of the 94 crates of every
-/// example's first build, for these two fields (its CPU time fell from 156 s to 134 s
-/// without them; issue 41).
+/// crate: x509-cert and its der, spki and derive macros were some 7% of the first build of
+/// every example (issue 41), for these two fields.
 mod der {
     use std::fmt;
     use std::time::{Duration, SystemTime};
