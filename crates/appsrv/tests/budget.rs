@@ -126,6 +126,15 @@ fn holds_unfinished_bodies_within_its_budget(start: impl FnOnce() -> Server) {
     assert!(refused > 0, "no connection was refused with 503");
     let lines = server.log_text().matches("reached --max-buffered-bytes").count();
     assert_eq!(lines, 1, "one line for the episode:\n{}", server.log_text());
+    // Issue 41: and none per refused connection (a flood logged thousands).
+    let per_connection = server
+        .log_text()
+        .matches("holds too many unfinished requests")
+        .count();
+    assert_eq!(
+        per_connection, 0,
+        "{refused} refused, {per_connection} lines for them"
+    );
     drop(clients);
     drop(server);
 }

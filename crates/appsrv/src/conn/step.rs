@@ -1090,17 +1090,23 @@ impl<C: Codec> Requests<C> {
         peer: &Addr,
         e: &ProtocolError,
     ) -> Next {
+        tracing::info!("bad request from {peer}: {e}; closing the connection");
+        self.reply_and_close(bufs, ctx, e)
+    }
+
+    /// The codec's error reply for `e` and a lingering close, unlogged (the caller logs).
+    fn reply_and_close(&mut self, bufs: &mut Buffers, ctx: &mut dyn Context, e: &ProtocolError) -> Next {
         ctx.state(State::Closing);
         ctx.refused(e);
         self.rejected = Some((e.clone(), bufs.output().len()));
         self.codec.encode_error(e, bufs.output());
-        tracing::info!("bad request from {peer}: {e}; closing the connection");
         Next::Close { linger: Some(LINGER) }
     }
 
-    /// Refuses the request in progress for want of memory (an event loop at its budget of
-    /// buffered bytes): the codec's refusal for `why` (HTTP 503 with `Retry-After`), logged
-    /// once, then a lingering close, as for bad input.
+    /// Refuses the request in progress for want of memory (an event loop or an async worker
+    /// at its budget of buffered bytes): the codec's refusal for `why` (HTTP 503 with
+    /// `Retry-After`), then a lingering close, as for bad input; logged once per episode by
+    /// the budget, not once per connection.
     pub(crate) fn shed(
         &mut self,
         bufs: &mut Buffers,
@@ -1108,7 +1114,11 @@ impl<C: Codec> Requests<C> {
         peer: &Addr,
         why: &'static str,
     ) -> Next {
-        self.protocol_error(bufs, ctx, peer, &ProtocolError::Refused(why.into()))
+        // At debug level: the budget's episode has its own line (worker/budget.rs), and a
+        // flood would otherwise log one line per connection refused (2,800 in one trial of
+        // issue 41). The access log still has each refused request.
+        tracing::debug!("{peer} refused at the budget of buffered bytes; closing the connection");
+        self.reply_and_close(bufs, ctx, &ProtocolError::Refused(why.into()))
     }
 
     /// Refuses the connection before any request: the codec's error reply for `why`
