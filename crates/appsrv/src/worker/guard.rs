@@ -17,6 +17,7 @@ use crate::scoreboard::{Board, State};
 use crate::sys;
 
 use super::ledger::Ledger;
+use super::life::Life;
 use super::serve::{Boundary, Context, Head};
 
 /// The worker's side of a connection in the blocking driver: the keep-alive guard, the
@@ -27,11 +28,12 @@ pub(crate) struct Guard<'a> {
     pub(crate) board: &'a Board,
     pub(crate) keepalive_timeout: Option<Duration>,
     pub(crate) ledger: Ledger<'a>,
-    /// The start of the request in progress (monotonic ns, the slot's clock), if any.
-    pub(crate) request: Option<u64>,
-    /// The client of the connection in progress, formatted once per connection (only with
-    /// an access log: for its lines).
-    pub(crate) peer: Option<String>,
+    /// Whether the slot's request clock runs (the master's `--request-timeout` watches
+    /// it): a request, or a `handle_client` connection, is in progress.
+    pub(crate) clock: bool,
+    /// The life of the connection in progress (`life.rs`): its request clock and close,
+    /// as in every driver.
+    pub(crate) life: Option<Life>,
     /// Why the request step refused the request in progress with the codec's error reply
     /// (its access-log line's outcome, issue 42); taken at the connection's end.
     pub(crate) refusal: Option<ProtocolError>,
@@ -105,13 +107,18 @@ impl Context for Guard<'_> {
     }
 
     fn request_start(&mut self, head: Head<'_>) {
-        self.request = Some(self.ledger.slot().request_start(head.shown));
-        self.ledger.request_head(head);
+        self.ledger.slot().request_start(head.shown);
+        self.clock = true;
+        if let Some(life) = self.life.as_mut() {
+            life.request_start(&mut self.ledger, head, Instant::now());
+        }
     }
 
     fn request_head(&mut self, head: Head<'_>) {
         self.ledger.slot().store_head(head.shown);
-        self.ledger.request_head(head);
+        if let Some(life) = self.life.as_mut() {
+            life.request_head(&mut self.ledger, head);
+        }
     }
 
     fn refused(&mut self, why: &ProtocolError) {
@@ -125,12 +132,11 @@ impl Context for Guard<'_> {
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
-        if let Some(started) = self.request.take() {
-            let now = crate::scoreboard::now_ns();
-            self.ledger.slot().request_stop(now);
-            let took = Duration::from_nanos(now.saturating_sub(started));
-            self.ledger
-                .request_end(self.peer.as_deref().unwrap_or_default(), took, bytes, ok);
+        if std::mem::take(&mut self.clock) {
+            self.ledger.slot().request_stop(crate::scoreboard::now_ns());
+        }
+        if let Some(life) = self.life.as_mut() {
+            life.request_end(&mut self.ledger, Instant::now(), bytes, ok);
         }
     }
 

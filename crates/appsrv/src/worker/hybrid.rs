@@ -24,6 +24,7 @@ use super::blocking::{self, Blocking, HandOffs, Loop, Served, serve_admitted};
 use super::driver::{Driver, Extras, Shared};
 use super::event::Event;
 use super::guard::{Guard, Hold};
+use super::life::{Life, Unit};
 use super::serve::{Boundary, Connections, Progress};
 
 /// A hybrid front's driver: the event driver with the fronts' end of the hand-off channel,
@@ -167,7 +168,12 @@ fn handed_off<C: Connections>(
     }
     l.board.handoff_taken();
     let mut client = client?;
-    l.guard.ledger.connection();
+    let unit = if l.level.request_level() {
+        Unit::Requests
+    } else {
+        Unit::Connection
+    };
+    let life = Life::serving(client.peer_addr().clone(), unit, &mut l.guard.ledger);
     l.watch_sends(&mut client);
     if sys::take_reopen_request() {
         l.guard.ledger.reopen();
@@ -177,7 +183,7 @@ fn handed_off<C: Connections>(
         .as_ref()
         .expect("a hand-off comes from the channel")
         .channel;
-    match serve_handed_over(client, &meta, channel, l.level, &mut l.guard, l.board) {
+    match serve_handed_over(client, life, &meta, channel, l.level, &mut l.guard, l.board) {
         Ok(bufs) => l.buffers = Some(bufs),
         Err(code) => return Some(code),
     }
@@ -219,6 +225,7 @@ fn handed_over(
 /// when the handler panicked.
 fn serve_handed_over<C: Connections>(
     mut client: Client,
+    mut life: Life,
     meta: &crate::net::handoff::Meta,
     channel: BorrowedFd<'_>,
     level: &mut C,
@@ -236,18 +243,19 @@ fn serve_handed_over<C: Connections>(
         interim_sent: meta.interim_sent,
     };
     loop {
-        match serve_admitted(client, level, guard, board, Some(progress)) {
+        match serve_admitted(client, life, level, guard, board, Some(progress)) {
             Served::Closed(bufs) => return Ok(bufs),
             Served::Panicked(code) => return Err(code),
             // No front takes connections back any more (the server stops: the fronts
             // left first): keep it, as in blocking mode, until it drains.
             // (Served again as handed over: the driver sets the socket's timeout again.)
-            Served::HandBack(back, p) if !board.fronts_receiving() => {
+            Served::HandBack(back, p, kept) if !board.fronts_receiving() => {
                 guard.hold = None;
                 client = back;
                 progress = p;
+                life = kept;
             }
-            Served::HandBack(back, p) => {
+            Served::HandBack(back, p, kept) => {
                 let meta = crate::net::handoff::Meta {
                     served: p.served,
                     interim_sent: p.interim_sent,
@@ -269,6 +277,7 @@ fn serve_handed_over<C: Connections>(
                         guard.hold = None;
                         client = back;
                         progress = p;
+                        life = kept;
                     }
                 }
             }

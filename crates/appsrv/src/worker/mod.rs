@@ -35,6 +35,7 @@ pub(crate) mod front;
 mod guard;
 mod hybrid;
 pub(crate) mod ledger;
+mod life;
 mod reactor;
 pub(crate) mod serve;
 pub(crate) mod tasks;
