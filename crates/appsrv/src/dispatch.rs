@@ -25,7 +25,8 @@ use crate::master::startup::{self, Startup};
 use crate::master::{Limits as MasterLimits, ReloadHook, UpgradeSettings};
 use crate::net::listener::{BindOptions, ListenAddr};
 use crate::process::daemon;
-use crate::worker::serve::{Connections, Limits};
+use crate::worker::ServedBy;
+use crate::worker::serve::Limits;
 use crate::worker::{self, Recycle, StartHook};
 
 /// An application hook run in the master (reload, check).
@@ -139,7 +140,7 @@ pub(crate) fn launch<C, F, M>(
     make_factory: M,
 ) -> Result<()>
 where
-    C: Connections,
+    C: ServedBy,
     F: FnMut() -> std::result::Result<C, BoxError>,
     M: FnOnce(Limits) -> F,
 {

@@ -16,9 +16,7 @@ use crate::handler::{
     AsyncHandler, AsyncRequestHandler, DatagramHandler, Handler, RequestHandler, WorkerInfo,
 };
 use crate::worker::StartHook;
-use crate::worker::serve::{
-    AsyncClientLevel, AsyncRequestLevel, ClientLevel, Connections, Limits, RequestLevel,
-};
+use crate::worker::serve::{AsyncClientLevel, AsyncRequestLevel, ClientLevel, Limits, RequestLevel};
 
 /// A server: its name, its defaults, and the command line it parses.
 ///
@@ -861,7 +859,7 @@ impl Server {
     /// Parses the command line (unless [`args`](Server::args) did) and runs its subcommand.
     fn launch<C, F, M>(mut self, request_level: bool, make_factory: M) -> Result<()>
     where
-        C: Connections,
+        C: crate::worker::ServedBy,
         F: FnMut() -> std::result::Result<C, BoxError>,
         M: FnOnce(Limits) -> F,
     {

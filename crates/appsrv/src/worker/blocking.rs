@@ -24,7 +24,7 @@ use super::ConnLimits;
 use super::Setup;
 use super::accept::{Accepted, Acceptor};
 use super::admission::{Admission, Next, Rules, Seat, Verdict};
-use super::driver::{Driver, Extras, Shared, accepts_on, rules};
+use super::driver::{Driver, Extras, Serves, Shared, accepts_on, rules};
 use super::guard::Guard;
 use super::ledger::{Ledger, Panicked, contain, log_connection_error};
 use super::life::{Ended, Life, Then, Unit};
@@ -62,8 +62,10 @@ impl<'a> Driver<'a> for Blocking<'a> {
     fn prepare(setup: &Setup<'a>, _: &'static Slot, _: Extras<'a>) -> Result<Self, String> {
         Blocking::new(setup, None)
     }
+}
 
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+impl<'a, C: Connections> Serves<'a, C> for Blocking<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut C) -> i32 {
         serve::<C>(self, shared, level, None)
     }
 }

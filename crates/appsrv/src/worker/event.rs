@@ -88,10 +88,11 @@ use super::accept::REQUEUE_EVERY;
 use super::access::{End, Outcome};
 use super::admission::{self, Admission, EventSeat};
 use super::budget::{OVER_BUDGET_READ, SHED_BELOW, TRIM_ABOVE};
+use super::driver::Serves;
 use super::driver::{Driver, Extras, Shared, accepts_on, rules};
 use super::ledger::{Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error};
 use super::reactor::{self, Kind, Queued, Ready, Slab, Timer, Timers, Token};
-use super::serve::{Bound, Boundary, Connections, Context, Head, Limits, RequestDriver};
+use super::serve::{Bound, Boundary, Context, Head, Limits, RequestLevel};
 
 /// Events taken from the kernel per `epoll_wait`.
 const EVENTS: usize = 512;
@@ -164,27 +165,12 @@ impl<'a> Driver<'a> for Event<'a> {
     fn prepare(setup: &Setup<'a>, slot: &'static Slot, extras: Extras<'a>) -> Result<Self, String> {
         Event::new(setup, slot, extras, None)
     }
-
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
-        level
-            .drive_requests(Run { driver: self, shared })
-            .unwrap_or_else(|| {
-                tracing::error!("handle_client servers are blocking only (--io blocking)");
-                exit::START_FAILED
-            })
-    }
 }
 
-/// The event loop as the request level's [`RequestDriver`]: the level hands it the user's
-/// handler and the step's limits.
-struct Run<'a> {
-    driver: Event<'a>,
-    shared: Shared<'a>,
-}
-
-impl RequestDriver for Run<'_> {
-    fn drive<H: RequestHandler>(self, handler: &mut H, limits: Limits) -> i32 {
-        serve(self.driver, self.shared, handler, limits)
+impl<'a, H: RequestHandler> Serves<'a, RequestLevel<H>> for Event<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut RequestLevel<H>) -> i32 {
+        let (handler, limits) = level.parts();
+        serve(self, shared, handler, limits)
     }
 }
 

@@ -21,11 +21,13 @@ use crate::sys;
 
 use super::Setup;
 use super::blocking::{self, Blocking, HandOffs, Loop, Served, serve_admitted};
-use super::driver::{Driver, Extras, Shared};
+use super::driver::{Driver, Extras, Serves, Shared};
 use super::event::Event;
 use super::guard::{Guard, Hold};
 use super::life::{Life, Unit};
+use super::serve::RequestLevel;
 use super::serve::{Boundary, Connections, Progress};
+use crate::handler::RequestHandler;
 
 /// A hybrid front's driver: the event driver with the fronts' end of the hand-off channel,
 /// whose request step only tells when a request is whole, and then hands the connection
@@ -41,8 +43,10 @@ impl<'a> Driver<'a> for FrontDriver<'a> {
             .ok_or_else(|| "a hybrid front without its hand-off channel".to_string())?;
         Event::new(setup, slot, extras, Some(channel)).map(FrontDriver)
     }
+}
 
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+impl<'a, H: RequestHandler> Serves<'a, RequestLevel<H>> for FrontDriver<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut RequestLevel<H>) -> i32 {
         self.0.serve(shared, level)
     }
 }
@@ -64,8 +68,10 @@ impl<'a> Driver<'a> for HybridWorker<'a> {
             channel,
         })
     }
+}
 
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+impl<'a, C: Connections> Serves<'a, C> for HybridWorker<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut C) -> i32 {
         let handoffs = HandOffs {
             channel: self.channel,
             take: handed_off::<C>,

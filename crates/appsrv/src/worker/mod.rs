@@ -36,6 +36,7 @@ mod guard;
 mod hybrid;
 pub(crate) mod ledger;
 mod life;
+mod pairing;
 mod reactor;
 pub(crate) mod serve;
 pub(crate) mod tasks;
@@ -46,7 +47,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::scoreboard::Board;
-use crate::worker::serve::Connections;
 
 use ledger::{panic_message, record_panic};
 
@@ -150,6 +150,9 @@ pub(crate) enum Model {
     Event,
     /// Fronts hand whole requests to blocking workers (`--io hybrid`).
     Hybrid,
+    /// A future per connection on a runtime in each worker (`--io async`): the model of
+    /// async handlers, and theirs only.
+    Async,
 }
 
 /// Per-connection limits that the worker enforces outside the request loop.
@@ -186,7 +189,7 @@ pub(crate) fn run<C, F>(
     factory: &mut F,
 ) -> !
 where
-    C: Connections,
+    C: ServedBy,
     F: FnMut() -> Result<C, BoxError>,
 {
     crate::process::log::set_worker(setup.id);
@@ -221,17 +224,13 @@ where
         handoff,
         datagrams: datagram_handler,
     };
-    let code = match driver::choose(setup.io, setup.role, has_datagram_listeners, handler.is_async()) {
-        driver::Kind::Blocking => {
-            start::<blocking::Blocking<'_>, C>(&setup, pid, &mut handler, access, extras)
-        }
-        driver::Kind::Event => start::<event::Event<'_>, C>(&setup, pid, &mut handler, access, extras),
-        driver::Kind::Front => start::<hybrid::FrontDriver<'_>, C>(&setup, pid, &mut handler, access, extras),
-        driver::Kind::HybridWorker => {
-            start::<hybrid::HybridWorker<'_>, C>(&setup, pid, &mut handler, access, extras)
-        }
-        driver::Kind::Tasks => start::<tasks::Tasks<'_>, C>(&setup, pid, &mut handler, access, extras),
-    };
+    let code = handler.start(Start {
+        setup: &setup,
+        pid,
+        access,
+        extras,
+        datagram_listeners: has_datagram_listeners,
+    });
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
             tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
@@ -378,10 +377,62 @@ fn open_access_log(setup: &Setup<'_>) -> Result<Option<access::AccessLog>, Strin
     Ok(access)
 }
 
+/// A handler level (`serve.rs`) and the drivers that serve it (issue 43): each level
+/// starts the driver its set-up chooses, among those that implement
+/// [`Serves`](driver::Serves) for it (`pairing.rs`), so that a pair that does not exist
+/// (an async handler in the blocking loop) cannot be written, and no driver has a case
+/// for a level it cannot serve.
+pub(crate) trait ServedBy: Sized {
+    /// Steps 9 and 10: serves with the driver chosen for this level from `start`'s
+    /// set-up, until a stop; returns the worker's exit status.
+    fn start(&mut self, start: Start<'_>) -> i32;
+
+    /// The handler's `on_worker_exit`, after a clean stop (an async level's driver calls
+    /// it itself, in its runtime, where what it closes may have a task to finish).
+    fn on_worker_exit(&mut self);
+}
+
+/// What a level needs to start its driver: the set-up and what the worker made before.
+pub(crate) struct Start<'a> {
+    setup: &'a Setup<'a>,
+    pid: u32,
+    access: Option<access::AccessLog>,
+    extras: driver::Extras<'a>,
+    datagram_listeners: bool,
+}
+
+impl<'a> Start<'a> {
+    /// The I/O model (`--io`).
+    pub(crate) fn model(&self) -> Model {
+        self.setup.io
+    }
+
+    /// A worker or a hybrid front.
+    pub(crate) fn role(&self) -> Role {
+        self.setup.role
+    }
+
+    /// Whether the server has datagram listeners (served from an event loop).
+    pub(crate) fn datagram_listeners(&self) -> bool {
+        self.datagram_listeners
+    }
+
+    /// Starts driver `D` over `level` (see [`start`]).
+    pub(crate) fn run<D: driver::Serves<'a, L>, L>(self, level: &mut L) -> i32 {
+        start::<D, L>(self.setup, self.pid, level, self.access, self.extras)
+    }
+
+    /// The set-up asks for a pair the configuration check refuses before start (it is
+    /// reported here too, as a start failure with `reason`, should a check be missing).
+    pub(crate) fn refused(self, reason: &str) -> i32 {
+        fail_start(self.setup.channel, self.pid, reason.to_owned())
+    }
+}
+
 /// Steps 9 and 10 with driver `D`: its slot and what it needs from the system are set up
 /// before `Ready` (a failure there is a start failure), then it serves until asked to
 /// stop; returns its exit code.
-fn start<'a, D: driver::Driver<'a>, C: Connections>(
+fn start<'a, D: driver::Serves<'a, C>, C>(
     setup: &'a Setup<'a>,
     pid: u32,
     level: &mut C,

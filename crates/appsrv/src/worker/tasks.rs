@@ -82,11 +82,12 @@ use crate::sys::{self, exit};
 use super::access::{End, Outcome};
 use super::admission::{self, Admission, EventSeat};
 use super::budget::{self, Budget};
+use super::driver::Serves;
 use super::driver::{Driver, Extras, Shared, rules};
 use super::ledger::{
     Ledger, OncePerMinute, RESOURCE_BACKOFF, Trouble, contain, log_connection_error, panic_message,
 };
-use super::serve::{AsyncDriver, Boundary, Connections, Context, Head, Limits};
+use super::serve::{AsyncClientLevel, AsyncRequestLevel, Boundary, Context, Head, Limits};
 use super::{ConnLimits, Setup};
 
 /// The async driver: the runtime and the wake-up descriptor, made before `Ready`, and its
@@ -149,16 +150,18 @@ impl<'a> Driver<'a> for Tasks<'a> {
             _setup: std::marker::PhantomData,
         })
     }
+}
 
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
-        match level.drive_async(Run { driver: self, shared }) {
-            Some(code) => code,
-            None => {
-                // The configuration refuses a handler that is not async for this driver.
-                tracing::error!("this worker runs the async driver, and its handler is not async");
-                exit::START_FAILED
-            }
-        }
+impl<'a, H: AsyncRequestHandler> Serves<'a, AsyncRequestLevel<H>> for Tasks<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut AsyncRequestLevel<H>) -> i32 {
+        let (handler, limits) = level.parts();
+        Run { driver: self, shared }.go(&RequestsOf { handler }, Some(limits))
+    }
+}
+
+impl<'a, H: AsyncHandler> Serves<'a, AsyncClientLevel<H>> for Tasks<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut AsyncClientLevel<H>) -> i32 {
+        Run { driver: self, shared }.go(&ClientsOf { handler: &level.0 }, None)
     }
 }
 
@@ -176,18 +179,6 @@ const EXIT_GRACE: Duration = Duration::from_millis(20);
 struct Run<'a> {
     driver: Tasks<'a>,
     shared: Shared<'a>,
-}
-
-impl AsyncDriver for Run<'_> {
-    fn drive_requests<H: AsyncRequestHandler>(self, handler: &H, limits: Limits) -> i32 {
-        let level = RequestsOf { handler };
-        self.go(&level, Some(limits))
-    }
-
-    fn drive_clients<H: AsyncHandler>(self, handler: &H) -> i32 {
-        let level = ClientsOf { handler };
-        self.go(&level, None)
-    }
 }
 
 impl<'a> Run<'a> {
