@@ -36,6 +36,8 @@ mod guard;
 mod hybrid;
 pub(crate) mod ledger;
 mod life;
+#[cfg(test)]
+mod one;
 mod pairing;
 mod reactor;
 pub(crate) mod serve;

@@ -486,7 +486,7 @@ pub(crate) mod tests {
         }
     }
 
-    struct Echo;
+    pub(crate) struct Echo;
 
     impl RequestHandler for Echo {
         type Codec = Lines;
@@ -503,7 +503,7 @@ pub(crate) mod tests {
         }
     }
 
-    const LIMITS: Limits = Limits {
+    pub(crate) const LIMITS: Limits = Limits {
         keepalive_timeout: Some(Duration::from_secs(5)),
         read_timeout: Some(Duration::from_secs(5)),
         keepalive_requests: 1000,
