@@ -1,6 +1,7 @@
 //! The seam between a worker's set-up and the loop that serves: one context that every
-//! driver serves with, and the [`Driver`] interface that `worker::run` picks an
-//! implementation of once, from the I/O model and the role ([`choose`]).
+//! driver serves with ([`Shared`]), the [`Driver`] interface (what it prepares before
+//! `Ready`), and [`Serves`], implemented for each pair of a driver and a handler level that
+//! exists (`pairing.rs` picks one per level, from the I/O model and the role: [`choose`]).
 //!
 //! Five drivers implement it:
 //!
@@ -10,14 +11,15 @@
 //! | [`Event`]               | all at once from epoll (`--io event`, datagrams) | `event.rs` |
 //! | [`FrontDriver`]         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
 //! | [`HybridWorker`]        | the blocking loop plus connections handed over | `hybrid.rs`  |
-//! | [`Tasks`]               | async handlers: a future per connection on a tokio runtime | `tasks.rs` |
+//! | [`Tasks`]               | async handlers: a future per connection on a tokio runtime (`--io async`) | `tasks.rs` |
 //!
 //! Each prepares what it needs from the system before the worker says it is ready (its
 //! acceptor, its epoll instance: a failure there is a start failure with its reason), then
-//! serves the client/request level ([`Connections`]) until a stop. What they share (the
-//! set-up, the [`Ledger`]) is here and in `ledger.rs`, once; the client/request level
-//! names none of them. Adding an I/O model means one more implementation of [`Driver`] and
-//! one arm in [`choose`].
+//! serves its level until a stop. What they share is here, in `ledger.rs` (the accounts)
+//! and in `life.rs` (one connection's life: the admission's verdict applied, the request
+//! clock, the close with the outcome rule); the levels name none of them. Adding an I/O
+//! model means its file (a [`Driver`], its [`Serves`] pairs) and its arms in
+//! `pairing.rs`: the unit tests' `one.rs` is such a driver.
 //!
 //! [`Blocking`]: super::blocking::Blocking
 //! [`Event`]: super::event::Event
