@@ -14,12 +14,15 @@
 //!    datagram handler's factory), run; a failure is reported to the master with its
 //!    reason and the worker exits;
 //! 9. its copy of the access log (the one reopened on USR1 if the master left it in the
-//!    worker's log channel, `process/reopen.rs`), its scoreboard slot and its way of waiting for
-//!    connections (the blocking loop: epoll with several listeners; the event loop,
-//!    `--io event`: its epoll instance over the listeners, `event.rs`) are set up, so that
-//!    a failure there is a start failure;
-//! 10. the worker tells the master it is ready and serves connections until asked to stop:
-//!     one at a time (`blocking.rs`) or all at once from its event loop (`event.rs`).
+//!    worker's log channel, `process/reopen.rs`), its scoreboard slot and its driver, chosen
+//!    by the handler's level ([`ServedBy`], `pairing.rs`) and prepared with what it needs
+//!    from the system (an acceptor, an epoll instance, a runtime: `driver.rs`), so that a
+//!    failure there is a start failure;
+//! 10. the worker tells the master it is ready and its driver serves connections until
+//!     asked to stop: one at a time (`blocking.rs`), all at once from an event loop
+//!     (`event.rs`), as a hybrid front or worker (`hybrid.rs`), or a future per connection
+//!     (`tasks.rs`); each connection's life in the accounts is `life.rs`'s, the same in
+//!     every driver.
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
