@@ -236,8 +236,7 @@ fn module_paths(tokens: &[source::Token], module: &[String]) -> Vec<Vec<String>>
     /// The leaves of the path or list at `toks[*k..]`, each after `prefix`.
     fn tree(toks: &[source::Token], k: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
         let mut path = prefix;
-        loop {
-            let Some(t) = toks.get(*k) else { break };
+        while let Some(t) = toks.get(*k) {
             if t.text == "{" {
                 *k += 1;
                 loop {
@@ -491,10 +490,11 @@ fn the_files_of_every_folder_follow_their_map() {
         };
         let missing: Vec<&String> = actual.keys().filter(|f| !documented.contains_key(*f)).collect();
         let gone: Vec<&String> = documented.keys().filter(|f| !actual.contains_key(*f)).collect();
-        if !missing.is_empty() || !gone.is_empty() {
-            wrong.push(format!(
-                "{folder}/'s file map does not list {missing:?} and lists {gone:?}, which is no file of it"
-            ));
+        if !missing.is_empty() {
+            wrong.push(format!("{folder}/'s file map does not list {missing:?}"));
+        }
+        if !gone.is_empty() {
+            wrong.push(format!("{folder}/'s file map lists {gone:?}, no file of it"));
         }
         if render(&actual) != render(&documented) {
             wrong.push(format!(
@@ -591,4 +591,67 @@ fn the_checks_see_what_they_must() {
     ]
     .into();
     assert_eq!(find_cycle(&graph).map(|c| c.len()), Some(4));
+}
+
+/// The `worker` names the code map says the master may use: the list after "it names only
+/// `worker`'s interface types (" in docs/ARCHITECTURE.md, up to its `;`.
+fn worker_interface() -> BTreeSet<String> {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&doc).unwrap().replace('\n', " ");
+    let list = text
+        .split("it names only `worker`'s interface types (")
+        .nth(1)
+        .and_then(|l| l.split(';').next())
+        .expect("the code map lists the worker's interface types the master names");
+    list.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+/// Issue 43: the master names of `worker` only the interface types the code map lists
+/// (`worker::Setup`, `worker::datagram::Settings`...), whether through `crate::worker::`
+/// or a `worker::` path after `use crate::worker`: a driver's own type (its settings, its
+/// limits) reaches it only inside what `dispatch` gives it, unnamed.
+#[test]
+fn issue_43_the_master_names_only_the_workers_interface() {
+    let allowed = worker_interface();
+    let src = source::src_dir();
+    let mut wrong = BTreeSet::new();
+    for file in source::rust_files(&src.join("master")) {
+        let rel = source::relative(&src, &file);
+        let tokens = source::tokens(&std::fs::read_to_string(&file).unwrap());
+        let mut paths = module_paths(&tokens, &module_of(&rel));
+        // `worker::X` after `use crate::worker::{self, ...}`.
+        for (k, t) in tokens.iter().enumerate() {
+            let starts = t.ident
+                && t.text == "worker"
+                && tokens.get(k + 1).is_some_and(|n| n.text == "::")
+                && (k == 0 || tokens[k - 1].text != "::");
+            if starts {
+                let mut at = k + 2;
+                let mut path = vec!["worker".to_owned()];
+                while let Some(t) = tokens.get(at).filter(|t| t.ident) {
+                    path.push(t.text.clone());
+                    if tokens.get(at + 1).is_some_and(|n| n.text == "::") {
+                        at += 2;
+                    } else {
+                        break;
+                    }
+                }
+                paths.push(path);
+            }
+        }
+        for path in paths {
+            if path.first().map(String::as_str) != Some("worker") || path.len() < 2 {
+                continue; // not the worker's, or `use crate::worker::{self}`
+            }
+            let named = (2..=path.len()).any(|n| allowed.contains(&path[1..n].join("::")));
+            if !named {
+                wrong.insert(format!("{rel}: worker::{}", path[1..].join("::")));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the master names worker types the code map does not list as its interface ({allowed:?}):\n{}",
+        wrong.into_iter().collect::<Vec<_>>().join("\n")
+    );
 }
