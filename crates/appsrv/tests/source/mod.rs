@@ -78,7 +78,7 @@ fn find(s: &[char], from: usize, needle: &[char]) -> Option<usize> {
 }
 
 /// The tokens of `src`, as `bench/fn-lengths.py`'s `tokens` reads them (it keeps only
-/// identifiers and `{}()[];`; the other punctuation here changes no function's span).
+/// identifiers and `{}()[];`, as [`functions`] does; the other punctuation is for paths).
 pub fn tokens(src: &str) -> Vec<Token> {
     let s: Vec<char> = src.chars().collect();
     let n = s.len();
@@ -182,7 +182,11 @@ impl Function {
 /// Every function of `src` that has a body, nested ones included (each listed on its own
 /// and counted in the one that contains it), as `bench/fn-lengths.py`'s `functions`.
 pub fn functions(src: &str) -> Vec<Function> {
-    let toks = tokens(src);
+    // The script's tokens only: `fn $name` in a macro is a function named `name` to it.
+    let toks: Vec<Token> = tokens(src)
+        .into_iter()
+        .filter(|t| t.ident || matches!(t.text.as_str(), "{" | "}" | "(" | ")" | "[" | "]" | ";"))
+        .collect();
     let mut found = Vec::new();
     for (k, tok) in toks.iter().enumerate() {
         if !tok.ident || tok.text != "fn" {
