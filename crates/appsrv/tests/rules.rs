@@ -288,3 +288,44 @@ unsafe fn g() {}
     assert_eq!(other, ["a.rs:12: unsafe fn"]);
     assert_eq!(unexplained, ["a.rs:8 in f"]);
 }
+
+/// Names that only `sys/` may use: `fork(2)` and its kin, and turning a descriptor number
+/// into an owned or borrowed descriptor ("Fork rules" in docs/ARCHITECTURE.md).
+const SYS_ONLY: &[&str] = &["fork", "vfork", "from_raw_fd", "borrow_raw", "FromRawFd"];
+
+/// Issue 43: `sys/` is the one module that calls `fork(2)` and the one that makes an
+/// `OwnedFd` or a `BorrowedFd` (or a socket, a file) from a descriptor number, as
+/// ARCHITECTURE says: outside it, each such name in code is named with its place.
+/// (`sys::fork`, a call of the module's own function, is allowed.)
+#[test]
+fn issue_43_fork_and_descriptor_numbers_belong_to_sys() {
+    let src = source::src_dir();
+    let mut wrong = Vec::new();
+    for file in source::rust_files(&src) {
+        let rel = source::relative(&src, &file);
+        if rel.starts_with("sys/") {
+            continue;
+        }
+        let tokens = source::tokens(&std::fs::read_to_string(&file).unwrap());
+        for (k, t) in tokens.iter().enumerate() {
+            if !t.ident || !SYS_ONLY.contains(&t.text.as_str()) {
+                continue;
+            }
+            // `sys::fork()` is the module's own function; a method or a field named so
+            // (`x.fork`) is not the system call either.
+            let before = |n: usize| k.checked_sub(n).map(|i| tokens[i].text.as_str());
+            if before(1) == Some(".") || (before(1) == Some("::") && before(2) == Some("sys")) {
+                continue;
+            }
+            if t.text.ends_with("fork") && before(1) != Some("::") {
+                continue; // a bare `fork`: a name of ours, not a path to the call
+            }
+            wrong.push(format!("{rel}:{}: {}", t.line, t.text));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "outside sys/, fork or a descriptor made from a number:\n{}",
+        wrong.join("\n")
+    );
+}
