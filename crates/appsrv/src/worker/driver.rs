@@ -7,11 +7,11 @@
 //!
 //! | driver                  | serves                                        | file          |
 //! |-------------------------|-----------------------------------------------|---------------|
-//! | [`Blocking`]            | one connection at a time (`--io blocking`)    | `blocking.rs` |
-//! | [`Event`]               | all at once from epoll (`--io event`, datagrams) | `event.rs` |
-//! | [`FrontDriver`]         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
-//! | [`HybridWorker`]        | the blocking loop plus connections handed over | `hybrid.rs`  |
-//! | [`Tasks`]               | async handlers: a future per connection on a tokio runtime (`--io async`) | `tasks.rs` |
+//! | `Blocking`            | one connection at a time (`--io blocking`)    | `blocking.rs` |
+//! | `Event`               | all at once from epoll (`--io event`, datagrams) | `event.rs` |
+//! | `FrontDriver`         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
+//! | `HybridWorker`        | the blocking loop plus connections handed over | `hybrid.rs`  |
+//! | `Tasks`               | async handlers: a future per connection on a tokio runtime (`--io async`) | `tasks.rs` |
 //!
 //! Each prepares what it needs from the system before the worker says it is ready (its
 //! acceptor, its epoll instance: a failure there is a start failure with its reason), then
@@ -21,11 +21,8 @@
 //! model means its file (a [`Driver`], its [`Serves`] pairs) and its arms in
 //! `pairing.rs`: the unit tests' `one.rs` is such a driver.
 //!
-//! [`Blocking`]: super::blocking::Blocking
-//! [`Event`]: super::event::Event
-//! [`FrontDriver`]: super::hybrid::FrontDriver
-//! [`HybridWorker`]: super::hybrid::HybridWorker
-//! [`Tasks`]: super::tasks::Tasks
+//! (The drivers are named here in plain text: this file is below them, `pairing.rs`
+//! links them.)
 
 use std::os::fd::BorrowedFd;
 
