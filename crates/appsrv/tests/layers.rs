@@ -288,6 +288,15 @@ fn the_files_of_each_folder_have_no_cycle() {
         if let Some(cycle) = find_cycle(&graph) {
             cycles.push(format!("{folder}/: {}", cycle.join(" -> ")));
         }
+        for sub in std::fs::read_dir(&dir).unwrap() {
+            let sub = sub.unwrap().path();
+            if sub.is_dir() {
+                let sub = format!("{folder}/{}", sub.file_name().unwrap().to_str().unwrap());
+                if let Some(cycle) = find_cycle(&folder_graph(&sub, true)) {
+                    cycles.push(format!("{sub}/: {}", cycle.join(" -> ")));
+                }
+            }
+        }
     }
     assert!(
         cycles.is_empty(),
@@ -311,7 +320,30 @@ fn folder_graph(folder: &str, with_root: bool) -> BTreeMap<String, BTreeSet<Stri
         .map(|p| p.file_stem().unwrap().to_str().unwrap().to_owned())
         .filter(|n| n != "mod")
         .collect();
+    // A subfolder (`worker/event/`) is one node of its folder's graph: what its files use
+    // of the folder's files, together (its own files' graph is checked on its own).
+    let subfolders: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    let names: BTreeSet<String> = names
+        .into_iter()
+        .chain(
+            subfolders
+                .iter()
+                .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned()),
+        )
+        .collect();
     let mut graph = BTreeMap::new();
+    for sub in &subfolders {
+        let name = sub.file_name().unwrap().to_str().unwrap().to_owned();
+        let uses = subfolder_uses(folder, sub)
+            .into_iter()
+            .filter(|u| names.contains(u) && *u != name)
+            .collect();
+        graph.insert(name, uses);
+    }
     for file in &files {
         let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
         if name == "mod" && !with_root {
@@ -325,6 +357,29 @@ fn folder_graph(folder: &str, with_root: bool) -> BTreeMap<String, BTreeSet<Stri
         graph.insert(name, uses);
     }
     graph
+}
+
+/// What the files of subfolder `sub` of `folder` use among `folder`'s files: `super::x`
+/// from its `mod.rs`, `super::super::x` from its other files, `crate::folder::x` from any.
+fn subfolder_uses(folder: &str, sub: &Path) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for entry in std::fs::read_dir(sub).unwrap() {
+        let file = entry.unwrap().path();
+        if !file.extension().is_some_and(|e| e == "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let text = if file.file_stem().is_some_and(|s| s == "mod") {
+            text
+        } else {
+            // The subfolder's own siblings (`super::x`) are not the folder's files.
+            text.replace("super::super::", "\u{0}")
+                .replace("super::", "sub::")
+                .replace('\u{0}', "super::")
+        };
+        found.extend(sibling_uses(folder, false, &text));
+    }
+    found
 }
 
 /// The file map of `worker/` in docs/ARCHITECTURE.md: the text block after "Inside

@@ -16,10 +16,10 @@
 //! 9. its copy of the access log (the one reopened on USR1 if the master left it in the
 //!    worker's log channel, `process/reopen.rs`), its scoreboard slot and its way of waiting for
 //!    connections (the blocking loop: epoll with several listeners; the event loop,
-//!    `--io event`: its epoll instance over the listeners, `event.rs`) are set up, so that
+//!    `--io event`: its epoll instance over the listeners, `event/`) are set up, so that
 //!    a failure there is a start failure;
 //! 10. the worker tells the master it is ready and serves connections until asked to stop:
-//!     one at a time (`blocking.rs`) or all at once from its event loop (`event.rs`).
+//!     one at a time (`blocking.rs`) or all at once from its event loop (`event/`).
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
