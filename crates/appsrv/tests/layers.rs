@@ -365,7 +365,7 @@ fn subfolder_uses(folder: &str, sub: &Path) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for entry in std::fs::read_dir(sub).unwrap() {
         let file = entry.unwrap().path();
-        if !file.extension().is_some_and(|e| e == "rs") {
+        if file.extension().is_none_or(|e| e != "rs") {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();

@@ -304,7 +304,9 @@ impl AcceptError {
 /// [`REQUEUE_EVERY`] that the listeners must be registered again (delete and add: an
 /// exclusive registration cannot be modified), which puts the worker at the back of the
 /// listeners' queues of waiters. It knows no epoll instance: the caller re-registers.
-#[derive(Debug, Default)]
+/// `Copy`, so that an async accept loop that accepts through `&self` can keep it in a
+/// `Cell`.
+#[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Requeue {
     /// Accepts since the last requeue (or since accepting resumed).
     since: u32,

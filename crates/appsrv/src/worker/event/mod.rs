@@ -14,7 +14,7 @@
 //! - `mod.rs`: the driver ([`Event`]), the epoll instance made before `Ready`, the loop's
 //!   configuration and the loop itself ([`Loop`]: a sub-struct per role);
 //! - `turn.rs`: the turn (the wait, the signals, the events, the ready list, the timers,
-//!   the stop, the end of a turn), over its [`Reactor`](turn::Reactor);
+//!   the stop, the end of a turn), over its [`Reactor`];
 //! - `accepting.rs`: accepting, its limits, its back-off and its requeue;
 //! - `connection.rs`: a connection's record and its place in the loop (in, a pass, its
 //!   deadline, out);
