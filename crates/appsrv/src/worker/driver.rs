@@ -8,7 +8,7 @@
 //! | driver                  | serves                                        | file          |
 //! |-------------------------|-----------------------------------------------|---------------|
 //! | `Blocking`            | one connection at a time (`--io blocking`)    | `blocking.rs` |
-//! | `Event`               | all at once from epoll (`--io event`, datagrams) | `event.rs` |
+//! | `Event`               | all at once from epoll (`--io event`, datagrams) | `event/` |
 //! | `FrontDriver`         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
 //! | `HybridWorker`        | the blocking loop plus connections handed over | `hybrid.rs`  |
 //! | `Tasks`               | async handlers: a future per connection on a tokio runtime (`--io async`) | `tasks.rs` |

@@ -1,8 +1,8 @@
 //! Hybrid mode's two drivers (`--io hybrid`).
 //!
-//! - [`FrontDriver`]: the event driver (`event.rs`) with the fronts' end of the hand-off
-//!   channel, whose request step only gathers whole requests and hands them off (its
-//!   hand-off state is `front.rs`).
+//! - [`FrontDriver`]: the event driver (`event/`) with the fronts' end of the hand-off
+//!   channel and the [`HandOff`] completion, whose request step only gathers whole
+//!   requests and hands them off (its hand-off state is `front.rs`).
 //! - [`HybridWorker`]: the blocking loop (`blocking.rs`) over the TLS listeners, plus the
 //!   connections the fronts hand over on the channel (`net/handoff.rs`), which go back to
 //!   a front when they stay quiet. What only the hybrid worker needs lives here: taking a
@@ -22,7 +22,7 @@ use crate::sys;
 use super::Setup;
 use super::blocking::{self, Blocking, HandOffs, Loop, Served, serve_admitted};
 use super::driver::{Driver, Extras, Serves, Shared};
-use super::event::Event;
+use super::event::{Event, HandOff};
 use super::guard::{Guard, Hold};
 use super::life::{Life, Unit};
 use super::serve::RequestLevel;
@@ -33,7 +33,11 @@ use crate::handler::RequestHandler;
 /// whose request step only tells when a request is whole, and then hands the connection
 /// off instead of calling the handler.
 #[derive(Debug)]
-pub(crate) struct FrontDriver<'a>(Event<'a>);
+pub(crate) struct FrontDriver<'a> {
+    event: Event<'a>,
+    /// The fronts' end of the hand-off channel.
+    channel: BorrowedFd<'a>,
+}
 
 impl<'a> Driver<'a> for FrontDriver<'a> {
     fn prepare(setup: &Setup<'a>, slot: &'static Slot, mut extras: Extras<'a>) -> Result<Self, String> {
@@ -41,13 +45,16 @@ impl<'a> Driver<'a> for FrontDriver<'a> {
             .handoff
             .take()
             .ok_or_else(|| "a hybrid front without its hand-off channel".to_string())?;
-        Event::new(setup, slot, extras, Some(channel)).map(FrontDriver)
+        let event = Event::new(setup, slot, extras, Some(channel))?;
+        Ok(FrontDriver { event, channel })
     }
 }
 
 impl<'a, H: RequestHandler> Serves<'a, RequestLevel<H>> for FrontDriver<'a> {
     fn serve(self, shared: Shared<'a>, level: &mut RequestLevel<H>) -> i32 {
-        self.0.serve(shared, level)
+        let channel = self.channel;
+        self.event
+            .serve_with(shared, level, |start| HandOff::new(channel, start))
     }
 }
 
