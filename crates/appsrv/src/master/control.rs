@@ -152,7 +152,7 @@ impl Master<'_> {
         self.settings
             .board
             .set_min_spare(self.settings.policy.wake_below() as u32);
-        self.next_round = None;
+        self.rounds.resized();
         d
     }
 
