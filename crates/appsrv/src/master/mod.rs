@@ -414,6 +414,7 @@ impl<'a> Master<'a> {
         self.pool().any(|(_, w)| w.ready && w.timed_out.is_none())
     }
 
+    /// Workers of the pool that count towards its size and are ready.
     fn ready_active(&self) -> usize {
         self.pool().filter(|(_, w)| w.active() && w.ready).count()
     }
@@ -443,6 +444,7 @@ impl<'a> Master<'a> {
             .count()
     }
 
+    /// Sends `sig` to every child: workers and fronts.
     fn kill_all(&self, sig: Signal) {
         for pid in self.workers.keys() {
             let _ = signal::kill(*pid, sig);
@@ -462,6 +464,8 @@ fn fmt_duration(d: Duration) -> String {
     }
 }
 
+/// How a process that exited with `code` ended, for the log ("exited with status 3: it
+/// could not start").
 fn exit_reason(code: i32) -> String {
     match code {
         exit::OK => "exited".into(),

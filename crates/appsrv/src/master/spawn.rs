@@ -16,6 +16,8 @@ use crate::sys;
 use crate::worker::{Recycle, Role};
 
 impl<'a> Master<'a> {
+    /// Forks worker (or front, `role`) into the first free slot, with its log channel and
+    /// its share of the limits; the child runs `entry` and never returns.
     pub(super) fn spawn(&mut self, entry: &mut Entry<'_>, role: Role) -> Result<(), Error> {
         let Some(id) =
             (1..=scoreboard::MAX_WORKERS as u32).find(|id| !self.workers.values().any(|w| w.id == *id))
