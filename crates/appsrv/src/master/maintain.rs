@@ -26,7 +26,7 @@ impl<'a> Master<'a> {
             .values()
             .filter(|w| w.front && w.active() && w.ready)
             .count();
-        let fronts_spare = fronts_ready >= self.fronts;
+        let fronts_spare = fronts_ready >= self.hybrid.fronts;
         let spare = self.ready_active() >= self.target().min(self.settings.policy.max());
         for (pid, w) in self.workers.iter_mut().filter(|(_, w)| {
             matches!(w.leaving, Some(Leave::Recycle(_)))
@@ -123,7 +123,7 @@ impl<'a> Master<'a> {
         // Hybrid fronts: as many as asked for, replaced as workers are (a front that keeps
         // failing to start counts in the same back-off).
         let fronts = self.workers.values().filter(|w| w.front && w.active()).count();
-        for _ in fronts..self.fronts {
+        for _ in fronts..self.hybrid.fronts {
             if !self.backoff.may_spawn(now, self.serving_workers())
                 || !self.try_spawn(entry, now, Role::Front)?
             {
@@ -268,7 +268,7 @@ impl<'a> Master<'a> {
         listeners
             .iter()
             .enumerate()
-            .filter(|(i, _)| self.handoff.is_none() || self.settings.tls.is_tls(*i))
+            .filter(|(i, _)| self.hybrid.handoff.is_none() || self.settings.tls.is_tls(*i))
             .map(|(_, l)| l)
             .collect()
     }
@@ -279,7 +279,7 @@ impl<'a> Master<'a> {
 impl Probe for Master<'_> {
     /// Whether a connection waits in some listener's queue (a zero-timeout `poll`).
     fn clients_queued(&self) -> bool {
-        match self.handoff {
+        match self.hybrid.handoff {
             Some(ch) => {
                 self.settings.board.waiting(ch.empty()) > 0
                     || crate::sys::any_readable(&self.worker_listeners())
@@ -292,7 +292,7 @@ impl Probe for Master<'_> {
     /// in hybrid mode, the complete requests waiting for a worker: the pool sizes itself
     /// by those, not by open connections (the fronts hold those).
     fn queue_length(&self) -> Option<u32> {
-        if let Some(ch) = self.handoff {
+        if let Some(ch) = self.hybrid.handoff {
             // Plus the TLS listeners' queues: their connections go to the workers directly.
             let tls: u32 = self
                 .worker_listeners()

@@ -318,13 +318,20 @@ pub(crate) struct Master<'a> {
     /// The access log as last reopened on USR1 (none before the first): a worker forked
     /// since finds it in its log channel (it is given the one opened at start otherwise).
     access_reopened: Option<std::fs::File>,
-    /// Hybrid mode: the fronts wanted, and the hand-off channel (whose emptiness tells
-    /// the requests waiting for a worker).
+    /// Hybrid mode's fronts.
+    hybrid: Hybrid<'a>,
+}
+
+/// Hybrid mode, as the master keeps it (the defaults: not hybrid mode).
+#[derive(Debug, Default)]
+struct Hybrid<'a> {
+    /// The fronts wanted.
     fronts: usize,
+    /// The hand-off channel (whose emptiness tells the requests waiting for a worker).
     handoff: Option<&'a crate::net::handoff::Channel>,
-    /// A stop in hybrid mode: the workers are told once the fronts have left (they serve
-    /// what the fronts hand them until then).
-    workers_wait_for_fronts: bool,
+    /// A stop: the workers are told once the fronts have left (they serve what the fronts
+    /// hand them until then).
+    workers_wait: bool,
 }
 
 /// Spawns worker `id` in the child side of a fork; never returns.
@@ -375,9 +382,7 @@ impl<'a> Master<'a> {
             owed: 0,
             peer_counts: None,
             access_reopened: None,
-            fronts: 0,
-            handoff: None,
-            workers_wait_for_fronts: false,
+            hybrid: Hybrid::default(),
             jitter: Jitter::new((u64::from(std::process::id()) << 32) ^ scoreboard::now_ns()),
         })
     }
@@ -393,8 +398,8 @@ impl<'a> Master<'a> {
     /// Hybrid mode: `n` front processes, on the hand-off channel `channel`.
     pub(crate) fn with_fronts(mut self, fronts: Option<(usize, &'a crate::net::handoff::Channel)>) -> Self {
         if let Some((n, channel)) = fronts {
-            self.fronts = n;
-            self.handoff = Some(channel);
+            self.hybrid.fronts = n;
+            self.hybrid.handoff = Some(channel);
         }
         self
     }

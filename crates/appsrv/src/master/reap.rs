@@ -122,7 +122,7 @@ impl<'a> Master<'a> {
         }
         // A worker killed between taking a connection and counting it leaves the
         // hand-off counts one apart: an empty channel says they are even.
-        if self.handoff.is_some_and(|ch| !worker.front && ch.empty()) {
+        if self.hybrid.handoff.is_some_and(|ch| !worker.front && ch.empty()) {
             self.settings.board.handoffs_settled();
         }
         self.settings.board.release(worker.id);

@@ -73,7 +73,7 @@ impl<'a> Master<'a> {
         for _ in 0..self.settings.policy.initial() {
             self.spawn(entry, Role::Worker)?;
         }
-        for _ in 0..self.fronts {
+        for _ in 0..self.hybrid.fronts {
             self.spawn(entry, Role::Front)?;
         }
         loop {
@@ -194,7 +194,7 @@ impl<'a> Master<'a> {
                 .filter(|w| w.ready && w.front == front)
                 .count()
         };
-        if ready(false) >= initial && ready(true) >= self.fronts {
+        if ready(false) >= initial && ready(true) >= self.hybrid.fronts {
             self.phase = Phase::Running;
             tracing::info!(
                 workers = initial,
@@ -231,7 +231,7 @@ impl<'a> Master<'a> {
     /// still serving when the grace period is over. `Stopped` once no worker is left.
     pub(super) fn stopping_step(&mut self, deadline: Instant, killed: bool, since: Instant) -> Stepped {
         if self.workers.is_empty() {
-            if let Some(n) = self.handoff.map(|ch| ch.close_left()).filter(|n| *n > 0) {
+            if let Some(n) = self.hybrid.handoff.map(|ch| ch.close_left()).filter(|n| *n > 0) {
                 tracing::warn!(
                     "{n} connection(s) left in the hand-off channel with no worker to serve them: closed unanswered"
                 );
@@ -239,19 +239,19 @@ impl<'a> Master<'a> {
             tracing::info!("stopped");
             return Stepped::Stopped;
         }
-        if self.workers_wait_for_fronts && !self.workers.values().any(|w| w.front) {
+        if self.hybrid.workers_wait && !self.workers.values().any(|w| w.front) {
             // The fronts are gone: the workers serve what is left in the
             // channel (with what was handed back as the fronts stopped), then
             // their connections, then leave.
-            self.workers_wait_for_fronts = false;
-            if let Some(ch) = self.handoff {
+            self.hybrid.workers_wait = false;
+            if let Some(ch) = self.hybrid.handoff {
                 let n = ch.bounce_to_workers();
                 if n > 0 {
                     tracing::debug!("{n} connection(s) handed back as the fronts stopped: to the workers");
                 }
             }
             self.kill_all(Signal::SIGTERM);
-            if let Some(ch) = self.handoff {
+            if let Some(ch) = self.hybrid.handoff {
                 ch.shut_for_workers();
             }
         }
@@ -479,13 +479,13 @@ impl<'a> Master<'a> {
     /// they hold and close their idle connections), the workers once the fronts are gone
     /// (see the `Stopping` phase), so that no request handed off is left in the channel.
     pub(super) fn stop_children(&mut self) {
-        if self.fronts == 0 {
+        if self.hybrid.fronts == 0 {
             self.kill_all(Signal::SIGTERM);
             return;
         }
         for (pid, _) in self.workers.iter().filter(|(_, w)| w.front) {
             let _ = signal::kill(*pid, Signal::SIGTERM);
         }
-        self.workers_wait_for_fronts = true;
+        self.hybrid.workers_wait = true;
     }
 }
