@@ -52,6 +52,7 @@ impl<'a> Master<'a> {
         result
     }
 
+    /// The reload itself (see `reload`), refused unless running.
     pub(super) fn try_reload(&mut self, from: &str) -> Result<u32, String> {
         if self.phase != Phase::Running {
             return Err(format!("the server is {}", self.phase.name()));
@@ -237,6 +238,8 @@ impl<'a> Master<'a> {
         }
     }
 
+    /// Asks the active worker of the pool with the highest pid (usually the newest) to
+    /// leave, busy or not; false if none.
     pub(super) fn retire_any_worker(&mut self) -> bool {
         let pick = self
             .pool()
@@ -252,6 +255,7 @@ impl<'a> Master<'a> {
         }
     }
 
+    /// Asks worker `pid` to leave (`why`): SIGTERM now, SIGKILL after the grace period.
     pub(super) fn stop_worker(&mut self, pid: Pid, why: Leave) {
         if let Some(w) = self.workers.get_mut(&pid) {
             w.leaving = Some(why);

@@ -16,6 +16,8 @@ use crate::process::notify::Message;
 use crate::scoreboard::State;
 
 impl<'a> Master<'a> {
+    /// A worker's message on the notification pipe: ready, a start failure's reason, or a
+    /// recycling limit reached.
     pub(super) fn on_message(&mut self, pid: Pid, msg: Message) {
         let Some(w) = self.workers.get_mut(&pid) else {
             return;
@@ -80,6 +82,7 @@ impl<'a> Master<'a> {
         }
     }
 
+    /// Waits for the next child to exit (the end of a failed start, every worker killed).
     pub(super) fn reap_blocking(&mut self) -> Result<(), Error> {
         match nix::sys::wait::waitpid(None, None) {
             Ok(status) => self.on_exit(status),
@@ -91,6 +94,8 @@ impl<'a> Master<'a> {
         }
     }
 
+    /// A child's exit: its counters kept, its slot and tables freed, and what it means
+    /// (`fate`) logged, counted and acted on; an error when the first workers cannot start.
     pub(super) fn on_exit(&mut self, status: WaitStatus) -> Result<(), Error> {
         let Some((pid, reason, signaled)) = describe_exit(status) else {
             return Ok(());

@@ -399,6 +399,9 @@ impl<'a> Master<'a> {
             && self.settings.policy.watches_listeners(|| self.seen())
     }
 
+    /// A stop signal (TERM, INT, QUIT): begins the stop, with the drain delay when running;
+    /// the same signal again within `REPEAT_WINDOW` is a duplicate, later it cuts the drain
+    /// delay short or kills what is left.
     pub(super) fn on_stop_signal(&mut self, sig: Signal) {
         match self.phase {
             Phase::Stopping { since, .. } | Phase::Draining { since, .. }
