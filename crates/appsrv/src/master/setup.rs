@@ -1,0 +1,95 @@
+//! What every worker is started with (`Workers`): the `worker::Setup` of worker `id`, made
+//! by the master at fork or by a re-executed worker from its master's hand-off.
+
+use std::fs::File;
+use std::os::fd::RawFd;
+
+use nix::unistd::Pid;
+
+use crate::cli::Config;
+use crate::confine::privilege::{Confinement, Plan};
+use crate::net::listener::Listener;
+use crate::net::tls::Store;
+use crate::peer_counts::PeerCounts;
+use crate::process::notify::Channel;
+use crate::scoreboard::Board;
+use crate::worker::{self, Recycle};
+
+/// What every worker is started with: by the master at fork, or by a re-executed worker
+/// from its master's hand-off.
+pub(super) struct Workers<'a> {
+    pub(super) config: &'a Config,
+    pub(super) master: Pid,
+    pub(super) listeners: &'a [Listener],
+    pub(super) plan: &'a Plan,
+    pub(super) channel: &'a Channel,
+    pub(super) board: &'static Board,
+    pub(super) peers: Option<&'static PeerCounts>,
+    pub(super) access_log: Option<&'a File>,
+    pub(super) confinement: &'a Confinement,
+    pub(super) tls: &'a Store,
+    pub(super) handoff: Option<&'a crate::net::handoff::Channel>,
+    /// `--request-timeout` as the master applies it (async workers cancel a call past it).
+    pub(super) request_timeout: Option<std::time::Duration>,
+}
+
+impl Workers<'_> {
+    /// The set-up of worker `id`.
+    pub(super) fn setup<'s>(
+        &'s self,
+        id: u32,
+        role: worker::Role,
+        recycle: Recycle,
+        master_fds: &'s [RawFd],
+    ) -> worker::Setup<'s> {
+        let config = self.config;
+        worker::Setup {
+            id,
+            master: self.master,
+            listeners: self.listeners,
+            plan: self.plan,
+            channel: self.channel,
+            master_fds,
+            log_path: config.log_file.as_deref(),
+            board: self.board,
+            keepalive_timeout: config.keepalive_timeout,
+            recycle,
+            access_log: config.access_log.as_deref().zip(self.access_log),
+            max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
+            peers: self.peers,
+            confinement: self.confinement,
+            tls: crate::net::tls::ForWorker {
+                acceptors: self.tls.current(),
+                handshake_timeout: config.tls_handshake_timeout,
+            },
+            conn: worker::ConnLimits {
+                header_timeout: config.header_timeout,
+                min_send_rate: config.min_send_rate,
+                write_timeout: config.write_timeout,
+                max_buffered: usize::try_from(config.max_buffered_bytes).unwrap_or(usize::MAX),
+            },
+            io: match config.io {
+                crate::Io::Blocking => worker::Model::Blocking,
+                crate::Io::Event => worker::Model::Event,
+                crate::Io::Hybrid => worker::Model::Hybrid,
+            },
+            worker_connections: config.worker_connections,
+            slow_request: config.slow_request,
+            datagram: worker::datagram::Settings {
+                max_size: config.max_datagram_size as usize,
+                max_answers_per_ip: u32::try_from(config.max_answers_per_ip).unwrap_or(u32::MAX),
+                answer_prefixes: config.answer_prefixes,
+                slip: u32::try_from(config.answers_slip).unwrap_or(u32::MAX),
+                access_sample: u32::try_from(config.access_log_sample).unwrap_or(u32::MAX),
+                request_detail: config.status_request_detail,
+            },
+            role,
+            handoff: self.handoff,
+            async_limits: worker::AsyncLimits {
+                max_inflight: config.max_inflight,
+                request_timeout: self.request_timeout,
+                read_timeout: config.read_timeout,
+            },
+        }
+    }
+}
