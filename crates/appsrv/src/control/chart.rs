@@ -539,4 +539,65 @@ mod tests {
         assert_eq!(number(20_000.0), "20k");
         assert_eq!(number(1_000_000.0), "1M");
     }
+
+    /// Two charts of a small fixed history, whole: two series (one with a gap, a lone
+    /// value, a point older than the span and a non-finite value), escapes, a span in
+    /// seconds; and a chart with no value. Pinned byte for byte (issue 43: `render` was cut
+    /// into its parts, which changed no byte), so that a change to the SVG is deliberate:
+    /// it updates `tests/data/render/chart*.svg`.
+    fn issue_43_pinned_charts() -> [(Chart<'static>, &'static str); 2] {
+        let full = Chart {
+            id: "latency",
+            title: "Latency & more",
+            unit: "ms",
+            span: 90.0,
+            empty: "no request yet",
+            series: vec![
+                Series {
+                    name: "p50",
+                    colour: "#1f77b4",
+                    points: vec![
+                        (120.0, Some(99.0)),
+                        (90.0, Some(1.5)),
+                        (75.0, Some(2.0)),
+                        (60.0, None),
+                        (45.0, Some(3.25)),
+                        (30.0, None),
+                        (15.0, Some(f64::NAN)),
+                        (5.0, Some(2.5)),
+                        (0.0, Some(4.0)),
+                    ],
+                },
+                Series {
+                    name: "p<99>",
+                    colour: "#d62728",
+                    points: vec![(60.0, Some(7.0)), (30.0, Some(12.5)), (0.0, Some(9.0))],
+                },
+            ],
+        };
+        let empty = Chart {
+            id: "requests",
+            title: "Requests per second",
+            unit: "requests/s",
+            span: 900.0,
+            empty: "no samples yet",
+            series: vec![Series {
+                name: "requests",
+                colour: "#2ca02c",
+                points: vec![(0.0, None)],
+            }],
+        };
+        [
+            (full, include_str!("../../tests/data/render/chart.svg")),
+            (empty, include_str!("../../tests/data/render/chart-empty.svg")),
+        ]
+    }
+
+    #[test]
+    fn issue_43_the_svg_of_a_fixed_history_is_pinned() {
+        for (chart, want) in issue_43_pinned_charts() {
+            let got = render(&chart);
+            assert!(got == want, "{} differs:\n got: {got}\nwant: {want}", chart.id);
+        }
+    }
 }
