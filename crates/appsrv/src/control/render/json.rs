@@ -566,8 +566,8 @@ mod document {
 #[cfg(test)]
 mod tests {
     use super::super::micros_as_secs;
-    use super::super::tests::*;
     use super::*;
+    use crate::control::render::tests::*;
     use crate::scoreboard::DURATION_BUCKETS_US;
 
     #[test]
@@ -746,5 +746,9 @@ mod tests {
             ),
             "{json}"
         );
+    }
+    #[test]
+    fn strings_are_escaped_for_json() {
+        assert_eq!(to_json("a\"\\\n\u{1}é"), "\"a\\\"\\\\\\n\\u0001é\"");
     }
 }

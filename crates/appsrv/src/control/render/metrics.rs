@@ -508,8 +508,8 @@ impl MetricsFormat {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::*;
     use super::*;
+    use crate::control::render::tests::*;
 
     #[test]
     fn metrics_parse_back() {
@@ -741,5 +741,9 @@ mod tests {
             .unwrap();
         assert_eq!((family.1.as_str(), family.3.len()), ("gauge", 3));
         assert!(om.contains("appsrv_requests_in_flight{worker=\"5\"} 37\n"));
+    }
+    #[test]
+    fn a_label_value_with_quotes_backslashes_and_newlines_is_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

@@ -172,8 +172,8 @@ fn canonical_number(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::render_metrics;
-    use super::super::tests::*;
     use super::*;
+    use crate::control::render::tests::*;
     use crate::scoreboard::DURATION_BUCKETS_US;
 
     #[test]

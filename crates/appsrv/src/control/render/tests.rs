@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use super::json::to_json;
-use super::metrics::escape_label;
 use super::*;
 use crate::control::status::{ListenerStatus, PoolStatus, Status, Totals};
 use crate::net::listener::Addr;
@@ -206,8 +204,6 @@ fn escapes_make_request_bytes_printable() {
         escape_bytes(b"a\\b\t\x00\x1b[2J\xc3\xa9"),
         "a\\\\b\\t\\x00\\x1b[2J\\xc3\\xa9"
     );
-    assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    assert_eq!(to_json("a\"\\\n\u{1}é"), "\"a\\\"\\\\\\n\\u0001é\"");
 }
 
 #[test]

@@ -328,8 +328,8 @@ fn table(o: &mut String, rows: &[Vec<String>], right: &[bool]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::*;
     use super::*;
+    use crate::control::render::tests::*;
 
     #[test]
     fn the_table_shows_the_key_figures() {
