@@ -966,26 +966,26 @@ mod tests {
             ..Defaults::default()
         };
         let c = parse(&d, &["hello"]).unwrap();
-        assert_eq!(c.listen[0].as_str(), "127.0.0.1:7000");
-        assert_eq!(c.backlog, 511);
-        assert_eq!(c.grace_period, Duration::from_secs(30));
-        assert!(c.workers >= 2);
+        assert_eq!(c.listeners.listen[0].as_str(), "127.0.0.1:7000");
+        assert_eq!(c.listeners.backlog, 511);
+        assert_eq!(c.timeouts.grace_period, Duration::from_secs(30));
+        assert!(c.pool.workers >= 2);
         let c = parse(
             &d,
             &["hello", "run", "-w", "3", "-l", "unix:/tmp/a", "-l", "[::1]:0"],
         )
         .unwrap();
-        assert_eq!(c.workers, 3);
-        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.pool.workers, 3);
+        assert_eq!(c.listeners.listen.len(), 2);
         let c = parse(
             &d,
             &["hello", "-l", "127.0.0.1:1,127.0.0.1:2", "--read-timeout", "0"],
         )
         .unwrap();
-        assert_eq!(c.listen.len(), 2);
-        assert_eq!(c.read_timeout, None);
-        assert!(!c.daemon);
-        assert!(parse(&d, &["hello", "-d"]).unwrap().daemon);
+        assert_eq!(c.listeners.listen.len(), 2);
+        assert_eq!(c.timeouts.read_timeout, None);
+        assert!(!c.files.daemon);
+        assert!(parse(&d, &["hello", "-d"]).unwrap().files.daemon);
     }
 
     /// Issue 34: options may come before the subcommand (`hello -u nobody check`), and
@@ -1029,8 +1029,8 @@ mod tests {
             .unwrap();
         let (sub, m) = m.subcommand().unwrap();
         assert_eq!(sub, "check");
-        assert_eq!(config(m).workers, 3);
-        assert_eq!(config(m).user.as_deref(), Some("nobody"));
+        assert_eq!(config(m).pool.workers, 3);
+        assert_eq!(config(m).confine.user.as_deref(), Some("nobody"));
     }
 
     #[test]
@@ -1065,9 +1065,9 @@ mod tests {
             ..Defaults::default()
         };
         let c = parse(&d, &["hello", "-l", "127.0.0.1:0"]).unwrap();
-        assert!(c.allow_root_workers && c.no_new_privs && c.sandbox);
+        assert!(c.confine.allow_root_workers && c.confine.no_new_privs && c.confine.sandbox);
         let c = parse(&Defaults::default(), &["hello", "-l", "127.0.0.1:0"]).unwrap();
-        assert!(!c.allow_root_workers && !c.no_new_privs && !c.sandbox);
+        assert!(!c.confine.allow_root_workers && !c.confine.no_new_privs && !c.confine.sandbox);
     }
 
     #[test]
@@ -1081,7 +1081,7 @@ mod tests {
         assert!(e.contains("--workers"), "{e}");
         // Without a code default, --listen may be absent at parse time (socket activation);
         // `run` then refuses (tests/core.rs).
-        assert!(parse(&d, &["hello"]).unwrap().listen.is_empty());
+        assert!(parse(&d, &["hello"]).unwrap().listeners.listen.is_empty());
     }
 
     /// Issue #8: the access and slow-client settings have builder defaults too, which the
@@ -1100,13 +1100,13 @@ mod tests {
             ..Defaults::default()
         };
         let c = parse(&d, &["hello"]).unwrap();
-        assert_eq!(c.allow.len(), 2);
-        assert_eq!(c.deny.len(), 1);
-        assert!(c.proxy_protocol);
-        assert_eq!(c.proxy_from, vec!["192.0.2.1".parse().unwrap()]);
-        assert_eq!(c.max_conns_per_ip, 8);
-        assert_eq!(c.header_timeout, Some(Duration::from_secs(5)));
-        assert_eq!(c.min_rate, 100);
+        assert_eq!(c.access.allow.len(), 2);
+        assert_eq!(c.access.deny.len(), 1);
+        assert!(c.access.proxy_protocol);
+        assert_eq!(c.access.proxy_from, vec!["192.0.2.1".parse().unwrap()]);
+        assert_eq!(c.access.max_conns_per_ip, 8);
+        assert_eq!(c.timeouts.header_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(c.timeouts.min_rate, 100);
         let c = parse(
             &d,
             &[
@@ -1120,21 +1120,21 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.allow, vec!["192.168.0.0/16".parse().unwrap()]);
-        assert_eq!(c.header_timeout, None);
-        assert_eq!(c.max_conns_per_ip, 0);
+        assert_eq!(c.access.allow, vec!["192.168.0.0/16".parse().unwrap()]);
+        assert_eq!(c.timeouts.header_timeout, None);
+        assert_eq!(c.access.max_conns_per_ip, 0);
         // The library's own defaults.
         let c = parse(&Defaults::default(), &["hello"]).unwrap();
-        assert!(c.allow.is_empty() && c.deny.is_empty() && !c.proxy_protocol);
-        assert_eq!(c.proxy_from.len(), 2, "127.0.0.0/8 and ::1");
-        assert_eq!(c.header_timeout, Some(DEFAULT_HEADER_TIMEOUT));
-        assert_eq!(c.min_rate, 500);
+        assert!(c.access.allow.is_empty() && c.access.deny.is_empty() && !c.access.proxy_protocol);
+        assert_eq!(c.access.proxy_from.len(), 2, "127.0.0.0/8 and ::1");
+        assert_eq!(c.timeouts.header_timeout, Some(DEFAULT_HEADER_TIMEOUT));
+        assert_eq!(c.timeouts.min_rate, 500);
         // Issue 31: penalties for failed authentication are on, up to 600 s; 0 turns them off.
-        assert_eq!(c.penalty_max, Some(Duration::from_secs(600)));
+        assert_eq!(c.access.penalty_max, Some(Duration::from_secs(600)));
         let off = parse(&Defaults::default(), &["hello", "--penalty-max", "0"]).unwrap();
-        assert_eq!(off.penalty_max, None);
+        assert_eq!(off.access.penalty_max, None);
         let short = parse(&Defaults::default(), &["hello", "--penalty-max", "2.5"]).unwrap();
-        assert_eq!(short.penalty_max, Some(Duration::from_millis(2500)));
+        assert_eq!(short.access.penalty_max, Some(Duration::from_millis(2500)));
         // A bad value set in code is a clear error at start, naming the option.
         let bad = Defaults {
             deny: vec!["10.0.0.1/8".into()],

@@ -154,45 +154,108 @@ impl Default for Defaults {
     }
 }
 
-/// The resolved settings of a `run`.
+/// The resolved settings of a `run`, in groups as `--help` groups the options (its
+/// "Workers and pool" in three: the pool, the workers' I/O model, recycling).
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
+    /// The listeners (`--help`: "Listeners"): where the server listens, and where it shows its metrics and status.
+    pub(crate) listeners: Listeners,
+    /// The pool's size and policy (`--help`: "Workers and pool").
+    pub(crate) pool: Pool,
+    /// How each worker serves (`--help`: "Workers and pool"): the I/O model and its limits, re-executed workers.
+    pub(crate) workers: Workers,
+    /// When a worker is replaced (`--help`: "Workers and pool"): its requests, connections, memory and age.
+    pub(crate) recycle: Recycling,
+    /// The timeouts and rates (`--help`: "Timeouts"): of a client's reads and writes, of a request, of a stop and a start, and the budget of buffered bytes.
+    pub(crate) timeouts: Timeouts,
+    /// Who may connect, and how much (`--help`: "Access"): allow and deny rules, PROXY headers, per-address caps and penalties, datagrams' answer rate.
+    pub(crate) access: Access,
+    /// TLS listeners' settings (`--help`: "TLS").
+    pub(crate) tls: Tls,
+    /// How workers are confined (`--help`: "Confinement"): their user, chroot, limits and sandbox.
+    pub(crate) confine: Confine,
+    /// The daemon, its files and its logs (`--help`: "Logs and files").
+    pub(crate) files: Files,
+}
+
+/// The listeners (`--help`: "Listeners"): where the server listens, and where it shows its metrics and status.
+#[derive(Debug, Clone)]
+pub(crate) struct Listeners {
     pub(crate) listen: Vec<ListenAddr>,
-    pub(crate) workers: usize,
-    pub(crate) user: Option<String>,
-    pub(crate) group: Option<String>,
-    pub(crate) allow_root_workers: bool,
     pub(crate) backlog: u32,
-    pub(crate) grace_period: Duration,
-    pub(crate) drain_delay: Duration,
-    pub(crate) read_timeout: Option<Duration>,
-    pub(crate) write_timeout: Option<Duration>,
-    pub(crate) log_level: Level,
-    /// `None`: `journal` under systemd's journal, `text` otherwise.
-    pub(crate) log_format: Option<LogFormat>,
-    pub(crate) keepalive_timeout: Option<Duration>,
-    pub(crate) keepalive_requests: u32,
-    pub(crate) pool: PoolKind,
+    pub(crate) metrics_listen: Option<String>,
+    /// `--status-request-detail`: publish requests' first bytes, not their codecs'
+    /// summaries (issue 41).
+    pub(crate) status_request_detail: bool,
+}
+
+/// The pool's size and policy (`--help`: "Workers and pool").
+#[derive(Debug, Clone)]
+pub(crate) struct Pool {
+    pub(crate) workers: usize,
+    pub(crate) policy: PoolKind,
     pub(crate) start_workers: usize,
     pub(crate) min_spare: usize,
     pub(crate) max_spare: usize,
     pub(crate) max_workers: usize,
     pub(crate) worker_idle_timeout: Duration,
+}
+
+/// How each worker serves (`--help`: "Workers and pool"): the I/O model and its limits, re-executed workers.
+#[derive(Debug, Clone)]
+pub(crate) struct Workers {
+    pub(crate) io: Io,
+    /// Hybrid mode: the front processes (`--fronts`).
+    pub(crate) fronts: usize,
+    /// Event mode: connections per worker at most.
+    pub(crate) worker_connections: usize,
+    /// Async handlers: handler calls in flight per worker at most (`--max-inflight`; 0:
+    /// no limit but `--worker-connections`).
+    pub(crate) max_inflight: usize,
+    pub(crate) exec_workers: bool,
+}
+
+/// When a worker is replaced (`--help`: "Workers and pool"): its requests, connections, memory and age.
+#[derive(Debug, Clone)]
+pub(crate) struct Recycling {
     pub(crate) max_requests: u64,
     pub(crate) max_connections: u64,
     pub(crate) max_jitter: u64,
     pub(crate) max_worker_memory_mib: u64,
     pub(crate) max_worker_age: Option<Duration>,
+}
+
+/// The timeouts and rates (`--help`: "Timeouts"): of a client's reads and writes, of a request, of a stop and a start, and the budget of buffered bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Timeouts {
+    pub(crate) read_timeout: Option<Duration>,
+    pub(crate) write_timeout: Option<Duration>,
+    pub(crate) keepalive_timeout: Option<Duration>,
+    pub(crate) keepalive_requests: u32,
+    pub(crate) header_timeout: Option<Duration>,
+    /// `--header-timeout-max` (`None`: no upper bound on the --min-rate credit).
+    pub(crate) header_timeout_max: Option<Duration>,
+    /// `--max-buffered-bytes` (0: no budget).
+    pub(crate) max_buffered_bytes: u64,
+    pub(crate) min_rate: u64,
+    /// `--min-send-rate`, bytes per second (0: no limit).
+    pub(crate) min_send_rate: u64,
     /// `None`: the default of the handler's level (60 s for requests, off for clients).
     pub(crate) request_timeout: Option<Duration>,
-    pub(crate) control: Option<PathBuf>,
-    pub(crate) metrics_listen: Option<String>,
-    /// `--status-request-detail`: publish requests' first bytes, not their codecs'
-    /// summaries (issue 41).
-    pub(crate) status_request_detail: bool,
-    pub(crate) access_log: Option<PathBuf>,
-    /// `--access-log-sample`: one line per N datagrams.
-    pub(crate) access_log_sample: u64,
+    /// Event mode: a handler call longer than this is logged (`None`: never).
+    pub(crate) slow_request: Option<Duration>,
+    pub(crate) grace_period: Duration,
+    pub(crate) drain_delay: Duration,
+    pub(crate) start_timeout: Duration,
+}
+
+/// Who may connect, and how much (`--help`: "Access"): allow and deny rules, PROXY headers, per-address caps and penalties, datagrams' answer rate.
+#[derive(Debug, Clone)]
+pub(crate) struct Access {
+    pub(crate) allow: Vec<crate::net::proxy::Cidr>,
+    pub(crate) deny: Vec<crate::net::proxy::Cidr>,
+    pub(crate) proxy_protocol: bool,
+    pub(crate) proxy_from: Vec<crate::net::proxy::Cidr>,
     pub(crate) max_conns_per_ip: u64,
     /// `--penalty-max`: the longest refusal of an address for failed authentication
     /// (`Conn::penalize`); `None`: penalties off (no table, `penalize` charges nothing).
@@ -204,22 +267,23 @@ pub(crate) struct Config {
     /// `--answers-ipv4-prefix`, `--answers-ipv6-prefix`: how the answer-rate limit groups
     /// sources.
     pub(crate) answer_prefixes: crate::scoreboard::AnswerPrefixes,
-    pub(crate) allow: Vec<crate::net::proxy::Cidr>,
-    pub(crate) deny: Vec<crate::net::proxy::Cidr>,
-    pub(crate) proxy_protocol: bool,
-    pub(crate) proxy_from: Vec<crate::net::proxy::Cidr>,
-    pub(crate) header_timeout: Option<Duration>,
-    /// `--header-timeout-max` (`None`: no upper bound on the --min-rate credit).
-    pub(crate) header_timeout_max: Option<Duration>,
-    pub(crate) min_rate: u64,
-    /// `--min-send-rate`, bytes per second (0: no limit).
-    pub(crate) min_send_rate: u64,
-    /// `--max-buffered-bytes` (0: no budget).
-    pub(crate) max_buffered_bytes: u64,
+}
+
+/// TLS listeners' settings (`--help`: "TLS").
+#[derive(Debug, Clone)]
+pub(crate) struct Tls {
     /// TLS material for the listeners with the `tls` option that name none of their own.
-    pub(crate) tls: crate::net::listener::TlsDefaults,
+    pub(crate) defaults: crate::net::listener::TlsDefaults,
     /// `None`: no limit.
-    pub(crate) tls_handshake_timeout: Option<Duration>,
+    pub(crate) handshake_timeout: Option<Duration>,
+}
+
+/// How workers are confined (`--help`: "Confinement"): their user, chroot, limits and sandbox.
+#[derive(Debug, Clone)]
+pub(crate) struct Confine {
+    pub(crate) user: Option<String>,
+    pub(crate) group: Option<String>,
+    pub(crate) allow_root_workers: bool,
     pub(crate) chroot: Option<PathBuf>,
     pub(crate) rlimit_nofile: Option<u64>,
     /// MiB.
@@ -235,42 +299,43 @@ pub(crate) struct Config {
     pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
     /// With a privileged helper: its profile ([`Server::privileged_sandbox`](crate::Server::privileged_sandbox)).
     pub(crate) helper_profile: Option<crate::confine::sandbox::Sandbox>,
-    pub(crate) exec_workers: bool,
-    pub(crate) io: Io,
-    /// Event mode: connections per worker at most.
-    pub(crate) worker_connections: usize,
-    /// Event mode: a handler call longer than this is logged (`None`: never).
-    pub(crate) slow_request: Option<Duration>,
-    /// Async handlers: handler calls in flight per worker at most (`--max-inflight`; 0:
-    /// no limit but `--worker-connections`).
-    pub(crate) max_inflight: usize,
-    /// Hybrid mode: the front processes (`--fronts`).
-    pub(crate) fronts: usize,
+}
+
+/// The daemon, its files and its logs (`--help`: "Logs and files").
+#[derive(Debug, Clone)]
+pub(crate) struct Files {
     pub(crate) daemon: bool,
     pub(crate) pid_file: Option<PathBuf>,
     pub(crate) log_file: Option<PathBuf>,
-    pub(crate) start_timeout: Duration,
+    pub(crate) log_level: Level,
+    /// `None`: `journal` under systemd's journal, `text` otherwise.
+    pub(crate) log_format: Option<LogFormat>,
+    pub(crate) access_log: Option<PathBuf>,
+    /// `--access-log-sample`: one line per N datagrams.
+    pub(crate) access_log_sample: u64,
+    pub(crate) control: Option<PathBuf>,
 }
 
 impl Config {
     /// How workers are confined, from the options and the program's sandbox profile
     /// (whose seccomp filter is compiled here: an error is a configuration error).
     pub(crate) fn confinement(&self) -> Result<crate::confine::privilege::Confinement, crate::Error> {
+        let c = &self.confine;
         use nix::sys::resource::Resource;
         let mib = |v: u64| v.saturating_mul(1 << 20);
         let rlimits = [
-            (Resource::RLIMIT_NOFILE, self.rlimit_nofile),
-            (Resource::RLIMIT_CORE, self.rlimit_core.map(mib)),
-            (Resource::RLIMIT_AS, self.rlimit_as.map(mib)),
+            (Resource::RLIMIT_NOFILE, c.rlimit_nofile),
+            (Resource::RLIMIT_CORE, c.rlimit_core.map(mib)),
+            (Resource::RLIMIT_AS, c.rlimit_as.map(mib)),
         ]
         .into_iter()
         .filter_map(|(r, v)| v.map(|v| (r, v)))
         .collect();
-        let sandbox = match self.sandbox {
+        let sandbox = match c.sandbox {
             true => Some(
-                self.sandbox_profile
+                c.sandbox_profile
                     .clone()
-                    .with_paths(&self.sandbox_read, &self.sandbox_write)
+                    .with_paths(&c.sandbox_read, &c.sandbox_write)
                     .compile()
                     .map_err(|e| crate::Error::Config(format!("--sandbox: {e}")))?,
             ),
@@ -280,11 +345,11 @@ impl Config {
         // inherit its profile, and they are what --sandbox-read is usually for), and its
         // own task directory, where kill_leftovers finds its children (Landlock covers
         // procfs: without it the helper would see none, and kill nothing).
-        let helper_sandbox = match (self.sandbox, &self.helper_profile) {
+        let helper_sandbox = match (c.sandbox, &c.helper_profile) {
             (true, Some(profile)) => Some(
                 profile
                     .clone()
-                    .with_paths(&self.sandbox_read, &self.sandbox_write)
+                    .with_paths(&c.sandbox_read, &c.sandbox_write)
                     .read("/proc/self/task")
                     .compile()
                     .map_err(|e| {
@@ -294,10 +359,10 @@ impl Config {
             _ => None,
         };
         Ok(crate::confine::privilege::Confinement {
-            chroot: self.chroot.clone(),
+            chroot: c.chroot.clone(),
             rlimits,
-            umask: self.umask,
-            no_new_privs: self.no_new_privs,
+            umask: c.umask,
+            no_new_privs: c.no_new_privs,
             sandbox,
             helper_sandbox,
         })
@@ -367,27 +432,94 @@ fn paths(m: &ArgMatches, id: &str) -> Vec<PathBuf> {
 /// Reads the standard options out of the `run` subcommand's matches.
 pub(crate) fn config(m: &ArgMatches) -> Config {
     Config {
+        listeners: Listeners {
+            listen: m
+                .get_many::<ListenAddr>("listen")
+                .map(|v| v.cloned().collect())
+                .unwrap_or_default(),
+            backlog: *m.get_one::<u32>("backlog").expect("has a default"),
+            metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
+            status_request_detail: m.get_flag("status-request-detail"),
+        },
+        pool: Pool {
+            workers: m
+                .get_one::<u32>("workers")
+                .map_or_else(default_workers, |n| *n as usize),
+            policy: *m.get_one::<PoolKind>("pool").expect("has a default"),
+            start_workers: n(m, "start-workers") as usize,
+            min_spare: n(m, "min-spare") as usize,
+            max_spare: n(m, "max-spare") as usize,
+            max_workers: n(m, "max-workers") as usize,
+            worker_idle_timeout: *m
+                .get_one::<Duration>("worker-idle-timeout")
+                .expect("has a default"),
+        },
+        workers: Workers {
+            io: *m.get_one::<Io>("io").expect("has a default"),
+            fronts: n(m, "fronts") as usize,
+            worker_connections: n(m, "worker-connections") as usize,
+            max_inflight: n(m, "max-inflight") as usize,
+            exec_workers: m.get_flag("exec-workers"),
+        },
+        recycle: Recycling {
+            max_requests: n(m, "max-requests"),
+            max_connections: n(m, "max-connections"),
+            max_jitter: n(m, "max-jitter"),
+            max_worker_memory_mib: n(m, "max-worker-memory"),
+            max_worker_age: timeout(m, "max-worker-age"),
+        },
+        timeouts: timeouts(m),
+        access: access(m),
+        tls: Tls {
+            defaults: tls_defaults(m),
+            handshake_timeout: timeout(m, "tls-handshake-timeout"),
+        },
+        confine: confine(m),
+        files: Files {
+            daemon: m
+                .try_get_one::<bool>("daemon")
+                .ok()
+                .flatten()
+                .copied()
+                .unwrap_or(false),
+            pid_file: m.get_one::<PathBuf>("pid-file").cloned(),
+            log_file: m.get_one::<PathBuf>("log-file").cloned(),
+            log_level: *m.get_one::<Level>("log-level").expect("has a default"),
+            log_format: m.get_one::<LogFormat>("log-format").copied(),
+            access_log: m.get_one::<PathBuf>("access-log").cloned(),
+            access_log_sample: n(m, "access-log-sample"),
+            control: m.get_one::<PathBuf>("control").cloned(),
+        },
+    }
+}
+
+/// The "Timeouts" group out of the matches.
+fn timeouts(m: &ArgMatches) -> Timeouts {
+    Timeouts {
+        read_timeout: timeout(m, "read-timeout"),
+        write_timeout: timeout(m, "write-timeout"),
         keepalive_timeout: timeout(m, "keepalive-timeout"),
         keepalive_requests: *m.get_one::<u32>("keepalive-requests").expect("has a default"),
-        pool: *m.get_one::<PoolKind>("pool").expect("has a default"),
-        start_workers: n(m, "start-workers") as usize,
-        min_spare: n(m, "min-spare") as usize,
-        max_spare: n(m, "max-spare") as usize,
-        max_workers: n(m, "max-workers") as usize,
-        worker_idle_timeout: *m
-            .get_one::<Duration>("worker-idle-timeout")
-            .expect("has a default"),
-        max_requests: n(m, "max-requests"),
-        max_connections: n(m, "max-connections"),
-        max_jitter: n(m, "max-jitter"),
-        max_worker_memory_mib: n(m, "max-worker-memory"),
-        max_worker_age: timeout(m, "max-worker-age"),
+        header_timeout: timeout(m, "header-timeout"),
+        header_timeout_max: timeout(m, "header-timeout-max"),
+        max_buffered_bytes: n(m, "max-buffered-bytes"),
+        min_rate: n(m, "min-rate"),
+        min_send_rate: n(m, "min-send-rate"),
         request_timeout: m.get_one::<Duration>("request-timeout").copied(),
-        control: m.get_one::<PathBuf>("control").cloned(),
-        metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
-        status_request_detail: m.get_flag("status-request-detail"),
-        access_log: m.get_one::<PathBuf>("access-log").cloned(),
-        access_log_sample: n(m, "access-log-sample"),
+        slow_request: timeout(m, "slow-request"),
+        grace_period: *m.get_one::<Duration>("grace-period").expect("has a default"),
+        drain_delay: *m.get_one::<Duration>("drain-delay").expect("has a default"),
+        start_timeout: *m.get_one::<Duration>("start-timeout").expect("has a default"),
+    }
+}
+
+/// The "Access" group out of the matches.
+fn access(m: &ArgMatches) -> Access {
+    Access {
+        allow: cidr_list(m, "allow"),
+        deny: cidr_list(m, "deny"),
+        proxy_protocol: m.get_flag("proxy-protocol"),
+        proxy_from: proxy_from(m),
         max_conns_per_ip: n(m, "max-conns-per-ip"),
         penalty_max: timeout(m, "penalty-max"),
         max_datagram_size: n(m, "max-datagram-size"),
@@ -397,22 +529,16 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
             v4: *m.get_one::<u8>("answers-ipv4-prefix").expect("has a default"),
             v6: *m.get_one::<u8>("answers-ipv6-prefix").expect("has a default"),
         },
-        io: *m.get_one::<Io>("io").expect("has a default"),
-        worker_connections: n(m, "worker-connections") as usize,
-        fronts: n(m, "fronts") as usize,
-        slow_request: timeout(m, "slow-request"),
-        max_inflight: n(m, "max-inflight") as usize,
-        allow: cidr_list(m, "allow"),
-        deny: cidr_list(m, "deny"),
-        proxy_protocol: m.get_flag("proxy-protocol"),
-        proxy_from: proxy_from(m),
-        header_timeout: timeout(m, "header-timeout"),
-        header_timeout_max: timeout(m, "header-timeout-max"),
-        min_rate: n(m, "min-rate"),
-        min_send_rate: n(m, "min-send-rate"),
-        max_buffered_bytes: n(m, "max-buffered-bytes"),
-        tls: tls_defaults(m),
-        tls_handshake_timeout: timeout(m, "tls-handshake-timeout"),
+    }
+}
+
+/// The "Confinement" group out of the matches (the program's profiles are set by the
+/// dispatch, which knows them).
+fn confine(m: &ArgMatches) -> Confine {
+    Confine {
+        user: m.get_one::<String>("user").cloned(),
+        group: m.get_one::<String>("group").cloned(),
+        allow_root_workers: m.get_flag("allow-root-workers"),
         chroot: m.get_one::<PathBuf>("chroot").cloned(),
         rlimit_nofile: m.get_one::<u64>("rlimit-nofile").copied(),
         rlimit_core: m.get_one::<u64>("rlimit-core").copied(),
@@ -424,32 +550,5 @@ pub(crate) fn config(m: &ArgMatches) -> Config {
         sandbox_write: paths(m, "sandbox-write"),
         sandbox_profile: crate::confine::sandbox::Sandbox::default(),
         helper_profile: None,
-        exec_workers: m.get_flag("exec-workers"),
-        listen: m
-            .get_many::<ListenAddr>("listen")
-            .map(|v| v.cloned().collect())
-            .unwrap_or_default(),
-        workers: m
-            .get_one::<u32>("workers")
-            .map_or_else(default_workers, |n| *n as usize),
-        user: m.get_one::<String>("user").cloned(),
-        group: m.get_one::<String>("group").cloned(),
-        allow_root_workers: m.get_flag("allow-root-workers"),
-        backlog: *m.get_one::<u32>("backlog").expect("has a default"),
-        grace_period: *m.get_one::<Duration>("grace-period").expect("has a default"),
-        drain_delay: *m.get_one::<Duration>("drain-delay").expect("has a default"),
-        read_timeout: timeout(m, "read-timeout"),
-        write_timeout: timeout(m, "write-timeout"),
-        log_level: *m.get_one::<Level>("log-level").expect("has a default"),
-        log_format: m.get_one::<LogFormat>("log-format").copied(),
-        daemon: m
-            .try_get_one::<bool>("daemon")
-            .ok()
-            .flatten()
-            .copied()
-            .unwrap_or(false),
-        pid_file: m.get_one::<PathBuf>("pid-file").cloned(),
-        log_file: m.get_one::<PathBuf>("log-file").cloned(),
-        start_timeout: *m.get_one::<Duration>("start-timeout").expect("has a default"),
     }
 }

@@ -87,12 +87,17 @@ pub(crate) fn start(mut s: Startup<'_>) -> Result<()> {
     if from_upgrade {
         // Already detached (the old master's child, in its session); the pid file is
         // taken over by rename, not claimed (the old master still holds its lock).
-        s.config.daemon = false;
+        s.config.files.daemon = false;
     }
     let config = &s.config;
     let claim = match from_upgrade {
         true => None,
-        false => config.pid_file.as_deref().map(PidClaim::acquire).transpose()?,
+        false => config
+            .files
+            .pid_file
+            .as_deref()
+            .map(PidClaim::acquire)
+            .transpose()?,
     };
     let listeners = open_listeners(config, &s.bind, inherited.as_mut())?;
     // A start that fails from here on leaves none of the socket files it created (issue
@@ -113,8 +118,8 @@ pub(crate) fn start(mut s: Startup<'_>) -> Result<()> {
     })();
     let (tls, exec, control, metrics) = opened.inspect_err(|_| undo(&listeners, None))?;
     let detached = (|| {
-        let access_log = open_log(config.access_log.as_deref())?;
-        let log_file = open_log(config.log_file.as_deref())?;
+        let access_log = open_log(config.files.access_log.as_deref())?;
+        let log_file = open_log(config.files.log_file.as_deref())?;
         let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
         Ok((access_log, detach(config, log_file, ready_pipe)?))
     })();
@@ -153,9 +158,9 @@ fn inherit(keep_fds: &[RawFd]) -> Result<Option<Inherited>> {
 
 fn resolve_users(config: &Config) -> Result<(Plan, Option<String>)> {
     privilege::resolve(
-        config.user.as_deref(),
-        config.group.as_deref(),
-        config.allow_root_workers,
+        config.confine.user.as_deref(),
+        config.confine.group.as_deref(),
+        config.confine.allow_root_workers,
     )
 }
 
@@ -167,7 +172,7 @@ fn open_listeners(
 ) -> Result<Vec<Listener>> {
     match inherited {
         Some(i) => {
-            if i.source == handover::Source::Systemd && !config.listen.is_empty() {
+            if i.source == handover::Source::Systemd && !config.listeners.listen.is_empty() {
                 tracing::info!(
                     "using the {} socket(s) systemd passed (LISTEN_FDS); --listen is not bound",
                     i.listeners.len()
@@ -179,9 +184,12 @@ fn open_listeners(
             if let (Some(d), true, true) = (
                 datagram,
                 all.iter().any(|l| !l.is_datagram()),
-                config.io != crate::Io::Event,
+                config.workers.io != crate::Io::Event,
             ) {
-                return Err(listener::mixed_needs_event_loop(&d.label(), config.io.name()));
+                return Err(listener::mixed_needs_event_loop(
+                    &d.label(),
+                    config.workers.io.name(),
+                ));
             }
             Ok(all)
         }
@@ -194,8 +202,8 @@ fn open_listeners(
 fn load_tls(config: &Config, listeners: &[Listener]) -> Result<Store> {
     let tls = Store::load(tls_sources(config, listeners)?)?;
     // Said by the master only (a re-executed worker reads the same sources again).
-    if !config.listen.iter().any(ListenAddr::is_tls)
-        && (config.tls.cert.is_some() || config.tls.key.is_some())
+    if !config.listeners.listen.iter().any(ListenAddr::is_tls)
+        && (config.tls.defaults.cert.is_some() || config.tls.defaults.key.is_some())
     {
         tracing::warn!(
             "--tls-cert/--tls-key are set but no listener has the tls option (ADDR?tls): they are not used"
@@ -208,7 +216,7 @@ fn load_tls(config: &Config, listeners: &[Listener]) -> Result<Store> {
 /// program even if the file is replaced or removed later (a new binary is for
 /// `upgrade`), and its command line `argv`.
 fn open_program(config: &Config, argv: &[std::ffi::OsString]) -> Result<Option<(File, Vec<CString>)>> {
-    if !config.exec_workers {
+    if !config.workers.exec_workers {
         return Ok(None);
     }
     Ok(Some((
@@ -234,7 +242,7 @@ fn open_control(
         (None, _) => None,
     };
     let metrics = match (
-        config.metrics_listen.as_deref(),
+        config.listeners.metrics_listen.as_deref(),
         inherited.and_then(|i| i.metrics.take()),
     ) {
         (Some(_), Some(sock)) => MetricsListener::adopt(sock).map(Some),
@@ -296,7 +304,7 @@ pub(crate) fn rehearse(
         format!("{what}: held by the running {name} (pid {}), as expected", r.pid)
     };
     defaults.probe(name, running, &mut notes)?;
-    if let Some(path) = config.pid_file.as_deref() {
+    if let Some(path) = config.files.pid_file.as_deref() {
         match PidClaim::acquire(path) {
             // Dropped unclaimed: the file is removed, a stale one too (as `start` would
             // take it over).
@@ -310,7 +318,7 @@ pub(crate) fn rehearse(
             Err(e) => return Err(e),
         }
     }
-    if config.listen.is_empty() && std::env::var_os("LISTEN_FDS").is_none() {
+    if config.listeners.listen.is_empty() && std::env::var_os("LISTEN_FDS").is_none() {
         return Err(Error::Config(
             "no listen address: give -l/--listen ADDR (or start the server with systemd socket activation)"
                 .into(),
@@ -319,7 +327,7 @@ pub(crate) fn rehearse(
     // Held until the end: a later address (or the metrics listener) that collides with an
     // earlier one fails as it would in `run`.
     let mut bound = Vec::new();
-    for addr in &config.listen {
+    for addr in &config.listeners.listen {
         match listener::bind(addr, bind) {
             Ok(ls) => bound.extend(ls),
             Err(e) if in_use(&e) => match running {
@@ -351,13 +359,13 @@ pub(crate) fn rehearse(
                 Err(e) => return Err(e),
             }
         }
-        if let Some(addr) = config.metrics_listen.as_deref() {
+        if let Some(addr) = config.listeners.metrics_listen.as_deref() {
             match MetricsListener::bind(addr) {
                 Ok(m) => drop(m),
                 Err(e)
                     if in_use(&e)
                         && running.is_some()
-                        && !config.listen.iter().any(|l| l.as_str() == addr) =>
+                        && !config.listeners.listen.iter().any(|l| l.as_str() == addr) =>
                 {
                     notes.push(held_note(
                         &format!("metrics listener {addr}"),
@@ -367,9 +375,12 @@ pub(crate) fn rehearse(
                 Err(e) => return Err(e),
             }
         }
-        for path in [config.log_file.as_deref(), config.access_log.as_deref()]
-            .into_iter()
-            .flatten()
+        for path in [
+            config.files.log_file.as_deref(),
+            config.files.access_log.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let existed = path.exists();
             open_log(Some(path))?;
@@ -399,12 +410,12 @@ pub(crate) struct StartDefaults {
 impl StartDefaults {
     /// The defaults `start` would add to `config`.
     pub(crate) fn of(name: &str, config: &Config) -> StartDefaults {
-        if config.pid_file.is_some() {
+        if config.files.pid_file.is_some() {
             // The control socket is then beside the given pid file, or --control.
             return StartDefaults::default();
         }
         let pid_file = daemon::default_pid_file(name);
-        let control = match &config.control {
+        let control = match &config.files.control {
             Some(_) => None,
             None => pid_file
                 .as_deref()
@@ -518,8 +529,9 @@ fn writable_dir(path: &Path) -> std::io::Result<()> {
 /// file (an instance that commands address by name), beside the pid file, so that two
 /// instances with pid files of their own do not collide (issue 34).
 pub(crate) fn control_path(name: &str, config: &Config) -> Option<PathBuf> {
-    config.control.clone().or_else(|| {
+    config.files.control.clone().or_else(|| {
         config
+            .files
             .pid_file
             .as_deref()
             .map(|p| control::path_for_pid_file(name, p))
@@ -540,8 +552,8 @@ fn summary(name: &str, config: &Config, listeners: &[Listener], metrics: Option<
     let path = |p: Option<&PathBuf>| p.map_or_else(|| "none".to_owned(), |p| p.display().to_string());
     line.push_str(&format!(
         "; pid file {}, log file {}, control socket {}",
-        path(config.pid_file.as_ref()),
-        path(config.log_file.as_ref()),
+        path(config.files.pid_file.as_ref()),
+        path(config.files.log_file.as_ref()),
         path(control_path(name, config).as_ref())
     ));
     line
@@ -556,8 +568,8 @@ fn open_log(path: Option<&Path>) -> Result<Option<File>> {
 /// where to report readiness: the `start` command's pipe, an upgrading master's
 /// (`ready_pipe`), or nowhere.
 fn detach(config: &Config, log_file: Option<File>, ready_pipe: Option<File>) -> Result<Readiness> {
-    let mut readiness = match (&log_file, config.daemon) {
-        (Some(log), true) => daemon::daemonize(log, config.start_timeout)?,
+    let mut readiness = match (&log_file, config.files.daemon) {
+        (Some(log), true) => daemon::daemonize(log, config.timeouts.start_timeout)?,
         (Some(log), false) => {
             crate::process::log::redirect_stderr(log)
                 .map_err(|e| Error::sys("redirecting stderr to the log file", e))?;
@@ -576,7 +588,7 @@ fn detach(config: &Config, log_file: Option<File>, ready_pipe: Option<File>) -> 
 fn serve(s: Startup<'_>, mut prepared: Prepared, readiness: &mut Readiness) -> Result<()> {
     // A master started by an upgrade publishes its pid only once it serves: until then the
     // old master's pid stays in the file (it goes on serving if this one fails).
-    let late_pid = match (&s.config.pid_file, prepared.publish_pid) {
+    let late_pid = match (&s.config.files.pid_file, prepared.publish_pid) {
         (Some(path), true) => Some(path.clone()),
         _ => None,
     };
@@ -658,18 +670,18 @@ impl Shared {
         crate::process::log::count_dropped_in(board.log_dropped());
         // Event workers count their connections per address in shared tables, one per worker
         // id (any id the master may give: pages are allocated only when used).
-        let peers = (config.io != crate::cli::Io::Blocking && config.max_conns_per_ip > 0)
-            .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.worker_connections))
+        let peers = (config.workers.io != crate::cli::Io::Blocking && config.access.max_conns_per_ip > 0)
+            .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.workers.worker_connections))
             .transpose()
             .map_err(|e| Error::sys("mapping the per-address tables", e))?;
         // Failed authentication: the penalized addresses, shared by every worker and installed
         // for the process (handlers charge it through `Conn::penalize`; issue 31).
-        if let Some(max) = config.penalty_max {
+        if let Some(max) = config.access.penalty_max {
             crate::penalty::create(max).map_err(|e| Error::sys("mapping the penalty table", e))?;
         }
         // Hybrid mode: the fronts hand connections to the workers over one channel, made now
         // and kept for the master's life (a reload's generations share it).
-        let handoff = (config.io == crate::Io::Hybrid)
+        let handoff = (config.workers.io == crate::Io::Hybrid)
             .then(crate::net::handoff::Channel::new)
             .transpose()
             .map_err(|e| Error::sys("creating the hand-off channel", e))?;
@@ -714,13 +726,13 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let listeners = &listeners[..];
     // With a privileged helper, unprivileged workers are the design: "started as root
     // without --user" is no warning then (the helpers keep what root is needed for).
-    let warning = warning.filter(|_| config.helper_profile.is_none());
+    let warning = warning.filter(|_| config.confine.helper_profile.is_none());
     log_start(
         listeners,
         metrics.as_ref(),
         warning,
         &plan,
-        config.helper_profile.is_some(),
+        config.confine.helper_profile.is_some(),
     );
     let summary = summary(name, config, listeners, metrics.as_ref());
     let Shared {
@@ -735,10 +747,10 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         name: name.to_owned(),
         policy,
         board,
-        grace_period: config.grace_period,
-        drain_delay: config.drain_delay,
-        log_file: config.log_file.clone(),
-        access_log: config.access_log.clone(),
+        grace_period: config.timeouts.grace_period,
+        drain_delay: config.timeouts.drain_delay,
+        log_file: config.files.log_file.clone(),
+        access_log: config.files.access_log.clone(),
         master_fds: announce.fds(),
         limits,
         control,
@@ -748,8 +760,8 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         adopted,
         shared_listeners,
         tls: tls.clone(),
-        watch_queue: config.io == crate::Io::Blocking,
-        io: config.io.name(),
+        watch_queue: config.workers.io == crate::Io::Blocking,
+        io: config.workers.io.name(),
     };
     let confinement = confinement(config, &plan)?;
     let workers = Workers {
@@ -775,7 +787,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let mut published: Option<PidFile> = None;
     let result = Master::new(settings, listeners, &channel, signals)?
         .with_peer_counts(peers)
-        .with_fronts(handoff.as_ref().map(|ch| (config.fronts.max(1), ch)))
+        .with_fronts(handoff.as_ref().map(|ch| (config.workers.fronts.max(1), ch)))
         .run(&mut spawn, &mut || published = announce.ready(&summary));
     if let Some(p) = &published {
         p.remove();
@@ -867,45 +879,46 @@ impl Workers<'_> {
             plan: self.plan,
             channel: self.channel,
             master_fds,
-            log_path: config.log_file.as_deref(),
+            log_path: config.files.log_file.as_deref(),
             board: self.board,
-            keepalive_timeout: config.keepalive_timeout,
+            keepalive_timeout: config.timeouts.keepalive_timeout,
             recycle,
-            access_log: config.access_log.as_deref().zip(self.access_log),
-            max_per_ip: (config.max_conns_per_ip > 0).then_some(config.max_conns_per_ip as usize),
+            access_log: config.files.access_log.as_deref().zip(self.access_log),
+            max_per_ip: (config.access.max_conns_per_ip > 0)
+                .then_some(config.access.max_conns_per_ip as usize),
             peers: self.peers,
             confinement: self.confinement,
             tls: crate::net::tls::ForWorker {
                 acceptors: self.tls.current(),
-                handshake_timeout: config.tls_handshake_timeout,
+                handshake_timeout: config.tls.handshake_timeout,
             },
             conn: worker::ConnLimits {
-                header_timeout: config.header_timeout,
-                min_send_rate: config.min_send_rate,
-                write_timeout: config.write_timeout,
-                max_buffered: usize::try_from(config.max_buffered_bytes).unwrap_or(usize::MAX),
+                header_timeout: config.timeouts.header_timeout,
+                min_send_rate: config.timeouts.min_send_rate,
+                write_timeout: config.timeouts.write_timeout,
+                max_buffered: usize::try_from(config.timeouts.max_buffered_bytes).unwrap_or(usize::MAX),
             },
-            io: match config.io {
+            io: match config.workers.io {
                 crate::Io::Blocking => worker::Model::Blocking,
                 crate::Io::Event => worker::Model::Event,
                 crate::Io::Hybrid => worker::Model::Hybrid,
             },
-            worker_connections: config.worker_connections,
-            slow_request: config.slow_request,
+            worker_connections: config.workers.worker_connections,
+            slow_request: config.timeouts.slow_request,
             datagram: worker::datagram::Settings {
-                max_size: config.max_datagram_size as usize,
-                max_answers_per_ip: u32::try_from(config.max_answers_per_ip).unwrap_or(u32::MAX),
-                answer_prefixes: config.answer_prefixes,
-                slip: u32::try_from(config.answers_slip).unwrap_or(u32::MAX),
-                access_sample: u32::try_from(config.access_log_sample).unwrap_or(u32::MAX),
-                request_detail: config.status_request_detail,
+                max_size: config.access.max_datagram_size as usize,
+                max_answers_per_ip: u32::try_from(config.access.max_answers_per_ip).unwrap_or(u32::MAX),
+                answer_prefixes: config.access.answer_prefixes,
+                slip: u32::try_from(config.access.answers_slip).unwrap_or(u32::MAX),
+                access_sample: u32::try_from(config.files.access_log_sample).unwrap_or(u32::MAX),
+                request_detail: config.listeners.status_request_detail,
             },
             role,
             handoff: self.handoff,
             async_limits: worker::AsyncLimits {
-                max_inflight: config.max_inflight,
+                max_inflight: config.workers.max_inflight,
                 request_timeout: self.request_timeout,
-                read_timeout: config.read_timeout,
+                read_timeout: config.timeouts.read_timeout,
             },
         }
     }
@@ -1117,25 +1130,26 @@ fn adopt_all(
         let origin = match &origins {
             Some(o) => o.get(k).copied().flatten(),
             None => config
+                .listeners
                 .listen
                 .iter()
                 .position(|a| a.names(l.kind(), l.local_addr())),
         }
-        .filter(|i| *i < config.listen.len());
+        .filter(|i| *i < config.listeners.listen.len());
         l.set_origin(origin);
         l.set_policy(match origin {
-            Some(i) => global.with(&config.listen[i]),
+            Some(i) => global.with(&config.listeners.listen[i]),
             None => global.clone(),
         });
     }
-    for (i, addr) in config.listen.iter().enumerate() {
+    for (i, addr) in config.listeners.listen.iter().enumerate() {
         if addr.has_options() && !all.iter().any(|l| l.origin() == Some(i)) {
             tracing::warn!("no inherited socket is bound at {addr}: its options apply to no listener");
         }
     }
     for l in &all {
         l.socket()
-            .set_nonblocking(all.len() > 1 || config.io != crate::Io::Blocking || l.is_datagram())
+            .set_nonblocking(all.len() > 1 || config.workers.io != crate::Io::Blocking || l.is_datagram())
             .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
     }
     Ok(all)
@@ -1145,9 +1159,10 @@ fn adopt_all(
 /// address it serves. Every TLS address is checked, even one no socket serves.
 fn tls_sources(config: &Config, listeners: &[Listener]) -> Result<Vec<Option<crate::net::tls::Source>>> {
     let by_address = config
+        .listeners
         .listen
         .iter()
-        .map(|a| a.tls_source(&config.tls))
+        .map(|a| a.tls_source(&config.tls.defaults))
         .collect::<Result<Vec<_>>>()?;
     Ok(listeners
         .iter()
@@ -1158,15 +1173,15 @@ fn tls_sources(config: &Config, listeners: &[Listener]) -> Result<Vec<Option<cra
 /// The access policy of the command line, for every listener (each adds its own options).
 fn global_policy(config: &Config) -> listener::Policy {
     listener::Policy {
-        allow: config.allow.clone(),
-        deny: config.deny.clone(),
-        proxy: config.proxy_protocol,
-        proxy_from: config.proxy_from.clone(),
+        allow: config.access.allow.clone(),
+        deny: config.access.deny.clone(),
+        proxy: config.access.proxy_protocol,
+        proxy_from: config.access.proxy_from.clone(),
     }
 }
 
 fn bind_all(config: &Config, opts: &BindOptions) -> Result<Vec<Listener>> {
-    if config.listen.is_empty() {
+    if config.listeners.listen.is_empty() {
         return Err(Error::Config(
             "no listen address: give -l/--listen ADDR (or start the server with systemd socket activation)"
                 .into(),
@@ -1174,14 +1189,14 @@ fn bind_all(config: &Config, opts: &BindOptions) -> Result<Vec<Listener>> {
     }
     let mut all = Vec::new();
     let global = global_policy(config);
-    for (all_origin, addr) in config.listen.iter().enumerate() {
+    for (all_origin, addr) in config.listeners.listen.iter().enumerate() {
         for mut l in listener::bind(addr, opts)? {
             l.set_policy(global.with(addr));
             l.set_origin(Some(all_origin));
             all.push(l);
         }
     }
-    if all.len() > 1 || config.io != crate::Io::Blocking {
+    if all.len() > 1 || config.workers.io != crate::Io::Blocking {
         // Several listeners are watched with epoll by each worker, and an event worker
         // (or a hybrid front, or a hybrid worker beside its hand-off channel) watches even
         // one: accept must then not block on a listener another process emptied first.
