@@ -209,8 +209,9 @@ where
 /// or by `Server::io`), except where the server's kind decides:
 /// - a datagram-only server has no stream connections for --io to choose a model for: its
 ///   datagrams are served from the event loop;
-/// - an async handler runs in event workers: that is its default, also when the command
-///   line was parsed (`Server::args`) before the handler's kind was known;
+/// - an async handler runs in async workers: that is its default, also when the command
+///   line was parsed (`Server::args`) before the handler's kind was known, and `event`
+///   is its alias (async handlers ran under that name before issue 43 named their model);
 /// - datagrams beside streams are served from the event loop: a request-level server given
 ///   both runs it by default (issue 34).
 ///
@@ -218,11 +219,10 @@ where
 fn io_model(listen: &[ListenAddr], io: crate::Io, io_given: bool, kind: Kind) -> crate::Io {
     let mixed = listen.iter().any(ListenAddr::is_datagram) && listen.iter().any(|a| !a.is_datagram());
     let framework_default = !io_given && io == crate::Io::Blocking;
-    if kind.datagram_only
-        || (!io_given && kind.asynchronous)
-        || (framework_default && kind.request_level && mixed)
-    {
+    if kind.datagram_only || (framework_default && kind.request_level && mixed && !kind.asynchronous) {
         crate::Io::Event
+    } else if kind.asynchronous && (!io_given || io == crate::Io::Event) {
+        crate::Io::Async
     } else {
         io
     }
@@ -294,28 +294,8 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             std::process::exit(control::upgrade_command(&program.name, &path, timeout))
         }
         Some(("check", m)) => {
-            for var in cli::unknown_env_vars() {
-                crate::process::console::errln!(
-                    "warning: {var} is set but names no option of {}: ignored (misspelt?)",
-                    program.name
-                );
-            }
-            let mut config = config(m);
-            let checked =
-                absolute_confinement(&mut config).and_then(|()| check(program, &config, request_level));
-            match checked {
-                Ok(notes) => {
-                    for note in notes {
-                        crate::process::console::outln!("{}: {note}", program.name);
-                    }
-                    crate::process::console::outln!("{}: configuration OK", program.name);
-                    std::process::exit(0)
-                }
-                Err(e) => {
-                    crate::process::console::errln!("error: {e}");
-                    std::process::exit(1)
-                }
-            }
+            let config = config(m);
+            check_command(program, config, request_level)
         }
         Some(("metrics", m)) => {
             let format = m.get_one::<String>("format").expect("has a default");
@@ -338,6 +318,31 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             std::process::exit(control::client_command(&program.name, &path, request))
         }
         _ => Err(Error::Config("no subcommand".into())),
+    }
+}
+
+/// The `check` subcommand: warns of unknown variables, checks the configuration, prints
+/// what it found and "configuration OK" (exit 0), or the error (exit 1).
+fn check_command(program: &mut Program, mut config: Config, request_level: bool) -> ! {
+    for var in cli::unknown_env_vars() {
+        crate::process::console::errln!(
+            "warning: {var} is set but names no option of {}: ignored (misspelt?)",
+            program.name
+        );
+    }
+    let checked = absolute_confinement(&mut config).and_then(|()| check(program, &config, request_level));
+    match checked {
+        Ok(notes) => {
+            for note in notes {
+                crate::process::console::outln!("{}: {note}", program.name);
+            }
+            crate::process::console::outln!("{}: configuration OK", program.name);
+            std::process::exit(0)
+        }
+        Err(e) => {
+            crate::process::console::errln!("error: {e}");
+            std::process::exit(1)
+        }
     }
 }
 
@@ -611,10 +616,9 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
     Ok(notes)
 }
 
-/// The pool policy of the command line, checked.
-/// What `--io event` asks of the rest of the configuration, checked before start: a
-/// request-level handler, a static pool, no privileged helper (but for an async handler),
-/// and descriptors for
+/// What `--io` asks of the server and the rest of the configuration, checked before
+/// start: `async` an async handler; `event` a request-level handler and no privileged
+/// helper (but for an async handler); both a static pool and descriptors for
 /// `--worker-connections`. Also that a server with a privileged helper starts as root.
 fn check_io(
     config: &Config,
@@ -623,6 +627,9 @@ fn check_io(
     stateful_sessions: bool,
     asynchronous: bool,
 ) -> Result<()> {
+    if config.workers.io == crate::Io::Async && !asynchronous {
+        return Err(not_async(request_level));
+    }
     check_datagrams(config, datagrams, request_level || asynchronous)?;
     if asynchronous {
         check_async(config, request_level, datagrams)?;
@@ -635,7 +642,7 @@ fn check_io(
     if config.workers.io == crate::Io::Hybrid {
         return check_hybrid(config, request_level, stateful_sessions);
     }
-    if config.workers.io != crate::Io::Event {
+    if !matches!(config.workers.io, crate::Io::Event | crate::Io::Async) {
         return Ok(());
     }
     // An async handler awaits its calls (`Helper::call_async`); a request handler of the
@@ -652,13 +659,14 @@ fn check_io(
     }
     if config.pool.policy != cli::PoolKind::Static {
         // The dynamic and ondemand pools size themselves by idle workers, and an event
-        // worker is never idle: it holds many connections at once.
+        // (or async) worker is never idle: it holds many connections at once.
         return Err(Error::Config(format!(
-            "--io event --pool {}: event workers each serve up to --worker-connections clients, so their pool is static: give --workers N (default: the number of CPUs) instead",
+            "--io {io} --pool {}: {io} workers each serve up to --worker-connections clients, so their pool is static: give --workers N (default: the number of CPUs) instead",
             match config.pool.policy {
                 cli::PoolKind::Dynamic => "dynamic",
                 _ => "ondemand",
-            }
+            },
+            io = config.workers.io.name(),
         )));
     }
     if config.workers.worker_connections == 0 {
@@ -670,18 +678,30 @@ fn check_io(
     Ok(())
 }
 
-/// What an async handler asks of the configuration (issue 33): event workers, whose
-/// runtime holds its requests while they wait, and no datagram listener (the async driver
-/// serves streams only).
+/// The refusal of `--io async` for a server whose handler is not async (issue 43).
+fn not_async(request_level: bool) -> Error {
+    let (run, models) = if request_level {
+        ("run_requests", "--io blocking, event or hybrid")
+    } else {
+        ("run", "--io blocking only")
+    };
+    Error::Config(format!(
+        "--io async: this server's handler is not async (Server::{run}): the async model runs the async handlers of Server::run_async_requests and Server::run_async; it runs with {models}"
+    ))
+}
+
+/// What an async handler asks of the configuration (issue 33): async workers (`--io
+/// async`, or its alias `event`), whose runtime holds its requests while they wait, and
+/// no datagram listener (the async driver serves streams only).
 fn check_async(config: &Config, request_level: bool, datagrams: DatagramUse) -> Result<()> {
     let run = if request_level {
         "run_async_requests"
     } else {
         "run_async"
     };
-    if config.workers.io != crate::Io::Event {
+    if config.workers.io != crate::Io::Async {
         return Err(Error::Config(format!(
-            "--io {}: this server's handler is async (Server::{run}): its requests wait in the runtime of event workers, so it runs with --io event only (its default)",
+            "--io {}: this server's handler is async (Server::{run}): its requests wait in the runtime of async workers, so it runs with --io async only (its default; --io event is accepted as its alias)",
             config.workers.io.name()
         )));
     }
@@ -754,7 +774,8 @@ fn check_datagrams(config: &Config, d: DatagramUse, event_capable: bool) -> Resu
             "{a}: datagrams beside stream connections are served from the event loop, and this server's handler takes whole connections (handle_client), which run with --io blocking only: serve the datagrams from a server of their own (Server::run_datagrams)"
         )));
     }
-    if let (Some(a), Some(_), true) = (dgram, stream, config.workers.io != crate::Io::Event) {
+    let event_loop = matches!(config.workers.io, crate::Io::Event | crate::Io::Async);
+    if let (Some(a), Some(_), false) = (dgram, stream, event_loop) {
         return Err(crate::net::listener::mixed_needs_event_loop(
             a.as_str(),
             config.workers.io.name(),
@@ -796,6 +817,7 @@ fn raise_nofile(config: &Config) {
     }
 }
 
+/// The pool policy of the command line, checked.
 fn pool_policy(config: &Config) -> Result<Policy> {
     let max_allowed = crate::scoreboard::MAX_WORKERS;
     let bad = |m: String| Err(Error::Config(m));
@@ -858,7 +880,7 @@ mod tests {
             request_level: true,
             ..Kind::default()
         };
-        use crate::Io::{Blocking, Event, Hybrid};
+        use crate::Io::{Async, Blocking, Event, Hybrid};
         assert_eq!(io_model(&listen, Blocking, false, requests), Event);
         assert_eq!(
             io_model(&listen, Blocking, true, requests),
@@ -884,7 +906,7 @@ mod tests {
             asynchronous: true,
             ..Kind::default()
         };
-        assert_eq!(io_model(&listen[..1], Blocking, false, async_kind), Event);
+        assert_eq!(io_model(&listen[..1], Blocking, false, async_kind), Async);
         assert_eq!(
             io_model(&listen[..1], Hybrid, true, async_kind),
             Hybrid,
@@ -895,5 +917,44 @@ mod tests {
             ..Kind::default()
         };
         assert_eq!(io_model(&listen[1..], Blocking, true, dgram_only), Event);
+    }
+
+    /// Issue 43: an async server runs the async model, named so: by default (also when its
+    /// options were parsed before its kind was known, with the framework's `blocking`
+    /// default), given `--io async`, and given `--io event`, its alias; `blocking` and
+    /// `hybrid` given stay, to be refused by `check_async`; a synchronous server given
+    /// `async` keeps it, to be refused by `not_async`.
+    #[test]
+    fn issue_43_async_servers_run_the_async_model_and_event_is_its_alias() {
+        use crate::Io::{Async, Blocking, Event, Hybrid};
+        let tcp: Vec<ListenAddr> = vec!["127.0.0.1:0".parse().unwrap()];
+        let async_kind = |request_level| Kind {
+            request_level,
+            asynchronous: true,
+            ..Kind::default()
+        };
+        for kind in [async_kind(true), async_kind(false)] {
+            assert_eq!(io_model(&tcp, Blocking, false, kind), Async, "the default");
+            assert_eq!(io_model(&tcp, Async, false, kind), Async, "run_async's default");
+            assert_eq!(io_model(&tcp, Async, true, kind), Async, "--io async");
+            assert_eq!(io_model(&tcp, Event, true, kind), Async, "--io event, the alias");
+            assert_eq!(io_model(&tcp, Blocking, true, kind), Blocking, "refused later");
+            assert_eq!(io_model(&tcp, Hybrid, true, kind), Hybrid, "refused later");
+        }
+        let sync_requests = Kind {
+            request_level: true,
+            ..Kind::default()
+        };
+        assert_eq!(io_model(&tcp, Async, true, sync_requests), Async, "refused later");
+        let e = not_async(true).to_string();
+        assert!(
+            e.contains("--io async") && e.contains("Server::run_requests"),
+            "{e}"
+        );
+        let e = not_async(false).to_string();
+        assert!(
+            e.contains("--io async") && e.contains("--io blocking only"),
+            "{e}"
+        );
     }
 }

@@ -24,8 +24,10 @@ impl Accepts {
         let sync_requests = self.request_level && !self.asynchronous;
         match id {
             // The I/O model: blocking, event or hybrid for a synchronous request-level
-            // handler; the others have one model each.
-            "io" | "fronts" => sync_requests,
+            // handler, async (or its alias, event) for an async one (issue 43: its help
+            // names the model it runs); the others have one model each.
+            "io" => sync_requests || self.asynchronous,
+            "fronts" => sync_requests,
             "worker-connections" | "max-buffered-bytes" => {
                 self.request_level || self.asynchronous || self.datagrams
             }

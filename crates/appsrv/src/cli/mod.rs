@@ -45,7 +45,9 @@ pub(crate) use args::{command, parse, try_parse, unknown_env_vars};
 pub(crate) use check::{Accepts, only_accepted};
 pub(crate) use config::{Config, DEFAULT_REQUEST_TIMEOUT, Defaults, config};
 
-/// How a request-level server's workers do their I/O (`--io`, [`Server::io`](crate::Server::io)).
+/// How a server's workers do their I/O (`--io`, [`Server::io`](crate::Server::io)):
+/// blocking, event or hybrid for a synchronous request-level handler, async for an async
+/// handler; the others (whole connections, datagrams only) have one model each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 #[non_exhaustive]
 pub enum Io {
@@ -68,6 +70,11 @@ pub enum Io {
     /// (`type Session = ()`) only; TLS listeners are served by the workers directly, as
     /// in blocking mode (see docs/ARCHITECTURE.md, "Hybrid mode").
     Hybrid,
+    /// Async handlers (`Server::run_async_requests`, `Server::run_async`), whose default
+    /// and only model it is: each worker runs a tokio runtime on which every connection is
+    /// a future, up to `--worker-connections`, so a handler that awaits holds no process.
+    /// `event` is accepted for them as its alias; other handlers are refused with it.
+    Async,
 }
 
 impl Io {
@@ -77,6 +84,7 @@ impl Io {
             Io::Blocking => "blocking",
             Io::Event => "event",
             Io::Hybrid => "hybrid",
+            Io::Async => "async",
         }
     }
 }

@@ -184,7 +184,7 @@ fn open_listeners(
             if let (Some(d), true, true) = (
                 datagram,
                 all.iter().any(|l| !l.is_datagram()),
-                config.workers.io != crate::Io::Event,
+                !matches!(config.workers.io, crate::Io::Event | crate::Io::Async),
             ) {
                 return Err(listener::mixed_needs_event_loop(
                     &d.label(),
@@ -902,6 +902,8 @@ impl Workers<'_> {
                 crate::Io::Blocking => worker::Model::Blocking,
                 crate::Io::Event => worker::Model::Event,
                 crate::Io::Hybrid => worker::Model::Hybrid,
+                // issue 43: Model::Async comes with the pairing
+                crate::Io::Async => worker::Model::Event,
             },
             worker_connections: config.workers.worker_connections,
             slow_request: config.timeouts.slow_request,
