@@ -67,22 +67,6 @@ pub(crate) struct Program {
     pub(crate) drain_delay: Duration,
 }
 
-/// What a server does with datagrams, for the configuration checks.
-#[derive(Debug, Clone, Copy)]
-struct DatagramUse {
-    handler: bool,
-    only: bool,
-}
-
-impl DatagramUse {
-    fn of(program: &Program) -> Self {
-        DatagramUse {
-            handler: program.datagrams.is_some(),
-            only: program.datagram_only,
-        }
-    }
-}
-
 /// Sets up logging as `run`, `start` and `check` will (the same level and format; the
 /// later set-up in `launch` then finds it done), so that what the application logs between
 /// `Server::args` and `run` (its own start-up work, in the master) is not lost. The other
@@ -165,13 +149,7 @@ where
         // request arrives in pieces).
         config.timeouts.read_timeout = config.timeouts.keepalive_timeout;
     }
-    check_io(
-        &config,
-        request_level,
-        DatagramUse::of(&program),
-        program.stateful_sessions,
-        program.asynchronous,
-    )?;
+    check_io(&config, accepts(&program, request_level))?;
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
@@ -205,37 +183,6 @@ where
     startup::start(startup)
 }
 
-/// The I/O model a server runs: `--io` as given (on the command line, in the environment
-/// or by `Server::io`), except where the server's kind decides:
-/// - a datagram-only server has no stream connections for --io to choose a model for: its
-///   datagrams are served from the event loop;
-/// - an async handler runs in async workers: that is its default, also when the command
-///   line was parsed (`Server::args`) before the handler's kind was known, and `event`
-///   is its alias (async handlers ran under that name before issue 43 named their model);
-/// - datagrams beside streams are served from the event loop: a request-level server given
-///   both runs it by default (issue 34).
-///
-/// A model given explicitly stays otherwise, to be refused with the flag that would serve.
-fn io_model(listen: &[ListenAddr], io: crate::Io, io_given: bool, kind: Kind) -> crate::Io {
-    let mixed = listen.iter().any(ListenAddr::is_datagram) && listen.iter().any(|a| !a.is_datagram());
-    let framework_default = !io_given && io == crate::Io::Blocking;
-    if kind.datagram_only || (framework_default && kind.request_level && mixed && !kind.asynchronous) {
-        crate::Io::Event
-    } else if kind.asynchronous && (!io_given || io == crate::Io::Event) {
-        crate::Io::Async
-    } else {
-        io
-    }
-}
-
-/// What kind of server a program is, as far as its I/O model goes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Kind {
-    request_level: bool,
-    asynchronous: bool,
-    datagram_only: bool,
-}
-
 /// The configuration of `run`, `start` (as `run --daemon`) and `check`; the other
 /// subcommands run here and exit the process.
 fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool) -> Result<Config> {
@@ -244,12 +191,7 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
         c.confine.sandbox_profile = program.sandbox_profile.clone();
         c.confine.helper_profile = program.helper.as_ref().map(|_| program.helper_profile.clone());
         let io_given = m.value_source("io") != Some(clap::parser::ValueSource::DefaultValue);
-        let kind = Kind {
-            request_level,
-            asynchronous: program.asynchronous,
-            datagram_only: program.datagram_only,
-        };
-        c.workers.io = io_model(&c.listeners.listen, c.workers.io, io_given, kind);
+        c.workers.io = accepts(program, request_level).io_model(&c.listeners.listen, c.workers.io, io_given);
         c
     };
     match matches.subcommand() {
@@ -549,13 +491,7 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
         config.confine.allow_root_workers,
     )?;
     pool_policy(config)?;
-    check_io(
-        config,
-        request_level,
-        DatagramUse::of(program),
-        program.stateful_sessions,
-        program.asynchronous,
-    )?;
+    check_io(config, accepts(program, request_level))?;
     config.confinement()?.check()?;
     if !request_level && config.recycle.max_requests > 0 {
         return Err(Error::Config(
@@ -616,170 +552,28 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
     Ok(notes)
 }
 
-/// What `--io` asks of the server and the rest of the configuration, checked before
-/// start: `async` an async handler; `event` a request-level handler and no privileged
-/// helper (but for an async handler); both a static pool and descriptors for
-/// `--worker-connections`. Also that a server with a privileged helper starts as root.
-fn check_io(
-    config: &Config,
-    request_level: bool,
-    datagrams: DatagramUse,
-    stateful_sessions: bool,
-    asynchronous: bool,
-) -> Result<()> {
-    if config.workers.io == crate::Io::Async && !asynchronous {
-        return Err(not_async(request_level));
+/// What kind of server `program` is, its handler's level given, as far as its command
+/// line goes (the options it takes, its I/O model, the configuration it accepts).
+fn accepts(program: &Program, request_level: bool) -> cli::Accepts {
+    cli::Accepts {
+        request_level,
+        asynchronous: program.asynchronous,
+        datagrams: program.datagrams.is_some(),
+        streams: !program.datagram_only,
+        stateful_sessions: program.stateful_sessions,
     }
-    check_datagrams(config, datagrams, request_level || asynchronous)?;
-    if asynchronous {
-        check_async(config, request_level, datagrams)?;
-    }
-    if config.confine.helper_profile.is_some() && !nix::unistd::Uid::effective().is_root() {
-        return Err(Error::Config(
-            "this server has a privileged helper (Server::privileged), which keeps root's capabilities for its workers: start it as root".into(),
-        ));
-    }
-    if config.workers.io == crate::Io::Hybrid {
-        return check_hybrid(config, request_level, stateful_sessions);
-    }
-    if !matches!(config.workers.io, crate::Io::Event | crate::Io::Async) {
-        return Ok(());
-    }
-    // An async handler awaits its calls (`Helper::call_async`); a request handler of the
-    // event loop could only block it.
-    if config.confine.helper_profile.is_some() && !asynchronous {
-        return Err(Error::Config(
-            "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only (or with an async handler, which awaits Helper::call_async)".into(),
-        ));
-    }
-    if !request_level && !asynchronous {
-        return Err(Error::Config(
-            "--io event: this server's handler takes whole connections (handle_client), which block; it runs with --io blocking only (an AsyncHandler, Server::run_async, serves whole connections in event workers)".into(),
-        ));
-    }
-    if config.pool.policy != cli::PoolKind::Static {
-        // The dynamic and ondemand pools size themselves by idle workers, and an event
-        // (or async) worker is never idle: it holds many connections at once.
-        return Err(Error::Config(format!(
-            "--io {io} --pool {}: {io} workers each serve up to --worker-connections clients, so their pool is static: give --workers N (default: the number of CPUs) instead",
-            match config.pool.policy {
-                cli::PoolKind::Dynamic => "dynamic",
-                _ => "ondemand",
-            },
-            io = config.workers.io.name(),
-        )));
-    }
-    if config.workers.worker_connections == 0 {
-        return Err(Error::Config(
-            "--worker-connections 0: expected at least 1".into(),
-        ));
-    }
-    raise_nofile(config);
-    Ok(())
 }
 
-/// The refusal of `--io async` for a server whose handler is not async (issue 43).
-fn not_async(request_level: bool) -> Error {
-    let (run, models) = if request_level {
-        ("run_requests", "--io blocking, event or hybrid")
-    } else {
-        ("run", "--io blocking only")
-    };
-    Error::Config(format!(
-        "--io async: this server's handler is not async (Server::{run}): the async model runs the async handlers of Server::run_async_requests and Server::run_async; it runs with {models}"
-    ))
-}
-
-/// What an async handler asks of the configuration (issue 33): async workers (`--io
-/// async`, or its alias `event`), whose runtime holds its requests while they wait, and
-/// no datagram listener (the async driver serves streams only).
-fn check_async(config: &Config, request_level: bool, datagrams: DatagramUse) -> Result<()> {
-    let run = if request_level {
-        "run_async_requests"
-    } else {
-        "run_async"
-    };
-    if config.workers.io != crate::Io::Async {
-        return Err(Error::Config(format!(
-            "--io {}: this server's handler is async (Server::{run}): its requests wait in the runtime of async workers, so it runs with --io async only (its default; --io event is accepted as its alias)",
-            config.workers.io.name()
-        )));
-    }
-    if datagrams.handler || config.listeners.listen.iter().any(|a| a.is_datagram()) {
-        return Err(Error::Config(format!(
-            "this server's handler is async (Server::{run}), and async workers serve stream listeners only: serve datagrams from another server (Server::run_datagrams)"
-        )));
-    }
-    Ok(())
-}
-
-/// What `--io hybrid` asks of the server and its configuration.
-fn check_hybrid(config: &Config, request_level: bool, stateful_sessions: bool) -> Result<()> {
-    if !request_level {
-        return Err(Error::Config(
-            "--io hybrid: this server's handler takes whole connections (handle_client), and appsrv cannot tell when such a connection has a whole request to hand over; it runs with --io blocking only (--max-conns-per-ip keeps one client from taking every worker)".into(),
-        ));
-    }
-    if stateful_sessions {
-        return Err(Error::Config(
-            "--io hybrid: this handler keeps state per connection (its RequestHandler::Session is not ()), which cannot follow a connection handed between processes; use --io blocking or --io event".into(),
-        ));
-    }
-    if config.workers.exec_workers {
-        return Err(Error::Config(
-            "--io hybrid does not work with --exec-workers yet: use one or the other".into(),
-        ));
-    }
-    if config.workers.fronts == 0 || config.workers.fronts > 64 {
-        return Err(Error::Config(format!(
-            "--fronts {}: expected 1 to 64",
-            config.workers.fronts
-        )));
-    }
-    if config.workers.worker_connections == 0 {
-        return Err(Error::Config(
-            "--worker-connections 0: expected at least 1".into(),
-        ));
-    }
-    raise_nofile(config);
-    Ok(())
-}
-
-/// What datagram listeners ask of the server: a datagram handler, and the event loop
-/// that serves them (beside stream connections, only with `--io event`); a datagram-only
-/// server has no stream listener. Sockets from systemd are checked by the workers, which
-/// refuse to start with a datagram socket and no handler.
-fn check_datagrams(config: &Config, d: DatagramUse, event_capable: bool) -> Result<()> {
-    let dgram = config.listeners.listen.iter().find(|a| a.is_datagram());
-    let stream = config.listeners.listen.iter().find(|a| !a.is_datagram());
-    if let (Some(a), false) = (dgram, d.handler) {
-        return Err(Error::Config(format!(
-            "{a} is a datagram listener, and this server has no datagram handler (Server::datagrams): it serves streams only"
-        )));
-    }
-    if d.only {
-        if let Some(a) = stream {
-            return Err(Error::Config(format!(
-                "{a} is a stream listener, and this server serves datagrams only: give udp://HOST:PORT or unixgram:PATH"
-            )));
-        }
-        if !config.listeners.listen.is_empty() && dgram.is_none() {
-            return Err(Error::Config(
-                "this server serves datagrams only: give a udp://HOST:PORT or unixgram:PATH listener".into(),
-            ));
-        }
-    }
-    if let (Some(a), Some(_), false) = (dgram, stream, event_capable) {
-        return Err(Error::Config(format!(
-            "{a}: datagrams beside stream connections are served from the event loop, and this server's handler takes whole connections (handle_client), which run with --io blocking only: serve the datagrams from a server of their own (Server::run_datagrams)"
-        )));
-    }
-    let event_loop = matches!(config.workers.io, crate::Io::Event | crate::Io::Async);
-    if let (Some(a), Some(_), false) = (dgram, stream, event_loop) {
-        return Err(crate::net::listener::mixed_needs_event_loop(
-            a.as_str(),
-            config.workers.io.name(),
-        ));
+/// `--io` checked against the server and the rest of the configuration
+/// ([`cli::Accepts::check_io`]); then, for the models with event loops, the descriptor
+/// limit raised to what `--worker-connections` needs.
+fn check_io(config: &Config, accepts: cli::Accepts) -> Result<()> {
+    accepts.check_io(config)?;
+    if matches!(
+        config.workers.io,
+        crate::Io::Event | crate::Io::Async | crate::Io::Hybrid
+    ) {
+        raise_nofile(config);
     }
     Ok(())
 }
@@ -861,100 +655,5 @@ fn pool_policy(config: &Config) -> Result<Policy> {
                 idle_timeout: config.pool.worker_idle_timeout,
             })
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 34: a request-level server with stream and datagram listeners runs the event
-    /// loop when no model was chosen; a model chosen stays (to be refused by name).
-    #[test]
-    fn issue_34_datagrams_beside_streams_run_the_event_loop_by_default() {
-        let listen: Vec<ListenAddr> = ["127.0.0.1:0", "udp://127.0.0.1:0"]
-            .iter()
-            .map(|a| a.parse().unwrap())
-            .collect();
-        let requests = Kind {
-            request_level: true,
-            ..Kind::default()
-        };
-        use crate::Io::{Async, Blocking, Event, Hybrid};
-        assert_eq!(io_model(&listen, Blocking, false, requests), Event);
-        assert_eq!(
-            io_model(&listen, Blocking, true, requests),
-            Blocking,
-            "--io blocking given"
-        );
-        assert_eq!(
-            io_model(&listen, Hybrid, false, requests),
-            Hybrid,
-            "Server::io(Hybrid)"
-        );
-        assert_eq!(
-            io_model(&listen[..1], Blocking, false, requests),
-            Blocking,
-            "streams only"
-        );
-        assert_eq!(
-            io_model(&listen, Blocking, false, Kind::default()),
-            Blocking,
-            "handle_client"
-        );
-        let async_kind = Kind {
-            asynchronous: true,
-            ..Kind::default()
-        };
-        assert_eq!(io_model(&listen[..1], Blocking, false, async_kind), Async);
-        assert_eq!(
-            io_model(&listen[..1], Hybrid, true, async_kind),
-            Hybrid,
-            "refused later"
-        );
-        let dgram_only = Kind {
-            datagram_only: true,
-            ..Kind::default()
-        };
-        assert_eq!(io_model(&listen[1..], Blocking, true, dgram_only), Event);
-    }
-
-    /// Issue 43: an async server runs the async model, named so: by default (also when its
-    /// options were parsed before its kind was known, with the framework's `blocking`
-    /// default), given `--io async`, and given `--io event`, its alias; `blocking` and
-    /// `hybrid` given stay, to be refused by `check_async`; a synchronous server given
-    /// `async` keeps it, to be refused by `not_async`.
-    #[test]
-    fn issue_43_async_servers_run_the_async_model_and_event_is_its_alias() {
-        use crate::Io::{Async, Blocking, Event, Hybrid};
-        let tcp: Vec<ListenAddr> = vec!["127.0.0.1:0".parse().unwrap()];
-        let async_kind = |request_level| Kind {
-            request_level,
-            asynchronous: true,
-            ..Kind::default()
-        };
-        for kind in [async_kind(true), async_kind(false)] {
-            assert_eq!(io_model(&tcp, Blocking, false, kind), Async, "the default");
-            assert_eq!(io_model(&tcp, Async, false, kind), Async, "run_async's default");
-            assert_eq!(io_model(&tcp, Async, true, kind), Async, "--io async");
-            assert_eq!(io_model(&tcp, Event, true, kind), Async, "--io event, the alias");
-            assert_eq!(io_model(&tcp, Blocking, true, kind), Blocking, "refused later");
-            assert_eq!(io_model(&tcp, Hybrid, true, kind), Hybrid, "refused later");
-        }
-        let sync_requests = Kind {
-            request_level: true,
-            ..Kind::default()
-        };
-        assert_eq!(io_model(&tcp, Async, true, sync_requests), Async, "refused later");
-        let e = not_async(true).to_string();
-        assert!(
-            e.contains("--io async") && e.contains("Server::run_requests"),
-            "{e}"
-        );
-        let e = not_async(false).to_string();
-        assert!(
-            e.contains("--io async") && e.contains("--io blocking only"),
-            "{e}"
-        );
     }
 }

@@ -877,6 +877,7 @@ impl Server {
             asynchronous: self.asynchronous,
             datagrams: self.datagrams.is_some(),
             streams: !self.datagram_only,
+            stateful_sessions: self.stateful_sessions,
         };
         let matches = match self.matches.take() {
             Some(m) => m,

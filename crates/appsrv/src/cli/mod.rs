@@ -35,7 +35,8 @@
 //! `LogFormat`); `args.rs` the clap table (`serve_args` and the subcommands), the
 //! environment variables and parsing; `config.rs` the defaults set in code (`Defaults`)
 //! and the resolved `Config`, grouped as `--help` groups the options; `check.rs` what a
-//! server of each kind accepts (`Accepts`).
+//! server of each kind accepts (`Accepts`: its options, its I/O model, the checks of
+//! `--io` against its handler and the rest of the configuration).
 
 mod args;
 mod check;
