@@ -58,8 +58,8 @@ pub(crate) struct Program {
     pub(crate) datagram_only: bool,
     /// The request handler's `Session` holds state (hybrid mode cannot serve it).
     pub(crate) stateful_sessions: bool,
-    /// The handler is async (`Server::run_async_requests`, `Server::run_async`): event
-    /// workers only.
+    /// The handler is async (`Server::run_async_requests`, `Server::run_async`): async
+    /// workers only (`--io async`).
     pub(crate) asynchronous: bool,
     /// The program's `--grace-period` and `--drain-delay` defaults: what `stop` assumes
     /// when the server cannot be asked.

@@ -69,7 +69,7 @@ pub struct Server {
     /// The request handler's sessions hold state (`RequestHandler::Session` is not
     /// zero-sized), which a connection handed between processes cannot take along.
     stateful_sessions: bool,
-    /// The handler is async (event workers only).
+    /// The handler is async (async workers only: `--io async`).
     asynchronous: bool,
 }
 
