@@ -16,9 +16,9 @@ use crate::net::listener::{self, BindOptions, Listener};
 /// without `--user`).
 pub(super) fn resolve_users(config: &Config) -> Result<(Plan, Option<String>)> {
     privilege::resolve(
-        config.user.as_deref(),
-        config.group.as_deref(),
-        config.allow_root_workers,
+        config.confine.user.as_deref(),
+        config.confine.group.as_deref(),
+        config.confine.allow_root_workers,
     )
 }
 
@@ -37,8 +37,9 @@ pub(super) fn bind_control(name: &str, path: &Path, owner: u32) -> Result<Contro
 /// file (an instance that commands address by name), beside the pid file, so that two
 /// instances with pid files of their own do not collide (issue 34).
 pub(crate) fn control_path(name: &str, config: &Config) -> Option<PathBuf> {
-    config.control.clone().or_else(|| {
+    config.files.control.clone().or_else(|| {
         config
+            .files
             .pid_file
             .as_deref()
             .map(|p| control::path_for_pid_file(name, p))
@@ -72,25 +73,26 @@ pub(super) fn adopt_all(
         let origin = match &origins {
             Some(o) => o.get(k).copied().flatten(),
             None => config
+                .listeners
                 .listen
                 .iter()
                 .position(|a| a.names(l.kind(), l.local_addr())),
         }
-        .filter(|i| *i < config.listen.len());
+        .filter(|i| *i < config.listeners.listen.len());
         l.set_origin(origin);
         l.set_policy(match origin {
-            Some(i) => global.with(&config.listen[i]),
+            Some(i) => global.with(&config.listeners.listen[i]),
             None => global.clone(),
         });
     }
-    for (i, addr) in config.listen.iter().enumerate() {
+    for (i, addr) in config.listeners.listen.iter().enumerate() {
         if addr.has_options() && !all.iter().any(|l| l.origin() == Some(i)) {
             tracing::warn!("no inherited socket is bound at {addr}: its options apply to no listener");
         }
     }
     for l in &all {
         l.socket()
-            .set_nonblocking(all.len() > 1 || config.io != crate::Io::Blocking || l.is_datagram())
+            .set_nonblocking(all.len() > 1 || config.workers.io != crate::Io::Blocking || l.is_datagram())
             .map_err(|e| Error::sys("setting a listener's blocking mode", e))?;
     }
     Ok(all)
@@ -103,9 +105,10 @@ pub(super) fn tls_sources(
     listeners: &[Listener],
 ) -> Result<Vec<Option<crate::net::tls::Source>>> {
     let by_address = config
+        .listeners
         .listen
         .iter()
-        .map(|a| a.tls_source(&config.tls))
+        .map(|a| a.tls_source(&config.tls.defaults))
         .collect::<Result<Vec<_>>>()?;
     Ok(listeners
         .iter()
@@ -116,15 +119,15 @@ pub(super) fn tls_sources(
 /// The access policy of the command line, for every listener (each adds its own options).
 pub(super) fn global_policy(config: &Config) -> listener::Policy {
     listener::Policy {
-        allow: config.allow.clone(),
-        deny: config.deny.clone(),
-        proxy: config.proxy_protocol,
-        proxy_from: config.proxy_from.clone(),
+        allow: config.access.allow.clone(),
+        deny: config.access.deny.clone(),
+        proxy: config.access.proxy_protocol,
+        proxy_from: config.access.proxy_from.clone(),
     }
 }
 /// The listeners of `--listen`, bound now, each with its options.
 pub(super) fn bind_all(config: &Config, opts: &BindOptions) -> Result<Vec<Listener>> {
-    if config.listen.is_empty() {
+    if config.listeners.listen.is_empty() {
         return Err(Error::Config(
             "no listen address: give -l/--listen ADDR (or start the server with systemd socket activation)"
                 .into(),
@@ -132,14 +135,14 @@ pub(super) fn bind_all(config: &Config, opts: &BindOptions) -> Result<Vec<Listen
     }
     let mut all = Vec::new();
     let global = global_policy(config);
-    for (all_origin, addr) in config.listen.iter().enumerate() {
+    for (all_origin, addr) in config.listeners.listen.iter().enumerate() {
         for mut l in listener::bind(addr, opts)? {
             l.set_policy(global.with(addr));
             l.set_origin(Some(all_origin));
             all.push(l);
         }
     }
-    if all.len() > 1 || config.io != crate::Io::Blocking {
+    if all.len() > 1 || config.workers.io != crate::Io::Blocking {
         // Several listeners are watched with epoll by each worker, and an event worker
         // (or a hybrid front, or a hybrid worker beside its hand-off channel) watches even
         // one: accept must then not block on a listener another process emptied first.

@@ -42,7 +42,7 @@ pub(crate) fn rehearse(
         format!("{what}: held by the running {name} (pid {}), as expected", r.pid)
     };
     defaults.probe(name, running, &mut notes)?;
-    if let Some(path) = config.pid_file.as_deref() {
+    if let Some(path) = config.files.pid_file.as_deref() {
         match PidClaim::acquire(path) {
             // Dropped unclaimed: the file is removed, a stale one too (as `start` would
             // take it over).
@@ -56,7 +56,7 @@ pub(crate) fn rehearse(
             Err(e) => return Err(e),
         }
     }
-    if config.listen.is_empty() && std::env::var_os("LISTEN_FDS").is_none() {
+    if config.listeners.listen.is_empty() && std::env::var_os("LISTEN_FDS").is_none() {
         return Err(Error::Config(
             "no listen address: give -l/--listen ADDR (or start the server with systemd socket activation)"
                 .into(),
@@ -81,13 +81,13 @@ pub(crate) fn rehearse(
                 Err(e) => return Err(e),
             }
         }
-        if let Some(addr) = config.metrics_listen.as_deref() {
+        if let Some(addr) = config.listeners.metrics_listen.as_deref() {
             match MetricsListener::bind(addr) {
                 Ok(m) => drop(m),
                 Err(e)
                     if in_use(&e)
                         && running.is_some()
-                        && !config.listen.iter().any(|l| l.as_str() == addr) =>
+                        && !config.listeners.listen.iter().any(|l| l.as_str() == addr) =>
                 {
                     notes.push(held_note(
                         &format!("metrics listener {addr}"),
@@ -97,9 +97,12 @@ pub(crate) fn rehearse(
                 Err(e) => return Err(e),
             }
         }
-        for path in [config.log_file.as_deref(), config.access_log.as_deref()]
-            .into_iter()
-            .flatten()
+        for path in [
+            config.files.log_file.as_deref(),
+            config.files.access_log.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let existed = path.exists();
             open_log(Some(path))?;
@@ -125,7 +128,7 @@ fn bind_listeners(
     let in_use =
         |e: &Error| matches!(e, Error::Bind { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse);
     let mut bound = Vec::new();
-    for addr in &config.listen {
+    for addr in &config.listeners.listen {
         match listener::bind(addr, bind) {
             Ok(ls) => bound.extend(ls),
             Err(e) if in_use(&e) => match running {
@@ -162,12 +165,12 @@ pub(crate) struct StartDefaults {
 impl StartDefaults {
     /// The defaults `start` would add to `config`.
     pub(crate) fn of(name: &str, config: &Config) -> StartDefaults {
-        if config.pid_file.is_some() {
+        if config.files.pid_file.is_some() {
             // The control socket is then beside the given pid file, or --control.
             return StartDefaults::default();
         }
         let pid_file = daemon::default_pid_file(name);
-        let control = match &config.control {
+        let control = match &config.files.control {
             Some(_) => None,
             None => pid_file
                 .as_deref()

@@ -92,12 +92,17 @@ pub(crate) fn start(mut s: Startup<'_>) -> Result<()> {
     if from_upgrade {
         // Already detached (the old master's child, in its session); the pid file is
         // taken over by rename, not claimed (the old master still holds its lock).
-        s.config.daemon = false;
+        s.config.files.daemon = false;
     }
     let config = &s.config;
     let claim = match from_upgrade {
         true => None,
-        false => config.pid_file.as_deref().map(PidClaim::acquire).transpose()?,
+        false => config
+            .files
+            .pid_file
+            .as_deref()
+            .map(PidClaim::acquire)
+            .transpose()?,
     };
     let listeners = open_listeners(config, &s.bind, inherited.as_mut())?;
     // A start that fails from here on leaves none of the socket files it created (issue
@@ -118,8 +123,8 @@ pub(crate) fn start(mut s: Startup<'_>) -> Result<()> {
     })();
     let (tls, exec, control, metrics) = opened.inspect_err(|_| undo(&listeners, None))?;
     let detached = (|| {
-        let access_log = open_log(config.access_log.as_deref())?;
-        let log_file = open_log(config.log_file.as_deref())?;
+        let access_log = open_log(config.files.access_log.as_deref())?;
+        let log_file = open_log(config.files.log_file.as_deref())?;
         let ready_pipe = inherited.as_mut().and_then(|i| i.ready.take());
         Ok((access_log, detach(config, log_file, ready_pipe)?))
     })();
@@ -164,7 +169,7 @@ fn open_listeners(
 ) -> Result<Vec<Listener>> {
     match inherited {
         Some(i) => {
-            if i.source == handover::Source::Systemd && !config.listen.is_empty() {
+            if i.source == handover::Source::Systemd && !config.listeners.listen.is_empty() {
                 tracing::info!(
                     "using the {} socket(s) systemd passed (LISTEN_FDS); --listen is not bound",
                     i.listeners.len()
@@ -176,9 +181,12 @@ fn open_listeners(
             if let (Some(d), true, true) = (
                 datagram,
                 all.iter().any(|l| !l.is_datagram()),
-                config.io != crate::Io::Event,
+                !matches!(config.workers.io, crate::Io::Event | crate::Io::Async),
             ) {
-                return Err(listener::mixed_needs_event_loop(&d.label(), config.io.name()));
+                return Err(listener::mixed_needs_event_loop(
+                    &d.label(),
+                    config.workers.io.name(),
+                ));
             }
             Ok(all)
         }
@@ -191,8 +199,8 @@ fn open_listeners(
 fn load_tls(config: &Config, listeners: &[Listener]) -> Result<Store> {
     let tls = Store::load(tls_sources(config, listeners)?)?;
     // Said by the master only (a re-executed worker reads the same sources again).
-    if !config.listen.iter().any(ListenAddr::is_tls)
-        && (config.tls.cert.is_some() || config.tls.key.is_some())
+    if !config.listeners.listen.iter().any(ListenAddr::is_tls)
+        && (config.tls.defaults.cert.is_some() || config.tls.defaults.key.is_some())
     {
         tracing::warn!(
             "--tls-cert/--tls-key are set but no listener has the tls option (ADDR?tls): they are not used"
@@ -205,7 +213,7 @@ fn load_tls(config: &Config, listeners: &[Listener]) -> Result<Store> {
 /// program even if the file is replaced or removed later (a new binary is for
 /// `upgrade`), and its command line `argv`.
 fn open_program(config: &Config, argv: &[std::ffi::OsString]) -> Result<Option<(File, Vec<CString>)>> {
-    if !config.exec_workers {
+    if !config.workers.exec_workers {
         return Ok(None);
     }
     Ok(Some((
@@ -231,7 +239,7 @@ fn open_control(
         (None, _) => None,
     };
     let metrics = match (
-        config.metrics_listen.as_deref(),
+        config.listeners.metrics_listen.as_deref(),
         inherited.and_then(|i| i.metrics.take()),
     ) {
         (Some(_), Some(sock)) => MetricsListener::adopt(sock).map(Some),
@@ -265,8 +273,8 @@ fn summary(name: &str, config: &Config, listeners: &[Listener], metrics: Option<
     let path = |p: Option<&PathBuf>| p.map_or_else(|| "none".to_owned(), |p| p.display().to_string());
     line.push_str(&format!(
         "; pid file {}, log file {}, control socket {}",
-        path(config.pid_file.as_ref()),
-        path(config.log_file.as_ref()),
+        path(config.files.pid_file.as_ref()),
+        path(config.files.log_file.as_ref()),
         path(control_path(name, config).as_ref())
     ));
     line
@@ -276,8 +284,8 @@ fn summary(name: &str, config: &Config, listeners: &[Listener], metrics: Option<
 /// where to report readiness: the `start` command's pipe, an upgrading master's
 /// (`ready_pipe`), or nowhere.
 fn detach(config: &Config, log_file: Option<File>, ready_pipe: Option<File>) -> Result<Readiness> {
-    let mut readiness = match (&log_file, config.daemon) {
-        (Some(log), true) => daemon::daemonize(log, config.start_timeout)?,
+    let mut readiness = match (&log_file, config.files.daemon) {
+        (Some(log), true) => daemon::daemonize(log, config.timeouts.start_timeout)?,
         (Some(log), false) => {
             crate::process::log::redirect_stderr(log)
                 .map_err(|e| Error::sys("redirecting stderr to the log file", e))?;
@@ -296,7 +304,7 @@ fn detach(config: &Config, log_file: Option<File>, ready_pipe: Option<File>) -> 
 fn serve(s: Startup<'_>, mut prepared: Prepared, readiness: &mut Readiness) -> Result<()> {
     // A master started by an upgrade publishes its pid only once it serves: until then the
     // old master's pid stays in the file (it goes on serving if this one fails).
-    let late_pid = match (&s.config.pid_file, prepared.publish_pid) {
+    let late_pid = match (&s.config.files.pid_file, prepared.publish_pid) {
         (Some(path), true) => Some(path.clone()),
         _ => None,
     };
@@ -378,18 +386,18 @@ impl Shared {
         crate::process::log::count_dropped_in(board.log_dropped());
         // Event workers count their connections per address in shared tables, one per worker
         // id (any id the master may give: pages are allocated only when used).
-        let peers = (config.io != crate::cli::Io::Blocking && config.max_conns_per_ip > 0)
-            .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.worker_connections))
+        let peers = (config.workers.io != crate::cli::Io::Blocking && config.access.max_conns_per_ip > 0)
+            .then(|| PeerCounts::new(crate::scoreboard::MAX_WORKERS, config.workers.worker_connections))
             .transpose()
             .map_err(|e| Error::sys("mapping the per-address tables", e))?;
         // Failed authentication: the penalized addresses, shared by every worker and installed
         // for the process (handlers charge it through `Conn::penalize`; issue 31).
-        if let Some(max) = config.penalty_max {
+        if let Some(max) = config.access.penalty_max {
             crate::penalty::create(max).map_err(|e| Error::sys("mapping the penalty table", e))?;
         }
         // Hybrid mode: the fronts hand connections to the workers over one channel, made now
         // and kept for the master's life (a reload's generations share it).
-        let handoff = (config.io == crate::Io::Hybrid)
+        let handoff = (config.workers.io == crate::Io::Hybrid)
             .then(crate::net::handoff::Channel::new)
             .transpose()
             .map_err(|e| Error::sys("creating the hand-off channel", e))?;
@@ -434,13 +442,13 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let listeners = &listeners[..];
     // With a privileged helper, unprivileged workers are the design: "started as root
     // without --user" is no warning then (the helpers keep what root is needed for).
-    let warning = warning.filter(|_| config.helper_profile.is_none());
+    let warning = warning.filter(|_| config.confine.helper_profile.is_none());
     log_start(
         listeners,
         metrics.as_ref(),
         warning,
         &plan,
-        config.helper_profile.is_some(),
+        config.confine.helper_profile.is_some(),
     );
     let summary = summary(name, config, listeners, metrics.as_ref());
     let Shared {
@@ -455,10 +463,10 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         name: name.to_owned(),
         policy,
         board,
-        grace_period: config.grace_period,
-        drain_delay: config.drain_delay,
-        log_file: config.log_file.clone(),
-        access_log: config.access_log.clone(),
+        grace_period: config.timeouts.grace_period,
+        drain_delay: config.timeouts.drain_delay,
+        log_file: config.files.log_file.clone(),
+        access_log: config.files.access_log.clone(),
         master_fds: announce.fds(),
         limits,
         control,
@@ -468,8 +476,8 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         adopted,
         shared_listeners,
         tls: tls.clone(),
-        watch_queue: config.io == crate::Io::Blocking,
-        io: config.io.name(),
+        watch_queue: config.workers.io == crate::Io::Blocking,
+        io: config.workers.io.name(),
     };
     let confinement = confinement(config, &plan)?;
     let workers = Workers {
@@ -495,7 +503,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
     let mut published: Option<PidFile> = None;
     let result = Master::new(settings, listeners, &channel, signals)?
         .with_peer_counts(peers)
-        .with_fronts(handoff.as_ref().map(|ch| (config.fronts.max(1), ch)))
+        .with_fronts(handoff.as_ref().map(|ch| (config.workers.fronts.max(1), ch)))
         .run(&mut spawn, &mut || published = announce.ready(&summary));
     if let Some(p) = &published {
         p.remove();

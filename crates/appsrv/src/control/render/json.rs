@@ -37,7 +37,7 @@ fn json_f64(v: f64) -> String {
 ///   "uptime_seconds": 3600.5,
 ///   "grace_period_seconds": 30,    --grace-period: what a stop gives the connections
 ///   "drain_delay_seconds": 0,      --drain-delay: before it, /readyz answers 503
-///   "io": "blocking",              the workers' I/O model (--io): blocking, event, hybrid
+///   "io": "blocking",              the workers' I/O model (--io): blocking, event, hybrid, async
 ///   "pool": {"policy": "static", "target": 4, "min_spare": 0, "max_spare": 0, "max": 4},
 ///   "totals": {                    over live and retired workers
 ///     "connections": 10, "requests": 25, "bytes_in": 1200, "bytes_out": 4000,
