@@ -167,6 +167,7 @@ where
         timeout: config.timeouts.start_timeout,
         keep_fds: program.keep_fds.clone(),
     };
+    let drivers = drivers(&config, request_level);
     let startup = Startup {
         name: &program.name,
         bind: bind_options(&config),
@@ -175,6 +176,7 @@ where
         limits: master_limits,
         on_reload: program.reload_hook.take().map(ReloadHook),
         upgrade,
+        drivers,
         entry: &mut entry,
     };
     // Started by a master as a re-executed worker (--exec-workers): be that worker.
@@ -182,6 +184,29 @@ where
         return startup::exec_worker(startup, handoff).map(|never| match never {});
     }
     startup::start(startup)
+}
+
+/// Each driver's own settings, from the command line: the master carries them to every
+/// worker without reading them (issue 43).
+fn drivers(config: &Config, request_level: bool) -> worker::Drivers {
+    worker::Drivers {
+        keepalive_timeout: config.timeouts.keepalive_timeout,
+        worker_connections: config.workers.worker_connections,
+        slow_request: config.timeouts.slow_request,
+        datagram: worker::datagram::Settings {
+            max_size: config.access.max_datagram_size as usize,
+            max_answers_per_ip: u32::try_from(config.access.max_answers_per_ip).unwrap_or(u32::MAX),
+            answer_prefixes: config.access.answer_prefixes,
+            slip: u32::try_from(config.access.answers_slip).unwrap_or(u32::MAX),
+            access_sample: u32::try_from(config.files.access_log_sample).unwrap_or(u32::MAX),
+            request_detail: config.listeners.status_request_detail,
+        },
+        tasks: worker::AsyncLimits {
+            max_inflight: config.workers.max_inflight,
+            request_timeout: effective_request_timeout(config, request_level),
+            read_timeout: config.timeouts.read_timeout,
+        },
+    }
 }
 
 /// The configuration of `run`, `start` (as `run --daemon`) and `check`; the other

@@ -29,8 +29,8 @@ pub(super) struct Workers<'a> {
     pub(super) confinement: &'a Confinement,
     pub(super) tls: &'a Store,
     pub(super) handoff: Option<&'a crate::net::handoff::Channel>,
-    /// `--request-timeout` as the master applies it (async workers cancel a call past it).
-    pub(super) request_timeout: Option<std::time::Duration>,
+    /// Each driver's own settings, carried to every worker as they are.
+    pub(super) drivers: worker::Drivers,
 }
 
 impl Workers<'_> {
@@ -52,7 +52,6 @@ impl Workers<'_> {
             master_fds,
             log_path: config.files.log_file.as_deref(),
             board: self.board,
-            keepalive_timeout: config.timeouts.keepalive_timeout,
             recycle,
             access_log: config.files.access_log.as_deref().zip(self.access_log),
             max_per_ip: (config.access.max_conns_per_ip > 0)
@@ -75,23 +74,9 @@ impl Workers<'_> {
                 crate::Io::Hybrid => worker::Model::Hybrid,
                 crate::Io::Async => worker::Model::Async,
             },
-            worker_connections: config.workers.worker_connections,
-            slow_request: config.timeouts.slow_request,
-            datagram: worker::datagram::Settings {
-                max_size: config.access.max_datagram_size as usize,
-                max_answers_per_ip: u32::try_from(config.access.max_answers_per_ip).unwrap_or(u32::MAX),
-                answer_prefixes: config.access.answer_prefixes,
-                slip: u32::try_from(config.access.answers_slip).unwrap_or(u32::MAX),
-                access_sample: u32::try_from(config.files.access_log_sample).unwrap_or(u32::MAX),
-                request_detail: config.listeners.status_request_detail,
-            },
             role,
             handoff: self.handoff,
-            async_limits: worker::AsyncLimits {
-                max_inflight: config.workers.max_inflight,
-                request_timeout: self.request_timeout,
-                read_timeout: config.timeouts.read_timeout,
-            },
+            drivers: self.drivers,
         }
     }
 }

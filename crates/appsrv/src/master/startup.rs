@@ -49,6 +49,8 @@ pub(crate) struct Startup<'a> {
     pub(crate) limits: Limits,
     pub(crate) on_reload: Option<ReloadHook>,
     pub(crate) upgrade: UpgradeSettings,
+    /// Each driver's own settings, for every worker (the master does not read them).
+    pub(crate) drivers: worker::Drivers,
     /// Runs a worker to its end, in the child side of a fork or in a re-executed worker
     /// (the handler and its level are the caller's).
     pub(crate) entry: &'a mut dyn FnMut(worker::Setup<'_>) -> Infallible,
@@ -423,7 +425,6 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         entry,
         ..
     } = s;
-    let request_timeout = limits.request_timeout;
     let config = &config;
     let adopted = prepared.publish_pid;
     let shared_listeners = prepared.from_systemd;
@@ -492,7 +493,7 @@ fn supervise(s: Startup<'_>, prepared: Prepared, mut announce: Announce<'_>) -> 
         confinement: &confinement,
         tls: &tls,
         handoff: handoff.as_ref(),
-        request_timeout,
+        drivers: s.drivers,
     };
     let mut spawn = |id: u32, role: worker::Role, recycle: Recycle, master_fds: &[RawFd]| -> Infallible {
         if let Some((exe, argv)) = &exec {
@@ -594,7 +595,7 @@ pub(crate) fn exec_worker(
         tls: &tls,
         // The configuration check refuses --exec-workers with --io hybrid.
         handoff: None,
-        request_timeout: s.limits.request_timeout,
+        drivers: s.drivers,
     };
     let recycle = Recycle {
         max_requests: handoff.max_requests,

@@ -53,7 +53,7 @@ impl<'a> Blocking<'a> {
         .map_err(|e| format!("cannot wait for connections: {e}"))?;
         Ok(Blocking {
             acceptor,
-            keepalive_timeout: setup.keepalive_timeout,
+            keepalive_timeout: setup.drivers.keepalive_timeout,
         })
     }
 }

@@ -99,8 +99,6 @@ pub(crate) struct Setup<'a> {
     pub(crate) log_path: Option<&'a Path>,
     /// The shared board (idle workers).
     pub(crate) board: &'static Board,
-    /// The idle timeout between requests, for the keep-alive guard.
-    pub(crate) keepalive_timeout: Option<Duration>,
     /// This worker's recycling limits.
     pub(crate) recycle: Recycle,
     /// The access log's path and the file the master opened at start, when there is one.
@@ -118,18 +116,31 @@ pub(crate) struct Setup<'a> {
     pub(crate) conn: ConnLimits,
     /// The I/O model (`--io`).
     pub(crate) io: Model,
-    /// Event mode: `--worker-connections`.
-    pub(crate) worker_connections: usize,
-    /// Event mode: `--slow-request`.
-    pub(crate) slow_request: Option<Duration>,
-    /// The datagram listeners' settings.
-    pub(crate) datagram: datagram::Settings,
     /// A worker or a hybrid front.
     pub(crate) role: Role,
     /// Hybrid mode: the hand-off channel (each side closes the end it does not use).
     pub(crate) handoff: Option<&'a crate::net::handoff::Channel>,
-    /// Async handlers: their limits.
-    pub(crate) async_limits: AsyncLimits,
+    /// Each driver's own settings, which the master carries without reading them.
+    pub(crate) drivers: Drivers,
+}
+
+/// Each driver's own settings (issue 43), made from the command line by `dispatch` and
+/// carried by the master to every worker as they are: the master reads none of them, so
+/// that a driver's setting is a field here and a line in `dispatch`, not a field of the
+/// master's (nginx's modules own their configuration the same way).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Drivers {
+    /// The blocking drivers: the idle timeout between requests, for the keep-alive guard
+    /// (`--keepalive-timeout`).
+    pub(crate) keepalive_timeout: Option<Duration>,
+    /// The event loop and the async driver: `--worker-connections`.
+    pub(crate) worker_connections: usize,
+    /// The event loop and the async driver: `--slow-request`.
+    pub(crate) slow_request: Option<Duration>,
+    /// The datagram side of an event loop.
+    pub(crate) datagram: datagram::Settings,
+    /// The async driver's limits.
+    pub(crate) tasks: AsyncLimits,
 }
 
 /// The limits only the async driver enforces in the worker (issue 33).

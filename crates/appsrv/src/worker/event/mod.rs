@@ -157,7 +157,7 @@ impl<'a> Event<'a> {
         let prepared = prepare(setup.listeners, &serves, channel)?;
         let datagrams = match extras.datagrams {
             Some(h) => {
-                let side = super::datagram::Side::new(h, setup.datagram, setup.id, slot, setup.board);
+                let side = super::datagram::Side::new(h, setup.drivers.datagram, setup.id, slot, setup.board);
                 Some(super::datagram::Datagrams::watch(
                     side,
                     setup.listeners,
@@ -169,8 +169,8 @@ impl<'a> Event<'a> {
         };
         Ok(Event {
             prepared,
-            max_connections: setup.worker_connections,
-            slow_request: setup.slow_request,
+            max_connections: setup.drivers.worker_connections,
+            slow_request: setup.drivers.slow_request,
             peers: setup.peers,
             datagrams,
         })
