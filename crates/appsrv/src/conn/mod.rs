@@ -3,6 +3,7 @@
 //! request step, and the connection context given to request handlers.
 
 pub(crate) mod async_client;
+pub(crate) mod async_transport;
 pub(crate) mod buffers;
 pub(crate) mod client;
 pub(crate) mod context;
