@@ -1,9 +1,28 @@
 //! The async side of a connection's transport: the readiness rules of every read and
 //! write over an `AsyncFd<Transport>`, written once for the async driver's request level
 //! (`worker/tasks/`) and the client level's [`AsyncClient`](super::async_client::AsyncClient).
+//!
+//! The rules, in [`poll_read`], [`poll_write`] and [`poll_write_records`] (and every other
+//! wait here is one of them, or [`poll_io`] under them):
+//! - an operation waits for the readiness the runtime's reactor reports, then makes one
+//!   system call; "would block" clears that readiness and waits again (`try_io`);
+//! - `Interrupted` is tried again;
+//! - a short read on a plain socket drained it: its readable readiness is cleared at once
+//!   (the next bytes are a new edge), so that the next read does not cost a `recv` failing
+//!   with `EAGAIN`; a close that came with the bytes stays seen. Not under TLS, where a
+//!   read may leave bytes in the socket;
+//! - a read that fails with `InvalidData` (a TLS protocol error) sends the alert rustls
+//!   prepared, best effort, before it reports the error;
+//! - a write reports the bytes taken as soon as some are, whatever the records' outcome
+//!   (they go out at the next write or flush).
+//!
+//! Each returns `Pending` when the socket is not ready: the caller judges its own
+//! deadline then (the client level's timeouts, the request level's pace).
 
 use std::cell::Cell;
-use std::io::{self, Read};
+use std::future::poll_fn;
+use std::io::{self, IoSlice, Read};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::io::Interest;
@@ -12,28 +31,114 @@ use tokio::io::unix::AsyncFd;
 use super::step;
 use super::transport::Transport;
 
-/// Reads raw bytes (admission: before TLS) into `buf`.
-pub(crate) async fn read_raw(io: &mut AsyncFd<Transport>, buf: &mut [u8]) -> io::Result<usize> {
+/// Which readiness an operation waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Readable.
+    Read,
+    /// Writable.
+    Write,
+}
+
+/// `op` on the transport once the socket is ready for `wait`: its result; `Interrupted`
+/// is tried again, and "would block" clears the readiness and waits for the next.
+pub(crate) fn poll_io<R>(
+    io: &mut AsyncFd<Transport>,
+    cx: &mut Context<'_>,
+    wait: Wait,
+    mut op: impl FnMut(&mut Transport) -> io::Result<R>,
+) -> Poll<io::Result<R>> {
     loop {
-        let mut guard = io.readable_mut().await?;
-        match guard.try_io(|t| t.get_ref().socket().read(buf)) {
+        let mut guard = match wait {
+            Wait::Read => ready!(io.poll_read_ready_mut(cx))?,
+            Wait::Write => ready!(io.poll_write_ready_mut(cx))?,
+        };
+        match guard.try_io(|t| op(t.get_mut())) {
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-            Ok(r) => return r,
+            Ok(r) => return Poll::Ready(r),
             Err(_would_block) => {}
         }
     }
 }
 
-/// Sends raw bytes (admission: TLS handshake records).
-pub(crate) async fn send_raw(io: &mut AsyncFd<Transport>, data: &[u8]) -> io::Result<usize> {
+/// One read once the socket is readable: `read` reads from the transport and says how
+/// many bytes it got and the room it had, or `None` when it declines to read now (the
+/// budget of buffered bytes), which keeps the readiness for the read once it will. The
+/// bytes read, or `None` when declined.
+pub(crate) fn poll_read(
+    io: &mut AsyncFd<Transport>,
+    cx: &mut Context<'_>,
+    mut read: impl FnMut(&mut Transport) -> io::Result<Option<(usize, usize)>>,
+) -> Poll<io::Result<Option<usize>>> {
     loop {
-        let mut guard = io.writable_mut().await?;
-        match guard.try_io(|t| t.get_ref().socket().send_with_flags(data, libc::MSG_NOSIGNAL)) {
+        let mut guard = ready!(io.poll_read_ready_mut(cx))?;
+        match guard.try_io(|t| read(t.get_mut())) {
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-            Ok(r) => return r,
+            Ok(Err(e)) => {
+                if e.kind() == io::ErrorKind::InvalidData {
+                    // A TLS protocol error: the alert rustls prepared, best effort.
+                    let _ = guard.get_inner_mut().write_records();
+                }
+                return Poll::Ready(Err(e));
+            }
+            // Declined: the readiness stays, for the read once it is wanted.
+            Ok(Ok(None)) => return Poll::Ready(Ok(None)),
+            Ok(Ok(Some((n, room)))) => {
+                // A short read on a plain socket drained it: the next bytes will be a new
+                // edge, so the readiness is cleared now rather than found stale by the next
+                // read (one `recv` that fails with EAGAIN per request, otherwise). Not under
+                // TLS, where a read may leave bytes in the socket.
+                if n < room && !guard.get_inner().is_tls() {
+                    // Readable only: a close that came with the bytes stays seen.
+                    guard.clear_ready_matching(tokio::io::Ready::READABLE);
+                }
+                return Poll::Ready(Ok(Some(n)));
+            }
             Err(_would_block) => {}
         }
     }
+}
+
+/// One write of `data` once the socket is writable: the bytes taken, as soon as some are
+/// (under TLS, the records they made may wait: they go out at the next write or flush);
+/// 0 when nothing was taken and nothing failed (under TLS, records waiting to go first).
+pub(crate) fn poll_write(
+    io: &mut AsyncFd<Transport>,
+    cx: &mut Context<'_>,
+    data: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    poll_io(io, cx, Wait::Write, |t| {
+        let (taken, r) = t.write(data);
+        match r {
+            // Taken bytes are gone, whatever the records' outcome: they are reported.
+            _ if taken > 0 => Ok(taken),
+            Err(e) => Err(e),
+            Ok(()) => Ok(0),
+        }
+    })
+}
+
+/// One write of pending TLS records once the socket is writable: the bytes it took.
+pub(crate) fn poll_write_records(
+    io: &mut AsyncFd<Transport>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    poll_io(io, cx, Wait::Write, Transport::write_records)
+}
+
+/// Reads raw bytes (admission: before TLS) into `buf`.
+pub(crate) async fn read_raw(io: &mut AsyncFd<Transport>, buf: &mut [u8]) -> io::Result<usize> {
+    poll_fn(|cx| poll_io(io, cx, Wait::Read, |t| t.socket().read(buf))).await
+}
+
+/// Sends raw bytes (admission: TLS handshake records).
+pub(crate) async fn send_raw(io: &mut AsyncFd<Transport>, data: &[u8]) -> io::Result<usize> {
+    poll_fn(|cx| {
+        poll_io(io, cx, Wait::Write, |t| {
+            t.socket().send_with_flags(data, libc::MSG_NOSIGNAL)
+        })
+    })
+    .await
 }
 
 /// One write of plaintext: the bytes taken.
@@ -46,37 +151,29 @@ pub(crate) async fn write_some(io: &mut AsyncFd<Transport>, data: &[u8]) -> io::
             write_records(io).await?;
             continue;
         }
-        let mut guard = io.writable_mut().await?;
-        match guard.try_io(|t| {
-            let t = t.get_mut();
-            let (taken, r) = t.write(&[io::IoSlice::new(data)]);
-            match r {
-                // Taken bytes are gone (under TLS, records may wait): reported.
-                _ if taken > 0 => Ok(taken),
-                Err(e) => Err(e),
-                // Nothing taken, records waiting: they go out first (the loop's top).
-                Ok(()) if t.records_pending() => Ok(0),
-                Ok(()) => Err(io::ErrorKind::WriteZero.into()),
-            }
-        }) {
-            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-            Ok(Ok(0)) => {}
-            Ok(r) => return r,
-            Err(_would_block) => {}
+        match poll_fn(|cx| poll_write(io, cx, &[IoSlice::new(data)])).await? {
+            // Nothing taken, records waiting: they go out first (the loop's top).
+            0 if io.get_ref().records_pending() => {}
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n => return Ok(n),
         }
     }
 }
 
 /// Writes pending TLS records once the socket takes them.
 pub(crate) async fn write_records(io: &mut AsyncFd<Transport>) -> io::Result<usize> {
-    loop {
-        let mut guard = io.writable_mut().await?;
-        match guard.try_io(|t| t.get_mut().write_records()) {
-            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-            Ok(r) => return r,
-            Err(_would_block) => {}
-        }
-    }
+    poll_fn(|cx| poll_write_records(io, cx)).await
+}
+
+/// Sends up to `len` bytes of `file` from `offset` (moved on) with `sendfile(2)`, once
+/// the socket takes them.
+pub(crate) async fn send_file(
+    io: &mut AsyncFd<Transport>,
+    file: &std::fs::File,
+    offset: &mut i64,
+    len: usize,
+) -> io::Result<usize> {
+    poll_fn(|cx| poll_io(io, cx, Wait::Write, |t| t.send_file(file, offset, len))).await
 }
 
 /// A close after which the client may still send (an error reply, a last response with

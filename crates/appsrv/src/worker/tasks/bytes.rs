@@ -17,7 +17,7 @@ use crate::conn::transport::Transport;
 use crate::sys::{self};
 
 use super::worker::{Worker, Writing};
-use crate::conn::async_transport::{write_records, write_some};
+use crate::conn::async_transport::{self, write_records, write_some};
 
 /// Reads plaintext into `bufs` (at most `room` bytes, less at the budget of buffered bytes:
 /// `None` when it leaves none): what the TLS layer holds first, else the socket's, once it
@@ -69,33 +69,9 @@ pub(super) async fn read_some(
             Err(e) => return Err(e),
         }
     }
-    loop {
-        let mut guard = io.readable_mut().await?;
-        match guard.try_io(|t| into_bufs(t.get_mut())) {
-            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-            Ok(Err(e)) => {
-                if e.kind() == io::ErrorKind::InvalidData {
-                    // A TLS protocol error: the alert rustls prepared, best effort.
-                    let _ = guard.get_inner_mut().write_records();
-                }
-                return Err(e);
-            }
-            // At the budget: the readiness stays, for the read once there is room.
-            Ok(Ok(None)) => return Ok(None),
-            Ok(Ok(Some((n, room)))) => {
-                // A short read on a plain socket drained it: the next bytes will be a new
-                // edge, so the readiness is cleared now rather than found stale by the next
-                // read (one `recv` that fails with EAGAIN per request, otherwise). Not under
-                // TLS, where a read may leave bytes in the socket.
-                if n < room && !guard.get_inner().is_tls() {
-                    // Readable only: a close that came with the bytes stays seen.
-                    guard.clear_ready_matching(tokio::io::Ready::READABLE);
-                }
-                return Ok(Some(n));
-            }
-            Err(_would_block) => {}
-        }
-    }
+    // Once readable, by the transport's rules (a short plain read clears the readiness;
+    // at the budget, the readiness stays for the read once there is room).
+    std::future::poll_fn(|cx| async_transport::poll_read(io, cx, &mut into_bufs)).await
 }
 
 /// `$op` (a write's future on `$io`, made again after each check), its waits judged by
@@ -206,16 +182,11 @@ pub(super) async fn send_file(
     if !io.get_ref().is_tls() {
         while offset < end {
             let len = (end - offset).min(1 << 30) as usize;
-            let n = paced!(pace, io, async {
-                loop {
-                    let mut guard = io.writable_mut().await?;
-                    match guard.try_io(|t| t.get_mut().send_file(&body.file, &mut offset, len)) {
-                        Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Ok(r) => return r,
-                        Err(_would_block) => {}
-                    }
-                }
-            })?;
+            let n = paced!(
+                pace,
+                io,
+                async_transport::send_file(io, &body.file, &mut offset, len)
+            )?;
             if n == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
