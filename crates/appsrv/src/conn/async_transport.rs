@@ -248,3 +248,8 @@ pub(crate) async fn hung_up(io: &AsyncFd<Transport>) {
         guard.clear_ready_matching(tokio::io::Ready::READABLE);
     }
 }
+
+// SAFETY: a `Transport` owns its connection's socket, which it closes only when dropped,
+// and `as_raw_fd` always returns that socket's descriptor: no method replaces the socket
+// (`set_tls` adds a session over it).
+unsafe impl crate::sys::StableFd for Transport {}

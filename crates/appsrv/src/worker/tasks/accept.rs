@@ -3,25 +3,16 @@
 
 use std::cell::Cell;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
 use std::task::Poll;
 
 use nix::errno::Errno;
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags, EpollTimeout};
 use socket2::Socket;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
 use crate::net::listener::{Addr, Listener};
-
-/// An epoll instance's descriptor, for the runtime to watch.
-pub(super) struct EpollFd(Epoll);
-
-impl AsRawFd for EpollFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.0.as_raw_fd()
-    }
-}
+use crate::sys::{self, EpollFd};
 
 /// The worker's stream listeners, for `accept`.
 ///
@@ -33,12 +24,11 @@ impl AsRawFd for EpollFd {
 /// [`REQUEUE_EVERY`](crate::worker::accept::REQUEUE_EVERY) accepts, as the event loop does, and the
 /// connections spread over the workers.
 pub(super) fn listeners_epoll(listeners: &[Listener]) -> Result<EpollFd, String> {
-    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-        .map_err(|e| format!("making the listeners' epoll instance: {e}"))?;
+    let epoll = EpollFd::new().map_err(|e| format!("making the listeners' epoll instance: {e}"))?;
     for (i, l) in listeners.iter().enumerate().filter(|(_, l)| !l.is_datagram()) {
-        watch_listener(&epoll, l, i).map_err(|e| format!("watching {}: {e}", l.label()))?;
+        watch_listener(epoll.epoll(), l, i).map_err(|e| format!("watching {}: {e}", l.label()))?;
     }
-    Ok(EpollFd(epoll))
+    Ok(epoll)
 }
 
 pub(super) fn watch_listener(epoll: &Epoll, l: &Listener, i: usize) -> nix::Result<()> {
@@ -55,9 +45,7 @@ pub(super) struct Accept<'l> {
 
 impl<'l> Accept<'l> {
     pub(super) fn new(epoll: EpollFd, listeners: &'l [Listener]) -> io::Result<Self> {
-        // SAFETY: the `AsyncFd` owns the epoll instance, which it closes only when it is
-        // dropped; its descriptor never changes.
-        let epoll = unsafe { AsyncFd::register_with_interest(epoll, Interest::READABLE) }?;
+        let epoll = sys::watch_async(epoll, Interest::READABLE)?;
         Ok(Accept {
             epoll,
             listeners,
@@ -75,7 +63,7 @@ impl<'l> Accept<'l> {
                     Poll::Pending => return Poll::Pending,
                 };
                 let mut events = [EpollEvent::empty(); 8];
-                let n = match self.epoll.get_ref().0.wait(&mut events, EpollTimeout::ZERO) {
+                let n = match self.epoll.get_ref().epoll().wait(&mut events, EpollTimeout::ZERO) {
                     Ok(n) => n,
                     Err(Errno::EINTR) => continue,
                     Err(e) => return Poll::Ready(Err(e.into())),
@@ -90,7 +78,7 @@ impl<'l> Accept<'l> {
                     let Some(l) = self.listeners.get(index) else {
                         continue;
                     };
-                    match accept4(&std::os::fd::AsFd::as_fd(l.socket())) {
+                    match accept(l.socket()) {
                         Ok((socket, peer)) => {
                             self.accepted();
                             return Poll::Ready(Ok((socket, peer, index)));
@@ -114,7 +102,7 @@ impl<'l> Accept<'l> {
             return;
         }
         self.since_requeue.set(0);
-        let epoll = &self.epoll.get_ref().0;
+        let epoll = self.epoll.get_ref().epoll();
         for (i, l) in self
             .listeners
             .iter()
@@ -129,12 +117,10 @@ impl<'l> Accept<'l> {
     }
 }
 
-/// `accept4` on a listener, the new socket non-blocking and close-on-exec.
-pub(super) fn accept4(fd: &BorrowedFd<'_>) -> io::Result<(Socket, Addr)> {
-    let flags = nix::sys::socket::SockFlag::SOCK_NONBLOCK | nix::sys::socket::SockFlag::SOCK_CLOEXEC;
-    let raw = nix::sys::socket::accept4(fd.as_raw_fd(), flags).map_err(io::Error::from)?;
-    // SAFETY: `accept4` just returned this descriptor, which nothing else owns.
-    let socket = unsafe { <Socket as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+/// `accept4` on a listener, the new socket non-blocking and close-on-exec (socket2's, as
+/// the event loop accepts), and its client's address.
+pub(super) fn accept(listener: &Socket) -> io::Result<(Socket, Addr)> {
+    let (socket, _) = listener.accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)?;
     let peer = socket
         .peer_addr()
         .map_or(Addr::Unix(None), |a| Addr::from_sockaddr(&a));

@@ -44,29 +44,24 @@
 //!   (or the master's grace period ends it). Client-level sessions run until they end;
 //!   [`AsyncClient::stopped`] tells a handler to end its dialogue (SMTP's `421`).
 
-use std::cell::{Cell, RefCell};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use tokio::sync::{Notify, Semaphore};
 
-use crate::conn::buffers::BUFFER_SIZE;
 use crate::handler::{AsyncHandler, AsyncRequestHandler};
-use crate::peer_counts::PeerCounts;
-use crate::scoreboard::{ConnCounts, Slot, State};
-use crate::sys::{self, exit};
+use crate::scoreboard::{Slot, State};
+use crate::sys::{self, EpollFd, exit};
 
-use self::accept::{EpollFd, listeners_epoll};
+use self::accept::listeners_epoll;
 use self::clients::ClientsOf;
 use self::requests::RequestsOf;
 use self::run::Level;
 use self::turn::Turned;
-use self::worker::{Cuts, Slow, Worker};
+use self::worker::{Settings, Worker};
 use crate::worker::Setup;
-use crate::worker::budget::Budget;
 use crate::worker::driver::{Driver, Extras, Shared};
-use crate::worker::ledger::{OncePerMinute, contain};
+use crate::worker::ledger::contain;
 use crate::worker::serve::{AsyncDriver, Connections, Limits};
 
 mod accept;
@@ -82,28 +77,17 @@ mod worker;
 pub(crate) struct Tasks<'a> {
     runtime: tokio::runtime::Runtime,
     wake: EventFd,
-    /// The stream listeners, in an epoll instance of the worker's own (see [`Accept`]).
+    /// The stream listeners, in an epoll instance of the worker's own (see [`Accept`](accept::Accept)).
     accepting: EpollFd,
-    /// `--worker-connections`.
-    max_connections: usize,
-    /// `--max-inflight` (0: no limit).
-    max_inflight: usize,
-    /// `--request-timeout`: a handler call is cancelled past it.
-    request_timeout: Option<Duration>,
-    /// `--read-timeout` and `--write-timeout`, for the client level's reads and writes.
-    io_timeouts: (Option<Duration>, Option<Duration>),
-    /// `--slow-request`.
-    slow_request: Option<Duration>,
-    /// The event workers' connections by client address (`--max-conns-per-ip`).
-    peers: Option<&'static PeerCounts>,
+    /// The async driver's own settings.
+    settings: Settings,
     _setup: std::marker::PhantomData<&'a ()>,
 }
 
 impl std::fmt::Debug for Tasks<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tasks")
-            .field("max_connections", &self.max_connections)
-            .field("max_inflight", &self.max_inflight)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
@@ -128,12 +112,14 @@ impl<'a> Driver<'a> for Tasks<'a> {
             runtime,
             wake,
             accepting,
-            max_connections: setup.worker_connections.max(1),
-            max_inflight: setup.async_limits.max_inflight,
-            request_timeout: setup.async_limits.request_timeout,
-            io_timeouts: (setup.async_limits.read_timeout, setup.conn.write_timeout),
-            slow_request: setup.slow_request,
-            peers: setup.peers,
+            settings: Settings {
+                max_connections: setup.worker_connections.max(1),
+                max_inflight: setup.async_limits.max_inflight,
+                request_timeout: setup.async_limits.request_timeout,
+                io_timeouts: (setup.async_limits.read_timeout, setup.conn.write_timeout),
+                slow_request: setup.slow_request,
+                peers: setup.peers,
+            },
             _setup: std::marker::PhantomData,
         })
     }
@@ -172,72 +158,31 @@ impl AsyncDriver for Run<'_> {
     }
 }
 
-impl<'a> Run<'a> {
+impl Run<'_> {
+    /// Runs the worker with `level` (the request level's step limits, if it is that level)
+    /// until it exits; returns its exit status.
     fn go<L: Level>(self, level: &L, step_limits: Option<Limits>) -> i32 {
         let Run { driver, shared } = self;
         let Tasks {
             runtime,
             wake,
             accepting,
-            max_connections,
-            max_inflight,
-            request_timeout,
-            io_timeouts,
-            slow_request,
-            peers,
+            settings,
             _setup,
         } = driver;
-        let Shared {
-            id,
-            board,
-            slot,
-            listeners,
-            tls,
-            limits,
-            max_per_ip,
-            ledger,
-        } = shared;
+        let slot = shared.slot;
         slot.set_event();
-        board.set_state(id, State::Reading);
-        let worker = Worker {
-            id,
-            board,
-            slot,
-            listeners,
-            tls,
-            limits,
-            max_per_ip,
-            peers,
-            step_limits: step_limits.unwrap_or_default(),
-            ledger: RefCell::new(ledger),
-            max_connections,
-            permits: (max_inflight > 0).then(|| Semaphore::new(max_inflight.min(Semaphore::MAX_PERMITS))),
-            request_timeout,
-            io_timeouts,
-            slow: RefCell::new(Slow {
-                limit: slow_request,
-                episode: OncePerMinute::default(),
-            }),
-            cuts: RefCell::new(Cuts::default()),
-            stopping: Cell::new(false),
-            stop: Notify::new(),
-            open: Cell::new(0),
-            idle: Cell::new(0),
-            in_flight: Cell::new(0),
-            writing: Cell::new(0),
-            moved_in: Cell::new(0),
-            moved_out: Cell::new(0),
-            accepted: Cell::new(0),
-            scratch: RefCell::new(vec![0; BUFFER_SIZE]),
-            published: Cell::new((ConnCounts::default(), 0)),
-            budget: RefCell::new(Budget::new(limits.max_buffered, level.refusal())),
-            budget_room: Notify::new(),
-            paused: Cell::new(0),
-        };
+        shared.board.set_state(shared.id, State::Reading);
+        let worker = Worker::new(
+            shared,
+            &settings,
+            step_limits.unwrap_or_default(),
+            level.refusal(),
+        );
         let local = tokio::task::LocalSet::new();
-        let run = Turned {
+        let run = Turned::new(
             slot,
-            worker: &worker,
+            &worker,
             // Out of tokio's cooperative budget (128 operations per poll of a task): every
             // connection of the worker is in this one task, whose budget would make it
             // yield to the runtime (another `epoll_wait`) every 128 reads and writes under
@@ -247,28 +192,16 @@ impl<'a> Run<'a> {
             // c = 500, 11,000 -> 13,200 requests/s, 82 -> 68 µs of CPU per request.
             // The `LocalSet`'s tasks (those the handlers `spawn_local`) are polled inside
             // this turn too, so the master's watch sees one of them that blocks the thread.
-            inner: local.run_until(tokio::task::unconstrained(worker.run(
+            local.run_until(tokio::task::unconstrained(worker.run(
                 level,
                 std::os::fd::AsFd::as_fd(&wake),
                 accepting,
             ))),
-        };
+        );
         let served = contain(|| runtime.block_on(run));
         match served {
             Ok(code) => {
-                // The handler's goodbye runs in the runtime, before it is dropped: what it
-                // closes (a database connection) may have a task of its own to finish (the
-                // protocol's goodbye), which is given a moment to run.
-                let goodbye = async {
-                    level.on_worker_exit();
-                    for _ in 0..16 {
-                        tokio::task::yield_now().await;
-                    }
-                    tokio::time::sleep(EXIT_GRACE).await;
-                };
-                if let Err(p) = contain(|| local.block_on(&runtime, goodbye)) {
-                    tracing::error!("on_worker_exit panicked: {}", p.0);
-                }
+                goodbye(level, &runtime, &local);
                 worker.ledger.borrow_mut().flush();
                 // The eventfd closes with the driver: the signals' handlers must not write
                 // to whatever takes its number next.
@@ -282,5 +215,21 @@ impl<'a> Run<'a> {
                     .panicked(format_args!("the async worker panicked"), &p, "exiting")
             }
         }
+    }
+}
+
+/// The handler's goodbye (`on_worker_exit`), run in the runtime before it is dropped: what
+/// it closes (a database connection) may have a task of its own to finish (the protocol's
+/// goodbye), which is given a moment to run.
+fn goodbye<L: Level>(level: &L, runtime: &tokio::runtime::Runtime, local: &tokio::task::LocalSet) {
+    let goodbye = async {
+        level.on_worker_exit();
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(EXIT_GRACE).await;
+    };
+    if let Err(p) = contain(|| local.block_on(runtime, goodbye)) {
+        tracing::error!("on_worker_exit panicked: {}", p.0);
     }
 }

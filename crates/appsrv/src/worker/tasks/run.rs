@@ -19,9 +19,9 @@ use tokio::io::unix::AsyncFd;
 use crate::conn::buffers::{BUFFER_SIZE, Buffers};
 use crate::conn::transport::Transport;
 use crate::net::listener::Addr;
-use crate::sys::{self, exit};
+use crate::sys::{self, EpollFd, exit};
 
-use super::accept::{Accept, EpollFd};
+use super::accept::Accept;
 use super::turn::Watched;
 use super::worker::{Label, Worker};
 use crate::conn::async_transport::{read_raw, send_raw};
@@ -73,11 +73,8 @@ impl<'a> Worker<'a> {
     /// Accepts and serves until a stop and the last connection's end; returns the exit
     /// status.
     pub(super) async fn run<L: Level>(&self, level: &L, wake: BorrowedFd<'_>, accepting: EpollFd) -> i32 {
-        // SAFETY: `wake` borrows the driver's eventfd, open for the whole run (the borrow
-        // outlives the `AsyncFd`), and always returns the same descriptor.
-        let wake = match unsafe { AsyncFd::register_with_interest(wake, Interest::READABLE) }
-            .map_err(io::Error::from)
-        {
+        // `wake` borrows the driver's eventfd, open for the whole run.
+        let wake = match sys::watch_async(wake, Interest::READABLE) {
             Ok(fd) => fd,
             Err(e) => {
                 tracing::error!("watching the signals' eventfd: {e}; stopping");
@@ -150,11 +147,11 @@ impl<'a> Worker<'a> {
                         shown: RefCell::new(Vec::new()),
                         raw: RefCell::new(Vec::new()),
                     });
-                    conns.push(Watched {
-                        worker: self,
-                        label: label.clone(),
-                        inner: self.connection(level, socket, peer, index, label),
-                    });
+                    conns.push(Watched::new(
+                        self,
+                        label.clone(),
+                        self.connection(level, socket, peer, index, label),
+                    ));
                 }
                 Event::Accepted(Err(e)) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
                     Errno::EINTR => {}
@@ -195,11 +192,7 @@ impl<'a> Worker<'a> {
         self.accepted.set(id);
         self.slot.accepted();
         let transport = Transport::new(socket);
-        // SAFETY: the transport owns the connection's socket, which it closes only when
-        // dropped, with the `AsyncFd` that owns it; its descriptor never changes.
-        let registered =
-            unsafe { AsyncFd::register_with_interest(transport, Interest::READABLE | Interest::WRITABLE) };
-        let io = match registered.map_err(io::Error::from) {
+        let io = match sys::watch_async(transport, Interest::READABLE | Interest::WRITABLE) {
             Ok(io) => io,
             Err(e) => {
                 tracing::warn!("cannot watch the connection from {peer}: {e}; closing it");

@@ -12,12 +12,31 @@ use crate::net::listener::{Addr, Listener};
 use crate::net::tls::ForWorker;
 use crate::peer_counts::PeerCounts;
 use crate::scoreboard::{Board, ConnCounts, Slot, State};
-use crate::sys::{self};
+use crate::sys;
 
+use crate::conn::buffers::BUFFER_SIZE;
 use crate::worker::ConnLimits;
 use crate::worker::budget::Budget;
+use crate::worker::driver::Shared;
 use crate::worker::ledger::{Ledger, OncePerMinute};
 use crate::worker::serve::Limits;
+
+/// The async driver's own settings, from the command line.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Settings {
+    /// `--worker-connections`.
+    pub(super) max_connections: usize,
+    /// `--max-inflight` (0: no limit).
+    pub(super) max_inflight: usize,
+    /// `--request-timeout`: a handler call is cancelled past it.
+    pub(super) request_timeout: Option<Duration>,
+    /// `--read-timeout` and `--write-timeout`, for the client level's reads and writes.
+    pub(super) io_timeouts: (Option<Duration>, Option<Duration>),
+    /// `--slow-request`.
+    pub(super) slow_request: Option<Duration>,
+    /// The event workers' connections by client address (`--max-conns-per-ip`).
+    pub(super) peers: Option<&'static PeerCounts>,
+}
 
 /// The worker's state, shared by its connections' futures (one thread: cells).
 pub(super) struct Worker<'a> {
@@ -140,6 +159,58 @@ impl Cuts {
 }
 
 impl<'a> Worker<'a> {
+    /// The worker's state at its start: `shared`, the driver's `settings`, the request
+    /// step's limits (the request level's) and how its codec refuses a request at the
+    /// budget of buffered bytes ([`budget::refusal_words`](crate::worker::budget::refusal_words)).
+    pub(super) fn new(shared: Shared<'a>, settings: &Settings, step_limits: Limits, refusal: String) -> Self {
+        let Shared {
+            id,
+            board,
+            slot,
+            listeners,
+            tls,
+            limits,
+            max_per_ip,
+            ledger,
+        } = shared;
+        let max_inflight = settings.max_inflight;
+        Worker {
+            id,
+            board,
+            slot,
+            listeners,
+            tls,
+            limits,
+            max_per_ip,
+            peers: settings.peers,
+            step_limits,
+            ledger: RefCell::new(ledger),
+            max_connections: settings.max_connections,
+            permits: (max_inflight > 0).then(|| Semaphore::new(max_inflight.min(Semaphore::MAX_PERMITS))),
+            request_timeout: settings.request_timeout,
+            io_timeouts: settings.io_timeouts,
+            slow: RefCell::new(Slow {
+                limit: settings.slow_request,
+                episode: OncePerMinute::default(),
+            }),
+            cuts: RefCell::new(Cuts::default()),
+            stopping: Cell::new(false),
+            stop: Notify::new(),
+            open: Cell::new(0),
+            idle: Cell::new(0),
+            in_flight: Cell::new(0),
+            writing: Cell::new(0),
+            moved_in: Cell::new(0),
+            moved_out: Cell::new(0),
+            accepted: Cell::new(0),
+            scratch: RefCell::new(vec![0; BUFFER_SIZE]),
+            published: Cell::new((ConnCounts::default(), 0)),
+            budget: RefCell::new(Budget::new(limits.max_buffered, refusal)),
+            budget_room: Notify::new(),
+            paused: Cell::new(0),
+        }
+    }
+
     /// The worker is asked to stop: no more accepting; idle connections are woken to end
     /// at their boundary.
     pub(super) fn begin_stop(&self) {
