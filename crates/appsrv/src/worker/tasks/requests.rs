@@ -56,7 +56,6 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
     ) {
         let mut step = Requests::new(self.handler.codec(), w.step_limits.clone());
         let mut session = H::Session::default();
-        let unread = Cell::new(false);
         let mut ctx = TaskContext {
             w,
             peer,
@@ -68,7 +67,6 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         };
         // `--write-timeout`, or `--min-send-rate`'s watch, for every write of the output.
         let mut pace = Pace::new(w.limits.min_send_rate, w.limits.write_timeout);
-        let mut now = Instant::now;
         let mut next = if bufs.has_input() || io.get_mut().input_pending() {
             Next::More
         } else {
@@ -79,15 +77,16 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         // call are not always laid over each other, so the loop has one of each. The rare
         // ones (a file, a lingering close) are boxed: a connection pays for them only
         // while it sends a file or lingers.
-        // The connection's buffers as the budget of buffered bytes counts them, and whether
-        // the budget paused its reads.
-        let held = Held {
-            w,
-            bytes: Cell::new(0),
+        let mut side = ReadSide {
+            held: Held {
+                w,
+                bytes: Cell::new(0),
+            },
+            paused: false,
+            unread: Cell::new(false),
         };
-        let mut paused = false;
         let end: Option<io::Error> = loop {
-            held.set(bufs.held());
+            side.held.set(bufs.held());
             if let Next::Fail(e) = next {
                 break Some(e);
             }
@@ -101,61 +100,17 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
             }
             step.output_sent(&mut ctx);
             let then = match next {
-                Next::Read {
-                    wait,
-                    timeout,
-                    guarded,
-                    grace,
-                } => {
-                    if !bufs.has_input() && bufs.held() > KEEP_BUFFERS {
-                        // Between reads a connection keeps small buffers only (the size of
-                        // its last request and response, reused by the next: no allocation
-                        // per request); a large request's or response's are given back.
-                        bufs = Buffers::none();
-                        held.set(0);
-                    }
-                    ctx.set_idle(wait == Wait::Idle);
-                    let max = step.max_request_size();
-                    let got = read_input(&mut io, &mut bufs, max, timeout, &unread, w, (wait, paused)).await;
-                    ctx.set_idle(false);
-                    let again = Next::Read {
-                        wait,
-                        timeout,
-                        guarded,
-                        grace,
-                    };
-                    match got {
-                        Input::Bytes(n) => {
-                            ctx.received += n as u64;
-                            w.moved_in.set(w.moved_in.get() + n as u64);
-                            step.received(&mut now);
-                            Then::Advance
-                        }
-                        Input::Eof => Then::Next(step.peer_closed(&bufs)),
-                        Input::TimedOut => {
-                            Then::Next(step.timed_out(&mut bufs, &mut ctx, peer, Instant::now()))
-                        }
-                        // The worker stops: the boundary again, where an idle HTTP
-                        // connection drains.
-                        Input::Stop => Then::Advance,
-                        Input::Failed(e) => Then::Next(Next::Fail(e)),
-                        // At the budget of buffered bytes: a request that is only starting
-                        // is refused (the codec's refusal, HTTP 503 with `Retry-After`),
-                        // one well into its body waits for room, as in the event loop.
-                        Input::OverBudget => {
-                            w.budget.borrow_mut().stopped(Instant::now(), w.open.get());
-                            if Budget::refuses(bufs.input_capacity()) {
-                                Then::Next(step.shed(&mut bufs, &mut ctx, peer, budget::REFUSAL))
-                            } else {
-                                paused = true;
-                                Then::Next(again)
-                            }
-                        }
-                        Input::Room => {
-                            paused = false;
-                            Then::Next(again)
-                        }
-                    }
+                read @ Next::Read { wait, timeout, .. } => {
+                    let got = read_next(
+                        &mut io,
+                        &mut bufs,
+                        &mut step,
+                        &mut ctx,
+                        &mut side,
+                        (wait, timeout),
+                    )
+                    .await;
+                    took(got, &mut bufs, &mut step, &mut ctx, &mut side.paused, read)
                 }
                 Next::More => Then::Advance,
                 Next::SendFile(body) => match Box::pin(send_file(w, &mut io, &body, &mut pace)).await {
@@ -169,35 +124,21 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
                     }
                 },
                 Next::Close { linger: wait } => {
-                    match wait {
-                        Some(wait) => Box::pin(linger(&mut io, wait)).await,
-                        // TLS says its end (`close_notify`), best effort, as the event
-                        // loop does: a client must not see a truncated stream.
-                        None if io.get_ref().is_tls() => {
-                            io.get_mut().close_notify();
-                            let flush = async {
-                                while io.get_ref().records_pending() {
-                                    write_records(&mut io).await?;
-                                }
-                                Ok(())
-                            };
-                            let _ = Box::pin(bounded(Some(Duration::from_secs(1)), flush)).await;
-                        }
-                        None => {}
-                    }
+                    close(&mut io, wait).await;
                     break None;
                 }
                 Next::Fail(_) => unreachable!("handled above"),
             };
             next = match then {
                 Then::Advance => {
-                    self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, &unread)
+                    let unread = &side.unread;
+                    self.advance(&mut step, &mut bufs, &mut ctx, &io, &mut session, id, unread)
                         .await
                 }
                 Then::Next(next) => next,
             };
         };
-        drop(held);
+        drop(side);
         if let Some(e) = &end {
             log_connection_error(peer, e);
         }
@@ -259,6 +200,103 @@ impl<H: AsyncRequestHandler> RequestsOf<'_, H> {
         };
         step.advance_async(bufs, &mut bound, ctx, peer, &mut Instant::now)
             .await
+    }
+}
+
+/// A request-level connection's read side between the step's moves.
+struct ReadSide<'w, 'a> {
+    /// Its buffers as the budget of buffered bytes counts them.
+    held: Held<'w, 'a>,
+    /// Whether the budget paused its reads.
+    paused: bool,
+    /// Its socket may hold bytes whose readiness was taken already (see [`read_some`]).
+    unread: Cell<bool>,
+}
+
+/// The read the step asked for (its `wait` and `timeout`): between requests the
+/// connection keeps small buffers only; its idle count while it waits; what came.
+async fn read_next<C: Codec>(
+    io: &mut AsyncFd<Transport>,
+    bufs: &mut Buffers,
+    step: &mut Requests<C>,
+    ctx: &mut TaskContext<'_, '_>,
+    side: &mut ReadSide<'_, '_>,
+    (wait, timeout): (Wait, Option<Duration>),
+) -> Input {
+    if !bufs.has_input() && bufs.held() > KEEP_BUFFERS {
+        // Between reads a connection keeps small buffers only (the size of
+        // its last request and response, reused by the next: no allocation
+        // per request); a large request's or response's are given back.
+        *bufs = Buffers::none();
+        side.held.set(0);
+    }
+    ctx.set_idle(wait == Wait::Idle);
+    let max = step.max_request_size();
+    let got = read_input(io, bufs, max, timeout, &side.unread, ctx.w, (wait, side.paused)).await;
+    ctx.set_idle(false);
+    got
+}
+
+/// What a read found, told to the step: what comes next. `again` is the read, for a
+/// connection paused at the budget or resumed.
+fn took<C: Codec>(
+    got: Input,
+    bufs: &mut Buffers,
+    step: &mut Requests<C>,
+    ctx: &mut TaskContext<'_, '_>,
+    paused: &mut bool,
+    again: Next,
+) -> Then {
+    let (w, peer) = (ctx.w, ctx.peer);
+    match got {
+        Input::Bytes(n) => {
+            ctx.received += n as u64;
+            w.moved_in.set(w.moved_in.get() + n as u64);
+            step.received(&mut Instant::now);
+            Then::Advance
+        }
+        Input::Eof => Then::Next(step.peer_closed(bufs)),
+        Input::TimedOut => Then::Next(step.timed_out(bufs, ctx, peer, Instant::now())),
+        // The worker stops: the boundary again, where an idle HTTP
+        // connection drains.
+        Input::Stop => Then::Advance,
+        Input::Failed(e) => Then::Next(Next::Fail(e)),
+        // At the budget of buffered bytes: a request that is only starting
+        // is refused (the codec's refusal, HTTP 503 with `Retry-After`),
+        // one well into its body waits for room, as in the event loop.
+        Input::OverBudget => {
+            w.budget.borrow_mut().stopped(Instant::now(), w.open.get());
+            if Budget::refuses(bufs.input_capacity()) {
+                Then::Next(step.shed(bufs, ctx, peer, budget::REFUSAL))
+            } else {
+                *paused = true;
+                Then::Next(again)
+            }
+        }
+        Input::Room => {
+            *paused = false;
+            Then::Next(again)
+        }
+    }
+}
+
+/// The close the step asked for: lingering (`wait`), or TLS's `close_notify` sent.
+async fn close(io: &mut AsyncFd<Transport>, wait: Option<Duration>) {
+    match wait {
+        Some(wait) => Box::pin(linger(io, wait)).await,
+        // TLS says its end (`close_notify`), best effort, as the event
+        // loop does: a client must not see a truncated stream.
+        None if io.get_ref().is_tls() => {
+            io.get_mut().close_notify();
+            let flush = async {
+                while io.get_ref().records_pending() {
+                    write_records(io).await?;
+                }
+                Ok(())
+            };
+            let _ = Box::pin(bounded(Some(Duration::from_secs(1)), flush)).await;
+        }
+        None => {}
     }
 }
 

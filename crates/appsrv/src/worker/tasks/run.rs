@@ -2,7 +2,6 @@
 //! eventfd, and one connection's future from accept to close (admission awaited, then
 //! its level's part, [`Level`]).
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
@@ -124,14 +123,7 @@ impl<'a> Worker<'a> {
                 () = sleep_until(quiet_at), if quiet_at.is_some() => Event::CutsQuiet,
             };
             match event {
-                Event::Signal => {
-                    if sys::take_reopen_request() {
-                        self.ledger.borrow_mut().reopen();
-                    }
-                    if sys::stop_requested() && !self.stopping.get() {
-                        self.begin_stop();
-                    }
-                }
+                Event::Signal => self.signalled(),
                 Event::Closed => self.open.set(self.open.get() - 1),
                 Event::Accepted(Ok((socket, peer, index))) => {
                     trouble.cleared();
@@ -142,31 +134,18 @@ impl<'a> Worker<'a> {
                         tokio::task::yield_now().await;
                     }
                     self.open.set(self.open.get() + 1);
-                    let label = Rc::new(Label {
-                        peer: RefCell::new(peer.clone()),
-                        shown: RefCell::new(Vec::new()),
-                        raw: RefCell::new(Vec::new()),
-                    });
+                    let label = Rc::new(Label::new(peer.clone()));
                     conns.push(Watched::new(
                         self,
                         label.clone(),
                         self.connection(level, socket, peer, index, label),
                     ));
                 }
-                Event::Accepted(Err(e)) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
-                    Errno::EINTR => {}
-                    errno if crate::worker::accept::connection_error(errno) => {}
-                    Errno::EINVAL => {
-                        // The master shut the listeners down: a stop.
-                        if !self.stopping.get() {
-                            self.begin_stop();
-                        }
+                Event::Accepted(Err(e)) => {
+                    if let Some(at) = self.accept_failed(&e, &mut trouble) {
+                        resume_at = Some(at);
                     }
-                    errno => {
-                        trouble.began(errno, "accepting connections");
-                        resume_at = Some(tokio::time::Instant::now() + RESOURCE_BACKOFF);
-                    }
-                },
+                }
                 Event::Resume => resume_at = None,
                 Event::CutsQuiet => {
                     // A call cut since the sleep began moved the end.
@@ -177,6 +156,38 @@ impl<'a> Worker<'a> {
                 }
             }
         }
+    }
+
+    /// A signal came (the eventfd was written): the access log reopened, or the stop
+    /// begun, as asked.
+    fn signalled(&self) {
+        if sys::take_reopen_request() {
+            self.ledger.borrow_mut().reopen();
+        }
+        if sys::stop_requested() && !self.stopping.get() {
+            self.begin_stop();
+        }
+    }
+
+    /// An accept failed with `e`: the accept error classification. Returns when to accept
+    /// again if accepting pauses (out of a resource: descriptors, memory), the episode
+    /// kept in `trouble`.
+    fn accept_failed(&self, e: &io::Error, trouble: &mut Trouble) -> Option<tokio::time::Instant> {
+        match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
+            Errno::EINTR => {}
+            errno if crate::worker::accept::connection_error(errno) => {}
+            Errno::EINVAL => {
+                // The master shut the listeners down: a stop.
+                if !self.stopping.get() {
+                    self.begin_stop();
+                }
+            }
+            errno => {
+                trouble.began(errno, "accepting connections");
+                return Some(tokio::time::Instant::now() + RESOURCE_BACKOFF);
+            }
+        }
+        None
     }
 
     /// One connection, from accept to close.

@@ -104,6 +104,17 @@ pub(super) struct Label {
     pub(super) raw: RefCell<Vec<u8>>,
 }
 
+impl Label {
+    /// The name of a connection from `peer`, no request yet.
+    pub(super) fn new(peer: Addr) -> Self {
+        Label {
+            peer: RefCell::new(peer),
+            shown: RefCell::new(Vec::new()),
+            raw: RefCell::new(Vec::new()),
+        }
+    }
+}
+
 /// How long without a call cut by `--request-timeout` ends an episode of cuts.
 pub(super) const CUTS_QUIET: Duration = Duration::from_secs(10);
 
