@@ -56,15 +56,7 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
     ) {
         let mut step = Requests::new(self.handler.codec(), w.step_limits.clone());
         let mut session = H::Session::default();
-        let mut ctx = TaskContext {
-            w,
-            peer,
-            label,
-            request: None,
-            received: 0,
-            sent: 0,
-            idle: false,
-        };
+        let mut ctx = TaskContext::new(w, peer, label);
         // `--write-timeout`, or `--min-send-rate`'s watch, for every write of the output.
         let mut pace = Pace::new(w.limits.min_send_rate, w.limits.write_timeout);
         let mut next = if bufs.has_input() || io.get_mut().input_pending() {
@@ -487,7 +479,20 @@ pub(super) struct TaskContext<'w, 'a> {
     idle: bool,
 }
 
-impl TaskContext<'_, '_> {
+impl<'w, 'a> TaskContext<'w, 'a> {
+    /// The worker's side of the connection from `peer`, named by `label`: no request yet.
+    fn new(w: &'w Worker<'a>, peer: &'w Addr, label: &'w Label) -> Self {
+        TaskContext {
+            w,
+            peer,
+            label,
+            request: None,
+            received: 0,
+            sent: 0,
+            idle: false,
+        }
+    }
+
     pub(super) fn set_idle(&mut self, idle: bool) {
         if idle != self.idle {
             self.idle = idle;
