@@ -1,4 +1,5 @@
-//! One connection's data plane: its buffers, its transport (plain or TLS) and the
+//! One connection's data plane: its buffers, its transport (plain or TLS; its async
+//! readiness rules in `async_transport.rs`, under `AsyncClient` and the async driver) and the
 //! blocking [`Client`](client::Client) that `handle_client` users see, the I/O-free
 //! request step, and the connection context given to request handlers.
 

@@ -69,7 +69,7 @@ pub(crate) trait Connections {
     }
 }
 
-/// A driver of async handlers (`worker/tasks.rs`), at either level; named here so that the
+/// A driver of async handlers (`worker/tasks/`), at either level; named here so that the
 /// level depends on no driver, as for [`RequestDriver`].
 pub(crate) trait AsyncDriver {
     /// Serves request-level connections with `handler` and the step's `limits` until a
