@@ -253,3 +253,215 @@ pub(crate) async fn hung_up(io: &AsyncFd<Transport>) {
 // and `as_raw_fd` always returns that socket's descriptor: no method replaces the socket
 // (`set_tls` adds a session over it).
 unsafe impl crate::sys::StableFd for Transport {}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::future::Future;
+    use std::io::{Read, Write};
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+    use std::pin::pin;
+
+    use socket2::Socket;
+
+    use super::*;
+
+    /// A current-thread runtime with a reactor, as an async worker has.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    /// A plain connection's transport, registered with the current runtime, and its peer.
+    fn pair() -> (AsyncFd<Transport>, UnixStream) {
+        let (ours, peer) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let transport = Transport::new(Socket::from(OwnedFd::from(ours)));
+        let io = crate::sys::watch_async(transport, Interest::READABLE | Interest::WRITABLE).unwrap();
+        (io, peer)
+    }
+
+    /// `f` polled once, as the runtime would poll it once.
+    async fn once<T>(f: impl FnMut(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
+        let mut f = f;
+        poll_fn(|cx| Poll::Ready(f(cx))).await
+    }
+
+    /// A read by the transport into `buf`, counted in `calls`.
+    fn reader<'b>(
+        buf: &'b mut [u8],
+        calls: &'b Cell<u32>,
+    ) -> impl FnMut(&mut Transport) -> io::Result<Option<(usize, usize)>> + 'b {
+        move |t| {
+            calls.set(calls.get() + 1);
+            let room = buf.len();
+            t.read(buf).map(|n| Some((n, room)))
+        }
+    }
+
+    /// Issue 43: a short read on a plain socket drained it, so its readiness is cleared
+    /// at once: the next read waits for a new edge without a `recv` that would fail with
+    /// `EAGAIN`. A read that filled its room keeps the readiness: the socket may hold
+    /// more, and the next read looks.
+    #[test]
+    fn issue_43_a_short_plain_read_clears_the_readiness_a_full_one_keeps_it() {
+        runtime().block_on(async {
+            let (mut io, mut peer) = pair();
+            let calls = Cell::new(0);
+            let mut buf = [0u8; 16];
+            peer.write_all(b"hello").unwrap();
+            let n = poll_fn(|cx| poll_read(&mut io, cx, reader(&mut buf, &calls))).await;
+            assert_eq!(n.unwrap(), Some(5));
+            calls.set(0);
+            let again = once(|cx| poll_read(&mut io, cx, reader(&mut buf, &calls))).await;
+            assert!(again.is_pending());
+            assert_eq!(
+                calls.get(),
+                0,
+                "a short read cleared the readiness: no read tried"
+            );
+
+            peer.write_all(b"12345678").unwrap();
+            let mut four = [0u8; 4];
+            let n = poll_fn(|cx| poll_read(&mut io, cx, reader(&mut four, &calls))).await;
+            assert_eq!(n.unwrap(), Some(4));
+            calls.set(0);
+            let n = once(|cx| poll_read(&mut io, cx, reader(&mut four, &calls))).await;
+            assert!(
+                matches!(n, Poll::Ready(Ok(Some(4)))),
+                "a full read kept the readiness"
+            );
+            assert_eq!(calls.get(), 1);
+        });
+    }
+
+    /// Issue 43: a read declined (the budget of buffered bytes has no room) keeps the
+    /// readiness, so that the read once there is room does not wait for a new edge; an
+    /// `Interrupted` read is tried again; another error is the read's.
+    #[test]
+    fn issue_43_a_declined_read_keeps_the_readiness_and_interrupted_is_tried_again() {
+        runtime().block_on(async {
+            let (mut io, mut peer) = pair();
+            peer.write_all(b"hello").unwrap();
+            let declined = poll_fn(|cx| poll_read(&mut io, cx, |_| Ok(None))).await;
+            assert_eq!(declined.unwrap(), None);
+            let calls = Cell::new(0);
+            let mut buf = [0u8; 16];
+            let n = once(|cx| poll_read(&mut io, cx, reader(&mut buf, &calls))).await;
+            assert!(matches!(n, Poll::Ready(Ok(Some(5)))), "read at once, no new edge");
+
+            peer.write_all(b"again").unwrap();
+            let tries = Cell::new(0);
+            let n = poll_fn(|cx| {
+                poll_read(&mut io, cx, |t| {
+                    tries.set(tries.get() + 1);
+                    if tries.get() == 1 {
+                        return Err(io::ErrorKind::Interrupted.into());
+                    }
+                    t.read(&mut buf).map(|n| Some((n, 16)))
+                })
+            })
+            .await;
+            assert_eq!((n.unwrap(), tries.get()), (Some(5), 2));
+
+            peer.write_all(b"x").unwrap();
+            let failed =
+                poll_fn(|cx| poll_read(&mut io, cx, |_| Err(io::ErrorKind::InvalidData.into()))).await;
+            assert_eq!(failed.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        });
+    }
+
+    /// Issue 43: a write to a full socket waits (the readiness cleared by "would block")
+    /// and is woken when the client reads; it reports the bytes taken.
+    #[test]
+    fn issue_43_a_write_to_a_full_socket_waits_for_the_client() {
+        runtime().block_on(async {
+            let (mut io, mut peer) = pair();
+            let data = [7u8; 65536];
+            // The first write waits for the reactor to report the socket writable.
+            let mut sent = poll_fn(|cx| poll_write(&mut io, cx, &[IoSlice::new(&data)]))
+                .await
+                .unwrap();
+            loop {
+                match once(|cx| poll_write(&mut io, cx, &[IoSlice::new(&data)])).await {
+                    Poll::Ready(Ok(n)) => {
+                        assert!(n > 0);
+                        sent += n;
+                    }
+                    Poll::Ready(Err(e)) => panic!("{e}"),
+                    Poll::Pending => break,
+                }
+            }
+            assert!(sent >= data.len(), "filled: {sent}");
+            let write = poll_fn(|cx| poll_write(&mut io, cx, &[IoSlice::new(b"more")]));
+            let mut write = pin!(write);
+            assert!(once(|cx| write.as_mut().poll(cx)).await.is_pending());
+            let mut got = vec![0u8; sent];
+            peer.read_exact(&mut got).unwrap();
+            assert_eq!(write.await.unwrap(), 4);
+            assert_eq!(
+                write_some(&mut io, b"").await.unwrap_err().kind(),
+                io::ErrorKind::WriteZero
+            );
+        });
+    }
+
+    /// Issue 43: while a request is handled, bytes the client sends (a pipelined request)
+    /// do not end the watch on its close: they are left for the next read (`unread`); the
+    /// client's close ends it. A connection paused at the budget sees the close the same
+    /// way ([`hung_up`]).
+    #[test]
+    fn issue_43_the_client_gone_is_its_close_not_its_bytes() {
+        runtime().block_on(async {
+            let (io, mut peer) = pair();
+            let unread = Cell::new(false);
+            let mut watch = pin!(gone(&io, &unread));
+            let mut paused = pin!(hung_up(&io));
+            peer.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            poll_fn(|cx| {
+                assert!(watch.as_mut().poll(cx).is_pending(), "bytes are not a close");
+                if unread.get() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            assert!(once(|cx| paused.as_mut().poll(cx)).await.is_pending());
+            peer.shutdown(std::net::Shutdown::Write).unwrap();
+            watch.await;
+            paused.await;
+            let mut left = [0u8; 64];
+            assert_eq!(
+                io.get_ref().socket().read(&mut left).unwrap(),
+                18,
+                "the bytes stay"
+            );
+        });
+    }
+
+    /// Issue 43: a lingering close shuts the connection for writing (the client reads its
+    /// end) and drops what the client still sent, without waiting when told not to.
+    #[test]
+    fn issue_43_a_lingering_close_shuts_and_discards() {
+        runtime().block_on(async {
+            let (mut io, mut peer) = pair();
+            peer.write_all(b"unread request").unwrap();
+            io.get_mut().write(&[IoSlice::new(b"last reply")]).1.unwrap();
+            linger(&mut io, Duration::ZERO).await;
+            let mut got = Vec::new();
+            peer.read_to_end(&mut got).unwrap();
+            assert_eq!(got, b"last reply");
+            let mut left = [0u8; 64];
+            let n = io.get_ref().socket().read(&mut left);
+            assert!(
+                matches!(&n, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+                "{n:?}"
+            );
+        });
+    }
+}

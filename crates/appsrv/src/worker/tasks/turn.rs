@@ -84,3 +84,71 @@ impl<F: Future> Future for Watched<'_, '_, F> {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::time::Duration;
+
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::net::listener::Addr;
+    use crate::worker::tasks::worker::Settings;
+
+    /// Issue 43: each poll of the run is a turn on the slot, which the master's
+    /// `--request-timeout` watch reads: begun while the poll runs, over once it returns
+    /// (the runtime then waits), the counts published at its end.
+    #[test]
+    fn issue_43_each_poll_of_the_run_is_a_turn_on_the_slot() {
+        let w = Worker::for_test(Settings::default(), 0);
+        let mut polls = 0usize;
+        let run = poll_fn(|_| {
+            polls += 1;
+            assert!(w.board.read(1).unwrap().current.is_some(), "in a turn");
+            w.open.set(polls);
+            if polls < 2 { Poll::Pending } else { Poll::Ready(7) }
+        });
+        let mut turned = std::pin::pin!(Turned::new(w.slot, &w, run));
+        assert!(turned.as_mut().now_or_never().is_none());
+        let view = w.board.read(1).unwrap();
+        assert!(view.current.is_none(), "the turn ended with the poll");
+        assert_eq!(view.event.unwrap().counts.open, 1, "published at the turn's end");
+        assert_eq!(turned.now_or_never(), Some(7));
+        assert_eq!(w.board.read(1).unwrap().event.unwrap().counts.open, 2);
+    }
+
+    /// Issue 43: a poll of a connection's future that holds the thread longer than
+    /// `--slow-request` is counted on the slot (and logged once per episode); a quick one
+    /// is not, nor any without the limit.
+    #[test]
+    fn issue_43_a_poll_longer_than_slow_request_is_counted() {
+        // The handler's blocking call that the watch is for.
+        let blocking = || {
+            poll_fn(|_| {
+                std::thread::sleep(Duration::from_millis(30));
+                Poll::Ready(())
+            })
+        };
+        let label = || Rc::new(Label::new(Addr::Unix(None)));
+        let w = Worker::for_test(
+            Settings {
+                slow_request: Some(Duration::from_millis(10)),
+                ..Settings::default()
+            },
+            0,
+        );
+        Watched::new(&w, label(), blocking()).now_or_never().unwrap();
+        Watched::new(&w, label(), blocking()).now_or_never().unwrap();
+        Watched::new(&w, label(), std::future::ready(()))
+            .now_or_never()
+            .unwrap();
+        assert_eq!(w.board.read(1).unwrap().slow_calls, 2);
+
+        let unwatched = Worker::for_test(Settings::default(), 0);
+        Watched::new(&unwatched, label(), blocking())
+            .now_or_never()
+            .unwrap();
+        assert_eq!(unwatched.board.read(1).unwrap().slow_calls, 0);
+    }
+}

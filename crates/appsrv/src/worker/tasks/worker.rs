@@ -222,6 +222,37 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// A worker over slot 1 of a board of its own, with no listener, no TLS and no
+    /// access log: its `settings`, and `max_buffered` bytes of budget (0: none).
+    #[cfg(test)]
+    pub(super) fn for_test(settings: Settings, max_buffered: usize) -> Worker<'static> {
+        let board = Board::new().unwrap();
+        let slot = board.slot(1).unwrap();
+        slot.set_event();
+        let tls: &'static ForWorker = Box::leak(Box::default());
+        let ledger = Ledger::new(
+            slot,
+            None,
+            crate::worker::Recycle::default(),
+            Box::new(|| {}),
+            Box::new(|| None),
+        );
+        let shared = Shared {
+            id: 1,
+            board,
+            slot,
+            listeners: &[],
+            tls,
+            limits: ConnLimits {
+                max_buffered,
+                ..ConnLimits::default()
+            },
+            max_per_ip: None,
+            ledger,
+        };
+        Worker::new(shared, &settings, Limits::default(), String::new())
+    }
+
     /// The worker is asked to stop: no more accepting; idle connections are woken to end
     /// at their boundary.
     pub(super) fn begin_stop(&self) {
@@ -433,5 +464,90 @@ mod tests {
         cuts.end(Some(Duration::from_secs(1)));
         assert_eq!((cuts.quiet_at(), cuts.total), (None, 0));
         assert_eq!(cuts.cut(t + Duration::from_secs(62)), Some(0), "a new episode");
+    }
+
+    /// The counts slot 1 of `w`'s board shows.
+    fn shown(w: &Worker<'_>) -> crate::scoreboard::EventView {
+        w.board.read(1).unwrap().event.unwrap()
+    }
+
+    /// Issue 43: at `--max-inflight` a handler call waits for a permit, which the call
+    /// before gives back when it ends; the requests in flight are counted while they run.
+    /// Without the limit, any number run at once.
+    #[test]
+    fn issue_43_at_max_inflight_a_call_waits_for_a_permit() {
+        use futures_util::FutureExt;
+        let w = Worker::for_test(
+            Settings {
+                max_inflight: 1,
+                ..Settings::default()
+            },
+            0,
+        );
+        let first = w.in_flight().now_or_never().expect("a permit is free");
+        assert_eq!(w.in_flight.get(), 1);
+        let mut second = std::pin::pin!(w.in_flight());
+        assert!(second.as_mut().now_or_never().is_none(), "at the limit: waits");
+        drop(first);
+        assert_eq!(w.in_flight.get(), 0);
+        let second = second.now_or_never().expect("the permit given back");
+        assert_eq!(w.in_flight.get(), 1);
+        drop(second);
+
+        let free = Worker::for_test(Settings::default(), 0);
+        let calls: Vec<_> = (0..100)
+            .map(|_| free.in_flight().now_or_never().unwrap())
+            .collect();
+        assert_eq!(free.in_flight.get(), 100);
+        drop(calls);
+        assert_eq!(free.in_flight.get(), 0);
+    }
+
+    /// Issue 43: a connection paused at the budget of buffered bytes waits for room, and
+    /// is woken when other connections' buffers shrink below the budget.
+    #[test]
+    fn issue_43_a_connection_paused_at_the_budget_waits_for_room() {
+        use futures_util::FutureExt;
+        let w = Worker::for_test(Settings::default(), 100);
+        w.buffers_moved(0, 150);
+        let mut room = std::pin::pin!(w.room());
+        assert!(room.as_mut().now_or_never().is_none(), "over the budget: paused");
+        assert_eq!(w.paused.get(), 1);
+        w.buffers_moved(150, 40);
+        assert!(room.now_or_never().is_some(), "room again: resumed");
+        assert_eq!(w.paused.get(), 0);
+    }
+
+    /// Issue 43: the slot shows the worker's connections as they are at the end of a
+    /// turn: those neither idle, in flight nor writing are reading; and the bytes moved
+    /// since the last turn.
+    #[test]
+    fn issue_43_publish_shows_the_connections_and_the_bytes_moved() {
+        let w = Worker::for_test(Settings::default(), 0);
+        w.open.set(5);
+        w.idle.set(1);
+        w.in_flight.set(2);
+        let writing = Writing::new(&w);
+        w.moved_in.set(100);
+        w.moved_out.set(2000);
+        w.publish();
+        let view = shown(&w);
+        assert_eq!(
+            (
+                view.counts.open,
+                view.counts.reading,
+                view.counts.writing,
+                view.counts.idle_keepalive,
+                view.in_flight
+            ),
+            (5, 1, 1, 1, 2)
+        );
+        let slot = w.board.read(1).unwrap();
+        assert_eq!((slot.bytes_in, slot.bytes_out), (100, 2000));
+        drop(writing);
+        w.publish();
+        assert_eq!((shown(&w).counts.writing, shown(&w).counts.reading), (0, 2));
+        let slot = w.board.read(1).unwrap();
+        assert_eq!((slot.bytes_in, slot.bytes_out), (100, 2000), "moved once");
     }
 }
