@@ -22,7 +22,7 @@ use crate::conn::async_transport::{self, write_records, write_some};
 /// Reads plaintext into `bufs` (at most `room` bytes, less at the budget of buffered bytes:
 /// `None` when it leaves none): what the TLS layer holds first, else the socket's, once it
 /// is readable. `unread`: the socket may hold bytes whose readiness was taken already (by
-/// [`gone`]), so it is read before waiting. The budget is asked at the read, when the
+/// [`gone`](crate::conn::async_transport::gone)), so it is read before waiting. The budget is asked at the read, when the
 /// bytes are there, so that connections waiting to be readable meanwhile are not counted
 /// as room.
 ///

@@ -13,8 +13,8 @@
 //! - **appsrv keeps the connection's steps.** Each accepted connection is one future that
 //!   runs the same I/O-free machines as the other drivers: admission (`admission.rs`:
 //!   PROXY header, access rules, penalty, TLS, the per-address cap), then the request
-//!   step (`conn/step.rs`, its handler call awaited: [`Requests::advance_async`]) or the
-//!   client level's handler with an [`AsyncClient`]; and the same [`Ledger`] (counts, access
+//!   step (`conn/step.rs`, its handler call awaited: [`Requests::advance_async`](crate::conn::step::Requests::advance_async)) or the
+//!   client level's handler with an [`AsyncClient`](crate::AsyncClient); and the same [`Ledger`](crate::worker::ledger::Ledger) (counts, access
 //!   log, recycling). The futures borrow the worker's set-up, so they are not spawned
 //!   tasks (which must be `'static`) but live in one `FuturesUnordered`, polled when woken,
 //!   inside the one future the runtime runs ([`Worker::run`]); a `LocalSet` around it lets
@@ -42,7 +42,23 @@
 //!   their boundary as in the event loop (HTTP's wait for a last request), requests in
 //!   flight finish and are answered, and the worker exits when its last connection closes
 //!   (or the master's grace period ends it). Client-level sessions run until they end;
-//!   [`AsyncClient::stopped`] tells a handler to end its dialogue (SMTP's `421`).
+//!   [`AsyncClient::stopped`](crate::AsyncClient::stopped) tells a handler to end its dialogue (SMTP's `421`).
+//!
+//! The files, by role (each uses only those before it in this list, and `mod.rs` them all):
+//! - `worker.rs`: the worker's state its connections share ([`Worker`]: the counts the
+//!   slot shows, the budget of buffered bytes, `--max-inflight`, the cut and slow-poll
+//!   episodes) and the driver's [`Settings`];
+//! - `accept.rs`: the listeners' epoll instance (`EPOLLEXCLUSIVE`) and accepting from it;
+//! - `turn.rs`: the poll wrappers, the whole run as the slot's turn and each connection's
+//!   poll timed against `--slow-request`;
+//! - `bytes.rs`: the request level's reads and writes as the worker counts them, over the
+//!   readiness rules of `conn/async_transport.rs` (which `AsyncClient` follows too);
+//! - `run.rs`: the accept loop, and a connection's future from accept to close (admission
+//!   awaited, then its [`Level`]'s part);
+//! - `requests.rs` and `clients.rs`: the request level (the step's loop, the handler call
+//!   raced with the request timeout and the client's close) and the client level;
+//! - `mod.rs`: the driver ([`Tasks`]: the runtime, the signals' eventfd, the listeners'
+//!   epoll made before `Ready`) and the run of the levels on the runtime.
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;

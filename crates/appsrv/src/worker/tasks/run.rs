@@ -35,7 +35,7 @@ pub(super) const ACCEPT_BURST: u32 = 32;
 /// with an admitted connection, and with one refused over the per-address cap.
 pub(super) trait Level {
     /// How its codec refuses a request at the budget of buffered bytes, for the log
-    /// ([`budget::refusal_words`]).
+    /// ([`budget::refusal_words`](crate::worker::budget::refusal_words)).
     fn refusal(&self) -> String;
 
     /// Serves the admitted connection `io` of `peer` (number `id`), `bufs` holding what
@@ -64,7 +64,7 @@ pub(super) enum Event {
     Accepted(io::Result<(Socket, Addr, usize)>),
     Closed,
     Resume,
-    /// No call was cut for [`CUTS_QUIET`]: the episode of cuts is over.
+    /// No call was cut for [`CUTS_QUIET`](super::worker::CUTS_QUIET): the episode of cuts is over.
     CutsQuiet,
 }
 

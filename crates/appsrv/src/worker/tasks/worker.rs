@@ -72,7 +72,7 @@ pub(super) struct Worker<'a> {
     /// a connection closed, so keep-alive traffic showed 0).
     pub(super) moved_in: Cell<u64>,
     pub(super) moved_out: Cell<u64>,
-    /// Connections accepted so far (each one's number, [`Conn::id`]).
+    /// Connections accepted so far (each one's number, [`Conn::id`](crate::Conn::id)).
     pub(super) accepted: Cell<u64>,
     /// The worker-wide read buffer: a read lands here and what it got is copied into the
     /// connection's own buffers, of the size they need (no borrow across an `.await`).
