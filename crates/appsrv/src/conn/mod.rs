@@ -1,5 +1,6 @@
 //! One connection's data plane: its buffers (`buffers.rs`), its transport, plain or TLS
-//! (`transport.rs`), the blocking [`Client`](client::Client) that `handle_client` users
+//! (`transport.rs`; its async readiness rules in `async_transport.rs`, under
+//! `AsyncClient` and the async driver), the blocking [`Client`](client::Client) that `handle_client` users
 //! see (`client.rs`, with `--min-send-rate`'s watch in `send_watch.rs`) and the
 //! [`AsyncClient`](async_client::AsyncClient) of async ones (`async_client.rs`), the
 //! I/O-free request step (`step.rs`), the connection context given to request handlers
@@ -7,6 +8,7 @@
 //! (`datagram.rs`). docs/ARCHITECTURE.md maps which file uses which.
 
 pub(crate) mod async_client;
+pub(crate) mod async_transport;
 pub(crate) mod buffers;
 pub(crate) mod client;
 pub(crate) mod context;

@@ -11,7 +11,7 @@
 //! | `Event`               | all at once from epoll (`--io event`, datagrams) | `event/` |
 //! | `FrontDriver`         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
 //! | `HybridWorker`        | the blocking loop plus connections handed over | `hybrid.rs`  |
-//! | `Tasks`               | async handlers: a future per connection on a tokio runtime (`--io async`) | `tasks.rs` |
+//! | `Tasks`               | async handlers: a future per connection on a tokio runtime (`--io async`) | `tasks/`   |
 //!
 //! Each prepares what it needs from the system before the worker says it is ready (its
 //! acceptor, its epoll instance: a failure there is a start failure with its reason), then
