@@ -275,7 +275,7 @@ pub(crate) fn serve_admitted<C: Connections>(
         guard.clock = true;
         life.opened(Instant::now());
     }
-    guard.life = Some(life);
+    guard.life = Some((life, client.peer_addr().clone()));
     let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
     let life = account(guard, &mut client, &outcome, handed_back);
@@ -326,13 +326,14 @@ fn account<T>(
     if std::mem::take(&mut guard.clock) {
         slot.request_stop(crate::scoreboard::now_ns());
     }
-    let mut life = guard.life.take()?;
+    let (mut life, peer) = guard.life.take()?;
     if handed_back {
         life.hand_over();
         return Some(life);
     }
     life.close(
         &mut guard.ledger,
+        &peer,
         ending(outcome, refusal.as_ref()),
         (received, sent),
     );
@@ -393,14 +394,16 @@ fn admit<S: Seat>(
     unit: Unit,
     ledger: &mut Ledger<'_>,
 ) -> (Life, Then) {
+    let mut life = Life::new(unit);
     match admission(client, rules, seat) {
-        None => (
-            Life::serving(client.peer_addr().clone(), unit, ledger),
-            Then::Serve,
-        ),
+        None => {
+            life.serve(ledger, client.peer_addr());
+            (life, Then::Serve)
+        }
         Some(verdict) => {
-            client.set_peer(verdict.peer.clone());
-            Life::admitted(verdict, None, client, unit, ledger)
+            let (peer, then) = life.admitted(verdict, None, client, ledger);
+            client.set_peer(peer);
+            (life, then)
         }
     }
 }
@@ -515,10 +518,12 @@ mod tests {
             } else {
                 Unit::Connection
             };
-            let mut life = Life::serving(peer, unit, &mut ledger);
+            let mut life = Life::new(unit);
+            life.serve(&mut ledger, &peer);
             life.opened(Instant::now());
             life.request_start(&mut ledger, crate::conn::step::Head::same(b"R"), Instant::now());
-            life.close(&mut ledger, ending(&outcome, why), (0, 0)).unwrap()
+            life.close(&mut ledger, &peer, ending(&outcome, why), (0, 0))
+                .unwrap()
         };
         let timed_out = || Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")));
         let reset = || Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)));

@@ -19,6 +19,7 @@ use crate::sys;
 use super::ledger::Ledger;
 use super::life::Life;
 use super::serve::{Boundary, Context, Head};
+use crate::net::listener::Addr;
 
 /// The worker's side of a connection in the blocking driver: the keep-alive guard, the
 /// slot's request clock, and the ledger.
@@ -32,8 +33,8 @@ pub(crate) struct Guard<'a> {
     /// it): a request, or a `handle_client` connection, is in progress.
     pub(crate) clock: bool,
     /// The life of the connection in progress (`life.rs`): its request clock and close,
-    /// as in every driver.
-    pub(crate) life: Option<Life>,
+    /// as in every driver; and its client's address.
+    pub(crate) life: Option<(Life, Addr)>,
     /// Why the request step refused the request in progress with the codec's error reply
     /// (its access-log line's outcome, issue 42); taken at the connection's end.
     pub(crate) refusal: Option<ProtocolError>,
@@ -109,14 +110,14 @@ impl Context for Guard<'_> {
     fn request_start(&mut self, head: Head<'_>) {
         self.ledger.slot().request_start(head.shown);
         self.clock = true;
-        if let Some(life) = self.life.as_mut() {
+        if let Some((life, _)) = self.life.as_mut() {
             life.request_start(&mut self.ledger, head, Instant::now());
         }
     }
 
     fn request_head(&mut self, head: Head<'_>) {
         self.ledger.slot().store_head(head.shown);
-        if let Some(life) = self.life.as_mut() {
+        if let Some((life, _)) = self.life.as_mut() {
             life.request_head(&mut self.ledger, head);
         }
     }
@@ -135,8 +136,8 @@ impl Context for Guard<'_> {
         if std::mem::take(&mut self.clock) {
             self.ledger.slot().request_stop(crate::scoreboard::now_ns());
         }
-        if let Some(life) = self.life.as_mut() {
-            life.request_end(&mut self.ledger, Instant::now(), bytes, ok);
+        if let Some((life, peer)) = self.life.as_mut() {
+            life.request_end(&mut self.ledger, peer, Instant::now(), bytes, ok);
         }
     }
 

@@ -186,7 +186,8 @@ fn handed_off<C: Connections>(
     } else {
         Unit::Connection
     };
-    let life = Life::serving(client.peer_addr().clone(), unit, &mut l.guard.ledger);
+    let mut life = Life::new(unit);
+    life.serve(&mut l.guard.ledger, client.peer_addr());
     l.watch_sends(&mut client);
     if sys::take_reopen_request() {
         l.guard.ledger.reopen();

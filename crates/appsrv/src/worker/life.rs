@@ -131,6 +131,15 @@ impl Counted {
     }
 }
 
+impl Counted {
+    /// The address, its count handed to whoever takes it (who gives it back).
+    pub(crate) fn into_ip(self) -> IpAddr {
+        let ip = self.ip;
+        std::mem::forget(self);
+        ip
+    }
+}
+
 impl Drop for Counted {
     fn drop(&mut self) {
         self.peers.remove(self.worker, self.ip);
@@ -145,10 +154,11 @@ impl std::fmt::Debug for Counted {
     }
 }
 
-/// One connection's life in the worker's accounts (see the module's documentation).
+/// One connection's life in the worker's accounts (see the module's documentation). The
+/// client's address is the driver's to keep (its step and its log lines need it while the
+/// life is borrowed): the life is told it where it writes a line.
 #[derive(Debug)]
 pub(crate) struct Life {
-    peer: Addr,
     unit: Unit,
     /// The client level: when the connection began to be served.
     opened: Option<Instant>,
@@ -159,13 +169,10 @@ pub(crate) struct Life {
 }
 
 impl Life {
-    /// A connection admitted without admission's machine (a listener with no rule to
-    /// check), about to be served.
-    pub(crate) fn serving(peer: Addr, unit: Unit, ledger: &mut Ledger<'_>) -> Life {
-        tracing::debug!("serving {peer}");
-        ledger.connection();
+    /// A connection accepted (or taken over from another process), at `unit`'s level;
+    /// admission comes next.
+    pub(crate) fn new(unit: Unit) -> Life {
         Life {
-            peer,
             unit,
             opened: None,
             request: None,
@@ -173,19 +180,27 @@ impl Life {
         }
     }
 
+    /// A connection admitted without admission's machine (a listener with no rule to
+    /// check), about to be served: counted toward `--max-connections`.
+    pub(crate) fn serve(&mut self, ledger: &mut Ledger<'_>, peer: &Addr) {
+        tracing::debug!("serving {peer}");
+        ledger.connection();
+    }
+
     /// Admission's verdict applied, the same in every driver: the last bytes it left (a
     /// TLS alert) sent without waiting, the TLS session put in place, and either the
     /// connection counted toward `--max-connections` and served, or its rejection
     /// accounted (the kind's counter and its line once per episode) and the connection
     /// refused with the codec's reply or closed at once. `counted`: the per-address count
-    /// admission took, which the life gives back.
+    /// admission took, which the life gives back. Returns the client (the one the PROXY
+    /// header names, or the connection's own peer) and what to do.
     pub(crate) fn admitted(
+        &mut self,
         verdict: Verdict,
         counted: Option<Counted>,
         transport: &mut impl Admits,
-        unit: Unit,
         ledger: &mut Ledger<'_>,
-    ) -> (Life, Then) {
+    ) -> (Addr, Then) {
         if !verdict.unsent.is_empty() {
             // Best effort, without waiting.
             let _ = transport
@@ -195,28 +210,28 @@ impl Life {
         if let Some(session) = verdict.tls {
             transport.set_tls(session);
         }
+        self.counted = counted;
         let Some(why) = verdict.rejected else {
-            let mut life = Life::serving(verdict.peer, unit, ledger);
-            life.counted = counted;
-            return (life, Then::Serve);
+            self.serve(ledger, &verdict.peer);
+            return (verdict.peer, Then::Serve);
         };
         let then = match ledger.reject(why, &verdict.peer) {
             Some(refusal) => Then::Refuse(refusal),
             None => Then::Close,
         };
-        let life = Life {
-            peer: verdict.peer,
-            unit,
-            opened: None,
-            request: None,
-            counted,
-        };
-        (life, then)
+        (verdict.peer, then)
     }
 
-    /// The client: the one its PROXY header names, or the connection's own peer.
-    pub(crate) fn peer(&self) -> &Addr {
-        &self.peer
+    /// The per-address count this connection holds from now on (one handed back to a
+    /// hybrid front, counted there again).
+    pub(crate) fn count(&mut self, counted: Counted) {
+        self.counted = Some(counted);
+    }
+
+    /// The per-address count, taken: whoever takes it gives it back (a hybrid front keeps
+    /// a connection's count until a worker has it).
+    pub(crate) fn take_counted(&mut self) -> Option<Counted> {
+        self.counted.take()
     }
 
     /// The client level: the connection's handler is called now, at `now` (its line's
@@ -247,13 +262,14 @@ impl Life {
     pub(crate) fn request_end(
         &mut self,
         ledger: &mut Ledger<'_>,
+        peer: &Addr,
         ended: Instant,
         bytes: (u64, u64),
         ok: bool,
     ) -> Option<Duration> {
         let started = self.request.take()?;
         let took = ended.saturating_duration_since(started);
-        ledger.request_end(&self.peer, took, bytes, ok);
+        ledger.request_end(peer, took, bytes, ok);
         Some(took)
     }
 
@@ -272,40 +288,40 @@ impl Life {
     pub(crate) fn close(
         mut self,
         ledger: &mut Ledger<'_>,
+        peer: &Addr,
         ended: Ended<'_>,
         bytes: (u64, u64),
     ) -> Option<Outcome> {
-        self.closing(ledger, ended, bytes)
+        self.closing(ledger, peer, ended, bytes)
     }
 
     /// As [`close`](Life::close), for a driver that closes a connection from its own
-    /// record and drops the record later.
+    /// record and drops the record (and the life's count with it) later.
     pub(crate) fn closing(
         &mut self,
         ledger: &mut Ledger<'_>,
+        peer: &Addr,
         ended: Ended<'_>,
         bytes: (u64, u64),
     ) -> Option<Outcome> {
         let now = Instant::now();
-        match self.unit {
-            Unit::Connection => {
-                let opened = self.opened.take()?;
-                let outcome = Outcome::of(match ended {
+        let (started, end) = match self.unit {
+            Unit::Connection => (
+                self.opened.take()?,
+                match ended {
                     Ended::Clean => End::Answered { ok: true },
                     Ended::Refused(why) => End::Refused(why),
                     Ended::Failed(kind) => End::Failed(kind),
                     Ended::Panicked => End::Panicked,
                     Ended::Cut => End::Cut,
-                });
-                ledger.connection_end(&self.peer, outcome, now.saturating_duration_since(opened), bytes);
-                Some(outcome)
-            }
+                },
+            ),
             Unit::Requests => {
                 let started = self.request.take()?;
                 if !ledger.logs_access() {
                     return None;
                 }
-                let outcome = Outcome::of(match ended {
+                let end = match ended {
                     // The step closed with the request unanswered and without a refusal
                     // (the client closed between two reads, a stop): it was dropped.
                     Ended::Clean => End::Dropped,
@@ -313,11 +329,17 @@ impl Life {
                     Ended::Failed(kind) => End::Failed(kind),
                     Ended::Panicked => End::Panicked,
                     Ended::Cut => End::Cut,
-                });
-                ledger.request_unanswered(&self.peer, outcome, now.saturating_duration_since(started), bytes);
-                Some(outcome)
+                };
+                (started, end)
             }
+        };
+        let outcome = Outcome::of(end);
+        let took = now.saturating_duration_since(started);
+        match self.unit {
+            Unit::Connection => ledger.connection_end(peer, outcome, took, bytes),
+            Unit::Requests => ledger.request_unanswered(peer, outcome, took, bytes),
         }
+        Some(outcome)
     }
 }
 
@@ -386,32 +408,26 @@ mod tests {
         static RETIRED: AtomicU32 = AtomicU32::new(0);
         let (mut ledger, path) = ledger_with_log("life-verdict", Recycle::default(), &RETIRED);
         let (mut t, other) = pair();
-        let (life, then) = Life::admitted(
-            verdict("192.0.2.1:1", None, b""),
-            None,
-            &mut t,
-            Unit::Requests,
-            &mut ledger,
-        );
+        let (peer, then) =
+            Life::new(Unit::Requests).admitted(verdict("192.0.2.1:1", None, b""), None, &mut t, &mut ledger);
         assert_eq!(then, Then::Serve);
-        assert_eq!(life.peer(), &inet("192.0.2.1:1"));
+        assert_eq!(peer, inet("192.0.2.1:1"));
         let over = Rejection::OverCap {
             ip: "192.0.2.2".parse().unwrap(),
             cap: 1,
         };
-        let (_, then) = Life::admitted(
+        let (_, then) = Life::new(Unit::Requests).admitted(
             verdict("192.0.2.2:2", Some(over), b""),
             None,
             &mut t,
-            Unit::Requests,
             &mut ledger,
         );
         assert_eq!(then, Then::Refuse("too many connections from your address"));
-        let (_, then) = Life::admitted(
-            verdict("192.0.2.3:3", Some(Rejection::Tls("bad".into())), b"\x15alert"),
+        let tls = Some(Rejection::Tls("bad".into()));
+        let (_, then) = Life::new(Unit::Requests).admitted(
+            verdict("192.0.2.3:3", tls, b"\x15alert"),
             None,
             &mut t,
-            Unit::Requests,
             &mut ledger,
         );
         assert_eq!(then, Then::Close);
@@ -433,15 +449,17 @@ mod tests {
     fn issue_43_the_request_clock_counts_and_logs_an_answer() {
         static RETIRED: AtomicU32 = AtomicU32::new(0);
         let (mut ledger, path) = ledger_with_log("life-clock", Recycle::default(), &RETIRED);
-        let mut life = Life::serving(inet("192.0.2.4:4"), Unit::Requests, &mut ledger);
+        let peer = inet("192.0.2.4:4");
+        let mut life = Life::new(Unit::Requests);
+        life.serve(&mut ledger, &peer);
         let t0 = Instant::now();
         life.request_start(&mut ledger, Head::same(b"GET /a"), t0);
         assert!(life.in_request());
-        let took = life.request_end(&mut ledger, t0 + Duration::from_millis(3), (6, 10), true);
+        let took = life.request_end(&mut ledger, &peer, t0 + Duration::from_millis(3), (6, 10), true);
         assert_eq!(took, Some(Duration::from_millis(3)));
         assert!(!life.in_request());
         assert_eq!(
-            life.request_end(&mut ledger, Instant::now(), (0, 0), true),
+            life.request_end(&mut ledger, &peer, Instant::now(), (0, 0), true),
             None,
             "no request, no count"
         );
@@ -479,22 +497,23 @@ mod tests {
             (Ended::Clean, Some(Outcome::Closed)),
             (Ended::Panicked, Some(Outcome::Error)),
         ];
+        let peer = inet("192.0.2.5:5");
         for (ended, want) in requests {
-            let mut life = Life::serving(inet("192.0.2.5:5"), Unit::Requests, &mut ledger);
+            let mut life = Life::new(Unit::Requests);
             life.request_start(&mut ledger, Head::same(b"REQ"), Instant::now());
-            assert_eq!(life.close(&mut ledger, ended, (3, 0)), want, "{ended:?}");
+            assert_eq!(life.close(&mut ledger, &peer, ended, (3, 0)), want, "{ended:?}");
         }
-        let idle = Life::serving(inet("192.0.2.5:5"), Unit::Requests, &mut ledger);
+        let idle = Life::new(Unit::Requests);
         assert_eq!(
-            idle.close(&mut ledger, Ended::Failed(reset), (0, 0)),
+            idle.close(&mut ledger, &peer, Ended::Failed(reset), (0, 0)),
             None,
             "between requests"
         );
-        let mut moved = Life::serving(inet("192.0.2.5:5"), Unit::Requests, &mut ledger);
+        let mut moved = Life::new(Unit::Requests);
         moved.request_start(&mut ledger, Head::same(b"REQ"), Instant::now());
         moved.hand_over();
         assert_eq!(
-            moved.close(&mut ledger, Ended::Clean, (3, 0)),
+            moved.close(&mut ledger, &peer, Ended::Clean, (3, 0)),
             None,
             "handed over"
         );
@@ -505,9 +524,13 @@ mod tests {
             (Ended::Cut, Outcome::Timeout),
         ];
         for (ended, want) in clients {
-            let mut life = Life::serving(inet("192.0.2.6:6"), Unit::Connection, &mut ledger);
+            let mut life = Life::new(Unit::Connection);
             life.opened(Instant::now());
-            assert_eq!(life.close(&mut ledger, ended, (1, 1)), Some(want), "{ended:?}");
+            assert_eq!(
+                life.close(&mut ledger, &peer, ended, (1, 1)),
+                Some(want),
+                "{ended:?}"
+            );
         }
         let got = lines(&path, &mut ledger);
         assert_eq!(got.len(), 9, "{got:?}");
@@ -542,17 +565,17 @@ mod tests {
         let (mut t, _other) = pair();
         for close in [true, false] {
             assert!(peers.add(1, ip));
-            let (life, then) = Life::admitted(
+            let mut life = Life::new(Unit::Requests);
+            let (peer, then) = life.admitted(
                 verdict("192.0.2.9:9", None, b""),
                 Some(Counted::new(peers, 1, ip)),
                 &mut t,
-                Unit::Requests,
                 &mut ledger,
             );
             assert_eq!(then, Then::Serve);
             assert_eq!(peers.total(ip), 1);
             if close {
-                life.close(&mut ledger, Ended::Clean, (0, 0));
+                life.close(&mut ledger, &peer, Ended::Clean, (0, 0));
             } else {
                 drop(life);
             }

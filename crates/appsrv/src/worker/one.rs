@@ -40,6 +40,7 @@ impl<'a> Driver<'a> for One {
 /// Its side of the step: the connection's life, and the ledger it reports to.
 struct Side<'l, 'a> {
     life: &'l mut Life,
+    peer: &'l Addr,
     ledger: &'l mut Ledger<'a>,
     refusal: Option<ProtocolError>,
 }
@@ -62,7 +63,8 @@ impl Context for Side<'_, '_> {
         self.refusal = Some(why.clone());
     }
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
-        self.life.request_end(self.ledger, Instant::now(), bytes, ok);
+        self.life
+            .request_end(self.ledger, self.peer, Instant::now(), bytes, ok);
     }
 }
 
@@ -74,10 +76,13 @@ impl<'a, C: Connections> Serves<'a, C> for One {
         } else {
             Unit::Connection
         };
-        let mut life = Life::serving(self.client.peer_addr().clone(), unit, &mut ledger);
+        let peer = self.client.peer_addr().clone();
+        let mut life = Life::new(unit);
+        life.serve(&mut ledger, &peer);
         life.opened(Instant::now());
         let mut side = Side {
             life: &mut life,
+            peer: &peer,
             ledger: &mut ledger,
             refusal: None,
         };
@@ -91,7 +96,7 @@ impl<'a, C: Connections> Serves<'a, C> for One {
         // What the handler left buffered goes out first, so that it is counted.
         let _ = io::Write::flush(&mut self.client);
         let bytes = self.client.take_traffic();
-        life.close(&mut ledger, ended, bytes);
+        life.close(&mut ledger, &peer, ended, bytes);
         let _ = self.client.finish();
         ledger.flush();
         exit::OK
