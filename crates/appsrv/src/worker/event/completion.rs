@@ -21,6 +21,7 @@ use crate::scoreboard::{Board, State};
 
 use super::super::front::Front;
 use super::super::ledger::{Ledger, OncePerMinute};
+use super::super::life::Life;
 use super::super::reactor::{self, Token};
 use super::super::serve::{Bound, Boundary, Context, Head};
 use super::connection::{Back, Connection};
@@ -137,7 +138,7 @@ impl<'a> Completion<'a> for Inline {
             ledger: at.ledger,
             stopping: at.stopping,
             peer: &c.peer,
-            request: &mut c.request,
+            life: &mut c.life,
             now: at.now,
             slow: &mut self.slow,
             handler_started: None,
@@ -174,7 +175,7 @@ struct Turn<'t, 'l> {
     ledger: &'t mut Ledger<'l>,
     stopping: bool,
     peer: &'t Addr,
-    request: &'t mut Option<Instant>,
+    life: &'t mut Life,
     /// The turn's clock.
     now: Instant,
     slow: &'t mut Slow,
@@ -237,12 +238,11 @@ impl Context for Turn<'_, '_> {
     }
 
     fn request_start(&mut self, head: Head<'_>) {
-        *self.request = Some(self.now);
-        self.ledger.request_head(head);
+        self.life.request_start(self.ledger, head, self.now);
     }
 
     fn request_head(&mut self, head: Head<'_>) {
-        self.ledger.request_head(head);
+        self.life.request_head(self.ledger, head);
     }
 
     fn refused(&mut self, _: &crate::codec::ProtocolError) {
@@ -250,13 +250,12 @@ impl Context for Turn<'_, '_> {
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
-        let Some(started) = self.request.take() else {
+        if !self.life.in_request() {
             return;
-        };
+        }
         let ended = self.handler_ended.take().unwrap_or_else(Instant::now);
-        let took = ended.saturating_duration_since(started);
         self.ledger.slot().handler_done();
-        self.ledger.request_end(self.peer, took, bytes, ok);
+        self.life.request_end(self.ledger, self.peer, ended, bytes, ok);
     }
 }
 
@@ -309,7 +308,7 @@ impl<'a> Completion<'a> for HandOff<'a> {
         let mut gather = Gather {
             ledger: at.ledger,
             stopping: at.stopping,
-            request: &mut c.request,
+            life: &mut c.life,
             now: at.now,
         };
         let now = at.now;
@@ -454,7 +453,7 @@ fn take_back<'a, H: RequestHandler>(
 struct Gather<'t, 'l> {
     ledger: &'t mut Ledger<'l>,
     stopping: bool,
-    request: &'t mut Option<Instant>,
+    life: &'t mut Life,
     now: Instant,
 }
 
@@ -469,11 +468,10 @@ impl Context for Gather<'_, '_> {
         self.stopping
     }
     fn request_start(&mut self, head: Head<'_>) {
-        *self.request = Some(self.now);
-        self.ledger.request_head(head);
+        self.life.request_start(self.ledger, head, self.now);
     }
     fn request_head(&mut self, head: Head<'_>) {
-        self.ledger.request_head(head);
+        self.life.request_head(self.ledger, head);
     }
     fn refused(&mut self, _: &crate::codec::ProtocolError) {
         self.ledger.refused();

@@ -6,7 +6,7 @@
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::epoll::EpollFlags;
 use socket2::Socket;
@@ -20,10 +20,10 @@ use crate::handler::RequestHandler;
 use crate::net::listener::Addr;
 use crate::sys;
 
-use super::super::access::{End, Outcome};
 use super::super::admission::{Admission, EventSeat};
 use super::super::driver::rules;
 use super::super::ledger::{Panicked, contain};
+use super::super::life::{Counted, Ended, Life, Unit};
 use super::super::reactor::{self, Queued, Timer, Token};
 use super::{Completion, Loop};
 
@@ -97,8 +97,9 @@ pub(crate) struct Connection<'a, H: RequestHandler> {
     /// Its one deadline (the wait's), and its entry in the loop's timers.
     pub(super) timer: Timer,
     pub(super) class: Class,
-    /// The request in progress: the turn its first bytes came in.
-    pub(super) request: Option<Instant>,
+    /// Its life in the worker's accounts (`life.rs`): the request clock, the close, the
+    /// per-address count.
+    pub(super) life: Life,
     /// The I/O error that ended the connection, if one did (the access log's outcome).
     pub(super) failed: Option<io::ErrorKind>,
     pub(super) received: u64,
@@ -106,8 +107,6 @@ pub(crate) struct Connection<'a, H: RequestHandler> {
     /// How much of `received` and `sent` the loop has tallied for the scoreboard
     /// ([`Loop::tally`]).
     pub(super) tallied: (u64, u64),
-    /// The client's IP, counted for the per-address cap.
-    pub(super) counted_ip: Option<IpAddr>,
     /// `--min-send-rate`, while its output waits for the client; and what had been sent at
     /// the last check.
     pub(super) watch: Option<Box<SendWatch>>,
@@ -118,8 +117,7 @@ impl<H: RequestHandler> Connection<'_, H> {
     /// The client's IP as counted for the per-address cap (after admission, or by the
     /// admission still in progress), taken: nobody counts it any more.
     pub(super) fn take_counted(&mut self) -> Option<IpAddr> {
-        self.counted_ip
-            .take()
+        (self.life.take_counted().map(Counted::into_ip))
             .or_else(|| self.admission.as_ref().and_then(|a| a.seat().counted))
     }
 }
@@ -189,12 +187,11 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
             paused: false,
             timer: Timer::default(),
             class: Class::Reading,
-            request: None,
+            life: Life::new(Unit::Requests),
             failed: None,
             received: 0,
             sent: 0,
             tallied: (0, 0),
-            counted_ip: None,
             watch: None,
             sent_at_check: 0,
         };
@@ -215,7 +212,7 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
         if let (Some(_), Some(peers), Some(ip)) = (&returned, cfg.peers, peer.ip()) {
             // Back from a worker: counted here again for the per-address cap.
             if peers.add(cfg.id, ip) {
-                c.counted_ip = Some(ip);
+                c.life.count(Counted::new(peers, cfg.id, ip));
             }
         }
         if let Some(bytes) = returned.as_ref().map(|b| b.bytes).filter(|b| !b.is_empty()) {
@@ -228,7 +225,7 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
             c.pending = Pending::Advance;
         } else if returned.is_some() || rules.open_to(&peer) {
             if returned.is_none() {
-                self.ledger.connection();
+                c.life.serve(&mut self.ledger, &peer);
             }
             c.pending = Pending::Read { wait: Wait::Idle };
             let first = c.step.first_read();
@@ -291,12 +288,8 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
     /// panic is an `error`), before the lines are written out, then the worker exits.
     fn panicked(&mut self, c: &mut Connection<'a, H>, panic: &Panicked) -> ! {
         let others = self.reactor.conns.len();
-        if let Some(started) = c.request.take() {
-            let outcome = Outcome::of(End::Panicked);
-            let bytes = (c.received, c.sent);
-            self.ledger
-                .request_unanswered(&c.peer, outcome, started.elapsed(), bytes);
-        }
+        let bytes = (c.received, c.sent);
+        c.life.closing(&mut self.ledger, &c.peer, Ended::Panicked, bytes);
         sys::exit_now(self.ledger.panicked(
             format_args!("handler panicked while serving {}", c.peer),
             panic,
@@ -309,7 +302,7 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
     /// A pass ended with the connection closed: the line of its unanswered request names
     /// that request, then it closes.
     fn closed_in_pass(&mut self, token: Token, c: Connection<'a, H>, private: Option<&Buffers>) {
-        if c.request.is_some() && self.ledger.logs_access() {
+        if c.life.in_request() && self.ledger.logs_access() {
             // The line of its unanswered request names that request (its bytes as they
             // came), whatever began on other connections since.
             let bufs = private.unwrap_or(&self.memory.shared);
@@ -435,34 +428,26 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
     /// Closes a connection: out of the epoll set (closing the socket does it), its counts
     /// and its place freed.
     pub(super) fn close(&mut self, token: Token, mut c: Connection<'a, H>) {
-        if let Some(started) = c.request.take() {
+        if c.life.in_request() {
             // A request left unanswered when the connection ended.
             self.cfg.slot.handler_done();
-            if self.ledger.logs_access() {
-                self.unanswered_line(&c, started);
-            }
+            self.unanswered_line(&mut c);
         }
         self.forget(token, c);
     }
 
-    /// The access-log line of a request left unanswered when connection `c` ended, begun
-    /// at `started`.
-    fn unanswered_line(&mut self, c: &Connection<'a, H>, started: Instant) {
-        if let Some(bufs) = c.bufs.as_deref() {
+    /// The access-log line of a request left unanswered when connection `c` ended, by
+    /// the one close (`life.rs`): refused with the codec's error reply, cut at a deadline,
+    /// or lost (the client left, an error). A hybrid front's requests too: one it refuses,
+    /// times out or loses gets its line here.
+    fn unanswered_line(&mut self, c: &mut Connection<'a, H>) {
+        if let (true, Some(bufs)) = (self.ledger.logs_access(), c.bufs.as_deref()) {
             // Closed outside its pass (a deadline): its bytes are in its buffers.
             self.ledger.access_head(c.step.as_read(bufs));
         }
-        // By the one rule (issue 42): refused with the codec's error reply, cut
-        // at a deadline, or lost (the client left, an error). A hybrid front's
-        // requests too: one it refuses, times out or loses gets its line here.
-        let outcome = Outcome::of(match (c.step.rejected(), c.failed) {
-            (Some((why, _)), _) => End::Refused(why),
-            (None, Some(kind)) => End::Failed(kind),
-            (None, None) => End::Dropped,
-        });
+        let ended = Ended::of(c.step.rejected().map(|(why, _)| why), c.failed);
         let bytes = (c.received, c.sent);
-        self.ledger
-            .request_unanswered(&c.peer, outcome, started.elapsed(), bytes);
+        c.life.closing(&mut self.ledger, &c.peer, ended, bytes);
     }
 
     /// Connection `token` leaves the loop (closed, or handed to a worker by a hybrid front,

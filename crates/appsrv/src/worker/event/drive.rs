@@ -20,6 +20,7 @@ use crate::scoreboard::Slot;
 use super::super::admission;
 use super::super::budget::OVER_BUDGET_READ;
 use super::super::ledger::log_connection_error;
+use super::super::life::{self, Counted};
 use super::super::serve::{Boundary, Context};
 use super::completion::At;
 use super::connection::{Connection, Pass, Pending, Then};
@@ -504,21 +505,17 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
             return Some(waits);
         }
         let machine = c.admission.take().expect("present");
-        let counted = machine.seat().counted;
+        let counted = (machine.seat().counted)
+            .zip(self.cfg.peers)
+            .map(|(ip, peers)| Counted::new(peers, self.cfg.id, ip));
         let verdict = machine.finish();
-        if !verdict.unsent.is_empty() {
-            let _ = c
-                .transport
-                .socket()
-                .send_with_flags(&verdict.unsent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-        }
-        c.peer = verdict.peer;
-        c.counted_ip = counted;
-        if let Some(session) = verdict.tls {
-            c.transport.set_tls(session);
-        }
-        if let Some(why) = verdict.rejected {
-            if let Some(refusal) = self.ledger.reject(why, &c.peer) {
+        let (peer, then) = c
+            .life
+            .admitted(verdict, counted, &mut c.transport, &mut self.ledger);
+        c.peer = peer;
+        match then {
+            life::Then::Serve => {}
+            life::Then::Refuse(refusal) => {
                 c.step.refuse(bufs, refusal);
                 bufs.discard_input();
                 c.pending = Pending::Output(Then::Close {
@@ -526,10 +523,8 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
                 });
                 return None;
             }
-            return Some(Pass::Closed);
+            life::Then::Close => return Some(Pass::Closed),
         }
-        tracing::debug!("serving {}", c.peer);
-        self.ledger.connection();
         if bufs.has_input() || c.transport.input_pending() {
             let next = self.advance(c, bufs, handler);
             self.follow(c, next);
