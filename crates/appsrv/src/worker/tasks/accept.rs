@@ -1,6 +1,7 @@
 //! The listeners, in an epoll instance of the worker's own registered with
 //! `EPOLLEXCLUSIVE`, that the runtime watches as one descriptor; accepting from them.
 
+use crate::worker::accept::Requeue;
 use std::cell::Cell;
 use std::io;
 use std::task::Poll;
@@ -40,7 +41,8 @@ pub(super) fn watch_listener(epoll: &Epoll, l: &Listener, i: usize) -> nix::Resu
 pub(super) struct Accept<'l> {
     epoll: AsyncFd<EpollFd>,
     listeners: &'l [Listener],
-    since_requeue: Cell<u32>,
+    /// The `EPOLLEXCLUSIVE` requeue's count (`worker/accept.rs`, as the event loop keeps it).
+    requeue: Cell<Requeue>,
 }
 
 impl<'l> Accept<'l> {
@@ -49,7 +51,7 @@ impl<'l> Accept<'l> {
         Ok(Accept {
             epoll,
             listeners,
-            since_requeue: Cell::new(0),
+            requeue: Cell::new(Requeue::default()),
         })
     }
 
@@ -93,15 +95,15 @@ impl<'l> Accept<'l> {
         .await
     }
 
-    /// One accept more: every [`REQUEUE_EVERY`](crate::worker::accept::REQUEUE_EVERY), the worker
+    /// One accept more: every `REQUEUE_EVERY` ([`Requeue`]), the worker
     /// goes to the back of the listeners' queues of waiters.
     pub(super) fn accepted(&self) {
-        let n = self.since_requeue.get() + 1;
-        if n < crate::worker::accept::REQUEUE_EVERY {
-            self.since_requeue.set(n);
+        let mut requeue = self.requeue.get();
+        let now = requeue.accepted();
+        self.requeue.set(requeue);
+        if !now {
             return;
         }
-        self.since_requeue.set(0);
         let epoll = self.epoll.get_ref().epoll();
         for (i, l) in self
             .listeners

@@ -19,8 +19,9 @@ use super::bytes::{bounded, cut_for_deadline};
 use super::run::Level;
 use super::worker::{Label, Worker};
 use crate::conn::async_transport::linger;
-use crate::worker::access::{End, Outcome};
+use crate::worker::access::Outcome;
 use crate::worker::ledger::{log_connection_error, panic_message};
+use crate::worker::life::{Ended, Life, Unit};
 
 /// The client level's side: the user's handler, which owns each connection.
 pub(super) struct ClientsOf<'h, H> {
@@ -34,6 +35,10 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
         String::new()
     }
 
+    fn unit(&self) -> Unit {
+        Unit::Connection
+    }
+
     async fn serve(
         &self,
         w: &Worker<'_>,
@@ -42,8 +47,9 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
         id: u64,
         bufs: Buffers,
         _label: &Label,
+        mut life: Life,
     ) {
-        let started = Instant::now();
+        life.opened(Instant::now());
         let (read_timeout, write_timeout) = w.io_timeouts;
         let mut client = AsyncClient::new(
             io,
@@ -69,7 +75,7 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
         let mut close_gently = false;
         // By the one rule (issue 42), as the blocking loop records a `handle_client`
         // connection.
-        let outcome = Outcome::of(match outcome {
+        let ended = match outcome {
             Some(Ok(Ok(()))) => {
                 let _ = bounded(Some(Duration::from_secs(1)), async {
                     use tokio::io::AsyncWriteExt;
@@ -77,35 +83,33 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
                 })
                 .await;
                 close_gently = true;
-                End::Answered { ok: true }
+                Ended::Clean
             }
             Some(Ok(Err(e))) => {
                 log_connection_error(peer, &e);
-                End::Failed(e.kind())
+                Ended::Failed(e.kind())
             }
             Some(Err(p)) => {
                 tracing::error!(
                     "the handler panicked on the connection from {peer}: {}; closing it, the worker goes on",
                     panic_message(&*p)
                 );
-                End::Panicked
+                Ended::Panicked
             }
             None => {
                 w.cut_by_timeout(peer, "the connection");
-                End::Cut
+                Ended::Cut
             }
-        });
-        if matches!(outcome, Outcome::Timeout) {
+        };
+        let bytes = (client.received, client.sent);
+        w.slot.add_bytes(bytes.0, bytes.1);
+        let outcome = life.close(&mut w.ledger.borrow_mut(), peer, ended, bytes);
+        w.ledger.borrow_mut().check_recycle();
+        if outcome == Some(Outcome::Timeout) {
             // A write past its deadline, or the request timeout: what the kernel still
             // holds for the client is dropped with the socket.
             cut_for_deadline(client.io(), &io::Error::from(io::ErrorKind::TimedOut));
         }
-        let bytes = (client.received, client.sent);
-        w.slot.add_bytes(bytes.0, bytes.1);
-        w.ledger
-            .borrow_mut()
-            .connection_end(peer, outcome, started.elapsed(), bytes);
-        w.ledger.borrow_mut().check_recycle();
         if close_gently {
             // The handler is done: its last reply goes out with the close, which lingers
             // (what the client still sends is read and dropped until its own close, 2 s

@@ -27,9 +27,9 @@ use super::bytes::{bounded, cut_for_deadline, read_some, send_file, write_out};
 use super::run::Level;
 use super::worker::{Label, Worker};
 use crate::conn::async_transport::{gone, hung_up, linger, write_records};
-use crate::worker::access::{End, Outcome};
 use crate::worker::budget::{self, Budget};
 use crate::worker::ledger::{log_connection_error, panic_message};
+use crate::worker::life::{Ended, Life, Unit};
 use crate::worker::serve::{Boundary, Context, Head, Limits};
 
 /// The most memory a connection's buffers keep between requests (more is given back).
@@ -45,6 +45,10 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         budget::refusal_words(self.handler.codec())
     }
 
+    fn unit(&self) -> Unit {
+        Unit::Requests
+    }
+
     async fn serve(
         &self,
         w: &Worker<'_>,
@@ -53,10 +57,11 @@ impl<H: AsyncRequestHandler> Level for RequestsOf<'_, H> {
         id: u64,
         mut bufs: Buffers,
         label: &Label,
+        life: Life,
     ) {
         let mut step = Requests::new(self.handler.codec(), w.step_limits.clone());
         let mut session = H::Session::default();
-        let mut ctx = TaskContext::new(w, peer, label);
+        let mut ctx = TaskContext::new(w, peer, label, life);
         // `--write-timeout`, or `--min-send-rate`'s watch, for every write of the output.
         let mut pace = Pace::new(w.limits.min_send_rate, w.limits.write_timeout);
         let mut next = if bufs.has_input() || io.get_mut().input_pending() {
@@ -471,8 +476,8 @@ pub(super) struct TaskContext<'w, 'a> {
     w: &'w Worker<'a>,
     peer: &'w Addr,
     label: &'w Label,
-    /// The request in progress: when its first bytes came.
-    request: Option<Instant>,
+    /// Its life in the accounts (`life.rs`): the request clock, the close.
+    life: Life,
     received: u64,
     sent: u64,
     /// Counted among the idle keep-alive connections.
@@ -481,12 +486,12 @@ pub(super) struct TaskContext<'w, 'a> {
 
 impl<'w, 'a> TaskContext<'w, 'a> {
     /// The worker's side of the connection from `peer`, named by `label`: no request yet.
-    fn new(w: &'w Worker<'a>, peer: &'w Addr, label: &'w Label) -> Self {
+    fn new(w: &'w Worker<'a>, peer: &'w Addr, label: &'w Label, life: Life) -> Self {
         TaskContext {
             w,
             peer,
             label,
-            request: None,
+            life,
             received: 0,
             sent: 0,
             idle: false,
@@ -525,24 +530,21 @@ impl<'w, 'a> TaskContext<'w, 'a> {
         rejected: Option<&crate::codec::ProtocolError>,
         failed: Option<io::ErrorKind>,
     ) {
-        let Some(started) = self.request.take() else {
+        if !self.life.in_request() {
             return;
-        };
+        }
         let mut ledger = self.w.ledger.borrow_mut();
         if ledger.logs_access() {
-            // By the one rule (issue 42).
-            let outcome = Outcome::of(match (rejected, failed) {
-                (Some(why), _) => End::Refused(why),
-                (None, Some(kind)) => End::Failed(kind),
-                (None, None) => End::Dropped,
-            });
+            // Its line names its request, whatever began on other connections since.
             let (raw, shown) = Self::head(self.label);
             ledger.request_head(Head {
                 raw: &raw,
                 shown: &shown,
             });
-            ledger.request_unanswered(self.peer, outcome, started.elapsed(), (self.received, self.sent));
         }
+        let bytes = (self.received, self.sent);
+        self.life
+            .closing(&mut ledger, self.peer, Ended::of(rejected, failed), bytes);
     }
 }
 
@@ -564,7 +566,8 @@ impl Context for TaskContext<'_, '_> {
     }
 
     fn request_start(&mut self, head: Head<'_>) {
-        self.request = Some(Instant::now());
+        self.life
+            .request_start(&mut self.w.ledger.borrow_mut(), head, Instant::now());
         self.store_head(head);
     }
 
@@ -577,16 +580,17 @@ impl Context for TaskContext<'_, '_> {
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
-        let Some(started) = self.request.take() else {
+        if !self.life.in_request() {
             return;
-        };
+        }
         let mut ledger = self.w.ledger.borrow_mut();
         let (raw, shown) = Self::head(self.label);
         ledger.request_head(Head {
             raw: &raw,
             shown: &shown,
         });
-        ledger.request_end(self.peer, started.elapsed(), bytes, ok);
+        self.life
+            .request_end(&mut ledger, self.peer, Instant::now(), bytes, ok);
         ledger.check_recycle();
     }
 }

@@ -4,13 +4,11 @@
 
 use std::future::Future;
 use std::io;
-use std::net::IpAddr;
 use std::os::fd::BorrowedFd;
 use std::rc::Rc;
 use std::time::Instant;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use nix::errno::Errno;
 use socket2::Socket;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -24,9 +22,11 @@ use super::accept::Accept;
 use super::turn::Watched;
 use super::worker::{Label, Worker};
 use crate::conn::async_transport::{read_raw, send_raw};
+use crate::worker::accept::AcceptError;
 use crate::worker::admission::{self, Admission, EventSeat};
 use crate::worker::driver::rules;
 use crate::worker::ledger::{RESOURCE_BACKOFF, Trouble};
+use crate::worker::life::{Counted, Life, Then, Unit};
 
 /// Accepts in a row after which the run lets the connections it took run.
 pub(super) const ACCEPT_BURST: u32 = 32;
@@ -38,8 +38,12 @@ pub(super) trait Level {
     /// ([`budget::refusal_words`](crate::worker::budget::refusal_words)).
     fn refusal(&self) -> String;
 
+    /// What its connections' access-log lines are about.
+    fn unit(&self) -> Unit;
+
     /// Serves the admitted connection `io` of `peer` (number `id`), `bufs` holding what
-    /// admission read past its needs.
+    /// admission read past its needs, `life` its life in the accounts.
+    #[allow(clippy::too_many_arguments)]
     async fn serve(
         &self,
         w: &Worker<'_>,
@@ -48,6 +52,7 @@ pub(super) trait Level {
         id: u64,
         bufs: Buffers,
         label: &Label,
+        life: Life,
     );
 
     /// Refuses the connection with the codec's reply for `why` (the request level), or
@@ -173,16 +178,15 @@ impl<'a> Worker<'a> {
     /// again if accepting pauses (out of a resource: descriptors, memory), the episode
     /// kept in `trouble`.
     fn accept_failed(&self, e: &io::Error, trouble: &mut Trouble) -> Option<tokio::time::Instant> {
-        match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
-            Errno::EINTR => {}
-            errno if crate::worker::accept::connection_error(errno) => {}
-            Errno::EINVAL => {
+        match AcceptError::of(e) {
+            AcceptError::Retry | AcceptError::Next => {}
+            AcceptError::Stop => {
                 // The master shut the listeners down: a stop.
                 if !self.stopping.get() {
                     self.begin_stop();
                 }
             }
-            errno => {
+            AcceptError::BackOff(errno) => {
                 trouble.began(errno, "accepting connections");
                 return Some(tokio::time::Instant::now() + RESOURCE_BACKOFF);
             }
@@ -211,34 +215,32 @@ impl<'a> Worker<'a> {
             }
         };
         let mut io = io;
-        let (peer, counted, bufs) = match self.admit(&mut io, peer, listener).await {
-            Admitted::Serve { peer, counted, bufs } => (peer, counted, bufs),
-            Admitted::Refuse { counted, why } => {
-                level.refuse(self, io, why).await;
-                self.uncount(counted);
-                return;
-            }
-            Admitted::Closed { counted } => {
-                self.uncount(counted);
-                return;
-            }
-        };
+        // Its per-address count, if admission took one, is given back when `life` drops,
+        // on every path out of here.
+        let mut life = Life::new(level.unit());
+        let (peer, then, bufs) = self.admit(&mut io, peer, listener, &mut life).await;
+        match then {
+            Then::Serve => {}
+            Then::Refuse(why) => return level.refuse(self, io, why).await,
+            Then::Close => return,
+        }
         *label.peer.borrow_mut() = peer.clone();
-        self.ledger.borrow_mut().connection();
-        level.serve(self, io, &peer, id, bufs, &label).await;
-        self.uncount(counted);
+        level.serve(self, io, &peer, id, bufs, &label, life).await;
     }
 
     /// Admission (`admission.rs`), its reads and writes awaited, each by its phase's
     /// deadline.
-    pub(super) async fn admit(&self, io: &mut AsyncFd<Transport>, peer: Addr, listener: usize) -> Admitted {
+    pub(super) async fn admit(
+        &self,
+        io: &mut AsyncFd<Transport>,
+        peer: Addr,
+        listener: usize,
+        life: &mut Life,
+    ) -> (Addr, Then, Buffers) {
         let rules = rules(self.listeners, self.tls, &self.limits, self.max_per_ip, listener);
         if rules.open_to(&peer) {
-            return Admitted::Serve {
-                peer,
-                counted: None,
-                bufs: Buffers::none(),
-            };
+            life.serve(&mut self.ledger.borrow_mut(), &peer);
+            return (peer, Then::Serve, Buffers::none());
         }
         let seat = EventSeat {
             id: self.id,
@@ -272,49 +274,14 @@ impl<'a> Worker<'a> {
                 admission::Next::Serve | admission::Next::Close => break,
             }
         }
-        let counted = machine.seat().counted;
+        let counted = (machine.seat().counted)
+            .zip(self.peers)
+            .map(|(ip, peers)| Counted::new(peers, self.id, ip));
         let verdict = machine.finish();
-        if !verdict.unsent.is_empty() {
-            let _ = io
-                .get_ref()
-                .socket()
-                .send_with_flags(&verdict.unsent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-        }
-        if let Some(session) = verdict.tls {
-            io.get_mut().set_tls(session);
-        }
-        if let Some(why) = verdict.rejected {
-            return match self.ledger.borrow_mut().reject(why, &verdict.peer) {
-                Some(why) => Admitted::Refuse { counted, why },
-                None => Admitted::Closed { counted },
-            };
-        }
-        tracing::debug!("serving {}", verdict.peer);
-        Admitted::Serve {
-            peer: verdict.peer,
-            counted,
-            bufs,
-        }
+        let (peer, then) = life.admitted(verdict, counted, io.get_mut(), &mut self.ledger.borrow_mut());
+        (peer, then, bufs)
     }
 }
-/// What admission decided.
-pub(super) enum Admitted {
-    /// Serve the connection: its client (from a PROXY header, if any), its address as
-    /// counted for the per-address cap, and the bytes read past admission's needs.
-    Serve {
-        peer: Addr,
-        counted: Option<IpAddr>,
-        bufs: Buffers,
-    },
-    /// Over the per-address cap: the codec's refusal, then a close.
-    Refuse {
-        counted: Option<IpAddr>,
-        why: &'static str,
-    },
-    /// Closed (logged and counted by the ledger).
-    Closed { counted: Option<IpAddr> },
-}
-
 /// Waits until `at` (never when `None`).
 pub(super) async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {

@@ -3,7 +3,6 @@
 //! slow-poll episodes.
 
 use std::cell::{Cell, RefCell};
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
@@ -336,12 +335,6 @@ impl<'a> Worker<'a> {
                 return;
             }
             notified.await;
-        }
-    }
-
-    pub(super) fn uncount(&self, counted: Option<IpAddr>) {
-        if let (Some(ip), Some(peers)) = (counted, self.peers) {
-            peers.remove(self.id, ip);
         }
     }
 
