@@ -21,7 +21,7 @@
 //! 10. the worker tells the master it is ready and its driver serves connections until
 //!     asked to stop: one at a time (`blocking.rs`), all at once from an event loop
 //!     (`event/`), as a hybrid front or worker (`hybrid.rs`), or a future per connection
-//!     (`tasks.rs`); each connection's life in the accounts is `life.rs`'s, the same in
+//!     (`tasks/`); each connection's life in the accounts is `life.rs`'s, the same in
 //!     every driver.
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.

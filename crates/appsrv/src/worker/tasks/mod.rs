@@ -6,7 +6,7 @@
 //! - **The runtime owns the waiting.** Its reactor (one epoll instance, made in
 //!   [`Driver::prepare`], so a failure is a start failure) watches the listeners, the
 //!   connections and the handlers' own sockets (a database, another service) alike; its
-//!   timers serve the deadlines and `tokio::time`. appsrv's own loop (`event.rs`) cannot
+//!   timers serve the deadlines and `tokio::time`. appsrv's own loop (`event/`) cannot
 //!   run beside it: a second epoll instance would need one of them to block in the other.
 //!   The runtime is `current_thread`: no thread starts unless a handler asks for one
 //!   (`spawn_blocking`), and the process stays a one-thread worker like the others.
