@@ -25,9 +25,9 @@ use super::Setup;
 use super::accept::{Accepted, Acceptor};
 use super::admission::{Admission, Next, Rules, Seat, Verdict};
 use super::driver::{Driver, Extras, Serves, Shared, accepts_on, rules};
-use super::guard::Guard;
+use super::guard::{Guard, UNLOGGED};
 use super::ledger::{Ledger, Panicked, contain, log_connection_error};
-use super::life::{Ended, Life, Then, Unit};
+use super::life::{Ended, Life, Ns, Then, Unit};
 use super::serve::{Connections, Progress};
 
 /// The blocking driver (`--io blocking`): its acceptor (an epoll instance when it waits
@@ -111,6 +111,7 @@ pub(crate) fn serve<'a, C: Connections>(
             ledger,
             clock: false,
             life: None,
+            peer: None,
             refusal: None,
             hold: None,
             tallied: (0, 0),
@@ -247,7 +248,7 @@ pub(crate) enum Served {
     Closed(Buffers),
     /// Hybrid mode: to be handed back to a front, with how far it got, and its life (its
     /// request clock stopped: the front's next worker answers it).
-    HandBack(Client, Progress, Life),
+    HandBack(Client, Progress, Life<Ns>),
     /// The handler panicked: the connection is closed, the worker must exit with this
     /// status.
     Panicked(i32),
@@ -259,7 +260,7 @@ pub(crate) enum Served {
 /// state may be broken). `resumed`: how far it got before (hybrid mode).
 pub(crate) fn serve_admitted<C: Connections>(
     mut client: Client,
-    mut life: Life,
+    mut life: Life<Ns>,
     level: &mut C,
     guard: &mut Guard<'_>,
     board: &'static Board,
@@ -271,11 +272,12 @@ pub(crate) fn serve_admitted<C: Connections>(
     if !level.request_level() {
         client.show_reads(board, id);
         board.set_state(id, State::Handling);
-        slot.request_start(&[]);
+        let now = slot.request_start(&[]);
         guard.clock = true;
-        life.opened(Instant::now());
+        life.opened(Ns(now));
     }
-    guard.life = Some((life, client.peer_addr().clone()));
+    guard.life = Some(life);
+    guard.peer = guard.ledger.logs_access().then(|| client.peer_addr().clone());
     let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
     let life = account(guard, &mut client, &outcome, handed_back);
@@ -315,7 +317,7 @@ fn account<T>(
     client: &mut Client,
     outcome: &Result<io::Result<T>, Panicked>,
     handed_back: bool,
-) -> Option<Life> {
+) -> Option<Life<Ns>> {
     let (received, sent) = client.take_traffic();
     // What the request boundaries have not counted yet (see `Context::moved`).
     let untallied = guard.untallied((received, sent));
@@ -323,19 +325,23 @@ fn account<T>(
     let slot = guard.ledger.slot();
     slot.add_bytes(untallied.0, untallied.1);
     let refusal = guard.refusal.take();
-    if std::mem::take(&mut guard.clock) {
-        slot.request_stop(crate::scoreboard::now_ns());
-    }
-    let (mut life, peer) = guard.life.take()?;
+    let stopped = std::mem::take(&mut guard.clock).then(|| {
+        let now = crate::scoreboard::now_ns();
+        slot.request_stop(now);
+        now
+    });
+    let peer = guard.peer.take();
+    let mut life = guard.life.take()?;
     if handed_back {
         life.hand_over();
         return Some(life);
     }
     life.close(
         &mut guard.ledger,
-        &peer,
+        peer.as_ref().unwrap_or(&UNLOGGED),
         ending(outcome, refusal.as_ref()),
         (received, sent),
+        || Ns(stopped.unwrap_or_else(crate::scoreboard::now_ns)),
     );
     None
 }
@@ -368,7 +374,6 @@ struct SlotSeat<'a> {
 
 impl Seat for SlotSeat<'_> {
     fn permitted(&mut self, peer: &Addr) {
-        tracing::debug!("serving {peer}");
         self.slot.connection(peer);
     }
 
@@ -393,7 +398,7 @@ fn admit<S: Seat>(
     seat: S,
     unit: Unit,
     ledger: &mut Ledger<'_>,
-) -> (Life, Then) {
+) -> (Life<Ns>, Then) {
     let mut life = Life::new(unit);
     match admission(client, rules, seat) {
         None => {
@@ -518,11 +523,11 @@ mod tests {
             } else {
                 Unit::Connection
             };
-            let mut life = Life::new(unit);
+            let mut life: Life = Life::new(unit);
             life.serve(&mut ledger, &peer);
             life.opened(Instant::now());
             life.request_start(&mut ledger, crate::conn::step::Head::same(b"R"), Instant::now());
-            life.close(&mut ledger, &peer, ending(&outcome, why), (0, 0))
+            life.close(&mut ledger, &peer, ending(&outcome, why), (0, 0), Instant::now)
                 .unwrap()
         };
         let timed_out = || Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")));

@@ -24,7 +24,7 @@ use super::blocking::{self, Blocking, HandOffs, Loop, Served, serve_admitted};
 use super::driver::{Driver, Extras, Serves, Shared};
 use super::event::{Event, HandOff};
 use super::guard::{Guard, Hold};
-use super::life::{Life, Unit};
+use super::life::{Life, Ns, Unit};
 use super::serve::RequestLevel;
 use super::serve::{Boundary, Connections, Progress};
 use crate::handler::RequestHandler;
@@ -186,7 +186,7 @@ fn handed_off<C: Connections>(
     } else {
         Unit::Connection
     };
-    let mut life = Life::new(unit);
+    let mut life: Life<Ns> = Life::new(unit);
     life.serve(&mut l.guard.ledger, client.peer_addr());
     l.watch_sends(&mut client);
     if sys::take_reopen_request() {
@@ -239,7 +239,7 @@ fn handed_over(
 /// when the handler panicked.
 fn serve_handed_over<C: Connections>(
     mut client: Client,
-    mut life: Life,
+    mut life: Life<Ns>,
     meta: &crate::net::handoff::Meta,
     channel: BorrowedFd<'_>,
     level: &mut C,

@@ -154,24 +154,51 @@ impl std::fmt::Debug for Counted {
     }
 }
 
+/// A reading of the monotonic clock, as a driver keeps it: the request clock takes its
+/// times from the driver, which reads the clock anyway (the event loop once a turn, the
+/// blocking loop for the scoreboard's request clock, which the master watches), so that
+/// one life costs no clock read of its own.
+pub(crate) trait Stamp: Copy + std::fmt::Debug {
+    /// The time from `earlier` to this reading (zero if `earlier` is later).
+    fn since(self, earlier: Self) -> Duration;
+}
+
+impl Stamp for Instant {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+/// The scoreboard's clock: nanoseconds of `CLOCK_MONOTONIC` (`scoreboard::now_ns`), the
+/// same in every process, which the blocking loop reads for the master's request clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ns(pub(crate) u64);
+
+impl Stamp for Ns {
+    fn since(self, earlier: Self) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
 /// One connection's life in the worker's accounts (see the module's documentation). The
 /// client's address is the driver's to keep (its step and its log lines need it while the
-/// life is borrowed): the life is told it where it writes a line.
+/// life is borrowed): the life is told it where it writes a line. Its times are the
+/// driver's clock's ([`Stamp`]).
 #[derive(Debug)]
-pub(crate) struct Life {
+pub(crate) struct Life<S: Stamp = Instant> {
     unit: Unit,
     /// The client level: when the connection began to be served.
-    opened: Option<Instant>,
+    opened: Option<S>,
     /// The request level: when the request in progress began.
-    request: Option<Instant>,
+    request: Option<S>,
     /// The per-address count it holds, if any.
     counted: Option<Counted>,
 }
 
-impl Life {
+impl<S: Stamp> Life<S> {
     /// A connection accepted (or taken over from another process), at `unit`'s level;
     /// admission comes next.
-    pub(crate) fn new(unit: Unit) -> Life {
+    pub(crate) fn new(unit: Unit) -> Self {
         Life {
             unit,
             opened: None,
@@ -236,7 +263,7 @@ impl Life {
 
     /// The client level: the connection's handler is called now, at `now` (its line's
     /// duration counts from there).
-    pub(crate) fn opened(&mut self, now: Instant) {
+    pub(crate) fn opened(&mut self, now: S) {
         self.opened = Some(now);
     }
 
@@ -246,7 +273,7 @@ impl Life {
     }
 
     /// A request begins at `now`, with its first bytes and what is published of them.
-    pub(crate) fn request_start(&mut self, ledger: &mut Ledger<'_>, head: Head<'_>, now: Instant) {
+    pub(crate) fn request_start(&mut self, ledger: &mut Ledger<'_>, head: Head<'_>, now: S) {
         self.request = Some(now);
         ledger.request_head(head);
     }
@@ -263,12 +290,12 @@ impl Life {
         &mut self,
         ledger: &mut Ledger<'_>,
         peer: &Addr,
-        ended: Instant,
+        ended: S,
         bytes: (u64, u64),
         ok: bool,
     ) -> Option<Duration> {
         let started = self.request.take()?;
-        let took = ended.saturating_duration_since(started);
+        let took = ended.since(started);
         ledger.request_end(peer, took, bytes, ok);
         Some(took)
     }
@@ -284,15 +311,17 @@ impl Life {
     /// The one close (issue 43): the access-log line of a request left unanswered, or of
     /// a client-level connection, by the one outcome rule ([`Outcome::of`]); the
     /// per-address count given back (when `self` drops). `bytes`: what the connection
-    /// received and sent. Returns the outcome of the line written, if any.
+    /// received and sent; `now` reads the clock, only when a line is written. Returns the
+    /// outcome of the line written, if any.
     pub(crate) fn close(
         mut self,
         ledger: &mut Ledger<'_>,
         peer: &Addr,
         ended: Ended<'_>,
         bytes: (u64, u64),
+        now: impl FnOnce() -> S,
     ) -> Option<Outcome> {
-        self.closing(ledger, peer, ended, bytes)
+        self.closing(ledger, peer, ended, bytes, now)
     }
 
     /// As [`close`](Life::close), for a driver that closes a connection from its own
@@ -303,8 +332,8 @@ impl Life {
         peer: &Addr,
         ended: Ended<'_>,
         bytes: (u64, u64),
+        now: impl FnOnce() -> S,
     ) -> Option<Outcome> {
-        let now = Instant::now();
         let (started, end) = match self.unit {
             Unit::Connection => (
                 self.opened.take()?,
@@ -334,7 +363,7 @@ impl Life {
             }
         };
         let outcome = Outcome::of(end);
-        let took = now.saturating_duration_since(started);
+        let took = now().since(started);
         match self.unit {
             Unit::Connection => ledger.connection_end(peer, outcome, took, bytes),
             Unit::Requests => ledger.request_unanswered(peer, outcome, took, bytes),
@@ -408,15 +437,19 @@ mod tests {
         static RETIRED: AtomicU32 = AtomicU32::new(0);
         let (mut ledger, path) = ledger_with_log("life-verdict", Recycle::default(), &RETIRED);
         let (mut t, other) = pair();
-        let (peer, then) =
-            Life::new(Unit::Requests).admitted(verdict("192.0.2.1:1", None, b""), None, &mut t, &mut ledger);
+        let (peer, then) = Life::<Instant>::new(Unit::Requests).admitted(
+            verdict("192.0.2.1:1", None, b""),
+            None,
+            &mut t,
+            &mut ledger,
+        );
         assert_eq!(then, Then::Serve);
         assert_eq!(peer, inet("192.0.2.1:1"));
         let over = Rejection::OverCap {
             ip: "192.0.2.2".parse().unwrap(),
             cap: 1,
         };
-        let (_, then) = Life::new(Unit::Requests).admitted(
+        let (_, then) = Life::<Instant>::new(Unit::Requests).admitted(
             verdict("192.0.2.2:2", Some(over), b""),
             None,
             &mut t,
@@ -424,7 +457,7 @@ mod tests {
         );
         assert_eq!(then, Then::Refuse("too many connections from your address"));
         let tls = Some(Rejection::Tls("bad".into()));
-        let (_, then) = Life::new(Unit::Requests).admitted(
+        let (_, then) = Life::<Instant>::new(Unit::Requests).admitted(
             verdict("192.0.2.3:3", tls, b"\x15alert"),
             None,
             &mut t,
@@ -450,7 +483,7 @@ mod tests {
         static RETIRED: AtomicU32 = AtomicU32::new(0);
         let (mut ledger, path) = ledger_with_log("life-clock", Recycle::default(), &RETIRED);
         let peer = inet("192.0.2.4:4");
-        let mut life = Life::new(Unit::Requests);
+        let mut life: Life = Life::new(Unit::Requests);
         life.serve(&mut ledger, &peer);
         let t0 = Instant::now();
         life.request_start(&mut ledger, Head::same(b"GET /a"), t0);
@@ -499,21 +532,25 @@ mod tests {
         ];
         let peer = inet("192.0.2.5:5");
         for (ended, want) in requests {
-            let mut life = Life::new(Unit::Requests);
+            let mut life: Life = Life::new(Unit::Requests);
             life.request_start(&mut ledger, Head::same(b"REQ"), Instant::now());
-            assert_eq!(life.close(&mut ledger, &peer, ended, (3, 0)), want, "{ended:?}");
+            assert_eq!(
+                life.close(&mut ledger, &peer, ended, (3, 0), Instant::now),
+                want,
+                "{ended:?}"
+            );
         }
-        let idle = Life::new(Unit::Requests);
+        let idle: Life = Life::new(Unit::Requests);
         assert_eq!(
-            idle.close(&mut ledger, &peer, Ended::Failed(reset), (0, 0)),
+            idle.close(&mut ledger, &peer, Ended::Failed(reset), (0, 0), Instant::now),
             None,
             "between requests"
         );
-        let mut moved = Life::new(Unit::Requests);
+        let mut moved: Life = Life::new(Unit::Requests);
         moved.request_start(&mut ledger, Head::same(b"REQ"), Instant::now());
         moved.hand_over();
         assert_eq!(
-            moved.close(&mut ledger, &peer, Ended::Clean, (3, 0)),
+            moved.close(&mut ledger, &peer, Ended::Clean, (3, 0), Instant::now),
             None,
             "handed over"
         );
@@ -524,10 +561,10 @@ mod tests {
             (Ended::Cut, Outcome::Timeout),
         ];
         for (ended, want) in clients {
-            let mut life = Life::new(Unit::Connection);
+            let mut life: Life = Life::new(Unit::Connection);
             life.opened(Instant::now());
             assert_eq!(
-                life.close(&mut ledger, &peer, ended, (1, 1)),
+                life.close(&mut ledger, &peer, ended, (1, 1), Instant::now),
                 Some(want),
                 "{ended:?}"
             );
@@ -565,7 +602,7 @@ mod tests {
         let (mut t, _other) = pair();
         for close in [true, false] {
             assert!(peers.add(1, ip));
-            let mut life = Life::new(Unit::Requests);
+            let mut life: Life = Life::new(Unit::Requests);
             let (peer, then) = life.admitted(
                 verdict("192.0.2.9:9", None, b""),
                 Some(Counted::new(peers, 1, ip)),
@@ -575,7 +612,7 @@ mod tests {
             assert_eq!(then, Then::Serve);
             assert_eq!(peers.total(ip), 1);
             if close {
-                life.close(&mut ledger, &peer, Ended::Clean, (0, 0));
+                life.close(&mut ledger, &peer, Ended::Clean, (0, 0), Instant::now);
             } else {
                 drop(life);
             }

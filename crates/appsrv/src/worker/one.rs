@@ -77,7 +77,7 @@ impl<'a, C: Connections> Serves<'a, C> for One {
             Unit::Connection
         };
         let peer = self.client.peer_addr().clone();
-        let mut life = Life::new(unit);
+        let mut life: Life = Life::new(unit);
         life.serve(&mut ledger, &peer);
         life.opened(Instant::now());
         let mut side = Side {
@@ -96,7 +96,7 @@ impl<'a, C: Connections> Serves<'a, C> for One {
         // What the handler left buffered goes out first, so that it is counted.
         let _ = io::Write::flush(&mut self.client);
         let bytes = self.client.take_traffic();
-        life.close(&mut ledger, &peer, ended, bytes);
+        life.close(&mut ledger, &peer, ended, bytes, Instant::now);
         let _ = self.client.finish();
         ledger.flush();
         exit::OK

@@ -6,7 +6,7 @@
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::epoll::EpollFlags;
 use socket2::Socket;
@@ -289,7 +289,8 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
     fn panicked(&mut self, c: &mut Connection<'a, H>, panic: &Panicked) -> ! {
         let others = self.reactor.conns.len();
         let bytes = (c.received, c.sent);
-        c.life.closing(&mut self.ledger, &c.peer, Ended::Panicked, bytes);
+        c.life
+            .closing(&mut self.ledger, &c.peer, Ended::Panicked, bytes, Instant::now);
         sys::exit_now(self.ledger.panicked(
             format_args!("handler panicked while serving {}", c.peer),
             panic,
@@ -447,7 +448,8 @@ impl<'a, H: RequestHandler, C: Completion<'a>> Loop<'a, H, C> {
         }
         let ended = Ended::of(c.step.rejected().map(|(why, _)| why), c.failed);
         let bytes = (c.received, c.sent);
-        c.life.closing(&mut self.ledger, &c.peer, ended, bytes);
+        c.life
+            .closing(&mut self.ledger, &c.peer, ended, bytes, Instant::now);
     }
 
     /// Connection `token` leaves the loop (closed, or handed to a worker by a hybrid front,

@@ -103,7 +103,7 @@ impl<H: AsyncHandler> Level for ClientsOf<'_, H> {
         };
         let bytes = (client.received, client.sent);
         w.slot.add_bytes(bytes.0, bytes.1);
-        let outcome = life.close(&mut w.ledger.borrow_mut(), peer, ended, bytes);
+        let outcome = life.close(&mut w.ledger.borrow_mut(), peer, ended, bytes, Instant::now);
         w.ledger.borrow_mut().check_recycle();
         if outcome == Some(Outcome::Timeout) {
             // A write past its deadline, or the request timeout: what the kernel still

@@ -543,8 +543,13 @@ impl<'w, 'a> TaskContext<'w, 'a> {
             });
         }
         let bytes = (self.received, self.sent);
-        self.life
-            .closing(&mut ledger, self.peer, Ended::of(rejected, failed), bytes);
+        self.life.closing(
+            &mut ledger,
+            self.peer,
+            Ended::of(rejected, failed),
+            bytes,
+            Instant::now,
+        );
     }
 }
 
