@@ -284,7 +284,7 @@ pub(crate) fn serve_admitted<C: Connections>(
     let peer = client.peer_addr().clone();
     match (outcome, life) {
         (Ok(Ok(Some(p))), Some(life)) => Served::HandBack(client, p, life),
-        (Ok(Ok(Some(_))), None) => unreachable!("a connection handed back keeps its life"),
+        // (A connection handed back always has its life: `account` returns it.)
         (Ok(result), _) => {
             let (flushed, bufs) = client.finish();
             if let Err(e) = result.map(|_| ()).and(flushed) {
