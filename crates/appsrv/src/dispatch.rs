@@ -25,7 +25,8 @@ use crate::master::startup::{self, Startup};
 use crate::master::{Limits as MasterLimits, ReloadHook, UpgradeSettings};
 use crate::net::listener::{BindOptions, ListenAddr};
 use crate::process::daemon;
-use crate::worker::serve::{Connections, Limits};
+use crate::worker::ServedBy;
+use crate::worker::serve::Limits;
 use crate::worker::{self, Recycle, StartHook};
 
 /// An application hook run in the master (reload, check).
@@ -58,29 +59,13 @@ pub(crate) struct Program {
     pub(crate) datagram_only: bool,
     /// The request handler's `Session` holds state (hybrid mode cannot serve it).
     pub(crate) stateful_sessions: bool,
-    /// The handler is async (`Server::run_async_requests`, `Server::run_async`): event
-    /// workers only.
+    /// The handler is async (`Server::run_async_requests`, `Server::run_async`): async
+    /// workers only (`--io async`).
     pub(crate) asynchronous: bool,
     /// The program's `--grace-period` and `--drain-delay` defaults: what `stop` assumes
     /// when the server cannot be asked.
     pub(crate) grace_period: Duration,
     pub(crate) drain_delay: Duration,
-}
-
-/// What a server does with datagrams, for the configuration checks.
-#[derive(Debug, Clone, Copy)]
-struct DatagramUse {
-    handler: bool,
-    only: bool,
-}
-
-impl DatagramUse {
-    fn of(program: &Program) -> Self {
-        DatagramUse {
-            handler: program.datagrams.is_some(),
-            only: program.datagram_only,
-        }
-    }
 }
 
 /// Sets up logging as `run`, `start` and `check` will (the same level and format; the
@@ -94,11 +79,9 @@ pub(crate) fn init_logging(name: &str, matches: &ArgMatches) {
         Some(("start", m)) => (m, true),
         Some(_) => return,
     };
-    let config = Config {
-        daemon,
-        ..cli::config(m)
-    };
-    crate::process::log::init(name, config.log_level, log_format(&config));
+    let mut config = cli::config(m);
+    config.files.daemon = daemon;
+    crate::process::log::init(name, config.files.log_level, log_format(&config));
 }
 
 /// The subcommand `matches` names: `run` when none is given, and `worker` in a worker
@@ -118,9 +101,9 @@ pub(crate) fn worker_identity(matches: &ArgMatches) -> Result<Option<privilege::
         return Ok(None);
     };
     let (plan, _warning) = privilege::resolve(
-        config.user.as_deref(),
-        config.group.as_deref(),
-        config.allow_root_workers,
+        config.confine.user.as_deref(),
+        config.confine.group.as_deref(),
+        config.confine.allow_root_workers,
     )?;
     Ok(match plan {
         privilege::Plan::Keep => None,
@@ -139,12 +122,12 @@ pub(crate) fn launch<C, F, M>(
     make_factory: M,
 ) -> Result<()>
 where
-    C: Connections,
+    C: ServedBy,
     F: FnMut() -> std::result::Result<C, BoxError>,
     M: FnOnce(Limits) -> F,
 {
     let mut config = serve_config(&mut program, matches, request_level)?;
-    crate::process::log::init(&program.name, config.log_level, log_format(&config));
+    crate::process::log::init(&program.name, config.files.log_level, log_format(&config));
     for var in cli::unknown_env_vars() {
         tracing::warn!(
             "{var} is set but names no option of {}: ignored (misspelt?)",
@@ -153,27 +136,21 @@ where
     }
     resolve_paths(&program.name, &mut config)?;
     let limits = Limits {
-        keepalive_timeout: config.keepalive_timeout,
-        read_timeout: config.read_timeout,
-        keepalive_requests: config.keepalive_requests,
-        header_timeout: config.header_timeout,
-        header_timeout_max: config.header_timeout_max,
-        min_rate: config.min_rate,
-        request_detail: config.status_request_detail,
+        keepalive_timeout: config.timeouts.keepalive_timeout,
+        read_timeout: config.timeouts.read_timeout,
+        keepalive_requests: config.timeouts.keepalive_requests,
+        header_timeout: config.timeouts.header_timeout,
+        header_timeout_max: config.timeouts.header_timeout_max,
+        min_rate: config.timeouts.min_rate,
+        request_detail: config.listeners.status_request_detail,
     };
     if request_level {
         // Connections inherit the listener's timeout: between requests, that is the
         // keep-alive timeout (the loop switches to the read timeout only when a
         // request arrives in pieces).
-        config.read_timeout = config.keepalive_timeout;
+        config.timeouts.read_timeout = config.timeouts.keepalive_timeout;
     }
-    check_io(
-        &config,
-        request_level,
-        DatagramUse::of(&program),
-        program.stateful_sessions,
-        program.asynchronous,
-    )?;
+    check_io(&config, accepts(&program, request_level))?;
     let policy = pool_policy(&config)?;
     let master_limits = master_limits(&config, request_level)?;
     let mut factory = make_factory(limits);
@@ -187,9 +164,10 @@ where
         dir: program.dir.clone(),
         exe: program.exe.clone(),
         argv: program.args.clone(),
-        timeout: config.start_timeout,
+        timeout: config.timeouts.start_timeout,
         keep_fds: program.keep_fds.clone(),
     };
+    let drivers = drivers(&config, request_level);
     let startup = Startup {
         name: &program.name,
         bind: bind_options(&config),
@@ -198,6 +176,7 @@ where
         limits: master_limits,
         on_reload: program.reload_hook.take().map(ReloadHook),
         upgrade,
+        drivers,
         entry: &mut entry,
     };
     // Started by a master as a re-executed worker (--exec-workers): be that worker.
@@ -207,35 +186,27 @@ where
     startup::start(startup)
 }
 
-/// The I/O model a server runs: `--io` as given (on the command line, in the environment
-/// or by `Server::io`), except where the server's kind decides:
-/// - a datagram-only server has no stream connections for --io to choose a model for: its
-///   datagrams are served from the event loop;
-/// - an async handler runs in event workers: that is its default, also when the command
-///   line was parsed (`Server::args`) before the handler's kind was known;
-/// - datagrams beside streams are served from the event loop: a request-level server given
-///   both runs it by default (issue 34).
-///
-/// A model given explicitly stays otherwise, to be refused with the flag that would serve.
-fn io_model(listen: &[ListenAddr], io: crate::Io, io_given: bool, kind: Kind) -> crate::Io {
-    let mixed = listen.iter().any(ListenAddr::is_datagram) && listen.iter().any(|a| !a.is_datagram());
-    let framework_default = !io_given && io == crate::Io::Blocking;
-    if kind.datagram_only
-        || (!io_given && kind.asynchronous)
-        || (framework_default && kind.request_level && mixed)
-    {
-        crate::Io::Event
-    } else {
-        io
+/// Each driver's own settings, from the command line: the master carries them to every
+/// worker without reading them (issue 43).
+fn drivers(config: &Config, request_level: bool) -> worker::Drivers {
+    worker::Drivers {
+        keepalive_timeout: config.timeouts.keepalive_timeout,
+        worker_connections: config.workers.worker_connections,
+        slow_request: config.timeouts.slow_request,
+        datagram: worker::datagram::Settings {
+            max_size: config.access.max_datagram_size as usize,
+            max_answers_per_ip: u32::try_from(config.access.max_answers_per_ip).unwrap_or(u32::MAX),
+            answer_prefixes: config.access.answer_prefixes,
+            slip: u32::try_from(config.access.answers_slip).unwrap_or(u32::MAX),
+            access_sample: u32::try_from(config.files.access_log_sample).unwrap_or(u32::MAX),
+            request_detail: config.listeners.status_request_detail,
+        },
+        tasks: worker::AsyncLimits {
+            max_inflight: config.workers.max_inflight,
+            request_timeout: effective_request_timeout(config, request_level),
+            read_timeout: config.timeouts.read_timeout,
+        },
     }
-}
-
-/// What kind of server a program is, as far as its I/O model goes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Kind {
-    request_level: bool,
-    asynchronous: bool,
-    datagram_only: bool,
 }
 
 /// The configuration of `run`, `start` (as `run --daemon`) and `check`; the other
@@ -243,25 +214,21 @@ struct Kind {
 fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool) -> Result<Config> {
     let config = |m: &ArgMatches| {
         let mut c = cli::config(m);
-        c.sandbox_profile = program.sandbox_profile.clone();
-        c.helper_profile = program.helper.as_ref().map(|_| program.helper_profile.clone());
+        c.confine.sandbox_profile = program.sandbox_profile.clone();
+        c.confine.helper_profile = program.helper.as_ref().map(|_| program.helper_profile.clone());
         let io_given = m.value_source("io") != Some(clap::parser::ValueSource::DefaultValue);
-        let kind = Kind {
-            request_level,
-            asynchronous: program.asynchronous,
-            datagram_only: program.datagram_only,
-        };
-        c.io = io_model(&c.listen, c.io, io_given, kind);
+        c.workers.io = accepts(program, request_level).io_model(&c.listeners.listen, c.workers.io, io_given);
         c
     };
     match matches.subcommand() {
         // No subcommand: the top-level command is `run`.
         None => Ok(config(matches)),
         Some(("run", m)) => Ok(config(m)),
-        Some(("start", m)) => Ok(Config {
-            daemon: true,
-            ..config(m)
-        }),
+        Some(("start", m)) => {
+            let mut config = config(m);
+            config.files.daemon = true;
+            Ok(config)
+        }
         Some(("stop", m)) => {
             let target = target(&program.name, m);
             let facts = control::stop_facts(&target.control);
@@ -295,28 +262,8 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
             std::process::exit(control::upgrade_command(&program.name, &path, timeout))
         }
         Some(("check", m)) => {
-            for var in cli::unknown_env_vars() {
-                crate::process::console::errln!(
-                    "warning: {var} is set but names no option of {}: ignored (misspelt?)",
-                    program.name
-                );
-            }
-            let mut config = config(m);
-            let checked =
-                absolute_confinement(&mut config).and_then(|()| check(program, &config, request_level));
-            match checked {
-                Ok(notes) => {
-                    for note in notes {
-                        crate::process::console::outln!("{}: {note}", program.name);
-                    }
-                    crate::process::console::outln!("{}: configuration OK", program.name);
-                    std::process::exit(0)
-                }
-                Err(e) => {
-                    crate::process::console::errln!("error: {e}");
-                    std::process::exit(1)
-                }
-            }
+            let config = config(m);
+            check_command(program, config, request_level)
         }
         Some(("metrics", m)) => {
             let format = m.get_one::<String>("format").expect("has a default");
@@ -342,15 +289,40 @@ fn serve_config(program: &mut Program, matches: &ArgMatches, request_level: bool
     }
 }
 
+/// The `check` subcommand: warns of unknown variables, checks the configuration, prints
+/// what it found and "configuration OK" (exit 0), or the error (exit 1).
+fn check_command(program: &mut Program, mut config: Config, request_level: bool) -> ! {
+    for var in cli::unknown_env_vars() {
+        crate::process::console::errln!(
+            "warning: {var} is set but names no option of {}: ignored (misspelt?)",
+            program.name
+        );
+    }
+    let checked = absolute_confinement(&mut config).and_then(|()| check(program, &config, request_level));
+    match checked {
+        Ok(notes) => {
+            for note in notes {
+                crate::process::console::outln!("{}: {note}", program.name);
+            }
+            crate::process::console::outln!("{}: configuration OK", program.name);
+            std::process::exit(0)
+        }
+        Err(e) => {
+            crate::process::console::errln!("error: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
 /// The log line format: `--log-format`, or `journal` when the lines go to stderr (no log
 /// file, no daemon) and stderr is systemd's journal stream.
 fn log_format(config: &Config) -> crate::process::log::Format {
     use crate::process::log::Format;
-    match config.log_format {
+    match config.files.log_format {
         Some(cli::LogFormat::Text) => Format::Text,
         Some(cli::LogFormat::Journal) => Format::Journal,
         Some(cli::LogFormat::Json) => Format::Json,
-        None => Format::detect(config.log_file.is_none() && !config.daemon),
+        None => Format::detect(config.files.log_file.is_none() && !config.files.daemon),
     }
 }
 
@@ -397,23 +369,27 @@ fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
             *p = Some(std::path::absolute(&path).unwrap_or(path));
         }
     };
-    abs(&mut config.pid_file);
-    abs(&mut config.log_file);
-    abs(&mut config.access_log);
-    abs(&mut config.control);
+    abs(&mut config.files.pid_file);
+    abs(&mut config.files.log_file);
+    abs(&mut config.files.access_log);
+    abs(&mut config.files.control);
     absolute_confinement(config)?;
-    config.listen = std::mem::take(&mut config.listen)
+    config.listeners.listen = std::mem::take(&mut config.listeners.listen)
         .into_iter()
         .map(ListenAddr::absolute)
         .collect();
-    if config.daemon {
-        config.pid_file = config.pid_file.take().or_else(|| daemon::default_pid_file(name));
-        if config.pid_file.is_none() {
+    if config.files.daemon {
+        config.files.pid_file = config
+            .files
+            .pid_file
+            .take()
+            .or_else(|| daemon::default_pid_file(name));
+        if config.files.pid_file.is_none() {
             return Err(Error::Config(
                 "no default pid file location: set --pid-file or XDG_RUNTIME_DIR".into(),
             ));
         }
-        if config.log_file.is_none() {
+        if config.files.log_file.is_none() {
             let Some(default) = daemon::default_log_file(name) else {
                 return Err(Error::Config(
                     "no default log file location: set --log-file or HOME".into(),
@@ -434,7 +410,7 @@ fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
                         ))
                     })?;
             }
-            config.log_file = Some(default);
+            config.files.log_file = Some(default);
         }
     }
     Ok(())
@@ -446,25 +422,25 @@ fn resolve_paths(name: &str, config: &mut Config) -> Result<()> {
 /// apply it there. A relative sandbox path under `--chroot` is refused (see
 /// [`Sandbox::absolute`]).
 fn absolute_confinement(config: &mut Config) -> Result<()> {
-    if let Some(dir) = config.chroot.take() {
-        config.chroot = Some(std::path::absolute(&dir).unwrap_or(dir));
+    if let Some(dir) = config.confine.chroot.take() {
+        config.confine.chroot = Some(std::path::absolute(&dir).unwrap_or(dir));
     }
-    let chroot = config.chroot.is_some();
+    let chroot = config.confine.chroot.is_some();
     let err = |e: String| Error::Config(format!("--sandbox: {e}"));
-    crate::confine::sandbox::absolute_paths(&mut config.sandbox_read, chroot).map_err(err)?;
-    crate::confine::sandbox::absolute_paths(&mut config.sandbox_write, chroot).map_err(err)?;
-    config.sandbox_profile = std::mem::take(&mut config.sandbox_profile)
+    crate::confine::sandbox::absolute_paths(&mut config.confine.sandbox_read, chroot).map_err(err)?;
+    crate::confine::sandbox::absolute_paths(&mut config.confine.sandbox_write, chroot).map_err(err)?;
+    config.confine.sandbox_profile = std::mem::take(&mut config.confine.sandbox_profile)
         .absolute(chroot)
         .map_err(err)?;
-    if let Some(profile) = config.helper_profile.take() {
-        config.helper_profile = Some(profile.absolute(chroot).map_err(err)?);
+    if let Some(profile) = config.confine.helper_profile.take() {
+        config.confine.helper_profile = Some(profile.absolute(chroot).map_err(err)?);
     }
     Ok(())
 }
 
 /// `--request-timeout` as the master enforces it on a server of this level (`None`: off).
 fn effective_request_timeout(config: &Config, request_level: bool) -> Option<std::time::Duration> {
-    match config.request_timeout {
+    match config.timeouts.request_timeout {
         Some(t) if t.is_zero() => None,
         Some(t) => Some(t),
         None if request_level => Some(cli::DEFAULT_REQUEST_TIMEOUT),
@@ -481,7 +457,7 @@ pub(crate) fn request_timeout(matches: &ArgMatches, request_level: bool) -> Opti
 /// The `--io` the command line chose (environment and code default included), for `run`,
 /// `start` and `check`; `None` for the other subcommands.
 pub(crate) fn io_given(matches: &ArgMatches) -> Option<crate::Io> {
-    Some(serving_config(matches)?.io)
+    Some(serving_config(matches)?.workers.io)
 }
 
 /// The standard options of `run`, `start` and `check` (the top level is `run`); `None` for
@@ -497,7 +473,7 @@ fn serving_config(matches: &ArgMatches) -> Option<Config> {
 /// The master's recycling and timeout limits, checked against the handler's level.
 fn master_limits(config: &Config, request_level: bool) -> Result<MasterLimits> {
     let request_timeout = effective_request_timeout(config, request_level);
-    if !request_level && config.max_requests > 0 {
+    if !request_level && config.recycle.max_requests > 0 {
         return Err(Error::Config(
             "--max-requests counts requests, which a handle_client handler does not have \
              (it owns the whole connection): use --max-connections"
@@ -506,12 +482,12 @@ fn master_limits(config: &Config, request_level: bool) -> Result<MasterLimits> {
     }
     Ok(MasterLimits {
         recycle: Recycle {
-            max_requests: config.max_requests,
-            max_connections: config.max_connections,
+            max_requests: config.recycle.max_requests,
+            max_connections: config.recycle.max_connections,
         },
-        jitter: config.max_jitter,
-        max_memory_kib: config.max_worker_memory_mib.saturating_mul(1024),
-        max_age: config.max_worker_age,
+        jitter: config.recycle.max_jitter,
+        max_memory_kib: config.recycle.max_worker_memory_mib.saturating_mul(1024),
+        max_age: config.recycle.max_worker_age,
         request_timeout,
     })
 }
@@ -519,13 +495,13 @@ fn master_limits(config: &Config, request_level: bool) -> Result<MasterLimits> {
 /// The socket options of every listener, bound or adopted.
 fn bind_options(config: &Config) -> BindOptions {
     BindOptions {
-        backlog: config.backlog,
-        read_timeout: config.read_timeout,
+        backlog: config.listeners.backlog,
+        read_timeout: config.timeouts.read_timeout,
         // With --min-send-rate, a write that waits comes back every second to be checked;
         // the write timeout is then kept by the worker (client::SendWatch).
         write_timeout: crate::conn::client::SendWatch::socket_timeout(
-            config.min_send_rate,
-            config.write_timeout,
+            config.timeouts.min_send_rate,
+            config.timeouts.write_timeout,
         ),
     }
 }
@@ -536,29 +512,23 @@ fn bind_options(config: &Config) -> BindOptions {
 /// "configuration OK" (what a running instance of this configuration holds).
 fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<Vec<String>> {
     privilege::resolve(
-        config.user.as_deref(),
-        config.group.as_deref(),
-        config.allow_root_workers,
+        config.confine.user.as_deref(),
+        config.confine.group.as_deref(),
+        config.confine.allow_root_workers,
     )?;
     pool_policy(config)?;
-    check_io(
-        config,
-        request_level,
-        DatagramUse::of(program),
-        program.stateful_sessions,
-        program.asynchronous,
-    )?;
+    check_io(config, accepts(program, request_level))?;
     config.confinement()?.check()?;
-    if !request_level && config.max_requests > 0 {
+    if !request_level && config.recycle.max_requests > 0 {
         return Err(Error::Config(
             "--max-requests needs a request-level handler: use --max-connections".into(),
         ));
     }
     for path in [
-        &config.pid_file,
-        &config.log_file,
-        &config.access_log,
-        &config.control,
+        &config.files.pid_file,
+        &config.files.log_file,
+        &config.files.access_log,
+        &config.files.control,
     ]
     .into_iter()
     .flatten()
@@ -575,8 +545,8 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
             )));
         }
     }
-    for addr in &config.listen {
-        if let Some(source) = addr.tls_source(&config.tls)? {
+    for addr in &config.listeners.listen {
+        if let Some(source) = addr.tls_source(&config.tls.defaults)? {
             crate::net::tls::load(&source)?;
         }
     }
@@ -608,154 +578,28 @@ fn check(program: &mut Program, config: &Config, request_level: bool) -> Result<
     Ok(notes)
 }
 
-/// The pool policy of the command line, checked.
-/// What `--io event` asks of the rest of the configuration, checked before start: a
-/// request-level handler, a static pool, no privileged helper (but for an async handler),
-/// and descriptors for
-/// `--worker-connections`. Also that a server with a privileged helper starts as root.
-fn check_io(
-    config: &Config,
-    request_level: bool,
-    datagrams: DatagramUse,
-    stateful_sessions: bool,
-    asynchronous: bool,
-) -> Result<()> {
-    check_datagrams(config, datagrams, request_level || asynchronous)?;
-    if asynchronous {
-        check_async(config, request_level, datagrams)?;
+/// What kind of server `program` is, its handler's level given, as far as its command
+/// line goes (the options it takes, its I/O model, the configuration it accepts).
+fn accepts(program: &Program, request_level: bool) -> cli::Accepts {
+    cli::Accepts {
+        request_level,
+        asynchronous: program.asynchronous,
+        datagrams: program.datagrams.is_some(),
+        streams: !program.datagram_only,
+        stateful_sessions: program.stateful_sessions,
     }
-    if config.helper_profile.is_some() && !nix::unistd::Uid::effective().is_root() {
-        return Err(Error::Config(
-            "this server has a privileged helper (Server::privileged), which keeps root's capabilities for its workers: start it as root".into(),
-        ));
-    }
-    if config.io == crate::Io::Hybrid {
-        return check_hybrid(config, request_level, stateful_sessions);
-    }
-    if config.io != crate::Io::Event {
-        return Ok(());
-    }
-    // An async handler awaits its calls (`Helper::call_async`); a request handler of the
-    // event loop could only block it.
-    if config.helper_profile.is_some() && !asynchronous {
-        return Err(Error::Config(
-            "--io event: this server has a privileged helper (Server::privileged), whose calls block the worker: it runs with --io blocking only (or with an async handler, which awaits Helper::call_async)".into(),
-        ));
-    }
-    if !request_level && !asynchronous {
-        return Err(Error::Config(
-            "--io event: this server's handler takes whole connections (handle_client), which block; it runs with --io blocking only (an AsyncHandler, Server::run_async, serves whole connections in event workers)".into(),
-        ));
-    }
-    if config.pool != cli::PoolKind::Static {
-        // The dynamic and ondemand pools size themselves by idle workers, and an event
-        // worker is never idle: it holds many connections at once.
-        return Err(Error::Config(format!(
-            "--io event --pool {}: event workers each serve up to --worker-connections clients, so their pool is static: give --workers N (default: the number of CPUs) instead",
-            match config.pool {
-                cli::PoolKind::Dynamic => "dynamic",
-                _ => "ondemand",
-            }
-        )));
-    }
-    if config.worker_connections == 0 {
-        return Err(Error::Config(
-            "--worker-connections 0: expected at least 1".into(),
-        ));
-    }
-    raise_nofile(config);
-    Ok(())
 }
 
-/// What an async handler asks of the configuration (issue 33): event workers, whose
-/// runtime holds its requests while they wait, and no datagram listener (the async driver
-/// serves streams only).
-fn check_async(config: &Config, request_level: bool, datagrams: DatagramUse) -> Result<()> {
-    let run = if request_level {
-        "run_async_requests"
-    } else {
-        "run_async"
-    };
-    if config.io != crate::Io::Event {
-        return Err(Error::Config(format!(
-            "--io {}: this server's handler is async (Server::{run}): its requests wait in the runtime of event workers, so it runs with --io event only (its default)",
-            config.io.name()
-        )));
-    }
-    if datagrams.handler || config.listen.iter().any(|a| a.is_datagram()) {
-        return Err(Error::Config(format!(
-            "this server's handler is async (Server::{run}), and async workers serve stream listeners only: serve datagrams from another server (Server::run_datagrams)"
-        )));
-    }
-    Ok(())
-}
-
-/// What `--io hybrid` asks of the server and its configuration.
-fn check_hybrid(config: &Config, request_level: bool, stateful_sessions: bool) -> Result<()> {
-    if !request_level {
-        return Err(Error::Config(
-            "--io hybrid: this server's handler takes whole connections (handle_client), and appsrv cannot tell when such a connection has a whole request to hand over; it runs with --io blocking only (--max-conns-per-ip keeps one client from taking every worker)".into(),
-        ));
-    }
-    if stateful_sessions {
-        return Err(Error::Config(
-            "--io hybrid: this handler keeps state per connection (its RequestHandler::Session is not ()), which cannot follow a connection handed between processes; use --io blocking or --io event".into(),
-        ));
-    }
-    if config.exec_workers {
-        return Err(Error::Config(
-            "--io hybrid does not work with --exec-workers yet: use one or the other".into(),
-        ));
-    }
-    if config.fronts == 0 || config.fronts > 64 {
-        return Err(Error::Config(format!(
-            "--fronts {}: expected 1 to 64",
-            config.fronts
-        )));
-    }
-    if config.worker_connections == 0 {
-        return Err(Error::Config(
-            "--worker-connections 0: expected at least 1".into(),
-        ));
-    }
-    raise_nofile(config);
-    Ok(())
-}
-
-/// What datagram listeners ask of the server: a datagram handler, and the event loop
-/// that serves them (beside stream connections, only with `--io event`); a datagram-only
-/// server has no stream listener. Sockets from systemd are checked by the workers, which
-/// refuse to start with a datagram socket and no handler.
-fn check_datagrams(config: &Config, d: DatagramUse, event_capable: bool) -> Result<()> {
-    let dgram = config.listen.iter().find(|a| a.is_datagram());
-    let stream = config.listen.iter().find(|a| !a.is_datagram());
-    if let (Some(a), false) = (dgram, d.handler) {
-        return Err(Error::Config(format!(
-            "{a} is a datagram listener, and this server has no datagram handler (Server::datagrams): it serves streams only"
-        )));
-    }
-    if d.only {
-        if let Some(a) = stream {
-            return Err(Error::Config(format!(
-                "{a} is a stream listener, and this server serves datagrams only: give udp://HOST:PORT or unixgram:PATH"
-            )));
-        }
-        if !config.listen.is_empty() && dgram.is_none() {
-            return Err(Error::Config(
-                "this server serves datagrams only: give a udp://HOST:PORT or unixgram:PATH listener".into(),
-            ));
-        }
-    }
-    if let (Some(a), Some(_), false) = (dgram, stream, event_capable) {
-        return Err(Error::Config(format!(
-            "{a}: datagrams beside stream connections are served from the event loop, and this server's handler takes whole connections (handle_client), which run with --io blocking only: serve the datagrams from a server of their own (Server::run_datagrams)"
-        )));
-    }
-    if let (Some(a), Some(_), true) = (dgram, stream, config.io != crate::Io::Event) {
-        return Err(crate::net::listener::mixed_needs_event_loop(
-            a.as_str(),
-            config.io.name(),
-        ));
+/// `--io` checked against the server and the rest of the configuration
+/// ([`cli::Accepts::check_io`]); then, for the models with event loops, the descriptor
+/// limit raised to what `--worker-connections` needs.
+fn check_io(config: &Config, accepts: cli::Accepts) -> Result<()> {
+    accepts.check_io(config)?;
+    if matches!(
+        config.workers.io,
+        crate::Io::Event | crate::Io::Async | crate::Io::Hybrid
+    ) {
+        raise_nofile(config);
     }
     Ok(())
 }
@@ -766,12 +610,12 @@ fn check_datagrams(config: &Config, d: DatagramUse, event_capable: bool) -> Resu
 /// is too low.
 fn raise_nofile(config: &Config) {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let need = config.worker_connections as u64 + worker::event::SPARE_FDS;
-    if let Some(given) = config.rlimit_nofile {
+    let need = config.workers.worker_connections as u64 + worker::event::SPARE_FDS;
+    if let Some(given) = config.confine.rlimit_nofile {
         if given < need {
             tracing::warn!(
                 "--rlimit-nofile {given} is below what --worker-connections {} needs ({need}): a worker runs out of descriptors first, and pauses accepting then",
-                config.worker_connections
+                config.workers.worker_connections
             );
         }
         return;
@@ -788,22 +632,23 @@ fn raise_nofile(config: &Config) {
     } else if target < need {
         tracing::warn!(
             "--worker-connections {} needs {need} descriptors per worker, but the hard RLIMIT_NOFILE is {hard}: raised to {hard} (raise the hard limit: --rlimit-nofile as root, LimitNOFILE= under systemd, ulimit -Hn)",
-            config.worker_connections
+            config.workers.worker_connections
         );
     }
 }
 
+/// The pool policy of the command line, checked.
 fn pool_policy(config: &Config) -> Result<Policy> {
     let max_allowed = crate::scoreboard::MAX_WORKERS;
     let bad = |m: String| Err(Error::Config(m));
-    match config.pool {
-        cli::PoolKind::Static => Ok(Policy::Static(config.workers)),
+    match config.pool.policy {
+        cli::PoolKind::Static => Ok(Policy::Static(config.pool.workers)),
         cli::PoolKind::Dynamic => {
             let (start, min_spare, max_spare, max) = (
-                config.start_workers,
-                config.min_spare,
-                config.max_spare,
-                config.max_workers,
+                config.pool.start_workers,
+                config.pool.min_spare,
+                config.pool.max_spare,
+                config.pool.max_workers,
             );
             if max == 0 || max > max_allowed {
                 return bad(format!("--max-workers {max}: expected 1 to {max_allowed}"));
@@ -827,70 +672,14 @@ fn pool_policy(config: &Config) -> Result<Policy> {
             })
         }
         cli::PoolKind::Ondemand => {
-            let max = config.max_workers;
+            let max = config.pool.max_workers;
             if max == 0 || max > max_allowed {
                 return bad(format!("--max-workers {max}: expected 1 to {max_allowed}"));
             }
             Ok(Policy::Ondemand {
                 max,
-                idle_timeout: config.worker_idle_timeout,
+                idle_timeout: config.pool.worker_idle_timeout,
             })
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 34: a request-level server with stream and datagram listeners runs the event
-    /// loop when no model was chosen; a model chosen stays (to be refused by name).
-    #[test]
-    fn issue_34_datagrams_beside_streams_run_the_event_loop_by_default() {
-        let listen: Vec<ListenAddr> = ["127.0.0.1:0", "udp://127.0.0.1:0"]
-            .iter()
-            .map(|a| a.parse().unwrap())
-            .collect();
-        let requests = Kind {
-            request_level: true,
-            ..Kind::default()
-        };
-        use crate::Io::{Blocking, Event, Hybrid};
-        assert_eq!(io_model(&listen, Blocking, false, requests), Event);
-        assert_eq!(
-            io_model(&listen, Blocking, true, requests),
-            Blocking,
-            "--io blocking given"
-        );
-        assert_eq!(
-            io_model(&listen, Hybrid, false, requests),
-            Hybrid,
-            "Server::io(Hybrid)"
-        );
-        assert_eq!(
-            io_model(&listen[..1], Blocking, false, requests),
-            Blocking,
-            "streams only"
-        );
-        assert_eq!(
-            io_model(&listen, Blocking, false, Kind::default()),
-            Blocking,
-            "handle_client"
-        );
-        let async_kind = Kind {
-            asynchronous: true,
-            ..Kind::default()
-        };
-        assert_eq!(io_model(&listen[..1], Blocking, false, async_kind), Event);
-        assert_eq!(
-            io_model(&listen[..1], Hybrid, true, async_kind),
-            Hybrid,
-            "refused later"
-        );
-        let dgram_only = Kind {
-            datagram_only: true,
-            ..Kind::default()
-        };
-        assert_eq!(io_model(&listen[1..], Blocking, true, dgram_only), Event);
     }
 }

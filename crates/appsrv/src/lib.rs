@@ -1,10 +1,17 @@
 //! appsrv: write a preforking network server for your own protocol, don't configure one.
 //!
-//! You write one method in plain blocking Rust and get a production daemon: the master
-//! process binds the listeners, forks a pool of worker processes that accept and serve
-//! connections, drops the workers' privileges, replaces workers that crash, and stops
-//! gracefully on TERM, INT or QUIT. There are two APIs; pick the one that fits the
-//! protocol.
+//! You write one method, in plain blocking Rust or as an `async fn`, and get a production
+//! daemon: the master process binds the listeners, forks a pool of worker processes that
+//! accept and serve connections, drops the workers' privileges, replaces workers that
+//! crash, and stops gracefully on TERM, INT or QUIT. The method belongs to one of five
+//! handler traits, each with its [`Server`] method; pick the level that fits the protocol,
+//! then whether the handler blocks or awaits:
+//!
+//! | | blocking | `async` (tokio, inside each worker) |
+//! |---|---|---|
+//! | a whole connection | [`Handler`] ([`Server::run`]) | [`AsyncHandler`] ([`Server::run_async`]) |
+//! | one request, framed by a [`codec`] | [`RequestHandler`] ([`Server::run_requests`]) | [`AsyncRequestHandler`] ([`Server::run_async_requests`]) |
+//! | one datagram (`udp://`, `unixgram:`) | [`DatagramHandler`] ([`Server::run_datagrams`], or [`Server::datagrams`] beside a stream handler) | |
 //!
 //! # The connection level: [`Handler`]
 //!
@@ -108,6 +115,26 @@
 //! `crates/appsrv-examples`; the heavier ones in `appsrv-frontpage`, `appsrv-dns` and
 //! `appsrv-runas`) show a codec of its own (`ping`), sessions (`kv`) and HTTP
 //! (`http_hello`).
+//!
+//! # Async handlers: [`AsyncRequestHandler`], [`AsyncHandler`]
+//!
+//! A handler that awaits (a timer, a database client, an HTTP client) is written as the
+//! async counterpart of either level: [`AsyncRequestHandler::handle_request`] (run with
+//! [`Server::run_async_requests`]: the same codecs, sessions, keep-alive and pipelining)
+//! or [`AsyncHandler::handle_client`] over an [`AsyncClient`] (run with
+//! [`Server::run_async`]: a tokio stream, for conversational protocols). Each worker runs
+//! a current-thread tokio runtime made after the fork, where every connection is a
+//! future, so a worker holds thousands of connections while their handlers wait; the
+//! handler value is shared by them (`&self`). `--max-inflight` bounds the calls in
+//! progress, `--request-timeout` cancels one, and a panic closes its connection only
+//! (the examples `async_hello`, at the request level, and `smtp_sink`, a whole dialogue).
+//!
+//! # Datagrams: [`DatagramHandler`]
+//!
+//! [`DatagramHandler::handle_datagram`] answers one datagram of a `udp://` or
+//! `unixgram:` listener, received in batches by the worker's event loop:
+//! [`Server::run_datagrams`] serves datagrams only, [`Server::datagrams`] adds them to a
+//! server of streams (a DNS server on UDP and TCP, `appsrv-dns`).
 //!
 //! # The connection types: [`Client`], [`AsyncClient`], [`Conn`]
 //!

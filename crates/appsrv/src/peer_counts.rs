@@ -93,7 +93,7 @@ impl Entry {
 }
 
 /// What [`PeerCounts::admit`] decided (the tests' model of the worker's admission, which
-/// does the same with `add` and `total`: `worker/event.rs`, `EventSeat`).
+/// does the same with `add` and `total`: `worker/admission.rs`, `EventSeat`).
 #[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Admission {

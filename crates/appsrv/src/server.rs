@@ -16,9 +16,7 @@ use crate::handler::{
     AsyncHandler, AsyncRequestHandler, DatagramHandler, Handler, RequestHandler, WorkerInfo,
 };
 use crate::worker::StartHook;
-use crate::worker::serve::{
-    AsyncClientLevel, AsyncRequestLevel, ClientLevel, Connections, Limits, RequestLevel,
-};
+use crate::worker::serve::{AsyncClientLevel, AsyncRequestLevel, ClientLevel, Limits, RequestLevel};
 
 /// A server: its name, its defaults, and the command line it parses.
 ///
@@ -69,7 +67,7 @@ pub struct Server {
     /// The request handler's sessions hold state (`RequestHandler::Session` is not
     /// zero-sized), which a connection handed between processes cannot take along.
     stateful_sessions: bool,
-    /// The handler is async (event workers only).
+    /// The handler is async (async workers only: `--io async`).
     asynchronous: bool,
 }
 
@@ -404,7 +402,10 @@ impl Server {
     /// (`type Session = ()`), and serves TLS listeners without hand-off (the workers accept
     /// them, as in blocking mode); each front makes one handler with the factory, for its
     /// codec. [`run`](Server::run) servers (`handle_client`) are blocking only: asking for
-    /// `event` or `hybrid` with one is a configuration error.
+    /// `event` or `hybrid` with one is a configuration error. [`Io::Async`](crate::Io::Async)
+    /// is the model of async handlers, which set it themselves
+    /// ([`run_async_requests`](Server::run_async_requests), [`run_async`](Server::run_async));
+    /// asking for it with another handler is a configuration error.
     pub fn io(mut self, io: crate::Io) -> Self {
         self.defaults.io = io;
         self
@@ -735,7 +736,8 @@ impl Server {
     ///
     /// For a program whose handler may block on something of its own (a child process):
     /// it refuses `--io event` with its reason before anything starts. (The framework
-    /// itself runs a datagram-only or async server in event workers whatever this says.)
+    /// itself runs a datagram-only server in event workers whatever this says, and an async
+    /// server in async workers unless it says blocking or hybrid, which it refuses.)
     ///
     /// ```
     /// #[derive(clap::Args, Debug)]
@@ -795,8 +797,9 @@ impl Server {
     }
 
     /// Runs the server at the request level with an async handler (issue 33): as
-    /// [`run_requests`](Server::run_requests), in event workers (`--io event`, the
-    /// default for such a server; `blocking` and `hybrid` are refused before start), each
+    /// [`run_requests`](Server::run_requests), in async workers (`--io async`, the
+    /// default for such a server and its only model; `--io event` is accepted as its
+    /// alias, `blocking` and `hybrid` are refused before start), each
     /// running a current-thread tokio runtime made after the fork, where every connection
     /// is a future: a handler that awaits (a timer, `tokio-postgres`, hyper's client)
     /// holds no process, so two workers hold thousands of requests in flight.
@@ -814,7 +817,7 @@ impl Server {
     {
         self.stateful_sessions = std::mem::size_of::<H::Session>() != 0;
         self.asynchronous = true;
-        self.defaults.io = crate::Io::Event;
+        self.defaults.io = crate::Io::Async;
         self.launch(true, |limits: Limits| {
             move || factory().map(|h| AsyncRequestLevel::new(h, limits.clone()))
         })
@@ -822,8 +825,8 @@ impl Server {
 
     /// Runs the server at the client level with an async handler (issue 33): each
     /// connection is given whole to [`AsyncHandler::handle_client`] as an
-    /// [`AsyncClient`](crate::AsyncClient), in event workers (`--io event`, the default
-    /// for such a server), thousands of connections per worker: for conversational
+    /// [`AsyncClient`](crate::AsyncClient), in async workers (`--io async`, the default
+    /// for such a server; `--io event` is its alias), thousands of connections per worker: for conversational
     /// protocols. `--read-timeout` and `--write-timeout` bound each read and write;
     /// `--request-timeout` (default: off) bounds a whole connection; `--max-inflight`
     /// bounds the connections in the handler at once. A panic closes its connection only.
@@ -833,7 +836,7 @@ impl Server {
         F: FnMut() -> std::result::Result<H, BoxError>,
     {
         self.asynchronous = true;
-        self.defaults.io = crate::Io::Event;
+        self.defaults.io = crate::Io::Async;
         self.launch(false, |_| move || factory().map(AsyncClientLevel))
     }
 
@@ -861,7 +864,7 @@ impl Server {
     /// Parses the command line (unless [`args`](Server::args) did) and runs its subcommand.
     fn launch<C, F, M>(mut self, request_level: bool, make_factory: M) -> Result<()>
     where
-        C: Connections,
+        C: crate::worker::ServedBy,
         F: FnMut() -> std::result::Result<C, BoxError>,
         M: FnOnce(Limits) -> F,
     {
@@ -872,6 +875,7 @@ impl Server {
             asynchronous: self.asynchronous,
             datagrams: self.datagrams.is_some(),
             streams: !self.datagram_only,
+            stateful_sessions: self.stateful_sessions,
         };
         let matches = match self.matches.take() {
             Some(m) => m,

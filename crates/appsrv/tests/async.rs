@@ -559,7 +559,8 @@ fn issue_33_a_large_request_pipelined_behind_one_in_flight_is_read_at_once() {
     );
 }
 
-/// Issue 34 (its first items): the ready line names the I/O model, and an event worker
+/// Issue 34 (its first items): the ready line names the I/O model (issue 43: `async`, the
+/// model an async server runs by default), and an event worker
 /// with no connection open shows idle in `status` (it showed reading), then reading while
 /// a client is connected.
 #[test]
@@ -569,7 +570,7 @@ fn issue_34_the_ready_line_names_the_io_model_and_a_worker_without_connections_s
     let server = start("async_hello", &dir, &["-w", "1"]);
     let line = server.wait_for_log("master: ready");
     assert!(
-        line.contains("io=event") && line.contains("pool=static"),
+        line.contains("io=async") && line.contains("pool=static"),
         "{line}"
     );
     let json = ctl("async_hello", &["status", "--json", "--control", &sock]);
@@ -622,4 +623,80 @@ fn issue_41_requests_cut_by_the_request_timeout_are_logged_once_per_episode() {
         log.contains("a request from 127.0.0.1:"),
         "the episode's first cut is logged with its client:\n{log}"
     );
+}
+
+/// Issue 43: `--io async` names the async model: `check` accepts it for an async server,
+/// and the server started with it, or with `--io event` (still accepted, as its alias),
+/// says `async` in its ready line and in `status --json`.
+#[test]
+fn issue_43_io_async_and_its_alias_event_are_accepted_and_named_async() {
+    for io in ["async", "event"] {
+        let out = Command::new(example("async_hello"))
+            .args(["check", "-l", "127.0.0.1:0", "--io", io])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "check --io {io}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = Dir::new(&format!("named-{io}"));
+        let sock = dir.path("ctl.sock");
+        let server = start("async_hello", &dir, &["-w", "1", "--io", io]);
+        let line = server.wait_for_log("master: ready");
+        assert!(line.contains("io=async"), "--io {io}: {line}");
+        let json = ctl("async_hello", &["status", "--json", "--control", &sock]);
+        assert!(json.contains("\"io\":\"async\""), "--io {io}: {json}");
+        let (code, body) = get_new(server.tcp_addr(), "/");
+        assert_eq!(code, 200, "--io {io}: {body}");
+    }
+}
+
+/// Issue 43: `--io async` for a server whose handler is not async is refused with the
+/// reason, by `check` and by `run` and `start` before anything starts (`start` says it
+/// on the terminal and leaves no pid file): for a request-level server (`http_hello`) and
+/// for a `handle_client` one (`hello`, whose help does not list `--io`).
+#[test]
+fn issue_43_io_async_for_a_server_that_is_not_async_is_refused_before_start() {
+    for (example_name, run) in [("http_hello", "Server::run_requests"), ("hello", "Server::run)")] {
+        let dir = Dir::new(&format!("refused-{example_name}"));
+        let pid_file = dir.path("server.pid");
+        let log_file = dir.path("server.log");
+        for sub in [
+            vec!["check"],
+            vec!["run"],
+            vec!["start", "--pid-file", &pid_file, "--log-file", &log_file],
+        ] {
+            let mut args = sub.clone();
+            args.extend(["-l", "127.0.0.1:0", "--io", "async"]);
+            let out = Command::new(example(example_name)).args(&args).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{example_name} {args:?}: {err}");
+            assert!(
+                err.contains("--io async: this server's handler is not async") && err.contains(run),
+                "{example_name} {args:?}: {err}"
+            );
+        }
+        assert!(
+            !std::path::Path::new(&pid_file).exists(),
+            "{example_name} left {pid_file}"
+        );
+    }
+}
+
+/// Issue 43: an async server's help lists `--io` (it was hidden: an async server had one
+/// model, which `--io` could only refuse to change), naming `async`, its default.
+#[test]
+fn issue_43_the_help_of_an_async_server_lists_io() {
+    let out = Command::new(example("async_hello"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(help.contains("--io <MODEL>"), "{help}");
+    assert!(help.contains("[default: async]"), "{help}");
+    assert!(help.contains("- async:"), "{help}");
+    let out = Command::new(example("async_hello")).arg("-h").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--io <MODEL>"));
 }

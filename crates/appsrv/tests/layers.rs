@@ -9,7 +9,9 @@
 //! files may not form a cycle either (`super::x` and `crate::folder::x` between its files).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod source;
 
 /// The code map: group → groups it may use, read from the table in the architecture doc.
 fn code_map() -> BTreeMap<String, BTreeSet<String>> {
@@ -44,17 +46,6 @@ fn code_map() -> BTreeMap<String, BTreeSet<String>> {
     }
     assert!(map.len() > 5, "the code map table was not found: {map:?}");
     map
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The group a source file belongs to: its folder under `src/`, or its own name.
@@ -171,9 +162,7 @@ fn the_code_map_has_no_cycle() {
 fn every_crate_path_follows_the_code_map() {
     let map = code_map();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
+    let files = source::rust_files(&src);
     let exports = root_exports(&src);
     let mut wrong = Vec::new();
     for file in &files {
@@ -223,70 +212,213 @@ fn every_crate_path_follows_the_code_map() {
     assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
 }
 
-/// The modules a file of a folder uses among its siblings: `super::x` (from a file other
-/// than the folder's `mod.rs`), `self::x` (from `mod.rs`) and `crate::folder::x`, braces
-/// included (`use super::{a, b::C}`). Names that are no sibling file (an item of `mod.rs`,
-/// a test module's `super::*`) are left out by the caller.
-fn sibling_uses(folder: &str, is_mod_rs: bool, text: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let own = format!("crate::{folder}::");
-    let prefixes: Vec<&str> = if is_mod_rs {
-        vec!["self::", own.as_str()]
-    } else {
-        vec!["super::", own.as_str()]
-    };
-    for line in text.lines() {
-        let code = line.trim_start();
-        if code.starts_with("//") {
-            continue;
-        }
-        let code = code.split("//").next().unwrap_or(code);
-        for prefix in &prefixes {
-            for (at, _) in code.match_indices(prefix) {
-                let before = &code[..at];
-                let rest = &code[at + prefix.len()..];
-                // `super::super::x` is the crate root's, and `a_super::` no path of ours.
-                if before.ends_with("::")
-                    || before.ends_with(|c: char| c.is_alphanumeric() || c == '_')
-                    || rest.starts_with("super::")
-                {
-                    continue;
-                }
-                if let Some(list) = rest.strip_prefix('{') {
-                    let inner = list.split('}').next().unwrap_or("");
-                    for item in inner.split(',') {
-                        let head = item.trim().split("::").next().unwrap_or("").trim();
-                        found.insert(head.to_owned());
+/// The module path of a file of `src/`: `worker/event.rs` is `[worker, event]`,
+/// `worker/mod.rs` is `[worker]`, `lib.rs` is `[]`.
+fn module_of(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// Every path of `tokens` that starts at `crate`, `self` or `super` (comments and strings
+/// are no tokens), as the module path it names from the crate root, for code in `module`:
+/// `super::x` in `worker/event.rs` is `[worker, x]`. A list is expanded, nested lists and
+/// lines included (`use super::{a, b::{C, D}}` is `a`, `b::C` and `b::D`); `self` in a list
+/// is the list's own path. An inline module's `super::` is read as the file's (a test
+/// module's `super::*` names no file).
+fn module_paths(tokens: &[source::Token], module: &[String]) -> Vec<Vec<String>> {
+    /// The leaves of the path or list at `toks[*k..]`, each after `prefix`.
+    fn tree(toks: &[source::Token], k: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        let mut path = prefix;
+        while let Some(t) = toks.get(*k) {
+            if t.text == "{" {
+                *k += 1;
+                loop {
+                    match toks.get(*k).map(|t| t.text.as_str()) {
+                        None => return,
+                        Some("}") => {
+                            *k += 1;
+                            return;
+                        }
+                        Some(",") => *k += 1,
+                        Some(_) => {
+                            let at = *k;
+                            tree(toks, k, path.clone(), out);
+                            if *k == at {
+                                *k += 1; // no path: not ours to read
+                            }
+                        }
                     }
-                } else {
-                    let head: String = rest
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    found.insert(head);
                 }
             }
+            if t.ident || t.text == "*" {
+                if t.text != "self" || path.is_empty() {
+                    path.push(t.text.clone());
+                }
+                *k += 1;
+                if toks.get(*k).is_some_and(|t| t.text == "::") {
+                    *k += 1;
+                    continue;
+                }
+            }
+            break;
+        }
+        // A renaming (`as name`) names nothing more.
+        if toks.get(*k).is_some_and(|t| t.text == "as") {
+            *k += 2;
+        }
+        out.push(path);
+    }
+    let mut found = Vec::new();
+    for (k, t) in tokens.iter().enumerate() {
+        let starts = t.ident
+            && matches!(t.text.as_str(), "crate" | "self" | "super")
+            && tokens.get(k + 1).is_some_and(|n| n.text == "::")
+            && (k == 0 || tokens[k - 1].text != "::");
+        if !starts {
+            continue;
+        }
+        let mut leaves = Vec::new();
+        tree(tokens, &mut k.clone(), Vec::new(), &mut leaves);
+        for leaf in leaves {
+            let mut base: Vec<String> = Vec::new();
+            let mut rest = leaf.as_slice();
+            match rest.first().map(String::as_str) {
+                Some("crate") => rest = &rest[1..],
+                Some("self") => {
+                    base = module.to_vec();
+                    rest = &rest[1..];
+                }
+                _ => {
+                    let ups = rest.iter().take_while(|s| *s == "super").count();
+                    if ups > module.len() {
+                        continue;
+                    }
+                    base = module[..module.len() - ups].to_vec();
+                    rest = &rest[ups..];
+                }
+            }
+            base.extend(rest.iter().cloned());
+            found.push(base);
         }
     }
     found
 }
 
+/// The paths that the intra-doc links of `text` name with `crate::`, `super::` or
+/// `self::` (`[`Store`](crate::net::tls::Store)`, `[`super::page::X`]`, `[x]: self::y`),
+/// written as code, one per line. rustdoc resolves them, so a file's docs use the file
+/// they link to as much as its code does (issue 43: `conn/transport.rs`'s docs linked
+/// the client, whose code uses the transport).
+fn doc_links(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = line.trim_start();
+        let Some(doc) = line.strip_prefix("///").or_else(|| line.strip_prefix("//!")) else {
+            continue;
+        };
+        let mut starts: Vec<usize> = ["crate::", "super::", "self::"]
+            .iter()
+            .flat_map(|prefix| doc.match_indices(prefix).map(|(at, _)| at))
+            .collect();
+        starts.sort_unstable();
+        for at in starts {
+            let before = doc[..at].trim_end_matches('`');
+            if !(before.ends_with('(') || before.ends_with('[') || before.ends_with("]: ")) {
+                continue;
+            }
+            let path: String = doc[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            out.push_str(path.trim_end_matches(':'));
+            out.push_str(";\n");
+        }
+    }
+    out
+}
+
+/// The folders of `src/`, nested ones included, as paths relative to it (`worker`,
+/// `worker/tasks`).
+fn folders() -> Vec<String> {
+    let src = source::src_dir();
+    let mut out = BTreeSet::new();
+    for file in source::rust_files(&src) {
+        let rel = source::relative(&src, &file);
+        let mut parts: Vec<&str> = rel.split('/').collect();
+        parts.pop();
+        for depth in 1..=parts.len() {
+            out.insert(parts[..depth].join("/"));
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The file graph of folder `folder` of `src/` (`worker`, `worker/tasks`): each of its
+/// files (a file's stem; a folder inside it counts as one file, named after it) → the
+/// others it uses, through `super::`, `self::` or `crate::` paths; `mod.rs` (the folder's
+/// root, which names its files to declare them, and whose items are not counted) only
+/// `with_root`.
+fn folder_graph(folder: &str, with_root: bool) -> BTreeMap<String, BTreeSet<String>> {
+    let src = source::src_dir();
+    let own: Vec<String> = folder.split('/').map(str::to_owned).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in source::rust_files(&src.join(folder)) {
+        let rel = source::relative(&src, &file);
+        let module = module_of(&rel);
+        // The node of the file: its own name, the sub-folder it is in, or `mod`.
+        let node = match module.get(own.len()) {
+            Some(n) => n.clone(),
+            None if with_root => "mod".to_owned(),
+            None => continue,
+        };
+        let text = std::fs::read_to_string(&file).unwrap();
+        let uses = graph.entry(node.clone()).or_default();
+        let mut tokens = source::tokens(&text);
+        tokens.extend(source::tokens(&doc_links(&text)));
+        for path in module_paths(&tokens, &module) {
+            if path.len() > own.len() && path[..own.len()] == own[..] && path[own.len()] != node {
+                uses.insert(path[own.len()].clone());
+            }
+        }
+    }
+    // Only what is a file (or a folder) of this one: an item of `mod.rs` is not.
+    let nodes: BTreeSet<String> = graph.keys().cloned().collect();
+    let mut names = nodes.clone();
+    for entry in std::fs::read_dir(src.join(folder)).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            names.insert(path.file_name().unwrap().to_str().unwrap().to_owned());
+        }
+    }
+    for uses in graph.values_mut() {
+        uses.retain(|u| names.contains(u) && u != "mod");
+    }
+    graph
+}
+
 /// Issue 32: the files inside each folder of `src/` use each other without a cycle (a
 /// cycle among a folder's files hid behind the folder-level map: worker/ had blocking →
-/// serve → event → blocking).
+/// serve → event → blocking). Issue 43: every folder, nested ones too, and every cycle of
+/// a folder is named, not only the first.
 #[test]
 fn the_files_of_each_folder_have_no_cycle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut cycles = Vec::new();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let dir = entry.unwrap().path();
-        if !dir.is_dir() {
-            continue;
-        }
-        let folder = dir.file_name().unwrap().to_str().unwrap().to_owned();
-        let graph = folder_graph(&folder, true);
-        if let Some(cycle) = find_cycle(&graph) {
+    for folder in folders() {
+        let mut graph = folder_graph(&folder, true);
+        // Each cycle found is reported and one of its edges set aside, to find the others.
+        while let Some(cycle) = find_cycle(&graph) {
             cycles.push(format!("{folder}/: {}", cycle.join(" -> ")));
+            graph
+                .get_mut(&cycle[cycle.len() - 2])
+                .unwrap()
+                .remove(&cycle[cycle.len() - 1]);
         }
     }
     assert!(
@@ -296,52 +428,18 @@ fn the_files_of_each_folder_have_no_cycle() {
     );
 }
 
-/// The file graph of folder `folder` of `src/`: each file → the files of the folder it
-/// uses; `mod.rs` (the folder's root, which names its files to declare them) only
-/// `with_root`.
-fn folder_graph(folder: &str, with_root: bool) -> BTreeMap<String, BTreeSet<String>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(folder);
-    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-        .collect();
-    let names: BTreeSet<String> = files
-        .iter()
-        .map(|p| p.file_stem().unwrap().to_str().unwrap().to_owned())
-        .filter(|n| n != "mod")
-        .collect();
-    let mut graph = BTreeMap::new();
-    for file in &files {
-        let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
-        if name == "mod" && !with_root {
-            continue;
-        }
-        let text = std::fs::read_to_string(file).unwrap();
-        let uses = sibling_uses(folder, name == "mod", &text)
-            .into_iter()
-            .filter(|u| names.contains(u) && *u != name)
-            .collect();
-        graph.insert(name, uses);
-    }
-    graph
-}
-
-/// The file map of `worker/` in docs/ARCHITECTURE.md: the text block after "Inside
-/// `worker/`", one line per file (or several files, comma-separated) with what it uses
-/// after an arrow, `(none)` for nothing.
-fn documented_worker_map() -> BTreeMap<String, BTreeSet<String>> {
+/// The file map of `folder` in docs/ARCHITECTURE.md: the text block after "Inside
+/// `folder/` the files", one line per file (or several files, comma-separated) with what
+/// it uses after an arrow, `(none)` for nothing; `None` if the doc has no such map.
+fn documented_map(folder: &str) -> Option<BTreeMap<String, BTreeSet<String>>> {
     let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ARCHITECTURE.md");
     let text = std::fs::read_to_string(&doc).unwrap();
-    let section = text
-        .split("Inside `worker/` the files")
-        .nth(1)
-        .expect("docs/ARCHITECTURE.md maps the files of worker/");
+    let section = text.split(&format!("Inside `{folder}/` the files")).nth(1)?;
     let block = section
         .split("```text\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
-        .expect("the worker/ file map is a text block");
+        .expect("a folder's file map is a text block");
     let mut map = BTreeMap::new();
     for line in block.lines().filter(|l| !l.trim().is_empty()) {
         let (files, uses) = line.split_once("->").expect("file -> uses");
@@ -354,37 +452,59 @@ fn documented_worker_map() -> BTreeMap<String, BTreeSet<String>> {
             map.insert(file.trim().to_owned(), uses.clone());
         }
     }
-    map
+    Some(map)
+}
+
+/// A file graph as its map in the doc writes it, one line per file.
+fn render(graph: &BTreeMap<String, BTreeSet<String>>) -> String {
+    graph
+        .iter()
+        .map(|(f, u)| {
+            let uses: Vec<&str> = u.iter().map(String::as_str).collect();
+            let uses = if uses.is_empty() {
+                "(none)".to_owned()
+            } else {
+                uses.join(" ")
+            };
+            format!("{f} -> {uses}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Issue 32: the files of `worker/` use each other as its map in docs/ARCHITECTURE.md
-/// says, no more and no less: the map is checked, not only the absence of a cycle.
+/// says, no more and no less: the map is checked, not only the absence of a cycle. Issue
+/// 43: so do the files of every folder of `src/`, and the map lists every file of its
+/// folder (a file it leaves out, or one that is gone, is named).
 #[test]
-fn the_files_of_worker_follow_their_map() {
-    let actual = folder_graph("worker", false);
-    let documented = documented_worker_map();
-    let render = |g: &BTreeMap<String, BTreeSet<String>>| {
-        g.iter()
-            .map(|(f, u)| {
-                let uses: Vec<&str> = u.iter().map(String::as_str).collect();
-                format!(
-                    "{f} -> {}",
-                    if uses.is_empty() {
-                        "(none)".into()
-                    } else {
-                        uses.join(" ")
-                    }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    assert_eq!(
-        render(&actual),
-        render(&documented),
-        "worker/'s files and their map in docs/ARCHITECTURE.md differ; the files use:\n{}",
-        render(&actual)
-    );
+fn the_files_of_every_folder_follow_their_map() {
+    let mut wrong = Vec::new();
+    for folder in folders() {
+        let actual = folder_graph(&folder, false);
+        let Some(documented) = documented_map(&folder) else {
+            wrong.push(format!(
+                "{folder}/ has no file map in docs/ARCHITECTURE.md (\"Inside `{folder}/` the files\"); its files use:\n{}",
+                render(&actual)
+            ));
+            continue;
+        };
+        let missing: Vec<&String> = actual.keys().filter(|f| !documented.contains_key(*f)).collect();
+        let gone: Vec<&String> = documented.keys().filter(|f| !actual.contains_key(*f)).collect();
+        if !missing.is_empty() {
+            wrong.push(format!("{folder}/'s file map does not list {missing:?}"));
+        }
+        if !gone.is_empty() {
+            wrong.push(format!("{folder}/'s file map lists {gone:?}, no file of it"));
+        }
+        if render(&actual) != render(&documented) {
+            wrong.push(format!(
+                "{folder}/'s files and their map in docs/ARCHITECTURE.md differ; the files use:\n{}\nthe map says:\n{}",
+                render(&actual),
+                render(&documented)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
 }
 
 /// A cycle of `graph`, if it has one, as the path that closes it.
@@ -427,12 +547,43 @@ fn the_checks_see_what_they_must() {
     assert_eq!(exports.get("Io").map(String::as_str), Some("cli"));
     assert_eq!(exports.get("Addr").map(String::as_str), Some("net"));
     assert_eq!(exports.get("tls").map(String::as_str), Some("net"));
-    let uses = sibling_uses(
-        "worker",
-        false,
-        "use super::{access::AccessLog, guard};\nlet x = crate::worker::serve::f();\nuse super::super::cli;",
+    let module = module_of("worker/event.rs");
+    assert_eq!(module, ["worker", "event"]);
+    let text = "use super::{access::AccessLog, guard};\nlet x = crate::worker::serve::f();\n\
+        use super::super::cli; // super::nothing\nlet s = \"crate::nothing\";\n\
+        use super::{\n    budget::{self, Budget as B},\n    ledger::{Ledger, Trouble},\n};\n\
+        pub(super) fn f() {}\nuse crate::worker::tasks::{clients::C, requests};";
+    let paths: BTreeSet<String> = module_paths(&source::tokens(text), &module)
+        .into_iter()
+        .map(|p| p.join("::"))
+        .collect();
+    let expected = [
+        "worker::access::AccessLog",
+        "worker::guard",
+        "worker::serve::f",
+        "cli",
+        "worker::budget",
+        "worker::budget::Budget",
+        "worker::ledger::Ledger",
+        "worker::ledger::Trouble",
+        "worker::tasks::clients::C",
+        "worker::tasks::requests",
+    ];
+    assert_eq!(paths, expected.map(String::from).into());
+    let links = doc_links(
+        "//! The [`Client`](super::client::Client) and [`crate::net::tls::Store`];\n\
+         /// [x]: self::y::Z\n/// not a link: `super::prose`, nor crate::this\n// [`super::a`]",
     );
-    assert_eq!(uses, ["access", "guard", "serve"].map(String::from).into());
+    assert_eq!(
+        links,
+        "super::client::Client;\ncrate::net::tls::Store;\nself::y::Z;\n"
+    );
+    // From a folder's root, `self::` and `super::` are its own and its parent's.
+    let paths = module_paths(
+        &source::tokens("use self::a::X; use super::b;"),
+        &module_of("worker/tasks/mod.rs"),
+    );
+    assert_eq!(paths, [vec!["worker", "tasks", "a", "X"], vec!["worker", "b"]]);
     let graph: BTreeMap<String, BTreeSet<String>> = [
         ("a".to_owned(), ["b".to_owned()].into()),
         ("b".to_owned(), ["c".to_owned()].into()),
@@ -440,4 +591,67 @@ fn the_checks_see_what_they_must() {
     ]
     .into();
     assert_eq!(find_cycle(&graph).map(|c| c.len()), Some(4));
+}
+
+/// The `worker` names the code map says the master may use: the list after "it names only
+/// `worker`'s interface types (" in docs/ARCHITECTURE.md, up to its `;`.
+fn worker_interface() -> BTreeSet<String> {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&doc).unwrap().replace('\n', " ");
+    let list = text
+        .split("it names only `worker`'s interface types (")
+        .nth(1)
+        .and_then(|l| l.split(';').next())
+        .expect("the code map lists the worker's interface types the master names");
+    list.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+/// Issue 43: the master names of `worker` only the interface types the code map lists
+/// (`worker::Setup`, `worker::datagram::Settings`...), whether through `crate::worker::`
+/// or a `worker::` path after `use crate::worker`: a driver's own type (its settings, its
+/// limits) reaches it only inside what `dispatch` gives it, unnamed.
+#[test]
+fn issue_43_the_master_names_only_the_workers_interface() {
+    let allowed = worker_interface();
+    let src = source::src_dir();
+    let mut wrong = BTreeSet::new();
+    for file in source::rust_files(&src.join("master")) {
+        let rel = source::relative(&src, &file);
+        let tokens = source::tokens(&std::fs::read_to_string(&file).unwrap());
+        let mut paths = module_paths(&tokens, &module_of(&rel));
+        // `worker::X` after `use crate::worker::{self, ...}`.
+        for (k, t) in tokens.iter().enumerate() {
+            let starts = t.ident
+                && t.text == "worker"
+                && tokens.get(k + 1).is_some_and(|n| n.text == "::")
+                && (k == 0 || tokens[k - 1].text != "::");
+            if starts {
+                let mut at = k + 2;
+                let mut path = vec!["worker".to_owned()];
+                while let Some(t) = tokens.get(at).filter(|t| t.ident) {
+                    path.push(t.text.clone());
+                    if tokens.get(at + 1).is_some_and(|n| n.text == "::") {
+                        at += 2;
+                    } else {
+                        break;
+                    }
+                }
+                paths.push(path);
+            }
+        }
+        for path in paths {
+            if path.first().map(String::as_str) != Some("worker") || path.len() < 2 {
+                continue; // not the worker's, or `use crate::worker::{self}`
+            }
+            let named = (2..=path.len()).any(|n| allowed.contains(&path[1..n].join("::")));
+            if !named {
+                wrong.insert(format!("{rel}: worker::{}", path[1..].join("::")));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the master names worker types the code map does not list as its interface ({allowed:?}):\n{}",
+        wrong.into_iter().collect::<Vec<_>>().join("\n")
+    );
 }

@@ -6,7 +6,8 @@
 //! Each operation tries the transport first when it may have something without the
 //! socket's readiness (plaintext rustls holds already, records to flush), else waits for
 //! the readiness the runtime's reactor reports, then does one system call; "would block"
-//! clears the readiness and waits again (`AsyncFd::try_io`). A read or a write that waits
+//! clears the readiness and waits again (`AsyncFd::try_io`): the rules of
+//! `async_transport.rs`, which the async driver's request level reads and writes by too. A read or a write that waits
 //! longer than its timeout (`--read-timeout`, `--write-timeout` by default, or what the
 //! handler sets) fails with [`io::ErrorKind::TimedOut`]: the deadline is armed when the
 //! operation first has to wait, and disarmed when it makes progress, so that a timeout
@@ -28,6 +29,7 @@ use tokio::time::{Instant, Sleep};
 use crate::net::listener::Addr;
 use crate::net::tls::TlsSession;
 
+use super::async_transport;
 use super::send_watch::SendWatch;
 use super::transport::Transport;
 
@@ -312,23 +314,18 @@ impl AsyncClient {
     /// Writes pending TLS records, waiting for the socket as needed.
     fn poll_records(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.io.get_ref().records_pending() {
-            let mut guard = match self.io.poll_write_ready_mut(cx) {
-                Poll::Ready(g) => g?,
+            match async_transport::poll_write_records(&mut self.io, cx) {
+                Poll::Ready(Ok(n)) => {
+                    self.sent += n as u64;
+                    self.wrote();
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
                     return match self.poll_write_wait(cx) {
                         Poll::Ready(e) => Poll::Ready(Err(e)),
                         Poll::Pending => Poll::Pending,
                     };
                 }
-            };
-            match guard.try_io(|t| t.get_mut().write_records()) {
-                Ok(Ok(n)) => {
-                    self.sent += n as u64;
-                    self.wrote();
-                }
-                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(Err(e)) => return Poll::Ready(Err(e)),
-                Err(_would_block) => {}
             }
         }
         Poll::Ready(Ok(()))
@@ -357,51 +354,37 @@ impl AsyncRead for AsyncClient {
                 this.sent += n as u64;
             }
         }
-        loop {
-            // Plaintext rustls holds already needs no readiness.
-            if this.io.get_mut().input_pending() {
-                let n = this.io.get_mut().read(buf.initialize_unfilled())?;
+        // Plaintext rustls holds already needs no readiness.
+        if this.io.get_mut().input_pending() {
+            let n = this.io.get_mut().read(buf.initialize_unfilled())?;
+            buf.advance(n);
+            this.received += n as u64;
+            this.read_deadline = None;
+            this.read_again();
+            return Poll::Ready(Ok(()));
+        }
+        // Once readable, by the transport's rules (a short plain read clears the readiness,
+        // a TLS error sends its alert).
+        let room = buf.remaining();
+        let read = async_transport::poll_read(&mut this.io, cx, |t| {
+            t.read(buf.initialize_unfilled()).map(|n| Some((n, room)))
+        });
+        match read {
+            Poll::Ready(Ok(n)) => {
+                // The closure never declines: `None` is not returned.
+                let n = n.unwrap_or(0);
                 buf.advance(n);
                 this.received += n as u64;
                 this.read_deadline = None;
                 this.read_again();
-                return Poll::Ready(Ok(()));
+                Poll::Ready(Ok(()))
             }
-            let mut guard = match this.io.poll_read_ready_mut(cx) {
-                Poll::Ready(g) => g?,
-                Poll::Pending => {
-                    return match Self::poll_deadline(&mut this.read_deadline, this.read_timeout, "read", cx) {
-                        Poll::Ready(e) => Poll::Ready(Err(e)),
-                        Poll::Pending => Poll::Pending,
-                    };
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                match Self::poll_deadline(&mut this.read_deadline, this.read_timeout, "read", cx) {
+                    Poll::Ready(e) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
                 }
-            };
-            let room = buf.remaining();
-            match guard.try_io(|t| t.get_mut().read(buf.initialize_unfilled())) {
-                Ok(Ok(n)) => {
-                    // A short read drained a plain socket: its next bytes are a new edge
-                    // (the readiness would otherwise cost a failing `recv` at the next
-                    // read). Not under TLS, where bytes may stay in the socket.
-                    if n < room && !guard.get_inner().is_tls() {
-                        // Readable only: a close that came with the bytes stays seen.
-                        guard.clear_ready_matching(tokio::io::Ready::READABLE);
-                    }
-                    buf.advance(n);
-                    this.received += n as u64;
-                    this.read_deadline = None;
-                    this.read_again();
-                    return Poll::Ready(Ok(()));
-                }
-                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(Err(e)) => {
-                    if e.kind() == io::ErrorKind::InvalidData {
-                        // A TLS protocol error: the alert rustls prepared goes out, best
-                        // effort.
-                        let _ = this.io.get_mut().write_records();
-                    }
-                    return Poll::Ready(Err(e));
-                }
-                Err(_would_block) => {}
             }
         }
     }
@@ -424,38 +407,20 @@ impl AsyncWrite for AsyncClient {
         // Records of earlier writes go first: rustls's buffer would grow without bound
         // for a client that does not read.
         ready!(this.poll_records(cx))?;
-        loop {
-            let mut guard = match this.io.poll_write_ready_mut(cx) {
-                Poll::Ready(g) => g?,
-                Poll::Pending => {
-                    return match this.poll_write_wait(cx) {
-                        Poll::Ready(e) => Poll::Ready(Err(e)),
-                        Poll::Pending => Poll::Pending,
-                    };
+        let tls = this.io.get_ref().is_tls();
+        match async_transport::poll_write(&mut this.io, cx, data) {
+            Poll::Ready(Ok(n)) => {
+                if !tls {
+                    this.sent += n as u64;
                 }
-            };
-            let tls = guard.get_inner().is_tls();
-            match guard.try_io(|t| {
-                let (taken, r) = t.get_mut().write(data);
-                match r {
-                    // Taken bytes are gone, whatever the records' outcome: they are
-                    // reported, and the records go out at the next write or flush.
-                    _ if taken > 0 => Ok(taken),
-                    Err(e) => Err(e),
-                    Ok(()) => Ok(0),
-                }
-            }) {
-                Ok(Ok(n)) => {
-                    if !tls {
-                        this.sent += n as u64;
-                    }
-                    this.wrote();
-                    return Poll::Ready(Ok(n));
-                }
-                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(Err(e)) => return Poll::Ready(Err(e)),
-                Err(_would_block) => {}
+                this.wrote();
+                Poll::Ready(Ok(n))
             }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => match this.poll_write_wait(cx) {
+                Poll::Ready(e) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 

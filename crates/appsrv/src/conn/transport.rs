@@ -5,8 +5,9 @@
 //! cannot do now returns [`io::ErrorKind::WouldBlock`] (on a socket with `O_NONBLOCK`; on a
 //! blocking socket the same error means that its `SO_RCVTIMEO`/`SO_SNDTIMEO` expired), and
 //! [`io::ErrorKind::Interrupted`] comes back as it is. The driver decides what to do with
-//! them: the blocking [`Client`](super::client::Client) loops, turns an expired timeout into
-//! `TimedOut` and applies `--min-send-rate`; an event loop would wait for readiness.
+//! them: the blocking client loops, turns an expired timeout into `TimedOut` and applies
+//! `--min-send-rate` (`client.rs`, which uses this file, says how); an event loop waits for
+//! readiness.
 //!
 //! Under TLS, plaintext that rustls has taken is never offered again: [`write`] reports
 //! how much it took even when writing the records failed, and the records wait inside

@@ -118,25 +118,84 @@ fn span_words(span: f64) -> String {
     }
 }
 
-/// The chart as one `<svg>` element (with a final newline).
+/// The chart as one `<svg>` element (with a final newline): its opening with the text
+/// alternative, the caption, the axes, the lines, and the legend.
 pub(crate) fn render(c: &Chart<'_>) -> String {
-    let id = escape(c.id);
-    let plot_width = f64::from(WIDTH) - LEFT - RIGHT;
-    let bottom = TOP + PLOT_HEIGHT;
-    // Only the points in the span count, for the scale as for the lines.
-    let within = |age: f64| (0.0..=c.span).contains(&age);
-    let values = || {
-        c.series
-            .iter()
-            .flat_map(|s| s.points.iter())
-            .filter(|(age, _)| within(*age))
-            .filter_map(|(_, v)| v.filter(|v| v.is_finite()))
-    };
-    let top = axis_top(values().fold(0.0, f64::max));
-    let x = |age: f64| LEFT + plot_width * (1.0 - age / c.span);
-    let y = |v: f64| bottom - PLOT_HEIGHT * (v.clamp(0.0, top) / top);
-    let summary = summary(c);
+    let plot = Plot::new(c);
     let mut o = String::with_capacity(4096);
+    open_svg(&mut o, c);
+    caption(&mut o, c);
+    y_axis(&mut o, &plot);
+    x_axis(&mut o, &plot);
+    for s in &c.series {
+        line(&mut o, &plot, s);
+    }
+    if values(c).next().is_none() {
+        let _ = write!(
+            o,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"currentColor\" opacity=\"0.7\">{}</text>",
+            LEFT + plot.width / 2.0,
+            TOP + PLOT_HEIGHT / 2.0,
+            escape(c.empty)
+        );
+    }
+    legend(&mut o, c);
+    o.push_str("</svg>\n");
+    o
+}
+
+/// The plot area of a chart and its scales: where a value at an age goes.
+struct Plot {
+    /// The plot area's width (its height is [`PLOT_HEIGHT`], its left edge [`LEFT`]).
+    width: f64,
+    /// The plot area's bottom edge: the y of 0.
+    bottom: f64,
+    /// The y axis' top value ([`axis_top`] of the highest value in the span).
+    top: f64,
+    /// The time the x axis spans, in seconds.
+    span: f64,
+}
+
+impl Plot {
+    fn new(c: &Chart<'_>) -> Plot {
+        Plot {
+            width: f64::from(WIDTH) - LEFT - RIGHT,
+            bottom: TOP + PLOT_HEIGHT,
+            top: axis_top(values(c).fold(0.0, f64::max)),
+            span: c.span,
+        }
+    }
+
+    /// The x of a point `age` seconds before now.
+    fn x(&self, age: f64) -> f64 {
+        LEFT + self.width * (1.0 - age / self.span)
+    }
+
+    /// The y of value `v` (clamped to the axis).
+    fn y(&self, v: f64) -> f64 {
+        self.bottom - PLOT_HEIGHT * (v.clamp(0.0, self.top) / self.top)
+    }
+}
+
+/// Whether a point `age` seconds old is in a chart's `span`: only those count, for the
+/// scale as for the lines.
+fn within(span: f64, age: f64) -> bool {
+    (0.0..=span).contains(&age)
+}
+
+/// The finite values of every series in the span.
+fn values<'c>(c: &'c Chart<'_>) -> impl Iterator<Item = f64> + 'c {
+    c.series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|(age, _)| within(c.span, *age))
+        .filter_map(|(_, v)| v.filter(|v| v.is_finite()))
+}
+
+/// The `<svg>` element's opening, with its title and description (the text alternative).
+fn open_svg(o: &mut String, c: &Chart<'_>) {
+    let id = escape(c.id);
+    let summary = summary(c);
     let _ = write!(
         o,
         "<svg class=\"chart\" id=\"{id}\" xmlns=\"http://www.w3.org/2000/svg\" \
@@ -149,7 +208,10 @@ pub(crate) fn render(c: &Chart<'_>) -> String {
         escape(c.title),
         escape(&summary)
     );
-    // The caption: the title and, above the y axis, the unit.
+}
+
+/// The caption: the title and, above the y axis, the unit.
+fn caption(o: &mut String, c: &Chart<'_>) {
     let _ = write!(
         o,
         "<text x=\"{LEFT}\" y=\"14\" font-weight=\"600\" fill=\"currentColor\">{}</text>\
@@ -158,25 +220,32 @@ pub(crate) fn render(c: &Chart<'_>) -> String {
         f64::from(WIDTH) - RIGHT,
         escape(c.unit)
     );
-    // The y axis: 0, half and the top, with grid lines.
-    for v in [0.0, top / 2.0, top] {
-        let gy = y(v);
+}
+
+/// The y axis: 0, half and the top, with grid lines.
+fn y_axis(o: &mut String, plot: &Plot) {
+    for v in [0.0, plot.top / 2.0, plot.top] {
+        let gy = plot.y(v);
         let _ = write!(
             o,
             "<line x1=\"{LEFT}\" y1=\"{gy:.1}\" x2=\"{:.1}\" y2=\"{gy:.1}\" stroke=\"#888\" \
              stroke-opacity=\"{}\" stroke-width=\"1\"/>\
              <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"currentColor\">{}</text>",
-            LEFT + plot_width,
+            LEFT + plot.width,
             if v == 0.0 { "0.8" } else { "0.3" },
             LEFT - 5.0,
             gy + 4.0,
             number(v)
         );
     }
-    // The x axis: ticks at each third of the span, labelled with the time before now.
+}
+
+/// The x axis: ticks at each third of the span, labelled with the time before now.
+fn x_axis(o: &mut String, plot: &Plot) {
+    let bottom = plot.bottom;
     for i in 0..=3 {
-        let age = c.span * f64::from(3 - i) / 3.0;
-        let tx = x(age);
+        let age = plot.span * f64::from(3 - i) / 3.0;
+        let tx = plot.x(age);
         let label = if i == 3 {
             "now".to_owned()
         } else {
@@ -195,44 +264,40 @@ pub(crate) fn render(c: &Chart<'_>) -> String {
             bottom + 16.0
         );
     }
-    // The lines: each run of values without a gap is a polyline (a lone value a dot).
-    for s in &c.series {
-        let colour = escape(s.colour);
-        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
-        for (age, v) in s.points.iter().filter(|(age, _)| within(*age)) {
-            match v.filter(|v| v.is_finite()) {
-                Some(v) => runs.last_mut().unwrap().push((x(*age), y(v))),
-                None if runs.last().is_some_and(|r| !r.is_empty()) => runs.push(Vec::new()),
-                None => {}
-            }
-        }
-        for run in runs.iter().filter(|r| !r.is_empty()) {
-            if let [(px, py)] = run.as_slice() {
-                let _ = write!(
-                    o,
-                    "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"1.8\" fill=\"{colour}\"/>"
-                );
-                continue;
-            }
-            o.push_str("<polyline fill=\"none\" stroke-width=\"1.6\" stroke-linejoin=\"round\" stroke=\"");
-            o.push_str(&colour);
-            o.push_str("\" points=\"");
-            for (i, (px, py)) in run.iter().enumerate() {
-                let _ = write!(o, "{}{px:.1},{py:.1}", if i > 0 { " " } else { "" });
-            }
-            o.push_str("\"/>");
+}
+
+/// One series' line: each run of values without a gap is a polyline (a lone value a
+/// dot).
+fn line(o: &mut String, plot: &Plot, s: &Series<'_>) {
+    let colour = escape(s.colour);
+    let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+    for (age, v) in s.points.iter().filter(|(age, _)| within(plot.span, *age)) {
+        match v.filter(|v| v.is_finite()) {
+            Some(v) => runs.last_mut().unwrap().push((plot.x(*age), plot.y(v))),
+            None if runs.last().is_some_and(|r| !r.is_empty()) => runs.push(Vec::new()),
+            None => {}
         }
     }
-    if values().next().is_none() {
-        let _ = write!(
-            o,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"currentColor\" opacity=\"0.7\">{}</text>",
-            LEFT + plot_width / 2.0,
-            TOP + PLOT_HEIGHT / 2.0,
-            escape(c.empty)
-        );
+    for run in runs.iter().filter(|r| !r.is_empty()) {
+        if let [(px, py)] = run.as_slice() {
+            let _ = write!(
+                o,
+                "<circle cx=\"{px:.1}\" cy=\"{py:.1}\" r=\"1.8\" fill=\"{colour}\"/>"
+            );
+            continue;
+        }
+        o.push_str("<polyline fill=\"none\" stroke-width=\"1.6\" stroke-linejoin=\"round\" stroke=\"");
+        o.push_str(&colour);
+        o.push_str("\" points=\"");
+        for (i, (px, py)) in run.iter().enumerate() {
+            let _ = write!(o, "{}{px:.1},{py:.1}", if i > 0 { " " } else { "" });
+        }
+        o.push_str("\"/>");
     }
-    // The legend: each series' colour and name, then the span.
+}
+
+/// The legend: each series' colour and name, then the span.
+fn legend(o: &mut String, c: &Chart<'_>) {
     let mut lx = LEFT;
     let ly = f64::from(HEIGHT) - 8.0;
     for s in &c.series {
@@ -253,8 +318,6 @@ pub(crate) fn render(c: &Chart<'_>) -> String {
         f64::from(WIDTH) - RIGHT,
         span_words(c.span)
     );
-    o.push_str("</svg>\n");
-    o
 }
 
 /// The chart in words: per series, its latest, lowest and highest value over the span.
@@ -538,5 +601,66 @@ mod tests {
         assert_eq!(number(2500.0), "2.5k");
         assert_eq!(number(20_000.0), "20k");
         assert_eq!(number(1_000_000.0), "1M");
+    }
+
+    /// Two charts of a small fixed history, whole: two series (one with a gap, a lone
+    /// value, a point older than the span and a non-finite value), escapes, a span in
+    /// seconds; and a chart with no value. Pinned byte for byte (issue 43: `render` was cut
+    /// into its parts, which changed no byte), so that a change to the SVG is deliberate:
+    /// it updates `tests/data/render/chart*.svg`.
+    fn issue_43_pinned_charts() -> [(Chart<'static>, &'static str); 2] {
+        let full = Chart {
+            id: "latency",
+            title: "Latency & more",
+            unit: "ms",
+            span: 90.0,
+            empty: "no request yet",
+            series: vec![
+                Series {
+                    name: "p50",
+                    colour: "#1f77b4",
+                    points: vec![
+                        (120.0, Some(99.0)),
+                        (90.0, Some(1.5)),
+                        (75.0, Some(2.0)),
+                        (60.0, None),
+                        (45.0, Some(3.25)),
+                        (30.0, None),
+                        (15.0, Some(f64::NAN)),
+                        (5.0, Some(2.5)),
+                        (0.0, Some(4.0)),
+                    ],
+                },
+                Series {
+                    name: "p<99>",
+                    colour: "#d62728",
+                    points: vec![(60.0, Some(7.0)), (30.0, Some(12.5)), (0.0, Some(9.0))],
+                },
+            ],
+        };
+        let empty = Chart {
+            id: "requests",
+            title: "Requests per second",
+            unit: "requests/s",
+            span: 900.0,
+            empty: "no samples yet",
+            series: vec![Series {
+                name: "requests",
+                colour: "#2ca02c",
+                points: vec![(0.0, None)],
+            }],
+        };
+        [
+            (full, include_str!("../../tests/data/render/chart.svg")),
+            (empty, include_str!("../../tests/data/render/chart-empty.svg")),
+        ]
+    }
+
+    #[test]
+    fn issue_43_the_svg_of_a_fixed_history_is_pinned() {
+        for (chart, want) in issue_43_pinned_charts() {
+            let got = render(&chart);
+            assert!(got == want, "{} differs:\n got: {got}\nwant: {want}", chart.id);
+        }
     }
 }

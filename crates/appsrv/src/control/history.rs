@@ -17,7 +17,7 @@
 //! master (a binary upgrade) starts with none, and so does a restart.
 //!
 //! The totals only grow: a worker that exits leaves its counters to the master's retired
-//! totals (`master/mod.rs`, at the reap, before its slot is given to a replacement), so a
+//! totals (`master/reap.rs`, at the reap, before its slot is given to a replacement), so a
 //! worker's restart does not take them back. Should a snapshot ever show less than the
 //! last sample (a slot read while it changes hands), the sample keeps the last value
 //! ([`Counts::at_least`]): a rate is never negative, and what came back is not counted

@@ -1,6 +1,6 @@
 //! The status page (`GET /status` on `--metrics-listen`): the [`Status`] snapshot as one
 //! HTML document, in the manner of Apache's mod_status `server-status` page. A pure
-//! function of the snapshot, as the other renderings (`render.rs`) are.
+//! function of the snapshot, as the other renderings (`render/`) are.
 //!
 //! The page stands alone: inline CSS, no script, no external asset (its responses forbid
 //! them: `Content-Security-Policy: default-src 'none'`), and it refreshes itself with a

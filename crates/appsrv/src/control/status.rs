@@ -26,7 +26,7 @@ pub(crate) struct Status {
     /// for, issue 34).
     pub(crate) grace_period: Duration,
     pub(crate) drain_delay: Duration,
-    /// The workers' I/O model (`--io`): blocking, event or hybrid.
+    /// The workers' I/O model (`--io`): blocking, event, hybrid or async.
     pub(crate) io: &'static str,
     pub(crate) pool: PoolStatus,
     pub(crate) listeners: Vec<ListenerStatus>,

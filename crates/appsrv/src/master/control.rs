@@ -152,7 +152,7 @@ impl Master<'_> {
         self.settings
             .board
             .set_min_spare(self.settings.policy.wake_below() as u32);
-        self.next_round = None;
+        self.rounds.resized();
         d
     }
 
@@ -252,7 +252,7 @@ impl Master<'_> {
                 .collect()
         };
         let workers = of(false);
-        let hybrid = self.handoff.map(|ch| crate::control::status::Hybrid {
+        let hybrid = self.hybrid.handoff.map(|ch| crate::control::status::Hybrid {
             fronts: of(true),
             requests_waiting: board.waiting(ch.empty()),
             handed_off: board.handoffs_sent(),

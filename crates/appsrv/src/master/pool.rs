@@ -1,7 +1,11 @@
 //! How many workers the master keeps, and how fast it replaces workers that keep dying.
 //!
 //! The pool policy is kept apart from the master's loop so that other policies (a dynamic
-//! pool that follows the load) can be added without touching process management.
+//! pool that follows the load) can be added without touching process management: every
+//! decision that depends on the policy is made here, from counts and times ([`Seen`], a
+//! [`Probe`] of the listeners and the board), and returned for the master to carry out
+//! ([`Rounds::decide`]'s [`Round`], [`Policy::target`], [`Policy::watches_listeners`]);
+//! the master forks and signals, and matches no policy itself.
 
 use std::time::{Duration, Instant};
 
@@ -199,11 +203,202 @@ impl Policy {
             Policy::Static(_) | Policy::Ondemand { .. } => (0, 0),
         }
     }
+
+    /// Whether the pool is sized in rounds (dynamic, on-demand), which the master runs on a
+    /// clock; a static pool has none.
+    pub(crate) fn has_rounds(&self) -> bool {
+        !matches!(self, Policy::Static(_))
+    }
+
+    /// Whether the master watches the listeners itself, to start a worker for the first
+    /// client that waits: an on-demand pool with no worker idle or starting, and room to
+    /// grow. `seen` is counted only for an on-demand pool.
+    pub(crate) fn watches_listeners(&self, seen: impl FnOnce() -> Seen) -> bool {
+        matches!(self, Policy::Ondemand { .. }) && {
+            let seen = seen();
+            seen.idle == 0 && seen.starting == 0 && seen.active < self.max()
+        }
+    }
+
+    /// Whether idle workers are short: fewer idle or starting than `min_spare` (dynamic),
+    /// none while a client waits (on-demand: `queued` is asked only then); never in a
+    /// static pool.
+    fn short(&self, idle: usize, starting: usize, queued: impl FnOnce() -> bool) -> bool {
+        match self {
+            Policy::Dynamic { min_spare, .. } => idle + starting < *min_spare,
+            Policy::Ondemand { .. } => idle + starting == 0 && queued(),
+            Policy::Static(_) => false,
+        }
+    }
+
+    /// How many surplus idle workers to retire: for a dynamic pool one, while more than
+    /// `max_spare` are idle, once `since_retire` (since the last) reaches
+    /// [`RETIRE_INTERVAL`]; for an on-demand pool every worker idle for its idle timeout
+    /// (`probe`'s idle times are read only then); for a static pool none.
+    fn surplus(&self, idle: usize, since_retire: Duration, probe: &dyn Probe) -> usize {
+        match self {
+            Policy::Dynamic { max_spare, .. } => {
+                usize::from(idle > *max_spare && since_retire >= RETIRE_INTERVAL)
+            }
+            Policy::Ondemand { idle_timeout, .. } => probe
+                .idle_times()
+                .into_iter()
+                .filter(|t| *t >= *idle_timeout)
+                .count(),
+            Policy::Static(_) => 0,
+        }
+    }
+}
+
+/// What the master counts of its pool when a decision needs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// Workers waiting for a connection (the board's count).
+    pub(crate) idle: usize,
+    /// Workers forked and not yet waiting for connections.
+    pub(crate) starting: usize,
+    /// Workers that count towards the pool's size (not on their way out).
+    pub(crate) active: usize,
+}
+
+/// What a round's decision may look at beyond the counts, each only when the decision
+/// needs it: each is a system call (a `poll` of the listeners, a read of their queues) or
+/// a read of every slot.
+pub(crate) trait Probe {
+    /// Whether a connection waits in some listener's queue (in hybrid mode, also a
+    /// request waiting for a worker).
+    fn clients_queued(&self) -> bool;
+    /// The connections waiting in the listeners' accept queues (in hybrid mode, the
+    /// requests waiting for a worker), if they can be read (TCP).
+    fn queue_length(&self) -> Option<u32>;
+    /// How long each idle worker of the pool (not on its way out) has been idle.
+    fn idle_times(&self) -> Vec<Duration>;
+}
+
+/// What one round of a dynamic or on-demand pool decided, for the master to carry out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Round {
+    /// Idle workers are short: start this many.
+    Grow(usize),
+    /// Idle workers are short and the pool is at its maximum. `warn`: the connections
+    /// waiting, at the first round of the episode that sees some (to say "max workers
+    /// reached" once, and count it).
+    Full { warn: Option<u32> },
+    /// No shortage: retire up to this many surplus idle workers (0: none).
+    Retire(usize),
+}
+
+/// The rounds of a dynamic or on-demand pool: when the next one is due, how fast the pool
+/// grows, when it last retired a worker, whether "max workers reached" was said; and what
+/// each round decides ([`Rounds::decide`]), which the master carries out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rounds {
+    /// The spawn rate of a shortage (1, 2, 4 ... per round).
+    rate: SpawnRate,
+    /// When the next round is due; none: at the next look.
+    next: Option<Instant>,
+    /// When a surplus worker was last retired (a dynamic pool retires one per
+    /// [`RETIRE_INTERVAL`]).
+    last_retire: Instant,
+    /// "max workers reached" was said for the current shortage.
+    max_reached: bool,
+}
+
+impl Rounds {
+    /// The rounds of a pool that starts at `now`.
+    pub(crate) fn new(now: Instant) -> Rounds {
+        Rounds {
+            rate: SpawnRate::default(),
+            next: None,
+            last_retire: now,
+            max_reached: false,
+        }
+    }
+
+    /// When the next round is due, if it must wait.
+    pub(crate) fn next(&self) -> Option<Instant> {
+        self.next
+    }
+
+    /// Whether no round waits past `now`.
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.next.is_none_or(|t| t <= now)
+    }
+
+    /// Whether `policy` has a round at `now`: a dynamic or on-demand pool whose round is
+    /// due. The round begins: its next one is at the next look unless it says otherwise.
+    pub(crate) fn begin(&mut self, policy: &Policy, now: Instant) -> bool {
+        if !policy.has_rounds() || !self.due(now) {
+            return false;
+        }
+        self.next = None;
+        true
+    }
+
+    /// The next round waits until `t` (the crash-loop back-off), or none.
+    pub(crate) fn wait_until(&mut self, t: Option<Instant>) {
+        self.next = t;
+    }
+
+    /// The pool was resized: the next round is at the next look.
+    pub(crate) fn resized(&mut self) {
+        self.next = None;
+    }
+
+    /// A surplus worker was retired at `now`.
+    pub(crate) fn retired(&mut self, now: Instant) {
+        self.last_retire = now;
+    }
+
+    /// What the round at `now` of a pool under `policy` does, with `seen` counted: grow
+    /// with a doubling rate while idle workers are short, say once that the maximum is
+    /// reached while clients wait, retire surplus idle workers otherwise.
+    pub(crate) fn decide(&mut self, policy: &Policy, now: Instant, seen: Seen, probe: &dyn Probe) -> Round {
+        let Seen {
+            idle,
+            starting,
+            active,
+        } = seen;
+        let max = policy.max();
+        let short = policy.short(idle, starting, || probe.clients_queued());
+        if short && active < max {
+            // The rate doubles each round of a shortage (1, 2, 4 … 32), but a round never
+            // starts more than the shortage needs: the missing spares plus the connections
+            // already waiting in the accept queue (when the queue can be read: TCP). That
+            // grows as fast as Apache's doubling without overshooting by the last round.
+            let (min_spare, _) = policy.spares();
+            let need = match probe.queue_length() {
+                Some(queued) => {
+                    (min_spare.max(1) - (idle + starting).min(min_spare.max(1))) + queued as usize
+                }
+                None => usize::MAX,
+            };
+            let n = self.rate.next().min(max - active).min(need.max(1));
+            self.next = Some(now + ROUND);
+            return Round::Grow(n);
+        }
+        if short {
+            let warn = match probe.queue_length() {
+                Some(queued) if queued > 0 && !self.max_reached => {
+                    self.max_reached = true;
+                    Some(queued)
+                }
+                _ => None,
+            };
+            self.next = Some(now + ROUND);
+            return Round::Full { warn };
+        }
+        self.rate.reset();
+        if self.max_reached && (active < max || !probe.clients_queued()) {
+            self.max_reached = false;
+        }
+        Round::Retire(policy.surplus(idle, now.duration_since(self.last_retire), probe))
+    }
 }
 
 /// The spawn rate of a growing pool: 1, 2, 4 … up to [`MAX_SPAWN_RATE`] workers per round
 /// while a shortage lasts, back to 1 when it ends.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct SpawnRate(usize);
 
 impl Default for SpawnRate {
@@ -483,5 +678,186 @@ mod tests {
         assert!(drawn.iter().any(|n| *n != drawn[0]), "the limits are spread");
         assert_eq!(j.draw(0, 10), 0, "0 is no limit, and stays so");
         assert_eq!(j.draw(100, 0), 100, "no jitter");
+    }
+
+    /// What a round may look at, as a test sets it, counting what it was asked.
+    #[derive(Default)]
+    struct Looks {
+        queued: bool,
+        queue: Option<u32>,
+        idle: Vec<Duration>,
+        asked: std::cell::Cell<usize>,
+    }
+
+    impl Probe for Looks {
+        fn clients_queued(&self) -> bool {
+            self.asked.set(self.asked.get() + 1);
+            self.queued
+        }
+        fn queue_length(&self) -> Option<u32> {
+            self.asked.set(self.asked.get() + 1);
+            self.queue
+        }
+        fn idle_times(&self) -> Vec<Duration> {
+            self.asked.set(self.asked.get() + 1);
+            self.idle.clone()
+        }
+    }
+
+    fn seen(idle: usize, starting: usize, active: usize) -> Seen {
+        Seen {
+            idle,
+            starting,
+            active,
+        }
+    }
+
+    fn dynamic() -> Policy {
+        Policy::Dynamic {
+            start: 2,
+            min_spare: 2,
+            max_spare: 4,
+            max: 10,
+        }
+    }
+
+    #[test]
+    fn issue_43_a_static_pool_has_no_rounds_and_never_watches_the_listeners() {
+        let now = Instant::now();
+        let p = Policy::Static(4);
+        let mut r = Rounds::new(now);
+        assert!(!p.has_rounds());
+        assert!(!r.begin(&p, now));
+        assert!(!p.watches_listeners(|| unreachable!("a static pool counts nothing")));
+        assert!(dynamic().has_rounds() && r.begin(&dynamic(), now));
+    }
+
+    #[test]
+    fn issue_43_a_short_dynamic_pool_grows_by_a_doubling_rate_within_its_need_and_max() {
+        let t0 = Instant::now();
+        let p = dynamic();
+        let mut r = Rounds::new(t0);
+        let queue = Looks {
+            queue: Some(40),
+            ..Looks::default()
+        };
+        // No idle worker: the rate doubles, each round bounded by the need (2 spares + 40).
+        let grown: Vec<Round> = (0..4).map(|_| r.decide(&p, t0, seen(0, 0, 2), &queue)).collect();
+        assert_eq!(grown, [1, 2, 4, 8].map(Round::Grow));
+        assert_eq!(r.next(), Some(t0 + ROUND), "the next round waits");
+        assert!(!r.begin(&p, t0) && r.begin(&p, t0 + ROUND));
+        // Never above the maximum (10 - 7 = 3), nor the need (2 - 1 spares + 0 queued).
+        assert_eq!(r.decide(&p, t0, seen(0, 0, 7), &queue), Round::Grow(3));
+        let nothing_queued = Looks {
+            queue: Some(0),
+            ..Looks::default()
+        };
+        assert_eq!(r.decide(&p, t0, seen(1, 0, 7), &nothing_queued), Round::Grow(1));
+        // The shortage over, the rate starts again at one.
+        assert_eq!(r.decide(&p, t0, seen(2, 0, 7), &queue), Round::Retire(0));
+        assert_eq!(r.decide(&p, t0, seen(0, 1, 7), &queue), Round::Grow(1));
+        // Workers starting count as spares: no shortage, and nothing asked of the listeners.
+        let looks = Looks::default();
+        assert_eq!(r.decide(&p, t0, seen(1, 1, 7), &looks), Round::Retire(0));
+        assert_eq!(looks.asked.get(), 0, "no system call for a pool with its spares");
+    }
+
+    #[test]
+    fn issue_43_max_workers_reached_is_said_once_per_episode_of_waiting_clients() {
+        let t0 = Instant::now();
+        let p = dynamic();
+        let mut r = Rounds::new(t0);
+        let waiting = Looks {
+            queue: Some(5),
+            queued: true,
+            ..Looks::default()
+        };
+        let full = seen(0, 0, 10);
+        assert_eq!(r.decide(&p, t0, full, &waiting), Round::Full { warn: Some(5) });
+        assert_eq!(r.decide(&p, t0, full, &waiting), Round::Full { warn: None });
+        // Clients still queued at the maximum: the episode goes on, though spares are back.
+        assert_eq!(r.decide(&p, t0, seen(2, 0, 10), &waiting), Round::Retire(0));
+        assert_eq!(r.decide(&p, t0, full, &waiting), Round::Full { warn: None });
+        // The queue emptied: a new episode is told again.
+        let empty = Looks::default();
+        assert_eq!(r.decide(&p, t0, seen(2, 0, 10), &empty), Round::Retire(0));
+        assert_eq!(r.decide(&p, t0, full, &waiting), Round::Full { warn: Some(5) });
+        // No client waiting (or a queue that cannot be read): nothing to say.
+        let mut r = Rounds::new(t0);
+        assert_eq!(r.decide(&p, t0, full, &empty), Round::Full { warn: None });
+    }
+
+    #[test]
+    fn issue_43_a_dynamic_pool_retires_one_surplus_worker_a_second() {
+        let t0 = Instant::now();
+        let p = dynamic();
+        let mut r = Rounds::new(t0);
+        let looks = Looks::default();
+        assert_eq!(
+            r.decide(&p, t0, seen(6, 0, 8), &looks),
+            Round::Retire(0),
+            "not within a second of the start"
+        );
+        let t1 = t0 + RETIRE_INTERVAL;
+        assert_eq!(r.decide(&p, t1, seen(6, 0, 8), &looks), Round::Retire(1));
+        assert_eq!(
+            r.decide(&p, t1, seen(4, 0, 8), &looks),
+            Round::Retire(0),
+            "max_spare idle is no surplus"
+        );
+        r.retired(t1);
+        assert_eq!(r.decide(&p, t1, seen(6, 0, 8), &looks), Round::Retire(0));
+        assert_eq!(
+            r.decide(&p, t1 + RETIRE_INTERVAL, seen(6, 0, 8), &looks),
+            Round::Retire(1)
+        );
+        assert_eq!(looks.asked.get(), 0, "a dynamic pool reads no slot to retire");
+    }
+
+    #[test]
+    fn issue_43_an_ondemand_pool_starts_for_a_waiting_client_and_retires_idle_workers() {
+        let t0 = Instant::now();
+        let p = Policy::Ondemand {
+            max: 3,
+            idle_timeout: Duration::from_secs(10),
+        };
+        // The master watches the listeners while no worker is idle or starting.
+        assert!(p.watches_listeners(|| seen(0, 0, 0)));
+        assert!(
+            !p.watches_listeners(|| seen(0, 1, 1)),
+            "a starting worker takes the client"
+        );
+        assert!(!p.watches_listeners(|| seen(1, 0, 1)));
+        assert!(!p.watches_listeners(|| seen(0, 0, 3)), "no room to grow");
+        let mut r = Rounds::new(t0);
+        let idle = Looks {
+            idle: vec![
+                Duration::from_secs(3),
+                Duration::from_secs(10),
+                Duration::from_secs(60),
+            ],
+            ..Looks::default()
+        };
+        assert_eq!(
+            r.decide(&p, t0, seen(0, 0, 0), &idle),
+            Round::Retire(2),
+            "no client: none started"
+        );
+        let waiting = Looks {
+            queued: true,
+            queue: None,
+            ..Looks::default()
+        };
+        assert_eq!(r.decide(&p, t0, seen(0, 0, 0), &waiting), Round::Grow(1));
+        assert_eq!(r.decide(&p, t0, seen(0, 0, 1), &waiting), Round::Grow(2));
+        assert_eq!(
+            r.decide(&p, t0, seen(0, 0, 2), &waiting),
+            Round::Grow(1),
+            "the room left"
+        );
+        // An idle worker: no shortage, and the listeners are not polled for it.
+        let looks = Looks::default();
+        assert_eq!(r.decide(&p, t0, seen(1, 0, 3), &looks), Round::Retire(0));
+        assert_eq!(looks.asked.get(), 1, "only the idle times are read");
     }
 }

@@ -1,6 +1,8 @@
 //! The network layer: listen addresses and listening sockets, client addresses and the
-//! access policy (CIDRs), the PROXY protocol header, and TLS material (certificates, keys,
-//! the per-listener rustls configurations). Nothing here knows about workers or handlers.
+//! access policy (CIDRs) (`listener.rs`), the PROXY protocol header (`proxy.rs`), TLS
+//! material (certificates, keys, the per-listener rustls configurations: `tls.rs`) and
+//! its session-ticket keys (`tickets.rs`), and hybrid mode's hand-off channel
+//! (`handoff.rs`). Nothing here knows about workers or handlers.
 
 pub(crate) mod handoff;
 pub mod listener;

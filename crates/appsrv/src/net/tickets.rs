@@ -32,7 +32,7 @@
 //! memory read from a worker (or the master) does not open tickets older than the previous
 //! period.
 //! What it does give is the keys of the later periods of the same generation: a reload
-//! draws a new secret (see [`crate::net::tls::Store`]).
+//! draws a new secret (each load of the material does: `tls.rs`, which uses this file).
 //!
 //! Tickets are sealed with ChaCha20-Poly1305 (ring), as rustls's are: key name (16 bytes),
 //! random nonce (12 bytes), ciphertext, tag (16 bytes); the key name is authenticated as

@@ -409,15 +409,10 @@ impl<P: Privileged> Helper<P> {
             let _turn = turns.lock().await;
             // A descriptor of its own for the runtime's reactor (close-on-exec, as
             // `try_clone` makes it), registered for this call only.
-            // SAFETY: the `OwnedFd` is owned by the `AsyncFd`, which closes it only when
-            // dropped (after deregistering it); its descriptor never changes.
-            let io = unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(
-                    fd.try_clone()?,
-                    tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
-                )
-            }
-            .map_err(io::Error::from)?;
+            let io = crate::sys::watch_async(
+                fd.try_clone()?,
+                tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
+            )?;
             let seq = {
                 let mut guard = CHANNEL.lock().unwrap_or_else(|p| p.into_inner());
                 let end = guard.as_mut().ok_or(CallError::NoHelper)?;

@@ -553,6 +553,21 @@ pub(crate) fn stop_command(name: &str, stop: Stop) -> i32 {
             secs(wait)
         ),
     }
+    wait_until_gone(name, pid, pid_file.as_deref(), wait, now, term)
+}
+
+/// Waits until the master `pid` (named by `pid_file`, if any) is gone, up to `wait`,
+/// signalling it again with `term` once past the repeat window unless the stop was `now`
+/// (a deliberate second signal, not a duplicate). Returns `stop`'s exit status: 0 once it
+/// is gone, 1 if it is still running at the end.
+fn wait_until_gone(
+    name: &str,
+    pid: Pid,
+    pid_file: Option<&Path>,
+    wait: Duration,
+    now: bool,
+    term: impl Fn() -> nix::Result<()>,
+) -> i32 {
     let started = Instant::now();
     let deadline = started + wait;
     let mut second_sent = !now;
@@ -561,9 +576,8 @@ pub(crate) fn stop_command(name: &str, stop: Stop) -> i32 {
         // the process is too (its last steps come after the file's removal; a zombie
         // waiting for its parent to reap it counts as gone). While the lock is held by
         // that pid it is not gone, whatever the pid now names.
-        let locked = pid_file
-            .as_deref()
-            .is_some_and(|path| matches!(running(path), Ok(Running::Yes(p)) if p == pid.as_raw()));
+        let locked =
+            pid_file.is_some_and(|path| matches!(running(path), Ok(Running::Yes(p)) if p == pid.as_raw()));
         if !locked && process_gone(pid) {
             outln!("{name}: stopped (pid {pid})");
             return 0;

@@ -1,8 +1,10 @@
-//! The process layer: what a Unix daemon does around its work. The pid file, detaching
-//! from the terminal, the `stop` command, the log file and its line format, the workers'
-//! notification pipe to the master, the log channel that hands each worker the reopened log
-//! files, systemd's notification socket, re-executed workers,
-//! and the hand-over of listening sockets to a new binary (upgrade, socket activation).
+//! The process layer: what a Unix daemon does around its work. The pid file, the log file,
+//! detaching from the terminal, the `stop` command (`daemon.rs`), what the client
+//! subcommands print (`console.rs`), the log lines' format (`log.rs`), the workers'
+//! notification pipe to the master (`notify.rs`), the log channel that hands each worker
+//! the reopened log files (`reopen.rs`), systemd's notification socket (`systemd.rs`),
+//! re-executed workers (`exec.rs`), and the hand-over of listening sockets to a new binary
+//! (upgrade, socket activation: `handover.rs`).
 
 pub(crate) mod console;
 pub(crate) mod daemon;

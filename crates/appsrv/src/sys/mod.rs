@@ -1140,6 +1140,66 @@ pub(crate) fn any_readable<F: std::os::fd::AsFd>(fds: &[F]) -> bool {
     matches!(nix::poll::poll(&mut polled, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
+/// A value that holds one open descriptor for its whole life, which `as_raw_fd` always
+/// returns: what the async runtime's reactor may watch ([`watch_async`]).
+///
+/// # Safety
+///
+/// An implementor guarantees `AsyncFd::register_with_interest`'s contract for every value
+/// of the type: `as_raw_fd` returns a valid, open descriptor, always the same one, which
+/// stays open and refers to the same open file description until the value is dropped
+/// (it owns it, or borrows it for its lifetime), and no method replaces it.
+pub(crate) unsafe trait StableFd: AsRawFd {}
+
+// SAFETY: an `OwnedFd` owns its descriptor and closes it only when dropped; its number
+// never changes.
+unsafe impl StableFd for OwnedFd {}
+
+// SAFETY: the borrow keeps the descriptor open for the `BorrowedFd`'s lifetime, which
+// bounds the `AsyncFd` that holds it; its number never changes.
+unsafe impl StableFd for BorrowedFd<'_> {}
+
+// SAFETY: `EpollFd` owns its epoll instance (its field is private, never replaced) and
+// closes it only when dropped.
+unsafe impl StableFd for EpollFd {}
+
+/// Registers `inner`'s descriptor with the current tokio runtime's reactor for
+/// `interest`: the one place that calls `AsyncFd::register_with_interest` (the async
+/// driver's signals' eventfd, listeners and connections; the helper's channel in
+/// `Helper::call_async`). Must run inside a runtime.
+pub(crate) fn watch_async<T: StableFd>(
+    inner: T,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<T>> {
+    // SAFETY: `StableFd`'s contract is `register_with_interest`'s: the descriptor is open,
+    // the same one, and owned or borrowed for the value's life, which the `AsyncFd` owns.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) }.map_err(io::Error::from)
+}
+
+/// An epoll instance as a descriptor the async runtime can watch ([`watch_async`]): the
+/// async driver's listeners, registered with `EPOLLEXCLUSIVE`, which tokio's reactor has
+/// no registration for.
+#[derive(Debug)]
+pub(crate) struct EpollFd(nix::sys::epoll::Epoll);
+
+impl EpollFd {
+    /// A new epoll instance, close-on-exec.
+    pub(crate) fn new() -> nix::Result<Self> {
+        nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC).map(EpollFd)
+    }
+
+    /// The instance, to add, delete and wait.
+    pub(crate) fn epoll(&self) -> &nix::sys::epoll::Epoll {
+        &self.0
+    }
+}
+
+impl AsRawFd for EpollFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.0.as_raw_fd()
+    }
+}
+
 /// For tests of descriptor passing: copies of a pipe's write end to send, and its read end,
 /// which sees its end of file once every copy is closed.
 #[cfg(test)]

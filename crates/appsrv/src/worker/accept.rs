@@ -203,17 +203,13 @@ impl<'a> Acceptor<'a> {
                     }
                     return Accepted::Connection(socket, peer, index);
                 }
-                Err(e) => {
-                    let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
-                    match errno {
-                        Errno::EINTR | Errno::EAGAIN => {}
-                        e if connection_error(e) => {}
-                        // shutdown(2) on the listener by the master: we are stopping.
-                        Errno::EINVAL if self.listeners_shut(index) => {}
-                        Errno::EINVAL => return Accepted::Stop,
-                        other => self.trouble(other, "accepting connections"),
-                    }
-                }
+                Err(e) => match AcceptError::of(&e) {
+                    AcceptError::Retry | AcceptError::Next => {}
+                    // shutdown(2) on the listener by the master: we are stopping.
+                    AcceptError::Stop if self.listeners_shut(index) => {}
+                    AcceptError::Stop => return Accepted::Stop,
+                    AcceptError::BackOff(other) => self.trouble(other, "accepting connections"),
+                },
             }
         }
     }
@@ -267,6 +263,74 @@ impl<'a> Acceptor<'a> {
     }
 }
 
+/// What an `accept` error means, the same for every driver (the blocking acceptor, the
+/// event loop, the async driver): see the module's notes and accept(2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcceptError {
+    /// `EINTR`: a signal interrupted it; look for a stop, then accept again.
+    Retry,
+    /// `EAGAIN` (another worker took the connection), or an error of the connection itself
+    /// ([`connection_error`]): nothing is wrong with the listener; the next one is taken
+    /// as if nothing happened.
+    Next,
+    /// `EINVAL`: the master shut the listeners down (a stop).
+    Stop,
+    /// Anything else (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`...): logged once per episode
+    /// ([`Trouble`]), and accepting pauses for [`RESOURCE_BACKOFF`] rather than spinning on
+    /// a listener that stays readable.
+    BackOff(Errno),
+}
+
+impl AcceptError {
+    /// The class of `errno`, an `accept` error.
+    pub(crate) fn classify(errno: Errno) -> Self {
+        match errno {
+            Errno::EINTR => AcceptError::Retry,
+            Errno::EAGAIN => AcceptError::Next,
+            e if connection_error(e) => AcceptError::Next,
+            Errno::EINVAL => AcceptError::Stop,
+            other => AcceptError::BackOff(other),
+        }
+    }
+
+    /// The class of an `accept` error as `std::io` reports it.
+    pub(crate) fn of(e: &io::Error) -> Self {
+        Self::classify(Errno::from_raw(e.raw_os_error().unwrap_or(0)))
+    }
+}
+
+/// The `EPOLLEXCLUSIVE` requeue of a worker that registers its listeners exclusively (the
+/// event loop; the async driver's accept loop): counts accepts, and says every
+/// [`REQUEUE_EVERY`] that the listeners must be registered again (delete and add: an
+/// exclusive registration cannot be modified), which puts the worker at the back of the
+/// listeners' queues of waiters. It knows no epoll instance: the caller re-registers.
+/// `Copy`, so that an async accept loop that accepts through `&self` can keep it in a
+/// `Cell`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Requeue {
+    /// Accepts since the last requeue (or since accepting resumed).
+    since: u32,
+}
+
+impl Requeue {
+    /// One connection accepted: true when the caller must requeue now (the count starts
+    /// again).
+    pub(crate) fn accepted(&mut self) -> bool {
+        self.since += 1;
+        if self.since < REQUEUE_EVERY {
+            return false;
+        }
+        self.since = 0;
+        true
+    }
+
+    /// The listeners were registered again for another reason (accepting resumed after a
+    /// pause): the worker is at the back of the queues already, the count starts again.
+    pub(crate) fn registered(&mut self) {
+        self.since = 0;
+    }
+}
+
 /// Whether an `accept` error belongs to the connection, not to the listener: it went away
 /// before it was taken, or Linux passed up a network error of its own. The next one is
 /// taken as if nothing happened.
@@ -284,4 +348,55 @@ pub(crate) fn connection_error(errno: Errno) -> bool {
             | Errno::ENETUNREACH
             | Errno::ETIMEDOUT
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 43: one classification of accept errors for every driver, as accept(2) and the
+    /// module's notes say.
+    #[test]
+    fn issue_43_accept_errors_are_classified_once() {
+        assert_eq!(AcceptError::classify(Errno::EINTR), AcceptError::Retry);
+        assert_eq!(AcceptError::classify(Errno::EAGAIN), AcceptError::Next);
+        for e in [
+            Errno::ECONNABORTED,
+            Errno::EPROTO,
+            Errno::ENETUNREACH,
+            Errno::ETIMEDOUT,
+        ] {
+            assert_eq!(AcceptError::classify(e), AcceptError::Next, "{e}");
+        }
+        assert_eq!(AcceptError::classify(Errno::EINVAL), AcceptError::Stop);
+        for e in [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM] {
+            assert_eq!(AcceptError::classify(e), AcceptError::BackOff(e), "{e}");
+        }
+        let io = io::Error::from_raw_os_error(libc::EMFILE);
+        assert_eq!(AcceptError::of(&io), AcceptError::BackOff(Errno::EMFILE));
+        assert_eq!(
+            AcceptError::of(&io::ErrorKind::WouldBlock.into()),
+            AcceptError::BackOff(Errno::UnknownErrno),
+            "an error without an errno is not taken for a connection's"
+        );
+    }
+
+    /// Issue 43: the requeue says "now" once every `REQUEUE_EVERY` accepts, and a
+    /// registration for another reason starts the count again.
+    #[test]
+    fn issue_43_the_requeue_comes_every_32_accepts() {
+        let mut r = Requeue::default();
+        let due: Vec<u32> = (1..=3 * REQUEUE_EVERY).filter(|_| r.accepted()).collect();
+        assert_eq!(due.len(), 3);
+        let mut r = Requeue::default();
+        let nows: Vec<bool> = (0..REQUEUE_EVERY).map(|_| r.accepted()).collect();
+        assert_eq!(nows.iter().filter(|n| **n).count(), 1);
+        assert!(nows[REQUEUE_EVERY as usize - 1], "at the 32nd accept");
+        let mut r = Requeue::default();
+        for _ in 0..REQUEUE_EVERY - 1 {
+            assert!(!r.accepted());
+        }
+        r.registered();
+        assert!(!r.accepted(), "the count started again");
+    }
 }

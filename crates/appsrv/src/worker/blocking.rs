@@ -23,11 +23,11 @@ use crate::sys::{self, exit};
 use super::ConnLimits;
 use super::Setup;
 use super::accept::{Accepted, Acceptor};
-use super::access::{End, Outcome};
-use super::admission::{Admission, Next, Rejection, Rules, Seat};
-use super::driver::{Driver, Extras, Shared, accepts_on, rules};
-use super::guard::Guard;
+use super::admission::{Admission, Next, Rules, Seat, Verdict};
+use super::driver::{Driver, Extras, Serves, Shared, accepts_on, rules};
+use super::guard::{Guard, UNLOGGED};
 use super::ledger::{Ledger, Panicked, contain, log_connection_error};
+use super::life::{Ended, Life, Ns, Then, Unit};
 use super::serve::{Connections, Progress};
 
 /// The blocking driver (`--io blocking`): its acceptor (an epoll instance when it waits
@@ -53,7 +53,7 @@ impl<'a> Blocking<'a> {
         .map_err(|e| format!("cannot wait for connections: {e}"))?;
         Ok(Blocking {
             acceptor,
-            keepalive_timeout: setup.keepalive_timeout,
+            keepalive_timeout: setup.drivers.keepalive_timeout,
         })
     }
 }
@@ -62,8 +62,10 @@ impl<'a> Driver<'a> for Blocking<'a> {
     fn prepare(setup: &Setup<'a>, _: &'static Slot, _: Extras<'a>) -> Result<Self, String> {
         Blocking::new(setup, None)
     }
+}
 
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+impl<'a, C: Connections> Serves<'a, C> for Blocking<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut C) -> i32 {
         serve::<C>(self, shared, level, None)
     }
 }
@@ -107,7 +109,8 @@ pub(crate) fn serve<'a, C: Connections>(
             board,
             keepalive_timeout,
             ledger,
-            request: None,
+            clock: false,
+            life: None,
             peer: None,
             refusal: None,
             hold: None,
@@ -181,17 +184,20 @@ impl<C: Connections> Loop<'_, '_, C> {
             slot: self.slot,
             board: self.board,
         };
-        if let Err(rejection) = admit(&mut client, rules, seat) {
-            reject(&mut self.guard.ledger, rejection, &mut client, self.level);
-            let (_, bufs) = client.finish();
-            self.buffers = Some(bufs);
-            return None;
-        }
-        self.guard.ledger.connection();
+        let unit = unit(self.level);
+        let life = match admit(&mut client, rules, seat, unit, &mut self.guard.ledger) {
+            (life, Then::Serve) => life,
+            (_, then) => {
+                refuse(then, &mut client, self.level);
+                let (_, bufs) = client.finish();
+                self.buffers = Some(bufs);
+                return None;
+            }
+        };
         self.guard.hold = None;
-        let bufs = match serve_admitted(client, self.level, &mut self.guard, self.board, None) {
+        let bufs = match serve_admitted(client, life, self.level, &mut self.guard, self.board, None) {
             Served::Closed(bufs) => bufs,
-            Served::HandBack(client, _) => client.finish().1,
+            Served::HandBack(client, ..) => client.finish().1,
             Served::Panicked(code) => return Some(code),
         };
         self.buffers = Some(bufs);
@@ -240,8 +246,9 @@ pub(crate) fn after_connection(guard: &mut Guard<'_>, hybrid: bool) -> Option<i3
 pub(crate) enum Served {
     /// Closed; its buffers.
     Closed(Buffers),
-    /// Hybrid mode: to be handed back to a front, with how far it got.
-    HandBack(Client, Progress),
+    /// Hybrid mode: to be handed back to a front, with how far it got, and its life (its
+    /// request clock stopped: the front's next worker answers it).
+    HandBack(Client, Progress, Life<Ns>),
     /// The handler panicked: the connection is closed, the worker must exit with this
     /// status.
     Panicked(i32),
@@ -253,6 +260,7 @@ pub(crate) enum Served {
 /// state may be broken). `resumed`: how far it got before (hybrid mode).
 pub(crate) fn serve_admitted<C: Connections>(
     mut client: Client,
+    mut life: Life<Ns>,
     level: &mut C,
     guard: &mut Guard<'_>,
     board: &'static Board,
@@ -261,28 +269,30 @@ pub(crate) fn serve_admitted<C: Connections>(
     let (id, slot) = (guard.id, guard.ledger.slot());
     // The request-level loop times each request; for `handle_client` the connection is
     // the unit (its clock covers the whole connection).
-    let connection_clock = (!level.request_level()).then(|| {
+    if !level.request_level() {
         client.show_reads(board, id);
         board.set_state(id, State::Handling);
-        slot.request_start(&[])
-    });
-    if guard.ledger.logs_access() {
-        guard.peer = Some(client.peer_addr().to_string());
+        let now = slot.request_start(&[]);
+        guard.clock = true;
+        life.opened(Ns(now));
     }
+    guard.life = Some(life);
+    guard.peer = guard.ledger.logs_access().then(|| client.peer_addr().clone());
     let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
-    account(guard, &mut client, connection_clock, &outcome, handed_back);
+    let life = account(guard, &mut client, &outcome, handed_back);
     let peer = client.peer_addr().clone();
-    match outcome {
-        Ok(Ok(Some(p))) => Served::HandBack(client, p),
-        Ok(result) => {
+    match (outcome, life) {
+        (Ok(Ok(Some(p))), Some(life)) => Served::HandBack(client, p, life),
+        // (A connection handed back always has its life: `account` returns it.)
+        (Ok(result), _) => {
             let (flushed, bufs) = client.finish();
             if let Err(e) = result.map(|_| ()).and(flushed) {
                 log_connection_error(&peer, &e);
             }
             Served::Closed(bufs)
         }
-        Err(panic) => {
+        (Err(panic), _) => {
             // Close the connection now, then leave.
             drop(client);
             Served::Panicked(guard.ledger.panicked(
@@ -294,20 +304,20 @@ pub(crate) fn serve_admitted<C: Connections>(
     }
 }
 
-/// The accounting of a served connection: its bytes on the scoreboard, and the clock
-/// still running when it ended, closed and logged: the connection's own (`handle_client`),
-/// or that of a request in progress (a bad request, a client that left or timed out half
-/// way), so that the next connection does not inherit it (the request timeout would kill
-/// an innocent worker). Requests answered in full were accounted by the guard. A request
-/// begun on a connection `handed_back` to a front (hybrid mode) goes with it: its clock
-/// stops, uncounted and unlogged (the worker that answers it does both).
+/// The accounting of a served connection: its bytes on the scoreboard, the slot's clock
+/// stopped if it still runs (a `handle_client` connection's, or that of a request in
+/// progress: a bad request, a client that left or timed out half way), so that the next
+/// connection does not inherit it (the request timeout would kill an innocent worker),
+/// and its close by the one life (`life.rs`): the line of a request left unanswered or of
+/// the connection. A request begun on a connection `handed_back` to a front (hybrid mode)
+/// goes with it, uncounted and unlogged (the worker that answers it does both): its life
+/// is returned, to be handed over or served on.
 fn account<T>(
     guard: &mut Guard<'_>,
     client: &mut Client,
-    connection_clock: Option<u64>,
     outcome: &Result<io::Result<T>, Panicked>,
     handed_back: bool,
-) {
+) -> Option<Life<Ns>> {
     let (received, sent) = client.take_traffic();
     // What the request boundaries have not counted yet (see `Context::moved`).
     let untallied = guard.untallied((received, sent));
@@ -315,51 +325,44 @@ fn account<T>(
     let slot = guard.ledger.slot();
     slot.add_bytes(untallied.0, untallied.1);
     let refusal = guard.refusal.take();
-    let open = match (connection_clock, guard.request.take()) {
-        (Some(started), _) => Some((started, false)),
-        (None, Some(started)) => Some((started, true)),
-        (None, None) => None,
-    };
-    let Some((started, unanswered)) = open else {
-        return;
-    };
-    let now = crate::scoreboard::now_ns();
-    slot.request_stop(now);
-    if unanswered && handed_back {
-        return;
+    let stopped = std::mem::take(&mut guard.clock).then(|| {
+        let now = crate::scoreboard::now_ns();
+        slot.request_stop(now);
+        now
+    });
+    let peer = guard.peer.take();
+    let mut life = guard.life.take()?;
+    if handed_back {
+        life.hand_over();
+        return Some(life);
     }
-    let Some(peer) = guard.peer.as_deref() else {
-        return;
-    };
-    let took = Duration::from_nanos(now.saturating_sub(started));
-    let outcome = ended(outcome, unanswered, refusal.as_ref());
-    if unanswered {
-        guard
-            .ledger
-            .request_unanswered(peer, outcome, took, (received, sent));
-    } else {
-        guard.ledger.connection_end(peer, outcome, took, (received, sent));
+    life.close(
+        &mut guard.ledger,
+        peer.as_ref().unwrap_or(&UNLOGGED),
+        ending(outcome, refusal.as_ref()),
+        (received, sent),
+        || Ns(stopped.unwrap_or_else(crate::scoreboard::now_ns)),
+    );
+    None
+}
+
+/// How the blocking loop knows a connection's end: the handler's or the step's I/O
+/// result, the step's refusal (which wins: [`Ended::of`]), or a panic.
+fn ending<'e, T>(outcome: &Result<io::Result<T>, Panicked>, refusal: Option<&'e ProtocolError>) -> Ended<'e> {
+    match outcome {
+        Ok(Ok(_)) => Ended::of(refusal, None),
+        Ok(Err(e)) => Ended::of(refusal, Some(e.kind())),
+        Err(_) => Ended::Panicked,
     }
 }
 
-/// How a connection (`handle_client`) or a request left unanswered when its connection
-/// ended (`unanswered`) is recorded in the access log, by the one rule ([`Outcome::of`]):
-/// the step's `refusal` when it refused the request with the codec's error reply, else
-/// the I/O result's or the panic's.
-fn ended<T>(
-    outcome: &Result<io::Result<T>, Panicked>,
-    unanswered: bool,
-    refusal: Option<&ProtocolError>,
-) -> Outcome {
-    Outcome::of(match (outcome, refusal) {
-        (Ok(Ok(_)), Some(why)) if unanswered => End::Refused(why),
-        // The step closed with the request unanswered and without a refusal (a stop):
-        // the request was dropped, as if the client had left.
-        (Ok(Ok(_)), _) if unanswered => End::Dropped,
-        (Ok(Ok(_)), _) => End::Answered { ok: true },
-        (Ok(Err(e)), _) => End::Failed(e.kind()),
-        (Err(_), _) => End::Panicked,
-    })
+/// What a connection's access-log lines are about at `level`.
+fn unit<C: Connections>(level: &C) -> Unit {
+    if level.request_level() {
+        Unit::Requests
+    } else {
+        Unit::Connection
+    }
 }
 
 /// The scoreboard, as admission sees it: this worker's slot, and the others'.
@@ -371,7 +374,6 @@ struct SlotSeat<'a> {
 
 impl Seat for SlotSeat<'_> {
     fn permitted(&mut self, peer: &Addr) {
-        tracing::debug!("serving {peer}");
         self.slot.connection(peer);
     }
 
@@ -380,8 +382,9 @@ impl Seat for SlotSeat<'_> {
     }
 }
 
-/// Runs [`Admission`] on `client`'s socket and read buffer: Ok when the connection is to
-/// be served, with the client's address (from its PROXY header) and TLS session in place.
+/// Runs [`Admission`] on `client`'s socket and read buffer, and applies its verdict by the
+/// one life ([`Life::admitted`]): the client's address (from its PROXY header) and TLS
+/// session in place, and what to do with the connection.
 ///
 /// Waits are bounded by the phase's deadline with `poll(2)`, from the clock: no socket
 /// timeout is changed, so the connection's own (`--read-timeout`, `--write-timeout`)
@@ -389,11 +392,33 @@ impl Seat for SlotSeat<'_> {
 /// cut at its deadline, not at the first read after it. A phase without a deadline is
 /// bounded by the socket's own timeouts. A normal client's header costs one `poll` and one
 /// `read`.
-fn admit<S: Seat>(client: &mut Client, rules: Rules<'_>, mut seat: S) -> Result<(), Rejection> {
+fn admit<S: Seat>(
+    client: &mut Client,
+    rules: Rules<'_>,
+    seat: S,
+    unit: Unit,
+    ledger: &mut Ledger<'_>,
+) -> (Life<Ns>, Then) {
+    let mut life = Life::new(unit);
+    match admission(client, rules, seat) {
+        None => {
+            life.serve(ledger, client.peer_addr());
+            (life, Then::Serve)
+        }
+        Some(verdict) => {
+            let (peer, then) = life.admitted(verdict, None, client, ledger);
+            client.set_peer(peer);
+            (life, then)
+        }
+    }
+}
+
+/// Admission's I/O: its machine run over `client`'s socket, `None` for a listener with
+/// no rule to check (what the machine would do on it, without building it).
+fn admission<S: Seat>(client: &mut Client, rules: Rules<'_>, mut seat: S) -> Option<Verdict> {
     if rules.open_to(client.parts().1) {
-        // What the machine would do on such a listener, without building it.
         seat.permitted(client.parts().1);
-        return Ok(());
+        return None;
     }
     // The clock is read only for a phase with a deadline (a PROXY header, a TLS handshake).
     let mut machine = Admission::start(rules, client.peer_addr().clone(), seat, &mut Instant::now);
@@ -404,18 +429,7 @@ fn admit<S: Seat>(client: &mut Client, rules: Rules<'_>, mut seat: S) -> Result<
             Next::Serve | Next::Close => break,
         }
     }
-    let verdict = machine.finish();
-    if !verdict.unsent.is_empty() {
-        // A TLS alert: best effort, without waiting.
-        let _ = client
-            .socket()
-            .send_with_flags(&verdict.unsent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
-    }
-    client.set_peer(verdict.peer);
-    if let Some(session) = verdict.tls {
-        client.set_tls(session);
-    }
-    verdict.rejected.map_or(Ok(()), Err)
+    Some(machine.finish())
 }
 
 /// One read for the machine, into the client's read buffer (where bytes after a PROXY
@@ -472,15 +486,15 @@ fn wait(socket: &Socket, events: PollFlags, by: Instant) -> bool {
     }
 }
 
-/// The one rejection path, as the blocking driver takes it: the ledger's accounting (the
-/// kind's counter, its line once per episode), then the close (for a client over the cap,
-/// after the codec's refusal).
-fn reject<C: Connections>(ledger: &mut Ledger<'_>, why: Rejection, client: &mut Client, level: &mut C) {
-    if let Some(refusal) = ledger.reject(why, client.peer_addr()) {
-        level.refuse(client, refusal);
-    } else {
-        // Closed at once, before any handler code.
-        let _ = client.close();
+/// A rejected connection's end, as the blocking driver takes it (the ledger accounted
+/// for it already, in [`Life::admitted`]): the codec's refusal for a client over the cap,
+/// else the close at once, before any handler code.
+fn refuse<C: Connections>(then: Then, client: &mut Client, level: &mut C) {
+    match then {
+        Then::Refuse(refusal) => level.refuse(client, refusal),
+        Then::Close | Then::Serve => {
+            let _ = client.close();
+        }
     }
 }
 
@@ -491,31 +505,51 @@ mod tests {
     /// The access log's one rule (issue 42), as the blocking loop applies it: a timeout
     /// (the socket's, or the step's refusal of a head too slow) is `timeout`, a client
     /// that reset the connection is `closed`, a panic and a malformed request are `error`,
-    /// for connections (`handle_client`) and requests cut short alike.
+    /// for connections (`handle_client`) and requests cut short alike. The rule itself is
+    /// `Life::close`'s (issue 43); this is the blocking loop's reading of its results.
     #[test]
     fn issue_42_the_blocking_loop_keeps_the_one_outcome_rule() {
-        let timed_out =
-            || -> Result<io::Result<()>, Panicked> { Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t"))) };
-        let reset = || -> Result<io::Result<()>, Panicked> {
-            Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)))
+        use super::super::access::Outcome;
+        use super::super::ledger::tests::ledger_with_log;
+        use super::super::life::Unit;
+        static RETIRED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let (mut ledger, path) = ledger_with_log("blocking-rule", super::super::Recycle::default(), &RETIRED);
+        let mut rule = |outcome: Result<io::Result<Option<u32>>, Panicked>,
+                        unanswered: bool,
+                        why: Option<&ProtocolError>| {
+            let peer = Addr::Inet("192.0.2.1:1".parse().unwrap());
+            let unit = if unanswered {
+                Unit::Requests
+            } else {
+                Unit::Connection
+            };
+            let mut life: Life = Life::new(unit);
+            life.serve(&mut ledger, &peer);
+            life.opened(Instant::now());
+            life.request_start(&mut ledger, crate::conn::step::Head::same(b"R"), Instant::now());
+            life.close(&mut ledger, &peer, ending(&outcome, why), (0, 0), Instant::now)
+                .unwrap()
         };
-        let failed =
-            || -> Result<io::Result<()>, Panicked> { Ok(Err(io::Error::other("the handler's own"))) };
-        let panicked = || -> Result<io::Result<()>, Panicked> { Err(Panicked("boom".into())) };
+        let timed_out = || Ok(Err(io::Error::new(io::ErrorKind::TimedOut, "t")));
+        let reset = || Ok(Err(io::Error::from(io::ErrorKind::ConnectionReset)));
+        let failed = || Ok(Err(io::Error::other("the handler's own")));
+        let panicked = || Err(Panicked("boom".into()));
         for unanswered in [false, true] {
-            assert_eq!(ended(&timed_out(), unanswered, None), Outcome::Timeout);
-            assert_eq!(ended(&reset(), unanswered, None), Outcome::Closed);
-            assert_eq!(ended(&failed(), unanswered, None), Outcome::Error);
-            assert_eq!(ended(&panicked(), unanswered, None), Outcome::Error);
+            assert_eq!(rule(timed_out(), unanswered, None), Outcome::Timeout);
+            assert_eq!(rule(reset(), unanswered, None), Outcome::Closed);
+            assert_eq!(rule(failed(), unanswered, None), Outcome::Error);
+            assert_eq!(rule(panicked(), unanswered, None), Outcome::Error);
         }
-        assert_eq!(ended(&Ok(Ok(())), false, None), Outcome::Ok);
+        assert_eq!(rule(Ok(Ok(None)), false, None), Outcome::Ok);
         // The request loop answered the request with the codec's error reply.
         let slow = ProtocolError::Timeout;
         let bad = ProtocolError::Malformed("bad request line".into());
-        assert_eq!(ended(&Ok(Ok(())), true, Some(&slow)), Outcome::Timeout);
-        assert_eq!(ended(&Ok(Ok(())), true, Some(&bad)), Outcome::Error);
-        // Handed back to a front (hybrid mode): the connection's requests were answered.
-        assert_eq!(ended(&Ok(Ok(Some(3u32))), false, None), Outcome::Ok);
+        assert_eq!(rule(Ok(Ok(None)), true, Some(&slow)), Outcome::Timeout);
+        assert_eq!(rule(Ok(Ok(None)), true, Some(&bad)), Outcome::Error);
+        // A refusal wins over the error sending it (the client gone).
+        let gone = Ok(Err(io::Error::from(io::ErrorKind::BrokenPipe)));
+        assert_eq!(rule(gone, true, Some(&slow)), Outcome::Timeout);
+        let _ = std::fs::remove_file(&path);
     }
 
     /// A wait ends at its deadline, not before, when nothing comes.
@@ -566,7 +600,7 @@ mod tests {
         };
         std::io::Write::write_all(&mut theirs, b"PROXY TCP4 203.0.113.9 ").unwrap();
         let started = Instant::now();
-        let why = admit(&mut client, rules, Nobody).unwrap_err();
+        let why = admission(&mut client, rules, Nobody).unwrap().rejected.unwrap();
         let took = started.elapsed();
         assert_eq!(
             why.to_string(),
@@ -584,11 +618,9 @@ mod tests {
         let socket = Socket::from(std::os::fd::OwnedFd::from(ours));
         let mut client = Client::new(socket, Addr::Unix(None), Buffers::new());
         std::io::Write::write_all(&mut theirs, b"PROXY TCP4 203.0.113.9 127.0.0.1 5555 80\r\nGET /").unwrap();
-        admit(&mut client, rules, Nobody).unwrap();
-        assert_eq!(
-            *client.peer_addr(),
-            Addr::Inet("203.0.113.9:5555".parse().unwrap())
-        );
+        let verdict = admission(&mut client, rules, Nobody).unwrap();
+        assert!(verdict.rejected.is_none());
+        assert_eq!(verdict.peer, Addr::Inet("203.0.113.9:5555".parse().unwrap()));
         assert_eq!(client.buffered(), b"GET /");
     }
 }

@@ -1,6 +1,6 @@
 //! The datagram side of a worker's event loop: `udp://` and `unixgram:` listeners served by
 //! the user's [`DatagramHandler`], from the same loop as the worker's stream connections
-//! (`event.rs`).
+//! (`event/`), as a [`Source`](super::reactor::Source) registered on its reactor.
 //!
 //! What one readable datagram socket costs, and why (see also docs/ARCHITECTURE.md, "The
 //! life of a datagram"):
@@ -37,6 +37,8 @@
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+
+use nix::sys::epoll::{Epoll, EpollFlags};
 use std::time::{Duration, Instant};
 
 use crate::conn::datagram::Datagram;
@@ -49,6 +51,7 @@ use crate::sys::dgram::{Batch, Source};
 
 use super::access::Outcome;
 use super::ledger::{Ledger, OncePerMinute, Panicked, contain};
+use super::reactor::{self, Token};
 
 /// Slots of a worker's batch: datagrams taken by one `recvmmsg`.
 pub(crate) const BATCH: usize = 32;
@@ -322,6 +325,67 @@ impl<'a> Side<'a> {
             }
         }
         called
+    }
+}
+
+/// The datagram side as a source of the event loop's reactor: the side and the sockets it
+/// registered.
+pub(crate) struct Datagrams<'a> {
+    side: Side<'a>,
+    listeners: &'a [Listener],
+}
+
+impl std::fmt::Debug for Datagrams<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Datagrams")
+            .field("side", &self.side)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Datagrams<'a> {
+    /// Registers the datagram listeners among `listeners` that `serves` names in `epoll`,
+    /// level-triggered and exclusive (one waiting worker woken per arrival), for `side`.
+    pub(crate) fn watch(
+        side: Side<'a>,
+        listeners: &'a [Listener],
+        serves: &dyn Fn(usize) -> bool,
+        epoll: &Epoll,
+    ) -> Result<Self, String> {
+        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE;
+        for (i, l) in listeners.iter().enumerate() {
+            if serves(i) && l.is_datagram() {
+                reactor::watch(epoll, l.socket().as_fd(), flags, Token::datagram(i))
+                    .map_err(|e| format!("watching {}: {e}", l.label()))?;
+            }
+        }
+        Ok(Datagrams { side, listeners })
+    }
+}
+
+impl<'a> reactor::Source<Ledger<'a>> for Datagrams<'a> {
+    /// Reads and answers what datagram listener `index` holds.
+    fn ready(&mut self, index: usize, ledger: &mut Ledger<'a>) {
+        self.side.readable(&self.listeners[index], ledger);
+    }
+
+    fn publish(&mut self) {
+        self.side.publish();
+    }
+
+    /// What the sockets hold now is read and answered once more, then the sockets are no
+    /// longer watched (the next generation, or nobody at a stop, reads what comes later).
+    fn stop(&mut self, epoll: &Epoll, ledger: &mut Ledger<'a>) {
+        for l in self.listeners.iter().filter(|l| l.is_datagram()) {
+            self.side.drain(l, ledger);
+            let _ = epoll.delete(l.socket().as_fd());
+        }
+    }
+
+    fn exit(&mut self) {
+        if let Err(p) = contain(|| self.side.on_worker_exit()) {
+            tracing::error!("the datagram handler's on_worker_exit panicked: {}", p.0);
+        }
     }
 }
 

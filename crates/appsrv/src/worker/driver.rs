@@ -1,29 +1,28 @@
 //! The seam between a worker's set-up and the loop that serves: one context that every
-//! driver serves with, and the [`Driver`] interface that `worker::run` picks an
-//! implementation of once, from the I/O model and the role ([`choose`]).
+//! driver serves with ([`Shared`]), the [`Driver`] interface (what it prepares before
+//! `Ready`), and [`Serves`], implemented for each pair of a driver and a handler level that
+//! exists (`pairing.rs` picks one per level, from the I/O model and the role: [`choose`]).
 //!
 //! Five drivers implement it:
 //!
 //! | driver                  | serves                                        | file          |
 //! |-------------------------|-----------------------------------------------|---------------|
-//! | [`Blocking`]            | one connection at a time (`--io blocking`)    | `blocking.rs` |
-//! | [`Event`]               | all at once from epoll (`--io event`, datagrams) | `event.rs` |
-//! | [`FrontDriver`]         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
-//! | [`HybridWorker`]        | the blocking loop plus connections handed over | `hybrid.rs`  |
-//! | [`Tasks`]               | async handlers: a future per connection on a tokio runtime | `tasks.rs` |
+//! | `Blocking`            | one connection at a time (`--io blocking`)    | `blocking.rs` |
+//! | `Event`               | all at once from epoll (`--io event`, datagrams) | `event/` |
+//! | `FrontDriver`         | a hybrid front: gathers requests, hands them off | `hybrid.rs`, `front.rs` |
+//! | `HybridWorker`        | the blocking loop plus connections handed over | `hybrid.rs`  |
+//! | `Tasks`               | async handlers: a future per connection on a tokio runtime (`--io async`) | `tasks/`   |
 //!
 //! Each prepares what it needs from the system before the worker says it is ready (its
 //! acceptor, its epoll instance: a failure there is a start failure with its reason), then
-//! serves the client/request level ([`Connections`]) until a stop. What they share (the
-//! set-up, the [`Ledger`]) is here and in `ledger.rs`, once; the client/request level
-//! names none of them. Adding an I/O model means one more implementation of [`Driver`] and
-//! one arm in [`choose`].
+//! serves its level until a stop. What they share is here, in `ledger.rs` (the accounts)
+//! and in `life.rs` (one connection's life: the admission's verdict applied, the request
+//! clock, the close with the outcome rule); the levels name none of them. Adding an I/O
+//! model means its file (a [`Driver`], its [`Serves`] pairs) and its arms in
+//! `pairing.rs`: the unit tests' `one.rs` is such a driver.
 //!
-//! [`Blocking`]: super::blocking::Blocking
-//! [`Event`]: super::event::Event
-//! [`FrontDriver`]: super::hybrid::FrontDriver
-//! [`HybridWorker`]: super::hybrid::HybridWorker
-//! [`Tasks`]: super::tasks::Tasks
+//! (The drivers are named here in plain text: this file is below them, `pairing.rs`
+//! links them.)
 
 use std::os::fd::BorrowedFd;
 
@@ -34,7 +33,6 @@ use crate::scoreboard::{Board, Slot};
 
 use super::admission::Rules;
 use super::ledger::Ledger;
-use super::serve::Connections;
 use super::{ConnLimits, Model, Role, Setup};
 
 /// What every driver serves with, whatever its model: the worker's set-up up to `Ready`,
@@ -81,10 +79,16 @@ pub(crate) trait Driver<'a>: Sized {
     /// acceptor, its epoll instance), from the set-up and what the set-up made: `Err` with
     /// the reason is a start failure.
     fn prepare(setup: &Setup<'a>, slot: &'static Slot, extras: Extras<'a>) -> Result<Self, String>;
+}
 
-    /// Serves the client/request level's connections with `shared` until a stop; returns
-    /// the worker's exit status.
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32;
+/// A driver that serves the handler level `L` (issue 43): implemented for the pairs that
+/// exist only (the blocking loops for the sync levels, the event loop and the hybrid
+/// front for the sync request level, the async driver for the async levels), so that no
+/// driver has a case for a level it cannot serve.
+pub(crate) trait Serves<'a, L>: Driver<'a> {
+    /// Serves the level's connections with `shared` until a stop; returns the worker's
+    /// exit status.
+    fn serve(self, shared: Shared<'a>, level: &mut L) -> i32;
 }
 
 /// Whether this process accepts on listener `i`: a hybrid front leaves the TLS ones to the
@@ -117,7 +121,8 @@ pub(crate) fn rules<'r>(
     }
 }
 
-/// The driver a worker runs, chosen once from the I/O model and the role.
+/// The driver of a server at the sync request level, chosen once from the I/O model and
+/// the role (the other levels have one driver each: `pairing.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// `--io blocking`.
@@ -128,23 +133,21 @@ pub(crate) enum Kind {
     Front,
     /// `--io hybrid`, a worker.
     HybridWorker,
-    /// An async handler (`--io event`).
-    Tasks,
 }
 
-/// Which driver serves: a front is one whatever else; an async handler runs the async
-/// driver (the configuration refuses it with another model, and with datagram listeners,
-/// before start); datagrams are served from an event loop only (the configuration check
-/// refuses a blocking server that mixes them with stream listeners before start).
-pub(crate) fn choose(model: Model, role: Role, datagram_listeners: bool, asynchronous: bool) -> Kind {
-    match (role, model) {
+/// Which driver serves the sync request level: a front is one whatever else; datagrams
+/// are served from an event loop only (the configuration check refuses a blocking server
+/// that mixes them with stream listeners before start). `--io async` is the async
+/// handlers' model: the configuration check refuses it for this level before start.
+pub(crate) fn choose(model: Model, role: Role, datagram_listeners: bool) -> Result<Kind, &'static str> {
+    Ok(match (role, model) {
         (Role::Front, _) => Kind::Front,
-        (Role::Worker, _) if asynchronous => Kind::Tasks,
+        (Role::Worker, Model::Async) => return Err("--io async serves async handlers only"),
         (Role::Worker, Model::Event) => Kind::Event,
         (Role::Worker, _) if datagram_listeners => Kind::Event,
         (Role::Worker, Model::Hybrid) => Kind::HybridWorker,
         (Role::Worker, Model::Blocking) => Kind::Blocking,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -154,18 +157,12 @@ mod tests {
     /// The one place a model and a role become a driver.
     #[test]
     fn issue_32_a_driver_is_chosen_from_the_model_and_the_role() {
-        assert_eq!(
-            choose(Model::Blocking, Role::Worker, false, false),
-            Kind::Blocking
-        );
-        assert_eq!(choose(Model::Event, Role::Worker, false, false), Kind::Event);
-        assert_eq!(choose(Model::Blocking, Role::Worker, true, false), Kind::Event);
-        assert_eq!(
-            choose(Model::Hybrid, Role::Worker, false, false),
-            Kind::HybridWorker
-        );
-        assert_eq!(choose(Model::Hybrid, Role::Front, false, false), Kind::Front);
-        assert_eq!(choose(Model::Hybrid, Role::Front, true, false), Kind::Front);
-        assert_eq!(choose(Model::Event, Role::Worker, false, true), Kind::Tasks);
+        assert_eq!(choose(Model::Blocking, Role::Worker, false), Ok(Kind::Blocking));
+        assert_eq!(choose(Model::Event, Role::Worker, false), Ok(Kind::Event));
+        assert_eq!(choose(Model::Blocking, Role::Worker, true), Ok(Kind::Event));
+        assert_eq!(choose(Model::Hybrid, Role::Worker, false), Ok(Kind::HybridWorker));
+        assert_eq!(choose(Model::Hybrid, Role::Front, false), Ok(Kind::Front));
+        assert_eq!(choose(Model::Hybrid, Role::Front, true), Ok(Kind::Front));
+        assert!(choose(Model::Async, Role::Worker, false).is_err());
     }
 }

@@ -2,7 +2,7 @@
 //! complete requests held while the channel is full, and the connections workers hand
 //! back.
 //!
-//! The loop itself is the event loop of `event.rs` (accepting, admission, reading, every
+//! The loop itself is the event loop of `event/` with its `HandOff` completion (accepting, admission, reading, every
 //! deadline), whose request step, in a front, only tells whether a request is whole
 //! ([`Requests::complete`](crate::conn::step::Requests::complete)); then the connection
 //! leaves the loop for a worker (`net/handoff.rs`) with the whole request, however large
@@ -93,6 +93,12 @@ impl<'a> Front<'a> {
             spooled: VecDeque::new(),
             spooled_bytes: 0,
         }
+    }
+
+    /// A stop begins: connections handed back go to the fronts that stay (a reload's next
+    /// generation), or stay with their workers (a stop).
+    pub(crate) fn stop_receiving(&self) {
+        self.board.set_receiving(self.id, false);
     }
 
     /// Stops counting the clients of connections the workers have taken. A connection in

@@ -17,7 +17,13 @@ use crate::scoreboard::{Board, State};
 use crate::sys;
 
 use super::ledger::Ledger;
+use super::life::{Life, Ns};
 use super::serve::{Boundary, Context, Head};
+use crate::net::listener::Addr;
+
+/// The client named in place of one that is not kept: without an access log, nothing
+/// names it.
+pub(crate) static UNLOGGED: Addr = Addr::Unix(None);
 
 /// The worker's side of a connection in the blocking driver: the keep-alive guard, the
 /// slot's request clock, and the ledger.
@@ -27,11 +33,16 @@ pub(crate) struct Guard<'a> {
     pub(crate) board: &'a Board,
     pub(crate) keepalive_timeout: Option<Duration>,
     pub(crate) ledger: Ledger<'a>,
-    /// The start of the request in progress (monotonic ns, the slot's clock), if any.
-    pub(crate) request: Option<u64>,
-    /// The client of the connection in progress, formatted once per connection (only with
-    /// an access log: for its lines).
-    pub(crate) peer: Option<String>,
+    /// Whether the slot's request clock runs (the master's `--request-timeout` watches
+    /// it): a request, or a `handle_client` connection, is in progress.
+    pub(crate) clock: bool,
+    /// The life of the connection in progress (`life.rs`): its request clock (on the
+    /// slot's clock, which the master's request timeout reads anyway) and close, as in
+    /// every driver.
+    pub(crate) life: Option<Life<Ns>>,
+    /// The client of the connection in progress, for its access-log lines (only with an
+    /// access log: the ledger names it in those lines only).
+    pub(crate) peer: Option<Addr>,
     /// Why the request step refused the request in progress with the codec's error reply
     /// (its access-log line's outcome, issue 42); taken at the connection's end.
     pub(crate) refusal: Option<ProtocolError>,
@@ -105,13 +116,18 @@ impl Context for Guard<'_> {
     }
 
     fn request_start(&mut self, head: Head<'_>) {
-        self.request = Some(self.ledger.slot().request_start(head.shown));
-        self.ledger.request_head(head);
+        let now = self.ledger.slot().request_start(head.shown);
+        self.clock = true;
+        if let Some(life) = self.life.as_mut() {
+            life.request_start(&mut self.ledger, head, Ns(now));
+        }
     }
 
     fn request_head(&mut self, head: Head<'_>) {
         self.ledger.slot().store_head(head.shown);
-        self.ledger.request_head(head);
+        if let Some(life) = self.life.as_mut() {
+            life.request_head(&mut self.ledger, head);
+        }
     }
 
     fn refused(&mut self, why: &ProtocolError) {
@@ -125,12 +141,14 @@ impl Context for Guard<'_> {
     }
 
     fn request_end(&mut self, bytes: (u64, u64), ok: bool) {
-        if let Some(started) = self.request.take() {
-            let now = crate::scoreboard::now_ns();
-            self.ledger.slot().request_stop(now);
-            let took = Duration::from_nanos(now.saturating_sub(started));
-            self.ledger
-                .request_end(self.peer.as_deref().unwrap_or_default(), took, bytes, ok);
+        if !std::mem::take(&mut self.clock) {
+            return;
+        }
+        let now = crate::scoreboard::now_ns();
+        self.ledger.slot().request_stop(now);
+        if let Some(life) = self.life.as_mut() {
+            let peer = self.peer.as_ref().unwrap_or(&UNLOGGED);
+            life.request_end(&mut self.ledger, peer, Ns(now), bytes, ok);
         }
     }
 

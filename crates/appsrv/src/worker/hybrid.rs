@@ -1,8 +1,8 @@
 //! Hybrid mode's two drivers (`--io hybrid`).
 //!
-//! - [`FrontDriver`]: the event driver (`event.rs`) with the fronts' end of the hand-off
-//!   channel, whose request step only gathers whole requests and hands them off (its
-//!   hand-off state is `front.rs`).
+//! - [`FrontDriver`]: the event driver (`event/`) with the fronts' end of the hand-off
+//!   channel and the [`HandOff`] completion, whose request step only gathers whole
+//!   requests and hands them off (its hand-off state is `front.rs`).
 //! - [`HybridWorker`]: the blocking loop (`blocking.rs`) over the TLS listeners, plus the
 //!   connections the fronts hand over on the channel (`net/handoff.rs`), which go back to
 //!   a front when they stay quiet. What only the hybrid worker needs lives here: taking a
@@ -21,16 +21,23 @@ use crate::sys;
 
 use super::Setup;
 use super::blocking::{self, Blocking, HandOffs, Loop, Served, serve_admitted};
-use super::driver::{Driver, Extras, Shared};
-use super::event::Event;
+use super::driver::{Driver, Extras, Serves, Shared};
+use super::event::{Event, HandOff};
 use super::guard::{Guard, Hold};
+use super::life::{Life, Ns, Unit};
+use super::serve::RequestLevel;
 use super::serve::{Boundary, Connections, Progress};
+use crate::handler::RequestHandler;
 
 /// A hybrid front's driver: the event driver with the fronts' end of the hand-off channel,
 /// whose request step only tells when a request is whole, and then hands the connection
 /// off instead of calling the handler.
 #[derive(Debug)]
-pub(crate) struct FrontDriver<'a>(Event<'a>);
+pub(crate) struct FrontDriver<'a> {
+    event: Event<'a>,
+    /// The fronts' end of the hand-off channel.
+    channel: BorrowedFd<'a>,
+}
 
 impl<'a> Driver<'a> for FrontDriver<'a> {
     fn prepare(setup: &Setup<'a>, slot: &'static Slot, mut extras: Extras<'a>) -> Result<Self, String> {
@@ -38,11 +45,16 @@ impl<'a> Driver<'a> for FrontDriver<'a> {
             .handoff
             .take()
             .ok_or_else(|| "a hybrid front without its hand-off channel".to_string())?;
-        Event::new(setup, slot, extras, Some(channel)).map(FrontDriver)
+        let event = Event::new(setup, slot, extras, Some(channel))?;
+        Ok(FrontDriver { event, channel })
     }
+}
 
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
-        self.0.serve(shared, level)
+impl<'a, H: RequestHandler> Serves<'a, RequestLevel<H>> for FrontDriver<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut RequestLevel<H>) -> i32 {
+        let channel = self.channel;
+        self.event
+            .serve_with(shared, level, |start| HandOff::new(channel, start))
     }
 }
 
@@ -63,8 +75,10 @@ impl<'a> Driver<'a> for HybridWorker<'a> {
             channel,
         })
     }
+}
 
-    fn serve<C: Connections>(self, shared: Shared<'a>, level: &mut C) -> i32 {
+impl<'a, C: Connections> Serves<'a, C> for HybridWorker<'a> {
+    fn serve(self, shared: Shared<'a>, level: &mut C) -> i32 {
         let handoffs = HandOffs {
             channel: self.channel,
             take: handed_off::<C>,
@@ -167,7 +181,13 @@ fn handed_off<C: Connections>(
     }
     l.board.handoff_taken();
     let mut client = client?;
-    l.guard.ledger.connection();
+    let unit = if l.level.request_level() {
+        Unit::Requests
+    } else {
+        Unit::Connection
+    };
+    let mut life: Life<Ns> = Life::new(unit);
+    life.serve(&mut l.guard.ledger, client.peer_addr());
     l.watch_sends(&mut client);
     if sys::take_reopen_request() {
         l.guard.ledger.reopen();
@@ -177,7 +197,7 @@ fn handed_off<C: Connections>(
         .as_ref()
         .expect("a hand-off comes from the channel")
         .channel;
-    match serve_handed_over(client, &meta, channel, l.level, &mut l.guard, l.board) {
+    match serve_handed_over(client, life, &meta, channel, l.level, &mut l.guard, l.board) {
         Ok(bufs) => l.buffers = Some(bufs),
         Err(code) => return Some(code),
     }
@@ -219,6 +239,7 @@ fn handed_over(
 /// when the handler panicked.
 fn serve_handed_over<C: Connections>(
     mut client: Client,
+    mut life: Life<Ns>,
     meta: &crate::net::handoff::Meta,
     channel: BorrowedFd<'_>,
     level: &mut C,
@@ -236,18 +257,19 @@ fn serve_handed_over<C: Connections>(
         interim_sent: meta.interim_sent,
     };
     loop {
-        match serve_admitted(client, level, guard, board, Some(progress)) {
+        match serve_admitted(client, life, level, guard, board, Some(progress)) {
             Served::Closed(bufs) => return Ok(bufs),
             Served::Panicked(code) => return Err(code),
             // No front takes connections back any more (the server stops: the fronts
             // left first): keep it, as in blocking mode, until it drains.
             // (Served again as handed over: the driver sets the socket's timeout again.)
-            Served::HandBack(back, p) if !board.fronts_receiving() => {
+            Served::HandBack(back, p, kept) if !board.fronts_receiving() => {
                 guard.hold = None;
                 client = back;
                 progress = p;
+                life = kept;
             }
-            Served::HandBack(back, p) => {
+            Served::HandBack(back, p, kept) => {
                 let meta = crate::net::handoff::Meta {
                     served: p.served,
                     interim_sent: p.interim_sent,
@@ -269,6 +291,7 @@ fn serve_handed_over<C: Connections>(
                         guard.hold = None;
                         client = back;
                         progress = p;
+                        life = kept;
                     }
                 }
             }

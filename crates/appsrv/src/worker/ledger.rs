@@ -515,7 +515,7 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::scoreboard::Board;
 
@@ -600,7 +600,7 @@ mod tests {
 
     /// A ledger over slot 1 of a fresh board, writing its access log to a file of its own;
     /// `retired` counts the master's replacement asked for.
-    fn ledger_with_log(
+    pub(crate) fn ledger_with_log(
         name: &str,
         recycle: Recycle,
         retired: &'static std::sync::atomic::AtomicU32,

@@ -14,12 +14,15 @@
 //!    datagram handler's factory), run; a failure is reported to the master with its
 //!    reason and the worker exits;
 //! 9. its copy of the access log (the one reopened on USR1 if the master left it in the
-//!    worker's log channel, `process/reopen.rs`), its scoreboard slot and its way of waiting for
-//!    connections (the blocking loop: epoll with several listeners; the event loop,
-//!    `--io event`: its epoll instance over the listeners, `event.rs`) are set up, so that
-//!    a failure there is a start failure;
-//! 10. the worker tells the master it is ready and serves connections until asked to stop:
-//!     one at a time (`blocking.rs`) or all at once from its event loop (`event.rs`).
+//!    worker's log channel, `process/reopen.rs`), its scoreboard slot and its driver, chosen
+//!    by the handler's level ([`ServedBy`], `pairing.rs`) and prepared with what it needs
+//!    from the system (an acceptor, an epoll instance, a runtime: `driver.rs`), so that a
+//!    failure there is a start failure;
+//! 10. the worker tells the master it is ready and its driver serves connections until
+//!     asked to stop: one at a time (`blocking.rs`), all at once from an event loop
+//!     (`event/`), as a hybrid front or worker (`hybrid.rs`), or a future per connection
+//!     (`tasks/`); each connection's life in the accounts is `life.rs`'s, the same in
+//!     every driver.
 //!
 //! The worker never returns into the master's code: every path ends in `_exit`.
 
@@ -35,6 +38,10 @@ pub(crate) mod front;
 mod guard;
 mod hybrid;
 pub(crate) mod ledger;
+mod life;
+#[cfg(test)]
+mod one;
+mod pairing;
 mod reactor;
 pub(crate) mod serve;
 pub(crate) mod tasks;
@@ -45,7 +52,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::scoreboard::Board;
-use crate::worker::serve::Connections;
 
 use ledger::{panic_message, record_panic};
 
@@ -93,8 +99,6 @@ pub(crate) struct Setup<'a> {
     pub(crate) log_path: Option<&'a Path>,
     /// The shared board (idle workers).
     pub(crate) board: &'static Board,
-    /// The idle timeout between requests, for the keep-alive guard.
-    pub(crate) keepalive_timeout: Option<Duration>,
     /// This worker's recycling limits.
     pub(crate) recycle: Recycle,
     /// The access log's path and the file the master opened at start, when there is one.
@@ -112,18 +116,31 @@ pub(crate) struct Setup<'a> {
     pub(crate) conn: ConnLimits,
     /// The I/O model (`--io`).
     pub(crate) io: Model,
-    /// Event mode: `--worker-connections`.
-    pub(crate) worker_connections: usize,
-    /// Event mode: `--slow-request`.
-    pub(crate) slow_request: Option<Duration>,
-    /// The datagram listeners' settings.
-    pub(crate) datagram: datagram::Settings,
     /// A worker or a hybrid front.
     pub(crate) role: Role,
     /// Hybrid mode: the hand-off channel (each side closes the end it does not use).
     pub(crate) handoff: Option<&'a crate::net::handoff::Channel>,
-    /// Async handlers: their limits.
-    pub(crate) async_limits: AsyncLimits,
+    /// Each driver's own settings, which the master carries without reading them.
+    pub(crate) drivers: Drivers,
+}
+
+/// Each driver's own settings (issue 43), made from the command line by `dispatch` and
+/// carried by the master to every worker as they are: the master reads none of them, so
+/// that a driver's setting is a field here and a line in `dispatch`, not a field of the
+/// master's (nginx's modules own their configuration the same way).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Drivers {
+    /// The blocking drivers: the idle timeout between requests, for the keep-alive guard
+    /// (`--keepalive-timeout`).
+    pub(crate) keepalive_timeout: Option<Duration>,
+    /// The event loop and the async driver: `--worker-connections`.
+    pub(crate) worker_connections: usize,
+    /// The event loop and the async driver: `--slow-request`.
+    pub(crate) slow_request: Option<Duration>,
+    /// The datagram side of an event loop.
+    pub(crate) datagram: datagram::Settings,
+    /// The async driver's limits.
+    pub(crate) tasks: AsyncLimits,
 }
 
 /// The limits only the async driver enforces in the worker (issue 33).
@@ -149,6 +166,9 @@ pub(crate) enum Model {
     Event,
     /// Fronts hand whole requests to blocking workers (`--io hybrid`).
     Hybrid,
+    /// A future per connection on a runtime in each worker (`--io async`): the model of
+    /// async handlers, and theirs only.
+    Async,
 }
 
 /// Per-connection limits that the worker enforces outside the request loop.
@@ -185,7 +205,7 @@ pub(crate) fn run<C, F>(
     factory: &mut F,
 ) -> !
 where
-    C: Connections,
+    C: ServedBy,
     F: FnMut() -> Result<C, BoxError>,
 {
     crate::process::log::set_worker(setup.id);
@@ -220,17 +240,13 @@ where
         handoff,
         datagrams: datagram_handler,
     };
-    let code = match driver::choose(setup.io, setup.role, has_datagram_listeners, handler.is_async()) {
-        driver::Kind::Blocking => {
-            start::<blocking::Blocking<'_>, C>(&setup, pid, &mut handler, access, extras)
-        }
-        driver::Kind::Event => start::<event::Event<'_>, C>(&setup, pid, &mut handler, access, extras),
-        driver::Kind::Front => start::<hybrid::FrontDriver<'_>, C>(&setup, pid, &mut handler, access, extras),
-        driver::Kind::HybridWorker => {
-            start::<hybrid::HybridWorker<'_>, C>(&setup, pid, &mut handler, access, extras)
-        }
-        driver::Kind::Tasks => start::<tasks::Tasks<'_>, C>(&setup, pid, &mut handler, access, extras),
-    };
+    let code = handler.start(Start {
+        setup: &setup,
+        pid,
+        access,
+        extras,
+        datagram_listeners: has_datagram_listeners,
+    });
     if code == exit::OK {
         if let Err(p) = panic::catch_unwind(AssertUnwindSafe(|| handler.on_worker_exit())) {
             tracing::error!("on_worker_exit panicked: {}", panic_message(&p));
@@ -377,10 +393,62 @@ fn open_access_log(setup: &Setup<'_>) -> Result<Option<access::AccessLog>, Strin
     Ok(access)
 }
 
+/// A handler level (`serve.rs`) and the drivers that serve it (issue 43): each level
+/// starts the driver its set-up chooses, among those that implement
+/// [`Serves`](driver::Serves) for it (`pairing.rs`), so that a pair that does not exist
+/// (an async handler in the blocking loop) cannot be written, and no driver has a case
+/// for a level it cannot serve.
+pub(crate) trait ServedBy: Sized {
+    /// Steps 9 and 10: serves with the driver chosen for this level from `start`'s
+    /// set-up, until a stop; returns the worker's exit status.
+    fn start(&mut self, start: Start<'_>) -> i32;
+
+    /// The handler's `on_worker_exit`, after a clean stop (an async level's driver calls
+    /// it itself, in its runtime, where what it closes may have a task to finish).
+    fn on_worker_exit(&mut self);
+}
+
+/// What a level needs to start its driver: the set-up and what the worker made before.
+pub(crate) struct Start<'a> {
+    setup: &'a Setup<'a>,
+    pid: u32,
+    access: Option<access::AccessLog>,
+    extras: driver::Extras<'a>,
+    datagram_listeners: bool,
+}
+
+impl<'a> Start<'a> {
+    /// The I/O model (`--io`).
+    pub(crate) fn model(&self) -> Model {
+        self.setup.io
+    }
+
+    /// A worker or a hybrid front.
+    pub(crate) fn role(&self) -> Role {
+        self.setup.role
+    }
+
+    /// Whether the server has datagram listeners (served from an event loop).
+    pub(crate) fn datagram_listeners(&self) -> bool {
+        self.datagram_listeners
+    }
+
+    /// Starts driver `D` over `level` (see [`start`]).
+    pub(crate) fn run<D: driver::Serves<'a, L>, L>(self, level: &mut L) -> i32 {
+        start::<D, L>(self.setup, self.pid, level, self.access, self.extras)
+    }
+
+    /// The set-up asks for a pair the configuration check refuses before start (it is
+    /// reported here too, as a start failure with `reason`, should a check be missing).
+    pub(crate) fn refused(self, reason: &str) -> i32 {
+        fail_start(self.setup.channel, self.pid, reason.to_owned())
+    }
+}
+
 /// Steps 9 and 10 with driver `D`: its slot and what it needs from the system are set up
 /// before `Ready` (a failure there is a start failure), then it serves until asked to
 /// stop; returns its exit code.
-fn start<'a, D: driver::Driver<'a>, C: Connections>(
+fn start<'a, D: driver::Serves<'a, C>, C>(
     setup: &'a Setup<'a>,
     pid: u32,
     level: &mut C,

@@ -4,7 +4,8 @@
 //! generations ([`Slab`]), the timers ([`Timers`], with lazy cancellation through each
 //! connection's [`Timer`]) and the ready list ([`Ready`], with its per-turn snapshot). None of it
 //! knows what a connection is, and none of it makes a system call but the registration
-//! helpers ([`watch`], [`rewatch`]); `worker/event.rs` drives them.
+//! helpers ([`watch`], [`rewatch`]); `worker/event/` drives them, and the other sources it
+//! serves ([`Source`]: the datagram side) register with them.
 //!
 //! Nothing here allocates per event: the slab reuses its places, the heap and the queue
 //! keep their capacity, a token is a `u64`.
@@ -15,6 +16,20 @@ use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+
+/// A source of readiness the loop serves beside its connections and listeners (the
+/// datagram side): it registers its own descriptors, with tokens of [`Kind::Datagram`],
+/// and is called on their readiness with the loop's context `Cx` (its accounts).
+pub(crate) trait Source<Cx> {
+    /// What it registered with index `index` is readable.
+    fn ready(&mut self, index: usize, cx: &mut Cx);
+    /// Once a turn, before the wait: publish what it counted.
+    fn publish(&mut self);
+    /// A stop begins: a last read of what it holds, then out of `epoll`.
+    fn stop(&mut self, epoll: &Epoll, cx: &mut Cx);
+    /// The loop ends.
+    fn exit(&mut self);
+}
 
 /// What an epoll registration carries: a connection's place in the [`Slab`] and its
 /// generation, or a tagged listener, datagram listener or the hand-off channel.

@@ -13,7 +13,7 @@ use crate::codec::Codec;
 use crate::conn::client::Client;
 use crate::conn::context::{Conn, ConnInfo};
 use crate::conn::step::{self, Handle, Next, Requests, Wait};
-use crate::handler::{AsyncHandler, AsyncRequestHandler, Handler, RequestHandler};
+use crate::handler::{AsyncRequestHandler, Handler, RequestHandler};
 
 pub(crate) use crate::conn::step::{Boundary, Context, Head, Limits};
 
@@ -47,47 +47,6 @@ pub(crate) trait Connections {
     /// Refuses a connection before serving it: the codec's error reply when there is one
     /// (HTTP 503, `-ERR refused: …`), then a lingering close.
     fn refuse(&mut self, _client: &mut Client, _why: &'static str) {}
-
-    /// Hands the user's handler and the request step's limits to `driver`, a loop that runs
-    /// the request step itself over many connections (the event loop, `--io event`), and
-    /// returns the worker's exit status it ends with. `None` at the client level, whose
-    /// handler owns its connection and cannot be multiplexed: the configuration refuses
-    /// such servers for those loops before start, so `worker::run` only reports it.
-    fn drive_requests<D: RequestDriver>(&mut self, driver: D) -> Option<i32>;
-
-    /// Whether the handler is `async` ([`AsyncRequestHandler`], [`AsyncHandler`]): its
-    /// worker runs the async driver, which calls [`drive_async`](Connections::drive_async).
-    fn is_async(&self) -> bool {
-        false
-    }
-
-    /// Hands an async handler to `driver`, which serves until a stop; returns the
-    /// worker's exit status. `None` for the other handlers (the configuration refuses
-    /// them for the async driver before start).
-    fn drive_async<D: AsyncDriver>(&mut self, _driver: D) -> Option<i32> {
-        None
-    }
-}
-
-/// A driver of async handlers (`worker/tasks.rs`), at either level; named here so that the
-/// level depends on no driver, as for [`RequestDriver`].
-pub(crate) trait AsyncDriver {
-    /// Serves request-level connections with `handler` and the step's `limits` until a
-    /// stop; returns the worker's exit status.
-    fn drive_requests<H: AsyncRequestHandler>(self, handler: &H, limits: Limits) -> i32;
-
-    /// Serves whole connections with `handler` until a stop; returns the worker's exit
-    /// status.
-    fn drive_clients<H: AsyncHandler>(self, handler: &H) -> i32;
-}
-
-/// Refuses the blocking loop's way of serving to an async handler: the configuration
-/// refuses `--io blocking` and `hybrid` for one before start, so this is only reported.
-fn not_for_blocking() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Unsupported,
-        "an async handler runs in event workers only (--io event)",
-    )
 }
 
 /// The request level, async (issue 33).
@@ -108,83 +67,16 @@ impl<H: AsyncRequestHandler> AsyncRequestLevel<H> {
     pub(crate) fn new(handler: H, limits: Limits) -> Self {
         AsyncRequestLevel { handler, limits }
     }
-}
 
-impl<H: AsyncRequestHandler> Connections for AsyncRequestLevel<H> {
-    fn serve(
-        &mut self,
-        _: &mut Client,
-        _: &mut dyn Context,
-        _: Option<Progress>,
-    ) -> io::Result<Option<Progress>> {
-        Err(not_for_blocking())
-    }
-
-    /// The async driver calls the handler's `on_worker_exit` itself, in its runtime
-    /// (what the handler closes may have a task to finish there).
-    fn on_worker_exit(&mut self) {}
-
-    fn request_level(&self) -> bool {
-        true
-    }
-
-    fn drive_requests<D: RequestDriver>(&mut self, _: D) -> Option<i32> {
-        None
-    }
-
-    fn is_async(&self) -> bool {
-        true
-    }
-
-    fn drive_async<D: AsyncDriver>(&mut self, driver: D) -> Option<i32> {
-        Some(driver.drive_requests(&self.handler, self.limits.clone()))
+    /// The handler and the request step's limits, for the async driver.
+    pub(crate) fn parts(&self) -> (&H, Limits) {
+        (&self.handler, self.limits.clone())
     }
 }
 
 /// The client level, async (issue 33).
 #[derive(Debug)]
 pub(crate) struct AsyncClientLevel<H>(pub(crate) H);
-
-impl<H: AsyncHandler> Connections for AsyncClientLevel<H> {
-    fn serve(
-        &mut self,
-        _: &mut Client,
-        _: &mut dyn Context,
-        _: Option<Progress>,
-    ) -> io::Result<Option<Progress>> {
-        Err(not_for_blocking())
-    }
-
-    /// As for [`AsyncRequestLevel`]: called by the driver, in its runtime.
-    fn on_worker_exit(&mut self) {}
-
-    fn request_level(&self) -> bool {
-        false
-    }
-
-    fn drive_requests<D: RequestDriver>(&mut self, _: D) -> Option<i32> {
-        None
-    }
-
-    fn is_async(&self) -> bool {
-        true
-    }
-
-    fn drive_async<D: AsyncDriver>(&mut self, driver: D) -> Option<i32> {
-        Some(driver.drive_clients(&self.0))
-    }
-}
-
-/// A loop that serves request-level connections by running the request step itself (the
-/// event loop does; the blocking loop calls [`Connections::serve`] per connection
-/// instead). The level hands it what it owns without naming it, so that the
-/// client/request level depends on no driver: which loop serves is chosen once, in
-/// `worker::run`, from the I/O model and the role.
-pub(crate) trait RequestDriver {
-    /// Serves until a stop with `handler` and the step's `limits`; returns the worker's
-    /// exit status.
-    fn drive<H: RequestHandler>(self, handler: &mut H, limits: Limits) -> i32;
-}
 
 /// The client level.
 #[derive(Debug)]
@@ -207,10 +99,6 @@ impl<H: Handler> Connections for ClientLevel<H> {
     fn request_level(&self) -> bool {
         false
     }
-
-    fn drive_requests<D: RequestDriver>(&mut self, _: D) -> Option<i32> {
-        None
-    }
 }
 
 /// The request level.
@@ -230,6 +118,12 @@ impl<H: RequestHandler> std::fmt::Debug for RequestLevel<H> {
 impl<H: RequestHandler> RequestLevel<H> {
     pub(crate) fn new(handler: H, limits: Limits) -> Self {
         RequestLevel { handler, limits }
+    }
+
+    /// The handler and the request step's limits, for a driver that runs the step itself
+    /// over many connections (the event loop, a hybrid front).
+    pub(crate) fn parts(&mut self) -> (&mut H, Limits) {
+        (&mut self.handler, self.limits.clone())
     }
 }
 
@@ -263,10 +157,6 @@ impl<H: RequestHandler> Connections for RequestLevel<H> {
 
     fn request_level(&self) -> bool {
         true
-    }
-
-    fn drive_requests<D: RequestDriver>(&mut self, driver: D) -> Option<i32> {
-        Some(driver.drive(&mut self.handler, self.limits.clone()))
     }
 
     fn refuse(&mut self, client: &mut Client, why: &'static str) {
@@ -596,7 +486,7 @@ pub(crate) mod tests {
         }
     }
 
-    struct Echo;
+    pub(crate) struct Echo;
 
     impl RequestHandler for Echo {
         type Codec = Lines;
@@ -613,7 +503,7 @@ pub(crate) mod tests {
         }
     }
 
-    const LIMITS: Limits = Limits {
+    pub(crate) const LIMITS: Limits = Limits {
         keepalive_timeout: Some(Duration::from_secs(5)),
         read_timeout: Some(Duration::from_secs(5)),
         keepalive_requests: 1000,

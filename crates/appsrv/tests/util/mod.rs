@@ -66,7 +66,8 @@ pub enum Io {
     /// Issue 21: event loops in front processes hand whole requests to blocking workers.
     Hybrid,
     /// Issue 42: the async model (`AsyncRequestHandler` on tokio in each worker), run with
-    /// `--io event` by the async counterpart of the example ([`Io::example`]).
+    /// `--io async` (issue 43; `event` is its alias) by the async counterpart of the
+    /// example ([`Io::example`]).
     Async,
 }
 
@@ -81,12 +82,9 @@ impl Io {
         }
     }
 
-    /// The value of `--io` (an async server runs `--io event`, its only model).
+    /// The value of `--io`: the model's name (issue 43 named the async model).
     pub fn flag(self) -> &'static str {
-        match self {
-            Io::Async => "event",
-            other => other.name(),
-        }
+        self.name()
     }
 
     /// `args` followed by `--io NAME`.

@@ -1,35 +1,5 @@
-//! The standard command line that every appsrv program gets.
-//!
-//! ```text
-//! PROG [run] [OPTIONS]      run in the foreground (the default subcommand)
-//! PROG start [OPTIONS]      run as a daemon (≡ run --daemon); returns once ready
-//! PROG stop [--now]         stop the daemon named by the pid file, and wait
-//! PROG check [OPTIONS]      check the configuration without serving (also -t)
-//! PROG reload | upgrade     replace the workers, or the master's binary, dropping nothing
-//! PROG status [--json]      the master's status, through the control socket
-//! PROG metrics              Prometheus text, through the control socket
-//! PROG workers +N|-N        grow or shrink the pool, through the control socket
-//! PROG completions SHELL    a completion script for bash, zsh, fish, elvish, powershell
-//! PROG man [--dir DIR]      the manual page(s), in roff
-//! PROG help [SUBCOMMAND]    help; also PROG --help, PROG SUBCOMMAND --help
-//! PROG -V, --version        the program's version and appsrv's
-//! ```
-//!
-//! `PROG --help` lists the subcommands, then `run`'s options grouped by topic (listeners,
-//! workers and pool, timeouts, access, TLS, confinement, logs and files) with each one's
-//! default and environment variable; `-h` is the one-line-per-option form.
-//!
-//! Every option of every subcommand (but `completions` and `man`, tools for packaging), the
-//! program's own included, can also come from the environment, as `PROG_OPTION` with the program's name upper-cased and dashes turned
-//! into underscores (`HELLO_LISTEN`, `HELLO_WORKERS`, `HELLO_DAEMON=1`); flags take `1`/`0`,
-//! `true`/`false`, `yes`/`no` or `on`/`off` there. Precedence: code (the
-//! [`Server`](crate::Server) builder) < environment < flags. A bad value from the
-//! environment is reported against its variable:
-//!
-//! ```text
-//! $ HELLO_WORKERS=abc hello
-//! error: invalid value 'abc' in the environment variable HELLO_WORKERS (for '--workers <N>'): invalid digit found in string
-//! ```
+//! The clap definitions of the standard command line: the serving options (`serve_args`,
+//! grouped by topic), the subcommands, the environment variables, and parsing.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -39,365 +9,9 @@ use clap::builder::{BoolishValueParser, PossibleValuesParser, TypedValueParser};
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use tracing::Level;
 
+use super::config::*;
+use super::{Io, LogFormat, PoolKind};
 use crate::net::listener::ListenAddr;
-
-/// The default `--backlog`, as nginx's.
-pub(crate) const DEFAULT_BACKLOG: u32 = 511;
-/// The default `--grace-period`.
-pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
-/// The default `--start-timeout`.
-pub(crate) const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(60);
-/// The default `--read-timeout` and `--write-timeout`, as Apache's `Timeout`.
-pub(crate) const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Defaults set in code with the builder.
-#[derive(Debug, Clone)]
-pub(crate) struct Defaults {
-    pub(crate) listen: Vec<String>,
-    pub(crate) workers: Option<usize>,
-    pub(crate) user: Option<String>,
-    pub(crate) group: Option<String>,
-    pub(crate) allow_root_workers: bool,
-    pub(crate) backlog: u32,
-    pub(crate) grace_period: Duration,
-    pub(crate) drain_delay: Duration,
-    pub(crate) read_timeout: Option<Duration>,
-    pub(crate) write_timeout: Option<Duration>,
-    pub(crate) log_level: Level,
-    pub(crate) keepalive_timeout: Option<Duration>,
-    pub(crate) keepalive_requests: u32,
-    pub(crate) pool: PoolKind,
-    pub(crate) allow: Vec<String>,
-    pub(crate) deny: Vec<String>,
-    pub(crate) proxy_protocol: bool,
-    pub(crate) proxy_from: Vec<String>,
-    pub(crate) max_conns_per_ip: usize,
-    pub(crate) max_answers_per_ip: usize,
-    pub(crate) header_timeout: Option<Duration>,
-    pub(crate) header_timeout_max: Option<Duration>,
-    pub(crate) min_rate: usize,
-    pub(crate) min_send_rate: usize,
-    pub(crate) max_buffered_bytes: usize,
-    pub(crate) tls_cert: Option<PathBuf>,
-    pub(crate) tls_key: Option<PathBuf>,
-    pub(crate) tls_client_ca: Option<PathBuf>,
-    pub(crate) tls_alpn: Vec<String>,
-    pub(crate) tls_handshake_timeout: Duration,
-    pub(crate) tls_ticket_lifetime: Duration,
-    pub(crate) chroot: Option<PathBuf>,
-    pub(crate) no_new_privs: bool,
-    pub(crate) sandbox: bool,
-    pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
-    pub(crate) exec_workers: bool,
-    pub(crate) io: Io,
-    pub(crate) worker_connections: usize,
-    pub(crate) slow_request: Option<Duration>,
-}
-
-/// How a request-level server's workers do their I/O (`--io`, [`Server::io`](crate::Server::io)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-#[non_exhaustive]
-pub enum Io {
-    /// One connection at a time per worker, with blocking reads and writes: the handler
-    /// may block (a database call, a command) without delaying anyone else. The default.
-    #[default]
-    Blocking,
-    /// One epoll loop per worker over all its connections (up to
-    /// `--worker-connections`), calling the handler inline for each complete request: a
-    /// worker per CPU serves thousands of connections, but a handler call that blocks
-    /// stalls every connection of its worker (see `--slow-request`). Request-level
-    /// handlers only.
-    Event,
-    /// Event loops in front processes (`--fronts`) accept every connection, admit it and
-    /// read it until the codec has a whole request; only then is the connection, with
-    /// the bytes read, handed to an idle blocking worker, whose handler may block. After
-    /// the response the worker keeps the connection while its next request comes within
-    /// 100 ms, then hands it back to the loop. Idle and slow clients cost memory in the
-    /// loop, not workers. Request-level handlers without per-connection state
-    /// (`type Session = ()`) only; TLS listeners are served by the workers directly, as
-    /// in blocking mode (see docs/ARCHITECTURE.md, "Hybrid mode").
-    Hybrid,
-}
-
-impl Io {
-    /// The name `--io` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Io::Blocking => "blocking",
-            Io::Event => "event",
-            Io::Hybrid => "hybrid",
-        }
-    }
-}
-
-/// The default `--worker-connections` (event mode), as nginx's order of magnitude for a
-/// worker that serves small requests.
-pub(crate) const DEFAULT_WORKER_CONNECTIONS: usize = 10_000;
-/// The default `--fronts` (hybrid mode): one loop does the reading and admission for a
-/// pool of blocking workers on a small machine; give more on a large one.
-pub(crate) const DEFAULT_FRONTS: usize = 1;
-/// The default `--slow-request` (event mode).
-pub(crate) const DEFAULT_SLOW_REQUEST: Duration = Duration::from_millis(100);
-
-/// The pool policies of `--pool`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum PoolKind {
-    /// Always `--workers` workers.
-    Static,
-    /// Between `--min-spare` and `--max-spare` idle workers, at most `--max-workers`.
-    Dynamic,
-    /// No worker until a client comes; idle workers leave after `--worker-idle-timeout`.
-    Ondemand,
-}
-
-/// The log line formats of `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum LogFormat {
-    /// `TIME LEVEL NAME[PID] ROLE: MESSAGE FIELDS`.
-    Text,
-    /// `<N>NAME[PID] ROLE: MESSAGE FIELDS`: a syslog priority, no timestamp (journald's).
-    Journal,
-    /// One JSON object per line: time, level, pid, role, worker, message, fields.
-    Json,
-}
-
-/// The default `--min-spare` (dynamic pool).
-pub(crate) const DEFAULT_MIN_SPARE: usize = 2;
-/// The default `--max-spare` (dynamic pool).
-pub(crate) const DEFAULT_MAX_SPARE: usize = 8;
-/// The default `--start-workers` (dynamic pool).
-pub(crate) const DEFAULT_START: usize = 4;
-/// The default `--max-workers` (dynamic and ondemand pools).
-pub(crate) const DEFAULT_MAX_WORKERS: usize = 128;
-/// The default `--worker-idle-timeout` (ondemand pool), as PHP-FPM's.
-pub(crate) const DEFAULT_WORKER_IDLE: Duration = Duration::from_secs(10);
-/// The default `--request-timeout` of request-level servers.
-pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The default `--header-timeout`, as Apache's `mod_reqtimeout` (`header=20-40,MinRate=500`).
-pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(20);
-/// The default `--header-timeout-max`: however its bytes are spread, a request arrives
-/// within this of its first bytes (mod_reqtimeout's upper bound, `header=20-40`, is 40 s
-/// for the head alone; this covers a body too).
-pub(crate) const DEFAULT_HEADER_TIMEOUT_MAX: Duration = Duration::from_secs(60);
-/// The default `--max-buffered-bytes` of an event loop (an event worker, a hybrid front):
-/// 64 MiB, about 6 KiB for each of `--worker-connections`' 10,000.
-pub(crate) const DEFAULT_MAX_BUFFERED_BYTES: usize = 64 << 20;
-/// The default `--min-rate`, bytes per second.
-pub(crate) const DEFAULT_MIN_RATE: usize = 500;
-/// The default `--min-send-rate`, bytes per second (mirrors `--min-rate`).
-pub(crate) const DEFAULT_MIN_SEND_RATE: usize = 500;
-
-/// The default `--penalty-max` (failed authentication), as OpenSSH's
-/// `PerSourcePenalties max:600s`.
-pub(crate) const DEFAULT_PENALTY_MAX: Duration = Duration::from_secs(600);
-
-/// The default `--keepalive-timeout`, as Apache's `KeepAliveTimeout`.
-pub(crate) const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The default `--keepalive-requests`, as nginx's `keepalive_requests`.
-pub(crate) const DEFAULT_KEEPALIVE_REQUESTS: u32 = 1000;
-
-impl Default for Defaults {
-    fn default() -> Self {
-        Defaults {
-            listen: Vec::new(),
-            workers: None,
-            user: None,
-            group: None,
-            allow_root_workers: false,
-            backlog: DEFAULT_BACKLOG,
-            grace_period: DEFAULT_GRACE,
-            drain_delay: Duration::ZERO,
-            read_timeout: Some(DEFAULT_IO_TIMEOUT),
-            write_timeout: Some(DEFAULT_IO_TIMEOUT),
-            log_level: Level::INFO,
-            keepalive_timeout: Some(DEFAULT_KEEPALIVE_TIMEOUT),
-            keepalive_requests: DEFAULT_KEEPALIVE_REQUESTS,
-            pool: PoolKind::Static,
-            allow: Vec::new(),
-            deny: Vec::new(),
-            proxy_protocol: false,
-            proxy_from: Vec::new(),
-            max_conns_per_ip: 0,
-            max_answers_per_ip: 0,
-            header_timeout: Some(DEFAULT_HEADER_TIMEOUT),
-            header_timeout_max: Some(DEFAULT_HEADER_TIMEOUT_MAX),
-            min_rate: DEFAULT_MIN_RATE,
-            min_send_rate: DEFAULT_MIN_SEND_RATE,
-            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
-            tls_cert: None,
-            tls_key: None,
-            tls_client_ca: None,
-            tls_alpn: Vec::new(),
-            tls_handshake_timeout: crate::net::tls::DEFAULT_HANDSHAKE_TIMEOUT,
-            tls_ticket_lifetime: Duration::from_secs(u64::from(crate::net::tls::DEFAULT_TICKET_LIFETIME)),
-            chroot: None,
-            no_new_privs: false,
-            sandbox: false,
-            sandbox_profile: crate::confine::sandbox::Sandbox::default(),
-            exec_workers: false,
-            io: Io::Blocking,
-            worker_connections: DEFAULT_WORKER_CONNECTIONS,
-            slow_request: Some(DEFAULT_SLOW_REQUEST),
-        }
-    }
-}
-
-/// The resolved settings of a `run`.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) listen: Vec<ListenAddr>,
-    pub(crate) workers: usize,
-    pub(crate) user: Option<String>,
-    pub(crate) group: Option<String>,
-    pub(crate) allow_root_workers: bool,
-    pub(crate) backlog: u32,
-    pub(crate) grace_period: Duration,
-    pub(crate) drain_delay: Duration,
-    pub(crate) read_timeout: Option<Duration>,
-    pub(crate) write_timeout: Option<Duration>,
-    pub(crate) log_level: Level,
-    /// `None`: `journal` under systemd's journal, `text` otherwise.
-    pub(crate) log_format: Option<LogFormat>,
-    pub(crate) keepalive_timeout: Option<Duration>,
-    pub(crate) keepalive_requests: u32,
-    pub(crate) pool: PoolKind,
-    pub(crate) start_workers: usize,
-    pub(crate) min_spare: usize,
-    pub(crate) max_spare: usize,
-    pub(crate) max_workers: usize,
-    pub(crate) worker_idle_timeout: Duration,
-    pub(crate) max_requests: u64,
-    pub(crate) max_connections: u64,
-    pub(crate) max_jitter: u64,
-    pub(crate) max_worker_memory_mib: u64,
-    pub(crate) max_worker_age: Option<Duration>,
-    /// `None`: the default of the handler's level (60 s for requests, off for clients).
-    pub(crate) request_timeout: Option<Duration>,
-    pub(crate) control: Option<PathBuf>,
-    pub(crate) metrics_listen: Option<String>,
-    /// `--status-request-detail`: publish requests' first bytes, not their codecs'
-    /// summaries (issue 41).
-    pub(crate) status_request_detail: bool,
-    pub(crate) access_log: Option<PathBuf>,
-    /// `--access-log-sample`: one line per N datagrams.
-    pub(crate) access_log_sample: u64,
-    pub(crate) max_conns_per_ip: u64,
-    /// `--penalty-max`: the longest refusal of an address for failed authentication
-    /// (`Conn::penalize`); `None`: penalties off (no table, `penalize` charges nothing).
-    pub(crate) penalty_max: Option<Duration>,
-    /// `--max-datagram-size`, `--max-answers-per-ip`, `--answers-slip`.
-    pub(crate) max_datagram_size: u64,
-    pub(crate) max_answers_per_ip: u64,
-    pub(crate) answers_slip: u64,
-    /// `--answers-ipv4-prefix`, `--answers-ipv6-prefix`: how the answer-rate limit groups
-    /// sources.
-    pub(crate) answer_prefixes: crate::scoreboard::AnswerPrefixes,
-    pub(crate) allow: Vec<crate::net::proxy::Cidr>,
-    pub(crate) deny: Vec<crate::net::proxy::Cidr>,
-    pub(crate) proxy_protocol: bool,
-    pub(crate) proxy_from: Vec<crate::net::proxy::Cidr>,
-    pub(crate) header_timeout: Option<Duration>,
-    /// `--header-timeout-max` (`None`: no upper bound on the --min-rate credit).
-    pub(crate) header_timeout_max: Option<Duration>,
-    pub(crate) min_rate: u64,
-    /// `--min-send-rate`, bytes per second (0: no limit).
-    pub(crate) min_send_rate: u64,
-    /// `--max-buffered-bytes` (0: no budget).
-    pub(crate) max_buffered_bytes: u64,
-    /// TLS material for the listeners with the `tls` option that name none of their own.
-    pub(crate) tls: crate::net::listener::TlsDefaults,
-    /// `None`: no limit.
-    pub(crate) tls_handshake_timeout: Option<Duration>,
-    pub(crate) chroot: Option<PathBuf>,
-    pub(crate) rlimit_nofile: Option<u64>,
-    /// MiB.
-    pub(crate) rlimit_core: Option<u64>,
-    /// MiB.
-    pub(crate) rlimit_as: Option<u64>,
-    pub(crate) umask: Option<u32>,
-    pub(crate) no_new_privs: bool,
-    pub(crate) sandbox: bool,
-    pub(crate) sandbox_read: Vec<PathBuf>,
-    pub(crate) sandbox_write: Vec<PathBuf>,
-    /// The program's own profile ([`Server::sandbox`](crate::Server::sandbox)).
-    pub(crate) sandbox_profile: crate::confine::sandbox::Sandbox,
-    /// With a privileged helper: its profile ([`Server::privileged_sandbox`](crate::Server::privileged_sandbox)).
-    pub(crate) helper_profile: Option<crate::confine::sandbox::Sandbox>,
-    pub(crate) exec_workers: bool,
-    pub(crate) io: Io,
-    /// Event mode: connections per worker at most.
-    pub(crate) worker_connections: usize,
-    /// Event mode: a handler call longer than this is logged (`None`: never).
-    pub(crate) slow_request: Option<Duration>,
-    /// Async handlers: handler calls in flight per worker at most (`--max-inflight`; 0:
-    /// no limit but `--worker-connections`).
-    pub(crate) max_inflight: usize,
-    /// Hybrid mode: the front processes (`--fronts`).
-    pub(crate) fronts: usize,
-    pub(crate) daemon: bool,
-    pub(crate) pid_file: Option<PathBuf>,
-    pub(crate) log_file: Option<PathBuf>,
-    pub(crate) start_timeout: Duration,
-}
-
-impl Config {
-    /// How workers are confined, from the options and the program's sandbox profile
-    /// (whose seccomp filter is compiled here: an error is a configuration error).
-    pub(crate) fn confinement(&self) -> Result<crate::confine::privilege::Confinement, crate::Error> {
-        use nix::sys::resource::Resource;
-        let mib = |v: u64| v.saturating_mul(1 << 20);
-        let rlimits = [
-            (Resource::RLIMIT_NOFILE, self.rlimit_nofile),
-            (Resource::RLIMIT_CORE, self.rlimit_core.map(mib)),
-            (Resource::RLIMIT_AS, self.rlimit_as.map(mib)),
-        ]
-        .into_iter()
-        .filter_map(|(r, v)| v.map(|v| (r, v)))
-        .collect();
-        let sandbox = match self.sandbox {
-            true => Some(
-                self.sandbox_profile
-                    .clone()
-                    .with_paths(&self.sandbox_read, &self.sandbox_write)
-                    .compile()
-                    .map_err(|e| crate::Error::Config(format!("--sandbox: {e}")))?,
-            ),
-            false => None,
-        };
-        // The helper's profile gets the operator's paths too (the commands a helper starts
-        // inherit its profile, and they are what --sandbox-read is usually for), and its
-        // own task directory, where kill_leftovers finds its children (Landlock covers
-        // procfs: without it the helper would see none, and kill nothing).
-        let helper_sandbox = match (self.sandbox, &self.helper_profile) {
-            (true, Some(profile)) => Some(
-                profile
-                    .clone()
-                    .with_paths(&self.sandbox_read, &self.sandbox_write)
-                    .read("/proc/self/task")
-                    .compile()
-                    .map_err(|e| {
-                        crate::Error::Config(format!("--sandbox (the privileged helper's profile): {e}"))
-                    })?,
-            ),
-            _ => None,
-        };
-        Ok(crate::confine::privilege::Confinement {
-            chroot: self.chroot.clone(),
-            rlimits,
-            umask: self.umask,
-            no_new_privs: self.no_new_privs,
-            sandbox,
-            helper_sandbox,
-        })
-    }
-}
-
-/// The default pool size: one worker per CPU, at least two (one busy worker must not
-/// make the server unavailable).
-pub(crate) fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
-}
 
 /// The variables of the environment that [`parse`] found with the program's prefix but
 /// naming no option (see [`unknown_env`]).
@@ -808,7 +422,7 @@ fn serve_args(cmd: Command, prefix: &str, d: &Defaults) -> Command {
                 .value_name("MODEL")
                 .value_parser(clap::value_parser!(Io))
                 .default_value(d.io.name())
-                .help("Request-level servers: blocking (one connection at a time per worker; the handler may block), event (one epoll loop per worker over up to --worker-connections connections, the handler called inline: it must not block) or hybrid (event loops in --fronts processes hold every connection until it has a whole request, then hand it to an idle blocking worker: the handler may block, and idle or slow clients hold no worker). handle_client servers are blocking only (see --max-conns-per-ip). Event mode has a static pool of --workers"),
+                .help("Request-level servers: blocking (one connection at a time per worker; the handler may block), event (one epoll loop per worker over up to --worker-connections connections, the handler called inline: it must not block) or hybrid (event loops in --fronts processes hold every connection until it has a whole request, then hand it to an idle blocking worker: the handler may block, and idle or slow clients hold no worker). Async handlers (run_async_requests, run_async): async, their only model and their default (a tokio runtime per worker, each connection a future; event is accepted as its alias). handle_client servers are blocking only (see --max-conns-per-ip). Event and async modes have a static pool of --workers"),
         )
         .arg(count(prefix, "fronts", DEFAULT_FRONTS, "Hybrid mode: front processes, each an event loop over up to --worker-connections connections, that accept, admit and read requests for the workers"))
         .arg(count(prefix, "worker-connections", d.worker_connections, "Event mode: connections per worker at most; a worker stops accepting at this many and resumes below it. The soft RLIMIT_NOFILE is raised to what this needs (up to the hard limit)"))
@@ -1154,76 +768,6 @@ pub(crate) fn command(
     finish(cmd, &prefix)
 }
 
-/// What a program's handler takes, as far as the options go: a program's help, man page
-/// and completions list only the options it accepts (issue 34: `hello`'s listed `--io`,
-/// `--fronts` and the datagram options, which `hello` refuses or ignores).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Accepts {
-    /// A request-level handler (a codec frames requests).
-    pub(crate) request_level: bool,
-    /// An async handler (event workers only).
-    pub(crate) asynchronous: bool,
-    /// A datagram handler.
-    pub(crate) datagrams: bool,
-    /// Stream connections (not a datagram-only server).
-    pub(crate) streams: bool,
-}
-
-impl Accepts {
-    /// Whether a server of this kind takes the serving option `id`.
-    fn takes(self, id: &str) -> bool {
-        let sync_requests = self.request_level && !self.asynchronous;
-        match id {
-            // The I/O model: blocking, event or hybrid for a synchronous request-level
-            // handler; the others have one model each.
-            "io" | "fronts" => sync_requests,
-            "worker-connections" | "max-buffered-bytes" => {
-                self.request_level || self.asynchronous || self.datagrams
-            }
-            "max-inflight" => self.asynchronous,
-            "max-requests" | "keepalive-timeout" | "keepalive-requests" | "header-timeout"
-            | "header-timeout-max" | "min-rate" => self.request_level && self.streams,
-            "max-answers-per-ip"
-            | "answers-slip"
-            | "answers-ipv4-prefix"
-            | "answers-ipv6-prefix"
-            | "max-datagram-size"
-            | "access-log-sample" => self.datagrams,
-            "max-conns-per-ip"
-            | "proxy-protocol"
-            | "proxy-from"
-            | "tls-cert"
-            | "tls-key"
-            | "tls-client-ca"
-            | "tls-alpn"
-            | "tls-handshake-timeout"
-            | "tls-ticket-lifetime"
-            | "min-send-rate"
-            | "max-connections" => self.streams,
-            _ => true,
-        }
-    }
-}
-
-/// Hides from `run`'s, `start`'s and `check`'s help (and the top level's, which is
-/// `run`'s) the serving options a server of kind `accepts` does not take. They are still
-/// parsed, so that one given anyway is refused with a message that says why.
-pub(crate) fn only_accepted(cmd: Command, accepts: Accepts) -> Command {
-    let hide = |c: Command| {
-        c.mut_args(|a| {
-            if accepts.takes(a.get_id().as_str()) {
-                a
-            } else {
-                a.hide(true)
-            }
-        })
-    };
-    hide(cmd).mut_subcommands(|sub| match sub.get_name() {
-        "run" | "start" | "check" => hide(sub),
-        _ => sub,
-    })
-}
-
 /// The serving options `-h` shows (`--help` shows them all, grouped by topic): what a
 /// first run needs, so that `-h` fits a screen (issue 34). The program's own options are
 /// always shown.
@@ -1370,10 +914,6 @@ fn from_environment(cmd: &Command, args: &[OsString], e: &clap::Error) -> Option
     ))
 }
 
-fn timeout(m: &ArgMatches, id: &str) -> Option<Duration> {
-    m.get_one::<Duration>(id).copied().filter(|d| !d.is_zero())
-}
-
 /// A repeatable CIDR option; `defaults` (set in code) apply unless the environment or the
 /// command line gives any value.
 fn cidrs(prefix: &str, id: &'static str, defaults: &[String], help: &'static str) -> Arg {
@@ -1384,146 +924,6 @@ fn cidrs(prefix: &str, id: &'static str, defaults: &[String], help: &'static str
         .value_parser(|s: &str| s.parse::<crate::net::proxy::Cidr>().map_err(|e| e.to_string()))
         .default_values(defaults.to_vec())
         .help(help)
-}
-
-fn cidr_list(m: &ArgMatches, id: &str) -> Vec<crate::net::proxy::Cidr> {
-    m.get_many::<crate::net::proxy::Cidr>(id)
-        .map(|v| v.copied().collect())
-        .unwrap_or_default()
-}
-
-fn n(m: &ArgMatches, id: &str) -> u64 {
-    *m.get_one::<u64>(id).expect("has a default")
-}
-
-/// `--proxy-from`, or the loopback addresses when none is given (a PROXY header is
-/// trusted from a local balancer only, unless told otherwise).
-fn proxy_from(m: &ArgMatches) -> Vec<crate::net::proxy::Cidr> {
-    let given = cidr_list(m, "proxy-from");
-    if given.is_empty() {
-        vec![
-            "127.0.0.0/8".parse().expect("valid"),
-            "::1".parse().expect("valid"),
-        ]
-    } else {
-        given
-    }
-}
-
-/// The `--tls-*` defaults for the listeners that do not name their own (an empty ALPN
-/// protocol name is dropped, never offered).
-fn tls_defaults(m: &ArgMatches) -> crate::net::listener::TlsDefaults {
-    crate::net::listener::TlsDefaults {
-        cert: m.get_one::<PathBuf>("tls-cert").cloned(),
-        key: m.get_one::<PathBuf>("tls-key").cloned(),
-        client_ca: m.get_one::<PathBuf>("tls-client-ca").cloned(),
-        alpn: m
-            .get_many::<String>("tls-alpn")
-            .map(|v| {
-                v.filter(|p| !p.is_empty())
-                    .map(|p| p.as_bytes().to_vec())
-                    .collect()
-            })
-            .unwrap_or_default(),
-        ticket_lifetime: *m.get_one::<u32>("tls-ticket-lifetime").expect("has a default"),
-    }
-}
-
-/// A repeatable path option's values (none: empty).
-fn paths(m: &ArgMatches, id: &str) -> Vec<PathBuf> {
-    m.get_many::<PathBuf>(id)
-        .map(|v| v.cloned().collect())
-        .unwrap_or_default()
-}
-
-/// Reads the standard options out of the `run` subcommand's matches.
-pub(crate) fn config(m: &ArgMatches) -> Config {
-    Config {
-        keepalive_timeout: timeout(m, "keepalive-timeout"),
-        keepalive_requests: *m.get_one::<u32>("keepalive-requests").expect("has a default"),
-        pool: *m.get_one::<PoolKind>("pool").expect("has a default"),
-        start_workers: n(m, "start-workers") as usize,
-        min_spare: n(m, "min-spare") as usize,
-        max_spare: n(m, "max-spare") as usize,
-        max_workers: n(m, "max-workers") as usize,
-        worker_idle_timeout: *m
-            .get_one::<Duration>("worker-idle-timeout")
-            .expect("has a default"),
-        max_requests: n(m, "max-requests"),
-        max_connections: n(m, "max-connections"),
-        max_jitter: n(m, "max-jitter"),
-        max_worker_memory_mib: n(m, "max-worker-memory"),
-        max_worker_age: timeout(m, "max-worker-age"),
-        request_timeout: m.get_one::<Duration>("request-timeout").copied(),
-        control: m.get_one::<PathBuf>("control").cloned(),
-        metrics_listen: m.get_one::<String>("metrics-listen").cloned(),
-        status_request_detail: m.get_flag("status-request-detail"),
-        access_log: m.get_one::<PathBuf>("access-log").cloned(),
-        access_log_sample: n(m, "access-log-sample"),
-        max_conns_per_ip: n(m, "max-conns-per-ip"),
-        penalty_max: timeout(m, "penalty-max"),
-        max_datagram_size: n(m, "max-datagram-size"),
-        max_answers_per_ip: n(m, "max-answers-per-ip"),
-        answers_slip: n(m, "answers-slip"),
-        answer_prefixes: crate::scoreboard::AnswerPrefixes {
-            v4: *m.get_one::<u8>("answers-ipv4-prefix").expect("has a default"),
-            v6: *m.get_one::<u8>("answers-ipv6-prefix").expect("has a default"),
-        },
-        io: *m.get_one::<Io>("io").expect("has a default"),
-        worker_connections: n(m, "worker-connections") as usize,
-        fronts: n(m, "fronts") as usize,
-        slow_request: timeout(m, "slow-request"),
-        max_inflight: n(m, "max-inflight") as usize,
-        allow: cidr_list(m, "allow"),
-        deny: cidr_list(m, "deny"),
-        proxy_protocol: m.get_flag("proxy-protocol"),
-        proxy_from: proxy_from(m),
-        header_timeout: timeout(m, "header-timeout"),
-        header_timeout_max: timeout(m, "header-timeout-max"),
-        min_rate: n(m, "min-rate"),
-        min_send_rate: n(m, "min-send-rate"),
-        max_buffered_bytes: n(m, "max-buffered-bytes"),
-        tls: tls_defaults(m),
-        tls_handshake_timeout: timeout(m, "tls-handshake-timeout"),
-        chroot: m.get_one::<PathBuf>("chroot").cloned(),
-        rlimit_nofile: m.get_one::<u64>("rlimit-nofile").copied(),
-        rlimit_core: m.get_one::<u64>("rlimit-core").copied(),
-        rlimit_as: m.get_one::<u64>("rlimit-as").copied(),
-        umask: m.get_one::<u32>("umask").copied(),
-        no_new_privs: m.get_flag("no-new-privs"),
-        sandbox: m.get_flag("sandbox"),
-        sandbox_read: paths(m, "sandbox-read"),
-        sandbox_write: paths(m, "sandbox-write"),
-        sandbox_profile: crate::confine::sandbox::Sandbox::default(),
-        helper_profile: None,
-        exec_workers: m.get_flag("exec-workers"),
-        listen: m
-            .get_many::<ListenAddr>("listen")
-            .map(|v| v.cloned().collect())
-            .unwrap_or_default(),
-        workers: m
-            .get_one::<u32>("workers")
-            .map_or_else(default_workers, |n| *n as usize),
-        user: m.get_one::<String>("user").cloned(),
-        group: m.get_one::<String>("group").cloned(),
-        allow_root_workers: m.get_flag("allow-root-workers"),
-        backlog: *m.get_one::<u32>("backlog").expect("has a default"),
-        grace_period: *m.get_one::<Duration>("grace-period").expect("has a default"),
-        drain_delay: *m.get_one::<Duration>("drain-delay").expect("has a default"),
-        read_timeout: timeout(m, "read-timeout"),
-        write_timeout: timeout(m, "write-timeout"),
-        log_level: *m.get_one::<Level>("log-level").expect("has a default"),
-        log_format: m.get_one::<LogFormat>("log-format").copied(),
-        daemon: m
-            .try_get_one::<bool>("daemon")
-            .ok()
-            .flatten()
-            .copied()
-            .unwrap_or(false),
-        pid_file: m.get_one::<PathBuf>("pid-file").cloned(),
-        log_file: m.get_one::<PathBuf>("log-file").cloned(),
-        start_timeout: *m.get_one::<Duration>("start-timeout").expect("has a default"),
-    }
 }
 
 #[cfg(test)]
@@ -1566,26 +966,26 @@ mod tests {
             ..Defaults::default()
         };
         let c = parse(&d, &["hello"]).unwrap();
-        assert_eq!(c.listen[0].as_str(), "127.0.0.1:7000");
-        assert_eq!(c.backlog, 511);
-        assert_eq!(c.grace_period, Duration::from_secs(30));
-        assert!(c.workers >= 2);
+        assert_eq!(c.listeners.listen[0].as_str(), "127.0.0.1:7000");
+        assert_eq!(c.listeners.backlog, 511);
+        assert_eq!(c.timeouts.grace_period, Duration::from_secs(30));
+        assert!(c.pool.workers >= 2);
         let c = parse(
             &d,
             &["hello", "run", "-w", "3", "-l", "unix:/tmp/a", "-l", "[::1]:0"],
         )
         .unwrap();
-        assert_eq!(c.workers, 3);
-        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.pool.workers, 3);
+        assert_eq!(c.listeners.listen.len(), 2);
         let c = parse(
             &d,
             &["hello", "-l", "127.0.0.1:1,127.0.0.1:2", "--read-timeout", "0"],
         )
         .unwrap();
-        assert_eq!(c.listen.len(), 2);
-        assert_eq!(c.read_timeout, None);
-        assert!(!c.daemon);
-        assert!(parse(&d, &["hello", "-d"]).unwrap().daemon);
+        assert_eq!(c.listeners.listen.len(), 2);
+        assert_eq!(c.timeouts.read_timeout, None);
+        assert!(!c.files.daemon);
+        assert!(parse(&d, &["hello", "-d"]).unwrap().files.daemon);
     }
 
     /// Issue 34: options may come before the subcommand (`hello -u nobody check`), and
@@ -1629,8 +1029,8 @@ mod tests {
             .unwrap();
         let (sub, m) = m.subcommand().unwrap();
         assert_eq!(sub, "check");
-        assert_eq!(config(m).workers, 3);
-        assert_eq!(config(m).user.as_deref(), Some("nobody"));
+        assert_eq!(config(m).pool.workers, 3);
+        assert_eq!(config(m).confine.user.as_deref(), Some("nobody"));
     }
 
     #[test]
@@ -1665,9 +1065,9 @@ mod tests {
             ..Defaults::default()
         };
         let c = parse(&d, &["hello", "-l", "127.0.0.1:0"]).unwrap();
-        assert!(c.allow_root_workers && c.no_new_privs && c.sandbox);
+        assert!(c.confine.allow_root_workers && c.confine.no_new_privs && c.confine.sandbox);
         let c = parse(&Defaults::default(), &["hello", "-l", "127.0.0.1:0"]).unwrap();
-        assert!(!c.allow_root_workers && !c.no_new_privs && !c.sandbox);
+        assert!(!c.confine.allow_root_workers && !c.confine.no_new_privs && !c.confine.sandbox);
     }
 
     #[test]
@@ -1681,7 +1081,7 @@ mod tests {
         assert!(e.contains("--workers"), "{e}");
         // Without a code default, --listen may be absent at parse time (socket activation);
         // `run` then refuses (tests/core.rs).
-        assert!(parse(&d, &["hello"]).unwrap().listen.is_empty());
+        assert!(parse(&d, &["hello"]).unwrap().listeners.listen.is_empty());
     }
 
     /// Issue #8: the access and slow-client settings have builder defaults too, which the
@@ -1700,13 +1100,13 @@ mod tests {
             ..Defaults::default()
         };
         let c = parse(&d, &["hello"]).unwrap();
-        assert_eq!(c.allow.len(), 2);
-        assert_eq!(c.deny.len(), 1);
-        assert!(c.proxy_protocol);
-        assert_eq!(c.proxy_from, vec!["192.0.2.1".parse().unwrap()]);
-        assert_eq!(c.max_conns_per_ip, 8);
-        assert_eq!(c.header_timeout, Some(Duration::from_secs(5)));
-        assert_eq!(c.min_rate, 100);
+        assert_eq!(c.access.allow.len(), 2);
+        assert_eq!(c.access.deny.len(), 1);
+        assert!(c.access.proxy_protocol);
+        assert_eq!(c.access.proxy_from, vec!["192.0.2.1".parse().unwrap()]);
+        assert_eq!(c.access.max_conns_per_ip, 8);
+        assert_eq!(c.timeouts.header_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(c.timeouts.min_rate, 100);
         let c = parse(
             &d,
             &[
@@ -1720,21 +1120,21 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.allow, vec!["192.168.0.0/16".parse().unwrap()]);
-        assert_eq!(c.header_timeout, None);
-        assert_eq!(c.max_conns_per_ip, 0);
+        assert_eq!(c.access.allow, vec!["192.168.0.0/16".parse().unwrap()]);
+        assert_eq!(c.timeouts.header_timeout, None);
+        assert_eq!(c.access.max_conns_per_ip, 0);
         // The library's own defaults.
         let c = parse(&Defaults::default(), &["hello"]).unwrap();
-        assert!(c.allow.is_empty() && c.deny.is_empty() && !c.proxy_protocol);
-        assert_eq!(c.proxy_from.len(), 2, "127.0.0.0/8 and ::1");
-        assert_eq!(c.header_timeout, Some(DEFAULT_HEADER_TIMEOUT));
-        assert_eq!(c.min_rate, 500);
+        assert!(c.access.allow.is_empty() && c.access.deny.is_empty() && !c.access.proxy_protocol);
+        assert_eq!(c.access.proxy_from.len(), 2, "127.0.0.0/8 and ::1");
+        assert_eq!(c.timeouts.header_timeout, Some(DEFAULT_HEADER_TIMEOUT));
+        assert_eq!(c.timeouts.min_rate, 500);
         // Issue 31: penalties for failed authentication are on, up to 600 s; 0 turns them off.
-        assert_eq!(c.penalty_max, Some(Duration::from_secs(600)));
+        assert_eq!(c.access.penalty_max, Some(Duration::from_secs(600)));
         let off = parse(&Defaults::default(), &["hello", "--penalty-max", "0"]).unwrap();
-        assert_eq!(off.penalty_max, None);
+        assert_eq!(off.access.penalty_max, None);
         let short = parse(&Defaults::default(), &["hello", "--penalty-max", "2.5"]).unwrap();
-        assert_eq!(short.penalty_max, Some(Duration::from_millis(2500)));
+        assert_eq!(short.access.penalty_max, Some(Duration::from_millis(2500)));
         // A bad value set in code is a clear error at start, naming the option.
         let bad = Defaults {
             deny: vec!["10.0.0.1/8".into()],
