@@ -970,3 +970,33 @@ pub(crate) fn conditional() -> Vec<libtest_mimic::Trial> {
         ),
     ]
 }
+
+#[test]
+/// Issue 43 (found while writing the one-connection driver): a `handle_client` handler that
+/// writes its last bytes and returns without flushing them (the `hello` example greets and
+/// returns) was logged `out=0` in blocking mode: the connection was accounted before the
+/// client's buffer went out. Its line counts every byte the client got.
+fn issue_43_a_handle_client_line_counts_the_bytes_its_handler_left_buffered() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    let dir = LogDir::new("client-out");
+    let access = dir.path("access.log");
+    let mut args = vec!["-l", "127.0.0.1:0", "-w", "1", "--access-log", &access];
+    args.extend(user_args());
+    let server = Server::start("hello", &args);
+    let mut client = TcpStream::connect(server.tcp_addr()).unwrap();
+    client.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut greeting = Vec::new();
+    client.read_to_end(&mut greeting).unwrap();
+    assert!(
+        greeting.starts_with(b"Hello"),
+        "{:?}",
+        String::from_utf8_lossy(&greeting)
+    );
+    let line = dir.wait_for_line("access.log", " ok ");
+    assert!(
+        line.contains(&format!(" in=0 out={} ", greeting.len())),
+        "the line counts the {} bytes sent: {line}",
+        greeting.len()
+    );
+}

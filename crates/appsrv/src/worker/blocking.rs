@@ -280,14 +280,21 @@ pub(crate) fn serve_admitted<C: Connections>(
     guard.peer = guard.ledger.logs_access().then(|| client.peer_addr().clone());
     let outcome = contain(|| level.serve(&mut client, guard, resumed));
     let handed_back = matches!(outcome, Ok(Ok(Some(_))));
+    // What a handler that returned left in the client's buffer goes out before the
+    // connection is accounted, so that its line counts it (issue 43: `hello` was logged
+    // `out=0`); the request level's step has flushed its responses already.
+    let flushed = match &outcome {
+        Ok(Ok(None)) => io::Write::flush(&mut client),
+        _ => Ok(()),
+    };
     let life = account(guard, &mut client, &outcome, handed_back);
     let peer = client.peer_addr().clone();
     match (outcome, life) {
         (Ok(Ok(Some(p))), Some(life)) => Served::HandBack(client, p, life),
         // (A connection handed back always has its life: `account` returns it.)
         (Ok(result), _) => {
-            let (flushed, bufs) = client.finish();
-            if let Err(e) = result.map(|_| ()).and(flushed) {
+            let (finished, bufs) = client.finish();
+            if let Err(e) = result.map(|_| ()).and(flushed).and(finished) {
                 log_connection_error(&peer, &e);
             }
             Served::Closed(bufs)
