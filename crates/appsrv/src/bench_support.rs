@@ -184,12 +184,6 @@ pub enum StepNext {
 struct Quiet;
 
 impl crate::conn::step::Context for Quiet {
-    fn at_boundary(&mut self, _: &socket2::Socket, _: std::time::Duration) -> crate::conn::step::Boundary {
-        crate::conn::step::Boundary::Wait
-    }
-    fn saturated(&mut self) -> bool {
-        false
-    }
     fn stopping(&mut self) -> bool {
         false
     }

@@ -115,14 +115,21 @@ const _: () = assert!(Summary::CAPACITY <= HEAD_BYTES);
 /// calls.
 pub(crate) trait Context {
     /// Called by a blocking driver at a request boundary when it is about to wait on
-    /// `conn`; `grace` is how long the connection may stay quiet while others wait.
-    fn at_boundary(&mut self, conn: &Socket, grace: Duration) -> Boundary;
+    /// `conn`; `grace` is how long the connection may stay quiet while others wait. The
+    /// default, for the drivers that never wait at a boundary (they wait for readiness):
+    /// wait.
+    fn at_boundary(&mut self, _conn: &Socket, _grace: Duration) -> Boundary {
+        Boundary::Wait
+    }
 
     /// Whether clients wait in the listen queue while no worker is idle: a codec that can
     /// announce a close then makes the current response the connection's last, so the
     /// client reconnects cleanly (rather than finding its keep-alive connection dropped
-    /// with its next request in flight).
-    fn saturated(&mut self) -> bool;
+    /// with its next request in flight). The default: never (only the blocking driver's
+    /// keep-alive guard watches the listen queue).
+    fn saturated(&mut self) -> bool {
+        false
+    }
 
     /// Whether the worker has reached its request limit (`--max-requests`): a codec that
     /// can announce a close ends the connection after this response, so that a keep-alive
@@ -1150,9 +1157,6 @@ mod tests {
     }
 
     impl Context for Fake {
-        fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
-            Boundary::Wait
-        }
         fn saturated(&mut self) -> bool {
             self.saturated
         }

@@ -274,8 +274,15 @@ impl<S: Stamp> Life<S> {
 
     /// A request begins at `now`, with its first bytes and what is published of them.
     pub(crate) fn request_start(&mut self, ledger: &mut Ledger<'_>, head: Head<'_>, now: S) {
-        self.request = Some(now);
+        self.request_begun(now);
         ledger.request_head(head);
+    }
+
+    /// A request begins at `now`, its first bytes kept by the driver, which gives them to
+    /// the ledger at its end (the async driver: its connections' requests interleave in
+    /// one ledger).
+    pub(crate) fn request_begun(&mut self, now: S) {
+        self.request = Some(now);
     }
 
     /// More of the request's first bytes arrived.

@@ -8,13 +8,13 @@
 //! all. Nothing outside this file names it, but the `mod` line.
 
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use socket2::Socket;
 
 use crate::codec::ProtocolError;
 use crate::conn::client::{Buffers, Client};
-use crate::conn::step::{Boundary, Context, Head};
+use crate::conn::step::{Context, Head};
 use crate::net::listener::Addr;
 use crate::scoreboard::Slot;
 use crate::sys::exit;
@@ -46,12 +46,6 @@ struct Side<'l, 'a> {
 }
 
 impl Context for Side<'_, '_> {
-    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
-        Boundary::Wait
-    }
-    fn saturated(&mut self) -> bool {
-        false
-    }
     fn request_start(&mut self, head: Head<'_>) {
         self.life.request_start(self.ledger, head, Instant::now());
     }

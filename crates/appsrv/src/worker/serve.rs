@@ -462,9 +462,6 @@ pub(crate) mod tests {
     }
 
     impl Context for Fake {
-        fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
-            Boundary::Wait
-        }
         fn saturated(&mut self) -> bool {
             self.saturated
         }

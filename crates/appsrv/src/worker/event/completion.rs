@@ -23,7 +23,7 @@ use super::super::front::Front;
 use super::super::ledger::{Ledger, OncePerMinute};
 use super::super::life::Life;
 use super::super::reactor::{self, Token};
-use super::super::serve::{Bound, Boundary, Context, Head};
+use super::super::serve::{Bound, Context, Head};
 use super::connection::{Back, Connection};
 use super::{CHANNEL_IN, Loop};
 
@@ -199,15 +199,6 @@ struct Slow {
 }
 
 impl Context for Turn<'_, '_> {
-    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
-        // Only a blocking driver waits at a boundary.
-        Boundary::Wait
-    }
-
-    fn saturated(&mut self) -> bool {
-        false
-    }
-
     fn retiring(&mut self) -> bool {
         self.ledger.retiring()
     }
@@ -458,12 +449,6 @@ struct Gather<'t, 'l> {
 }
 
 impl Context for Gather<'_, '_> {
-    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
-        Boundary::Wait
-    }
-    fn saturated(&mut self) -> bool {
-        false
-    }
     fn stopping(&mut self) -> bool {
         self.stopping
     }

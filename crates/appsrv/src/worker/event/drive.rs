@@ -8,8 +8,6 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-use socket2::Socket;
-
 use crate::codec::FileBody;
 use crate::conn::buffers::{BUFFER_SIZE, Buffers};
 use crate::conn::send_watch::{SEND_CHECK, SendWatch};
@@ -21,7 +19,7 @@ use super::super::admission;
 use super::super::budget::OVER_BUDGET_READ;
 use super::super::ledger::log_connection_error;
 use super::super::life::{self, Counted};
-use super::super::serve::{Boundary, Context};
+use super::super::serve::Context;
 use super::completion::At;
 use super::connection::{Connection, Pass, Pending, Then};
 use super::{Completion, Loop};
@@ -544,12 +542,6 @@ pub(super) struct Quiet<'s> {
 }
 
 impl Context for Quiet<'_> {
-    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
-        Boundary::Wait
-    }
-    fn saturated(&mut self) -> bool {
-        false
-    }
     fn stopping(&mut self) -> bool {
         self.stopping
     }

@@ -10,7 +10,6 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use socket2::Socket;
 use tokio::io::unix::AsyncFd;
 
 use crate::codec::Codec;
@@ -30,7 +29,7 @@ use crate::conn::async_transport::{gone, hung_up, linger, write_records};
 use crate::worker::budget::{self, Budget};
 use crate::worker::ledger::{log_connection_error, panic_message};
 use crate::worker::life::{Ended, Life, Unit};
-use crate::worker::serve::{Boundary, Context, Head, Limits};
+use crate::worker::serve::{Context, Head, Limits};
 
 /// The most memory a connection's buffers keep between requests (more is given back).
 pub(super) const KEEP_BUFFERS: usize = 2048;
@@ -554,14 +553,6 @@ impl<'w, 'a> TaskContext<'w, 'a> {
 }
 
 impl Context for TaskContext<'_, '_> {
-    fn at_boundary(&mut self, _: &Socket, _: Duration) -> Boundary {
-        Boundary::Wait
-    }
-
-    fn saturated(&mut self) -> bool {
-        false
-    }
-
     fn retiring(&mut self) -> bool {
         self.w.ledger.borrow().retiring()
     }
@@ -571,8 +562,9 @@ impl Context for TaskContext<'_, '_> {
     }
 
     fn request_start(&mut self, head: Head<'_>) {
-        self.life
-            .request_start(&mut self.w.ledger.borrow_mut(), head, Instant::now());
+        // Its head is the connection's own until the request's end (`request_end` gives it
+        // to the ledger then): other connections' requests begin in between.
+        self.life.request_begun(Instant::now());
         self.store_head(head);
     }
 
